@@ -1,0 +1,41 @@
+//! Keratin's wire protocol: the handshake, the frames, their byte encoding and the stable error
+//! codes. No I/O and no async runtime: the server and the client move bytes, this crate gives
+//! them meaning. The byte-by-byte specification is `docs/protocol.md`; the code derives its
+//! offsets and sizes from the tables there, and `tests/roundtrip.rs` checks the spec's example
+//! bytes against the encoder.
+//!
+//! # Layout
+//! - [`handshake`]: `ClientHello`/`ServerHello`, the magic and [`PROTOCOL_VERSION`].
+//! - [`frame`]: the [`Frame`] enum, its [`FrameType`] numbers and the struct each frame carries.
+//! - [`codec`]: the frame header, the size limit, [`Frame::check`]/[`Frame::decode`]/
+//!   [`Frame::encode`] and the `tokio_util` [`FrameCodec`].
+//! - [`codes`]: stable error [`Code`]s (HTTP numbers), their retry classes, [`LimitReason`].
+//! - [`error_body`]: [`ErrorBody`], the code + reason + retry hint + message sent on the wire.
+//! - [`error`]: [`ProtoError`], everything that goes wrong while encoding or decoding.
+//! - `body` (private): the field order of every frame body.
+//! - `wire` (private): primitive encodings (integers, strings, options, counted lists).
+//!
+//! # Malformed input
+//! Decoding never panics. A truncated frame is `Incomplete` (read more). Every decode error ends
+//! the connection: the receiver sends `Error { fatal: true }` with [`ProtoError::to_error_body`]
+//! (413 for an oversize length prefix, 400 for anything else) and closes. Encoding errors leave
+//! the output buffer and the connection untouched.
+
+#![deny(missing_docs)]
+#![deny(clippy::big_endian_bytes, clippy::host_endian_bytes)]
+
+mod body;
+pub mod codec;
+pub mod codes;
+pub mod error;
+pub mod error_body;
+pub mod frame;
+pub mod handshake;
+mod wire;
+
+pub use codec::{FrameCodec, FrameStatus, FRAME_SIZE_BYTES_MAX};
+pub use codes::{Code, LimitReason, Retry};
+pub use error::{Problem, ProtoError};
+pub use error_body::ErrorBody;
+pub use frame::*;
+pub use handshake::{ClientHello, ServerHello, PROTOCOL_VERSION};
