@@ -1,0 +1,615 @@
+//! The commit thread and its `Writer`: the only code that writes a log's files.
+//!
+//! Appenders only queue requests (`log.rs`); the commit thread takes everything queued at once,
+//! encodes the records into one buffer, writes it with one `write_all_at` per segment and
+//! covers it with one `sync_data`, then publishes the new durable end and resolves the tickets.
+//! While it syncs, new appends queue up for the next round: that is the group commit.
+//!
+//! Ordering rules the recovery relies on (docs/storage-format.md, "Ordering"):
+//! - a segment's records are synced before the header of the segment after it is written;
+//! - a record claims durable only what a completed sync covered (`durable_distance`);
+//! - truncation removes later segments before it zeroes the cut segment's tail.
+//!
+//! Any failed write or sync stops the log: nothing is retried in place.
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use crate::error::{LogError, LogResult};
+use crate::format::{
+    encode_record, HeaderKind, RecordFields, SegmentHeader, FLAG_SEAL, RECORD_HEADER_SIZE,
+    SEGMENT_HEADER_SIZE,
+};
+use crate::io::{IoError, IoFile, OpenMode};
+use crate::log::{Item, Pending, PrefixRemoval, RecordMeta, Shared};
+use crate::reader::locate;
+use crate::recovery::zero_range;
+use crate::segment::{scratch_file_name, segment_file_name, IndexBuilder, IndexEntry, Segment};
+use crate::ticket::Reply;
+
+/// The segment appends go to.
+#[derive(Debug)]
+struct Active {
+    base: u64,
+    generation: u16,
+    file: Arc<dyn IoFile>,
+    size_bytes: u64,
+    /// One past the last byte written.
+    position: u64,
+    next_offset: u64,
+    index: IndexBuilder,
+    new_entries: Vec<IndexEntry>,
+}
+
+impl Active {
+    fn from_segment(segment: &Segment, position: u64, next_offset: u64) -> Active {
+        let last = segment
+            .index
+            .iter()
+            .rev()
+            .find(|e| segment.base + u64::from(e.offset_delta) < next_offset)
+            .map(|e| u64::from(e.position));
+        Active {
+            base: segment.base,
+            generation: segment.generation,
+            file: segment.file.clone(),
+            size_bytes: segment.size_bytes,
+            position,
+            next_offset,
+            index: IndexBuilder::new(segment.base, last),
+            new_entries: Vec::new(),
+        }
+    }
+}
+
+/// A change to a segment that readers see once it is durable.
+#[derive(Debug)]
+struct Update {
+    base: u64,
+    end_position: u64,
+    next_offset: u64,
+    entries: Vec<IndexEntry>,
+}
+
+pub(crate) enum Flow {
+    Continue,
+    Exit,
+}
+
+/// The write side of a log, owned by its commit thread.
+#[derive(Debug)]
+pub(crate) struct Writer {
+    active: Active,
+    durable_next: u64,
+    /// Encoded records not yet written; they start at `buf_position` of the active segment.
+    buf: Vec<u8>,
+    buf_position: u64,
+    updates: Vec<Update>,
+    created: Vec<Segment>,
+    dirty: Vec<Arc<dyn IoFile>>,
+    dir_dirty: bool,
+}
+
+type StepResult<T> = Result<T, LogError>;
+
+fn stop<'a>(shared: &'a Shared, op: &'static str) -> impl Fn(IoError) -> LogError + 'a {
+    move |source| LogError::Stopped {
+        dir: shared.dir.clone(),
+        op,
+        source,
+    }
+}
+
+impl Writer {
+    /// Take over the recovered segments (creating the first one of a new log) and publish them.
+    pub(crate) fn start(
+        shared: &Shared,
+        mut segments: std::collections::BTreeMap<u64, Segment>,
+    ) -> LogResult<Writer> {
+        if segments.is_empty() {
+            let segment = new_segment(shared, 0)?;
+            segment
+                .file
+                .sync_data()
+                .map_err(|e| LogError::io("sync segment", segment.path.clone(), e))?;
+            shared
+                .io
+                .sync_dir(&shared.dir)
+                .map_err(|e| LogError::io("sync log directory", &shared.dir, e))?;
+            segments.insert(0, segment);
+        }
+        let last = segments
+            .values()
+            .next_back()
+            .ok_or_else(|| LogError::Invalid("no segment".into()))?;
+        let active = Active::from_segment(last, last.end_position, last.next_offset);
+        let next_offset = active.next_offset;
+        {
+            let mut state = shared.lock();
+            state.segments = segments;
+            state.next_offset = next_offset;
+            state.durable_next = next_offset;
+        }
+        Ok(Writer {
+            buf_position: active.position,
+            active,
+            durable_next: next_offset,
+            buf: Vec::new(),
+            updates: Vec::new(),
+            created: Vec::new(),
+            dirty: Vec::new(),
+            dir_dirty: false,
+        })
+    }
+
+    pub(crate) fn next_offset(&self) -> u64 {
+        self.active.next_offset
+    }
+
+    /// Carry out one round of queued requests, in order. On error every request of the round
+    /// not yet answered gets the error, and the caller stops the log.
+    pub(crate) fn process(&mut self, shared: &Shared, work: &mut Pending) -> StepResult<Flow> {
+        let mut group: Vec<(Reply<Range<u64>>, Range<u64>)> = Vec::new();
+        let mut meta_at = 0usize;
+        let mut payload_at = 0usize;
+        let mut items = std::mem::take(&mut work.items).into_iter();
+        while let Some(item) = items.next() {
+            let step = match item {
+                Item::Append {
+                    first_offset,
+                    count,
+                    reply,
+                } => {
+                    let metas = &work.metas[meta_at..meta_at + count];
+                    meta_at += count;
+                    group.push((reply, first_offset..first_offset + count as u64));
+                    self.encode(shared, first_offset, metas, &work.payloads, &mut payload_at)
+                        .map(|()| Flow::Continue)
+                }
+                op => self
+                    .commit_group(shared, &mut group)
+                    .and_then(|()| self.run_op(shared, op)),
+            };
+            match step {
+                Ok(Flow::Continue) => {}
+                Ok(Flow::Exit) => return Ok(Flow::Exit),
+                Err(error) => {
+                    for (reply, _) in group.drain(..) {
+                        let _ = reply.send(Err(error.clone()));
+                    }
+                    fail_items(items, &error);
+                    return Err(error);
+                }
+            }
+        }
+        if let Err(error) = self.commit_group(shared, &mut group) {
+            for (reply, _) in group.drain(..) {
+                let _ = reply.send(Err(error.clone()));
+            }
+            return Err(error);
+        }
+        Ok(Flow::Continue)
+    }
+
+    /// Encode one append's records into the buffer, rolling to a new segment when full.
+    fn encode(
+        &mut self,
+        shared: &Shared,
+        first_offset: u64,
+        metas: &[RecordMeta],
+        payloads: &[u8],
+        payload_at: &mut usize,
+    ) -> StepResult<()> {
+        assert_eq!(
+            first_offset, self.active.next_offset,
+            "appends reach the commit thread in offset order"
+        );
+        for meta in metas {
+            let size = RECORD_HEADER_SIZE as u64 + u64::from(meta.length);
+            if self.active.position + size > self.active.size_bytes {
+                self.roll(shared, self.active.next_offset)?;
+            }
+            let payload = &payloads[*payload_at..*payload_at + meta.length as usize];
+            *payload_at += meta.length as usize;
+            let offset = self.active.next_offset;
+            let fields = RecordFields {
+                offset,
+                generation: self.active.generation,
+                record_type: meta.record_type,
+                flags: meta.flags,
+                timestamp_ms: meta.timestamp_ms,
+                durable_distance: u32::try_from(offset - self.durable_next)
+                    .unwrap_or(crate::format::NO_DURABILITY_CLAIM),
+            };
+            encode_record(&mut self.buf, &fields, payload);
+            if let Some(entry) = self.active.index.record(offset, self.active.position) {
+                self.active.new_entries.push(entry);
+            }
+            self.active.position += size;
+            self.active.next_offset += 1;
+        }
+        Ok(())
+    }
+
+    /// Write the buffer to the active segment (not synced yet) and note the segment's new end.
+    fn flush(&mut self, shared: &Shared) -> StepResult<()> {
+        if !self.buf.is_empty() {
+            self.active
+                .file
+                .write_all_at(&self.buf, self.buf_position)
+                .map_err(stop(shared, "write"))?;
+            self.buf.clear();
+            self.mark_dirty();
+        }
+        self.buf_position = self.active.position;
+        self.updates.push(Update {
+            base: self.active.base,
+            end_position: self.active.position,
+            next_offset: self.active.next_offset,
+            entries: std::mem::take(&mut self.active.new_entries),
+        });
+        Ok(())
+    }
+
+    fn mark_dirty(&mut self) {
+        if !self.dirty.iter().any(|f| Arc::ptr_eq(f, &self.active.file)) {
+            self.dirty.push(self.active.file.clone());
+        }
+    }
+
+    fn sync_dirty(&mut self, shared: &Shared) -> StepResult<()> {
+        for file in self.dirty.drain(..) {
+            file.sync_data().map_err(stop(shared, "sync"))?;
+        }
+        if self.dir_dirty {
+            shared
+                .io
+                .sync_dir(&shared.dir)
+                .map_err(stop(shared, "sync directory"))?;
+            self.dir_dirty = false;
+        }
+        Ok(())
+    }
+
+    /// Write, sync and publish what the group encoded, then answer its appenders.
+    fn commit_group(
+        &mut self,
+        shared: &Shared,
+        group: &mut Vec<(Reply<Range<u64>>, Range<u64>)>,
+    ) -> StepResult<()> {
+        if group.is_empty() && self.buf.is_empty() && self.created.is_empty() {
+            return Ok(());
+        }
+        self.flush(shared)?;
+        self.sync_dirty(shared)?;
+        self.durable_next = self.active.next_offset;
+        self.publish(shared);
+        // Sealing before answering keeps the sequence of disk calls a function of the requests
+        // alone (the crash tests replay it call by call); the seal is one small unsynced write.
+        let idle = shared.options.seal_when_idle && shared.lock().pending.items.is_empty();
+        if idle {
+            self.write_seal(shared, false)?;
+        }
+        for (reply, offsets) in group.drain(..) {
+            let _ = reply.send(Ok(offsets));
+        }
+        Ok(())
+    }
+
+    /// Show readers what is now durable.
+    fn publish(&mut self, shared: &Shared) {
+        let mut state = shared.lock();
+        for segment in self.created.drain(..) {
+            state.segments.insert(segment.base, segment);
+        }
+        for update in self.updates.drain(..) {
+            if let Some(segment) = state.segments.get_mut(&update.base) {
+                segment.end_position = update.end_position;
+                segment.next_offset = update.next_offset;
+                segment.index.extend(update.entries);
+            }
+        }
+        state.durable_next = self.durable_next;
+    }
+
+    /// Seal the active segment and continue in a new one whose first offset is `base`.
+    fn roll(&mut self, shared: &Shared, base: u64) -> StepResult<()> {
+        self.flush(shared)?;
+        // The records before `base` are durable before the next header exists: recovery reads a
+        // valid next segment as proof that this one is whole.
+        self.sync_dirty(shared)?;
+        let segment = new_segment(shared, base).map_err(|e| as_stop(shared, e))?;
+        // The new name (a rename from the scratch name or from the pool) is synced with the
+        // batch, before any of its records is reported durable.
+        self.dir_dirty = true;
+        let new = Active::from_segment(&segment, SEGMENT_HEADER_SIZE as u64, base);
+        self.active = new;
+        self.buf_position = self.active.position;
+        self.mark_dirty();
+        self.created.push(segment);
+        Ok(())
+    }
+
+    fn run_op(&mut self, shared: &Shared, op: Item) -> StepResult<Flow> {
+        match op {
+            Item::Append { .. } => unreachable!("appends are grouped by process"),
+            Item::Truncate { offset, reply } => {
+                let result = self.truncate(shared, offset);
+                let _ = reply.send(result.clone());
+                result.map(|()| Flow::Continue)
+            }
+            Item::RemovePrefix { before, reply } => {
+                let result = self.remove_prefix(shared, before);
+                let _ = reply.send(result.clone());
+                result.map(|_| Flow::Continue)
+            }
+            Item::Roll { reply } => {
+                let result = self.explicit_roll(shared);
+                let _ = reply.send(result.clone());
+                result.map(|()| Flow::Continue)
+            }
+            Item::Close { reply } => {
+                let result = self.write_seal(shared, true);
+                let _ = reply.send(result.clone());
+                result.map(|()| Flow::Exit)
+            }
+        }
+    }
+
+    fn explicit_roll(&mut self, shared: &Shared) -> StepResult<()> {
+        if self.active.next_offset == self.active.base {
+            return Ok(());
+        }
+        self.roll(shared, self.active.next_offset)?;
+        self.flush(shared)?;
+        self.sync_dirty(shared)?;
+        self.publish(shared);
+        Ok(())
+    }
+
+    /// Write a seal record at the end of the active segment: it claims everything before it
+    /// durable, which holds because it is written only after a sync. `sync` at close.
+    pub(crate) fn write_seal(&mut self, shared: &Shared, sync: bool) -> StepResult<()> {
+        debug_assert!(self.buf.is_empty());
+        if self.active.position + RECORD_HEADER_SIZE as u64 > self.active.size_bytes {
+            return Ok(());
+        }
+        let mut seal = Vec::with_capacity(RECORD_HEADER_SIZE);
+        let fields = RecordFields {
+            offset: self.active.next_offset,
+            generation: self.active.generation,
+            record_type: 0,
+            flags: FLAG_SEAL,
+            timestamp_ms: 0,
+            durable_distance: 0,
+        };
+        encode_record(&mut seal, &fields, &[]);
+        self.active
+            .file
+            .write_all_at(&seal, self.active.position)
+            .map_err(stop(shared, "write seal"))?;
+        if sync {
+            self.active.file.sync_data().map_err(stop(shared, "sync"))?;
+        }
+        Ok(())
+    }
+
+    /// Cut the log at `offset` (see [`crate::Log::truncate_suffix`]). Everything before it is
+    /// durable: the commit thread wrote and synced it before taking this request.
+    pub(crate) fn truncate(&mut self, shared: &Shared, offset: u64) -> StepResult<()> {
+        if offset == self.active.next_offset {
+            return Ok(());
+        }
+        let (victims, target) = {
+            let state = shared.lock();
+            let first = state.start_offset();
+            let victims: Vec<Segment> = state
+                .segments
+                .range(offset.max(first + 1)..)
+                .rev()
+                .map(|(_, s)| s.clone())
+                .collect();
+            let target = state
+                .segments
+                .range(..=offset)
+                .rfind(|(base, _)| **base == first || **base < offset)
+                .map(|(_, s)| s.clone());
+            (victims, target)
+        };
+        let target =
+            target.ok_or_else(|| LogError::Invalid(format!("no segment holds {offset}")))?;
+        self.retire(shared, &victims)?;
+        let position = if offset >= target.next_offset {
+            target.end_position
+        } else {
+            locate(&target, offset)?
+        };
+        let old_end = if target.base == self.active.base {
+            self.active.position
+        } else {
+            target.end_position
+        };
+        // The seal record, if one was written, lies just past the old end.
+        let zero_end = (old_end + RECORD_HEADER_SIZE as u64).min(target.size_bytes);
+        zero_range(&target, position, zero_end).map_err(|e| as_stop(shared, e))?;
+        self.active = Active::from_segment(&target, position, offset);
+        self.buf_position = position;
+        self.durable_next = offset;
+        let mut state = shared.lock();
+        if let Some(segment) = state.segments.get_mut(&target.base) {
+            segment.end_position = position;
+            segment.next_offset = offset;
+            segment.truncate_index(offset);
+        }
+        state.durable_next = offset;
+        Ok(())
+    }
+
+    /// Hand whole segments below `before` to the pool; never the active one.
+    fn remove_prefix(&mut self, shared: &Shared, before: u64) -> StepResult<PrefixRemoval> {
+        let victims: Vec<Segment> = {
+            let state = shared.lock();
+            let bases: Vec<u64> = state.segments.keys().copied().collect();
+            bases
+                .windows(2)
+                .filter(|pair| pair[1] <= before && pair[0] != self.active.base)
+                .filter_map(|pair| state.segments.get(&pair[0]).cloned())
+                .collect()
+        };
+        self.retire(shared, &victims)?;
+        Ok(PrefixRemoval {
+            segments: victims.len(),
+            bytes: victims.iter().map(|s| s.size_bytes).sum(),
+        })
+    }
+
+    /// Remove segments from the log, in the given order, and make the removal durable.
+    fn retire(&mut self, shared: &Shared, victims: &[Segment]) -> StepResult<()> {
+        if victims.is_empty() {
+            return Ok(());
+        }
+        for victim in victims {
+            shared
+                .pool
+                .enter(&victim.path, shared.options.size_class, victim.generation)
+                .map_err(|e| as_stop(shared, e))?;
+        }
+        shared
+            .io
+            .sync_dir(&shared.dir)
+            .map_err(stop(shared, "sync directory"))?;
+        let mut state = shared.lock();
+        for victim in victims {
+            state.segments.remove(&victim.base);
+        }
+        Ok(())
+    }
+}
+
+/// Turn an error of a write-path helper into a stop of the log.
+fn as_stop(shared: &Shared, error: LogError) -> LogError {
+    match error {
+        LogError::Io { op, source, .. } => LogError::Stopped {
+            dir: shared.dir.clone(),
+            op,
+            source,
+        },
+        other => other,
+    }
+}
+
+/// Answer every request not yet answered with the error that stopped the log.
+pub(crate) fn fail_items(items: impl IntoIterator<Item = Item>, error: &LogError) {
+    for item in items {
+        match item {
+            Item::Append { reply, .. } => drop(reply.send(Err(error.clone()))),
+            Item::Truncate { reply, .. } | Item::Roll { reply } | Item::Close { reply } => {
+                drop(reply.send(Err(error.clone())))
+            }
+            Item::RemovePrefix { reply, .. } => drop(reply.send(Err(error.clone()))),
+        }
+    }
+}
+
+/// A new segment at `base`: a spare from the pool, renamed in and given its real header (synced
+/// with the next batch), or a fresh file prepared under a scratch name, preallocated and synced
+/// before it is renamed into place.
+fn new_segment(shared: &Shared, base: u64) -> LogResult<Segment> {
+    let io = shared.io.as_ref();
+    let class = shared.options.size_class;
+    let size = shared.options.segment_size_bytes();
+    let path = shared.dir.join(segment_file_name(base));
+    let header = |generation| SegmentHeader {
+        size_class: class,
+        kind: HeaderKind::Segment,
+        generation,
+        base_offset: base,
+        segment_size_bytes: size,
+    };
+    if let Some(spare) = shared.pool.take(&shared.dir, class)? {
+        io.rename(&spare.path, &path)
+            .map_err(|e| LogError::io("rename spare into log", &path, e))?;
+        let file = io
+            .open(&path, OpenMode::Existing)
+            .map_err(|e| LogError::io("open segment", &path, e))?;
+        file.write_all_at(&header(spare.generation).encode(), 0)
+            .map_err(|e| LogError::io("write segment header", &path, e))?;
+        return Ok(Segment::new(path, file, base, spare.generation, size));
+    }
+    let scratch = shared.dir.join(scratch_file_name(base));
+    if io
+        .exists(&scratch)
+        .map_err(|e| LogError::io("stat", &scratch, e))?
+    {
+        io.remove_file(&scratch)
+            .map_err(|e| LogError::io("remove scratch segment", &scratch, e))?;
+    }
+    let file = io
+        .open(&scratch, OpenMode::CreateNew)
+        .map_err(|e| LogError::io("create segment", &scratch, e))?;
+    let generation = 1;
+    file.allocate(size)
+        .map_err(|e| LogError::io("preallocate segment", &scratch, e))?;
+    file.write_all_at(&header(generation).encode(), 0)
+        .map_err(|e| LogError::io("write segment header", &scratch, e))?;
+    file.sync_data()
+        .map_err(|e| LogError::io("sync segment", &scratch, e))?;
+    io.rename(&scratch, &path)
+        .map_err(|e| LogError::io("rename segment into place", &path, e))?;
+    Ok(Segment::new(path, file, base, generation, size))
+}
+
+/// Start the commit thread of a log.
+pub(crate) fn spawn(shared: Arc<Shared>, writer: Writer) -> LogResult<JoinHandle<()>> {
+    let dir = shared.dir.clone();
+    std::thread::Builder::new()
+        .name("keratin-commit".into())
+        .spawn(move || run(shared, writer))
+        .map_err(|e| LogError::io("spawn commit thread", dir, e.into()))
+}
+
+fn run(shared: Arc<Shared>, mut writer: Writer) {
+    let mut work = Pending::default();
+    loop {
+        {
+            let mut state = shared.lock();
+            while state.pending.items.is_empty() {
+                if state.closing || state.stopped.is_some() {
+                    return;
+                }
+                state = shared
+                    .work_ready
+                    .wait(state)
+                    .unwrap_or_else(|e| e.into_inner());
+            }
+            std::mem::swap(&mut state.pending, &mut work);
+        }
+        shared.space_ready.notify_all();
+        let flow = writer.process(&shared, &mut work);
+        work.clear();
+        match flow {
+            Ok(Flow::Continue) => {}
+            Ok(Flow::Exit) => return,
+            Err(error) => {
+                stop_log(&shared, error);
+                return;
+            }
+        }
+    }
+}
+
+/// Mark the log stopped and answer everything still queued with the error.
+fn stop_log(shared: &Shared, error: LogError) {
+    tracing::error!(dir = %shared.dir.display(), %error, "log stopped");
+    let items = {
+        let mut state = shared.lock();
+        state.stopped = Some(error.clone());
+        state.pending.bytes = 0;
+        state.pending.metas.clear();
+        state.pending.payloads.clear();
+        std::mem::take(&mut state.pending.items)
+    };
+    fail_items(items, &error);
+    shared.space_ready.notify_all();
+}

@@ -1,0 +1,39 @@
+//! Keratin's storage engine: segment logs of generation-stamped records.
+//!
+//! # Layout
+//! - [`format`]: segment header and record layout, byte by byte (`docs/storage-format.md`).
+//! - [`io`]: the `Io` seam — every file operation — with the real file system ([`RealIo`]) and a
+//!   simulated disk that can fail or crash at any call ([`SimIo`]).
+//! - `segment`: one segment file in memory (extent, sparse index) and buffered reads.
+//! - `recovery`: from the files in a directory back to a log, cutting torn tails and reporting
+//!   damage to durable data.
+//! - `commit`: the commit thread, sole writer of a log's files: group commit, rolls,
+//!   truncation, prefix removal.
+//! - `log`: [`Log`], the public API appenders and readers use; `reader`: [`LogReader`].
+//! - `pool`: [`SegmentPool`], spare segment files shared by the logs of a node.
+//! - `error`: [`LogError`].
+#![deny(missing_docs)]
+#![deny(clippy::big_endian_bytes, clippy::host_endian_bytes)]
+
+mod commit;
+pub mod error;
+pub mod format;
+pub mod io;
+mod log;
+mod pool;
+mod reader;
+mod recovery;
+mod segment;
+mod ticket;
+
+pub use error::{LogError, LogResult};
+pub use format::SizeClass;
+pub use io::{Io, IoError, IoFile, OpenMode, RealIo, SimFault, SimIo};
+pub use log::{
+    Log, LogOptions, LogStats, PrefixRemoval, ReadRecord, Record, SegmentStats,
+    DEFAULT_MAX_PENDING_BYTES, DEFAULT_SEGMENT_SIZE_BYTES, MAX_SEGMENT_SIZE_BYTES,
+    MIN_SEGMENT_SIZE_BYTES,
+};
+pub use pool::SegmentPool;
+pub use reader::LogReader;
+pub use ticket::Ticket;

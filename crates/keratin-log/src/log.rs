@@ -1,0 +1,603 @@
+//! `Log`: the public face of one log. It owns the shared state that appenders, readers and the
+//! commit thread meet in; the writing itself is the commit thread's (`commit.rs`), the reading is
+//! `reader.rs`'s and the opening is `recovery.rs`'s.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use crate::commit::{self, Writer};
+use crate::error::{LogError, LogResult};
+use crate::format::{SizeClass, FLAGS_USER_MASK, RECORD_HEADER_SIZE, SEGMENT_HEADER_SIZE};
+use crate::io::Io;
+use crate::pool::SegmentPool;
+use crate::reader::LogReader;
+use crate::recovery::recover;
+use crate::segment::Segment;
+use crate::ticket::{Reply, Ticket};
+
+/// The default size of a full segment: 64 MiB. Large enough that rolling (one file creation
+/// and two syncs) is rare at any throughput, small enough that recovery's scan of the last
+/// segment stays well under a second and that reclaiming space works in steps of 64 MiB. The
+/// small class is one eighth of it, 8 MiB.
+pub const DEFAULT_SEGMENT_SIZE_BYTES: u64 = 64 << 20;
+
+/// Smallest configurable full segment size; the small class is then 32 KiB.
+pub const MIN_SEGMENT_SIZE_BYTES: u64 = 256 << 10;
+
+/// Largest configurable full segment size: byte positions in the sparse index are `u32`.
+pub const MAX_SEGMENT_SIZE_BYTES: u64 = 1 << 32;
+
+/// Appends block once this many bytes wait for the commit thread: at 64 MiB and a disk that
+/// writes 100 MB/s, an appender waits at most about a second for room.
+pub const DEFAULT_MAX_PENDING_BYTES: usize = 64 << 20;
+
+/// How a log is opened.
+#[derive(Debug, Clone)]
+pub struct LogOptions {
+    /// Size of a full segment; the log uses it, or one eighth of it for [`SizeClass::Small`].
+    pub full_segment_size_bytes: u64,
+    /// Which size class this log's segments have.
+    pub size_class: SizeClass,
+    /// Appends block while more than this many bytes wait to be written.
+    pub max_pending_bytes: usize,
+    /// Write an unsynced seal record when the log goes idle after a batch, so that recovery can
+    /// tell damage to the last synced batch from a torn write more often. Costs one small write
+    /// per idle moment, no sync.
+    pub seal_when_idle: bool,
+}
+
+impl Default for LogOptions {
+    fn default() -> Self {
+        LogOptions {
+            full_segment_size_bytes: DEFAULT_SEGMENT_SIZE_BYTES,
+            size_class: SizeClass::Full,
+            max_pending_bytes: DEFAULT_MAX_PENDING_BYTES,
+            seal_when_idle: true,
+        }
+    }
+}
+
+impl LogOptions {
+    /// The size of this log's segment files.
+    pub fn segment_size_bytes(&self) -> u64 {
+        self.size_class
+            .segment_size_bytes(self.full_segment_size_bytes)
+    }
+
+    fn validate(&self) -> LogResult<()> {
+        let size = self.full_segment_size_bytes;
+        if !(MIN_SEGMENT_SIZE_BYTES..=MAX_SEGMENT_SIZE_BYTES).contains(&size)
+            || !size.is_multiple_of(32768)
+        {
+            return Err(LogError::Invalid(format!(
+                "segment size {size} bytes: expected a multiple of 32 KiB between \
+                 {MIN_SEGMENT_SIZE_BYTES} and {MAX_SEGMENT_SIZE_BYTES}"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// One record to append.
+#[derive(Debug, Clone, Copy)]
+pub struct Record<'a> {
+    /// Caller-defined type (the broker's record kinds).
+    pub record_type: u8,
+    /// Caller flags: only the bits of [`FLAGS_USER_MASK`].
+    pub flags: u8,
+    /// Milliseconds since the Unix epoch, supplied by the caller (state machines take time as an
+    /// argument).
+    pub timestamp_ms: u64,
+    /// The payload.
+    pub payload: &'a [u8],
+}
+
+/// A record read back from the log, verified (checksum, generation and offset).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadRecord {
+    /// Its offset.
+    pub offset: u64,
+    /// Its type.
+    pub record_type: u8,
+    /// Its caller flags.
+    pub flags: u8,
+    /// Its timestamp.
+    pub timestamp_ms: u64,
+    /// Its payload.
+    pub payload: Vec<u8>,
+}
+
+/// Figures of one segment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentStats {
+    /// First offset.
+    pub base_offset: u64,
+    /// One past its last durable record's offset.
+    pub next_offset: u64,
+    /// Generation of the file (how many times it has been used).
+    pub generation: u16,
+    /// Size of the file on disk (preallocated).
+    pub size_bytes: u64,
+    /// Bytes holding the header and durable records.
+    pub used_bytes: u64,
+    /// The file.
+    pub path: PathBuf,
+}
+
+/// Figures of a log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogStats {
+    /// First offset held.
+    pub start_offset: u64,
+    /// One past the last durable offset.
+    pub durable_offset: u64,
+    /// The offset the next append gets.
+    pub next_offset: u64,
+    /// The segments, oldest first.
+    pub segments: Vec<SegmentStats>,
+    /// Sum of the segment files' sizes.
+    pub disk_bytes: u64,
+    /// Whether the log is stopped (see [`Log::heal`]).
+    pub stopped: bool,
+}
+
+/// What [`Log::remove_prefix`] removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PrefixRemoval {
+    /// Segments handed to the pool.
+    pub segments: usize,
+    /// Their size on disk.
+    pub bytes: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RecordMeta {
+    pub(crate) record_type: u8,
+    pub(crate) flags: u8,
+    pub(crate) timestamp_ms: u64,
+    pub(crate) length: u32,
+}
+
+#[derive(Debug)]
+pub(crate) enum Item {
+    Append {
+        first_offset: u64,
+        count: usize,
+        reply: Reply<Range<u64>>,
+    },
+    Truncate {
+        offset: u64,
+        reply: Reply<()>,
+    },
+    RemovePrefix {
+        before: u64,
+        reply: Reply<PrefixRemoval>,
+    },
+    Roll {
+        reply: Reply<()>,
+    },
+    Close {
+        reply: Reply<()>,
+    },
+}
+
+/// Requests waiting for the commit thread, in arrival order. Record payloads are copied into
+/// one buffer so that an append costs one copy and no allocation per record.
+#[derive(Debug, Default)]
+pub(crate) struct Pending {
+    pub(crate) items: Vec<Item>,
+    pub(crate) metas: Vec<RecordMeta>,
+    pub(crate) payloads: Vec<u8>,
+    pub(crate) bytes: usize,
+}
+
+impl Pending {
+    pub(crate) fn clear(&mut self) {
+        self.items.clear();
+        self.metas.clear();
+        self.payloads.clear();
+        self.bytes = 0;
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct State {
+    /// What readers see: durable records only.
+    pub(crate) segments: BTreeMap<u64, Segment>,
+    /// The offset the next append gets.
+    pub(crate) next_offset: u64,
+    /// Every offset below this one is durable.
+    pub(crate) durable_next: u64,
+    pub(crate) pending: Pending,
+    pub(crate) stopped: Option<LogError>,
+    pub(crate) closing: bool,
+}
+
+impl State {
+    pub(crate) fn start_offset(&self) -> u64 {
+        self.segments
+            .first_key_value()
+            .map_or(self.next_offset, |(base, _)| *base)
+    }
+}
+
+/// What the commit thread, appenders and readers share.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) dir: PathBuf,
+    pub(crate) io: Arc<dyn Io>,
+    pub(crate) options: LogOptions,
+    pub(crate) pool: SegmentPool,
+    pub(crate) state: Mutex<State>,
+    /// Signalled when work is pending (the commit thread waits on it).
+    pub(crate) work_ready: Condvar,
+    /// Signalled when pending bytes drop (appenders over the bound wait on it).
+    pub(crate) space_ready: Condvar,
+}
+
+impl Shared {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock is a bug of ours; the state is still consistent at
+        // every unlock point, so keep serving rather than poisoning every later call.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A segment log: an append-only sequence of records in segment files, with group commit,
+/// crash recovery and typed stops on write errors.
+///
+/// Durability: a record is durable — it survives a process crash and a power loss — once its
+/// append [`Ticket`] resolves. Readers see only durable records.
+#[derive(Debug)]
+pub struct Log {
+    shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Log {
+    /// Open the log in `dir` (created if missing), recovering what is there. `pool` is the node's
+    /// segment pool, or `None` for a private one.
+    pub fn open(
+        io: Arc<dyn Io>,
+        dir: &Path,
+        options: LogOptions,
+        pool: Option<SegmentPool>,
+    ) -> LogResult<Log> {
+        options.validate()?;
+        create_log_dir(io.as_ref(), dir)?;
+        let pool = pool.unwrap_or_else(|| SegmentPool::private(io.clone()));
+        let recovered = recover(io.as_ref(), dir, &options, &pool)?;
+        if recovered.zeroed_bytes > 0 {
+            tracing::info!(dir = %dir.display(), bytes = recovered.zeroed_bytes, "recovery zeroed a torn tail");
+        }
+        let shared = Arc::new(Shared {
+            dir: dir.to_path_buf(),
+            io,
+            options,
+            pool,
+            state: Mutex::new(State {
+                segments: BTreeMap::new(),
+                next_offset: 0,
+                durable_next: 0,
+                pending: Pending::default(),
+                stopped: None,
+                closing: false,
+            }),
+            work_ready: Condvar::new(),
+            space_ready: Condvar::new(),
+        });
+        let writer = Writer::start(&shared, recovered.segments)?;
+        let thread = commit::spawn(shared.clone(), writer)?;
+        Ok(Log {
+            shared,
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    /// The log's directory.
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+
+    /// Append a batch of records. Offsets are assigned at once (see [`Ticket`]); the ticket
+    /// resolves with them once a sync covers every record of the batch, or with the error that
+    /// stopped the log. Blocks while more than `max_pending_bytes` wait for the disk.
+    pub fn append(&self, records: &[Record<'_>]) -> LogResult<Ticket<Range<u64>>> {
+        let batch_bytes = self.check_batch(records)?;
+        let (reply, ticket) = Ticket::new(self.shared.dir.clone());
+        let mut state = self.shared.lock();
+        loop {
+            Self::check_open(&self.shared, &state)?;
+            let pending = state.pending.bytes;
+            if pending == 0 || pending + batch_bytes <= self.shared.options.max_pending_bytes {
+                break;
+            }
+            state = self
+                .shared
+                .space_ready
+                .wait(state)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+        let first_offset = state.next_offset;
+        state.next_offset += records.len() as u64;
+        let pending = &mut state.pending;
+        for record in records {
+            pending.metas.push(RecordMeta {
+                record_type: record.record_type,
+                flags: record.flags,
+                timestamp_ms: record.timestamp_ms,
+                length: record.payload.len() as u32,
+            });
+            pending.payloads.extend_from_slice(record.payload);
+        }
+        pending.bytes += batch_bytes;
+        pending.items.push(Item::Append {
+            first_offset,
+            count: records.len(),
+            reply,
+        });
+        drop(state);
+        self.shared.work_ready.notify_one();
+        Ok(ticket)
+    }
+
+    /// Append and wait until durable (blocking; see [`Ticket::wait`]).
+    pub fn append_sync(&self, records: &[Record<'_>]) -> LogResult<Range<u64>> {
+        self.append(records)?.wait()
+    }
+
+    fn check_batch(&self, records: &[Record<'_>]) -> LogResult<usize> {
+        if records.is_empty() {
+            return Err(LogError::Invalid(
+                "an append needs at least one record".into(),
+            ));
+        }
+        let room = self.shared.options.segment_size_bytes() - SEGMENT_HEADER_SIZE as u64;
+        let mut total = 0usize;
+        for record in records {
+            if record.flags & !FLAGS_USER_MASK != 0 {
+                return Err(LogError::Invalid(format!(
+                    "record flags {:#04x}: only the bits {FLAGS_USER_MASK:#04x} are the caller's",
+                    record.flags
+                )));
+            }
+            let size = RECORD_HEADER_SIZE as u64 + record.payload.len() as u64;
+            if size > room {
+                return Err(LogError::RecordTooLarge {
+                    size_bytes: size,
+                    segment_size_bytes: self.shared.options.segment_size_bytes(),
+                });
+            }
+            total = total.saturating_add(size as usize);
+        }
+        Ok(total)
+    }
+
+    fn check_open(shared: &Shared, state: &State) -> LogResult<()> {
+        if let Some(stop) = &state.stopped {
+            return Err(stop.clone());
+        }
+        if state.closing {
+            return Err(LogError::Closed {
+                dir: shared.dir.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    fn submit<T>(
+        &self,
+        make: impl FnOnce(&mut State, Reply<T>) -> LogResult<Item>,
+    ) -> LogResult<Ticket<T>> {
+        let (reply, ticket) = Ticket::new(self.shared.dir.clone());
+        let mut state = self.shared.lock();
+        Self::check_open(&self.shared, &state)?;
+        let item = make(&mut state, reply)?;
+        state.pending.items.push(item);
+        drop(state);
+        self.shared.work_ready.notify_one();
+        Ok(ticket)
+    }
+
+    /// Remove every record at `offset` and after; appends continue from `offset`. Durable when
+    /// the ticket resolves. `offset` must lie between the log's start and its next offset.
+    pub fn truncate_suffix(&self, offset: u64) -> LogResult<Ticket<()>> {
+        self.submit(|state, reply| {
+            let start = state.start_offset();
+            if offset < start || offset > state.next_offset {
+                return Err(LogError::OutOfRange {
+                    offset,
+                    start,
+                    end: state.next_offset,
+                });
+            }
+            state.next_offset = offset;
+            Ok(Item::Truncate { offset, reply })
+        })
+    }
+
+    /// Hand every whole segment whose records all lie below `before` to the pool (space
+    /// reclaim). The last segment is never removed.
+    pub fn remove_prefix(&self, before: u64) -> LogResult<Ticket<PrefixRemoval>> {
+        self.submit(|_, reply| Ok(Item::RemovePrefix { before, reply }))
+    }
+
+    /// Start a new segment at the next offset (after pending appends are durable), unless the
+    /// current one is empty.
+    pub fn roll(&self) -> LogResult<Ticket<()>> {
+        self.submit(|_, reply| Ok(Item::Roll { reply }))
+    }
+
+    /// Read one durable record.
+    pub fn read(&self, offset: u64) -> LogResult<ReadRecord> {
+        let mut reader = LogReader::new(self.shared.clone(), offset, 16 << 10);
+        match reader.next() {
+            Some(result) => result,
+            None => Err(self.out_of_range(offset)),
+        }
+    }
+
+    /// Iterate over durable records from `offset` on. The iterator ends at the durable end as
+    /// it is when it gets there.
+    pub fn reader(&self, offset: u64) -> LogReader {
+        LogReader::new(
+            self.shared.clone(),
+            offset,
+            crate::segment::READ_CHUNK_BYTES,
+        )
+    }
+
+    fn out_of_range(&self, offset: u64) -> LogError {
+        let state = self.shared.lock();
+        LogError::OutOfRange {
+            offset,
+            start: state.start_offset(),
+            end: state.durable_next,
+        }
+    }
+
+    /// First offset held.
+    pub fn start_offset(&self) -> u64 {
+        self.shared.lock().start_offset()
+    }
+
+    /// One past the last durable offset.
+    pub fn durable_offset(&self) -> u64 {
+        self.shared.lock().durable_next
+    }
+
+    /// The offset the next append gets.
+    pub fn next_offset(&self) -> u64 {
+        self.shared.lock().next_offset
+    }
+
+    /// The error that stopped the log, if it is stopped.
+    pub fn stopped(&self) -> Option<LogError> {
+        self.shared.lock().stopped.clone()
+    }
+
+    /// Size and per-segment figures.
+    pub fn stats(&self) -> LogStats {
+        let state = self.shared.lock();
+        let segments: Vec<SegmentStats> = state
+            .segments
+            .values()
+            .map(|s| SegmentStats {
+                base_offset: s.base,
+                next_offset: s.next_offset,
+                generation: s.generation,
+                size_bytes: s.size_bytes,
+                used_bytes: s.used_bytes(),
+                path: s.path.clone(),
+            })
+            .collect();
+        LogStats {
+            start_offset: state.start_offset(),
+            durable_offset: state.durable_next,
+            next_offset: state.next_offset,
+            disk_bytes: segments.iter().map(|s| s.size_bytes).sum(),
+            segments,
+            stopped: state.stopped.is_some(),
+        }
+    }
+
+    /// Reopen a stopped log: recover its files as at open, cut everything past the last durable
+    /// offset (records whose write or sync failed were never reported durable), verify the tail
+    /// and take appends again. Nothing is retried in place: Linux reports a writeback error only
+    /// once, so the pages of a failed sync cannot be trusted. Does nothing if the log runs.
+    pub fn heal(&self) -> LogResult<()> {
+        let durable_next = {
+            let state = self.shared.lock();
+            if state.stopped.is_none() {
+                return Ok(());
+            }
+            state.durable_next
+        };
+        self.join_thread();
+        let shared = &self.shared;
+        let recovered = recover(
+            shared.io.as_ref(),
+            &shared.dir,
+            &shared.options,
+            &shared.pool,
+        )?;
+        let mut writer = Writer::start(shared, recovered.segments)?;
+        if writer.next_offset() > durable_next {
+            writer.truncate(shared, durable_next)?;
+        }
+        {
+            let mut state = shared.lock();
+            state.next_offset = writer.next_offset();
+            state.stopped = None;
+        }
+        let thread = commit::spawn(shared.clone(), writer)?;
+        *self.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(thread);
+        tracing::info!(dir = %shared.dir.display(), durable_offset = durable_next, "log healed");
+        Ok(())
+    }
+
+    /// Close the log: pending appends are completed, a seal record is written and synced, and
+    /// the commit thread exits.
+    pub fn close(self) -> LogResult<()> {
+        self.close_inner()
+    }
+
+    fn close_inner(&self) -> LogResult<()> {
+        let ticket = {
+            let (reply, ticket) = Ticket::new(self.shared.dir.clone());
+            let mut state = self.shared.lock();
+            if state.closing {
+                return Ok(());
+            }
+            state.closing = true;
+            if state.stopped.is_some() {
+                None
+            } else {
+                state.pending.items.push(Item::Close { reply });
+                Some(ticket)
+            }
+        };
+        self.shared.work_ready.notify_one();
+        self.shared.space_ready.notify_all();
+        let result = ticket.map_or(Ok(()), Ticket::wait);
+        self.join_thread();
+        result
+    }
+
+    fn join_thread(&self) {
+        let handle = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(handle) = handle {
+            if handle.join().is_err() {
+                tracing::error!(dir = %self.shared.dir.display(), "log commit thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for Log {
+    fn drop(&mut self) {
+        if let Err(e) = self.close_inner() {
+            tracing::warn!(dir = %self.shared.dir.display(), error = %e, "closing log on drop");
+        }
+    }
+}
+
+fn create_log_dir(io: &dyn Io, dir: &Path) -> LogResult<()> {
+    if io
+        .exists(dir)
+        .map_err(|e| LogError::io("stat log directory", dir, e))?
+    {
+        return Ok(());
+    }
+    io.create_dir_all(dir)
+        .map_err(|e| LogError::io("create log directory", dir, e))?;
+    let parent = dir.parent().filter(|p| !p.as_os_str().is_empty());
+    if let Some(parent) = parent {
+        io.sync_dir(parent)
+            .map_err(|e| LogError::io("sync parent directory", parent, e))?;
+    }
+    Ok(())
+}

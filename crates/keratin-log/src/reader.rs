@@ -1,0 +1,218 @@
+//! `LogReader`: iterating over durable records, verifying each one as it is read.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::error::{LogError, LogResult};
+use crate::format::{check_record, RECORD_HEADER_SIZE};
+use crate::log::{ReadRecord, Shared};
+use crate::recovery::corrupt;
+use crate::segment::{ChunkReader, Segment};
+
+/// Where a reader is inside one segment.
+#[derive(Debug)]
+struct Cursor {
+    base: u64,
+    generation: u16,
+    path: PathBuf,
+    chunks: ChunkReader,
+    /// Byte position of the record with offset `offset`.
+    position: u64,
+    offset: u64,
+    /// One past the last durable offset of the segment when the cursor was last refreshed.
+    end_offset: u64,
+}
+
+/// An iterator over durable records from an offset on; see [`crate::Log::reader`].
+#[derive(Debug)]
+pub struct LogReader {
+    shared: Arc<Shared>,
+    next: u64,
+    chunk_bytes: usize,
+    cursor: Option<Cursor>,
+}
+
+impl LogReader {
+    pub(crate) fn new(shared: Arc<Shared>, offset: u64, chunk_bytes: usize) -> LogReader {
+        LogReader {
+            shared,
+            next: offset,
+            chunk_bytes,
+            cursor: None,
+        }
+    }
+
+    /// The offset the next call to `next` returns.
+    pub fn position(&self) -> u64 {
+        self.next
+    }
+
+    /// Point the cursor at the segment holding `self.next`; `None` at the durable end.
+    fn refresh(&mut self) -> Option<LogResult<()>> {
+        let state = self.shared.lock();
+        let start = state.start_offset();
+        if self.next < start {
+            return Some(Err(LogError::OutOfRange {
+                offset: self.next,
+                start,
+                end: state.durable_next,
+            }));
+        }
+        if self.next >= state.durable_next {
+            return None;
+        }
+        let (_, segment) = state.segments.range(..=self.next).next_back()?;
+        if self.next >= segment.next_offset {
+            return None;
+        }
+        match &mut self.cursor {
+            Some(cursor) if cursor.base == segment.base && cursor.offset == self.next => {
+                cursor.end_offset = segment.next_offset;
+                cursor.chunks.set_limit(segment.end_position);
+            }
+            _ => {
+                let (position, offset) = segment.lookup(self.next);
+                self.cursor = Some(Cursor {
+                    base: segment.base,
+                    generation: segment.generation,
+                    path: segment.path.clone(),
+                    chunks: ChunkReader::new(
+                        segment.file.clone(),
+                        segment.end_position,
+                        self.chunk_bytes,
+                    ),
+                    position,
+                    offset,
+                    end_offset: segment.next_offset,
+                });
+            }
+        }
+        Some(Ok(()))
+    }
+
+    /// Read the record at the cursor and step past it.
+    fn step(&mut self) -> LogResult<ReadRecord> {
+        let cursor = self
+            .cursor
+            .as_mut()
+            .ok_or_else(|| LogError::Invalid("reader has no cursor".into()))?;
+        let position = cursor.position;
+        let window = cursor
+            .chunks
+            .window(position, RECORD_HEADER_SIZE)
+            .map_err(|e| LogError::io("read segment", cursor.path.clone(), e))?;
+        let length = u32::from_le_bytes([window[4], window[5], window[6], window[7]]);
+        let total = RECORD_HEADER_SIZE + length as usize;
+        let window = cursor
+            .chunks
+            .window(position, total)
+            .map_err(|e| LogError::io("read segment", cursor.path.clone(), e))?;
+        let header = match check_record(window, cursor.generation) {
+            Ok(header) if header.offset == cursor.offset => header,
+            Ok(header) => {
+                return Err(corrupt(
+                    &cursor.path,
+                    position,
+                    cursor.offset,
+                    format!("found offset {}", header.offset),
+                ))
+            }
+            Err(fault) => {
+                return Err(corrupt(
+                    &cursor.path,
+                    position,
+                    cursor.offset,
+                    fault.to_string(),
+                ))
+            }
+        };
+        let record = ReadRecord {
+            offset: header.offset,
+            record_type: header.record_type,
+            flags: header.flags,
+            timestamp_ms: header.timestamp_ms,
+            payload: window[RECORD_HEADER_SIZE..total].to_vec(),
+        };
+        cursor.position += total as u64;
+        cursor.offset += 1;
+        Ok(record)
+    }
+
+    /// A corruption seen while the segment was being removed is not one: the file was reused.
+    fn explain(&self, error: LogError) -> LogError {
+        if let LogError::Corrupt { .. } = error {
+            let state = self.shared.lock();
+            let start = state.start_offset();
+            if self.next < start {
+                return LogError::OutOfRange {
+                    offset: self.next,
+                    start,
+                    end: state.durable_next,
+                };
+            }
+        }
+        error
+    }
+}
+
+impl Iterator for LogReader {
+    type Item = LogResult<ReadRecord>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let cursor_ready = self
+            .cursor
+            .as_ref()
+            .is_some_and(|c| c.offset <= self.next && self.next < c.end_offset);
+        if !cursor_ready {
+            if let Err(error) = self.refresh()? {
+                return Some(Err(error));
+            }
+        }
+        loop {
+            let result = self.step();
+            match result {
+                Ok(record) if record.offset == self.next => {
+                    self.next += 1;
+                    return Some(Ok(record));
+                }
+                Ok(_) => continue,
+                Err(error) => {
+                    let error = self.explain(error);
+                    self.cursor = None;
+                    return Some(Err(error));
+                }
+            }
+        }
+    }
+}
+
+/// The byte position of the record with `offset` in a segment (used to cut a log there).
+pub(crate) fn locate(segment: &Segment, offset: u64) -> LogResult<u64> {
+    let (mut position, mut at) = segment.lookup(offset);
+    let mut chunks = ChunkReader::new(segment.file.clone(), segment.end_position, 64 << 10);
+    while at < offset {
+        let window = chunks
+            .window(position, RECORD_HEADER_SIZE)
+            .map_err(|e| LogError::io("read segment", segment.path.clone(), e))?;
+        let length = u32::from_le_bytes([window[4], window[5], window[6], window[7]]);
+        let total = RECORD_HEADER_SIZE + length as usize;
+        let window = chunks
+            .window(position, total)
+            .map_err(|e| LogError::io("read segment", segment.path.clone(), e))?;
+        match check_record(window, segment.generation) {
+            Ok(header) if header.offset == at => {}
+            Ok(header) => {
+                return Err(corrupt(
+                    &segment.path,
+                    position,
+                    at,
+                    format!("found offset {}", header.offset),
+                ))
+            }
+            Err(fault) => return Err(corrupt(&segment.path, position, at, fault.to_string())),
+        }
+        position += total as u64;
+        at += 1;
+    }
+    Ok(position)
+}

@@ -1,0 +1,384 @@
+//! Recovery: turning the files in a log directory back into a log when it is opened.
+//!
+//! The rules (docs/storage-format.md, "Recovery"):
+//! - scratch files (`*.seg.tmp`) are leftovers of a segment creation that never finished: removed;
+//! - a trailing segment whose valid header does not name its own base (a spare header, or another
+//!   log's base) was being taken from a pool when the node stopped: it is handed back to the pool;
+//! - every segment but the last is sealed: its records must run without a gap up to the next
+//!   segment's base, or the log is corrupt;
+//! - the last segment ends at its first invalid record (torn length, bad checksum, generation or
+//!   offset mismatch), unless a later record in it shows that the data there had been reported
+//!   durable: that is corruption, reported with its location and never skipped.
+//!   Same-generation leftovers past the cut are zeroed, so that they can never line up with
+//!   records appended later.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::error::{LogError, LogResult};
+use crate::format::{
+    check_record, HeaderKind, RecordFault, RecordHeader, SegmentHeader, FLAG_SEAL,
+    RECORD_HEADER_SIZE, SEGMENT_HEADER_SIZE,
+};
+use crate::io::{Io, IoError, IoFile, OpenMode};
+use crate::pool::SegmentPool;
+use crate::segment::{
+    parse_segment_file_name, ChunkReader, IndexBuilder, Segment, READ_CHUNK_BYTES,
+};
+use crate::LogOptions;
+
+/// What recovery found: the log's segments and where appends continue.
+#[derive(Debug)]
+pub(crate) struct Recovered {
+    pub(crate) segments: BTreeMap<u64, Segment>,
+    /// Bytes of leftovers zeroed past the cut of the last segment.
+    pub(crate) zeroed_bytes: u64,
+}
+
+/// Why a segment scan stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ScanStop {
+    /// No room for another record header before the end of the file.
+    End,
+    /// A seal record: the log ended here at a clean close or an idle moment.
+    Seal,
+    /// An invalid record.
+    Fault(RecordFault),
+}
+
+#[derive(Debug)]
+struct Scan {
+    stop: ScanStop,
+}
+
+pub(crate) fn recover(
+    io: &dyn Io,
+    dir: &Path,
+    options: &LogOptions,
+    pool: &SegmentPool,
+) -> LogResult<Recovered> {
+    let bases = list_segments(io, dir)?;
+    let mut opened: Vec<(Arc<dyn IoFile>, SegmentHeader, PathBuf)> = Vec::new();
+    // From the last segment back: trailing segments with a foreign header are handed back one
+    // at a time; a foreign header anywhere else is corruption.
+    for &base in bases.iter().rev() {
+        let path = dir.join(crate::segment::segment_file_name(base));
+        let trailing = opened.is_empty();
+        match open_segment(io, &path, base, options)? {
+            Opened::Valid(file, header) => opened.push((file, header, path)),
+            Opened::Foreign(reason) if trailing => {
+                tracing::warn!(path = %path.display(), %reason, "returning a trailing segment that does not belong to this log");
+                pool.enter_foreign(&path, options.size_class)?;
+            }
+            Opened::Foreign(reason) => return Err(corrupt(&path, 0, base, reason)),
+        }
+    }
+    opened.reverse();
+    let mut segments = BTreeMap::new();
+    let mut zeroed_bytes = 0;
+    let count = opened.len();
+    for (i, (file, header, path)) in opened.into_iter().enumerate() {
+        let mut segment = Segment::new(
+            path,
+            file,
+            header.base_offset,
+            header.generation,
+            header.segment_size_bytes,
+        );
+        let scan = scan_segment(&mut segment)?;
+        // A segment that is not the last is sealed: whatever stopped its scan, the next
+        // segment's base must follow its last record (checked below, against the next one).
+        if i + 1 == count {
+            zeroed_bytes = settle_tail(&segment, &scan)?;
+        }
+        if let Some((_, previous)) = segments.last_key_value() {
+            check_continuity(previous, &segment)?;
+        }
+        segments.insert(segment.base, segment);
+    }
+    Ok(Recovered {
+        segments,
+        zeroed_bytes,
+    })
+}
+
+/// The base offsets of the segment files in `dir`, sorted; scratch files are removed.
+fn list_segments(io: &dyn Io, dir: &Path) -> LogResult<Vec<u64>> {
+    let names = io
+        .read_dir(dir)
+        .map_err(|e| LogError::io("list log directory", dir, e))?;
+    let mut bases = Vec::new();
+    let mut removed_scratch = false;
+    for name in names {
+        if let Some(base) = parse_segment_file_name(&name) {
+            bases.push(base);
+        } else if name.ends_with(".seg.tmp") {
+            let path = dir.join(&name);
+            io.remove_file(&path)
+                .map_err(|e| LogError::io("remove scratch segment", &path, e))?;
+            removed_scratch = true;
+        }
+    }
+    if removed_scratch {
+        io.sync_dir(dir)
+            .map_err(|e| LogError::io("sync log directory", dir, e))?;
+    }
+    bases.sort_unstable();
+    Ok(bases)
+}
+
+enum Opened {
+    Valid(Arc<dyn IoFile>, SegmentHeader),
+    /// A file that holds no record of this log: a spare header, another base, or too short to
+    /// hold a header (a creation that never finished).
+    Foreign(String),
+}
+
+fn open_segment(io: &dyn Io, path: &Path, base: u64, options: &LogOptions) -> LogResult<Opened> {
+    let file = io
+        .open(path, OpenMode::Existing)
+        .map_err(|e| LogError::io("open segment", path, e))?;
+    let mut bytes = [0u8; SEGMENT_HEADER_SIZE];
+    match file.read_exact_at(&mut bytes, 0) {
+        Ok(()) => {}
+        Err(IoError::ShortRead { read }) => {
+            return Ok(Opened::Foreign(format!(
+                "file of {read} bytes has no header"
+            )))
+        }
+        Err(e) => return Err(LogError::io("read segment header", path, e)),
+    }
+    let header = SegmentHeader::decode(&bytes)
+        .map_err(|e| corrupt(path, 0, base, format!("segment header: {e}")))?;
+    if header.kind == HeaderKind::Spare {
+        return Ok(Opened::Foreign("the header is a spare's".into()));
+    }
+    if header.base_offset != base {
+        return Ok(Opened::Foreign(format!(
+            "the header names base {} instead of {base}",
+            header.base_offset
+        )));
+    }
+    let expected_size = options.segment_size_bytes();
+    let file_len = file
+        .len()
+        .map_err(|e| LogError::io("stat segment", path, e))?;
+    if header.segment_size_bytes != expected_size || file_len < header.segment_size_bytes {
+        return Err(corrupt(
+            path,
+            0,
+            base,
+            format!(
+                "segment of {} bytes (file {file_len} bytes) in a log of {expected_size}-byte \
+                 segments",
+                header.segment_size_bytes
+            ),
+        ));
+    }
+    Ok(Opened::Valid(file, header))
+}
+
+/// Walk the records of a segment from its start, filling in its extent and index.
+fn scan_segment(segment: &mut Segment) -> LogResult<Scan> {
+    let mut reader = ChunkReader::new(segment.file.clone(), segment.size_bytes, READ_CHUNK_BYTES);
+    let mut position = SEGMENT_HEADER_SIZE as u64;
+    let mut expected = segment.base;
+    let mut index = IndexBuilder::new(segment.base, None);
+    let stop = loop {
+        if position + RECORD_HEADER_SIZE as u64 > segment.size_bytes {
+            break ScanStop::End;
+        }
+        let read_error = |e| LogError::io("read segment", segment.path.clone(), e);
+        let window = reader
+            .window(position, READ_CHUNK_BYTES.min(RECORD_HEADER_SIZE))
+            .map_err(read_error)?;
+        let length = u64::from(u32::from_le_bytes([
+            window[4], window[5], window[6], window[7],
+        ]));
+        let total = RECORD_HEADER_SIZE as u64 + length;
+        if position + total > segment.size_bytes {
+            break ScanStop::Fault(RecordFault::TornLength);
+        }
+        let window = reader
+            .window(position, total as usize)
+            .map_err(read_error)?;
+        let header = match check_record(window, segment.generation) {
+            Ok(header) => header,
+            Err(fault) => break ScanStop::Fault(fault),
+        };
+        if header.offset != expected {
+            break ScanStop::Fault(RecordFault::Offset {
+                found: header.offset,
+            });
+        }
+        if header.flags & FLAG_SEAL != 0 {
+            break ScanStop::Seal;
+        }
+        if let Some(entry) = index.record(expected, position) {
+            segment.index.push(entry);
+        }
+        position += total;
+        expected += 1;
+    };
+    segment.end_position = position;
+    segment.next_offset = expected;
+    Ok(Scan { stop })
+}
+
+fn check_continuity(previous: &Segment, next: &Segment) -> LogResult<()> {
+    if previous.next_offset == next.base {
+        return Ok(());
+    }
+    let reason = if previous.next_offset < next.base {
+        format!(
+            "records end at offset {} but the next segment starts at {}: a record of a sealed \
+             segment is damaged",
+            previous.next_offset, next.base
+        )
+    } else {
+        format!(
+            "records run to offset {} past the next segment's base {}",
+            previous.next_offset, next.base
+        )
+    };
+    Err(corrupt(
+        &previous.path,
+        previous.end_position,
+        previous.next_offset,
+        reason,
+    ))
+}
+
+/// Decide what the stop of the last segment means: the end of what was written (a torn tail,
+/// cut and zeroed) or damage to data that was reported durable (an error).
+fn settle_tail(segment: &Segment, scan: &Scan) -> LogResult<u64> {
+    let cut_position = segment.end_position;
+    let look_from = match scan.stop {
+        ScanStop::End => return Ok(0),
+        ScanStop::Seal => cut_position + RECORD_HEADER_SIZE as u64,
+        ScanStop::Fault(_) => cut_position + 1,
+    };
+    let ahead = look_ahead(segment, look_from)?;
+    if let (ScanStop::Fault(fault), Some(claim)) = (scan.stop, ahead.claim) {
+        if claim.durable_before > segment.next_offset {
+            return Err(corrupt(
+                &segment.path,
+                cut_position,
+                segment.next_offset,
+                format!(
+                    "{fault}; a later record (offset {} at byte {}) shows that offsets below {} \
+                     had been reported durable",
+                    claim.offset, claim.position, claim.durable_before
+                ),
+            ));
+        }
+    }
+    if ahead.extent <= look_from {
+        return Ok(0);
+    }
+    let zero_from = match scan.stop {
+        ScanStop::Seal => look_from,
+        _ => cut_position,
+    };
+    zero_range(segment, zero_from, ahead.extent)?;
+    tracing::warn!(
+        segment = %segment.path().display(),
+        position = zero_from,
+        bytes = ahead.extent - zero_from,
+        "recovery cut a torn tail and zeroed its leftovers"
+    );
+    Ok(ahead.extent - zero_from)
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Claim {
+    durable_before: u64,
+    offset: u64,
+    position: u64,
+}
+
+#[derive(Debug)]
+struct LookAhead {
+    /// The strongest durability claim of a valid record past the cut.
+    claim: Option<Claim>,
+    /// One past the last byte of any valid record past the cut.
+    extent: u64,
+}
+
+/// Scan every byte position past the cut for valid records of this segment's generation. The
+/// generation comparison filters nearly every position before any checksum is computed.
+fn look_ahead(segment: &Segment, from: u64) -> LogResult<LookAhead> {
+    let mut reader = ChunkReader::new(segment.file.clone(), segment.size_bytes, READ_CHUNK_BYTES);
+    let mut ahead = LookAhead {
+        claim: None,
+        extent: from,
+    };
+    let read_error = |e| LogError::io("read segment", segment.path.clone(), e);
+    let mut position = from;
+    while position + RECORD_HEADER_SIZE as u64 <= segment.size_bytes {
+        let window = reader
+            .window(position, RECORD_HEADER_SIZE)
+            .map_err(read_error)?;
+        if RecordHeader::peek_generation(window) != Some(segment.generation) {
+            position += 1;
+            continue;
+        }
+        let header_bytes: &[u8; RECORD_HEADER_SIZE] = window[..RECORD_HEADER_SIZE]
+            .try_into()
+            .map_err(|_| corrupt(&segment.path, position, 0, "short window".into()))?;
+        let header = RecordHeader::parse(header_bytes);
+        let total = header.encoded_size();
+        if position + total > segment.size_bytes {
+            position += 1;
+            continue;
+        }
+        let window = reader
+            .window(position, total as usize)
+            .map_err(read_error)?;
+        if check_record(window, segment.generation).is_ok() {
+            ahead.extent = ahead.extent.max(position + total);
+            if let Some(durable_before) = header.durable_before() {
+                if ahead
+                    .claim
+                    .is_none_or(|c| c.durable_before < durable_before)
+                {
+                    ahead.claim = Some(Claim {
+                        durable_before,
+                        offset: header.offset,
+                        position,
+                    });
+                }
+            }
+        }
+        position += 1;
+    }
+    Ok(ahead)
+}
+
+/// Overwrite `[from, to)` of a segment with zeros and sync it.
+pub(crate) fn zero_range(segment: &Segment, from: u64, to: u64) -> LogResult<()> {
+    let zeros = vec![0u8; READ_CHUNK_BYTES];
+    let mut position = from;
+    while position < to {
+        let len = ((to - position) as usize).min(zeros.len());
+        segment
+            .file
+            .write_all_at(&zeros[..len], position)
+            .map_err(|e| LogError::io("zero segment tail", segment.path.clone(), e))?;
+        position += len as u64;
+    }
+    segment
+        .file
+        .sync_data()
+        .map_err(|e| LogError::io("sync segment", segment.path.clone(), e))
+}
+
+pub(crate) fn corrupt(path: &Path, position: u64, offset: u64, reason: String) -> LogError {
+    LogError::Corrupt {
+        segment: path.to_path_buf(),
+        position,
+        offset,
+        reason,
+    }
+}
