@@ -223,13 +223,19 @@ impl Hierarchy {
         }
     }
 
-    /// Where this hierarchy may be mounted under the cgroup root, most usual first.
-    fn mount_candidates(&self, cgroup_dir: &Path) -> Vec<PathBuf> {
+    /// Where this hierarchy is mounted under the cgroup root, if anywhere.
+    fn mount(&self, cgroup_dir: &Path) -> Option<PathBuf> {
         match self {
-            // Pure v2 mounts at the root; hybrid systems mount it at `unified`.
-            Hierarchy::V2 => vec![cgroup_dir.to_path_buf(), cgroup_dir.join("unified")],
+            // Pure v2 mounts at the root; hybrid systems mount it at `unified` and keep v1
+            // controller mounts at the root. Only a v2 mount has `cgroup.controllers`.
+            Hierarchy::V2 => [cgroup_dir.to_path_buf(), cgroup_dir.join("unified")]
+                .into_iter()
+                .find(|dir| dir.join("cgroup.controllers").is_file()),
+            // `memory` is usually a directory or a symlink to the co-mounted `cpu,memory`.
             Hierarchy::V1 { controllers } => {
-                vec![cgroup_dir.join("memory"), cgroup_dir.join(controllers)]
+                [cgroup_dir.join("memory"), cgroup_dir.join(controllers)]
+                    .into_iter()
+                    .find(|dir| dir.is_dir())
             }
         }
     }
@@ -240,11 +246,7 @@ impl Hierarchy {
         cgroup_dir: &Path,
         process_path: &str,
     ) -> Result<Option<MemoryLimit>, LimitsError> {
-        let Some(mount) = self
-            .mount_candidates(cgroup_dir)
-            .into_iter()
-            .find(|dir| dir.is_dir())
-        else {
+        let Some(mount) = self.mount(cgroup_dir) else {
             return Ok(None);
         };
         let mut smallest: Option<MemoryLimit> = None;
