@@ -145,6 +145,9 @@ pub struct DiskLevels {
 impl DiskLevels {
     /// Levels for a filesystem, evaluated from its first sample: a node that starts on a full
     /// disk is at the right level from the start, not `Normal` until the next sample.
+    ///
+    /// `settings` must have passed [`crate::LimitsSettings::validate`]; unordered thresholds
+    /// are a bug in the caller and panic.
     pub fn new(settings: DiskSettings, sample: DiskSample) -> DiskLevels {
         let thresholds = settings.thresholds(sample.total_bytes);
         let level = Level::Normal.after_sample(&thresholds, sample.effective_free_bytes());

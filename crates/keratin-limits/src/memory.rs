@@ -89,6 +89,9 @@ pub struct MemoryLevels {
 
 impl MemoryLevels {
     /// Levels evaluated from the first sample.
+    ///
+    /// `settings` must have passed [`crate::LimitsSettings::validate`]; unordered thresholds
+    /// are a bug in the caller and panic.
     pub fn new(settings: MemorySettings, sample: MemorySample) -> MemoryLevels {
         let thresholds = settings.thresholds(sample.limit_bytes);
         let level = Level::Normal.after_sample(&thresholds, sample.headroom_bytes());
