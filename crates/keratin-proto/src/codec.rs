@@ -9,7 +9,7 @@
 //! [`Frame::decode`] then parses exactly that many bytes. An oversize length prefix is refused
 //! by `check` from the prefix alone, before any buffer grows for the body.
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use tokio_util::codec::{Decoder, Encoder};
 
 use crate::body::{decode_body, encode_body};
@@ -32,9 +32,10 @@ pub const HEADER_SIZE: usize = BODY_OFFSET;
 
 /// Default and protocol-wide largest value of a length prefix: 16 MiB = 16 * 1024 * 1024 bytes.
 ///
-/// A receiver buffers at most `LENGTH_SIZE + FRAME_SIZE_BYTES_MAX` bytes per connection, so this
-/// bounds a connection's read buffer; 1,000 connections with a full frame each hold 16 GiB at
-/// worst, which is why a server may configure less ([`FrameCodec::with_frame_size_bytes_max`]).
+/// A receiver buffers at most `LENGTH_SIZE + FRAME_SIZE_BYTES_MAX` bytes of one frame per
+/// connection, so this bounds a connection's read buffer; 1,000 connections each sending a full
+/// frame hold 16 GiB at worst, which is why a server may configure less
+/// ([`FrameCodec::with_frame_size_bytes_max`]).
 /// The benchmark's window of 1,000 in-flight 1 KiB messages (about 1.02 MiB with per-message
 /// overhead) fits in one frame 15 times over, and one message body can be nearly 16 MiB.
 pub const FRAME_SIZE_BYTES_MAX: u32 = 16 * 1024 * 1024;
@@ -225,13 +226,9 @@ impl Decoder for FrameCodec {
                 let frame = src.split_to(size_bytes).freeze();
                 Frame::decode(frame).map(Some)
             }
-            FrameStatus::Incomplete => {
-                // Safe to reserve: check() bounded the length by the limit.
-                if let Some(size_bytes) = announced_size_bytes(src) {
-                    src.reserve(size_bytes.saturating_sub(src.len()));
-                }
-                Ok(None)
-            }
+            // No reserve for the announced size: the buffer grows only with bytes that actually
+            // arrive, so a peer that announces 16 MiB and then stalls costs its bytes, not 16 MiB.
+            FrameStatus::Incomplete => Ok(None),
         }
     }
 
@@ -244,13 +241,6 @@ impl Decoder for FrameCodec {
             }),
         }
     }
-}
-
-/// The size (prefix included) that a buffered length prefix announces, once it has arrived.
-fn announced_size_bytes(src: &BytesMut) -> Option<usize> {
-    let mut prefix = src.get(LENGTH_OFFSET..TYPE_OFFSET)?;
-    let length = usize::try_from(prefix.get_u32_le()).ok()?;
-    length.checked_add(LENGTH_SIZE)
 }
 
 impl Encoder<&Frame> for FrameCodec {

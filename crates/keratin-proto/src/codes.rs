@@ -2,8 +2,8 @@
 //!
 //! Owns the numbers that travel in an error body and what each one promises about retrying. The
 //! numbers follow HTTP so that operators recognise them; the table with meanings is in
-//! [`docs/protocol.md`, "Error codes"](../../../docs/protocol.md#error-codes). How an error body is
-//! laid out on the wire belongs to [`crate::error_body`].
+//! `docs/protocol.md` ("Error codes"). How an error body is laid out on the wire belongs to
+//! [`crate::error_body`].
 //!
 //! A code, once published, keeps its meaning forever. A retired code is never reused: add it to
 //! [`RETIRED`] and pick a new number instead.

@@ -39,6 +39,13 @@ pub const STATUS_SIZE: usize = 1;
 /// Offset of the node id (accepted) or error body (refused) in a `ServerHello`.
 pub const SERVER_DETAIL_OFFSET: usize = STATUS_OFFSET + STATUS_SIZE;
 
+/// Largest `ClientHello`: magic, version and a name of 65,535 bytes behind its u16 length.
+pub const CLIENT_HELLO_SIZE_MAX: usize = CLIENT_NAME_OFFSET + 2 + u16::MAX as usize;
+/// Largest `ServerHello`: a refusal whose error body has a reason and a message of 65,535 bytes
+/// each: code 2, reason 1 + 2 + 65,535, retry hint 1 + 4, message 2 + 65,535.
+pub const SERVER_HELLO_SIZE_MAX: usize =
+    SERVER_DETAIL_OFFSET + 2 + (1 + 2 + u16::MAX as usize) + (1 + 4) + (2 + u16::MAX as usize);
+
 const STATUS_ACCEPTED: u8 = 0;
 const STATUS_REFUSED: u8 = 1;
 const STATUS_COUNT: u8 = 2;
@@ -91,7 +98,7 @@ impl ClientHello {
     /// Takes a whole hello from the front of `src`, or returns `None` if more bytes are needed.
     /// A wrong magic fails as soon as four bytes are present.
     pub fn decode(src: &mut BytesMut) -> Result<Option<ClientHello>, ProtoError> {
-        decode_incremental(src, "ClientHello", |r| {
+        decode_incremental(src, "ClientHello", CLIENT_HELLO_SIZE_MAX, |r| {
             Ok(ClientHello {
                 version: read_magic_and_version(r)?,
                 client_name: r.string("client_name")?,
@@ -141,7 +148,7 @@ impl ServerHello {
 
     /// Takes a whole answer from the front of `src`, or returns `None` if more bytes are needed.
     pub fn decode(src: &mut BytesMut) -> Result<Option<ServerHello>, ProtoError> {
-        decode_incremental(src, "ServerHello", |r| {
+        decode_incremental(src, "ServerHello", SERVER_HELLO_SIZE_MAX, |r| {
             let version = read_magic_and_version(r)?;
             match r.tag("status", STATUS_COUNT)? {
                 STATUS_ACCEPTED => Ok(ServerHello::Accepted {
@@ -165,12 +172,13 @@ fn read_magic_and_version(r: &mut Reader) -> Result<u16, ProtoError> {
     r.u16("version")
 }
 
-/// Runs `read` over everything buffered. A hello has no length prefix, but every field in it is
-/// self-delimiting and bounded (u16-prefixed strings), so "ran past the end of the buffer" means
-/// "read more", and a hello can never need more than about 128 KiB.
+/// Runs `read` over the buffered bytes, at most `size_max` of them. A hello has no length
+/// prefix, but every field in it is self-delimiting and bounded (u16-prefixed strings), so "ran
+/// past the end of the buffer" means "read more", and a hello never needs more than `size_max`.
 fn decode_incremental<T>(
     src: &mut BytesMut,
     context: &'static str,
+    size_max: usize,
     read: impl FnOnce(&mut Reader) -> Result<T, ProtoError>,
 ) -> Result<Option<T>, ProtoError> {
     if src.len() < MAGIC_SIZE {
@@ -182,7 +190,9 @@ fn decode_incremental<T>(
         }
         return Ok(None);
     }
-    let mut reader = Reader::new(Bytes::copy_from_slice(src), MAGIC_OFFSET, context);
+    // Copy no more than one hello: frames pipelined behind it stay in `src`.
+    let candidate = &src[..src.len().min(size_max)];
+    let mut reader = Reader::new(Bytes::copy_from_slice(candidate), MAGIC_OFFSET, context);
     match read(&mut reader) {
         Ok(hello) => {
             src.advance(reader.position());
@@ -241,6 +251,21 @@ mod tests {
         answer.encode(&mut dst).unwrap();
         assert_eq!(ServerHello::decode(&mut dst).unwrap(), Some(answer));
         assert!(dst.is_empty());
+    }
+
+    #[test]
+    fn largest_hellos_fit_their_bounds() {
+        let hello = ClientHello::new("n".repeat(usize::from(u16::MAX)));
+        let mut dst = BytesMut::new();
+        hello.encode(&mut dst).unwrap();
+        assert_eq!(dst.len(), CLIENT_HELLO_SIZE_MAX);
+        let long = "m".repeat(usize::from(u16::MAX));
+        let error = ErrorBody::limited(crate::LimitReason::Unknown(long.clone()), 1, long);
+        let answer = ServerHello::Refused { version: 1, error };
+        let mut dst = BytesMut::new();
+        answer.encode(&mut dst).unwrap();
+        assert_eq!(dst.len(), SERVER_HELLO_SIZE_MAX);
+        assert_eq!(ServerHello::decode(&mut dst).unwrap(), Some(answer));
     }
 
     #[test]

@@ -8,6 +8,12 @@ use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::error::{Problem, ProtoError};
 
+/// Most list items allocated up front. A count that fits the frame is still untrusted: a 16 MiB
+/// frame can claim about a million 15-byte messages and be garbage after the first. Beyond this
+/// many, the vector grows only with items that actually parsed. 4,096 items of the largest item
+/// type (`Message`, under 128 bytes) is under 512 KiB.
+const LIST_PREALLOCATE_ITEMS_MAX: usize = 4096;
+
 /// Value of an absent option's tag byte.
 pub(crate) const OPTION_NONE: u8 = 0;
 /// Value of a present option's tag byte.
@@ -157,7 +163,7 @@ impl Reader {
         if !fits {
             return Err(self.error(field, Problem::Truncated));
         }
-        let mut items = Vec::with_capacity(count);
+        let mut items = Vec::with_capacity(count.min(LIST_PREALLOCATE_ITEMS_MAX));
         for _ in 0..count {
             items.push(read(self)?);
         }
@@ -272,6 +278,17 @@ mod tests {
 
     fn reader(bytes: &[u8]) -> Reader {
         Reader::new(Bytes::copy_from_slice(bytes), 0, "test")
+    }
+
+    #[test]
+    fn preallocation_bound_holds_for_the_largest_list_item() {
+        let largest = std::mem::size_of::<crate::frame::Message>()
+            .max(std::mem::size_of::<crate::frame::QueueSummary>())
+            .max(std::mem::size_of::<crate::frame::Header>());
+        assert!(
+            largest <= 128,
+            "update LIST_PREALLOCATE_ITEMS_MAX's comment"
+        );
     }
 
     #[test]
