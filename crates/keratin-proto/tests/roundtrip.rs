@@ -257,16 +257,19 @@ fn request_frame() -> Vec<BoxedStrategy<Frame>> {
     ]
 }
 
-fn reply_frame() -> Vec<BoxedStrategy<Frame>> {
-    let partition = (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()).prop_map(
+fn partition_info() -> impl Strategy<Value = PartitionInfo> {
+    (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()).prop_map(
         |(ready, inflight, bytes, disk_bytes)| PartitionInfo {
             ready,
             inflight,
             bytes,
             disk_bytes,
         },
-    );
-    let summary = (
+    )
+}
+
+fn queue_summary() -> impl Strategy<Value = QueueSummary> {
+    (
         text(),
         any::<u32>(),
         any::<u64>(),
@@ -279,7 +282,12 @@ fn reply_frame() -> Vec<BoxedStrategy<Frame>> {
             ready,
             inflight,
             bytes,
-        });
+        })
+}
+
+fn reply_frame() -> Vec<BoxedStrategy<Frame>> {
+    let partition = partition_info();
+    let summary = queue_summary();
     vec![
         any::<u64>()
             .prop_map(|request_id| Frame::Ok(OkReply { request_id }))
