@@ -28,12 +28,15 @@ mod ticket;
 
 pub use error::{LogError, LogResult};
 pub use format::SizeClass;
-pub use io::{Io, IoError, IoFile, OpenMode, RealIo, SimFault, SimIo};
+pub use io::{FsStats, Io, IoError, IoFile, OpenMode, RealIo, SimFault, SimIo};
 pub use log::{
     Log, LogOptions, LogStats, PrefixRemoval, ReadRecord, Record, SegmentStats,
     DEFAULT_MAX_PENDING_BYTES, DEFAULT_SEGMENT_SIZE_BYTES, MAX_SEGMENT_SIZE_BYTES,
     MIN_SEGMENT_SIZE_BYTES,
 };
-pub use pool::SegmentPool;
+pub use pool::{
+    FilesystemSpares, PoolCounters, PoolOptions, SegmentPool, DEFAULT_BUDGET_FRACTION,
+    DEFAULT_BUDGET_MAX_BYTES, PRIVATE_POOL_SPARES, SPARES_DIR_NAME,
+};
 pub use reader::LogReader;
 pub use ticket::Ticket;

@@ -12,7 +12,7 @@ use crate::commit::{self, Writer};
 use crate::error::{LogError, LogResult};
 use crate::format::{SizeClass, FLAGS_USER_MASK, RECORD_HEADER_SIZE, SEGMENT_HEADER_SIZE};
 use crate::io::Io;
-use crate::pool::SegmentPool;
+use crate::pool::{PoolOptions, SegmentPool};
 use crate::reader::LogReader;
 use crate::recovery::recover;
 use crate::segment::Segment;
@@ -268,7 +268,25 @@ impl Log {
     ) -> LogResult<Log> {
         options.validate()?;
         create_log_dir(io.as_ref(), dir)?;
-        let pool = pool.unwrap_or_else(|| SegmentPool::private(io.clone()));
+        let pool = match pool {
+            Some(pool) => {
+                let pool_size = pool.options().full_segment_size_bytes;
+                if pool_size != options.full_segment_size_bytes {
+                    return Err(LogError::Invalid(format!(
+                        "the segment pool serves {pool_size}-byte segments, the log uses {}",
+                        options.full_segment_size_bytes
+                    )));
+                }
+                pool
+            }
+            None => SegmentPool::private_with(
+                io.clone(),
+                PoolOptions {
+                    full_segment_size_bytes: options.full_segment_size_bytes,
+                    ..PoolOptions::default()
+                },
+            ),
+        };
         let recovered = recover(io.as_ref(), dir, &options, &pool)?;
         if recovered.zeroed_bytes > 0 {
             tracing::info!(dir = %dir.display(), bytes = recovered.zeroed_bytes, "recovery zeroed a torn tail");
@@ -565,6 +583,53 @@ impl Log {
         let result = ticket.map_or(Ok(()), Ticket::wait);
         self.join_thread();
         result
+    }
+
+    /// Delete the log: close it, hand every segment to the pool and remove its directory.
+    pub fn delete(self) -> LogResult<()> {
+        self.close_inner()?;
+        let shared = &self.shared;
+        let segments: Vec<Segment> = {
+            let mut state = shared.lock();
+            std::mem::take(&mut state.segments).into_values().collect()
+        };
+        // Highest first: a crash part way leaves a shorter log, never one with a gap.
+        for segment in segments.iter().rev() {
+            shared
+                .pool
+                .enter(&segment.path, shared.options.size_class, segment.generation)?;
+        }
+        let io = shared.io.as_ref();
+        io.sync_dir(&shared.dir)
+            .map_err(|e| LogError::io("sync log directory", &shared.dir, e))?;
+        let spares = shared.dir.join(crate::pool::SPARES_DIR_NAME);
+        if io
+            .exists(&spares)
+            .map_err(|e| LogError::io("stat", &spares, e))?
+        {
+            for name in io
+                .read_dir(&spares)
+                .map_err(|e| LogError::io("list", &spares, e))?
+            {
+                let path = spares.join(name);
+                io.remove_file(&path)
+                    .map_err(|e| LogError::io("remove private spare", &path, e))?;
+            }
+            io.remove_dir(&spares)
+                .map_err(|e| LogError::io("remove spares directory", &spares, e))?;
+        }
+        io.remove_dir(&shared.dir)
+            .map_err(|e| LogError::io("remove log directory", &shared.dir, e))?;
+        if let Some(parent) = shared.dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            io.sync_dir(parent)
+                .map_err(|e| LogError::io("sync parent directory", parent, e))?;
+        }
+        Ok(())
+    }
+
+    /// The pool this log takes spares from and returns segments to.
+    pub fn pool(&self) -> &SegmentPool {
+        &self.shared.pool
     }
 
     fn join_thread(&self) {

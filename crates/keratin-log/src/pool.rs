@@ -1,15 +1,64 @@
-//! `SegmentPool`: spare segment files, shared by the logs of one node.
+//! `SegmentPool`: spare segment files shared by the logs of one node.
 //!
-//! This first version keeps no spares: a log that rolls creates a fresh preallocated file and a
-//! segment it no longer needs is deleted. The node-wide pool (size classes, budget, release,
-//! generations) replaces the inside of this type without changing what logs call.
+//! Design: `shared/seeds/000_bcee1ae9ecf4f490.txt`, "Segment pool"; format and ordering rules in
+//! `docs/storage-format.md`, "Spares". In short:
+//! - one pool per node, passed to every log it opens (no process-wide state: two nodes in one
+//!   process never exchange files); a log opened without one gets a private pool that keeps up to
+//!   [`PRIVATE_POOL_SPARES`] spares in `<log dir>/spares`;
+//! - spares are grouped by file system (a rename works only within one) and by size class, in a
+//!   `spares/` directory on that file system;
+//! - **enter**: a segment a log no longer needs is renamed into `spares/` as `*.incoming`; a
+//!   worker then rewrites its header as a spare header with the next generation and no base,
+//!   syncs it and renames it to `*.spare`. A file whose generation would wrap is deleted instead;
+//! - **take**: a log that rolls takes a `*.spare` of its class on its file system, renames it into
+//!   its directory and writes the real header (same generation, its base), synced with its batch;
+//! - a spare is adopted (at start, or from `*.incoming`) only if its size is exactly its class's
+//!   and its header is valid; anything else in `spares/` is deleted;
+//! - a per-file-system byte budget; `release` deletes spares down to a target (the limits call
+//!   it under disk pressure), and the pool reports its spare bytes, which count as free space.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 
 use crate::error::{LogError, LogResult};
-use crate::format::SizeClass;
-use crate::io::Io;
+use crate::format::{HeaderKind, SegmentHeader, SizeClass, SEGMENT_HEADER_SIZE, SPARE_BASE};
+use crate::io::{Io, IoError, OpenMode};
+use crate::log::DEFAULT_SEGMENT_SIZE_BYTES;
+
+/// Spares kept by the private pool of a log opened without a node pool.
+pub const PRIVATE_POOL_SPARES: u64 = 4;
+
+/// The default budget is the smaller of this fraction of the file system...
+pub const DEFAULT_BUDGET_FRACTION: f64 = 0.02;
+/// ...and this many bytes.
+pub const DEFAULT_BUDGET_MAX_BYTES: u64 = 1 << 30;
+
+/// The name of the directory that holds a file system's spares.
+pub const SPARES_DIR_NAME: &str = "spares";
+
+/// How a pool is set up.
+#[derive(Debug, Clone)]
+pub struct PoolOptions {
+    /// The full segment size of the node's logs (the small class is one eighth).
+    pub full_segment_size_bytes: u64,
+    /// Spare bytes kept per file system; `None`: the smaller of 2% of the file system and 1 GiB.
+    pub budget_bytes: Option<u64>,
+    /// Rewrite the headers of entering files on a background thread (the default), or inline
+    /// in the caller (deterministic, for tests).
+    pub background: bool,
+}
+
+impl Default for PoolOptions {
+    fn default() -> Self {
+        PoolOptions {
+            full_segment_size_bytes: DEFAULT_SEGMENT_SIZE_BYTES,
+            budget_bytes: None,
+            background: true,
+        }
+    }
+}
 
 /// A spare taken from the pool: the file to rename into the log and its generation.
 #[derive(Debug, Clone)]
@@ -18,41 +67,672 @@ pub(crate) struct Spare {
     pub(crate) generation: u16,
 }
 
+/// Figures of one file system's spares, for metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FilesystemSpares {
+    /// The file system's device id.
+    pub device: u64,
+    /// Where its spares live.
+    pub spares_dir: PathBuf,
+    /// Spare files of the full class.
+    pub full_count: u64,
+    /// Spare files of the small class.
+    pub small_count: u64,
+    /// Bytes in spare files (ready and being prepared).
+    pub spare_bytes: u64,
+    /// The budget in force.
+    pub budget_bytes: u64,
+}
+
+/// Counters of a pool since it was created, for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PoolCounters {
+    /// Segments served from a spare.
+    pub takes_from_pool: u64,
+    /// Segments created fresh because no spare was there.
+    pub takes_fresh: u64,
+    /// Files that entered the pool as spares.
+    pub entered: u64,
+    /// Files deleted on entry because the budget was full.
+    pub deleted_over_budget: u64,
+    /// Files retired because their generation would wrap.
+    pub retired_generation: u64,
+    /// Spares deleted by [`SegmentPool::release`].
+    pub released: u64,
+    /// Bytes deleted by [`SegmentPool::release`].
+    pub released_bytes: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    takes_from_pool: AtomicU64,
+    takes_fresh: AtomicU64,
+    entered: AtomicU64,
+    deleted_over_budget: AtomicU64,
+    retired_generation: AtomicU64,
+    released: AtomicU64,
+    released_bytes: AtomicU64,
+}
+
+#[derive(Debug, Clone)]
+struct ReadySpare {
+    path: PathBuf,
+    generation: u16,
+}
+
+/// The spares of one file system.
+#[derive(Debug)]
+struct Group {
+    device: u64,
+    dir: PathBuf,
+    budget_bytes: u64,
+    full: Vec<ReadySpare>,
+    small: Vec<ReadySpare>,
+    /// Bytes of files renamed in but not yet ready.
+    incoming_bytes: u64,
+    next_name: u64,
+}
+
+impl Group {
+    fn ready(&mut self, class: SizeClass) -> &mut Vec<ReadySpare> {
+        match class {
+            SizeClass::Full => &mut self.full,
+            SizeClass::Small => &mut self.small,
+        }
+    }
+
+    fn spare_bytes(&self, full_size: u64) -> u64 {
+        self.full.len() as u64 * full_size
+            + self.small.len() as u64 * SizeClass::Small.segment_size_bytes(full_size)
+            + self.incoming_bytes
+    }
+
+    fn fresh_name(&mut self, class: SizeClass, suffix: &str) -> PathBuf {
+        self.next_name += 1;
+        self.dir.join(format!(
+            "{}-{:016}.{suffix}",
+            class.as_str(),
+            self.next_name
+        ))
+    }
+}
+
+#[derive(Debug)]
+struct Job {
+    device: u64,
+    path: PathBuf,
+    class: SizeClass,
+    generation: u16,
+}
+
+#[derive(Debug)]
+struct Inner {
+    io: Arc<dyn Io>,
+    options: PoolOptions,
+    /// Private pools keep spares beside the log and at most [`PRIVATE_POOL_SPARES`] of them.
+    private: bool,
+    groups: Mutex<HashMap<u64, Group>>,
+    jobs: Mutex<Vec<Job>>,
+    jobs_ready: Condvar,
+    jobs_done: Condvar,
+    worker_started: Mutex<bool>,
+    counters: Counters,
+}
+
 /// Spare segment files of one node. Cheap to clone: clones share the pool.
 #[derive(Debug, Clone)]
 pub struct SegmentPool {
-    io: Arc<dyn Io>,
+    inner: Arc<Inner>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl SegmentPool {
-    /// A pool private to one log.
+    /// A node's pool. Call [`SegmentPool::add_storage_dir`] for each storage directory so that
+    /// spares left by an earlier run are adopted at start.
+    pub fn new(io: Arc<dyn Io>, options: PoolOptions) -> SegmentPool {
+        SegmentPool::build(io, options, false)
+    }
+
+    /// A pool private to one log: spares in `<log dir>/spares`, at most four.
     pub fn private(io: Arc<dyn Io>) -> SegmentPool {
-        SegmentPool { io }
+        SegmentPool::private_with(io, PoolOptions::default())
     }
 
-    /// A spare of `class` on the file system of `log_dir`, if the pool has one.
+    pub(crate) fn private_with(io: Arc<dyn Io>, options: PoolOptions) -> SegmentPool {
+        SegmentPool::build(io, options, true)
+    }
+
+    fn build(io: Arc<dyn Io>, options: PoolOptions, private: bool) -> SegmentPool {
+        SegmentPool {
+            inner: Arc::new(Inner {
+                io,
+                options,
+                private,
+                groups: Mutex::new(HashMap::new()),
+                jobs: Mutex::new(Vec::new()),
+                jobs_ready: Condvar::new(),
+                jobs_done: Condvar::new(),
+                worker_started: Mutex::new(false),
+                counters: Counters::default(),
+            }),
+        }
+    }
+
+    /// Keep this file system's spares in `<dir>/spares` and adopt the valid spares found there.
+    /// The first directory registered on a file system wins.
+    pub fn add_storage_dir(&self, dir: &Path) -> LogResult<()> {
+        let io = self.inner.io.as_ref();
+        let device = io
+            .device_id(dir)
+            .map_err(|e| LogError::io("stat storage directory", dir, e))?;
+        if lock(&self.inner.groups).contains_key(&device) {
+            return Ok(());
+        }
+        self.open_group(device, &dir.join(SPARES_DIR_NAME))
+    }
+
+    /// The options the pool was made with.
+    pub fn options(&self) -> &PoolOptions {
+        &self.inner.options
+    }
+
+    /// The group of the file system holding `log_dir`, opened on first use.
+    fn device_of(&self, log_dir: &Path) -> LogResult<u64> {
+        let io = self.inner.io.as_ref();
+        let device = io
+            .device_id(log_dir)
+            .map_err(|e| LogError::io("stat log directory", log_dir, e))?;
+        if !lock(&self.inner.groups).contains_key(&device) {
+            self.open_group(device, &log_dir.join(SPARES_DIR_NAME))?;
+        }
+        Ok(device)
+    }
+
+    fn open_group(&self, device: u64, dir: &Path) -> LogResult<()> {
+        let io = self.inner.io.as_ref();
+        if !io.exists(dir).map_err(|e| LogError::io("stat", dir, e))? {
+            io.create_dir_all(dir)
+                .map_err(|e| LogError::io("create spares directory", dir, e))?;
+            if let Some(parent) = dir.parent() {
+                io.sync_dir(parent)
+                    .map_err(|e| LogError::io("sync directory", parent, e))?;
+            }
+        }
+        let budget_bytes = self.budget_for(dir)?;
+        let mut group = Group {
+            device,
+            dir: dir.to_path_buf(),
+            budget_bytes,
+            full: Vec::new(),
+            small: Vec::new(),
+            incoming_bytes: 0,
+            next_name: 0,
+        };
+        let incoming = self.adopt(&mut group)?;
+        let mut groups = lock(&self.inner.groups);
+        if groups.contains_key(&device) {
+            return Ok(());
+        }
+        groups.insert(device, group);
+        drop(groups);
+        for (path, class, generation) in incoming {
+            self.prepare_spare(device, &path, class, generation)?;
+        }
+        Ok(())
+    }
+
+    fn budget_for(&self, dir: &Path) -> LogResult<u64> {
+        let full = self.inner.options.full_segment_size_bytes;
+        if self.inner.private {
+            return Ok(PRIVATE_POOL_SPARES * full);
+        }
+        if let Some(budget) = self.inner.options.budget_bytes {
+            return Ok(budget);
+        }
+        let stats = self
+            .inner
+            .io
+            .fs_stats(dir)
+            .map_err(|e| LogError::io("statvfs", dir, e))?;
+        let fraction = (stats.total_bytes as f64 * DEFAULT_BUDGET_FRACTION) as u64;
+        Ok(fraction.min(DEFAULT_BUDGET_MAX_BYTES))
+    }
+
+    /// Scan a spares directory: keep valid `*.spare` files, queue `*.incoming` ones for their
+    /// header rewrite, delete everything else (a half-made file is never adopted).
+    fn adopt(&self, group: &mut Group) -> LogResult<Vec<(PathBuf, SizeClass, u16)>> {
+        let io = self.inner.io.as_ref();
+        let names = io
+            .read_dir(&group.dir)
+            .map_err(|e| LogError::io("list spares directory", &group.dir, e))?;
+        let mut incoming = Vec::new();
+        let mut deleted = false;
+        for name in names {
+            let path = group.dir.join(&name);
+            let header = if name.ends_with(".spare") || name.ends_with(".incoming") {
+                self.read_header(&path)?
+            } else {
+                None
+            };
+            let counter = name
+                .split(['-', '.'])
+                .nth(1)
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or(0);
+            group.next_name = group.next_name.max(counter);
+            match header {
+                Some(h) if name.ends_with(".spare") && h.kind == HeaderKind::Spare => {
+                    group.ready(h.size_class).push(ReadySpare {
+                        path,
+                        generation: h.generation,
+                    });
+                }
+                Some(h) if name.ends_with(".incoming") => {
+                    // Bump past every generation the file may hold records of: a segment
+                    // header's own generation, or a spare header that may have been taken and
+                    // written to before the crash.
+                    incoming.push((path, h.size_class, h.generation));
+                }
+                _ => {
+                    tracing::warn!(path = %path.display(), "deleting an unusable file in the spares directory");
+                    io.remove_file(&path)
+                        .map_err(|e| LogError::io("remove bad spare", &path, e))?;
+                    deleted = true;
+                }
+            }
+        }
+        if deleted {
+            io.sync_dir(&group.dir)
+                .map_err(|e| LogError::io("sync spares directory", &group.dir, e))?;
+        }
+        Ok(incoming)
+    }
+
+    /// The header of a would-be spare, if the file has exactly its class's size and a valid
+    /// header.
+    fn read_header(&self, path: &Path) -> LogResult<Option<SegmentHeader>> {
+        let io = self.inner.io.as_ref();
+        let file = match io.open(path, OpenMode::Existing) {
+            Ok(file) => file,
+            Err(e) if e.is_not_found() => return Ok(None),
+            Err(e) => return Err(LogError::io("open spare", path, e)),
+        };
+        let mut bytes = [0u8; SEGMENT_HEADER_SIZE];
+        match file.read_exact_at(&mut bytes, 0) {
+            Ok(()) => {}
+            Err(IoError::ShortRead { .. }) => return Ok(None),
+            Err(e) => return Err(LogError::io("read spare header", path, e)),
+        }
+        let Ok(header) = SegmentHeader::decode(&bytes) else {
+            return Ok(None);
+        };
+        let class_size = header
+            .size_class
+            .segment_size_bytes(self.inner.options.full_segment_size_bytes);
+        let len = file
+            .len()
+            .map_err(|e| LogError::io("stat spare", path, e))?;
+        if header.segment_size_bytes != class_size || len != class_size {
+            return Ok(None);
+        }
+        Ok(Some(header))
+    }
+
+    /// A spare of `class` on the file system of `log_dir`, if the pool has one. The caller renames
+    /// it into the log and writes the real header with the same generation.
     pub(crate) fn take(&self, log_dir: &Path, class: SizeClass) -> LogResult<Option<Spare>> {
-        let _ = (log_dir, class);
-        Ok(None)
+        let device = self.device_of(log_dir)?;
+        let mut groups = lock(&self.inner.groups);
+        let spare = groups
+            .get_mut(&device)
+            .and_then(|group| group.ready(class).pop());
+        drop(groups);
+        let counter = match spare {
+            Some(_) => &self.inner.counters.takes_from_pool,
+            None => &self.inner.counters.takes_fresh,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        Ok(spare.map(|s| Spare {
+            path: s.path,
+            generation: s.generation,
+        }))
     }
 
-    /// A segment a log no longer needs. The caller syncs the log directory afterwards.
+    /// A segment file at `path` that its log no longer needs, whose records carry `generation`.
+    /// It leaves the log's directory now (the caller syncs that directory afterwards); its header
+    /// is rewritten later, off the write path.
     pub(crate) fn enter(&self, path: &Path, class: SizeClass, generation: u16) -> LogResult<()> {
-        let _ = (class, generation);
-        self.io
-            .remove_file(path)
-            .map_err(|e| LogError::io("remove segment", path, e))
+        let log_dir = path.parent().unwrap_or(Path::new("."));
+        let device = self.device_of(log_dir)?;
+        let io = self.inner.io.as_ref();
+        let size = class.segment_size_bytes(self.inner.options.full_segment_size_bytes);
+        let destination = {
+            let mut groups = lock(&self.inner.groups);
+            let full = self.inner.options.full_segment_size_bytes;
+            let group = groups
+                .get_mut(&device)
+                .ok_or_else(|| LogError::Invalid("pool group vanished".into()))?;
+            if generation == u16::MAX {
+                self.inner
+                    .counters
+                    .retired_generation
+                    .fetch_add(1, Ordering::Relaxed);
+                None
+            } else if group.spare_bytes(full) + size > group.budget_bytes {
+                self.inner
+                    .counters
+                    .deleted_over_budget
+                    .fetch_add(1, Ordering::Relaxed);
+                None
+            } else {
+                group.incoming_bytes += size;
+                Some(group.fresh_name(class, "incoming"))
+            }
+        };
+        let Some(destination) = destination else {
+            return io
+                .remove_file(path)
+                .map_err(|e| LogError::io("remove segment", path, e));
+        };
+        if let Err(e) = io.rename(path, &destination) {
+            self.forget_incoming(device, size);
+            return Err(LogError::io("move segment to spares", path, e));
+        }
+        self.submit(Job {
+            device,
+            path: destination,
+            class,
+            generation,
+        })
     }
 
-    /// A trailing segment recovery found with a header that is not the log's own.
+    /// A trailing segment recovery found with a header that is not the log's own (a spare being
+    /// taken when the node stopped). Its records may carry the header's generation, so it enters
+    /// like any retired segment: with the next generation.
     pub(crate) fn enter_foreign(&self, path: &Path, class: SizeClass) -> LogResult<()> {
-        let _ = class;
-        self.io
-            .remove_file(path)
-            .map_err(|e| LogError::io("remove foreign segment", path, e))?;
+        let header = self.read_header(path)?;
+        let log_dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
+        match header {
+            Some(h) if h.size_class == class => self.enter(path, class, h.generation)?,
+            _ => self
+                .inner
+                .io
+                .remove_file(path)
+                .map_err(|e| LogError::io("remove foreign segment", path, e))?,
+        }
+        self.inner
+            .io
+            .sync_dir(&log_dir)
+            .map_err(|e| LogError::io("sync log directory", &log_dir, e))
+    }
+
+    fn forget_incoming(&self, device: u64, size: u64) {
+        if let Some(group) = lock(&self.inner.groups).get_mut(&device) {
+            group.incoming_bytes = group.incoming_bytes.saturating_sub(size);
+        }
+    }
+
+    fn submit(&self, job: Job) -> LogResult<()> {
+        if !self.inner.options.background {
+            return self.prepare_spare(job.device, &job.path, job.class, job.generation);
+        }
+        lock(&self.inner.jobs).push(job);
+        self.inner.jobs_ready.notify_one();
+        self.ensure_worker()
+    }
+
+    fn ensure_worker(&self) -> LogResult<()> {
+        let mut started = lock(&self.inner.worker_started);
+        if *started {
+            return Ok(());
+        }
+        let weak = Arc::downgrade(&self.inner);
+        std::thread::Builder::new()
+            .name("keratin-pool".into())
+            .spawn(move || worker(weak))
+            .map_err(|e| LogError::io("spawn pool worker", ".", e.into()))?;
+        *started = true;
+        Ok(())
+    }
+
+    /// Rewrite an incoming file's header as a spare with the next generation, sync it, and make
+    /// it ready. Any failure deletes the file: a spare is never adopted half-made.
+    fn prepare_spare(
+        &self,
+        device: u64,
+        path: &Path,
+        class: SizeClass,
+        generation: u16,
+    ) -> LogResult<()> {
+        let size = class.segment_size_bytes(self.inner.options.full_segment_size_bytes);
+        let result = self.rewrite_header(device, path, class, generation, size);
+        self.forget_incoming(device, size);
+        match result {
+            Ok(ready) => {
+                let mut groups = lock(&self.inner.groups);
+                if let Some(group) = groups.get_mut(&device) {
+                    group.ready(class).push(ready);
+                }
+                self.inner.counters.entered.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "dropping a spare that could not be prepared");
+                let _ = self.inner.io.remove_file(path);
+                if generation == u16::MAX {
+                    return Ok(());
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn rewrite_header(
+        &self,
+        device: u64,
+        path: &Path,
+        class: SizeClass,
+        generation: u16,
+        size: u64,
+    ) -> LogResult<ReadySpare> {
+        let io = self.inner.io.as_ref();
+        let next_generation = generation
+            .checked_add(1)
+            .ok_or_else(|| LogError::Invalid("generation would wrap".into()))?;
+        // The rename out of the log must be durable before the header changes: a spare header
+        // on a file the log still names after a crash would be a hole in the log.
         let dir = path.parent().unwrap_or(Path::new("."));
-        self.io
-            .sync_dir(dir)
-            .map_err(|e| LogError::io("sync log directory", dir, e))
+        io.sync_dir(dir)
+            .map_err(|e| LogError::io("sync spares directory", dir, e))?;
+        let file = io
+            .open(path, OpenMode::Existing)
+            .map_err(|e| LogError::io("open spare", path, e))?;
+        let header = SegmentHeader {
+            size_class: class,
+            kind: HeaderKind::Spare,
+            generation: next_generation,
+            base_offset: SPARE_BASE,
+            segment_size_bytes: size,
+        };
+        file.write_all_at(&header.encode(), 0)
+            .map_err(|e| LogError::io("write spare header", path, e))?;
+        file.sync_data()
+            .map_err(|e| LogError::io("sync spare", path, e))?;
+        let ready_path = {
+            let mut groups = lock(&self.inner.groups);
+            let group = groups
+                .get_mut(&device)
+                .ok_or_else(|| LogError::Invalid("pool group vanished".into()))?;
+            group.fresh_name(class, "spare")
+        };
+        io.rename(path, &ready_path)
+            .map_err(|e| LogError::io("rename spare", path, e))?;
+        let dir = ready_path.parent().unwrap_or(Path::new("."));
+        io.sync_dir(dir)
+            .map_err(|e| LogError::io("sync spares directory", dir, e))?;
+        Ok(ReadySpare {
+            path: ready_path,
+            generation: next_generation,
+        })
+    }
+
+    /// Wait until every file that entered has been prepared (tests and orderly shutdown).
+    pub fn flush(&self) {
+        let mut jobs = lock(&self.inner.jobs);
+        while !jobs.is_empty() || self.busy() {
+            jobs = self
+                .inner
+                .jobs_done
+                .wait(jobs)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    fn busy(&self) -> bool {
+        lock(&self.inner.groups)
+            .values()
+            .any(|group| group.incoming_bytes > 0)
+    }
+
+    /// Delete spares on the file system `device` until at most `target_bytes` remain; returns the
+    /// bytes deleted. Spares being prepared are not counted and not touched.
+    pub fn release(&self, device: u64, target_bytes: u64) -> LogResult<u64> {
+        let full = self.inner.options.full_segment_size_bytes;
+        let mut victims = Vec::new();
+        let dir = {
+            let mut groups = lock(&self.inner.groups);
+            let Some(group) = groups.get_mut(&device) else {
+                return Ok(0);
+            };
+            while group.spare_bytes(full) > target_bytes {
+                // Full spares first: they free the most per file.
+                if let Some(spare) = group.full.pop() {
+                    victims.push((spare.path, full));
+                } else if let Some(spare) = group.small.pop() {
+                    victims.push((spare.path, SizeClass::Small.segment_size_bytes(full)));
+                } else {
+                    break;
+                }
+            }
+            group.dir.clone()
+        };
+        let io = self.inner.io.as_ref();
+        let mut released = 0;
+        for (path, size) in &victims {
+            io.remove_file(path)
+                .map_err(|e| LogError::io("release spare", path, e))?;
+            released += size;
+        }
+        if !victims.is_empty() {
+            io.sync_dir(&dir)
+                .map_err(|e| LogError::io("sync spares directory", &dir, e))?;
+        }
+        let counters = &self.inner.counters;
+        counters
+            .released
+            .fetch_add(victims.len() as u64, Ordering::Relaxed);
+        counters
+            .released_bytes
+            .fetch_add(released, Ordering::Relaxed);
+        Ok(released)
+    }
+
+    /// Spare bytes on the file system `device` (they count as free space: they can be deleted at
+    /// once).
+    pub fn spare_bytes(&self, device: u64) -> u64 {
+        let full = self.inner.options.full_segment_size_bytes;
+        lock(&self.inner.groups)
+            .get(&device)
+            .map_or(0, |group| group.spare_bytes(full))
+    }
+
+    /// Change the budget of every file system (`None`: the default rule). Spares above a lowered
+    /// budget are released.
+    pub fn set_budget(&self, budget_bytes: Option<u64>) -> LogResult<()> {
+        let devices: Vec<(u64, PathBuf)> = lock(&self.inner.groups)
+            .values()
+            .map(|g| (g.device, g.dir.clone()))
+            .collect();
+        for (device, dir) in devices {
+            let budget = match budget_bytes {
+                Some(b) if !self.inner.private => b,
+                _ => self.budget_for(&dir)?,
+            };
+            if let Some(group) = lock(&self.inner.groups).get_mut(&device) {
+                group.budget_bytes = budget;
+            }
+            self.release(device, budget)?;
+        }
+        Ok(())
+    }
+
+    /// Per-file-system figures.
+    pub fn filesystems(&self) -> Vec<FilesystemSpares> {
+        let full = self.inner.options.full_segment_size_bytes;
+        let mut out: Vec<FilesystemSpares> = lock(&self.inner.groups)
+            .values()
+            .map(|group| FilesystemSpares {
+                device: group.device,
+                spares_dir: group.dir.clone(),
+                full_count: group.full.len() as u64,
+                small_count: group.small.len() as u64,
+                spare_bytes: group.spare_bytes(full),
+                budget_bytes: group.budget_bytes,
+            })
+            .collect();
+        out.sort_by_key(|fs| fs.device);
+        out
+    }
+
+    /// Counters since the pool was created.
+    pub fn counters(&self) -> PoolCounters {
+        let c = &self.inner.counters;
+        PoolCounters {
+            takes_from_pool: c.takes_from_pool.load(Ordering::Relaxed),
+            takes_fresh: c.takes_fresh.load(Ordering::Relaxed),
+            entered: c.entered.load(Ordering::Relaxed),
+            deleted_over_budget: c.deleted_over_budget.load(Ordering::Relaxed),
+            retired_generation: c.retired_generation.load(Ordering::Relaxed),
+            released: c.released.load(Ordering::Relaxed),
+            released_bytes: c.released_bytes.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// The background worker: prepares entered files until the pool is dropped.
+fn worker(inner: Weak<Inner>) {
+    loop {
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
+        let job = {
+            let mut jobs = lock(&strong.jobs);
+            loop {
+                if let Some(job) = jobs.pop() {
+                    break Some(job);
+                }
+                let (guard, timeout) = strong
+                    .jobs_ready
+                    .wait_timeout(jobs, std::time::Duration::from_millis(200))
+                    .unwrap_or_else(|e| e.into_inner());
+                jobs = guard;
+                if timeout.timed_out() && jobs.is_empty() {
+                    break None;
+                }
+            }
+        };
+        if let Some(job) = job {
+            let pool = SegmentPool {
+                inner: strong.clone(),
+            };
+            let _ = pool.prepare_spare(job.device, &job.path, job.class, job.generation);
+            strong.jobs_done.notify_all();
+        } else if Arc::strong_count(&strong) == 1 {
+            // Only this worker holds the pool: every node and log has let go of it.
+            return;
+        }
     }
 }

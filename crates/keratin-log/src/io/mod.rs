@@ -128,4 +128,15 @@ pub trait Io: Send + Sync + fmt::Debug + 'static {
     fn device_id(&self, path: &Path) -> IoResult<u64>;
     /// True if `path` exists.
     fn exists(&self, path: &Path) -> IoResult<bool>;
+    /// Size and free space of the file system that holds `path` (`statvfs`).
+    fn fs_stats(&self, path: &Path) -> IoResult<FsStats>;
+}
+
+/// Size and free space of a file system.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FsStats {
+    /// Total size in bytes.
+    pub total_bytes: u64,
+    /// Bytes available to an unprivileged writer.
+    pub free_bytes: u64,
 }

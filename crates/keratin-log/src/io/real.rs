@@ -153,6 +153,14 @@ impl Io for RealIo {
         Ok(device)
     }
 
+    fn fs_stats(&self, path: &Path) -> IoResult<super::FsStats> {
+        let stats = rustix::fs::statvfs(path)?;
+        Ok(super::FsStats {
+            total_bytes: stats.f_blocks.saturating_mul(stats.f_frsize),
+            free_bytes: stats.f_bavail.saturating_mul(stats.f_frsize),
+        })
+    }
+
     fn exists(&self, path: &Path) -> IoResult<bool> {
         match rustix::fs::stat(path) {
             Ok(_) => Ok(true),

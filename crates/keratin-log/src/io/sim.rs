@@ -782,6 +782,22 @@ impl Io for SimIo {
         })
     }
 
+    /// The simulated file system is as large as its space limit, or 1 TiB without one; what is
+    /// not used is free.
+    fn fs_stats(&self, path: &Path) -> IoResult<super::FsStats> {
+        self.call(|state, fault| {
+            fail_if(fault)?;
+            if state.entry(path).is_none() {
+                return Err(os(Errno::NOENT));
+            }
+            let total_bytes = state.space_limit_bytes.unwrap_or(1 << 40);
+            Ok(super::FsStats {
+                total_bytes,
+                free_bytes: total_bytes.saturating_sub(state.used_bytes()),
+            })
+        })
+    }
+
     fn exists(&self, path: &Path) -> IoResult<bool> {
         self.call(|state, fault| {
             fail_if(fault)?;
