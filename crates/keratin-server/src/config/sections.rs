@@ -1,0 +1,264 @@
+//! `Config` and its sections: the TOML names, the defaults, which keys are startup fields, and
+//! the checks of the keys this crate owns. The `[limits]` section is `keratin_limits::LimitsSettings`
+//! and is checked by its own `validate()`. Where values come from is left to [`super::sources`].
+//!
+//! The TOML names are what operators and scripts rely on (issue 6, "Names"): renaming a key is a
+//! breaking change. `docs/configuration.md` documents every key.
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+
+use keratin_limits::LimitsSettings;
+use serde::{Deserialize, Serialize};
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * KIB;
+const GIB: u64 = 1024 * MIB;
+
+/// The default client (TCP) port. Near AMQP's 5672 so that firewall rules for brokers are easy
+/// to write, but distinct from it and from RabbitMQ's other ports, so both can run on one host.
+pub const LISTEN_PORT_DEFAULT: u16 = 5680;
+
+/// The default HTTP port (admin API, metrics, dashboard): the client port plus one.
+pub const HTTP_PORT_DEFAULT: u16 = 5681;
+
+/// The default full segment size, 64 MiB; matches `keratin_log::DEFAULT_SEGMENT_SIZE_BYTES`.
+pub const SEGMENT_BYTES_DEFAULT: u64 = 64 * MIB;
+
+/// The smallest `storage.segment_bytes`; matches `keratin_log::MIN_SEGMENT_SIZE_BYTES`.
+pub const SEGMENT_BYTES_MIN: u64 = 256 * KIB;
+
+/// The largest `storage.segment_bytes`: byte positions in the log's sparse index are `u32`;
+/// matches `keratin_log::MAX_SEGMENT_SIZE_BYTES`.
+pub const SEGMENT_BYTES_MAX: u64 = 4 * GIB;
+
+/// `storage.segment_bytes` is a multiple of this, so that the small size class (one eighth of
+/// a full segment, used by cursor and metadata logs) is a whole number of 4 KiB pages.
+pub const SEGMENT_BYTES_ALIGN: u64 = 32 * KIB;
+
+const _: () = assert!(SEGMENT_BYTES_ALIGN / 8 == 4 * KIB);
+const _: () = assert!(SEGMENT_BYTES_MIN.is_multiple_of(SEGMENT_BYTES_ALIGN));
+const _: () = assert!(SEGMENT_BYTES_MAX.is_multiple_of(SEGMENT_BYTES_ALIGN));
+const _: () = assert!(SEGMENT_BYTES_DEFAULT.is_multiple_of(SEGMENT_BYTES_ALIGN));
+const _: () = assert!(SEGMENT_BYTES_MIN <= SEGMENT_BYTES_DEFAULT);
+const _: () = assert!(SEGMENT_BYTES_DEFAULT <= SEGMENT_BYTES_MAX);
+
+/// The dotted keys that take effect only at startup: changing them needs a restart.
+///
+/// Every other key under `limits.*` is a runtime setting: it is read at startup too, and later
+/// changed live through the admin API (`PUT /api/v1/settings`, issue 8). `limits.memory.limit_bytes`
+/// is the exception because it describes the node's machine. The remaining `storage.*` keys
+/// (`max_bytes`, `spare_budget_bytes`) are read at startup until the admin API can change them.
+pub fn startup_fields() -> &'static [&'static str] {
+    &[
+        "node.id",
+        "server.listen",
+        "server.http",
+        "storage.dirs",
+        "storage.segment_bytes",
+        "limits.memory.limit_bytes",
+    ]
+}
+
+/// The whole configuration of a node, as read from every source.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// `[node]`.
+    pub node: NodeSection,
+    /// `[server]`.
+    pub server: ServerSection,
+    /// `[storage]`.
+    pub storage: StorageSection,
+    /// `[limits]`: the resource-limit thresholds (issue 6), owned by `keratin-limits`.
+    pub limits: LimitsSettings,
+}
+
+/// The `[node]` section.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NodeSection {
+    /// The node's name in status output and, later, in the cluster. Unset: the server derives
+    /// one when it starts (that is the server's job, not the configuration's). Startup field.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+}
+
+/// The `[server]` section: where the node listens.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerSection {
+    /// The client protocol (TCP) address. Startup field.
+    pub listen: SocketAddr,
+    /// The HTTP address: admin API, `/metrics` and the dashboard. Startup field.
+    pub http: SocketAddr,
+}
+
+/// The `[storage]` section.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StorageSection {
+    /// Directories that hold the logs; partitions are spread over them. Startup field.
+    pub dirs: Vec<PathBuf>,
+    /// A storage budget for the whole node, acting as a smaller filesystem; 0 = none.
+    pub max_bytes: u64,
+    /// The size of a full segment file. Startup field: existing segments keep their size.
+    pub segment_bytes: u64,
+    /// The byte budget of spare segment files per filesystem. Unset: the segment pool's
+    /// default (2% of the filesystem, at most 1 GiB).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spare_budget_bytes: Option<u64>,
+}
+
+impl Default for ServerSection {
+    fn default() -> Self {
+        let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        ServerSection {
+            listen: SocketAddr::new(loopback, LISTEN_PORT_DEFAULT),
+            http: SocketAddr::new(loopback, HTTP_PORT_DEFAULT),
+        }
+    }
+}
+
+impl Default for StorageSection {
+    fn default() -> Self {
+        StorageSection {
+            dirs: vec![PathBuf::from("./keratin-data")],
+            max_bytes: 0,
+            segment_bytes: SEGMENT_BYTES_DEFAULT,
+            spare_budget_bytes: None,
+        }
+    }
+}
+
+/// A key of this crate's sections that failed its check; [`super::ConfigError::Invalid`] adds
+/// where the value came from.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct KeyError {
+    pub key: &'static str,
+    pub value: String,
+    pub expected: &'static str,
+}
+
+impl NodeSection {
+    pub(crate) fn validate(&self) -> Result<(), KeyError> {
+        match &self.id {
+            Some(id) if id.trim().is_empty() => Err(KeyError {
+                key: "node.id",
+                value: format!("{id:?}"),
+                expected: "a non-empty name, or no key at all to let the server choose",
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl StorageSection {
+    pub(crate) fn validate(&self) -> Result<(), KeyError> {
+        let segment_ok = (SEGMENT_BYTES_MIN..=SEGMENT_BYTES_MAX).contains(&self.segment_bytes)
+            && self.segment_bytes.is_multiple_of(SEGMENT_BYTES_ALIGN);
+        if !segment_ok {
+            return Err(KeyError {
+                key: "storage.segment_bytes",
+                value: self.segment_bytes.to_string(),
+                expected:
+                    "a multiple of 32768 (32 KiB) from 262144 (256 KiB) to 4294967296 (4 GiB)",
+            });
+        }
+        if self.dirs.is_empty() {
+            return Err(KeyError {
+                key: "storage.dirs",
+                value: "[]".to_string(),
+                expected: "at least one directory",
+            });
+        }
+        let mut seen = BTreeSet::new();
+        for dir in &self.dirs {
+            if dir.as_os_str().is_empty() {
+                return Err(KeyError {
+                    key: "storage.dirs",
+                    value: "\"\"".to_string(),
+                    expected: "non-empty directory paths",
+                });
+            }
+            // `Path` equality compares components, so `/data/a/` and `/data/a` are one dir.
+            if !seen.insert(dir.as_path()) {
+                return Err(KeyError {
+                    key: "storage.dirs",
+                    value: format!("{:?}", dir.display().to_string()),
+                    expected: "distinct directories (this one is listed twice)",
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        let config = Config::default();
+        config.node.validate().expect("node defaults");
+        config.storage.validate().expect("storage defaults");
+        config.limits.validate().expect("limits defaults");
+    }
+
+    #[test]
+    fn segment_bytes_bounds_and_alignment() {
+        let mut storage = StorageSection::default();
+        for ok in [SEGMENT_BYTES_MIN, SEGMENT_BYTES_MAX, 96 * KIB * 8] {
+            storage.segment_bytes = ok;
+            storage.validate().expect("accepted");
+        }
+        for bad in [
+            0,
+            1000,
+            SEGMENT_BYTES_MIN - SEGMENT_BYTES_ALIGN,
+            SEGMENT_BYTES_MIN + 4096,
+        ]
+        .into_iter()
+        .chain([SEGMENT_BYTES_MAX + SEGMENT_BYTES_ALIGN])
+        {
+            storage.segment_bytes = bad;
+            let error = storage.validate().expect_err("rejected");
+            assert_eq!(error.key, "storage.segment_bytes");
+            assert_eq!(error.value, bad.to_string());
+        }
+    }
+
+    #[test]
+    fn dirs_must_be_present_and_distinct() {
+        let mut storage = StorageSection {
+            dirs: vec![],
+            ..StorageSection::default()
+        };
+        assert_eq!(storage.validate().expect_err("empty").key, "storage.dirs");
+        storage.dirs = vec!["/data/a".into(), "/data/b".into(), "/data/a/".into()];
+        let error = storage.validate().expect_err("duplicate");
+        assert!(error.value.contains("/data/a"), "{error:?}");
+        assert!(error.expected.starts_with("distinct directories"));
+    }
+
+    #[test]
+    fn startup_fields_name_real_keys() {
+        let text = toml::to_string(&Config {
+            node: NodeSection {
+                id: Some("n1".into()),
+            },
+            ..Config::default()
+        })
+        .expect("serialize");
+        let table: toml::Table = text.parse().expect("parse");
+        for key in startup_fields() {
+            let mut value = table.get(key.split('.').next().expect("section"));
+            for part in key.split('.').skip(1) {
+                value = value.and_then(|v| v.get(part));
+            }
+            assert!(value.is_some(), "{key} is not a key of Config");
+        }
+    }
+}
