@@ -109,20 +109,25 @@ impl Writer {
     ) -> LogResult<Writer> {
         if segments.is_empty() {
             let segment = new_segment(shared, 0)?;
-            segment
-                .file
-                .sync_data()
-                .map_err(|e| LogError::io("sync segment", segment.path.clone(), e))?;
-            shared
-                .io
-                .sync_dir(&shared.dir)
-                .map_err(|e| LogError::io("sync log directory", &shared.dir, e))?;
             segments.insert(0, segment);
         }
         let last = segments
             .values()
             .next_back()
             .ok_or_else(|| LogError::Invalid("no segment".into()))?;
+        // Recovery read what the page cache holds, which can be more than the disk does: the
+        // names and data left by a process that died, or by an open or heal that failed,
+        // before its syncs. Make them durable before the log reports them durable and builds on
+        // them; otherwise an append acknowledged after this open can vanish with the segment's
+        // unsynced directory entry at a power loss (found by crash_every_step: EIO at the
+        // first open's sync, reopen, append, crash). A fresh segment needs the same two syncs.
+        last.file
+            .sync_data()
+            .map_err(|e| LogError::io("sync segment", last.path.clone(), e))?;
+        shared
+            .io
+            .sync_dir(&shared.dir)
+            .map_err(|e| LogError::io("sync log directory", &shared.dir, e))?;
         let active = Active::from_segment(last, last.end_position, last.next_offset);
         let next_offset = active.next_offset;
         {
@@ -175,6 +180,7 @@ impl Writer {
                 Ok(Flow::Continue) => {}
                 Ok(Flow::Exit) => return Ok(Flow::Exit),
                 Err(error) => {
+                    let error = fail(shared, error);
                     for (reply, _) in group.drain(..) {
                         let _ = reply.send(Err(error.clone()));
                     }
@@ -184,6 +190,7 @@ impl Writer {
             }
         }
         if let Err(error) = self.commit_group(shared, &mut group) {
+            let error = fail(shared, error);
             for (reply, _) in group.drain(..) {
                 let _ = reply.send(Err(error.clone()));
             }
@@ -335,22 +342,24 @@ impl Writer {
         match op {
             Item::Append { .. } => unreachable!("appends are grouped by process"),
             Item::Truncate { offset, reply } => {
-                let result = self.truncate(shared, offset);
+                let result = self.truncate(shared, offset).map_err(|e| fail(shared, e));
                 let _ = reply.send(result.clone());
                 result.map(|()| Flow::Continue)
             }
             Item::RemovePrefix { before, reply } => {
-                let result = self.remove_prefix(shared, before);
+                let result = self
+                    .remove_prefix(shared, before)
+                    .map_err(|e| fail(shared, e));
                 let _ = reply.send(result.clone());
                 result.map(|_| Flow::Continue)
             }
             Item::Roll { reply } => {
-                let result = self.explicit_roll(shared);
+                let result = self.explicit_roll(shared).map_err(|e| fail(shared, e));
                 let _ = reply.send(result.clone());
                 result.map(|()| Flow::Continue)
             }
             Item::Close { reply } => {
-                let result = self.write_seal(shared, true);
+                let result = self.write_seal(shared, true).map_err(|e| fail(shared, e));
                 let _ = reply.send(result.clone());
                 result.map(|()| Flow::Exit)
             }
@@ -432,7 +441,20 @@ impl Writer {
         };
         // The seal record, if one was written, lies just past the old end.
         let zero_end = (old_end + RECORD_HEADER_SIZE as u64).min(target.size_bytes);
+        // The records from the cut on were durable, and each claims the ones before it: a crash
+        // or a failed write part way through the zeroing leaves holes followed by intact
+        // claiming records, which recovery would rightly call corruption (found by
+        // crash_every_step with EIO on the zeroing write: heal then failed). A mark in the
+        // header (inside one sector, so it lands whole) tells recovery that claims past the cut
+        // no longer count; it is durable before the zeroing starts and cleared after it.
+        let destroys_records = position < old_end;
+        if destroys_records {
+            write_cut_mark(shared, &target, Some(offset))?;
+        }
         zero_range(&target, position, zero_end).map_err(|e| as_stop(shared, e))?;
+        if destroys_records {
+            write_cut_mark(shared, &target, None)?;
+        }
         self.active = Active::from_segment(&target, position, offset);
         self.buf_position = position;
         self.durable_next = offset;
@@ -487,6 +509,29 @@ impl Writer {
     }
 }
 
+/// Write and sync `segment`'s header with a truncation mark at `cut` (or without one).
+fn write_cut_mark(shared: &Shared, segment: &Segment, cut: Option<u64>) -> StepResult<()> {
+    let header = SegmentHeader {
+        size_class: shared.options.size_class,
+        kind: HeaderKind::Segment,
+        generation: segment.generation,
+        base_offset: segment.base,
+        segment_size_bytes: segment.size_bytes,
+    };
+    let bytes = match cut {
+        Some(cut) => header.encode_cutting(cut),
+        None => header.encode(),
+    };
+    segment
+        .file
+        .write_all_at(&bytes, 0)
+        .map_err(stop(shared, "write truncation mark"))?;
+    segment
+        .file
+        .sync_data()
+        .map_err(stop(shared, "sync truncation mark"))
+}
+
 /// Turn an error of a write-path helper into a stop of the log.
 fn as_stop(shared: &Shared, error: LogError) -> LogError {
     match error {
@@ -497,6 +542,21 @@ fn as_stop(shared: &Shared, error: LogError) -> LogError {
         },
         other => other,
     }
+}
+
+/// The error a failed request is answered with: typed as a stop, and already visible in the
+/// log's state. Marking the log stopped before anyone hears of the error matters: a caller that
+/// gets `Stopped` and calls `heal()` at once must find the log stopped (heal does nothing to a
+/// running log, and the log would stop right after), and `Log::stopped()` must agree with the
+/// error just returned (found by crash_every_step with EIO on a seal write). `stop_log` then
+/// answers whatever is still queued.
+fn fail(shared: &Shared, error: LogError) -> LogError {
+    let error = as_stop(shared, error);
+    let mut state = shared.lock();
+    if state.stopped.is_none() {
+        state.stopped = Some(error.clone());
+    }
+    error
 }
 
 /// Answer every request not yet answered with the error that stopped the log.

@@ -21,7 +21,9 @@ const GENERATION_OFFSET: usize = KIND_OFFSET + 1;
 const HEADER_RESERVED_OFFSET: usize = GENERATION_OFFSET + 2;
 const BASE_OFFSET_OFFSET: usize = HEADER_RESERVED_OFFSET + 2;
 const SIZE_OFFSET: usize = BASE_OFFSET_OFFSET + 8;
-const PADDING_OFFSET: usize = SIZE_OFFSET + 8;
+const CUT_MARK_OFFSET: usize = SIZE_OFFSET + 8;
+const CUT_OFFSET_OFFSET: usize = CUT_MARK_OFFSET + 8;
+const PADDING_OFFSET: usize = CUT_OFFSET_OFFSET + 8;
 const HEADER_CRC_OFFSET: usize = 60;
 
 /// Size of the segment header; the first record starts right after it.
@@ -163,10 +165,28 @@ impl SegmentHeader {
         buf[GENERATION_OFFSET..HEADER_RESERVED_OFFSET]
             .copy_from_slice(&self.generation.to_le_bytes());
         buf[BASE_OFFSET_OFFSET..SIZE_OFFSET].copy_from_slice(&self.base_offset.to_le_bytes());
-        buf[SIZE_OFFSET..PADDING_OFFSET].copy_from_slice(&self.segment_size_bytes.to_le_bytes());
+        buf[SIZE_OFFSET..CUT_MARK_OFFSET].copy_from_slice(&self.segment_size_bytes.to_le_bytes());
         let crc = crc32c::crc32c(&buf[..HEADER_CRC_OFFSET]);
         buf[HEADER_CRC_OFFSET..].copy_from_slice(&crc.to_le_bytes());
         buf
+    }
+
+    /// Encode the header with a truncation mark: the log is cutting this segment at
+    /// `cut_offset`, so records at or past it may be half destroyed and their durability claims
+    /// no longer count ([`SegmentHeader::cut_mark`], `docs/storage-format.md`, "Ordering").
+    pub fn encode_cutting(&self, cut_offset: u64) -> [u8; SEGMENT_HEADER_SIZE] {
+        let mut buf = self.encode();
+        buf[CUT_MARK_OFFSET] = 1;
+        buf[CUT_OFFSET_OFFSET..PADDING_OFFSET].copy_from_slice(&cut_offset.to_le_bytes());
+        let crc = crc32c::crc32c(&buf[..HEADER_CRC_OFFSET]);
+        buf[HEADER_CRC_OFFSET..].copy_from_slice(&crc.to_le_bytes());
+        buf
+    }
+
+    /// The offset a truncation in progress cuts at, from a header that [`SegmentHeader::decode`]
+    /// accepted; `None` when no truncation was in progress.
+    pub fn cut_mark(buf: &[u8; SEGMENT_HEADER_SIZE]) -> Option<u64> {
+        (buf[CUT_MARK_OFFSET] == 1).then(|| u64::from_le_bytes(le8(buf, CUT_OFFSET_OFFSET)))
     }
 
     /// Decode and verify a header.
@@ -410,6 +430,21 @@ mod tests {
         bytes[BASE_OFFSET_OFFSET] ^= 1;
         assert_eq!(SegmentHeader::decode(&bytes), Err(HeaderError::Checksum));
         assert_eq!(SegmentHeader::decode(&[0u8; 64]), Err(HeaderError::Magic));
+    }
+
+    #[test]
+    fn cut_mark_roundtrip() {
+        let header = SegmentHeader {
+            size_class: SizeClass::Full,
+            kind: HeaderKind::Segment,
+            generation: 3,
+            base_offset: 100,
+            segment_size_bytes: 1 << 20,
+        };
+        assert_eq!(SegmentHeader::cut_mark(&header.encode()), None);
+        let cutting = header.encode_cutting(150);
+        assert_eq!(SegmentHeader::decode(&cutting), Ok(header));
+        assert_eq!(SegmentHeader::cut_mark(&cutting), Some(150));
     }
 
     #[test]

@@ -14,7 +14,7 @@ use crate::format::{SizeClass, FLAGS_USER_MASK, RECORD_HEADER_SIZE, SEGMENT_HEAD
 use crate::io::Io;
 use crate::pool::{PoolOptions, SegmentPool};
 use crate::reader::LogReader;
-use crate::recovery::recover;
+use crate::recovery::{recover, Trust};
 use crate::segment::Segment;
 use crate::ticket::{Reply, Ticket};
 
@@ -287,7 +287,7 @@ impl Log {
                 },
             ),
         };
-        let recovered = recover(io.as_ref(), dir, &options, &pool)?;
+        let recovered = recover(io.as_ref(), dir, &options, &pool, Trust::Reads)?;
         if recovered.zeroed_bytes > 0 {
             tracing::info!(dir = %dir.display(), bytes = recovered.zeroed_bytes, "recovery zeroed a torn tail");
         }
@@ -541,6 +541,7 @@ impl Log {
             &shared.dir,
             &shared.options,
             &shared.pool,
+            Trust::NothingPastTheEnd,
         )?;
         let mut writer = Writer::start(shared, recovered.segments)?;
         if writer.next_offset() > durable_next {

@@ -52,21 +52,34 @@ struct Scan {
     stop: ScanStop,
 }
 
+/// How far recovery may trust what it reads past the end of the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Trust {
+    /// Opening: what reads show is what the disk holds (or will, before anything new is
+    /// reported durable).
+    Reads,
+    /// Healing after a failed write or sync: the page cache may show bytes the disk does not
+    /// hold (a failed sync drops its writes from the durable path, Linux reports it once), so
+    /// the whole unused tail of the last segment is zeroed, not only the leftovers reads show.
+    NothingPastTheEnd,
+}
+
 pub(crate) fn recover(
     io: &dyn Io,
     dir: &Path,
     options: &LogOptions,
     pool: &SegmentPool,
+    trust: Trust,
 ) -> LogResult<Recovered> {
     let bases = list_segments(io, dir)?;
-    let mut opened: Vec<(Arc<dyn IoFile>, SegmentHeader, PathBuf)> = Vec::new();
+    let mut opened: Vec<OpenedSegment> = Vec::new();
     // From the last segment back: trailing segments with a foreign header are handed back one
     // at a time; a foreign header anywhere else is corruption.
     for &base in bases.iter().rev() {
         let path = dir.join(crate::segment::segment_file_name(base));
         let trailing = opened.is_empty();
         match open_segment(io, &path, base, options)? {
-            Opened::Valid(file, header) => opened.push((file, header, path)),
+            Opened::Valid(file, header, cut) => opened.push((file, header, cut, path)),
             Opened::Foreign(reason) if trailing => {
                 tracing::warn!(path = %path.display(), %reason, "returning a trailing segment that does not belong to this log");
                 pool.enter_foreign(&path, options.size_class)?;
@@ -78,7 +91,7 @@ pub(crate) fn recover(
     let mut segments = BTreeMap::new();
     let mut zeroed_bytes = 0;
     let count = opened.len();
-    for (i, (file, header, path)) in opened.into_iter().enumerate() {
+    for (i, (file, header, cut, path)) in opened.into_iter().enumerate() {
         let mut segment = Segment::new(
             path,
             file,
@@ -90,7 +103,10 @@ pub(crate) fn recover(
         // A segment that is not the last is sealed: whatever stopped its scan, the next
         // segment's base must follow its last record (checked below, against the next one).
         if i + 1 == count {
-            zeroed_bytes = settle_tail(&segment, &scan)?;
+            zeroed_bytes = settle_tail(&segment, &scan, cut, trust)?;
+            if cut.is_some() {
+                clear_cut_mark(&segment, &header)?;
+            }
         }
         if let Some((_, previous)) = segments.last_key_value() {
             check_continuity(previous, &segment)?;
@@ -128,8 +144,12 @@ fn list_segments(io: &dyn Io, dir: &Path) -> LogResult<Vec<u64>> {
     Ok(bases)
 }
 
+/// A segment recovery keeps: its file, header, truncation mark and path.
+type OpenedSegment = (Arc<dyn IoFile>, SegmentHeader, Option<u64>, PathBuf);
+
 enum Opened {
-    Valid(Arc<dyn IoFile>, SegmentHeader),
+    /// A segment of this log, with the truncation mark of its header.
+    Valid(Arc<dyn IoFile>, SegmentHeader, Option<u64>),
     /// A file that holds no record of this log: a spare header, another base, or too short to
     /// hold a header (a creation that never finished).
     Foreign(String),
@@ -176,7 +196,7 @@ fn open_segment(io: &dyn Io, path: &Path, base: u64, options: &LogOptions) -> Lo
             ),
         ));
     }
-    Ok(Opened::Valid(file, header))
+    Ok(Opened::Valid(file, header, SegmentHeader::cut_mark(&bytes)))
 }
 
 /// Walk the records of a segment from its start, filling in its extent and index.
@@ -251,8 +271,10 @@ fn check_continuity(previous: &Segment, next: &Segment) -> LogResult<()> {
 }
 
 /// Decide what the stop of the last segment means: the end of what was written (a torn tail,
-/// cut and zeroed) or damage to data that was reported durable (an error).
-fn settle_tail(segment: &Segment, scan: &Scan) -> LogResult<u64> {
+/// cut and zeroed) or damage to data that was reported durable (an error). `cut` is the offset of
+/// a truncation that was in progress: records from it on were being destroyed, so their claims
+/// count only below it.
+fn settle_tail(segment: &Segment, scan: &Scan, cut: Option<u64>, trust: Trust) -> LogResult<u64> {
     let cut_position = segment.end_position;
     let look_from = match scan.stop {
         ScanStop::End => return Ok(0),
@@ -261,7 +283,7 @@ fn settle_tail(segment: &Segment, scan: &Scan) -> LogResult<u64> {
     };
     let ahead = look_ahead(segment, look_from)?;
     if let (ScanStop::Fault(fault), Some(claim)) = (scan.stop, ahead.claim) {
-        if claim.durable_before > segment.next_offset {
+        if claim.durable_before.min(cut.unwrap_or(u64::MAX)) > segment.next_offset {
             return Err(corrupt(
                 &segment.path,
                 cut_position,
@@ -274,21 +296,28 @@ fn settle_tail(segment: &Segment, scan: &Scan) -> LogResult<u64> {
             ));
         }
     }
-    if ahead.extent <= look_from {
+    // After a failed sync the zeros must reach past whatever the disk may hold, not only past
+    // what reads show (found by crash_every_step: EIO on the sync of a truncation's zeroing,
+    // heal, append, crash: the old records were back behind the new one, and claimed).
+    let zero_end = match trust {
+        Trust::Reads => ahead.extent,
+        Trust::NothingPastTheEnd => segment.size_bytes.max(ahead.extent),
+    };
+    if zero_end <= look_from {
         return Ok(0);
     }
     let zero_from = match scan.stop {
         ScanStop::Seal => look_from,
         _ => cut_position,
     };
-    zero_range(segment, zero_from, ahead.extent)?;
+    zero_range(segment, zero_from, zero_end)?;
     tracing::warn!(
         segment = %segment.path().display(),
         position = zero_from,
-        bytes = ahead.extent - zero_from,
+        bytes = zero_end - zero_from,
         "recovery cut a torn tail and zeroed its leftovers"
     );
-    Ok(ahead.extent - zero_from)
+    Ok(zero_end - zero_from)
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -354,6 +383,19 @@ fn look_ahead(segment: &Segment, from: u64) -> LogResult<LookAhead> {
         position += 1;
     }
     Ok(ahead)
+}
+
+/// Finish an interrupted truncation: once the tail is settled (leftovers zeroed and synced),
+/// write the header without its truncation mark, so that later records' claims count again.
+fn clear_cut_mark(segment: &Segment, header: &SegmentHeader) -> LogResult<()> {
+    segment
+        .file
+        .write_all_at(&header.encode(), 0)
+        .map_err(|e| LogError::io("clear truncation mark", segment.path.clone(), e))?;
+    segment
+        .file
+        .sync_data()
+        .map_err(|e| LogError::io("sync segment", segment.path.clone(), e))
 }
 
 /// Overwrite `[from, to)` of a segment with zeros and sync it.
