@@ -91,3 +91,81 @@ pub fn on_both(scenario: impl Fn(&Env)) {
 pub fn segment_path(dir: &Path, base: u64) -> PathBuf {
     dir.join(format!("{base:020}.seg"))
 }
+
+/// The offset and version a [`payload`] names, if `bytes` is one of ours at all.
+pub fn payload_origin(bytes: &[u8]) -> Option<(u64, u32)> {
+    let offset = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
+    let version = u32::from_le_bytes(bytes.get(8..12)?.try_into().ok()?);
+    (payload(offset, version, bytes.len()) == bytes).then_some((offset, version))
+}
+
+/// Every durable record from the log's start, checked to run without a gap from
+/// `start_offset` to `durable_offset`. Panics (with `context`) on a read error or a gap.
+pub fn read_all(log: &Log, context: &str) -> Vec<keratin_log::ReadRecord> {
+    let start = log.start_offset();
+    let durable = log.durable_offset();
+    let mut records = Vec::new();
+    for (i, result) in log.reader(start).enumerate() {
+        let record = result.unwrap_or_else(|e| panic!("{context}: reading from {start}: {e}"));
+        assert_eq!(
+            record.offset,
+            start + i as u64,
+            "{context}: offsets are not contiguous"
+        );
+        records.push(record);
+    }
+    assert_eq!(
+        start + records.len() as u64,
+        durable,
+        "{context}: iteration from {start} stopped before the durable end"
+    );
+    records
+}
+
+/// The whole content of a file, through the `Io` seam (works on both implementations).
+pub fn read_file(io: &dyn Io, path: &Path) -> Vec<u8> {
+    let file = io
+        .open(path, keratin_log::OpenMode::Existing)
+        .expect("open file");
+    let len = file.len().expect("stat file");
+    let mut bytes = vec![0u8; usize::try_from(len).expect("file fits in memory")];
+    file.read_exact_at(&mut bytes, 0).expect("read file");
+    bytes
+}
+
+/// Create `path` with `bytes`, durable (data and directory entry), through the `Io` seam.
+pub fn write_new_file(io: &dyn Io, path: &Path, bytes: &[u8]) {
+    let file = io
+        .open(path, keratin_log::OpenMode::CreateNew)
+        .expect("create file");
+    file.write_all_at(bytes, 0).expect("write file");
+    file.sync_data().expect("sync file");
+    io.sync_dir(path.parent().expect("file has a parent"))
+        .expect("sync dir");
+}
+
+/// Flip `mask` in the byte at `position` of `path`, durably, through the `Io` seam: bit rot on
+/// the real file system as well as on the simulated one.
+pub fn flip_byte(io: &dyn Io, path: &Path, position: u64, mask: u8) {
+    let file = io
+        .open(path, keratin_log::OpenMode::Existing)
+        .expect("open file");
+    let mut byte = [0u8; 1];
+    file.read_exact_at(&mut byte, position).expect("read byte");
+    byte[0] ^= mask;
+    file.write_all_at(&byte, position).expect("write byte");
+    file.sync_data().expect("sync file");
+}
+
+/// Byte positions of the records of one segment, given their payload lengths in order.
+pub fn record_positions(lengths: &[usize]) -> Vec<u64> {
+    let mut position = keratin_log::format::SEGMENT_HEADER_SIZE as u64;
+    lengths
+        .iter()
+        .map(|len| {
+            let at = position;
+            position += (keratin_log::format::RECORD_HEADER_SIZE + len) as u64;
+            at
+        })
+        .collect()
+}

@@ -1,0 +1,488 @@
+//! Crash at every step, fail at every step: one appender runs a fixed workload (appends of varied
+//! sizes and multi-record batches, automatic and explicit rolls, a truncation inside a segment
+//! and one at a segment boundary, a prefix removal, a clean close) on the simulated disk. Its
+//! sequence of `Io` calls is deterministic, so the test first counts the calls, then replays the
+//! workload once per call index `k`:
+//!
+//! - with a power loss right after call `k`: the log must reopen, every acknowledged record that
+//!   no acknowledged truncation or prefix removal took away must read back byte for byte, every
+//!   record that reads back must be one that was written at that offset (and not removed by an
+//!   acknowledged truncation), the offsets must run without a gap, and the log must take a new
+//!   append and reopen again;
+//! - with call `k` failing with `EIO`: the log stops (every later append gets `Stopped`, durable
+//!   records still read), `heal()` (or a reopen when `open` itself failed) brings back every
+//!   acknowledged record, and so does a power loss after that.
+//!
+//! It fails if recovery refuses a state a crash can leave, loses or alters a confirmed record,
+//! resurrects a truncated one, returns a record nobody wrote, or if a failed call leaves the log
+//! running, unhealable or with different data. A failure message names `k` and the seed; replay
+//! the whole loop with `KERATIN_SEED=<seed>` or one step with `KERATIN_STEP=<k>`.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use common::{payload, read_all, record, small_options};
+use keratin_log::{Io, Log, LogError, PoolOptions, SegmentPool, SimFault, SimIo};
+
+const DIR: &str = "/sim/log";
+
+/// One step of the workload.
+#[derive(Debug, Clone)]
+enum Step {
+    /// Append one batch with these payload lengths and wait for it.
+    Append(Vec<usize>),
+    /// An explicit roll.
+    Roll,
+    /// Truncate the last three offsets (inside the active segment).
+    TruncateInside,
+    /// Truncate at the base of the last segment: it goes, the one before becomes active.
+    TruncateAtBoundary,
+    /// Remove the first segment (cut just past the second segment's base).
+    RemovePrefix,
+    /// Close the log.
+    Close,
+}
+
+/// Payload lengths that cycle through small, medium and large records, so that records straddle
+/// sectors and segments fill at uneven positions.
+fn lengths(i: usize) -> Vec<usize> {
+    const SIZES: [usize; 7] = [120, 2_500, 11_000, 700, 17_000, 60, 6_000];
+    let len = SIZES[i % SIZES.len()];
+    if i % 5 == 3 {
+        // A multi-record batch: three records of different sizes.
+        vec![len / 3 + 1, 40, len / 2 + 7]
+    } else {
+        vec![len]
+    }
+}
+
+fn appends(from: usize, count: usize) -> impl Iterator<Item = Step> {
+    (from..from + count).map(|i| Step::Append(lengths(i)))
+}
+
+/// The workload: about 320 KiB before the explicit roll and 270 KiB after the first
+/// truncation, so that it rolls on its own twice with 256 KiB segments; it ends with four
+/// segments before the boundary truncation and three before the prefix removal.
+fn workload() -> Vec<Step> {
+    let mut steps: Vec<Step> = appends(0, 60).collect();
+    steps.push(Step::Roll);
+    steps.extend(appends(60, 6));
+    steps.push(Step::TruncateInside);
+    steps.extend(appends(66, 50));
+    steps.push(Step::TruncateAtBoundary);
+    steps.extend(appends(116, 4));
+    steps.push(Step::RemovePrefix);
+    steps.extend(appends(120, 4));
+    steps.push(Step::Close);
+    steps
+}
+
+/// A request whose outcome is unknown when the workload stopped.
+#[derive(Debug, Clone, Copy)]
+enum InFlight {
+    Truncate(u64),
+    RemovePrefix(u64),
+}
+
+/// What the appender knows: what must read back, and what may.
+#[derive(Debug, Clone, Default)]
+struct Tracker {
+    /// Offset → the payload acknowledged there last.
+    acked: BTreeMap<u64, Vec<u8>>,
+    /// Offset → every payload submitted there that no acknowledged truncation removed.
+    allowed: BTreeMap<u64, Vec<Vec<u8>>>,
+    /// The start offset after the last acknowledged prefix removal: removed segments must not
+    /// come back.
+    start_floor: u64,
+    /// Version stamped into the next payloads, so that rewrites of an offset differ.
+    version: u32,
+    in_flight: Option<InFlight>,
+    /// `Io` calls made when each workload step ended (to find where two runs differ).
+    trace: Vec<u64>,
+}
+
+impl Tracker {
+    /// The records that must read back whatever happened to the request in flight.
+    fn required(&self) -> BTreeMap<u64, Vec<u8>> {
+        let mut required = self.acked.clone();
+        match self.in_flight {
+            Some(InFlight::Truncate(offset)) => required.retain(|o, _| *o < offset),
+            Some(InFlight::RemovePrefix(before)) => required.retain(|o, _| *o >= before),
+            None => {}
+        }
+        required
+    }
+
+    fn truncated(&mut self, offset: u64) {
+        self.acked.retain(|o, _| *o < offset);
+        self.allowed.retain(|o, _| *o < offset);
+    }
+
+    /// After a recovery, exactly what the log holds is durable: it becomes the new truth.
+    fn reset_to(&mut self, log: &Log, context: &str) {
+        let records = read_all(log, context);
+        self.acked = records
+            .iter()
+            .map(|r| (r.offset, r.payload.clone()))
+            .collect();
+        self.allowed = records
+            .into_iter()
+            .map(|r| (r.offset, vec![r.payload]))
+            .collect();
+        self.start_floor = log.start_offset();
+        self.in_flight = None;
+    }
+
+    /// Append one batch and wait; the acknowledged records become required.
+    fn append(&mut self, log: &Log, lengths: &[usize]) -> Result<(), LogError> {
+        self.version += 1;
+        let first = log.next_offset();
+        let bodies: Vec<Vec<u8>> = lengths
+            .iter()
+            .enumerate()
+            .map(|(i, len)| payload(first + i as u64, self.version, *len))
+            .collect();
+        for (i, body) in bodies.iter().enumerate() {
+            let allowed = self.allowed.entry(first + i as u64).or_default();
+            allowed.push(body.clone());
+        }
+        let records: Vec<_> = bodies.iter().map(|b| record(b)).collect();
+        let offsets = log.append(&records)?.wait()?;
+        assert_eq!(offsets, first..first + bodies.len() as u64);
+        for (i, body) in bodies.into_iter().enumerate() {
+            self.acked.insert(first + i as u64, body);
+        }
+        Ok(())
+    }
+}
+
+/// How a run of the workload ended.
+struct Run {
+    /// The log, unless `open` failed or `close` consumed it.
+    log: Option<Log>,
+    /// The first error and the index of the workload step that got it (`None`: `open`).
+    error: Option<(Option<usize>, LogError)>,
+}
+
+/// Open the log with a pool that rewrites spare headers inline: a background worker would make
+/// the sequence of `Io` calls depend on thread timing.
+fn open(io: &SimIo) -> Result<Log, LogError> {
+    let io: Arc<dyn Io> = Arc::new(io.clone());
+    let options = small_options();
+    let pool = SegmentPool::new(
+        io.clone(),
+        PoolOptions {
+            full_segment_size_bytes: options.full_segment_size_bytes,
+            budget_bytes: Some(4 * options.full_segment_size_bytes),
+            background: false,
+        },
+    );
+    Log::open(io, Path::new(DIR), options, Some(pool))
+}
+
+/// Run the workload until its first error.
+fn run(io: &SimIo, tracker: &mut Tracker) -> Run {
+    let log = match open(io) {
+        Ok(log) => log,
+        Err(e) => {
+            return Run {
+                log: None,
+                error: Some((None, e)),
+            }
+        }
+    };
+    for (index, step) in workload().into_iter().enumerate() {
+        let result = match step {
+            Step::Append(lengths) => tracker.append(&log, &lengths),
+            Step::Roll => log.roll().and_then(|t| t.wait()),
+            Step::TruncateInside | Step::TruncateAtBoundary => {
+                let stats = log.stats();
+                let last_base = stats.segments.last().expect("a segment").base_offset;
+                let offset = if matches!(step, Step::TruncateInside) {
+                    let offset = log.next_offset() - 3;
+                    assert!(
+                        offset > last_base,
+                        "the workload truncates inside a segment"
+                    );
+                    offset
+                } else {
+                    assert!(
+                        last_base > stats.start_offset,
+                        "the workload has two segments"
+                    );
+                    last_base
+                };
+                tracker.in_flight = Some(InFlight::Truncate(offset));
+                let result = log.truncate_suffix(offset).and_then(|t| t.wait());
+                if result.is_ok() {
+                    tracker.truncated(offset);
+                    tracker.in_flight = None;
+                }
+                result
+            }
+            Step::RemovePrefix => {
+                let stats = log.stats();
+                assert!(stats.segments.len() > 2, "the workload has three segments");
+                let before = stats.segments[1].base_offset + 1;
+                tracker.in_flight = Some(InFlight::RemovePrefix(before));
+                let result = log.remove_prefix(before).and_then(|t| t.wait());
+                if let Ok(removed) = &result {
+                    assert_eq!(removed.segments, 1);
+                    tracker.start_floor = log.start_offset();
+                    let floor = tracker.start_floor;
+                    tracker.acked.retain(|o, _| *o >= floor);
+                    tracker.in_flight = None;
+                }
+                result.map(|_| ())
+            }
+            Step::Close => {
+                return Run {
+                    log: None,
+                    error: log.close().err().map(|e| (Some(index), e)),
+                }
+            }
+        };
+        tracker.trace.push(io.steps());
+        if let Err(error) = result {
+            return Run {
+                log: Some(log),
+                error: Some((Some(index), error)),
+            };
+        }
+    }
+    unreachable!("the workload ends with a close")
+}
+
+/// Check a log just opened or healed against what the appender knows.
+fn verify(log: &Log, tracker: &Tracker, context: &str) {
+    assert!(log.stopped().is_none(), "{context}: log is stopped");
+    assert_eq!(
+        log.next_offset(),
+        log.durable_offset(),
+        "{context}: an open log has nothing pending"
+    );
+    let start = log.start_offset();
+    assert!(
+        start >= tracker.start_floor,
+        "{context}: start {start} is below {}: removed segments came back",
+        tracker.start_floor
+    );
+    let records = read_all(log, context);
+    for record in &records {
+        let allowed = tracker.allowed.get(&record.offset);
+        assert!(
+            allowed.is_some_and(|a| a.contains(&record.payload)),
+            "{context}: offset {} holds a record that was never written there (or was \
+             truncated away): origin {:?}",
+            record.offset,
+            common::payload_origin(&record.payload)
+        );
+    }
+    for (offset, body) in tracker.required() {
+        let index = offset.checked_sub(start).map(|i| i as usize);
+        let found = index.and_then(|i| records.get(i));
+        assert!(
+            found.is_some_and(|r| r.payload == *body),
+            "{context}: acknowledged offset {offset} is lost or altered (log holds {start}..{})",
+            start + records.len() as u64
+        );
+    }
+}
+
+/// After recovery: take the recovered state as the truth, append, reopen, compare.
+fn append_and_reopen(log: Log, tracker: &mut Tracker, reopen: impl Fn() -> Log, context: &str) {
+    tracker.reset_to(&log, context);
+    tracker
+        .append(&log, &[333, 5])
+        .unwrap_or_else(|e| panic!("{context}: append after recovery: {e}"));
+    log.close()
+        .unwrap_or_else(|e| panic!("{context}: close after recovery: {e}"));
+    let log = reopen();
+    verify(
+        &log,
+        tracker,
+        &format!("{context}, reopened after a new append"),
+    );
+    assert_eq!(read_all(&log, context).len(), tracker.acked.len());
+}
+
+fn base_seed() -> u64 {
+    common::seed(0x6b65_7261_7469_6e00)
+}
+
+/// Crash outcomes tried per call index (`KERATIN_CRASH_SEEDS`, default 3): a crash tears each
+/// unsynced sector its own way, so one call index hides several states.
+fn crash_seeds_per_step() -> u64 {
+    std::env::var("KERATIN_CRASH_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3)
+}
+
+fn sim_seed(base: u64, step: u64) -> u64 {
+    base ^ step.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// The call indexes to try: all of them, or the one `KERATIN_STEP` names.
+fn steps_to_try(total: u64) -> Vec<u64> {
+    match std::env::var("KERATIN_STEP")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        Some(step) => vec![step],
+        None => (0..total).collect(),
+    }
+}
+
+/// The number of `Io` calls of the whole workload, with a check that it is deterministic.
+fn count_steps(base: u64) -> u64 {
+    let count = |seed| {
+        let io = SimIo::new(seed);
+        let mut tracker = Tracker::default();
+        let run = run(&io, &mut tracker);
+        assert!(
+            run.error.is_none(),
+            "fault-free run failed: {:?}",
+            run.error
+        );
+        let steps = io.steps();
+        let log = open(&io).expect("reopen after the fault-free run");
+        verify(&log, &tracker, "fault-free run");
+        (steps, tracker.trace)
+    };
+    let (steps, trace) = count(base);
+    for attempt in 0..3 {
+        let (again, other) = count(base ^ attempt);
+        let differs = trace.iter().zip(&other).position(|(a, b)| a != b);
+        assert_eq!(
+            (steps, differs),
+            (again, None),
+            "the workload's calls are not deterministic (steps after each workload step: \
+             {trace:?} vs {other:?})"
+        );
+    }
+    steps
+}
+
+fn context(kind: &str, k: u64, base: u64, error: &Option<(Option<usize>, LogError)>) -> String {
+    let at = match error {
+        Some((Some(index), e)) => format!("workload step {index} failed: {e}"),
+        Some((None, e)) => format!("open failed: {e}"),
+        None => "workload completed".into(),
+    };
+    format!("{kind} at call {k} (replay: KERATIN_SEED={base} KERATIN_STEP={k}; {at})")
+}
+
+#[test]
+fn crash_after_every_call_and_reopen() {
+    let started = Instant::now();
+    let base = base_seed();
+    let total = count_steps(base);
+    eprintln!("workload: {total} Io calls");
+    let (mut failed_runs, mut clean_runs) = (0, 0);
+    let crash_points = steps_to_try(total)
+        .into_iter()
+        .flat_map(|k| (0..crash_seeds_per_step()).map(move |variant| (k, variant)));
+    for (k, variant) in crash_points {
+        let seed = sim_seed(base, k) ^ variant;
+        let io = SimIo::new(seed);
+        io.crash_after(k);
+        let mut tracker = Tracker::default();
+        let run = run(&io, &mut tracker);
+        let context = context("crash", k, base, &run.error);
+        let context = format!("{context}, crash variant {variant}");
+        match &run.error {
+            Some(_) => failed_runs += 1,
+            None => clean_runs += 1,
+        }
+        drop(run.log);
+        let io = io.restart();
+        let log = open(&io).unwrap_or_else(|e| panic!("{context}: recovery failed: {e}"));
+        verify(&log, &tracker, &context);
+        let reopen = || open(&io).unwrap_or_else(|e| panic!("{context}: second reopen: {e}"));
+        append_and_reopen(log, &mut tracker, reopen, &context);
+    }
+    eprintln!(
+        "crashed {failed_runs} runs mid-workload, {clean_runs} after it, in {:?}",
+        started.elapsed()
+    );
+    if std::env::var("KERATIN_STEP").is_err() {
+        // Only a crash after the very last call leaves the workload complete.
+        assert_eq!(
+            clean_runs,
+            crash_seeds_per_step(),
+            "the crashes hit the workload"
+        );
+    }
+}
+
+#[test]
+fn fail_every_call_with_eio_then_heal() {
+    let started = Instant::now();
+    let base = base_seed();
+    let total = count_steps(base);
+    eprintln!("workload: {total} Io calls");
+    let mut healed = 0;
+    for k in steps_to_try(total) {
+        let seed = sim_seed(base, k);
+        let io = SimIo::new(seed);
+        io.fail_at(k, SimFault::Eio);
+        let mut tracker = Tracker::default();
+        let run = run(&io, &mut tracker);
+        let context = context("EIO", k, base, &run.error);
+        let error = run.error.as_ref().map(|(_, e)| e.clone());
+        let log = match (run.log, error) {
+            (Some(log), Some(error)) => {
+                check_stopped(&log, &error, &tracker, &context);
+                log.heal()
+                    .unwrap_or_else(|e| panic!("{context}: heal failed: {e}"));
+                healed += 1;
+                log
+            }
+            // `open` or `close` failed: nothing to heal, open again on the same disk.
+            (None, Some(_)) => open(&io).unwrap_or_else(|e| panic!("{context}: reopen: {e}")),
+            (_, None) => panic!("{context}: a failed call went unnoticed"),
+        };
+        verify(&log, &tracker, &format!("{context}, healed"));
+        tracker.reset_to(&log, &context);
+        tracker
+            .append(&log, &[444])
+            .unwrap_or_else(|e| panic!("{context}: append after heal: {e}"));
+        // A power loss after the heal keeps everything acknowledged since.
+        let io = io.restart();
+        drop(log);
+        let log = open(&io).unwrap_or_else(|e| panic!("{context}: open after heal+crash: {e}"));
+        verify(&log, &tracker, &format!("{context}, healed then crashed"));
+    }
+    eprintln!("healed {healed} stopped logs in {:?}", started.elapsed());
+    assert!(healed > 0);
+}
+
+/// A log whose write path failed is stopped, says so with a typed error, and still serves every
+/// durable record.
+fn check_stopped(log: &Log, error: &LogError, tracker: &Tracker, context: &str) {
+    assert!(error.is_stopped(), "{context}: the error is not `Stopped`");
+    let stop = log
+        .stopped()
+        .unwrap_or_else(|| panic!("{context}: log is not stopped"));
+    assert!(stop.is_stopped(), "{context}: the stop reason is {stop:?}");
+    let refused = log.append(&[record(b"after the failure")]);
+    assert!(
+        matches!(&refused, Err(e) if e.is_stopped()),
+        "{context}: an append after the failure got {:?}",
+        refused.map(|_| ())
+    );
+    let durable = log.durable_offset();
+    for (offset, body) in tracker.required() {
+        if offset < durable && offset >= log.start_offset() {
+            let read = log
+                .read(offset)
+                .unwrap_or_else(|e| panic!("{context}: durable read of {offset}: {e}"));
+            assert_eq!(read.payload, body, "{context}: offset {offset}");
+        }
+    }
+}
