@@ -182,7 +182,7 @@ impl Writer {
                 Err(error) => {
                     let error = fail(shared, error);
                     for (reply, _) in group.drain(..) {
-                        let _ = reply.send(Err(error.clone()));
+                        reply.send(Err(error.clone()));
                     }
                     fail_items(items, &error);
                     return Err(error);
@@ -192,7 +192,7 @@ impl Writer {
         if let Err(error) = self.commit_group(shared, &mut group) {
             let error = fail(shared, error);
             for (reply, _) in group.drain(..) {
-                let _ = reply.send(Err(error.clone()));
+                reply.send(Err(error.clone()));
             }
             return Err(error);
         }
@@ -299,7 +299,7 @@ impl Writer {
             self.write_seal(shared, false)?;
         }
         for (reply, offsets) in group.drain(..) {
-            let _ = reply.send(Ok(offsets));
+            reply.send(Ok(offsets));
         }
         Ok(())
     }
@@ -343,24 +343,24 @@ impl Writer {
             Item::Append { .. } => unreachable!("appends are grouped by process"),
             Item::Truncate { offset, reply } => {
                 let result = self.truncate(shared, offset).map_err(|e| fail(shared, e));
-                let _ = reply.send(result.clone());
+                reply.send(result.clone());
                 result.map(|()| Flow::Continue)
             }
             Item::RemovePrefix { before, reply } => {
                 let result = self
                     .remove_prefix(shared, before)
                     .map_err(|e| fail(shared, e));
-                let _ = reply.send(result.clone());
+                reply.send(result.clone());
                 result.map(|_| Flow::Continue)
             }
             Item::Roll { reply } => {
                 let result = self.explicit_roll(shared).map_err(|e| fail(shared, e));
-                let _ = reply.send(result.clone());
+                reply.send(result.clone());
                 result.map(|()| Flow::Continue)
             }
             Item::Close { reply } => {
                 let result = self.write_seal(shared, true).map_err(|e| fail(shared, e));
-                let _ = reply.send(result.clone());
+                reply.send(result.clone());
                 result.map(|()| Flow::Exit)
             }
         }
@@ -563,11 +563,11 @@ fn fail(shared: &Shared, error: LogError) -> LogError {
 pub(crate) fn fail_items(items: impl IntoIterator<Item = Item>, error: &LogError) {
     for item in items {
         match item {
-            Item::Append { reply, .. } => drop(reply.send(Err(error.clone()))),
+            Item::Append { reply, .. } => reply.send(Err(error.clone())),
             Item::Truncate { reply, .. } | Item::Roll { reply } | Item::Close { reply } => {
-                drop(reply.send(Err(error.clone())))
+                reply.send(Err(error.clone()))
             }
-            Item::RemovePrefix { reply, .. } => drop(reply.send(Err(error.clone()))),
+            Item::RemovePrefix { reply, .. } => reply.send(Err(error.clone())),
         }
     }
 }

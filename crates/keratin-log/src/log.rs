@@ -497,6 +497,12 @@ impl Log {
         self.shared.lock().stopped.clone()
     }
 
+    /// Bytes of the log's segment files on disk (cheaper than [`Log::stats`]).
+    pub fn disk_bytes(&self) -> u64 {
+        let state = self.shared.lock();
+        state.segments.values().map(|s| s.size_bytes).sum()
+    }
+
     /// Size and per-segment figures.
     pub fn stats(&self) -> LogStats {
         let state = self.shared.lock();
