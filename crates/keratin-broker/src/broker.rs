@@ -1,0 +1,577 @@
+//! `Broker`: one node's queues over its storage directories. It owns the node's segment pool
+//! and metadata log, places partitions, routes publishes and hands out consumers.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use keratin_log::{Io, Log, LogOptions, PoolOptions, RealIo, SegmentPool};
+use tokio::sync::{mpsc, Mutex};
+
+use crate::consumer::{Consumer, ConsumerLink, Credit};
+use crate::error::{BrokerError, BrokerResult};
+use crate::meta::{Meta, MetaRecord, QueueDecl};
+use crate::partition::owner::{self, rebuild, Command, OwnerContext};
+use crate::partition::state::PartitionState;
+use crate::queue::{validate_queue_name, Queue, QueueSettings};
+use crate::record::Message;
+
+/// Milliseconds since the Unix epoch; injected so that tests control time.
+pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
+
+/// The system clock.
+pub fn system_clock() -> Clock {
+    Arc::new(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+    })
+}
+
+/// Largest prefetch a consumer may ask for: deliveries in flight to one consumer are buffered
+/// in its channel, so this bounds that buffer.
+pub const MAX_PREFETCH: u32 = 65_535;
+
+/// How a broker node is set up.
+#[derive(Clone)]
+pub struct BrokerConfig {
+    /// Storage directories; the first also holds the metadata log.
+    pub dirs: Vec<PathBuf>,
+    /// Full segment size of every log (metadata logs use one eighth).
+    pub segment_size_bytes: u64,
+    /// The file system seam (the real one, or a simulated disk in tests).
+    pub io: Arc<dyn Io>,
+    /// Spare bytes per file system (`None`: 2% of it, at most 1 GiB).
+    pub spare_budget_bytes: Option<u64>,
+    /// Prepare spares on a background thread (off for deterministic tests).
+    pub pool_background: bool,
+    /// Time source.
+    pub clock: Clock,
+}
+
+impl std::fmt::Debug for BrokerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BrokerConfig")
+            .field("dirs", &self.dirs)
+            .field("segment_size_bytes", &self.segment_size_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl BrokerConfig {
+    /// Defaults on the real file system.
+    pub fn new(dirs: Vec<PathBuf>) -> BrokerConfig {
+        BrokerConfig {
+            dirs,
+            segment_size_bytes: keratin_log::DEFAULT_SEGMENT_SIZE_BYTES,
+            io: Arc::new(RealIo::new()),
+            spare_budget_bytes: None,
+            pool_background: true,
+            clock: system_clock(),
+        }
+    }
+}
+
+/// Where a published message went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Receipt {
+    /// Partition index.
+    pub partition: u32,
+    /// Message id (offset) in the partition.
+    pub message: u64,
+}
+
+/// Figures of one partition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionInfo {
+    /// Index.
+    pub index: u32,
+    /// Storage directory.
+    pub dir: PathBuf,
+    /// Messages ready for delivery.
+    pub ready: u64,
+    /// Messages delivered and not yet settled.
+    pub inflight: u64,
+    /// Payload bytes of live messages.
+    pub bytes: u64,
+    /// Bytes of the partition's log on disk.
+    pub disk_bytes: u64,
+    /// True if its log stopped after a write error.
+    pub stopped: bool,
+}
+
+/// Figures of a queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueInfo {
+    /// Name.
+    pub name: String,
+    /// Settings.
+    pub settings: QueueSettings,
+    /// Per partition.
+    pub partitions: Vec<PartitionInfo>,
+}
+
+impl QueueInfo {
+    /// Ready messages over all partitions.
+    pub fn ready(&self) -> u64 {
+        self.partitions.iter().map(|p| p.ready).sum()
+    }
+    /// Inflight messages over all partitions.
+    pub fn inflight(&self) -> u64 {
+        self.partitions.iter().map(|p| p.inflight).sum()
+    }
+    /// Live payload bytes over all partitions.
+    pub fn bytes(&self) -> u64 {
+        self.partitions.iter().map(|p| p.bytes).sum()
+    }
+    /// Disk bytes over all partitions.
+    pub fn disk_bytes(&self) -> u64 {
+        self.partitions.iter().map(|p| p.disk_bytes).sum()
+    }
+}
+
+pub(crate) struct BrokerInner {
+    config: BrokerConfig,
+    pool: SegmentPool,
+    meta: Mutex<Option<Meta>>,
+    queues: RwLock<BTreeMap<String, Arc<Queue>>>,
+    placements: RwLock<BTreeMap<String, Vec<PathBuf>>>,
+    next_consumer: AtomicU64,
+}
+
+/// One broker node.
+#[derive(Clone)]
+pub struct Broker {
+    inner: Arc<BrokerInner>,
+}
+
+impl std::fmt::Debug for Broker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Broker")
+            .field("dirs", &self.inner.config.dirs)
+            .finish_non_exhaustive()
+    }
+}
+
+fn queue_dir(storage: &Path, id: u64) -> PathBuf {
+    storage.join("queues").join(id.to_string())
+}
+
+fn partition_dir(storage: &Path, id: u64, index: u32) -> PathBuf {
+    queue_dir(storage, id).join(index.to_string())
+}
+
+impl Broker {
+    /// Open a node: its pool, its metadata log, and every declared queue's partitions, whose
+    /// state is rebuilt from their logs. Must run inside a tokio runtime.
+    pub async fn open(config: BrokerConfig) -> BrokerResult<Broker> {
+        if config.dirs.is_empty() {
+            return Err(BrokerError::Invalid(
+                "at least one storage directory".into(),
+            ));
+        }
+        let io = config.io.clone();
+        let pool = SegmentPool::new(
+            io.clone(),
+            PoolOptions {
+                full_segment_size_bytes: config.segment_size_bytes,
+                budget_bytes: config.spare_budget_bytes,
+                background: config.pool_background,
+            },
+        );
+        for dir in &config.dirs {
+            io.create_dir_all(dir)
+                .map_err(|e| keratin_log::LogError::Invalid(format!("{}: {e}", dir.display())))?;
+            pool.add_storage_dir(dir)?;
+        }
+        let meta = Meta::open(
+            io.clone(),
+            &config.dirs[0].join("meta"),
+            config.segment_size_bytes,
+            pool.clone(),
+        )?;
+        let inner = Arc::new(BrokerInner {
+            config,
+            pool,
+            meta: Mutex::new(None),
+            queues: RwLock::new(BTreeMap::new()),
+            placements: RwLock::new(BTreeMap::new()),
+            next_consumer: AtomicU64::new(1),
+        });
+        let decls: Vec<QueueDecl> = meta.queues.values().cloned().collect();
+        inner.remove_orphans(&meta)?;
+        for decl in decls {
+            inner.start_queue(&decl)?;
+        }
+        *inner.meta.lock().await = Some(meta);
+        Ok(Broker { inner })
+    }
+
+    /// The node's segment pool.
+    pub fn pool(&self) -> &SegmentPool {
+        &self.inner.pool
+    }
+
+    /// The node's configuration.
+    pub fn config(&self) -> &BrokerConfig {
+        &self.inner.config
+    }
+
+    /// Declare a queue. Declaring an existing queue with identical settings is a no-op; with
+    /// other settings it is a conflict.
+    pub async fn declare(&self, name: &str, settings: QueueSettings) -> BrokerResult<QueueInfo> {
+        validate_queue_name(name)?;
+        settings.validate(name)?;
+        let mut guard = self.inner.meta.lock().await;
+        let meta = guard
+            .as_mut()
+            .ok_or_else(|| BrokerError::Closed("broker".into()))?;
+        if let Some(existing) = meta.by_name(name) {
+            if existing.settings != settings {
+                return Err(BrokerError::Conflict {
+                    name: name.into(),
+                    existing: existing.settings.to_string(),
+                });
+            }
+            drop(guard);
+            return self.info(name);
+        }
+        let decl = QueueDecl {
+            id: meta.next_id,
+            name: name.into(),
+            placement: self.inner.place(settings.partitions)?,
+            settings,
+        };
+        meta.write(
+            MetaRecord::QueueDeclared(decl.clone()),
+            (self.inner.config.clock)(),
+        )
+        .await?;
+        self.inner.start_queue(&decl)?;
+        drop(guard);
+        self.info(name)
+    }
+
+    /// Delete a queue with its messages; its consumers see the end of their stream.
+    pub async fn delete(&self, name: &str) -> BrokerResult<()> {
+        let mut guard = self.inner.meta.lock().await;
+        let meta = guard
+            .as_mut()
+            .ok_or_else(|| BrokerError::Closed("broker".into()))?;
+        let id = meta
+            .by_name(name)
+            .map(|d| d.id)
+            .ok_or_else(|| BrokerError::NotFound(name.into()))?;
+        let queue = self.inner.queue(name)?;
+        meta.write(MetaRecord::QueueDeleted { id }, (self.inner.config.clock)())
+            .await?;
+        self.inner.queues_write().remove(name);
+        self.inner
+            .placements
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name);
+        drop(guard);
+        for partition in &queue.partitions {
+            partition.request(|reply| Command::Delete { reply }).await?;
+        }
+        self.inner.remove_queue_dirs(id)
+    }
+
+    /// Remove every ready message; inflight ones stay until settled. Returns how many went.
+    pub async fn purge(&self, name: &str) -> BrokerResult<u64> {
+        let queue = self.inner.queue(name)?;
+        let mut total = 0;
+        for partition in &queue.partitions {
+            total += partition.purge().await?;
+        }
+        Ok(total)
+    }
+
+    /// Figures of one queue.
+    pub fn info(&self, name: &str) -> BrokerResult<QueueInfo> {
+        let queue = self.inner.queue(name)?;
+        Ok(self.inner.info_of(&queue))
+    }
+
+    /// Figures of every queue, by name.
+    pub fn list(&self) -> Vec<QueueInfo> {
+        let queues: Vec<Arc<Queue>> = self.inner.queues_read().values().cloned().collect();
+        queues.iter().map(|q| self.inner.info_of(q)).collect()
+    }
+
+    /// Publish messages to a queue. Each result comes once the message is durable (confirmed),
+    /// or with the reason it was not applied.
+    pub async fn publish(&self, name: &str, messages: Vec<Message>) -> Vec<BrokerResult<Receipt>> {
+        self.inner.publish(name, messages).await
+    }
+
+    /// Subscribe to a queue with a prefetch (most unsettled deliveries at once).
+    pub fn subscribe(&self, name: &str, prefetch: u32) -> BrokerResult<Consumer> {
+        if prefetch == 0 || prefetch > MAX_PREFETCH {
+            return Err(BrokerError::Invalid(format!(
+                "prefetch {prefetch}: expected 1 to {MAX_PREFETCH}"
+            )));
+        }
+        let queue = self.inner.queue(name)?;
+        let id = self.inner.next_consumer.fetch_add(1, Ordering::Relaxed);
+        let (sender, receiver) = mpsc::channel(prefetch as usize);
+        let credit = Arc::new(Credit::new(prefetch));
+        let link = Arc::new(ConsumerLink {
+            id,
+            sender,
+            credit: credit.clone(),
+        });
+        for partition in &queue.partitions {
+            partition.subscribe(link.clone());
+        }
+        Ok(Consumer::new(id, queue, receiver, credit))
+    }
+
+    /// For tests: each partition's live state beside the state rebuilt from its log.
+    pub async fn check_states(
+        &self,
+        name: &str,
+    ) -> BrokerResult<Vec<(PartitionState, PartitionState)>> {
+        let queue = self.inner.queue(name)?;
+        let mut out = Vec::new();
+        for partition in &queue.partitions {
+            out.push(partition.state().await?);
+        }
+        Ok(out)
+    }
+
+    /// Close every log cleanly: pending appends finish, seals are synced.
+    pub async fn shutdown(&self) -> BrokerResult<()> {
+        let queues: Vec<Arc<Queue>> = {
+            let mut map = self.inner.queues_write();
+            std::mem::take(&mut *map).into_values().collect()
+        };
+        for queue in queues {
+            for partition in &queue.partitions {
+                partition.request(|reply| Command::Close { reply }).await?;
+            }
+        }
+        if let Some(meta) = self.inner.meta.lock().await.take() {
+            meta.close()?;
+        }
+        Ok(())
+    }
+}
+
+impl BrokerInner {
+    fn queues_read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Arc<Queue>>> {
+        self.queues.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn queues_write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, Arc<Queue>>> {
+        self.queues.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn queue(&self, name: &str) -> BrokerResult<Arc<Queue>> {
+        self.queues_read()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| BrokerError::NotFound(name.into()))
+    }
+
+    /// Choose a storage directory per partition: most free space first, spreading ties.
+    fn place(&self, partitions: u32) -> BrokerResult<Vec<PathBuf>> {
+        let io = self.config.io.as_ref();
+        let mut free: Vec<(u64, PathBuf)> = Vec::new();
+        for dir in &self.config.dirs {
+            let stats = io
+                .fs_stats(dir)
+                .map_err(|e| keratin_log::LogError::Invalid(format!("{}: {e}", dir.display())))?;
+            free.push((stats.free_bytes, dir.clone()));
+        }
+        let segment = self.config.segment_size_bytes;
+        let mut placement = Vec::with_capacity(partitions as usize);
+        for _ in 0..partitions {
+            let best = free
+                .iter_mut()
+                .max_by_key(|(bytes, _)| *bytes)
+                .ok_or_else(|| BrokerError::Invalid("no storage directory".into()))?;
+            placement.push(best.1.clone());
+            // Count the segment the partition will take, so that ties spread.
+            best.0 = best.0.saturating_sub(segment);
+        }
+        Ok(placement)
+    }
+
+    fn start_queue(self: &Arc<Self>, decl: &QueueDecl) -> BrokerResult<()> {
+        let io = self.config.io.clone();
+        let mut partitions = Vec::with_capacity(decl.placement.len());
+        for (index, storage) in decl.placement.iter().enumerate() {
+            let dir = partition_dir(storage, decl.id, index as u32);
+            let options = LogOptions {
+                full_segment_size_bytes: self.config.segment_size_bytes,
+                ..LogOptions::default()
+            };
+            let log = Log::open(io.clone(), &dir, options, Some(self.pool.clone()))?;
+            let state = rebuild(&log, None)?;
+            let ctx = OwnerContext {
+                queue: decl.name.clone(),
+                index: index as u32,
+                settings: decl.settings.clone(),
+                broker: Arc::downgrade(self),
+                clock: self.config.clock.clone(),
+                segment_size_bytes: self.config.segment_size_bytes,
+            };
+            partitions.push(owner::spawn(ctx, log, state));
+        }
+        let queue = Arc::new(Queue::new(
+            decl.id,
+            decl.name.clone(),
+            decl.settings.clone(),
+            partitions,
+        ));
+        self.queues_write().insert(decl.name.clone(), queue);
+        self.placements
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(decl.name.clone(), decl.placement.clone());
+        Ok(())
+    }
+
+    fn info_of(&self, queue: &Queue) -> QueueInfo {
+        let placement = self
+            .placements
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&queue.name)
+            .cloned()
+            .unwrap_or_default();
+        let partitions = queue
+            .partitions
+            .iter()
+            .map(|p| {
+                let f = &p.figures;
+                PartitionInfo {
+                    index: p.index,
+                    dir: placement.get(p.index as usize).cloned().unwrap_or_default(),
+                    ready: f.ready.load(Ordering::Relaxed),
+                    inflight: f.inflight.load(Ordering::Relaxed),
+                    bytes: f.live_bytes.load(Ordering::Relaxed),
+                    disk_bytes: f.disk_bytes.load(Ordering::Relaxed),
+                    stopped: f.stopped.load(Ordering::Relaxed) != 0,
+                }
+            })
+            .collect();
+        QueueInfo {
+            name: queue.name.clone(),
+            settings: queue.settings.clone(),
+            partitions,
+        }
+    }
+
+    pub(crate) async fn publish(
+        &self,
+        name: &str,
+        messages: Vec<Message>,
+    ) -> Vec<BrokerResult<Receipt>> {
+        let queue = match self.queue(name) {
+            Ok(queue) => queue,
+            Err(e) => return messages.iter().map(|_| Err(e.clone())).collect(),
+        };
+        let n = queue.partitions.len();
+        let mut batches: Vec<(Vec<usize>, Vec<Vec<u8>>)> = vec![(Vec::new(), Vec::new()); n];
+        let mut results: Vec<Option<BrokerResult<Receipt>>> = vec![None; messages.len()];
+        for (i, message) in messages.iter().enumerate() {
+            let mut payload = Vec::with_capacity(message.body.len() + 16);
+            if let Err(e) = message.encode(&mut payload) {
+                results[i] = Some(Err(e));
+                continue;
+            }
+            let p = queue.route(&message.routing_key);
+            batches[p].0.push(i);
+            batches[p].1.push(payload);
+        }
+        let timestamp_ms = (self.config.clock)();
+        let mut waiting = Vec::new();
+        for (p, (indexes, payloads)) in batches.into_iter().enumerate() {
+            if indexes.is_empty() {
+                continue;
+            }
+            let partition = &queue.partitions[p];
+            waiting.push((p, indexes, partition.publish(payloads, timestamp_ms, name)));
+        }
+        for (p, indexes, reply) in waiting {
+            match reply.await {
+                Ok(range) => {
+                    for (i, offset) in indexes.into_iter().zip(range) {
+                        results[i] = Some(Ok(Receipt {
+                            partition: p as u32,
+                            message: offset,
+                        }));
+                    }
+                }
+                Err(e) => {
+                    for i in indexes {
+                        results[i] = Some(Err(e.clone()));
+                    }
+                }
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(BrokerError::Closed(name.into()))))
+            .collect()
+    }
+
+    /// Queue directories whose queue the metadata no longer names (a delete that did not
+    /// finish) go back to the pool.
+    fn remove_orphans(&self, meta: &Meta) -> BrokerResult<()> {
+        let io = self.config.io.as_ref();
+        for storage in &self.config.dirs {
+            let queues = storage.join("queues");
+            if !io.exists(&queues).unwrap_or(false) {
+                continue;
+            }
+            let names = io.read_dir(&queues).map_err(|e| {
+                keratin_log::LogError::Invalid(format!("{}: {e}", queues.display()))
+            })?;
+            for name in names {
+                let Ok(id) = name.parse::<u64>() else {
+                    continue;
+                };
+                if meta.queues.contains_key(&id) {
+                    continue;
+                }
+                tracing::info!(queue_id = id, "removing the files of a deleted queue");
+                self.remove_queue_dirs(id)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn remove_queue_dirs(&self, id: u64) -> BrokerResult<()> {
+        let io = self.config.io.clone();
+        for storage in &self.config.dirs {
+            let dir = queue_dir(storage, id);
+            if !io.exists(&dir).unwrap_or(false) {
+                continue;
+            }
+            let names = io
+                .read_dir(&dir)
+                .map_err(|e| keratin_log::LogError::Invalid(format!("{}: {e}", dir.display())))?;
+            for name in names {
+                let options = LogOptions {
+                    full_segment_size_bytes: self.config.segment_size_bytes,
+                    ..LogOptions::default()
+                };
+                let log = Log::open(
+                    io.clone(),
+                    &dir.join(name),
+                    options,
+                    Some(self.pool.clone()),
+                )?;
+                log.delete()?;
+            }
+            io.remove_dir(&dir)
+                .map_err(|e| keratin_log::LogError::Invalid(format!("{}: {e}", dir.display())))?;
+        }
+        Ok(())
+    }
+}

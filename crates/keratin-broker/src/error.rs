@@ -1,0 +1,53 @@
+//! `BrokerError`, the error type of the broker core. Each variant maps to one wire code
+//! (`keratin-proto::codes`) in the server; the text says what happened and what to do.
+
+use keratin_log::LogError;
+
+/// An error of the broker core.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum BrokerError {
+    /// No queue of that name.
+    #[error("queue {0:?} does not exist; declare it first")]
+    NotFound(String),
+    /// The queue exists with other settings.
+    #[error("queue {name:?} exists with other settings ({existing}); delete it or declare it with the same settings")]
+    Conflict {
+        /// The queue.
+        name: String,
+        /// Its current settings, as text.
+        existing: String,
+    },
+    /// A request that can never succeed as sent.
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// The partition's log stopped after a write error; it takes no writes until healed.
+    #[error("queue {queue:?} partition {partition} is unavailable: {source}")]
+    Unavailable {
+        /// The queue.
+        queue: String,
+        /// The partition.
+        partition: u32,
+        /// Why.
+        source: LogError,
+    },
+    /// The storage engine failed outside a partition's write path (opening, metadata).
+    #[error("storage: {0}")]
+    Log(#[from] LogError),
+    /// A record in a log does not decode: the log was written by something else or is damaged.
+    #[error("undecodable {what} record at offset {offset}: {reason}")]
+    Corrupt {
+        /// Which kind of record.
+        what: &'static str,
+        /// Its offset.
+        offset: u64,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The broker or the queue is shutting down or was deleted.
+    #[error("{0} is closed")]
+    Closed(String),
+}
+
+/// Result type of the broker.
+pub type BrokerResult<T> = Result<T, BrokerError>;

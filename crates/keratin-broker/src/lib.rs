@@ -1,0 +1,34 @@
+//! Keratin's broker core: durable queues whose partitions are deterministic state machines over
+//! segment logs, in process (the network is `keratin-server`'s).
+//!
+//! # Layout
+//! - `broker`: [`Broker`], one node: storage directories, the segment pool, the metadata log,
+//!   placement, publish routing, consumers.
+//! - `meta`: the node metadata log (queue declarations and deletions).
+//! - `queue`: [`Queue`] and [`QueueSettings`]; handles of the partitions' owner tasks.
+//! - `partition::state`: [`PartitionState`], the durable state applied from log records.
+//! - `partition::owner`: the task that owns a partition: commands to records, records to state,
+//!   deliveries, space reclaim and relocation.
+//! - `record`: the partition log's records, byte by byte (`docs/partition-records.md`).
+//! - `consumer`: [`Consumer`] and [`Delivery`].
+//! - `range_set`: [`RangeSet`], compact sets of offsets.
+#![deny(missing_docs)]
+
+mod broker;
+mod consumer;
+pub mod error;
+mod meta;
+pub mod partition;
+mod queue;
+pub mod range_set;
+pub mod record;
+
+pub use broker::{
+    system_clock, Broker, BrokerConfig, Clock, PartitionInfo, QueueInfo, Receipt, MAX_PREFETCH,
+};
+pub use consumer::{Consumer, Delivery, DeliveryTag};
+pub use error::{BrokerError, BrokerResult};
+pub use partition::state::PartitionState;
+pub use queue::{validate_queue_name, Queue, QueueSettings, MAX_PARTITIONS};
+pub use range_set::RangeSet;
+pub use record::Message;

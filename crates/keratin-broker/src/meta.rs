@@ -1,0 +1,121 @@
+//! The node metadata log: queue declarations (with the placement of their partitions) and
+//! deletions, as JSON records in a small-class log, replayed at start. JSON because these records
+//! are rare, small and read by people debugging a node; the hot path never touches them.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use keratin_log::{Io, Log, LogOptions, Record, SegmentPool, SizeClass};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{BrokerError, BrokerResult};
+use crate::queue::QueueSettings;
+
+/// Record type of a JSON metadata record, format 1.
+const META_JSON_V1: u8 = 1;
+
+/// A declared queue as the metadata log knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct QueueDecl {
+    pub(crate) id: u64,
+    pub(crate) name: String,
+    pub(crate) settings: QueueSettings,
+    /// The storage directory of each partition, by index.
+    pub(crate) placement: Vec<PathBuf>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub(crate) enum MetaRecord {
+    QueueDeclared(QueueDecl),
+    QueueDeleted { id: u64 },
+}
+
+/// The metadata log and what it says.
+#[derive(Debug)]
+pub(crate) struct Meta {
+    log: Log,
+    pub(crate) queues: BTreeMap<u64, QueueDecl>,
+    pub(crate) next_id: u64,
+}
+
+impl Meta {
+    pub(crate) fn open(
+        io: Arc<dyn Io>,
+        dir: &Path,
+        full_segment_size_bytes: u64,
+        pool: SegmentPool,
+    ) -> BrokerResult<Meta> {
+        let options = LogOptions {
+            full_segment_size_bytes,
+            size_class: SizeClass::Small,
+            ..LogOptions::default()
+        };
+        let log = Log::open(io, dir, options, Some(pool))?;
+        let mut meta = Meta {
+            log,
+            queues: BTreeMap::new(),
+            next_id: 1,
+        };
+        let records: Vec<_> = meta.log.reader(meta.log.start_offset()).collect();
+        for record in records {
+            let record = record?;
+            if record.record_type != META_JSON_V1 {
+                return Err(BrokerError::Corrupt {
+                    what: "metadata",
+                    offset: record.offset,
+                    reason: format!("record type {}", record.record_type),
+                });
+            }
+            let decoded: MetaRecord =
+                serde_json::from_slice(&record.payload).map_err(|e| BrokerError::Corrupt {
+                    what: "metadata",
+                    offset: record.offset,
+                    reason: e.to_string(),
+                })?;
+            meta.apply(decoded);
+        }
+        Ok(meta)
+    }
+
+    fn apply(&mut self, record: MetaRecord) {
+        match record {
+            MetaRecord::QueueDeclared(decl) => {
+                self.next_id = self.next_id.max(decl.id + 1);
+                self.queues.insert(decl.id, decl);
+            }
+            MetaRecord::QueueDeleted { id } => {
+                self.queues.remove(&id);
+            }
+        }
+    }
+
+    /// Append a record, wait until it is durable, then apply it.
+    pub(crate) async fn write(
+        &mut self,
+        record: MetaRecord,
+        timestamp_ms: u64,
+    ) -> BrokerResult<()> {
+        let payload = serde_json::to_vec(&record)
+            .map_err(|e| BrokerError::Invalid(format!("metadata encoding: {e}")))?;
+        let ticket = self.log.append(&[Record {
+            record_type: META_JSON_V1,
+            flags: 0,
+            timestamp_ms,
+            payload: &payload,
+        }])?;
+        ticket.await?;
+        self.apply(record);
+        Ok(())
+    }
+
+    pub(crate) fn by_name(&self, name: &str) -> Option<&QueueDecl> {
+        self.queues.values().find(|d| d.name == name)
+    }
+
+    pub(crate) fn close(self) -> BrokerResult<()> {
+        self.log.close()?;
+        Ok(())
+    }
+}

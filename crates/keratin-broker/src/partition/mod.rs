@@ -1,0 +1,4 @@
+//! A partition: its durable state machine (`state`) and the task that owns it (`owner`).
+
+pub(crate) mod owner;
+pub mod state;

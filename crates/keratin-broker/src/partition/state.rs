@@ -1,0 +1,362 @@
+//! `PartitionState`: the durable state of one partition, a deterministic function of the records
+//! of its log. Applying the same records always gives the same state; the owner applies a record
+//! only once the log reports it durable, so the state never runs ahead of the disk.
+//!
+//! Memory does not grow per queued message: a message is live unless its offset is in `dead`
+//! (a `RangeSet`, compact for in-order settles), and per-message entries exist only for the
+//! exceptions: messages returned with a delivery count, and messages relocated to the log's head.
+//! What is inflight is not durable state: after a restart every live message is ready.
+
+use std::collections::BTreeMap;
+
+use crate::error::{BrokerError, BrokerResult};
+use crate::range_set::RangeSet;
+use crate::record::{PartitionRecord, Purge, Relocate};
+
+/// The durable state of a partition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionState {
+    /// First offset of the log (offsets below it were removed as free space).
+    start: u64,
+    /// One past the last applied record.
+    head: u64,
+    /// Offsets at or above `start` that hold no live message: control records, settled messages,
+    /// and the copies made by relocation.
+    dead: RangeSet,
+    /// Live messages whose payload was moved: message id -> offset of its RELOCATE record.
+    relocated: BTreeMap<u64, u64>,
+    /// Delivery counts of live messages that were delivered and returned.
+    counts: BTreeMap<u64, u32>,
+    live_count: u64,
+    live_bytes: u64,
+}
+
+/// What applying a record changed, for the owner's volatile bookkeeping.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Applied {
+    /// A new message.
+    Enqueued {
+        /// Its id.
+        message: u64,
+    },
+    /// Messages that left the queue.
+    Settled(Vec<u64>),
+    /// Messages back to ready.
+    Returned(Vec<u64>),
+    /// Every live message in these ranges left the queue.
+    Purged(Vec<(u64, u64)>),
+    /// A message's payload now lives at `to`.
+    Relocated {
+        /// The message.
+        message: u64,
+        /// The RELOCATE record's offset.
+        to: u64,
+    },
+}
+
+impl PartitionState {
+    /// The state of an empty log whose next offset is `start`.
+    pub fn new(start: u64) -> PartitionState {
+        PartitionState {
+            start,
+            head: start,
+            dead: RangeSet::new(),
+            relocated: BTreeMap::new(),
+            counts: BTreeMap::new(),
+            live_count: 0,
+            live_bytes: 0,
+        }
+    }
+
+    /// First offset of the log.
+    pub fn start(&self) -> u64 {
+        self.start
+    }
+
+    /// One past the last applied record.
+    pub fn head(&self) -> u64 {
+        self.head
+    }
+
+    /// Live (unsettled) messages, ready or inflight.
+    pub fn live_count(&self) -> u64 {
+        self.live_count
+    }
+
+    /// Payload bytes of live messages.
+    pub fn live_bytes(&self) -> u64 {
+        self.live_bytes
+    }
+
+    /// True if message `id` is live.
+    pub fn is_live(&self, id: u64) -> bool {
+        if id >= self.head {
+            return false;
+        }
+        if id < self.start {
+            return self.relocated.contains_key(&id);
+        }
+        !self.dead.contains(id)
+    }
+
+    /// Where the payload of live message `id` is: its own offset, or its relocated copy.
+    pub fn payload_offset(&self, id: u64) -> u64 {
+        self.relocated.get(&id).copied().unwrap_or(id)
+    }
+
+    /// Deliveries of message `id` recorded so far.
+    pub fn delivery_count(&self, id: u64) -> u32 {
+        self.counts.get(&id).copied().unwrap_or(0)
+    }
+
+    /// The first live message id at or after `from` (below `head`), in delivery order.
+    pub fn next_live(&self, from: u64) -> Option<u64> {
+        // Relocated messages below `start` come first: their ids are the oldest.
+        if from < self.start {
+            if let Some((&id, _)) = self.relocated.range(from..self.start).next() {
+                return Some(id);
+            }
+        }
+        let id = self.dead.next_absent(from.max(self.start));
+        (id < self.head).then_some(id)
+    }
+
+    /// Live message ids in `[from, to)` in order (relocated ones below `start` included).
+    pub fn live_ranges(&self, from: u64, to: u64) -> Vec<(u64, u64)> {
+        let mut out: Vec<(u64, u64)> = self
+            .relocated
+            .range(from..self.start.min(to).max(from))
+            .map(|(&id, _)| (id, id + 1))
+            .collect();
+        let lower = from.max(self.start);
+        let upper = to.min(self.head);
+        if lower < upper {
+            out.extend(self.dead.gaps(lower, upper));
+        }
+        out
+    }
+
+    /// The lowest offset the log must keep: every live message's payload is at or above it.
+    pub fn pinned_offset(&self) -> u64 {
+        let mut id = self.dead.next_absent(self.start);
+        // Skip live messages whose payload moved: they pin their copy, not their id.
+        while id < self.head && self.relocated.contains_key(&id) {
+            id = self.dead.next_absent(id + 1);
+        }
+        let lowest_copy = self.relocated.values().copied().min().unwrap_or(u64::MAX);
+        id.min(self.head).min(lowest_copy)
+    }
+
+    /// Live messages whose relocated payload lies in `[start, end)`.
+    pub fn relocated_payloads_in(&self, start: u64, end: u64) -> Vec<u64> {
+        self.relocated
+            .iter()
+            .filter(|(_, &at)| at >= start && at < end)
+            .map(|(&id, _)| id)
+            .collect()
+    }
+
+    /// The log's prefix below `start` was removed.
+    pub fn forget_below(&mut self, start: u64) {
+        if start <= self.start {
+            return;
+        }
+        debug_assert!(start <= self.pinned_offset(), "removed a live payload");
+        self.dead.forget_below(start);
+        self.start = start;
+        self.head = self.head.max(start);
+    }
+
+    /// Memory-relevant sizes: ranges in `dead`, relocated and counted entries.
+    pub fn exception_entries(&self) -> usize {
+        self.dead.range_count() + self.relocated.len() + self.counts.len()
+    }
+
+    /// Apply the record at `offset`. Records must come in offset order, without gaps.
+    pub fn apply(&mut self, offset: u64, record: &PartitionRecord) -> BrokerResult<Applied> {
+        if offset != self.head {
+            return Err(BrokerError::Corrupt {
+                what: "partition",
+                offset,
+                reason: format!("applied out of order: expected offset {}", self.head),
+            });
+        }
+        self.head = offset + 1;
+        let applied = match record {
+            PartitionRecord::Enqueue { size_bytes } => {
+                self.live_count += 1;
+                self.live_bytes += u64::from(*size_bytes);
+                Applied::Enqueued { message: offset }
+            }
+            PartitionRecord::Settle(entries) => {
+                self.dead.insert(offset);
+                let mut settled = Vec::with_capacity(entries.len());
+                for entry in entries {
+                    if self.remove_live(entry.message, u64::from(entry.size_bytes)) {
+                        settled.push(entry.message);
+                    }
+                }
+                Applied::Settled(settled)
+            }
+            PartitionRecord::Return(entries) => {
+                self.dead.insert(offset);
+                let mut returned = Vec::with_capacity(entries.len());
+                for entry in entries {
+                    if self.is_live(entry.message) {
+                        self.counts.insert(entry.message, entry.delivery_count);
+                        returned.push(entry.message);
+                    }
+                }
+                Applied::Returned(returned)
+            }
+            PartitionRecord::Purge(purge) => {
+                self.dead.insert(offset);
+                self.apply_purge(purge);
+                Applied::Purged(purge.ranges.clone())
+            }
+            PartitionRecord::Relocate(relocate) => {
+                self.dead.insert(offset);
+                self.apply_relocate(offset, relocate)
+            }
+        };
+        Ok(applied)
+    }
+
+    fn remove_live(&mut self, id: u64, size_bytes: u64) -> bool {
+        if !self.is_live(id) {
+            return false;
+        }
+        if id >= self.start {
+            self.dead.insert(id);
+        }
+        self.relocated.remove(&id);
+        self.counts.remove(&id);
+        self.live_count = self.live_count.saturating_sub(1);
+        self.live_bytes = self.live_bytes.saturating_sub(size_bytes);
+        true
+    }
+
+    fn apply_purge(&mut self, purge: &Purge) {
+        for &(start, end) in &purge.ranges {
+            let moved: Vec<u64> = self
+                .relocated
+                .range(start..end)
+                .map(|(&id, _)| id)
+                .collect();
+            for id in moved {
+                self.relocated.remove(&id);
+            }
+            let counted: Vec<u64> = self.counts.range(start..end).map(|(&id, _)| id).collect();
+            for id in counted {
+                self.counts.remove(&id);
+            }
+            let lower = start.max(self.start);
+            if lower < end {
+                self.dead.insert_range(lower, end.min(self.head));
+            }
+        }
+        self.live_count = self.live_count.saturating_sub(purge.count);
+        self.live_bytes = self.live_bytes.saturating_sub(purge.bytes);
+    }
+
+    fn apply_relocate(&mut self, offset: u64, relocate: &Relocate) -> Applied {
+        let id = relocate.message;
+        // A message already known to be live just moves; one whose ENQUEUE record lies below
+        // the log's start (a state rebuilt after prefix removal) becomes known here.
+        let known = self.relocated.contains_key(&id) || (id >= self.start && self.is_live(id));
+        if !known {
+            self.live_count += 1;
+            self.live_bytes += relocate.payload.len() as u64;
+        }
+        self.relocated.insert(id, offset);
+        if relocate.delivery_count > 0 {
+            self.counts.insert(id, relocate.delivery_count);
+        }
+        Applied::Relocated {
+            message: id,
+            to: offset,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::{Outcome, Returned, Settled};
+
+    fn settle(id: u64, size: u32) -> PartitionRecord {
+        PartitionRecord::Settle(vec![Settled {
+            message: id,
+            size_bytes: size,
+            outcome: Outcome::Acked,
+        }])
+    }
+
+    #[test]
+    fn enqueue_settle_and_pin() {
+        let mut s = PartitionState::new(0);
+        for i in 0..5 {
+            s.apply(i, &PartitionRecord::Enqueue { size_bytes: 10 })
+                .expect("apply");
+        }
+        assert_eq!((s.live_count(), s.live_bytes()), (5, 50));
+        s.apply(5, &settle(0, 10)).expect("apply");
+        s.apply(6, &settle(2, 10)).expect("apply");
+        assert_eq!(s.live_count(), 3);
+        assert_eq!(s.pinned_offset(), 1);
+        assert_eq!(s.next_live(2), Some(3));
+        assert_eq!(s.live_ranges(0, 7), vec![(1, 2), (3, 5)]);
+        assert!(s.apply(9, &settle(1, 10)).is_err(), "out of order");
+    }
+
+    #[test]
+    fn relocation_keeps_the_message_id_and_moves_the_pin() {
+        let mut s = PartitionState::new(0);
+        s.apply(0, &PartitionRecord::Enqueue { size_bytes: 3 })
+            .expect("apply");
+        s.apply(1, &PartitionRecord::Enqueue { size_bytes: 3 })
+            .expect("apply");
+        s.apply(2, &settle(1, 3)).expect("apply");
+        let relocate = PartitionRecord::Relocate(Relocate {
+            message: 0,
+            delivery_count: 2,
+            payload: b"abc".to_vec(),
+        });
+        s.apply(3, &relocate).expect("apply");
+        assert_eq!(s.live_count(), 1);
+        assert_eq!(s.payload_offset(0), 3);
+        assert_eq!(s.pinned_offset(), 3);
+        assert_eq!(s.delivery_count(0), 2);
+        s.forget_below(3);
+        assert!(s.is_live(0));
+        assert_eq!(s.next_live(0), Some(0));
+        // A state rebuilt from the log that starts at 3 is the same.
+        let mut rebuilt = PartitionState::new(3);
+        rebuilt.apply(3, &relocate).expect("apply");
+        assert_eq!(rebuilt, s);
+    }
+
+    #[test]
+    fn returns_record_counts_and_purge_clears_them() {
+        let mut s = PartitionState::new(0);
+        for i in 0..4 {
+            s.apply(i, &PartitionRecord::Enqueue { size_bytes: 1 })
+                .expect("apply");
+        }
+        let ret = PartitionRecord::Return(vec![Returned {
+            message: 1,
+            delivery_count: 1,
+        }]);
+        s.apply(4, &ret).expect("apply");
+        assert_eq!(s.delivery_count(1), 1);
+        let purge = PartitionRecord::Purge(Purge {
+            ranges: vec![(0, 2), (3, 4)],
+            count: 3,
+            bytes: 3,
+        });
+        s.apply(5, &purge).expect("apply");
+        assert_eq!(s.live_count(), 1);
+        assert!(s.is_live(2));
+        assert_eq!(s.delivery_count(1), 0);
+    }
+}

@@ -1,0 +1,223 @@
+//! `Queue`: a declared queue, its settings and the handles of its partitions' owner tasks.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::consumer::ConsumerLink;
+use crate::error::{BrokerError, BrokerResult};
+use crate::partition::owner::Command;
+use crate::partition::state::PartitionState;
+
+/// A queue's settings, fixed at declaration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueueSettings {
+    /// Number of partitions (at least 1).
+    pub partitions: u32,
+    /// Queue that rejected and expired messages go to.
+    pub dead_letter: Option<String>,
+    /// A message delivered this many times and returned again is dead-lettered (or dropped).
+    pub max_deliveries: Option<u32>,
+}
+
+impl Default for QueueSettings {
+    fn default() -> Self {
+        QueueSettings {
+            partitions: 1,
+            dead_letter: None,
+            max_deliveries: None,
+        }
+    }
+}
+
+impl std::fmt::Display for QueueSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "partitions={}", self.partitions)?;
+        if let Some(dl) = &self.dead_letter {
+            write!(f, ", dead_letter={dl}")?;
+        }
+        if let Some(max) = self.max_deliveries {
+            write!(f, ", max_deliveries={max}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Maximum partitions of one queue: each has its own log and commit thread.
+pub const MAX_PARTITIONS: u32 = 64;
+
+impl QueueSettings {
+    pub(crate) fn validate(&self, name: &str) -> BrokerResult<()> {
+        if self.partitions == 0 || self.partitions > MAX_PARTITIONS {
+            return Err(BrokerError::Invalid(format!(
+                "partitions = {}: expected 1 to {MAX_PARTITIONS}",
+                self.partitions
+            )));
+        }
+        if self.dead_letter.as_deref() == Some(name) {
+            return Err(BrokerError::Invalid(
+                "a queue cannot be its own dead-letter queue".into(),
+            ));
+        }
+        if self.max_deliveries == Some(0) {
+            return Err(BrokerError::Invalid(
+                "max_deliveries must be at least 1".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Check a queue name: 1 to 255 bytes of letters, digits, `.`, `_`, `-`.
+pub fn validate_queue_name(name: &str) -> BrokerResult<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 255
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(BrokerError::Invalid(format!(
+            "queue name {name:?}: expected 1 to 255 letters, digits, '.', '_' or '-'"
+        )))
+    }
+}
+
+/// Figures a partition's owner publishes for readers (queue info, metrics).
+#[derive(Debug, Default)]
+pub(crate) struct PartitionFigures {
+    pub(crate) ready: AtomicU64,
+    pub(crate) inflight: AtomicU64,
+    pub(crate) live_bytes: AtomicU64,
+    pub(crate) disk_bytes: AtomicU64,
+    pub(crate) stopped: AtomicU64,
+}
+
+/// The handle of one partition's owner task.
+#[derive(Debug)]
+pub(crate) struct PartitionHandle {
+    pub(crate) index: u32,
+    pub(crate) commands: mpsc::UnboundedSender<Command>,
+    pub(crate) figures: Arc<PartitionFigures>,
+}
+
+impl PartitionHandle {
+    fn send(&self, command: Command) {
+        // A closed channel means the owner is gone (queue deleted or broker shut down): the
+        // request has nothing left to act on.
+        let _ = self.commands.send(command);
+    }
+
+    pub(crate) async fn publish(
+        &self,
+        payloads: Vec<Vec<u8>>,
+        timestamp_ms: u64,
+        queue: &str,
+    ) -> BrokerResult<Range<u64>> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Publish {
+            payloads,
+            timestamp_ms,
+            reply,
+        });
+        rx.await
+            .unwrap_or_else(|_| Err(BrokerError::Closed(format!("queue {queue:?}"))))
+    }
+
+    pub(crate) fn subscribe(&self, link: Arc<ConsumerLink>) {
+        self.send(Command::Subscribe { link });
+    }
+
+    pub(crate) fn unsubscribe(&self, consumer: u64) {
+        self.send(Command::Unsubscribe { consumer });
+    }
+
+    pub(crate) fn settle(&self, consumer: u64, messages: Vec<u64>, reject: Option<bool>) {
+        self.send(Command::Settle {
+            consumer,
+            messages,
+            reject,
+        });
+    }
+
+    pub(crate) fn kick(&self) {
+        self.send(Command::Kick);
+    }
+
+    pub(crate) async fn request<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<BrokerResult<T>>) -> Command,
+    ) -> BrokerResult<T> {
+        let (reply, rx) = oneshot::channel();
+        self.send(make(reply));
+        rx.await
+            .unwrap_or_else(|_| Err(BrokerError::Closed("partition".into())))
+    }
+
+    pub(crate) async fn purge(&self) -> BrokerResult<u64> {
+        self.request(|reply| Command::Purge { reply }).await
+    }
+
+    pub(crate) async fn state(&self) -> BrokerResult<(PartitionState, PartitionState)> {
+        self.request(|reply| Command::CheckState { reply }).await
+    }
+}
+
+/// A declared queue.
+#[derive(Debug)]
+pub struct Queue {
+    pub(crate) id: u64,
+    pub(crate) name: String,
+    pub(crate) settings: QueueSettings,
+    pub(crate) partitions: Vec<PartitionHandle>,
+    round_robin: AtomicU64,
+}
+
+impl Queue {
+    pub(crate) fn new(
+        id: u64,
+        name: String,
+        settings: QueueSettings,
+        partitions: Vec<PartitionHandle>,
+    ) -> Queue {
+        Queue {
+            id,
+            name,
+            settings,
+            partitions,
+            round_robin: AtomicU64::new(0),
+        }
+    }
+
+    /// The partition a message goes to: by the CRC32C of its routing key, or round robin.
+    pub(crate) fn route(&self, routing_key: &str) -> usize {
+        let n = self.partitions.len() as u64;
+        let choice = if routing_key.is_empty() {
+            self.round_robin.fetch_add(1, Ordering::Relaxed)
+        } else {
+            u64::from(crc32c::crc32c(routing_key.as_bytes()))
+        };
+        (choice % n) as usize
+    }
+
+    /// The queue's id (names its directories).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The queue's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub(crate) fn kick_all(&self) {
+        for partition in &self.partitions {
+            partition.kick();
+        }
+    }
+}

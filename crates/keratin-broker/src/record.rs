@@ -1,0 +1,436 @@
+//! The records of a partition's log and their payloads, byte by byte
+//! (`docs/partition-records.md`). Encoding and decoding only: no state, no I/O.
+//! All integers are little-endian.
+
+use crate::error::{BrokerError, BrokerResult};
+
+/// Log record type of a message.
+pub const ENQUEUE: u8 = 1;
+/// Log record type settling messages (acknowledged, dead-lettered or dropped).
+pub const SETTLE: u8 = 2;
+/// Log record type returning delivered messages to ready, with their delivery counts.
+pub const RETURN: u8 = 3;
+/// Log record type removing every ready message of some offset ranges.
+pub const PURGE: u8 = 4;
+/// Log record type holding a copy of an old message moved to the head of the log.
+pub const RELOCATE: u8 = 5;
+
+/// Version byte at the start of a message payload.
+const MESSAGE_FORMAT: u8 = 1;
+
+/// A message as published: routing key, headers and body.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Message {
+    /// Routing key (partition choice); empty for none.
+    pub routing_key: String,
+    /// Headers, in order.
+    pub headers: Vec<(String, String)>,
+    /// The body.
+    pub body: Vec<u8>,
+}
+
+impl Message {
+    /// A message with only a body.
+    pub fn new(body: impl Into<Vec<u8>>) -> Message {
+        Message {
+            routing_key: String::new(),
+            headers: Vec::new(),
+            body: body.into(),
+        }
+    }
+
+    /// Encode as a message payload.
+    pub fn encode(&self, out: &mut Vec<u8>) -> BrokerResult<()> {
+        out.push(MESSAGE_FORMAT);
+        put_str16(out, &self.routing_key, "routing key")?;
+        let count = u16::try_from(self.headers.len())
+            .map_err(|_| BrokerError::Invalid("more than 65,535 headers".into()))?;
+        out.extend_from_slice(&count.to_le_bytes());
+        for (key, value) in &self.headers {
+            put_str16(out, key, "header name")?;
+            let len = u32::try_from(value.len())
+                .map_err(|_| BrokerError::Invalid("header value over 4 GiB".into()))?;
+            out.extend_from_slice(&len.to_le_bytes());
+            out.extend_from_slice(value.as_bytes());
+        }
+        out.extend_from_slice(&self.body);
+        Ok(())
+    }
+
+    /// Decode a message payload.
+    pub fn decode(bytes: &[u8], offset: u64) -> BrokerResult<Message> {
+        let mut r = Reader::new(bytes, "message", offset);
+        let format = r.u8()?;
+        if format != MESSAGE_FORMAT {
+            return Err(r.error(format!("message format {format}")));
+        }
+        let routing_key = r.str16()?;
+        let count = r.u16()?;
+        let mut headers = Vec::with_capacity(usize::from(count).min(64));
+        for _ in 0..count {
+            let key = r.str16()?;
+            let len = r.u32()? as usize;
+            let value = r.string(len)?;
+            headers.push((key, value));
+        }
+        Ok(Message {
+            routing_key,
+            headers,
+            body: r.rest().to_vec(),
+        })
+    }
+}
+
+/// How a message left its queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// A consumer acknowledged it.
+    Acked,
+    /// It was sent to the dead-letter queue.
+    DeadLettered,
+    /// It was dropped (rejected without a dead-letter queue).
+    Dropped,
+}
+
+impl Outcome {
+    fn to_byte(self) -> u8 {
+        match self {
+            Outcome::Acked => 0,
+            Outcome::DeadLettered => 1,
+            Outcome::Dropped => 2,
+        }
+    }
+
+    fn from_byte(byte: u8) -> Option<Outcome> {
+        match byte {
+            0 => Some(Outcome::Acked),
+            1 => Some(Outcome::DeadLettered),
+            2 => Some(Outcome::Dropped),
+            _ => None,
+        }
+    }
+}
+
+/// One settled message: its id (the offset of its ENQUEUE record), its payload size (so that the
+/// byte count needs no per-message memory) and how it left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settled {
+    /// Message id.
+    pub message: u64,
+    /// Payload size in bytes.
+    pub size_bytes: u32,
+    /// Outcome.
+    pub outcome: Outcome,
+}
+
+/// One message returned to ready with its delivery count so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Returned {
+    /// Message id.
+    pub message: u64,
+    /// Deliveries so far.
+    pub delivery_count: u32,
+}
+
+/// A purge: every live message id in `ranges` leaves the queue; `count` and `bytes` are their
+/// totals (computed by the owner, which knows what is inflight).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Purge {
+    /// Half-open ranges of message ids.
+    pub ranges: Vec<(u64, u64)>,
+    /// Messages removed.
+    pub count: u64,
+    /// Their payload bytes.
+    pub bytes: u64,
+}
+
+/// A message moved to the head of the log, keeping its id (and so its place in delivery order).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Relocate {
+    /// The message's id (its original offset).
+    pub message: u64,
+    /// Deliveries so far.
+    pub delivery_count: u32,
+    /// The original message payload, unchanged.
+    pub payload: Vec<u8>,
+}
+
+/// A decoded partition record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PartitionRecord {
+    /// A message; its payload size is the record's.
+    Enqueue {
+        /// Payload bytes.
+        size_bytes: u32,
+    },
+    /// Settled messages.
+    Settle(Vec<Settled>),
+    /// Messages back to ready.
+    Return(Vec<Returned>),
+    /// A purge.
+    Purge(Purge),
+    /// A relocated message.
+    Relocate(Relocate),
+}
+
+impl PartitionRecord {
+    /// The log record type of this record.
+    pub fn record_type(&self) -> u8 {
+        match self {
+            PartitionRecord::Enqueue { .. } => ENQUEUE,
+            PartitionRecord::Settle(_) => SETTLE,
+            PartitionRecord::Return(_) => RETURN,
+            PartitionRecord::Purge(_) => PURGE,
+            PartitionRecord::Relocate(_) => RELOCATE,
+        }
+    }
+
+    /// Encode the payload of a control record (an ENQUEUE's payload is the message itself).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        match self {
+            PartitionRecord::Enqueue { .. } => {}
+            PartitionRecord::Settle(entries) => {
+                out.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+                for e in entries {
+                    out.extend_from_slice(&e.message.to_le_bytes());
+                    out.extend_from_slice(&e.size_bytes.to_le_bytes());
+                    out.push(e.outcome.to_byte());
+                }
+            }
+            PartitionRecord::Return(entries) => {
+                out.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+                for e in entries {
+                    out.extend_from_slice(&e.message.to_le_bytes());
+                    out.extend_from_slice(&e.delivery_count.to_le_bytes());
+                }
+            }
+            PartitionRecord::Purge(purge) => {
+                out.extend_from_slice(&purge.count.to_le_bytes());
+                out.extend_from_slice(&purge.bytes.to_le_bytes());
+                out.extend_from_slice(&(purge.ranges.len() as u32).to_le_bytes());
+                for (start, end) in &purge.ranges {
+                    out.extend_from_slice(&start.to_le_bytes());
+                    out.extend_from_slice(&end.to_le_bytes());
+                }
+            }
+            PartitionRecord::Relocate(relocate) => {
+                out.extend_from_slice(&relocate.message.to_le_bytes());
+                out.extend_from_slice(&relocate.delivery_count.to_le_bytes());
+                out.extend_from_slice(&relocate.payload);
+            }
+        }
+        out
+    }
+
+    /// Decode a record of the partition log.
+    pub fn decode(record_type: u8, payload: &[u8], offset: u64) -> BrokerResult<PartitionRecord> {
+        let mut r = Reader::new(payload, "partition", offset);
+        let record = match record_type {
+            ENQUEUE => PartitionRecord::Enqueue {
+                size_bytes: u32::try_from(payload.len()).map_err(|_| r.error("size".into()))?,
+            },
+            SETTLE => {
+                let count = r.count(13)?;
+                let mut entries = Vec::with_capacity(count);
+                for _ in 0..count {
+                    let message = r.u64()?;
+                    let size_bytes = r.u32()?;
+                    let byte = r.u8()?;
+                    let outcome = Outcome::from_byte(byte)
+                        .ok_or_else(|| r.error(format!("outcome {byte}")))?;
+                    entries.push(Settled {
+                        message,
+                        size_bytes,
+                        outcome,
+                    });
+                }
+                PartitionRecord::Settle(entries)
+            }
+            RETURN => {
+                let count = r.count(12)?;
+                let mut entries = Vec::with_capacity(count);
+                for _ in 0..count {
+                    entries.push(Returned {
+                        message: r.u64()?,
+                        delivery_count: r.u32()?,
+                    });
+                }
+                PartitionRecord::Return(entries)
+            }
+            PURGE => {
+                let count = r.u64()?;
+                let bytes = r.u64()?;
+                let n = r.count(16)?;
+                let mut ranges = Vec::with_capacity(n);
+                for _ in 0..n {
+                    ranges.push((r.u64()?, r.u64()?));
+                }
+                PartitionRecord::Purge(Purge {
+                    ranges,
+                    count,
+                    bytes,
+                })
+            }
+            RELOCATE => PartitionRecord::Relocate(Relocate {
+                message: r.u64()?,
+                delivery_count: r.u32()?,
+                payload: r.rest().to_vec(),
+            }),
+            other => return Err(r.error(format!("unknown record type {other}"))),
+        };
+        if record_type != ENQUEUE && record_type != RELOCATE && !r.rest().is_empty() {
+            return Err(r.error("trailing bytes".into()));
+        }
+        Ok(record)
+    }
+}
+
+fn put_str16(out: &mut Vec<u8>, s: &str, what: &str) -> BrokerResult<()> {
+    let len = u16::try_from(s.len())
+        .map_err(|_| BrokerError::Invalid(format!("{what} longer than 65,535 bytes")))?;
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(s.as_bytes());
+    Ok(())
+}
+
+/// A bounds-checked little-endian reader over an untrusted payload.
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+    what: &'static str,
+    offset: u64,
+}
+
+impl<'a> Reader<'a> {
+    fn new(bytes: &'a [u8], what: &'static str, offset: u64) -> Reader<'a> {
+        Reader {
+            bytes,
+            at: 0,
+            what,
+            offset,
+        }
+    }
+
+    fn error(&self, reason: String) -> BrokerError {
+        BrokerError::Corrupt {
+            what: self.what,
+            offset: self.offset,
+            reason: format!("{reason} (at byte {})", self.at),
+        }
+    }
+
+    fn take(&mut self, n: usize) -> BrokerResult<&'a [u8]> {
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|end| *end <= self.bytes.len())
+            .ok_or_else(|| self.error(format!("truncated: {n} more bytes expected")))?;
+        let slice = &self.bytes[self.at..end];
+        self.at = end;
+        Ok(slice)
+    }
+
+    fn u8(&mut self) -> BrokerResult<u8> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn u16(&mut self) -> BrokerResult<u16> {
+        let b = self.take(2)?;
+        Ok(u16::from_le_bytes([b[0], b[1]]))
+    }
+
+    fn u32(&mut self) -> BrokerResult<u32> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    fn u64(&mut self) -> BrokerResult<u64> {
+        let b = self.take(8)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_le_bytes(a))
+    }
+
+    /// A u32 count of entries of `entry_bytes` each, checked against what remains.
+    fn count(&mut self, entry_bytes: usize) -> BrokerResult<usize> {
+        let count = self.u32()? as usize;
+        let needed = count.checked_mul(entry_bytes);
+        if needed.is_none_or(|n| n > self.bytes.len() - self.at) {
+            return Err(self.error(format!("{count} entries do not fit")));
+        }
+        Ok(count)
+    }
+
+    fn string(&mut self, len: usize) -> BrokerResult<String> {
+        let bytes = self.take(len)?;
+        String::from_utf8(bytes.to_vec()).map_err(|_| self.error("invalid UTF-8".into()))
+    }
+
+    fn str16(&mut self) -> BrokerResult<String> {
+        let len = usize::from(self.u16()?);
+        self.string(len)
+    }
+
+    fn rest(&mut self) -> &'a [u8] {
+        let rest = &self.bytes[self.at..];
+        self.at = self.bytes.len();
+        rest
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn message_roundtrip() {
+        let message = Message {
+            routing_key: "key".into(),
+            headers: vec![("a".into(), "b".into())],
+            body: b"body".to_vec(),
+        };
+        let mut out = Vec::new();
+        message.encode(&mut out).expect("encode");
+        assert_eq!(Message::decode(&out, 0).expect("decode"), message);
+    }
+
+    #[test]
+    fn control_records_roundtrip() {
+        let records = [
+            PartitionRecord::Settle(vec![Settled {
+                message: 5,
+                size_bytes: 100,
+                outcome: Outcome::DeadLettered,
+            }]),
+            PartitionRecord::Return(vec![Returned {
+                message: 9,
+                delivery_count: 3,
+            }]),
+            PartitionRecord::Purge(Purge {
+                ranges: vec![(1, 4), (7, 9)],
+                count: 4,
+                bytes: 400,
+            }),
+            PartitionRecord::Relocate(Relocate {
+                message: 2,
+                delivery_count: 1,
+                payload: b"xyz".to_vec(),
+            }),
+        ];
+        for record in records {
+            let bytes = record.encode();
+            let back = PartitionRecord::decode(record.record_type(), &bytes, 1).expect("decode");
+            assert_eq!(back, record);
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(kind in 0u8..8, bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let _ = PartitionRecord::decode(kind, &bytes, 0);
+            let _ = Message::decode(&bytes, 0);
+        }
+    }
+}

@@ -1,0 +1,312 @@
+//! Queue semantics through the in-process API on the real file system: declare, publish,
+//! consume, ack, reject with and without requeue, dead-lettering, max deliveries, consumer loss,
+//! purge, delete, partitions, restart. Each test fails if a message is lost, duplicated where it
+//! must not be, or delivered out of order.
+
+mod common;
+
+use common::*;
+use keratin_broker::{BrokerError, Message, QueueSettings};
+
+fn settings(partitions: u32) -> QueueSettings {
+    QueueSettings {
+        partitions,
+        ..QueueSettings::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn declare_is_idempotent_and_conflicts_on_other_settings() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let broker = open(&tmp).await;
+    broker.declare("q", settings(2)).await.expect("declare");
+    broker
+        .declare("q", settings(2))
+        .await
+        .expect("same settings");
+    let err = broker
+        .declare("q", settings(3))
+        .await
+        .expect_err("conflict");
+    assert!(matches!(err, BrokerError::Conflict { .. }), "{err}");
+    assert!(broker.declare("bad name!", settings(1)).await.is_err());
+    assert!(broker.declare("z", settings(0)).await.is_err());
+    let list = broker.list();
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0].partitions.len(), 2);
+    broker.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_consume_ack_in_order() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let broker = open(&tmp).await;
+    broker.declare("q", settings(1)).await.expect("declare");
+    publish_seq(&broker, "q", 0..500, 300).await;
+    assert_eq!(broker.info("q").expect("info").ready(), 500);
+    let mut consumer = broker.subscribe("q", 50).expect("subscribe");
+    for expected in 0..500 {
+        let d = recv(&mut consumer).await;
+        assert_eq!(seq_of(&d.message.body), expected);
+        assert!(!d.redelivered);
+        assert_eq!(d.delivery_count, 1);
+        consumer.ack(&[d.tag]);
+    }
+    assert_idle(&mut consumer).await;
+    let info = broker.info("q").expect("info");
+    assert_eq!((info.ready(), info.inflight(), info.bytes()), (0, 0, 0));
+    for (live, rebuilt) in broker.check_states("q").await.expect("states") {
+        assert_eq!(
+            live, rebuilt,
+            "state rebuilt from the log equals the live one"
+        );
+    }
+    broker.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefetch_bounds_inflight() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let broker = open(&tmp).await;
+    broker.declare("q", settings(2)).await.expect("declare");
+    publish_seq(&broker, "q", 0..100, 50).await;
+    let mut consumer = broker.subscribe("q", 7).expect("subscribe");
+    let mut held = Vec::new();
+    for _ in 0..7 {
+        held.push(recv(&mut consumer).await);
+    }
+    assert_idle(&mut consumer).await;
+    assert_eq!(broker.info("q").expect("info").inflight(), 7);
+    consumer.ack(&[held[0].tag]);
+    recv(&mut consumer).await;
+    broker.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reject_requeue_goes_back_ahead_of_newer_messages() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let broker = open(&tmp).await;
+    broker.declare("q", settings(1)).await.expect("declare");
+    publish_seq(&broker, "q", 0..10, 20).await;
+    let mut consumer = broker.subscribe("q", 3).expect("subscribe");
+    let first = recv(&mut consumer).await;
+    let second = recv(&mut consumer).await;
+    let third = recv(&mut consumer).await;
+    consumer.reject(&[second.tag], true);
+    consumer.ack(&[first.tag, third.tag]);
+    let again = recv(&mut consumer).await;
+    assert_eq!(
+        seq_of(&again.message.body),
+        1,
+        "returned message comes before newer ones"
+    );
+    assert!(again.redelivered);
+    assert_eq!(again.delivery_count, 2);
+    consumer.ack(&[again.tag]);
+    for expected in 3..10 {
+        let d = recv(&mut consumer).await;
+        assert_eq!(seq_of(&d.message.body), expected);
+        consumer.ack(&[d.tag]);
+    }
+    broker.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reject_without_requeue_dead_letters_with_headers_or_drops() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let broker = open(&tmp).await;
+    broker.declare("dlq", settings(1)).await.expect("declare");
+    let with_dl = QueueSettings {
+        dead_letter: Some("dlq".into()),
+        ..settings(1)
+    };
+    broker.declare("q", with_dl).await.expect("declare");
+    broker.declare("plain", settings(1)).await.expect("declare");
+    publish_seq(&broker, "q", 0..2, 20).await;
+    publish_seq(&broker, "plain", 0..1, 20).await;
+    let mut consumer = broker.subscribe("q", 10).expect("subscribe");
+    let a = recv(&mut consumer).await;
+    let b = recv(&mut consumer).await;
+    consumer.reject(&[a.tag], false);
+    consumer.ack(&[b.tag]);
+    let mut dead = broker.subscribe("dlq", 10).expect("subscribe dlq");
+    let d = recv(&mut dead).await;
+    assert_eq!(seq_of(&d.message.body), 0);
+    let header = |k: &str| {
+        d.message
+            .headers
+            .iter()
+            .find(|(key, _)| key == k)
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(header("x-death-reason").as_deref(), Some("rejected"));
+    assert_eq!(header("x-death-queue").as_deref(), Some("q"));
+    dead.ack(&[d.tag]);
+    // Without a dead-letter queue the message is dropped.
+    let mut plain = broker.subscribe("plain", 10).expect("subscribe");
+    let p = recv(&mut plain).await;
+    plain.reject(&[p.tag], false);
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let info = broker.info("plain").expect("info");
+    assert_eq!((info.ready(), info.inflight()), (0, 0));
+    assert_idle(&mut plain).await;
+    broker.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_deliveries_dead_letters() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let broker = open(&tmp).await;
+    broker.declare("dlq", settings(1)).await.expect("declare");
+    let s = QueueSettings {
+        dead_letter: Some("dlq".into()),
+        max_deliveries: Some(3),
+        ..settings(1)
+    };
+    broker.declare("q", s).await.expect("declare");
+    publish_seq(&broker, "q", 0..1, 20).await;
+    let mut consumer = broker.subscribe("q", 1).expect("subscribe");
+    for attempt in 1..=3 {
+        let d = recv(&mut consumer).await;
+        assert_eq!(d.delivery_count, attempt);
+        consumer.reject(&[d.tag], true);
+    }
+    assert_idle(&mut consumer).await;
+    let mut dead = broker.subscribe("dlq", 1).expect("subscribe");
+    let d = recv(&mut dead).await;
+    assert!(d
+        .message
+        .headers
+        .contains(&("x-death-reason".into(), "max_deliveries".into())));
+    broker.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_consumer_returns_inflight_ahead_of_newer() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let broker = open(&tmp).await;
+    broker.declare("q", settings(1)).await.expect("declare");
+    publish_seq(&broker, "q", 0..20, 20).await;
+    let mut first = broker.subscribe("q", 5).expect("subscribe");
+    for _ in 0..5 {
+        recv(&mut first).await;
+    }
+    drop(first);
+    let mut second = broker.subscribe("q", 100).expect("subscribe");
+    for expected in 0..20 {
+        let d = recv(&mut second).await;
+        assert_eq!(seq_of(&d.message.body), expected);
+        assert_eq!(d.redelivered, expected < 5, "seq {expected}");
+        second.ack(&[d.tag]);
+    }
+    broker.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_keeps_inflight_and_delete_ends_consumers() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let broker = open(&tmp).await;
+    broker.declare("q", settings(2)).await.expect("declare");
+    publish_seq(&broker, "q", 0..100, 100).await;
+    let mut consumer = broker.subscribe("q", 4).expect("subscribe");
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(recv(&mut consumer).await);
+    }
+    let purged = broker.purge("q").await.expect("purge");
+    assert_eq!(purged, 96);
+    let info = broker.info("q").expect("info");
+    assert_eq!((info.ready(), info.inflight()), (0, 4));
+    consumer.ack(&[held[0].tag]);
+    consumer.reject(&[held[1].tag], true);
+    let again = recv(&mut consumer).await;
+    assert_eq!(again.message, held[1].message);
+    publish_seq(&broker, "q", 1000..1001, 10).await;
+    broker.delete("q").await.expect("delete");
+    let end = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        while consumer.recv().await.is_some() {}
+    })
+    .await;
+    assert!(end.is_ok(), "a deleted queue ends its consumers' streams");
+    assert!(matches!(broker.info("q"), Err(BrokerError::NotFound(_))));
+    let queues_dir = tmp.path().join("data").join("queues");
+    assert_eq!(
+        std::fs::read_dir(&queues_dir).expect("ls").count(),
+        0,
+        "files removed"
+    );
+    let results = broker.publish("q", vec![Message::new(b"x".to_vec())]).await;
+    assert!(matches!(results[0], Err(BrokerError::NotFound(_))));
+    broker.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routing_keys_pick_stable_partitions() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let broker = open(&tmp).await;
+    broker.declare("q", settings(4)).await.expect("declare");
+    let keyed: Vec<Message> = (0..40)
+        .map(|i| Message {
+            routing_key: format!("k{}", i % 3),
+            headers: vec![],
+            body: body(i, 20),
+        })
+        .collect();
+    let receipts: Vec<_> = broker
+        .publish("q", keyed)
+        .await
+        .into_iter()
+        .map(|r| r.expect("publish"))
+        .collect();
+    for (i, r) in receipts.iter().enumerate() {
+        assert_eq!(
+            r.partition,
+            receipts[i % 3].partition,
+            "same key, same partition"
+        );
+    }
+    publish_seq(&broker, "q", 100..140, 20).await;
+    let info = broker.info("q").expect("info");
+    assert!(
+        info.partitions.iter().all(|p| p.ready >= 10),
+        "round robin spreads: {info:?}"
+    );
+    broker.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_redelivers_unacked_and_never_acked() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    {
+        let broker = open(&tmp).await;
+        broker.declare("q", settings(2)).await.expect("declare");
+        publish_seq(&broker, "q", 0..200, 500).await;
+        let mut consumer = broker.subscribe("q", 200).expect("subscribe");
+        let mut acked = 0;
+        while acked < 120 {
+            let d = recv(&mut consumer).await;
+            if seq_of(&d.message.body).is_multiple_of(2) || acked >= 100 {
+                consumer.ack(&[d.tag]);
+                acked += 1;
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        drop(consumer);
+        broker.shutdown().await.expect("shutdown");
+    }
+    let broker = open(&tmp).await;
+    let info = broker.info("q").expect("info after restart");
+    assert_eq!(info.ready(), 80);
+    let mut consumer = broker.subscribe("q", 100).expect("subscribe");
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..80 {
+        let d = recv(&mut consumer).await;
+        assert!(seen.insert(seq_of(&d.message.body)), "no duplicate");
+        consumer.ack(&[d.tag]);
+    }
+    assert_idle(&mut consumer).await;
+    for (live, rebuilt) in broker.check_states("q").await.expect("states") {
+        assert_eq!(live, rebuilt);
+    }
+    broker.shutdown().await.expect("shutdown");
+}
