@@ -81,3 +81,28 @@ pub async fn assert_idle(consumer: &mut Consumer) {
     let got = tokio::time::timeout(Duration::from_millis(200), consumer.recv()).await;
     assert!(got.is_err(), "unexpected delivery: {got:?}");
 }
+
+/// The seed of a randomized test: `KERATIN_SEED` if set, else `default`; printed so that a
+/// failure replays.
+pub fn seed(default: u64) -> u64 {
+    let seed = std::env::var("KERATIN_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default);
+    eprintln!("seed {seed} (replay with KERATIN_SEED={seed})");
+    seed
+}
+
+/// Poll `condition` every millisecond until it holds; false if `limit` passes first.
+pub async fn wait_until(limit: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if condition() {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
