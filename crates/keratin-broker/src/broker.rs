@@ -82,6 +82,53 @@ pub struct Receipt {
     pub message: u64,
 }
 
+/// One partition's share of a publish: its index, the positions of its messages in the batch,
+/// and the owner's answer.
+type PartitionWait = (
+    u32,
+    Vec<usize>,
+    tokio::sync::oneshot::Receiver<BrokerResult<std::ops::Range<u64>>>,
+);
+
+/// Publishes handed to their partitions, waiting for their outcomes.
+#[derive(Debug)]
+pub struct PendingPublish {
+    queue: String,
+    results: Vec<Option<BrokerResult<Receipt>>>,
+    waiting: Vec<PartitionWait>,
+}
+
+impl PendingPublish {
+    /// Each message's outcome, in the order given: a receipt once durable, or the error.
+    pub async fn wait(mut self) -> Vec<BrokerResult<Receipt>> {
+        for (partition, indexes, reply) in std::mem::take(&mut self.waiting) {
+            let outcome = reply
+                .await
+                .unwrap_or_else(|_| Err(BrokerError::Closed(format!("queue {:?}", self.queue))));
+            match outcome {
+                Ok(range) => {
+                    for (i, offset) in indexes.into_iter().zip(range) {
+                        self.results[i] = Some(Ok(Receipt {
+                            partition,
+                            message: offset,
+                        }));
+                    }
+                }
+                Err(e) => {
+                    for i in indexes {
+                        self.results[i] = Some(Err(e.clone()));
+                    }
+                }
+            }
+        }
+        let queue = self.queue;
+        self.results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(BrokerError::Closed(queue.clone()))))
+            .collect()
+    }
+}
+
 /// Figures of one partition.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PartitionInfo {
@@ -307,6 +354,13 @@ impl Broker {
         self.inner.publish(name, messages).await
     }
 
+    /// Route and hand over messages now, and return a value that waits for their outcomes: a
+    /// connection uses it so that its publishes reach each partition in the order they arrived,
+    /// while their confirms are awaited elsewhere.
+    pub fn publish_dispatch(&self, name: &str, messages: Vec<Message>) -> PendingPublish {
+        self.inner.dispatch(name, messages)
+    }
+
     /// Subscribe to a queue with a prefetch (most unsettled deliveries at once).
     pub fn subscribe(&self, name: &str, prefetch: u32) -> BrokerResult<Consumer> {
         if prefetch == 0 || prefetch > MAX_PREFETCH {
@@ -471,17 +525,30 @@ impl BrokerInner {
         name: &str,
         messages: Vec<Message>,
     ) -> Vec<BrokerResult<Receipt>> {
+        self.dispatch(name, messages).wait().await
+    }
+
+    /// Route messages to their partitions and hand them over now; the returned value waits for
+    /// the outcomes. Two dispatches from one caller reach each partition in call order.
+    pub(crate) fn dispatch(&self, name: &str, messages: Vec<Message>) -> PendingPublish {
+        let mut pending = PendingPublish {
+            queue: name.to_string(),
+            results: vec![None; messages.len()],
+            waiting: Vec::new(),
+        };
         let queue = match self.queue(name) {
             Ok(queue) => queue,
-            Err(e) => return messages.iter().map(|_| Err(e.clone())).collect(),
+            Err(e) => {
+                pending.results = messages.iter().map(|_| Some(Err(e.clone()))).collect();
+                return pending;
+            }
         };
         let n = queue.partitions.len();
         let mut batches: Vec<(Vec<usize>, Vec<Vec<u8>>)> = vec![(Vec::new(), Vec::new()); n];
-        let mut results: Vec<Option<BrokerResult<Receipt>>> = vec![None; messages.len()];
         for (i, message) in messages.iter().enumerate() {
             let mut payload = Vec::with_capacity(message.body.len() + 16);
             if let Err(e) = message.encode(&mut payload) {
-                results[i] = Some(Err(e));
+                pending.results[i] = Some(Err(e));
                 continue;
             }
             let p = queue.route(&message.routing_key);
@@ -489,35 +556,14 @@ impl BrokerInner {
             batches[p].1.push(payload);
         }
         let timestamp_ms = (self.config.clock)();
-        let mut waiting = Vec::new();
         for (p, (indexes, payloads)) in batches.into_iter().enumerate() {
             if indexes.is_empty() {
                 continue;
             }
-            let partition = &queue.partitions[p];
-            waiting.push((p, indexes, partition.publish(payloads, timestamp_ms, name)));
+            let reply = queue.partitions[p].dispatch(payloads, timestamp_ms);
+            pending.waiting.push((p as u32, indexes, reply));
         }
-        for (p, indexes, reply) in waiting {
-            match reply.await {
-                Ok(range) => {
-                    for (i, offset) in indexes.into_iter().zip(range) {
-                        results[i] = Some(Ok(Receipt {
-                            partition: p as u32,
-                            message: offset,
-                        }));
-                    }
-                }
-                Err(e) => {
-                    for i in indexes {
-                        results[i] = Some(Err(e.clone()));
-                    }
-                }
-            }
-        }
-        results
-            .into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(BrokerError::Closed(name.into()))))
-            .collect()
+        pending
     }
 
     /// Queue directories whose queue the metadata no longer names (a delete that did not

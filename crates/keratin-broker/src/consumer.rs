@@ -77,6 +77,26 @@ pub(crate) struct ConsumerLink {
     pub(crate) credit: Arc<Credit>,
 }
 
+/// Settles deliveries of one consumer; cheap to clone, usable while the consumer is being read.
+#[derive(Debug, Clone)]
+pub struct Settler {
+    id: u64,
+    queue: Arc<Queue>,
+    credit: Arc<Credit>,
+}
+
+impl Settler {
+    /// See [`Consumer::ack`].
+    pub fn ack(&self, tags: &[DeliveryTag]) {
+        settle(self.id, &self.queue, &self.credit, tags, None);
+    }
+
+    /// See [`Consumer::reject`].
+    pub fn reject(&self, tags: &[DeliveryTag], requeue: bool) {
+        settle(self.id, &self.queue, &self.credit, tags, Some(requeue));
+    }
+}
+
 /// A subscription to a queue.
 #[derive(Debug)]
 pub struct Consumer {
@@ -129,23 +149,42 @@ impl Consumer {
     }
 
     fn settle(&self, tags: &[DeliveryTag], reject: Option<bool>) {
-        let mut by_partition: Vec<Vec<u64>> = vec![Vec::new(); self.queue.partitions.len()];
-        for tag in tags {
-            if let Some(list) = by_partition.get_mut(tag.partition as usize) {
-                list.push(tag.message);
-            }
+        settle(self.id, &self.queue, &self.credit, tags, reject);
+    }
+
+    /// A handle that settles this consumer's deliveries from elsewhere.
+    pub fn settler(&self) -> Settler {
+        Settler {
+            id: self.id,
+            queue: self.queue.clone(),
+            credit: self.credit.clone(),
         }
-        let mut released = 0u32;
-        for (index, messages) in by_partition.into_iter().enumerate() {
-            if messages.is_empty() {
-                continue;
-            }
-            released += messages.len() as u32;
-            self.queue.partitions[index].settle(self.id, messages, reject);
+    }
+}
+
+fn settle(
+    consumer: u64,
+    queue: &Queue,
+    credit: &Credit,
+    tags: &[DeliveryTag],
+    reject: Option<bool>,
+) {
+    let mut by_partition: Vec<Vec<u64>> = vec![Vec::new(); queue.partitions.len()];
+    for tag in tags {
+        if let Some(list) = by_partition.get_mut(tag.partition as usize) {
+            list.push(tag.message);
         }
-        if self.credit.release(released) {
-            self.queue.kick_all();
+    }
+    let mut released = 0u32;
+    for (index, messages) in by_partition.into_iter().enumerate() {
+        if messages.is_empty() {
+            continue;
         }
+        released += messages.len() as u32;
+        queue.partitions[index].settle(consumer, messages, reject);
+    }
+    if credit.release(released) {
+        queue.kick_all();
     }
 }
 

@@ -31,6 +31,17 @@ pub enum BrokerError {
         /// Why.
         source: LogError,
     },
+    /// The partition's log stopped while this write was in flight: it may or may not be durable
+    /// (a retry can duplicate it).
+    #[error("queue {queue:?} partition {partition}: the outcome is unknown, the log failed while writing: {source}")]
+    OutcomeUnknown {
+        /// The queue.
+        queue: String,
+        /// The partition.
+        partition: u32,
+        /// Why.
+        source: LogError,
+    },
     /// The storage engine failed outside a partition's write path (opening, metadata).
     #[error("storage: {0}")]
     Log(#[from] LogError),

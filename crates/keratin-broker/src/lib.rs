@@ -24,9 +24,10 @@ pub mod range_set;
 pub mod record;
 
 pub use broker::{
-    system_clock, Broker, BrokerConfig, Clock, PartitionInfo, QueueInfo, Receipt, MAX_PREFETCH,
+    system_clock, Broker, BrokerConfig, Clock, PartitionInfo, PendingPublish, QueueInfo, Receipt,
+    MAX_PREFETCH,
 };
-pub use consumer::{Consumer, Delivery, DeliveryTag};
+pub use consumer::{Consumer, Delivery, DeliveryTag, Settler};
 pub use error::{BrokerError, BrokerResult};
 pub use partition::state::PartitionState;
 pub use queue::{validate_queue_name, Queue, QueueSettings, MAX_PARTITIONS};

@@ -113,20 +113,19 @@ impl PartitionHandle {
         let _ = self.commands.send(command);
     }
 
-    pub(crate) async fn publish(
+    /// Hand messages to the owner now; the receiver gets the outcome.
+    pub(crate) fn dispatch(
         &self,
         payloads: Vec<Vec<u8>>,
         timestamp_ms: u64,
-        queue: &str,
-    ) -> BrokerResult<Range<u64>> {
+    ) -> oneshot::Receiver<BrokerResult<Range<u64>>> {
         let (reply, rx) = oneshot::channel();
         self.send(Command::Publish {
             payloads,
             timestamp_ms,
             reply,
         });
-        rx.await
-            .unwrap_or_else(|_| Err(BrokerError::Closed(format!("queue {queue:?}"))))
+        rx
     }
 
     pub(crate) fn subscribe(&self, link: Arc<ConsumerLink>) {

@@ -1,8 +1,19 @@
-//! Keratin's server.
+//! Keratin's server: the TCP protocol server, the HTTP admin API, and configuration loading.
 //!
 //! # Layout
 //! - [`config`]: the node's configuration: its sections, the four sources (defaults, TOML file,
 //!   `KERATIN_` environment variables, command-line flags), validation, and `--print-config`.
+//! - [`node`]: [`Node`], a running broker with its listeners, started from a [`config::Config`].
+//! - [`tcp`]: the protocol server: handshake, one task per connection, bounded queues,
+//!   heartbeats, graceful shutdown.
+//! - [`http`]: the admin API (axum): `/health`, `/api/v1/queues`.
+//! - [`convert`]: wire types to broker types and back.
 #![deny(missing_docs)]
 
 pub mod config;
+pub mod convert;
+pub mod http;
+pub mod node;
+pub mod tcp;
+
+pub use node::{Node, NodeError};

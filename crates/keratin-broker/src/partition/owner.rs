@@ -328,7 +328,13 @@ impl Owner {
                 Some(Ok(range)) => self.apply(range, entry.records, entry.done),
                 Some(Err(error)) => {
                     self.stopped = Some(error.clone());
-                    let error = self.unavailable(error);
+                    // The records reached the log's queue: a crash before the failure could
+                    // leave them durable, so the caller cannot know.
+                    let error = BrokerError::OutcomeUnknown {
+                        queue: self.ctx.queue.clone(),
+                        partition: self.ctx.index,
+                        source: error,
+                    };
                     self.fail(entry.records, entry.done, error);
                 }
                 None => {}

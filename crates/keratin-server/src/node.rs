@@ -1,0 +1,137 @@
+//! `Node`: a running broker with its protocol and admin listeners, started from a [`Config`]
+//! and stopped gracefully. The binary's `serve` and the end-to-end tests both use it, and
+//! several nodes can run in one process (nothing in them is static).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use keratin_broker::{Broker, BrokerConfig};
+use keratin_log::{Io, RealIo};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::config::Config;
+use crate::tcp::TcpOptions;
+
+/// Why a node could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NodeError {
+    /// A listener could not bind.
+    #[error("cannot listen on {addr}: {source}; is another broker running there? choose another address with --listen / --http")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The storage could not be opened.
+    #[error("cannot open the storage: {0}")]
+    Storage(#[from] keratin_broker::BrokerError),
+}
+
+/// A running node.
+#[derive(Debug)]
+pub struct Node {
+    broker: Broker,
+    protocol_addr: SocketAddr,
+    http_addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<std::io::Result<()>>>,
+}
+
+impl Node {
+    /// Open the storage and start listening, on the real file system.
+    pub async fn start(config: &Config) -> Result<Node, NodeError> {
+        Node::start_with_io(config, Arc::new(RealIo::new())).await
+    }
+
+    /// Open the storage through `io` and start listening.
+    pub async fn start_with_io(config: &Config, io: Arc<dyn Io>) -> Result<Node, NodeError> {
+        let mut broker_config = BrokerConfig::new(config.storage.dirs.clone());
+        broker_config.segment_size_bytes = config.storage.segment_bytes;
+        broker_config.spare_budget_bytes = config.storage.spare_budget_bytes;
+        broker_config.io = io;
+        let broker = Broker::open(broker_config).await?;
+        let bind = |addr: SocketAddr| async move {
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| NodeError::Bind { addr, source })
+        };
+        let protocol = bind(config.server.listen).await?;
+        let http = bind(config.server.http).await?;
+        let protocol_addr = protocol.local_addr().map_err(|source| NodeError::Bind {
+            addr: config.server.listen,
+            source,
+        })?;
+        let http_addr = http.local_addr().map_err(|source| NodeError::Bind {
+            addr: config.server.http,
+            source,
+        })?;
+        let (stop, stopped) = watch::channel(false);
+        let options = TcpOptions {
+            node_id: config
+                .node
+                .id
+                .clone()
+                .unwrap_or_else(|| format!("keratin@{protocol_addr}")),
+            ..TcpOptions::default()
+        };
+        let tasks = vec![
+            tokio::spawn(crate::tcp::serve(
+                protocol,
+                broker.clone(),
+                options,
+                wait_stop(stopped.clone()),
+            )),
+            tokio::spawn(crate::http::serve(http, broker.clone(), wait_stop(stopped))),
+        ];
+        tracing::info!(%protocol_addr, %http_addr, "keratin is serving");
+        Ok(Node {
+            broker,
+            protocol_addr,
+            http_addr,
+            stop,
+            tasks,
+        })
+    }
+
+    /// The protocol listener's address (with the port chosen, when 0 was asked).
+    pub fn protocol_addr(&self) -> SocketAddr {
+        self.protocol_addr
+    }
+
+    /// The admin listener's address.
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http_addr
+    }
+
+    /// The broker.
+    pub fn broker(&self) -> &Broker {
+        &self.broker
+    }
+
+    /// Stop accepting, let connections deliver outstanding confirms, then close every log
+    /// cleanly (pending syncs finish, seals are written).
+    pub async fn shutdown(self) -> Result<(), NodeError> {
+        let _ = self.stop.send(true);
+        for task in self.tasks {
+            match task.await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => tracing::warn!(%error, "listener ended with an error"),
+                Err(error) => tracing::warn!(%error, "listener task failed"),
+            }
+        }
+        self.broker.shutdown().await?;
+        Ok(())
+    }
+}
+
+async fn wait_stop(mut stopped: watch::Receiver<bool>) {
+    while !*stopped.borrow() {
+        if stopped.changed().await.is_err() {
+            return;
+        }
+    }
+}

@@ -1,0 +1,24 @@
+//! How broker errors travel on the wire: each `BrokerError` maps to one stable code
+//! (`keratin_proto::codes`), and the message says what happened and what to do.
+
+use keratin_broker::BrokerError;
+use keratin_proto::codes::{
+    ERR_BAD_REQUEST, ERR_CONFLICT, ERR_GATEWAY_TIMEOUT, ERR_INTERNAL, ERR_NOT_FOUND,
+    ERR_UNAVAILABLE,
+};
+use keratin_proto::ErrorBody;
+
+/// The wire error for a broker error.
+pub fn error_body(error: &BrokerError) -> ErrorBody {
+    let code = match error {
+        BrokerError::NotFound(_) => ERR_NOT_FOUND,
+        BrokerError::Conflict { .. } => ERR_CONFLICT,
+        BrokerError::Invalid(_) => ERR_BAD_REQUEST,
+        // Refused before anything was written: not applied, safe to retry later.
+        BrokerError::Unavailable { .. } | BrokerError::Closed(_) => ERR_UNAVAILABLE,
+        // Written, then the log failed: the outcome is unknown.
+        BrokerError::OutcomeUnknown { .. } => ERR_GATEWAY_TIMEOUT,
+        _ => ERR_INTERNAL,
+    };
+    ErrorBody::new(code, error.to_string())
+}

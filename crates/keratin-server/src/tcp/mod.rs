@@ -1,0 +1,100 @@
+//! The TCP protocol server: accepts connections and runs one [`connection`] task each.
+
+mod connection;
+pub mod errors;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use keratin_broker::Broker;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+/// Limits and timers of protocol connections.
+#[derive(Debug, Clone)]
+pub struct TcpOptions {
+    /// Sent to clients in the handshake.
+    pub node_id: String,
+    /// Largest frame accepted or sent.
+    pub frame_size_bytes_max: u32,
+    /// Publish frames of one connection whose outcome is awaited at once; past it the server
+    /// stops reading the connection, so TCP flow control holds the client back. 256 frames of up
+    /// to 1,000 messages keep a fast disk busy while bounding what a connection can queue.
+    pub publish_frames_inflight_max: usize,
+    /// Frames queued for sending on one connection; a client that does not read is held back
+    /// when it is full (deliveries and confirms wait, then TCP flow control).
+    pub outbound_frames_max: usize,
+    /// The server sends a heartbeat when it has sent nothing for this long.
+    pub heartbeat_interval: Duration,
+    /// A connection that sent nothing (not even a heartbeat) for this long is closed.
+    pub idle_timeout: Duration,
+    /// Time a client has to complete the handshake.
+    pub handshake_timeout: Duration,
+    /// On shutdown, how long connections get to deliver outstanding confirms.
+    pub drain_timeout: Duration,
+}
+
+impl Default for TcpOptions {
+    fn default() -> Self {
+        TcpOptions {
+            node_id: "keratin".into(),
+            frame_size_bytes_max: keratin_proto::FRAME_SIZE_BYTES_MAX,
+            publish_frames_inflight_max: 256,
+            outbound_frames_max: 1024,
+            heartbeat_interval: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(30),
+            handshake_timeout: Duration::from_secs(10),
+            drain_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Serve the protocol on `listener` until `shutdown` completes; then stop accepting, tell every
+/// connection to close, and wait (up to `drain_timeout`) for their outstanding replies.
+pub async fn serve(
+    listener: TcpListener,
+    broker: Broker,
+    options: TcpOptions,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    let options = Arc::new(options);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut connections = JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, peer) = match accepted {
+                    Ok(pair) => pair,
+                    Err(error) => {
+                        // Out of file descriptors and the like: back off instead of spinning.
+                        tracing::warn!(%error, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+                let broker = broker.clone();
+                let options = options.clone();
+                let stop = stop_rx.clone();
+                connections.spawn(async move {
+                    connection::run(stream, peer, broker, options, stop).await;
+                });
+            }
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            () = &mut shutdown => break,
+        }
+    }
+    drop(listener);
+    let _ = stop_tx.send(true);
+    let drain = async { while connections.join_next().await.is_some() {} };
+    if tokio::time::timeout(options.drain_timeout + Duration::from_secs(1), drain)
+        .await
+        .is_err()
+    {
+        tracing::warn!("connections did not close in time; closing them");
+        connections.abort_all();
+    }
+    Ok(())
+}
