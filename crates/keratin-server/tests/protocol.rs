@@ -1,0 +1,371 @@
+//! The protocol server in process, spoken to with raw frames: a round trip, and bad input
+//! (random bytes, truncated and oversize frames, unknown types, a client that never reads).
+//! Each bad client gets its error and its connection closed while another client keeps being
+//! served; a failure means the server crashed, answered wrongly, or stopped serving others.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use futures_util::{SinkExt, StreamExt};
+use keratin_proto::frame::*;
+use keratin_proto::{ClientHello, FrameCodec, ServerHello};
+use keratin_server::config::Config;
+use keratin_server::Node;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_util::codec::{Framed, FramedParts};
+
+async fn start(dir: &tempfile::TempDir) -> Node {
+    let mut config = Config::default();
+    config.storage.dirs = vec![dir.path().join("data")];
+    config.storage.segment_bytes = 1 << 20;
+    config.server.listen = "127.0.0.1:0".parse().expect("addr");
+    config.server.http = "127.0.0.1:0".parse().expect("addr");
+    Node::start(&config).await.expect("start node")
+}
+
+async fn connect(addr: SocketAddr) -> Framed<TcpStream, FrameCodec> {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    let mut out = BytesMut::new();
+    ClientHello::new("test").encode(&mut out).expect("hello");
+    stream.write_all(&out).await.expect("send hello");
+    let mut buf = BytesMut::new();
+    loop {
+        if let Some(answer) = ServerHello::decode(&mut buf).expect("server hello") {
+            assert!(matches!(answer, ServerHello::Accepted { .. }), "{answer:?}");
+            break;
+        }
+        let n = stream.read_buf(&mut buf).await.expect("read hello");
+        assert!(n > 0, "server closed during the handshake");
+    }
+    let mut parts = FramedParts::new::<Frame>(stream, FrameCodec::new());
+    parts.read_buf = buf;
+    Framed::from_parts(parts)
+}
+
+/// The next frame that is not a heartbeat.
+async fn next(conn: &mut Framed<TcpStream, FrameCodec>) -> Frame {
+    loop {
+        let frame = tokio::time::timeout(Duration::from_secs(10), conn.next())
+            .await
+            .expect("a frame within 10 s")
+            .expect("connection open")
+            .expect("valid frame");
+        if frame != Frame::Heartbeat {
+            return frame;
+        }
+    }
+}
+
+fn message(id: u64, body: &[u8]) -> Message {
+    Message {
+        publish_id: id,
+        routing_key: None,
+        headers: vec![],
+        body: Bytes::copy_from_slice(body),
+    }
+}
+
+async fn declare(conn: &mut Framed<TcpStream, FrameCodec>, queue: &str) {
+    conn.send(Frame::Declare(Declare {
+        request_id: 1,
+        queue: queue.into(),
+        settings: QueueSettings::default(),
+    }))
+    .await
+    .expect("send");
+    assert_eq!(next(conn).await, Frame::Ok(OkReply { request_id: 1 }));
+}
+
+/// A good client still works: publish confirmed, receive, ack.
+async fn assert_serves(addr: SocketAddr, queue: &str) {
+    let mut conn = connect(addr).await;
+    declare(&mut conn, queue).await;
+    conn.send(Frame::Publish(Publish {
+        queue: queue.into(),
+        mode: PublishMode::Confirmed,
+        messages: vec![message(7, b"still serving")],
+    }))
+    .await
+    .expect("publish");
+    assert_eq!(
+        next(&mut conn).await,
+        Frame::Confirm(Confirm {
+            ranges: vec![PublishIdRange::single(7)]
+        })
+    );
+}
+
+/// Read until the server closes; returns the frames it sent before.
+async fn read_until_closed(stream: &mut TcpStream) -> Vec<u8> {
+    let mut all = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return all,
+            Ok(Ok(n)) => all.extend_from_slice(&buf[..n]),
+            Err(_) => panic!("server did not close the connection"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_trip_with_raw_frames() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let node = start(&dir).await;
+    let mut conn = connect(node.protocol_addr()).await;
+    declare(&mut conn, "q").await;
+    conn.send(Frame::Publish(Publish {
+        queue: "q".into(),
+        mode: PublishMode::Confirmed,
+        messages: (1..=5)
+            .map(|i| message(i, format!("m{i}").as_bytes()))
+            .collect(),
+    }))
+    .await
+    .expect("publish");
+    assert_eq!(
+        next(&mut conn).await,
+        Frame::Confirm(Confirm {
+            ranges: vec![PublishIdRange { first: 1, last: 5 }]
+        })
+    );
+    conn.send(Frame::Publish(Publish {
+        queue: "missing".into(),
+        mode: PublishMode::Buffered,
+        messages: vec![message(9, b"x")],
+    }))
+    .await
+    .expect("publish");
+    match next(&mut conn).await {
+        Frame::PublishError(e) => {
+            assert_eq!(e.error.code().0, 404);
+            assert!(e.error.message().contains("missing"), "{}", e.error);
+        }
+        other => panic!("{other:?}"),
+    }
+    conn.send(Frame::Subscribe(Subscribe {
+        request_id: 2,
+        queue: "q".into(),
+        prefetch: 10,
+        consumer_tag: "c".into(),
+    }))
+    .await
+    .expect("subscribe");
+    assert!(matches!(next(&mut conn).await, Frame::SubscribeOk(_)));
+    let mut ids = Vec::new();
+    for i in 1..=5 {
+        match next(&mut conn).await {
+            Frame::Deliver(d) => {
+                assert_eq!(d.body, Bytes::from(format!("m{i}")));
+                ids.push(d.delivery_id);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    conn.send(Frame::Ack(Ack {
+        delivery_ids: ids.clone(),
+    }))
+    .await
+    .expect("ack");
+    conn.send(Frame::Ack(Ack {
+        delivery_ids: vec![ids[0]],
+    }))
+    .await
+    .expect("ack again");
+    match next(&mut conn).await {
+        Frame::Error(e) => {
+            assert!(!e.fatal);
+            assert_eq!(e.error.code().0, 404);
+        }
+        other => panic!("{other:?}"),
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let info = node.broker().info("q").expect("info");
+    assert_eq!((info.ready(), info.inflight()), (0, 0));
+    node.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_its_error_and_others_are_served() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let node = start(&dir).await;
+    let addr = node.protocol_addr();
+
+    // Random bytes instead of a handshake: closed without an answer.
+    let mut raw = TcpStream::connect(addr).await.expect("connect");
+    raw.write_all(b"GET / HTTP/1.1\r\n\r\nrandom garbage")
+        .await
+        .expect("write");
+    assert!(read_until_closed(&mut raw).await.is_empty());
+    assert_serves(addr, "a").await;
+
+    // An oversize length prefix: 413, fatal, closed — before the body arrives.
+    let mut conn = connect(addr).await;
+    let stream = conn.get_mut();
+    stream
+        .write_all(&(64u32 << 20).to_le_bytes())
+        .await
+        .expect("write");
+    stream.write_all(&[0x10]).await.expect("write");
+    match next(&mut conn).await {
+        Frame::Error(e) => {
+            assert!(e.fatal);
+            assert_eq!(e.error.code().0, 413);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(conn.next().await.is_none(), "closed after a fatal error");
+    assert_serves(addr, "b").await;
+
+    // An unknown frame type: 400, fatal, closed.
+    let mut conn = connect(addr).await;
+    let stream = conn.get_mut();
+    stream.write_all(&2u32.to_le_bytes()).await.expect("write");
+    stream.write_all(&[0x7e, 0x00]).await.expect("write");
+    match next(&mut conn).await {
+        Frame::Error(e) => {
+            assert!(e.fatal);
+            assert_eq!(e.error.code().0, 400);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_serves(addr, "c").await;
+
+    // A malformed body of a known type: 400, fatal.
+    let mut conn = connect(addr).await;
+    let stream = conn.get_mut();
+    stream.write_all(&4u32.to_le_bytes()).await.expect("write");
+    stream
+        .write_all(&[0x01, 0xff, 0xff, 0xff])
+        .await
+        .expect("write");
+    match next(&mut conn).await {
+        Frame::Error(e) => assert!(e.fatal && e.error.code().0 == 400, "{e:?}"),
+        other => panic!("{other:?}"),
+    }
+
+    // A truncated frame, then the client goes away: nothing breaks.
+    let mut conn = connect(addr).await;
+    conn.get_mut()
+        .write_all(&100u32.to_le_bytes())
+        .await
+        .expect("write");
+    drop(conn);
+
+    // A server-to-client frame sent by a client: non-fatal 400, the connection stays.
+    let mut conn = connect(addr).await;
+    conn.send(Frame::Confirm(Confirm { ranges: vec![] }))
+        .await
+        .expect("send");
+    match next(&mut conn).await {
+        Frame::Error(e) => assert!(!e.fatal && e.error.code().0 == 400),
+        other => panic!("{other:?}"),
+    }
+    declare(&mut conn, "d").await;
+    assert_serves(addr, "e").await;
+    node.shutdown().await.expect("shutdown");
+}
+
+/// Resident memory of this process, from /proc/self/statm.
+fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").expect("statm");
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("resident pages");
+    pages * 4096
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_reads_is_held_back() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let node = start(&dir).await;
+    let addr = node.protocol_addr();
+    let mut setup = connect(addr).await;
+    declare(&mut setup, "flood").await;
+    // A client that subscribes and publishes a lot, and never reads a byte.
+    let mut conn = connect(addr).await;
+    conn.send(Frame::Subscribe(Subscribe {
+        request_id: 3,
+        queue: "flood".into(),
+        prefetch: 1000,
+        consumer_tag: "never-reads".into(),
+    }))
+    .await
+    .expect("subscribe");
+    let before = rss_bytes();
+    let body = vec![7u8; 4096];
+    let mut sent_bytes = 0u64;
+    let flood = async {
+        for batch in 0..4000u64 {
+            let frame = Frame::Publish(Publish {
+                queue: "flood".into(),
+                mode: PublishMode::Confirmed,
+                messages: (0..16).map(|i| message(batch * 16 + i, &body)).collect(),
+            });
+            if conn.send(frame).await.is_err() {
+                break;
+            }
+            sent_bytes += 16 * 4096;
+        }
+    };
+    // Publishes keep being confirmed (the confirms are small and fit the socket buffers);
+    // deliveries are what a non-reading client cannot absorb.
+    let _ = tokio::time::timeout(Duration::from_secs(8), flood).await;
+    let grown = rss_bytes().saturating_sub(before);
+    let info = node.broker().info("flood").expect("info");
+    assert!(sent_bytes > 0);
+    assert!(
+        info.inflight() <= 1000,
+        "deliveries beyond the prefetch: {}",
+        info.inflight()
+    );
+    assert!(
+        info.ready() > 10_000,
+        "the unread consumer holds the backlog back: {info:?}"
+    );
+    eprintln!(
+        "accepted {} MiB from a client that never reads; RSS grew {} MiB",
+        sent_bytes >> 20,
+        grown >> 20
+    );
+    assert!(
+        grown < 128 << 20,
+        "memory grew by {} MiB for a client that never reads",
+        grown >> 20
+    );
+    // Others are served meanwhile.
+    assert_serves(addr, "other").await;
+    drop(conn);
+    node.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_in_one_process_stay_apart() {
+    let dir_a = tempfile::tempdir().expect("tmp");
+    let dir_b = tempfile::tempdir().expect("tmp");
+    let a = start(&dir_a).await;
+    let b = start(&dir_b).await;
+    assert_serves(a.protocol_addr(), "only-on-a").await;
+    let mut conn = connect(b.protocol_addr()).await;
+    conn.send(Frame::QueueList(QueueList { request_id: 5 }))
+        .await
+        .expect("list");
+    match next(&mut conn).await {
+        Frame::QueueListReply(r) => assert!(r.queues.is_empty(), "{r:?}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(a.broker().info("only-on-a").is_ok());
+    assert!(b.broker().info("only-on-a").is_err());
+    assert!(a.broker().pool().filesystems()[0]
+        .spares_dir
+        .starts_with(dir_a.path()));
+    assert!(b.broker().pool().filesystems()[0]
+        .spares_dir
+        .starts_with(dir_b.path()));
+    a.shutdown().await.expect("shutdown a");
+    b.shutdown().await.expect("shutdown b");
+}
