@@ -1,0 +1,257 @@
+//! [`Client`], the cheap, cloneable handle to one connection, and the admin requests.
+//!
+//! Owns connecting, the request/reply round trip with its `request_timeout`, and the admin
+//! verbs (declare, delete, purge, info, list, settings). Publishing lives in `publisher.rs`,
+//! consuming in `consumer.rs`, the socket in `connection.rs`.
+
+use std::sync::Arc;
+
+use keratin_proto::{
+    Declare, Frame, QueueInfoReply, QueueList, QueueRequest, QueueSettings, QueueSettingsUpdate,
+    QueueSummary, SetQueueSettings,
+};
+use tokio::net::ToSocketAddrs;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::connection::{self, duration_ms, Command, Control, Handle, Ids, RequestKind};
+use crate::error::ClientError;
+use crate::options::ClientOptions;
+
+/// A connection to a Keratin broker. Cloning is cheap: every clone shares the one connection
+/// and its background task. The connection closes (politely, with `Close`) when the last
+/// clone, consumer and buffered publisher is dropped, or at [`Client::close`].
+///
+/// The client does not reconnect by itself; see the crate docs, "Reconnect behaviour".
+#[derive(Debug, Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    handle: Handle,
+    options: ClientOptions,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("node_id", &self.handle.node_id)
+            .field("name", &self.options.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Client {
+    /// Connects to the broker at `addr` (the default port is 5680), shakes hands with
+    /// `options.name`, and starts the background task that owns the socket. TCP connect and
+    /// handshake together are limited by `options.connect_timeout`. A refused handshake is
+    /// [`ClientError::Refused`] with the broker's message.
+    pub async fn connect(
+        addr: impl ToSocketAddrs,
+        options: ClientOptions,
+    ) -> Result<Client, ClientError> {
+        let handle = connection::open(addr, &options).await?;
+        tracing::debug!(node_id = %handle.node_id, "connected to keratin");
+        Ok(Client {
+            inner: Arc::new(Inner { handle, options }),
+        })
+    }
+
+    /// The broker node's name, from its handshake.
+    pub fn node_id(&self) -> &str {
+        &self.inner.handle.node_id
+    }
+
+    /// The options this client was connected with.
+    pub fn options(&self) -> &ClientOptions {
+        &self.inner.options
+    }
+
+    /// Whether the connection is still up. Once `false`, it stays `false`: connect again.
+    pub fn is_connected(&self) -> bool {
+        !self.inner.handle.commands.is_closed()
+    }
+
+    /// Creates `queue`, or succeeds if it exists with the same settings (409 otherwise).
+    pub async fn declare(&self, queue: &str, settings: QueueSettings) -> Result<(), ClientError> {
+        let name = queue.to_owned();
+        self.request_ok(format!("declare {queue}"), move |request_id| {
+            Frame::Declare(Declare {
+                request_id,
+                queue: name,
+                settings,
+            })
+        })
+        .await
+    }
+
+    /// Deletes `queue` and all its messages.
+    pub async fn delete(&self, queue: &str) -> Result<(), ClientError> {
+        let name = queue.to_owned();
+        self.request_ok(format!("delete {queue}"), move |request_id| {
+            Frame::Delete(QueueRequest {
+                request_id,
+                queue: name,
+            })
+        })
+        .await
+    }
+
+    /// Removes every ready message of `queue` (inflight ones stay until settled).
+    pub async fn purge(&self, queue: &str) -> Result<(), ClientError> {
+        let name = queue.to_owned();
+        self.request_ok(format!("purge {queue}"), move |request_id| {
+            Frame::Purge(QueueRequest {
+                request_id,
+                queue: name,
+            })
+        })
+        .await
+    }
+
+    /// Changes settings of a live queue.
+    pub async fn set_queue_settings(
+        &self,
+        queue: &str,
+        update: QueueSettingsUpdate,
+    ) -> Result<(), ClientError> {
+        let name = queue.to_owned();
+        self.request_ok(format!("set settings of {queue}"), move |request_id| {
+            Frame::SetQueueSettings(SetQueueSettings {
+                request_id,
+                queue: name,
+                update,
+            })
+        })
+        .await
+    }
+
+    /// A queue's settings and per-partition counts.
+    pub async fn info(&self, queue: &str) -> Result<QueueInfoReply, ClientError> {
+        let operation = format!("info {queue}");
+        let name = queue.to_owned();
+        let reply = self
+            .request(operation.clone(), RequestKind::Plain, move |request_id| {
+                Frame::QueueInfo(QueueRequest {
+                    request_id,
+                    queue: name,
+                })
+            })
+            .await?;
+        match reply {
+            Frame::QueueInfoReply(info) => Ok(info),
+            other => Err(unexpected(operation, "QueueInfoReply", &other)),
+        }
+    }
+
+    /// Every queue, sorted by name.
+    pub async fn list(&self) -> Result<Vec<QueueSummary>, ClientError> {
+        let operation = "list queues".to_owned();
+        let reply = self
+            .request(operation.clone(), RequestKind::Plain, |request_id| {
+                Frame::QueueList(QueueList { request_id })
+            })
+            .await?;
+        match reply {
+            Frame::QueueListReply(list) => Ok(list.queues),
+            other => Err(unexpected(operation, "QueueListReply", &other)),
+        }
+    }
+
+    /// Sends `Close`, lets the broker finish the answers it owes (confirms of publishes already
+    /// syncing), and waits until the connection is closed. Every clone is closed with it.
+    pub async fn close(&self) {
+        let (done, closed) = oneshot::channel();
+        if self
+            .inner
+            .handle
+            .commands
+            .send(Command::Close { done })
+            .await
+            .is_ok()
+        {
+            // An error means the task already ended: closed either way.
+            let _ = closed.await;
+        }
+    }
+
+    async fn request_ok(
+        &self,
+        operation: String,
+        build: impl FnOnce(u64) -> Frame,
+    ) -> Result<(), ClientError> {
+        match self
+            .request(operation.clone(), RequestKind::Plain, build)
+            .await?
+        {
+            Frame::Ok(_) => Ok(()),
+            other => Err(unexpected(operation, "Ok", &other)),
+        }
+    }
+
+    /// One request/reply round trip, limited by `request_timeout`. An `Error` reply becomes
+    /// [`ClientError::Server`].
+    pub(crate) async fn request(
+        &self,
+        operation: String,
+        kind: RequestKind,
+        build: impl FnOnce(u64) -> Frame,
+    ) -> Result<Frame, ClientError> {
+        let request_id = self.ids().request_id();
+        let (reply, answer) = oneshot::channel();
+        let command = Command::Request {
+            request_id,
+            frame: build(request_id),
+            kind,
+            reply,
+        };
+        let timeout = self.inner.options.request_timeout;
+        let round_trip = async {
+            self.send_command(command).await?;
+            answer.await.map_err(|_| self.lost_error())?
+        };
+        tokio::time::timeout(timeout, round_trip)
+            .await
+            .map_err(|_| ClientError::Timeout {
+                operation,
+                timeout_ms: duration_ms(timeout),
+            })?
+    }
+
+    pub(crate) async fn send_command(&self, command: Command) -> Result<(), ClientError> {
+        self.inner
+            .handle
+            .commands
+            .send(command)
+            .await
+            .map_err(|_| self.lost_error())
+    }
+
+    /// The error for a connection that has ended, with the reason the task recorded.
+    pub(crate) fn lost_error(&self) -> ClientError {
+        let detail = connection::lock(&self.inner.handle.lost)
+            .clone()
+            .unwrap_or_else(|| "the connection task ended".to_owned());
+        ClientError::ConnectionLost { detail }
+    }
+
+    pub(crate) fn commands(&self) -> &mpsc::Sender<Command> {
+        &self.inner.handle.commands
+    }
+
+    pub(crate) fn ids(&self) -> &Ids {
+        &self.inner.handle.ids
+    }
+
+    pub(crate) fn control(&self) -> &mpsc::UnboundedSender<Control> {
+        &self.inner.handle.control
+    }
+}
+
+fn unexpected(operation: String, expected: &'static str, got: &Frame) -> ClientError {
+    ClientError::UnexpectedReply {
+        operation,
+        expected,
+        got: got.frame_type().name(),
+    }
+}

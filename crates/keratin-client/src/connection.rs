@@ -1,0 +1,809 @@
+//! The background task that owns the socket: the handshake, then one loop that reads frames,
+//! writes the handles' commands, sends heartbeats and notices a silent broker.
+//!
+//! Owns every piece of per-connection state: pending requests (request id → reply), publishes
+//! in flight (publish id → waiter), buffered messages waiting for their barrier, and consumers
+//! (tag → bounded channel of deliveries). When the connection ends, for any reason, it settles
+//! all of them as `lib.rs` ("Reconnect behaviour") promises. What the handles do with the
+//! answers (retrying, timeouts) belongs to `client.rs`, `publisher.rs` and `consumer.rs`.
+//!
+//! One task reads and writes. A write that blocks (the broker is not reading) stops reading too;
+//! the broker reads and writes independently, so that stall ends when the broker drains its
+//! socket, and `server_silence_timeout` does not fire while frames keep arriving.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::BytesMut;
+use futures_util::{SinkExt, StreamExt};
+use keratin_proto::{
+    Ack, Cancel, ClientHello, Close, Frame, Message, ProtoError, Publish, PublishMode, QueueList,
+    Reject, ServerHello,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpStream, ToSocketAddrs};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_util::codec::{Framed, FramedParts};
+
+use crate::consumer::{Delivery, DeliverySettle};
+use crate::error::ClientError;
+use crate::options::ClientOptions;
+use crate::publisher::BufferedEntry;
+
+/// Commands taken from the command channel in one turn of the loop before the writes are
+/// flushed. 256 one-message publishes of 1 KiB are a 256 KiB write: large enough to batch
+/// syscalls under load, small enough that reading is never starved for long.
+const COMMANDS_PER_TURN_MAX: usize = 256;
+/// Bound of the command channel between the handles and the task. With
+/// `COMMANDS_PER_TURN_MAX` taken per turn, four turns' worth keeps the task busy while handles
+/// wait (backpressure) instead of queueing without limit.
+pub(crate) const COMMAND_QUEUE_MAX: usize = 4 * COMMANDS_PER_TURN_MAX;
+/// Acks and rejects coalesced into one frame (8 bytes each: 64 KiB per frame at most).
+const SETTLES_PER_FRAME_MAX: usize = 8 * 1024;
+/// The timer checks heartbeats and silence this many times per (shorter) interval, so a
+/// heartbeat goes out at most a quarter interval late.
+const TICKS_PER_INTERVAL: u32 = 4;
+
+/// Ids chosen by the client: request ids, publish ids and consumer tags, unique on the
+/// connection because each comes from one counter that only grows.
+#[derive(Debug, Default)]
+pub(crate) struct Ids {
+    request: AtomicU64,
+    publish: AtomicU64,
+    consumer: AtomicU64,
+}
+
+impl Ids {
+    pub(crate) fn request_id(&self) -> u64 {
+        self.request.fetch_add(1, Ordering::Relaxed) + 1
+    }
+    pub(crate) fn publish_id(&self) -> u64 {
+        self.publish.fetch_add(1, Ordering::Relaxed) + 1
+    }
+    pub(crate) fn consumer_tag(&self) -> String {
+        format!("c{}", self.consumer.fetch_add(1, Ordering::Relaxed) + 1)
+    }
+}
+
+/// Why the connection ended, readable by handles that try to use it afterwards.
+pub(crate) type LostReason = Arc<Mutex<Option<String>>>;
+
+/// What became of one message of a confirmed publish.
+#[derive(Debug)]
+pub(crate) enum PublishOutcome {
+    /// The broker sent `Confirm`: the message is durable.
+    Confirmed,
+    /// The broker sent `PublishError`.
+    Failed(keratin_proto::ErrorBody),
+    /// Written, then the connection ended without an answer: outcome unknown.
+    Lost(String),
+    /// Never written (connection already gone, or the frame did not encode): safe to retry.
+    NotSent(ClientError),
+}
+
+/// Who waits for a publish id.
+pub(crate) enum Waiter {
+    /// A confirmed publish: resolved by `Confirm` or `PublishError`.
+    Confirmed(oneshot::Sender<PublishOutcome>),
+    /// A buffered publish: reported only if it fails; settled by a barrier otherwise.
+    Buffered(BufferedEntry),
+}
+
+/// What a request's reply means beyond being handed back.
+pub(crate) enum RequestKind {
+    /// Just answer the caller.
+    Plain,
+    /// Register the consumer before the frame goes out (deliveries may follow the reply at
+    /// once) and forget it if the reply is an error.
+    Subscribe {
+        tag: String,
+        queue: String,
+        deliveries: mpsc::Sender<Delivery>,
+    },
+    /// Forget the consumer once the broker confirms the cancel.
+    Cancel { tag: String },
+}
+
+/// A message from a handle to the task, through the bounded command channel.
+pub(crate) enum Command {
+    /// An admin request, subscribe or cancel.
+    Request {
+        request_id: u64,
+        frame: Frame,
+        kind: RequestKind,
+        reply: oneshot::Sender<Result<Frame, ClientError>>,
+    },
+    /// One `Publish` frame; `waiters[i]` waits for `messages[i]`.
+    Publish {
+        queue: String,
+        mode: PublishMode,
+        messages: Vec<Message>,
+        waiters: Vec<Waiter>,
+    },
+    /// Send `Close`, finish reading the broker's answers, then end.
+    Close { done: oneshot::Sender<()> },
+}
+
+/// Messages that must never wait for room: acks, rejects and cancels from `Drop`. The channel is
+/// unbounded, but what travels on it is bounded by the deliveries handed out (at most the sum
+/// of the consumers' prefetch) plus one cancel per consumer.
+#[derive(Debug)]
+pub(crate) enum Control {
+    Ack(u64),
+    Reject { delivery_id: u64, requeue: bool },
+    CancelConsumer(String),
+}
+
+struct PendingRequest {
+    /// `None` for requests the task makes itself (barriers, cancels from `Drop`).
+    reply: Option<oneshot::Sender<Result<Frame, ClientError>>>,
+    kind: RequestKind,
+}
+
+struct ConsumerSlot {
+    queue: String,
+    deliveries: mpsc::Sender<Delivery>,
+}
+
+/// A `QueueList` sent after some buffered messages were written. When its reply arrives, those
+/// messages count as accepted; see `publisher.rs` for what this relies on.
+struct Barrier {
+    request_id: u64,
+    covered: Vec<u64>,
+}
+
+/// The handles' end of a running connection.
+pub(crate) struct Handle {
+    pub(crate) commands: mpsc::Sender<Command>,
+    pub(crate) control: mpsc::UnboundedSender<Control>,
+    pub(crate) ids: Arc<Ids>,
+    pub(crate) lost: LostReason,
+    pub(crate) node_id: String,
+}
+
+/// Connects, shakes hands and spawns the task. Must be called inside a tokio runtime.
+pub(crate) async fn open(
+    addr: impl ToSocketAddrs,
+    options: &ClientOptions,
+) -> Result<Handle, ClientError> {
+    let timeout_ms = duration_ms(options.connect_timeout);
+    let (framed, node_id) = tokio::time::timeout(options.connect_timeout, handshake(addr, options))
+        .await
+        .map_err(|_| ClientError::ConnectTimeout { timeout_ms })??;
+    let (commands_tx, commands) = mpsc::channel(COMMAND_QUEUE_MAX);
+    let (control_tx, control) = mpsc::unbounded_channel();
+    let ids = Arc::new(Ids::default());
+    let lost: LostReason = Arc::default();
+    let now = Instant::now();
+    let connection = Connection {
+        framed,
+        commands,
+        control,
+        control_tx: control_tx.clone(),
+        ids: Arc::clone(&ids),
+        lost: Arc::clone(&lost),
+        requests: HashMap::new(),
+        publishes: HashMap::new(),
+        buffered_written: Vec::new(),
+        barrier: None,
+        consumers: HashMap::new(),
+        heartbeat_interval: options.heartbeat_interval,
+        server_silence_timeout: options.server_silence_timeout,
+        last_read: now,
+        last_write: now,
+        closing: false,
+        close_done: Vec::new(),
+    };
+    tokio::spawn(connection.run());
+    Ok(Handle {
+        commands: commands_tx,
+        control: control_tx,
+        ids,
+        lost,
+        node_id,
+    })
+}
+
+async fn handshake(
+    addr: impl ToSocketAddrs,
+    options: &ClientOptions,
+) -> Result<(Framed<TcpStream, keratin_proto::FrameCodec>, String), ClientError> {
+    let mut stream = TcpStream::connect(addr)
+        .await
+        .map_err(|error| ClientError::io("connect to the broker", error))?;
+    stream
+        .set_nodelay(true)
+        .map_err(|error| ClientError::io("set TCP_NODELAY", error))?;
+    let mut hello = BytesMut::new();
+    ClientHello::new(options.name.clone()).encode(&mut hello)?;
+    stream
+        .write_all(&hello)
+        .await
+        .map_err(|error| ClientError::io("send the handshake", error))?;
+    let mut read_buf = BytesMut::with_capacity(256);
+    let answer = loop {
+        if let Some(answer) = ServerHello::decode(&mut read_buf)? {
+            break answer;
+        }
+        let read = stream
+            .read_buf(&mut read_buf)
+            .await
+            .map_err(|error| ClientError::io("read the broker's handshake", error))?;
+        if read == 0 {
+            return Err(ClientError::ConnectionLost {
+                detail: "the broker closed the connection during the handshake".into(),
+            });
+        }
+    };
+    match answer {
+        ServerHello::Accepted { node_id, .. } => {
+            // Frames the broker pipelined behind its hello stay in `read_buf`.
+            let mut parts = FramedParts::new::<Frame>(stream, keratin_proto::FrameCodec::new());
+            parts.read_buf = read_buf;
+            Ok((Framed::from_parts(parts), node_id))
+        }
+        ServerHello::Refused { version, error } => Err(ClientError::Refused {
+            server_version: version,
+            error,
+        }),
+    }
+}
+
+pub(crate) fn duration_ms(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+struct Connection {
+    framed: Framed<TcpStream, keratin_proto::FrameCodec>,
+    commands: mpsc::Receiver<Command>,
+    control: mpsc::UnboundedReceiver<Control>,
+    control_tx: mpsc::UnboundedSender<Control>,
+    ids: Arc<Ids>,
+    lost: LostReason,
+    requests: HashMap<u64, PendingRequest>,
+    publishes: HashMap<u64, Waiter>,
+    /// Buffered publish ids written since the last barrier was sent.
+    buffered_written: Vec<u64>,
+    barrier: Option<Barrier>,
+    consumers: HashMap<String, ConsumerSlot>,
+    heartbeat_interval: Duration,
+    server_silence_timeout: Duration,
+    last_read: Instant,
+    last_write: Instant,
+    /// `Close` was sent: write nothing more, read until the broker closes.
+    closing: bool,
+    close_done: Vec<oneshot::Sender<()>>,
+}
+
+/// The loop ends with the reason the connection ended.
+type Ended = String;
+
+impl Connection {
+    async fn run(mut self) {
+        let detail = self.serve().await;
+        tracing::debug!(%detail, "keratin connection ended");
+        self.settle_everything(detail);
+    }
+
+    async fn serve(&mut self) -> Ended {
+        let tick_period =
+            self.heartbeat_interval.min(self.server_silence_timeout) / TICKS_PER_INTERVAL;
+        let mut tick = tokio::time::interval(tick_period.max(Duration::from_millis(1)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let turn = tokio::select! {
+                frame = self.framed.next() => self.on_read(frame).await,
+                command = self.commands.recv(), if !self.closing => self.on_command(command).await,
+                Some(control) = self.control.recv(), if !self.closing => {
+                    self.on_control(control).await
+                }
+                _ = tick.tick() => self.on_tick().await,
+            };
+            if let Err(ended) = turn {
+                return ended;
+            }
+            if let Err(error) = SinkExt::<Frame>::flush(&mut self.framed).await {
+                return format!("writing to the broker failed: {error}");
+            }
+        }
+    }
+
+    async fn on_read(&mut self, frame: Option<Result<Frame, ProtoError>>) -> Result<(), Ended> {
+        match frame {
+            Some(Ok(frame)) => {
+                self.last_read = Instant::now();
+                self.on_frame(frame).await
+            }
+            Some(Err(error)) => Err(format!("the broker's bytes did not parse: {error}")),
+            None if self.closing => Err("the connection was closed".into()),
+            None => Err("the broker closed the connection".into()),
+        }
+    }
+
+    async fn on_command(&mut self, command: Option<Command>) -> Result<(), Ended> {
+        let Some(command) = command else {
+            // Every handle is gone: nobody can use the connection any more.
+            return self.start_close("every client handle was dropped").await;
+        };
+        self.command(command).await?;
+        for _ in 1..COMMANDS_PER_TURN_MAX {
+            match self.commands.try_recv() {
+                Ok(command) => self.command(command).await?,
+                Err(_) => break,
+            }
+        }
+        Ok(())
+    }
+
+    async fn command(&mut self, command: Command) -> Result<(), Ended> {
+        // An ack queued before a `Consumer::cancel` must reach the broker before the `Cancel`,
+        // or the cancel would return the acknowledged message to ready.
+        self.drain_control().await?;
+        if self.closing {
+            settle_unsent_command(command, "the connection is closing");
+            return Ok(());
+        }
+        match command {
+            Command::Request {
+                request_id,
+                frame,
+                kind,
+                reply,
+            } => {
+                self.send_request(request_id, frame, kind, Some(reply))
+                    .await
+            }
+            Command::Publish {
+                queue,
+                mode,
+                messages,
+                waiters,
+            } => self.send_publish(queue, mode, messages, waiters).await,
+            Command::Close { done } => {
+                self.close_done.push(done);
+                self.start_close("closed by the application").await
+            }
+        }
+    }
+
+    async fn send_request(
+        &mut self,
+        request_id: u64,
+        frame: Frame,
+        kind: RequestKind,
+        reply: Option<oneshot::Sender<Result<Frame, ClientError>>>,
+    ) -> Result<(), Ended> {
+        if let RequestKind::Subscribe {
+            tag,
+            queue,
+            deliveries,
+        } = &kind
+        {
+            let slot = ConsumerSlot {
+                queue: queue.clone(),
+                deliveries: deliveries.clone(),
+            };
+            self.consumers.insert(tag.clone(), slot);
+        }
+        match self.write(frame).await? {
+            Ok(()) => {
+                self.requests
+                    .insert(request_id, PendingRequest { reply, kind });
+            }
+            Err(error) => {
+                if let RequestKind::Subscribe { tag, .. } = &kind {
+                    self.consumers.remove(tag);
+                }
+                if let Some(reply) = reply {
+                    let _ = reply.send(Err(ClientError::Encode(error.to_string())));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn send_publish(
+        &mut self,
+        queue: String,
+        mode: PublishMode,
+        messages: Vec<Message>,
+        waiters: Vec<Waiter>,
+    ) -> Result<(), Ended> {
+        assert_eq!(messages.len(), waiters.len(), "one waiter per message");
+        let ids: Vec<u64> = messages.iter().map(|message| message.publish_id).collect();
+        let frame = Frame::Publish(Publish {
+            queue,
+            mode,
+            messages,
+        });
+        if let Err(error) = self.write(frame).await? {
+            let detail = error.to_string();
+            for waiter in waiters {
+                settle_unsent(waiter, ClientError::Encode(detail.clone()), &detail);
+            }
+            return Ok(());
+        }
+        for (publish_id, waiter) in ids.into_iter().zip(waiters) {
+            if matches!(waiter, Waiter::Buffered(_)) {
+                self.buffered_written.push(publish_id);
+            }
+            let previous = self.publishes.insert(publish_id, waiter);
+            assert!(previous.is_none(), "publish id {publish_id} reused");
+        }
+        self.start_barrier().await
+    }
+
+    /// Sends a barrier covering the buffered messages written so far, unless one is in flight
+    /// (the next one starts when it returns).
+    async fn start_barrier(&mut self) -> Result<(), Ended> {
+        if self.barrier.is_some() || self.buffered_written.is_empty() || self.closing {
+            return Ok(());
+        }
+        let request_id = self.ids.request_id();
+        let frame = Frame::QueueList(QueueList { request_id });
+        // A QueueList always encodes.
+        let _ = self.write(frame).await?;
+        self.barrier = Some(Barrier {
+            request_id,
+            covered: std::mem::take(&mut self.buffered_written),
+        });
+        Ok(())
+    }
+
+    async fn on_control(&mut self, first: Control) -> Result<(), Ended> {
+        let mut acks = Vec::new();
+        let mut rejects: [Vec<u64>; 2] = [Vec::new(), Vec::new()];
+        let mut cancels = Vec::new();
+        let mut next = Some(first);
+        let mut taken = 0;
+        while let Some(control) = next {
+            match control {
+                Control::Ack(delivery_id) => acks.push(delivery_id),
+                Control::Reject {
+                    delivery_id,
+                    requeue,
+                } => rejects[usize::from(requeue)].push(delivery_id),
+                Control::CancelConsumer(tag) => cancels.push(tag),
+            }
+            taken += 1;
+            next = if taken < SETTLES_PER_FRAME_MAX {
+                self.control.try_recv().ok()
+            } else {
+                None
+            };
+        }
+        if !acks.is_empty() {
+            let _ = self.write(Frame::Ack(Ack { delivery_ids: acks })).await?;
+        }
+        for (requeue, delivery_ids) in [false, true].into_iter().zip(rejects) {
+            if !delivery_ids.is_empty() {
+                let frame = Frame::Reject(Reject {
+                    delivery_ids,
+                    requeue,
+                });
+                let _ = self.write(frame).await?;
+            }
+        }
+        for tag in cancels {
+            self.cancel_consumer(tag).await?;
+        }
+        Ok(())
+    }
+
+    async fn drain_control(&mut self) -> Result<(), Ended> {
+        while let Ok(control) = self.control.try_recv() {
+            self.on_control(control).await?;
+        }
+        Ok(())
+    }
+
+    /// Cancels a consumer whose handle is gone. Its unacknowledged deliveries return to ready.
+    async fn cancel_consumer(&mut self, tag: String) -> Result<(), Ended> {
+        if self.consumers.remove(&tag).is_none() {
+            return Ok(());
+        }
+        let request_id = self.ids.request_id();
+        let frame = Frame::Cancel(Cancel {
+            request_id,
+            consumer_tag: tag.clone(),
+        });
+        self.send_request(request_id, frame, RequestKind::Cancel { tag }, None)
+            .await
+    }
+
+    async fn on_tick(&mut self) -> Result<(), Ended> {
+        let now = Instant::now();
+        if now.duration_since(self.last_read) >= self.server_silence_timeout {
+            return Err(format!(
+                "no frame from the broker for {} ms (server_silence_timeout)",
+                duration_ms(self.server_silence_timeout)
+            ));
+        }
+        if !self.closing && now.duration_since(self.last_write) >= self.heartbeat_interval {
+            let _ = self.write(Frame::Heartbeat).await?;
+        }
+        // Callers that timed out dropped their receivers; forget their requests.
+        self.requests.retain(|_, pending| {
+            pending
+                .reply
+                .as_ref()
+                .is_none_or(|reply| !reply.is_closed())
+        });
+        Ok(())
+    }
+
+    /// Queues a frame for writing. The outer error ends the connection (the socket failed);
+    /// the inner one is an encoding error that leaves the connection usable.
+    async fn write(&mut self, frame: Frame) -> Result<Result<(), ProtoError>, Ended> {
+        match SinkExt::<Frame>::feed(&mut self.framed, frame).await {
+            Ok(()) => {
+                self.last_write = Instant::now();
+                Ok(Ok(()))
+            }
+            Err(ProtoError::Io(error)) => Err(format!("writing to the broker failed: {error}")),
+            Err(error) => Ok(Err(error)),
+        }
+    }
+
+    async fn start_close(&mut self, why: &str) -> Result<(), Ended> {
+        if self.closing {
+            return Ok(());
+        }
+        // Acks, rejects and cancels queued before the close still go out: nothing is sent
+        // after `Close`.
+        self.drain_control().await?;
+        let frame = Frame::Close(Close {
+            message: why.to_owned(),
+        });
+        let _ = self.write(frame).await?;
+        self.closing = true;
+        Ok(())
+    }
+
+    async fn on_frame(&mut self, frame: Frame) -> Result<(), Ended> {
+        match frame {
+            Frame::Ok(ok) => self.on_reply(ok.request_id, Frame::Ok(ok)).await,
+            Frame::QueueInfoReply(reply) => {
+                self.on_reply(reply.request_id, Frame::QueueInfoReply(reply))
+                    .await
+            }
+            Frame::QueueListReply(reply) => {
+                self.on_reply(reply.request_id, Frame::QueueListReply(reply))
+                    .await
+            }
+            Frame::SubscribeOk(reply) => {
+                self.on_reply(reply.request_id, Frame::SubscribeOk(reply))
+                    .await
+            }
+            Frame::Confirm(confirm) => {
+                for range in confirm.ranges {
+                    for publish_id in range.first..=range.last {
+                        self.on_confirm(publish_id);
+                    }
+                }
+                Ok(())
+            }
+            Frame::PublishError(failed) => {
+                for range in &failed.ranges {
+                    for publish_id in range.first..=range.last {
+                        self.on_publish_error(publish_id, &failed.error);
+                    }
+                }
+                Ok(())
+            }
+            Frame::Deliver(deliver) => self.on_deliver(deliver).await,
+            Frame::Heartbeat => Ok(()),
+            Frame::Error(error) => self.on_error_frame(error).await,
+            Frame::Close(close) => {
+                tracing::info!(message = %close.message, "the broker is closing the connection");
+                self.start_close("answering the broker's Close").await?;
+                // Remember the broker's words for whoever asks after the end.
+                *lock(&self.lost) = Some(format!(
+                    "the broker closed the connection: {}",
+                    close.message
+                ));
+                Ok(())
+            }
+            other => Err(format!(
+                "the broker sent a {} frame, which only clients send",
+                other.frame_type().name()
+            )),
+        }
+    }
+
+    async fn on_reply(&mut self, request_id: u64, frame: Frame) -> Result<(), Ended> {
+        if self
+            .barrier
+            .as_ref()
+            .is_some_and(|barrier| barrier.request_id == request_id)
+        {
+            return self.on_barrier_done().await;
+        }
+        let Some(pending) = self.requests.remove(&request_id) else {
+            tracing::debug!(request_id, "reply for a request nobody waits for");
+            return Ok(());
+        };
+        if let RequestKind::Cancel { tag } = &pending.kind {
+            self.consumers.remove(tag);
+        }
+        if let Some(reply) = pending.reply {
+            let _ = reply.send(Ok(frame));
+        }
+        Ok(())
+    }
+
+    async fn on_barrier_done(&mut self) -> Result<(), Ended> {
+        if let Some(barrier) = self.barrier.take() {
+            for publish_id in barrier.covered {
+                // Still present means no PublishError came before the barrier's reply: the
+                // message counts as accepted and its buffer slot is released.
+                self.publishes.remove(&publish_id);
+            }
+        }
+        self.start_barrier().await
+    }
+
+    fn on_confirm(&mut self, publish_id: u64) {
+        match self.publishes.remove(&publish_id) {
+            Some(Waiter::Confirmed(waiter)) => {
+                let _ = waiter.send(PublishOutcome::Confirmed);
+            }
+            Some(Waiter::Buffered(entry)) => {
+                // The protocol sends no Confirm for buffered messages; take it as accepted.
+                drop(entry);
+            }
+            None => tracing::debug!(publish_id, "Confirm for an unknown publish id"),
+        }
+    }
+
+    fn on_publish_error(&mut self, publish_id: u64, error: &keratin_proto::ErrorBody) {
+        match self.publishes.remove(&publish_id) {
+            Some(Waiter::Confirmed(waiter)) => {
+                let _ = waiter.send(PublishOutcome::Failed(error.clone()));
+            }
+            Some(Waiter::Buffered(entry)) => entry.drop_with(ClientError::from_body(error.clone())),
+            None => tracing::warn!(
+                publish_id,
+                %error,
+                "PublishError for a publish id no longer tracked (a buffered message already \
+                 settled by its barrier)"
+            ),
+        }
+    }
+
+    async fn on_deliver(&mut self, deliver: keratin_proto::Deliver) -> Result<(), Ended> {
+        let delivery_id = deliver.delivery_id;
+        let Some(slot) = self.consumers.get(&deliver.consumer_tag) else {
+            // A consumer cancelled a moment ago: the cancel returns this delivery to ready.
+            tracing::debug!(tag = %deliver.consumer_tag, "delivery for an unknown consumer");
+            return Ok(());
+        };
+        let settle = DeliverySettle::new(self.control_tx.clone());
+        let delivery = Delivery::from_frame(slot.queue.clone(), deliver, settle);
+        match slot.deliveries.try_send(delivery) {
+            Ok(()) => Ok(()),
+            Err(mpsc::error::TrySendError::Full(delivery)) => {
+                // The broker sent more than `prefetch` unacknowledged deliveries; hand this one
+                // back rather than grow without bound.
+                tracing::warn!(tag = %delivery.consumer_tag, "delivery beyond prefetch; requeued");
+                let frame = Frame::Reject(Reject {
+                    delivery_ids: vec![delivery_id],
+                    requeue: true,
+                });
+                self.write(frame).await?.map_err(|error| error.to_string())
+            }
+            Err(mpsc::error::TrySendError::Closed(delivery)) => {
+                self.cancel_consumer(delivery.consumer_tag.clone()).await
+            }
+        }
+    }
+
+    async fn on_error_frame(&mut self, error: keratin_proto::ErrorFrame) -> Result<(), Ended> {
+        let body = error.error;
+        match error.request_id {
+            Some(request_id)
+                if self
+                    .barrier
+                    .as_ref()
+                    .is_some_and(|barrier| barrier.request_id == request_id) =>
+            {
+                self.on_barrier_done().await?;
+            }
+            Some(request_id) => match self.requests.remove(&request_id) {
+                Some(pending) => {
+                    if let RequestKind::Subscribe { tag, .. } | RequestKind::Cancel { tag } =
+                        &pending.kind
+                    {
+                        self.consumers.remove(tag);
+                    }
+                    if let Some(reply) = pending.reply {
+                        let _ = reply.send(Err(ClientError::Server(body.clone())));
+                    }
+                }
+                None => tracing::debug!(request_id, %body, "error for an unknown request"),
+            },
+            None if !error.fatal => tracing::warn!(%body, "the broker reported an error"),
+            None => {}
+        }
+        if error.fatal {
+            return Err(format!("the broker ended the connection: {body}"));
+        }
+        Ok(())
+    }
+
+    /// Settles everything still waiting, as the crate docs promise for a lost connection.
+    fn settle_everything(mut self, detail: String) {
+        let detail = {
+            let mut lost = lock(&self.lost);
+            lost.get_or_insert(detail).clone()
+        };
+        for (_, pending) in self.requests.drain() {
+            if let Some(reply) = pending.reply {
+                let _ = reply.send(Err(ClientError::ConnectionLost {
+                    detail: detail.clone(),
+                }));
+            }
+        }
+        for (_, waiter) in self.publishes.drain() {
+            match waiter {
+                Waiter::Confirmed(waiter) => {
+                    let _ = waiter.send(PublishOutcome::Lost(detail.clone()));
+                }
+                Waiter::Buffered(entry) => entry.drop_with(ClientError::OutcomeUnknown {
+                    error: None,
+                    detail: format!(
+                        "buffered message written, then the connection ended: {detail}"
+                    ),
+                }),
+            }
+        }
+        self.consumers.clear();
+        self.commands.close();
+        while let Ok(command) = self.commands.try_recv() {
+            settle_unsent_command(command, &detail);
+        }
+        for done in self.close_done.drain(..) {
+            let _ = done.send(());
+        }
+    }
+}
+
+fn settle_unsent_command(command: Command, detail: &str) {
+    let lost = || ClientError::ConnectionLost {
+        detail: detail.to_owned(),
+    };
+    match command {
+        Command::Request { reply, .. } => {
+            let _ = reply.send(Err(lost()));
+        }
+        Command::Publish { waiters, .. } => {
+            for waiter in waiters {
+                settle_unsent(waiter, lost(), detail);
+            }
+        }
+        Command::Close { done } => {
+            let _ = done.send(());
+        }
+    }
+}
+
+fn settle_unsent(waiter: Waiter, error: ClientError, detail: &str) {
+    match waiter {
+        Waiter::Confirmed(waiter) => {
+            let _ = waiter.send(PublishOutcome::NotSent(error));
+        }
+        Waiter::Buffered(entry) => {
+            tracing::debug!(%detail, "buffered message not sent");
+            entry.drop_with(error);
+        }
+    }
+}
+
+/// Locks the lost-reason slot. A poisoned lock still holds a valid `Option<String>`.
+pub(crate) fn lock(lost: &LostReason) -> std::sync::MutexGuard<'_, Option<String>> {
+    lost.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -1,0 +1,73 @@
+//! Settings of a connection ([`ClientOptions`]) and of a buffered publisher
+//! ([`BufferedOptions`]), with their defaults and the reasoning behind them.
+//!
+//! Owns only numbers and their defaults; the code that honours them lives in `connection.rs`
+//! (heartbeats, silence), `client.rs` (timeouts) and `publisher.rs` (buffer bound).
+
+use std::time::Duration;
+
+/// Default TCP connect + handshake timeout: a loopback or LAN broker answers in well under a
+/// millisecond, so 5 s only ever fires for an address that does not answer at all.
+pub const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
+/// Default timeout of one admin request (declare, delete, purge, info, list, settings, subscribe,
+/// cancel). A purge or delete of a large queue is still a handful of file removals.
+pub const REQUEST_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
+/// Default time a confirmed publish may take, retries after `ERR_LIMITED` included. It is the
+/// time an application is willing to wait for a disk to be freed before it hears about it.
+pub const PUBLISH_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
+/// Default interval after which an idle connection sends a `Heartbeat`.
+pub const HEARTBEAT_INTERVAL_DEFAULT: Duration = Duration::from_secs(5);
+/// Default silence from the broker after which the connection counts as lost: six missed
+/// heartbeat intervals of a broker that heartbeats as often as this client does.
+pub const SERVER_SILENCE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
+/// Default bound of a [`BufferedOptions::capacity`]: 10,000 unsettled messages of 1 KiB hold
+/// about 10 MiB of bodies in the client, and cover ~1 s of a 10k msg/s producer's round trips.
+pub const BUFFERED_CAPACITY_DEFAULT: usize = 10_000;
+
+/// How a [`crate::Client`] connects and how long it waits for things.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// Names this client in the broker's logs (sent in the `ClientHello`).
+    pub name: String,
+    /// Limit on TCP connect plus handshake.
+    pub connect_timeout: Duration,
+    /// Limit on each admin request (and on `subscribe`/`cancel`).
+    pub request_timeout: Duration,
+    /// Limit on a confirmed publish from the first send to its `Confirm`, retries after
+    /// `ERR_LIMITED` included.
+    pub publish_timeout: Duration,
+    /// A `Heartbeat` is sent when the client has written nothing for this long.
+    pub heartbeat_interval: Duration,
+    /// The connection counts as lost when no frame (of any type) arrived for this long.
+    pub server_silence_timeout: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> ClientOptions {
+        ClientOptions {
+            name: format!("keratin-client {}", env!("CARGO_PKG_VERSION")),
+            connect_timeout: CONNECT_TIMEOUT_DEFAULT,
+            request_timeout: REQUEST_TIMEOUT_DEFAULT,
+            publish_timeout: PUBLISH_TIMEOUT_DEFAULT,
+            heartbeat_interval: HEARTBEAT_INTERVAL_DEFAULT,
+            server_silence_timeout: SERVER_SILENCE_TIMEOUT_DEFAULT,
+        }
+    }
+}
+
+/// How a [`crate::BufferedPublisher`] buffers.
+#[derive(Debug, Clone)]
+pub struct BufferedOptions {
+    /// Most messages handed to [`crate::BufferedPublisher::send`] that are not yet settled
+    /// (see the publisher's docs for when a buffered message counts as settled). `send` waits
+    /// while this many are outstanding. Also the bound of the dropped-publish channel.
+    pub capacity: usize,
+}
+
+impl Default for BufferedOptions {
+    fn default() -> BufferedOptions {
+        BufferedOptions {
+            capacity: BUFFERED_CAPACITY_DEFAULT,
+        }
+    }
+}

@@ -1,0 +1,582 @@
+//! Publishing: confirmed publishes with retry on `ERR_LIMITED` hints ([`Client::publish`],
+//! [`Client::publish_batch`]) and the [`BufferedPublisher`] with its [`DroppedPublishes`] path.
+//!
+//! Owns the retry policy (which codes are retried, the delay, the deadline) and the buffered
+//! publisher's bound and settling rule. The connection task (`connection.rs`) only matches
+//! answers to publish ids.
+//!
+//! # When a buffered message is settled
+//! `docs/protocol.md` gives buffered messages no completion signal: the broker sends no
+//! `Confirm`, only a `PublishError` for a message that fails. A buffered message therefore
+//! holds its slot in the bounded buffer (and the client keeps a copy of it for the dropped
+//! path) until one of:
+//! - a `PublishError` names it: it is reported on [`DroppedPublishes`];
+//! - the reply to a *barrier* arrives: after writing buffered messages the connection task
+//!   sends one `QueueList` (at most one in flight) and, when its reply comes back, counts every
+//!   buffered message written before it as accepted;
+//! - the connection ends: it is reported with [`ClientError::OutcomeUnknown`].
+//!
+//! The barrier relies on an assumption the protocol does **not** guarantee: that the broker
+//! answers a `Publish` (with its `PublishError`s) before it answers a request sent after it on
+//! the same connection. The protocol allows replies in any order. A `PublishError` that arrives
+//! after its barrier is still counted in `dropped_count` and logged, but the message is no
+//! longer held, so it cannot be handed back.
+
+#![expect(
+    clippy::result_large_err,
+    reason = "a failed publish hands its message back (about 170 bytes); it follows a network \
+              round trip, so moving it costs nothing measurable, and boxing would cost an \
+              allocation on every failure the CLI counts"
+)]
+
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_core::Stream;
+use keratin_proto::codes::ERR_LIMITED;
+use keratin_proto::{ErrorBody, Header, Message, PublishMode, FRAME_SIZE_BYTES_MAX};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+use crate::client::Client;
+use crate::connection::{duration_ms, Command, PublishOutcome, Waiter};
+use crate::error::{ClientError, PublishFailed};
+use crate::options::BufferedOptions;
+
+/// The smallest delay before retrying after `ERR_LIMITED`, whatever the hint says: a hint of 0
+/// would otherwise turn a full disk into a busy loop of publishes.
+pub const RETRY_DELAY_MS_MIN: u64 = 10;
+/// Frame overhead of a `Publish` besides its queue name and messages: header 5, queue length
+/// 2, mode 1, message count 4.
+const PUBLISH_FRAME_OVERHEAD_BYTES: usize = 5 + 2 + 1 + 4;
+/// Overhead of one message besides its routing key, headers and body: publish id 8, routing
+/// key tag 1 and length 2, header count 2, body length 4.
+const MESSAGE_OVERHEAD_BYTES: usize = 8 + 1 + 2 + 2 + 4;
+/// Largest buffered capacity: permits are counted in `u32` by `Semaphore::acquire_many`.
+const BUFFERED_CAPACITY_MAX: usize = u32::MAX as usize;
+
+/// A message to publish.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct OutgoingMessage {
+    /// Chooses the partition; messages without one are spread over partitions.
+    pub routing_key: Option<String>,
+    /// Application headers.
+    pub headers: Vec<Header>,
+    /// The payload.
+    pub body: Bytes,
+}
+
+impl OutgoingMessage {
+    /// A message with `body`, no routing key and no headers.
+    pub fn new(body: impl Into<Bytes>) -> OutgoingMessage {
+        OutgoingMessage {
+            routing_key: None,
+            headers: Vec::new(),
+            body: body.into(),
+        }
+    }
+
+    /// Sets the routing key.
+    pub fn with_routing_key(mut self, routing_key: impl Into<String>) -> OutgoingMessage {
+        self.routing_key = Some(routing_key.into());
+        self
+    }
+
+    /// Adds a header.
+    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.push(Header {
+            name: name.into(),
+            value: value.into(),
+        });
+        self
+    }
+
+    fn to_wire(&self, publish_id: u64) -> Message {
+        Message {
+            publish_id,
+            routing_key: self.routing_key.clone(),
+            headers: self.headers.clone(),
+            body: self.body.clone(),
+        }
+    }
+
+    /// An upper bound of the message's encoded size, to split batches below the frame limit.
+    fn size_bytes(&self) -> usize {
+        let key = self.routing_key.as_ref().map_or(0, String::len);
+        let headers: usize = self
+            .headers
+            .iter()
+            .map(|header| 4 + header.name.len() + header.value.len())
+            .sum();
+        MESSAGE_OVERHEAD_BYTES + key + headers + self.body.len()
+    }
+}
+
+/// A confirmed publish: the broker synced the message to disk before it said so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Confirmed {
+    /// The publish id of the attempt the broker confirmed.
+    pub publish_id: u64,
+    /// Attempts it took: 1, plus one per `ERR_LIMITED` retry.
+    pub attempts: u32,
+}
+
+struct Attempt {
+    index: usize,
+    message: OutgoingMessage,
+    attempts: u32,
+}
+
+impl Client {
+    /// Publishes one message and resolves when the broker confirmed it: the message is durable
+    /// (synced to disk). Retries by itself after `ERR_LIMITED` (429): the same message under a
+    /// new publish id, after the broker's `retry_after_ms` (at least [`RETRY_DELAY_MS_MIN`],
+    /// plus 0–20% jitter, so never earlier than asked), for as long as `publish_timeout`
+    /// allows. Then it fails with [`ClientError::Limited`] `{ timed_out: true, .. }`, naming
+    /// the limit and reason.
+    ///
+    /// Nothing else is retried. A 503 and other refusals are [`ClientError::Server`] (503: not
+    /// applied, safe to publish again later). A 504, a connection lost after sending, or no
+    /// answer within `publish_timeout`, are [`ClientError::OutcomeUnknown`]: the message may or
+    /// may not be durable, and publishing it again can store it twice.
+    pub async fn publish(
+        &self,
+        queue: &str,
+        message: OutgoingMessage,
+    ) -> Result<Confirmed, PublishFailed> {
+        let mut results = self.publish_batch(queue, vec![message]).await;
+        match results.pop() {
+            Some(result) => result,
+            None => unreachable!("publish_batch answers every message"),
+        }
+    }
+
+    /// Publishes `messages` in one `Publish` frame (several if they exceed the 16 MiB frame
+    /// limit) and answers each one as [`Client::publish`] does, in order. Messages refused with
+    /// `ERR_LIMITED` are retried together, after the longest hint among them.
+    pub async fn publish_batch(
+        &self,
+        queue: &str,
+        messages: Vec<OutgoingMessage>,
+    ) -> Vec<Result<Confirmed, PublishFailed>> {
+        let timeout = self.options().publish_timeout;
+        let deadline = Instant::now() + timeout;
+        let mut results: Vec<Option<Result<Confirmed, PublishFailed>>> =
+            messages.iter().map(|_| None).collect();
+        let mut pending: Vec<Attempt> = messages
+            .into_iter()
+            .enumerate()
+            .map(|(index, message)| Attempt {
+                index,
+                message,
+                attempts: 1,
+            })
+            .collect();
+        while !pending.is_empty() {
+            let waiting = self.publish_send(queue, pending).await;
+            let mut limited: Vec<(Attempt, ErrorBody)> = Vec::new();
+            for (attempt, publish_id, answer) in waiting {
+                let outcome = match tokio::time::timeout_at(deadline, answer).await {
+                    Ok(Ok(outcome)) => outcome,
+                    Ok(Err(_)) => PublishOutcome::NotSent(self.lost_error()),
+                    Err(_) => PublishOutcome::Lost(format!(
+                        "no Confirm within publish_timeout ({} ms)",
+                        duration_ms(timeout)
+                    )),
+                };
+                let result = match outcome {
+                    PublishOutcome::Confirmed => Ok(Confirmed {
+                        publish_id,
+                        attempts: attempt.attempts,
+                    }),
+                    PublishOutcome::Failed(body) if body.code() == ERR_LIMITED => {
+                        limited.push((attempt, body));
+                        continue;
+                    }
+                    PublishOutcome::Failed(body) => Err(ClientError::from_body(body)),
+                    PublishOutcome::Lost(detail) => Err(ClientError::OutcomeUnknown {
+                        error: None,
+                        detail,
+                    }),
+                    PublishOutcome::NotSent(error) => Err(error),
+                };
+                results[attempt.index] = Some(result.map_err(|error| PublishFailed {
+                    message: attempt.message,
+                    error,
+                }));
+            }
+            pending = self
+                .publish_retry_wait(limited, deadline, &mut results)
+                .await;
+        }
+        results
+            .into_iter()
+            .map(|result| match result {
+                Some(result) => result,
+                None => unreachable!("every attempt ends answered or retried"),
+            })
+            .collect()
+    }
+
+    /// Waits out the longest hint among `limited` and returns them as the next attempts, or,
+    /// when the deadline comes first, waits until it and fails them as timed out.
+    async fn publish_retry_wait(
+        &self,
+        limited: Vec<(Attempt, ErrorBody)>,
+        deadline: Instant,
+        results: &mut [Option<Result<Confirmed, PublishFailed>>],
+    ) -> Vec<Attempt> {
+        let Some(hint_ms) = limited
+            .iter()
+            .filter_map(|(_, body)| body.retry_after_ms())
+            .max()
+        else {
+            return Vec::new();
+        };
+        let delay = retry_delay(u64::from(hint_ms), jitter_seed(&limited));
+        if Instant::now() + delay < deadline {
+            tokio::time::sleep(delay).await;
+            return limited
+                .into_iter()
+                .map(|(attempt, _)| Attempt {
+                    attempts: attempt.attempts + 1,
+                    ..attempt
+                })
+                .collect();
+        }
+        tokio::time::sleep_until(deadline).await;
+        let timeout_ms = duration_ms(self.options().publish_timeout);
+        for (attempt, body) in limited {
+            let mut error = ClientError::from_body(body);
+            if let ClientError::Limited {
+                timed_out,
+                timeout_ms: limit_timeout_ms,
+                ..
+            } = &mut error
+            {
+                *timed_out = true;
+                *limit_timeout_ms = timeout_ms;
+            }
+            results[attempt.index] = Some(Err(PublishFailed {
+                message: attempt.message,
+                error,
+            }));
+        }
+        Vec::new()
+    }
+
+    /// Sends one attempt of each message under new publish ids, in as few frames as fit, and
+    /// returns what to wait on.
+    async fn publish_send(
+        &self,
+        queue: &str,
+        attempts: Vec<Attempt>,
+    ) -> Vec<(Attempt, u64, oneshot::Receiver<PublishOutcome>)> {
+        let mut waiting = Vec::with_capacity(attempts.len());
+        let mut frame_messages = Vec::new();
+        let mut frame_waiters = Vec::new();
+        let mut frame_size_bytes = PUBLISH_FRAME_OVERHEAD_BYTES + queue.len();
+        for attempt in attempts {
+            let size_bytes = attempt.message.size_bytes();
+            let frame_limit = usize::try_from(FRAME_SIZE_BYTES_MAX).unwrap_or(usize::MAX);
+            if !frame_messages.is_empty() && frame_size_bytes + size_bytes > frame_limit {
+                let messages = std::mem::take(&mut frame_messages);
+                let waiters = std::mem::take(&mut frame_waiters);
+                self.publish_frame(queue, PublishMode::Confirmed, messages, waiters)
+                    .await;
+                frame_size_bytes = PUBLISH_FRAME_OVERHEAD_BYTES + queue.len();
+            }
+            frame_size_bytes += size_bytes;
+            let publish_id = self.ids().publish_id();
+            let (waiter, answer) = oneshot::channel();
+            frame_messages.push(attempt.message.to_wire(publish_id));
+            frame_waiters.push(Waiter::Confirmed(waiter));
+            waiting.push((attempt, publish_id, answer));
+        }
+        if !frame_messages.is_empty() {
+            self.publish_frame(queue, PublishMode::Confirmed, frame_messages, frame_waiters)
+                .await;
+        }
+        waiting
+    }
+
+    /// Hands one frame to the connection task. If the task is gone the waiters are dropped
+    /// with the command, and their receivers report the lost connection.
+    async fn publish_frame(
+        &self,
+        queue: &str,
+        mode: PublishMode,
+        messages: Vec<Message>,
+        waiters: Vec<Waiter>,
+    ) {
+        let command = Command::Publish {
+            queue: queue.to_owned(),
+            mode,
+            messages,
+            waiters,
+        };
+        if let Err(mpsc::error::SendError(command)) = self.commands().send(command).await {
+            // Confirmed waiters see their sender dropped and report the lost connection;
+            // buffered messages go to the dropped path.
+            let Command::Publish { waiters, .. } = command else {
+                return;
+            };
+            for waiter in waiters {
+                if let Waiter::Buffered(entry) = waiter {
+                    entry.drop_with(self.lost_error());
+                }
+            }
+        }
+    }
+
+    /// A publisher of buffered (unconfirmed) messages to `queue`, and the receiving end of its
+    /// dropped-publish path. See [`BufferedPublisher`].
+    pub fn buffered_publisher(
+        &self,
+        queue: &str,
+        options: BufferedOptions,
+    ) -> (BufferedPublisher, DroppedPublishes) {
+        let capacity = options.capacity.clamp(1, BUFFERED_CAPACITY_MAX);
+        let (dropped_tx, dropped_rx) = mpsc::channel(capacity);
+        let sink = Arc::new(DroppedSink {
+            dropped: dropped_tx,
+            dropped_count: AtomicU64::new(0),
+            unreported_count: AtomicU64::new(0),
+        });
+        let publisher = BufferedPublisher {
+            client: self.clone(),
+            queue: queue.to_owned(),
+            slots: Arc::new(Semaphore::new(capacity)),
+            capacity,
+            sink: Arc::clone(&sink),
+        };
+        let dropped = DroppedPublishes {
+            receiver: dropped_rx,
+            sink,
+        };
+        (publisher, dropped)
+    }
+}
+
+/// The delay before retrying after a hint of `hint_ms`: at least [`RETRY_DELAY_MS_MIN`], then
+/// spread over `[1.0, 1.2] × hint` (1.1 × hint ± 10%) so that many publishers refused at once
+/// do not come back at once, and none comes back earlier than the broker asked.
+pub(crate) fn retry_delay(hint_ms: u64, seed: u64) -> Duration {
+    let base_ms = hint_ms.max(RETRY_DELAY_MS_MIN);
+    // seed % 2001 is 0..=2000, i.e. 0.0% to 20.0% in steps of 0.01%.
+    let jitter_ms = base_ms.saturating_mul(seed % 2001) / 10_000;
+    Duration::from_millis(base_ms.saturating_add(jitter_ms))
+}
+
+fn jitter_seed(limited: &[(Attempt, ErrorBody)]) -> u64 {
+    // RandomState is seeded per process from the OS; hashing the time adds variation per call.
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    std::time::SystemTime::now().hash(&mut hasher);
+    limited.len().hash(&mut hasher);
+    hasher.finish()
+}
+
+/// A message that a [`BufferedPublisher`] could not publish, and why.
+#[derive(Debug)]
+pub struct DroppedPublish {
+    /// The message, as handed to [`BufferedPublisher::send`].
+    pub message: OutgoingMessage,
+    /// Why it was dropped: [`ClientError::Limited`] (429, not retried), [`ClientError::Server`]
+    /// (for example 503), [`ClientError::OutcomeUnknown`] (504, or the connection ended after
+    /// it was written), [`ClientError::ConnectionLost`] (never written). Use
+    /// [`ClientError::code`] and [`ClientError::reason`] to count them.
+    pub error: ClientError,
+}
+
+/// Shared by a publisher, its [`DroppedPublishes`] and its messages in flight.
+#[derive(Debug)]
+pub(crate) struct DroppedSink {
+    dropped: mpsc::Sender<DroppedPublish>,
+    dropped_count: AtomicU64,
+    unreported_count: AtomicU64,
+}
+
+/// A buffered message the connection task holds until it is settled.
+pub(crate) struct BufferedEntry {
+    message: OutgoingMessage,
+    sink: Arc<DroppedSink>,
+    /// Released (dropped) with the entry: that is what frees a slot in the buffer.
+    _slot: OwnedSemaphorePermit,
+}
+
+impl BufferedEntry {
+    /// Reports the message as dropped. Never waits: if nobody reads the dropped path and it is
+    /// full, the message is only counted (and logged).
+    pub(crate) fn drop_with(self, error: ClientError) {
+        self.sink.dropped_count.fetch_add(1, Ordering::Relaxed);
+        let report = DroppedPublish {
+            message: self.message,
+            error,
+        };
+        if let Err(error) = self.sink.dropped.try_send(report) {
+            self.sink.unreported_count.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(error = %error.into_inner().error, "dropped publish not reported: the dropped path is full or closed");
+        }
+    }
+}
+
+/// Publishes without waiting for confirms (`PublishMode::Buffered`). The broker sends no
+/// `Confirm` for these; a message that fails (any code, including 429: buffered publishes are
+/// **not** retried) is reported on [`DroppedPublishes`] and counted. See the module docs of
+/// `publisher.rs`, "When a buffered message is settled", for what counts as done and what that
+/// relies on.
+///
+/// At most `capacity` messages are unsettled at once; [`BufferedPublisher::send`] waits for a
+/// slot (backpressure). Nothing here survives a crash of the client: unsettled messages live
+/// only in its memory.
+#[derive(Debug)]
+pub struct BufferedPublisher {
+    client: Client,
+    queue: String,
+    slots: Arc<Semaphore>,
+    capacity: usize,
+    sink: Arc<DroppedSink>,
+}
+
+impl BufferedPublisher {
+    /// Sends one message, waiting while the buffer is full. Returns once the message is handed
+    /// to the connection; failures come later on [`DroppedPublishes`]. Fails at once, handing the
+    /// message back, when the connection is already gone.
+    pub async fn send(&self, message: OutgoingMessage) -> Result<(), PublishFailed> {
+        let slot = match Arc::clone(&self.slots).acquire_owned().await {
+            Ok(slot) => slot,
+            Err(_) => unreachable!("the buffer's semaphore is never closed"),
+        };
+        if !self.client.is_connected() {
+            return Err(PublishFailed {
+                message,
+                error: self.client.lost_error(),
+            });
+        }
+        let publish_id = self.client.ids().publish_id();
+        let wire = message.to_wire(publish_id);
+        let entry = BufferedEntry {
+            message,
+            sink: Arc::clone(&self.sink),
+            _slot: slot,
+        };
+        // If the connection ends between the check above and here, the task's shutdown reports
+        // the entry on the dropped path (or it is dropped with the command and counted below).
+        self.client
+            .publish_frame(
+                &self.queue,
+                PublishMode::Buffered,
+                vec![wire],
+                vec![Waiter::Buffered(entry)],
+            )
+            .await;
+        Ok(())
+    }
+
+    /// Waits until every message sent so far is settled: reported as dropped, or written and
+    /// followed by a barrier reply (see the module docs for what that relies on). Sends made
+    /// while flushing wait for it. Fails when the connection has ended; the unsettled messages
+    /// are then on the dropped path.
+    pub async fn flush(&self) -> Result<(), ClientError> {
+        let all = u32::try_from(self.capacity).unwrap_or(u32::MAX);
+        match self.slots.acquire_many(all).await {
+            Ok(slots) => drop(slots),
+            Err(_) => unreachable!("the buffer's semaphore is never closed"),
+        }
+        if self.client.is_connected() {
+            Ok(())
+        } else {
+            Err(self.client.lost_error())
+        }
+    }
+
+    /// Messages dropped so far (reported or not).
+    pub fn dropped_count(&self) -> u64 {
+        self.sink.dropped_count.load(Ordering::Relaxed)
+    }
+
+    /// Messages sent and not yet settled.
+    pub fn unsettled_count(&self) -> usize {
+        self.capacity - self.slots.available_permits()
+    }
+
+    /// The queue published to.
+    pub fn queue(&self) -> &str {
+        &self.queue
+    }
+}
+
+/// The dropped-publish path of a [`BufferedPublisher`]: a [`Stream`] (and [`Self::recv`]) of
+/// [`DroppedPublish`]. Bounded by the publisher's capacity; if it is full because nobody reads
+/// it, further drops are only counted ([`Self::unreported_count`]) and logged.
+#[derive(Debug)]
+pub struct DroppedPublishes {
+    receiver: mpsc::Receiver<DroppedPublish>,
+    sink: Arc<DroppedSink>,
+}
+
+impl DroppedPublishes {
+    /// The next dropped message, or `None` once the publisher and every message it sent are gone.
+    pub async fn recv(&mut self) -> Option<DroppedPublish> {
+        self.receiver.recv().await
+    }
+
+    /// A dropped message if one is ready, without waiting.
+    pub fn try_recv(&mut self) -> Option<DroppedPublish> {
+        self.receiver.try_recv().ok()
+    }
+
+    /// Messages dropped so far, reported or not.
+    pub fn dropped_count(&self) -> u64 {
+        self.sink.dropped_count.load(Ordering::Relaxed)
+    }
+
+    /// Drops that could not be reported because this path was full.
+    pub fn unreported_count(&self) -> u64 {
+        self.sink.unreported_count.load(Ordering::Relaxed)
+    }
+}
+
+impl Stream for DroppedPublishes {
+    type Item = DroppedPublish;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<DroppedPublish>> {
+        self.receiver.poll_recv(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_delay_never_undercuts_the_hint_and_stays_within_20_percent() {
+        for seed in [0, 1, 999, 2000, 2001, u64::MAX] {
+            let delay = retry_delay(1000, seed);
+            assert!(delay >= Duration::from_millis(1000), "{delay:?}");
+            assert!(delay <= Duration::from_millis(1200), "{delay:?}");
+        }
+        assert_eq!(retry_delay(0, 0), Duration::from_millis(RETRY_DELAY_MS_MIN));
+        assert_eq!(retry_delay(1000, 2000), Duration::from_millis(1200));
+    }
+
+    #[test]
+    fn size_estimate_covers_the_encoding() {
+        let message = OutgoingMessage::new(&b"hi"[..])
+            .with_routing_key("k")
+            .with_header("k", "v");
+        let mut dst = bytes::BytesMut::new();
+        let frame = keratin_proto::Frame::Publish(keratin_proto::Publish {
+            queue: "q".into(),
+            mode: PublishMode::Confirmed,
+            messages: vec![message.to_wire(7)],
+        });
+        frame.encode(&mut dst, FRAME_SIZE_BYTES_MAX).unwrap();
+        assert!(dst.len() <= PUBLISH_FRAME_OVERHEAD_BYTES + 1 + message.size_bytes());
+    }
+}

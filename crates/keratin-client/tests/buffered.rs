@@ -1,0 +1,112 @@
+//! Buffered publishes against a scripted fake broker: they go out in `PublishMode::Buffered`, are
+//! never retried, and a `PublishError` (429 included) lands on the dropped path with its code
+//! and reason; `send` waits while the bounded buffer is full, and `flush` returns once the
+//! barrier (`QueueList`) came back. A client that retried buffered messages, lost a failure,
+//! or let the buffer grow past its capacity fails these tests.
+
+mod fake;
+
+use std::time::{Duration, Instant};
+
+use keratin_client::{BufferedOptions, ClientError, OutgoingMessage};
+use keratin_proto::{ErrorBody, Frame, LimitReason, PublishMode, QueueListReply};
+
+#[tokio::test]
+async fn rejected_buffered_messages_land_on_the_dropped_path_with_their_reason() {
+    let (addr, server) = fake::start(|mut conn| async move {
+        let mut publishes = 0;
+        while let Some(frame) = conn.recv().await {
+            match frame {
+                Frame::Publish(publish) => {
+                    assert_eq!(publish.mode, PublishMode::Buffered);
+                    publishes += 1;
+                    for message in publish.messages {
+                        if message.body.as_ref() == b"refused" {
+                            let error = ErrorBody::limited(
+                                LimitReason::QueueFull,
+                                250,
+                                "queue orders is full (max_messages 10)",
+                            );
+                            conn.publish_error(message.publish_id, error).await;
+                        }
+                    }
+                }
+                Frame::QueueList(list) => {
+                    let reply = QueueListReply {
+                        request_id: list.request_id,
+                        queues: Vec::new(),
+                    };
+                    conn.send(Frame::QueueListReply(reply)).await;
+                }
+                Frame::Close(_) => break,
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(publishes, 3, "buffered publishes are not retried");
+    })
+    .await;
+    let client = fake::connect(addr, fake::options()).await;
+    let (publisher, mut dropped) = client.buffered_publisher("orders", BufferedOptions::default());
+    for body in ["one", "refused", "three"] {
+        publisher.send(OutgoingMessage::new(body)).await.unwrap();
+    }
+    publisher.flush().await.unwrap();
+    assert_eq!(publisher.unsettled_count(), 0);
+    assert_eq!(publisher.dropped_count(), 1);
+    let report = dropped
+        .try_recv()
+        .expect("the refusal was reported before flush returned");
+    assert_eq!(report.message.body.as_ref(), b"refused");
+    assert_eq!(report.error.code_key().as_deref(), Some("429:queue_full"));
+    assert!(matches!(
+        report.error,
+        ClientError::Limited {
+            timed_out: false,
+            ..
+        }
+    ));
+    assert!(report.error.to_string().contains("queue orders is full"));
+    assert!(dropped.try_recv().is_none());
+    drop(publisher);
+    client.close().await;
+    server.await.unwrap();
+}
+
+#[tokio::test]
+async fn send_waits_while_the_buffer_is_full() {
+    let (addr, server) = fake::start(|mut conn| async move {
+        while let Some(frame) = conn.recv().await {
+            match frame {
+                Frame::Publish(_) => {}
+                Frame::QueueList(list) => {
+                    // Hold the barrier: the buffer stays full meanwhile.
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    let reply = QueueListReply {
+                        request_id: list.request_id,
+                        queues: Vec::new(),
+                    };
+                    conn.send(Frame::QueueListReply(reply)).await;
+                }
+                _ => break,
+            }
+        }
+    })
+    .await;
+    let client = fake::connect(addr, fake::options()).await;
+    let (publisher, _dropped) =
+        client.buffered_publisher("orders", BufferedOptions { capacity: 2 });
+    let started = Instant::now();
+    publisher.send(OutgoingMessage::new("a")).await.unwrap();
+    publisher.send(OutgoingMessage::new("b")).await.unwrap();
+    assert!(started.elapsed() < Duration::from_millis(150));
+    assert!(publisher.unsettled_count() <= 2);
+    publisher.send(OutgoingMessage::new("c")).await.unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_millis(150),
+        "the third send did not wait for room"
+    );
+    publisher.flush().await.unwrap();
+    drop(publisher);
+    client.close().await;
+    server.await.unwrap();
+}

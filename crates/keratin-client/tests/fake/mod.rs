@@ -1,0 +1,172 @@
+//! A scripted fake broker for the client's tests: it accepts one connection, answers the
+//! handshake, then runs a test's script against the framed socket. Built on `keratin-proto`
+//! only, so the client is tested against the protocol, not against a particular server.
+
+#![allow(
+    dead_code,
+    reason = "each test binary uses a different part of the fake"
+)]
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use futures_util::{SinkExt, StreamExt};
+use keratin_client::{Client, ClientOptions};
+use keratin_proto::{ClientHello, ErrorBody, Frame, FrameCodec, PublishIdRange, ServerHello};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+use tokio_util::codec::{Framed, FramedParts};
+
+/// Longest any single wait in a test may take before the test fails instead of hanging.
+pub const TEST_WAIT: Duration = Duration::from_secs(10);
+
+/// The broker's side of one connection.
+pub struct FakeConn {
+    framed: Framed<TcpStream, FrameCodec>,
+    /// Heartbeats received (and skipped) by [`FakeConn::recv`].
+    pub heartbeats: usize,
+}
+
+/// Starts a fake broker that runs `script` on its first connection; returns its address and
+/// the script's task (join it to see the script's assertions fail).
+pub async fn start<F, Fut>(script: F) -> (SocketAddr, JoinHandle<()>)
+where
+    F: FnOnce(FakeConn) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("fake broker I/O");
+    let addr = listener.local_addr().expect("fake broker I/O");
+    let task = tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.expect("fake broker I/O");
+        let hello = read_client_hello(&mut stream).await;
+        assert_eq!(hello.client_name, "test-client");
+        let mut answer = BytesMut::new();
+        ServerHello::answer(&hello, "fake-node")
+            .encode(&mut answer)
+            .expect("fake broker I/O");
+        stream.write_all(&answer).await.expect("fake broker I/O");
+        let parts = FramedParts::new::<Frame>(stream, FrameCodec::new());
+        let conn = FakeConn {
+            framed: Framed::from_parts(parts),
+            heartbeats: 0,
+        };
+        script(conn).await;
+    });
+    (addr, task)
+}
+
+/// A fake broker that refuses the handshake with `error`.
+pub async fn start_refusing(error: ErrorBody) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("fake broker I/O");
+    let addr = listener.local_addr().expect("fake broker I/O");
+    tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.expect("fake broker I/O");
+        let _ = read_client_hello(&mut stream).await;
+        let mut answer = BytesMut::new();
+        ServerHello::Refused { version: 1, error }
+            .encode(&mut answer)
+            .expect("fake broker I/O");
+        stream.write_all(&answer).await.expect("fake broker I/O");
+    });
+    addr
+}
+
+async fn read_client_hello(stream: &mut TcpStream) -> ClientHello {
+    let mut buf = BytesMut::new();
+    loop {
+        if let Some(hello) = ClientHello::decode(&mut buf).expect("fake broker I/O") {
+            return hello;
+        }
+        assert_ne!(
+            stream.read_buf(&mut buf).await.expect("fake broker I/O"),
+            0,
+            "eof in hello"
+        );
+    }
+}
+
+/// Options for tests: the fake's expected name, short timeouts.
+pub fn options() -> ClientOptions {
+    ClientOptions {
+        name: "test-client".into(),
+        request_timeout: Duration::from_secs(5),
+        publish_timeout: Duration::from_secs(5),
+        ..ClientOptions::default()
+    }
+}
+
+/// Connects a client with `options` to `addr`.
+pub async fn connect(addr: SocketAddr, options: ClientOptions) -> Client {
+    tokio::time::timeout(TEST_WAIT, Client::connect(addr, options))
+        .await
+        .expect("connect timed out")
+        .expect("connect failed")
+}
+
+impl FakeConn {
+    /// The next frame other than `Heartbeat`, or `None` at end of stream.
+    pub async fn recv(&mut self) -> Option<Frame> {
+        loop {
+            match self.recv_any().await? {
+                Frame::Heartbeat => self.heartbeats += 1,
+                frame => return Some(frame),
+            }
+        }
+    }
+
+    /// The next frame of any type, or `None` at end of stream.
+    pub async fn recv_any(&mut self) -> Option<Frame> {
+        let next = tokio::time::timeout(TEST_WAIT, self.framed.next())
+            .await
+            .expect("the fake broker waited too long for a frame");
+        next.map(|frame| frame.expect("the client sent a malformed frame"))
+    }
+
+    /// The next non-heartbeat frame, if one arrives within `wait`.
+    pub async fn recv_within(&mut self, wait: Duration) -> Option<Frame> {
+        tokio::time::timeout(wait, self.recv()).await.ok().flatten()
+    }
+
+    /// Sends a frame to the client.
+    pub async fn send(&mut self, frame: Frame) {
+        self.framed.send(frame).await.expect("fake broker I/O");
+    }
+
+    /// Receives the next frame, which must be a `Publish`.
+    pub async fn expect_publish(&mut self) -> keratin_proto::Publish {
+        match self.recv().await {
+            Some(Frame::Publish(publish)) => publish,
+            other => panic!("expected Publish, got {other:?}"),
+        }
+    }
+
+    /// Answers a `Confirm` for one publish id.
+    pub async fn confirm(&mut self, publish_id: u64) {
+        let ranges = vec![PublishIdRange::single(publish_id)];
+        self.send(Frame::Confirm(keratin_proto::Confirm { ranges }))
+            .await;
+    }
+
+    /// Answers a `PublishError` for one publish id.
+    pub async fn publish_error(&mut self, publish_id: u64, error: ErrorBody) {
+        let ranges = vec![PublishIdRange::single(publish_id)];
+        self.send(Frame::PublishError(keratin_proto::PublishError {
+            ranges,
+            error,
+        }))
+        .await;
+    }
+
+    /// Answers `Ok` to a request.
+    pub async fn ok(&mut self, request_id: u64) {
+        self.send(Frame::Ok(keratin_proto::OkReply { request_id }))
+            .await;
+    }
+}
