@@ -1,0 +1,244 @@
+//! `keratin-bench`: scenario benchmarks of Keratin against a raw reference measured in the same
+//! run, on the same file system, reported as a table of ratios (docs/benchmarks.md).
+//!
+//! # Layout
+//! - `contender`: the `Contender` trait every storage under test implements, and its workloads.
+//! - `keratin`: Keratin's log as a contender; `raw`: the `pwrite`+`fdatasync` / `pread` reference.
+//! - `counting_io`: an `Io` wrapper that counts syncs and the batch each one covered.
+//! - `page_cache`: dropping the page cache before reads, when root.
+//! - `log_bench`: the `log` benchmark: interleaved rounds of appends, reads and recovery.
+//! - `report`: the table, its JSON form, medians and percentiles.
+
+mod contender;
+mod counting_io;
+mod keratin;
+mod log_bench;
+mod page_cache;
+mod raw;
+mod report;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+use crate::contender::BenchResult;
+use crate::log_bench::{filesystem_name, human_bytes, LogBenchConfig};
+use crate::page_cache::PageCache;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "keratin-bench",
+    about = "Keratin against a raw reference, as ratios"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// The storage engine: durable appends with group commit vs pwrite+fdatasync with the same
+    /// batch sizes; sequential read and recovery vs a raw read of the same files.
+    Log(LogArgs),
+    /// A seconds-long run of every case with tiny sizes, in a temporary directory (CI).
+    Smoke {
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+struct LogArgs {
+    /// Directory on the file system under test; a `keratin-bench-<pid>` directory is made in it
+    /// and removed afterwards.
+    #[arg(long, default_value = "/var/tmp")]
+    dir: PathBuf,
+    /// Seconds of each append run.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    /// Rounds of each case; Keratin and the reference alternate within them.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Payload bytes of one record.
+    #[arg(long, default_value_t = 1024)]
+    record_bytes: usize,
+    /// Appender counts, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,64")]
+    appenders: Vec<usize>,
+    /// Payload bytes of the log that is read and recovered (suffixes K, M, G, KiB, MiB, GiB).
+    #[arg(long, default_value = "1GiB", value_parser = parse_bytes)]
+    read_bytes: u64,
+    /// Run only the append cases.
+    #[arg(long, conflicts_with = "read_only")]
+    append_only: bool,
+    /// Run only the read and recovery cases.
+    #[arg(long)]
+    read_only: bool,
+    /// Never drop the page cache, even as root (reads then come from memory).
+    #[arg(long)]
+    no_drop_caches: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_bytes(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let number: u64 = digits.parse().map_err(|e| format!("{text:?}: {e}"))?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kib" => 10,
+        "m" | "mib" => 20,
+        "g" | "gib" => 30,
+        other => return Err(format!("{text:?}: unknown unit {other:?}; use K, M or G")),
+    };
+    number
+        .checked_mul(1 << shift)
+        .ok_or_else(|| format!("{text:?} is too large"))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Log(args) => run_log(&args),
+        Command::Smoke { json } => run_smoke(json),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("keratin-bench: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_log(args: &LogArgs) -> BenchResult<()> {
+    if args.rounds == 0 || args.appenders.contains(&0) || args.record_bytes == 0 {
+        return Err("--rounds, --appenders and --record-bytes must be at least 1".into());
+    }
+    let config = LogBenchConfig {
+        dir: args.dir.clone(),
+        duration: Duration::from_secs_f64(args.seconds),
+        rounds: args.rounds,
+        record_bytes: args.record_bytes,
+        appenders: args.appenders.clone(),
+        read_bytes: args.read_bytes,
+        append_only: args.append_only,
+        read_only: args.read_only,
+    };
+    run_in_work_dir(config, !args.no_drop_caches, args.json)
+}
+
+fn run_smoke(json: bool) -> BenchResult<()> {
+    let base = std::env::var_os("TMPDIR").map_or_else(|| PathBuf::from("/var/tmp"), PathBuf::from);
+    let config = LogBenchConfig {
+        dir: base,
+        duration: Duration::from_secs(1),
+        rounds: 1,
+        record_bytes: 1024,
+        appenders: vec![1, 8, 64],
+        read_bytes: 16 << 20,
+        append_only: false,
+        read_only: false,
+    };
+    run_in_work_dir(config, true, json)?;
+    eprintln!("smoke: every case ran (figures of a 1 s run are not benchmark results)");
+    Ok(())
+}
+
+/// Run the `log` benchmark in a fresh directory under `config.dir`, removed afterwards.
+fn run_in_work_dir(mut config: LogBenchConfig, drop_caches: bool, json: bool) -> BenchResult<()> {
+    let work_dir = config
+        .dir
+        .join(format!("keratin-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&config.dir)?;
+    std::fs::create_dir(&work_dir).map_err(|e| format!("create {}: {e}", work_dir.display()))?;
+    let filesystem = filesystem_name(&work_dir);
+    config.dir = work_dir.clone();
+    let cache = PageCache::detect(drop_caches);
+    let load_before = load_average();
+    let result = log_bench::run(&config, &cache);
+    let cleanup = std::fs::remove_dir_all(&work_dir);
+    let mut report = result?;
+    cleanup.map_err(|e| format!("remove {}: {e}", work_dir.display()))?;
+    report.context = context(&config, &work_dir, &filesystem, &cache, &load_before);
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report.json())?);
+    } else {
+        print!("{}", report.table());
+    }
+    Ok(())
+}
+
+fn context(
+    config: &LogBenchConfig,
+    work_dir: &Path,
+    filesystem: &str,
+    cache: &PageCache,
+    load_before: &str,
+) -> Vec<(String, String)> {
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let args: Vec<String> = std::env::args().collect();
+    [
+        ("command", args.join(" ")),
+        ("directory", format!("{} ({filesystem})", work_dir.display())),
+        ("machine", format!("{cores} cores, Linux {}", kernel.trim())),
+        ("load average before/after", format!("{load_before} / {}", load_average())),
+        (
+            "method",
+            format!(
+                "{} round(s) per case, keratin and raw alternating (K R, R K, ...); \
+                 {} s per append run; medians; ratio = keratin / raw, median of per-round ratios",
+                config.rounds,
+                config.duration.as_secs_f64()
+            ),
+        ),
+        (
+            "append",
+            format!(
+                "each appender appends one {} B record and waits for its ticket; raw replays \
+                 keratin's records-per-sync with one pwrite + fdatasync each; MB = 10^6 B of payload",
+                config.record_bytes
+            ),
+        ),
+        (
+            "read",
+            format!(
+                "log of {} payload in 64 MiB segments; page cache {}",
+                human_bytes(config.read_bytes),
+                cache.describe()
+            ),
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn byte_sizes_parse_with_binary_suffixes() {
+        assert_eq!(parse_bytes("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_bytes("16M"), Ok(16 << 20));
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert!(parse_bytes("1T").is_err());
+        assert!(parse_bytes("x").is_err());
+    }
+}
