@@ -89,6 +89,11 @@ enum Op {
     Purge {
         queue: usize,
     },
+    /// Publish 48 messages of about 5 KB (most of a segment), then consume and ack everything
+    /// ready: with held messages pinning old segments, this makes the log relocate.
+    Flood {
+        queue: usize,
+    },
     Recreate {
         queue: usize,
     },
@@ -114,6 +119,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
             .prop_map(|(index, settle)| Op::SettleHeld { index, settle }),
         2 => any::<usize>().prop_map(|index| Op::LoseHeld { index }),
         1 => (0..3usize).prop_map(|queue| Op::Purge { queue }),
+        1 => (0..3usize).prop_map(|queue| Op::Flood { queue }),
         1 => (0..3usize).prop_map(|queue| Op::Recreate { queue }),
         1 => Just(Op::Restart),
     ]
@@ -285,7 +291,14 @@ impl Harness {
 
     async fn apply(&mut self, op: &Op) {
         match *op {
-            Op::Publish { queue, count, key } => self.publish(queue, count, key).await,
+            Op::Publish { queue, count, key } => self.publish(queue, count, key, 0).await,
+            Op::Flood { queue } => {
+                self.publish(queue, 48, None, 5_000).await;
+                let ready = self.model.ready(queue);
+                if let Some(held) = self.take(queue, ready).await {
+                    self.settle_held(held, Some(Settle::Ack));
+                }
+            }
             Op::Consume {
                 queue,
                 count,
@@ -338,7 +351,7 @@ impl Harness {
         }
     }
 
-    async fn publish(&mut self, queue: usize, count: u64, key: Option<u8>) {
+    async fn publish(&mut self, queue: usize, count: u64, key: Option<u8>, padding: usize) {
         let seqs = self.model.next_seq..self.model.next_seq + count;
         self.model.next_seq += count;
         let messages: Vec<Message> = seqs
@@ -346,7 +359,7 @@ impl Harness {
             .map(|seq| Message {
                 routing_key: key.map(|k| format!("k{k}")).unwrap_or_default(),
                 headers: vec![("n".into(), seq.to_string())],
-                body: body(seq, body_len(seq)),
+                body: body(seq, body_len(seq) + padding),
             })
             .collect();
         let results = self.broker.publish(QUEUES[queue], messages.clone()).await;
