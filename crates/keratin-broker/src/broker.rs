@@ -11,6 +11,7 @@ use tokio::sync::{mpsc, Mutex};
 
 use crate::consumer::{Consumer, ConsumerLink, Credit};
 use crate::error::{BrokerError, BrokerResult};
+use crate::gate::{OpenGate, PublishGate};
 use crate::meta::{Meta, MetaRecord, QueueDecl};
 use crate::partition::owner::{self, rebuild, Command, OwnerContext};
 use crate::partition::state::PartitionState;
@@ -48,6 +49,8 @@ pub struct BrokerConfig {
     pub pool_background: bool,
     /// Time source.
     pub clock: Clock,
+    /// The resource limits publishes pass through.
+    pub gate: Arc<dyn PublishGate>,
 }
 
 impl std::fmt::Debug for BrokerConfig {
@@ -69,6 +72,7 @@ impl BrokerConfig {
             spare_budget_bytes: None,
             pool_background: true,
             clock: system_clock(),
+            gate: Arc::new(OpenGate),
         }
     }
 }
@@ -358,7 +362,7 @@ impl Broker {
     /// connection uses it so that its publishes reach each partition in the order they arrived,
     /// while their confirms are awaited elsewhere.
     pub fn publish_dispatch(&self, name: &str, messages: Vec<Message>) -> PendingPublish {
-        self.inner.dispatch(name, messages)
+        self.inner.dispatch(name, messages, false)
     }
 
     /// Subscribe to a queue with a prefetch (most unsettled deliveries at once).
@@ -465,7 +469,12 @@ impl BrokerInner {
             };
             let log = Log::open(io.clone(), &dir, options, Some(self.pool.clone()))?;
             let state = rebuild(&log, None)?;
+            let device = io
+                .device_id(&dir)
+                .map_err(|e| keratin_log::LogError::Invalid(format!("{}: {e}", dir.display())))?;
             let ctx = OwnerContext {
+                device,
+                gate: self.config.gate.clone(),
                 queue: decl.name.clone(),
                 index: index as u32,
                 settings: decl.settings.clone(),
@@ -525,12 +534,26 @@ impl BrokerInner {
         name: &str,
         messages: Vec<Message>,
     ) -> Vec<BrokerResult<Receipt>> {
-        self.dispatch(name, messages).wait().await
+        self.dispatch(name, messages, false).wait().await
+    }
+
+    /// Dead-lettering: a move of existing messages, never held back by the resource limits.
+    pub(crate) async fn publish_internal(
+        &self,
+        name: &str,
+        messages: Vec<Message>,
+    ) -> Vec<BrokerResult<Receipt>> {
+        self.dispatch(name, messages, true).wait().await
     }
 
     /// Route messages to their partitions and hand them over now; the returned value waits for
     /// the outcomes. Two dispatches from one caller reach each partition in call order.
-    pub(crate) fn dispatch(&self, name: &str, messages: Vec<Message>) -> PendingPublish {
+    pub(crate) fn dispatch(
+        &self,
+        name: &str,
+        messages: Vec<Message>,
+        internal: bool,
+    ) -> PendingPublish {
         let mut pending = PendingPublish {
             queue: name.to_string(),
             results: vec![None; messages.len()],
@@ -560,7 +583,7 @@ impl BrokerInner {
             if indexes.is_empty() {
                 continue;
             }
-            let reply = queue.partitions[p].dispatch(payloads, timestamp_ms);
+            let reply = queue.partitions[p].dispatch(payloads, timestamp_ms, internal);
             pending.waiting.push((p as u32, indexes, reply));
         }
         pending

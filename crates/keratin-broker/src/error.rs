@@ -42,6 +42,16 @@ pub enum BrokerError {
         /// Why.
         source: LogError,
     },
+    /// A resource limit refused the publish; nothing was applied, so retrying is safe.
+    #[error("{message}")]
+    Limited {
+        /// `disk`, `memory` or `queue_full`.
+        reason: String,
+        /// When a retry may succeed.
+        retry_after_ms: u32,
+        /// What happened and what to do.
+        message: String,
+    },
     /// The storage engine failed outside a partition's write path (opening, metadata).
     #[error("storage: {0}")]
     Log(#[from] LogError),

@@ -11,12 +11,14 @@
 //!   deliveries, space reclaim and relocation.
 //! - `record`: the partition log's records, byte by byte (`docs/partition-records.md`).
 //! - `consumer`: [`Consumer`] and [`Delivery`].
+//! - `gate`: [`PublishGate`], the resource limits as partitions see them.
 //! - `range_set`: [`RangeSet`], compact sets of offsets.
 #![deny(missing_docs)]
 
 mod broker;
 mod consumer;
 pub mod error;
+pub mod gate;
 mod meta;
 pub mod partition;
 mod queue;
@@ -29,6 +31,7 @@ pub use broker::{
 };
 pub use consumer::{Consumer, Delivery, DeliveryTag, Settler};
 pub use error::{BrokerError, BrokerResult};
+pub use gate::{GateDecision, OpenGate, PublishGate};
 pub use partition::state::PartitionState;
 pub use queue::{validate_queue_name, Queue, QueueSettings, MAX_PARTITIONS};
 pub use range_set::RangeSet;

@@ -118,11 +118,13 @@ impl PartitionHandle {
         &self,
         payloads: Vec<Vec<u8>>,
         timestamp_ms: u64,
+        internal: bool,
     ) -> oneshot::Receiver<BrokerResult<Range<u64>>> {
         let (reply, rx) = oneshot::channel();
         self.send(Command::Publish {
             payloads,
             timestamp_ms,
+            internal,
             reply,
         });
         rx

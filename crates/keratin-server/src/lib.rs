@@ -7,12 +7,16 @@
 //! - [`tcp`]: the protocol server: handshake, one task per connection, bounded queues,
 //!   heartbeats, graceful shutdown.
 //! - [`http`]: the admin API (axum): `/health`, `/api/v1/queues`.
+//! - [`limits`]: [`limits::NodeLimits`], the sampler and the publish gate over `keratin-limits`.
+//! - [`metrics`]: `/metrics` in the Prometheus text format.
 //! - [`convert`]: wire types to broker types and back.
 #![deny(missing_docs)]
 
 pub mod config;
 pub mod convert;
 pub mod http;
+pub mod limits;
+pub mod metrics;
 pub mod node;
 pub mod tcp;
 

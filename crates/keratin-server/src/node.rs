@@ -12,6 +12,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::config::Config;
+use crate::limits::NodeLimits;
 use crate::tcp::TcpOptions;
 
 /// Why a node could not start.
@@ -26,6 +27,9 @@ pub enum NodeError {
         /// The error.
         source: std::io::Error,
     },
+    /// The resource limits could not be set up.
+    #[error("resource limits: {0}")]
+    Limits(String),
     /// The storage could not be opened.
     #[error("cannot open the storage: {0}")]
     Storage(#[from] keratin_broker::BrokerError),
@@ -39,6 +43,7 @@ pub struct Node {
     http_addr: SocketAddr,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<std::io::Result<()>>>,
+    limits: Arc<NodeLimits>,
 }
 
 impl Node {
@@ -49,11 +54,25 @@ impl Node {
 
     /// Open the storage through `io` and start listening.
     pub async fn start_with_io(config: &Config, io: Arc<dyn Io>) -> Result<Node, NodeError> {
+        let limits = Arc::new(
+            NodeLimits::new(
+                &config.storage.dirs,
+                config.limits.clone(),
+                config.storage.max_bytes,
+            )
+            .map_err(NodeError::Limits)?,
+        );
+        // Sample before anything is served: a node that starts on a full disk rejects
+        // publishes from its first request.
+        limits.sample();
         let mut broker_config = BrokerConfig::new(config.storage.dirs.clone());
         broker_config.segment_size_bytes = config.storage.segment_bytes;
         broker_config.spare_budget_bytes = config.storage.spare_budget_bytes;
         broker_config.io = io;
+        broker_config.gate = limits.clone();
         let broker = Broker::open(broker_config).await?;
+        limits.attach(&broker);
+        limits.sample();
         let bind = |addr: SocketAddr| async move {
             TcpListener::bind(addr)
                 .await
@@ -78,6 +97,13 @@ impl Node {
                 .unwrap_or_else(|| format!("keratin@{protocol_addr}")),
             ..TcpOptions::default()
         };
+        let node_id = options.node_id.clone();
+        let sampler = tokio::spawn(limits.clone().run_sampler(stopped.clone()));
+        let admin = crate::http::Admin {
+            broker: broker.clone(),
+            limits: limits.clone(),
+            node_id,
+        };
         let tasks = vec![
             tokio::spawn(crate::tcp::serve(
                 protocol,
@@ -85,7 +111,11 @@ impl Node {
                 options,
                 wait_stop(stopped.clone()),
             )),
-            tokio::spawn(crate::http::serve(http, broker.clone(), wait_stop(stopped))),
+            tokio::spawn(crate::http::serve(http, admin, wait_stop(stopped))),
+            tokio::spawn(async move {
+                let _ = sampler.await;
+                Ok(())
+            }),
         ];
         tracing::info!(%protocol_addr, %http_addr, "keratin is serving");
         Ok(Node {
@@ -94,6 +124,7 @@ impl Node {
             http_addr,
             stop,
             tasks,
+            limits,
         })
     }
 
@@ -105,6 +136,11 @@ impl Node {
     /// The admin listener's address.
     pub fn http_addr(&self) -> SocketAddr {
         self.http_addr
+    }
+
+    /// The node's resource limits.
+    pub fn limits(&self) -> &Arc<NodeLimits> {
+        &self.limits
     }
 
     /// The broker.

@@ -3,7 +3,9 @@
 
 use std::future::Future;
 
-use axum::extract::{Path, State};
+use std::sync::Arc;
+
+use axum::extract::{FromRef, Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -12,24 +14,61 @@ use keratin_broker::{Broker, BrokerError, QueueInfo};
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 
-/// The admin router over a broker.
-pub fn router(broker: Broker) -> Router {
+use crate::limits::NodeLimits;
+
+/// What the admin routes read.
+#[derive(Debug, Clone)]
+pub struct Admin {
+    /// The broker.
+    pub broker: Broker,
+    /// The node's resource limits.
+    pub limits: Arc<NodeLimits>,
+    /// The node's id.
+    pub node_id: String,
+}
+
+impl FromRef<Admin> for Broker {
+    fn from_ref(admin: &Admin) -> Broker {
+        admin.broker.clone()
+    }
+}
+
+/// The admin router.
+pub fn router(admin: Admin) -> Router {
     Router::new()
         .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/api/v1/status", get(status))
         .route("/api/v1/queues", get(queues))
         .route("/api/v1/queues/{name}", get(queue))
-        .with_state(broker)
+        .with_state(admin)
 }
 
 /// Serve the admin API until `shutdown` completes.
 pub async fn serve(
     listener: TcpListener,
-    broker: Broker,
+    admin: Admin,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(broker))
+    axum::serve(listener, router(admin))
         .with_graceful_shutdown(shutdown)
         .await
+}
+
+async fn status(State(admin): State<Admin>) -> Json<Value> {
+    Json(admin.limits.status(&admin.node_id))
+}
+
+async fn metrics(State(admin): State<Admin>) -> Response {
+    let text = crate::metrics::render(&admin.broker, &admin.limits);
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
 }
 
 async fn health() -> Json<Value> {

@@ -206,8 +206,25 @@ impl Conn {
         self.send(frame).await;
     }
 
+    /// Wait until every publish received so far has been answered. The protocol promises that
+    /// the reply to a request comes after the answers to every publish sent before it on the
+    /// same connection: clients use a request as a barrier for buffered publishes.
+    async fn publishes_answered(&self) {
+        let all = self.options.publish_frames_inflight_max as u32;
+        if let Ok(permits) = self.publish_permits.acquire_many(all).await {
+            drop(permits);
+        }
+    }
+
     /// Handle one frame; false when the connection must end.
     async fn dispatch(&mut self, frame: Frame) -> bool {
+        let is_request = !matches!(
+            frame,
+            Frame::Publish(_) | Frame::Ack(_) | Frame::Reject(_) | Frame::Heartbeat
+        );
+        if is_request {
+            self.publishes_answered().await;
+        }
         match frame {
             Frame::Declare(d) => self.declare(d).await,
             Frame::Delete(q) => {

@@ -6,10 +6,22 @@ use keratin_proto::codes::{
     ERR_BAD_REQUEST, ERR_CONFLICT, ERR_GATEWAY_TIMEOUT, ERR_INTERNAL, ERR_NOT_FOUND,
     ERR_UNAVAILABLE,
 };
-use keratin_proto::ErrorBody;
+use keratin_proto::{ErrorBody, LimitReason};
 
 /// The wire error for a broker error.
 pub fn error_body(error: &BrokerError) -> ErrorBody {
+    if let BrokerError::Limited {
+        reason,
+        retry_after_ms,
+        message,
+    } = error
+    {
+        return ErrorBody::limited(
+            LimitReason::from_name(reason),
+            *retry_after_ms,
+            message.clone(),
+        );
+    }
     let code = match error {
         BrokerError::NotFound(_) => ERR_NOT_FOUND,
         BrokerError::Conflict { .. } => ERR_CONFLICT,

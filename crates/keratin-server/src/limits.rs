@@ -1,0 +1,519 @@
+//! `NodeLimits`: the node's resource limits at run time. It samples every storage file system
+//! (spare files counted as free) and the process's memory on a timer and after segment rolls,
+//! feeds the levels (`keratin-limits`), releases spares at the soft disk level, and answers the
+//! partitions' [`PublishGate`] questions from the last sample — never sampling inside a request.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+use keratin_broker::{Broker, GateDecision, PublishGate};
+use keratin_limits::{
+    discover_limit, read_resident_bytes, sample_filesystem, Decision, DeviceId, DiskSample, Level,
+    LevelChange, LimitSource, LimitsSettings, MemoryLimit, MemorySample, Monitor, Reason,
+    SystemRoots,
+};
+use keratin_log::SegmentPool;
+use serde_json::{json, Value};
+use tokio::sync::{watch, Notify};
+
+/// Attention items kept: enough for every level change of a busy hour at one per 10 s.
+pub const ATTENTION_ITEMS_MAX: usize = 256;
+
+/// A storage file system: its device and the storage directories on it.
+#[derive(Debug, Clone)]
+pub struct Filesystem {
+    /// Device id.
+    pub device: u64,
+    /// The first storage directory on it (what statvfs is asked about).
+    pub path: PathBuf,
+}
+
+/// Publishes delayed and rejected, by reason, since start.
+#[derive(Debug, Default)]
+pub struct PublishCounters {
+    /// Delayed for disk.
+    pub delayed_disk: AtomicU64,
+    /// Delayed for memory.
+    pub delayed_memory: AtomicU64,
+    /// Rejected for disk.
+    pub rejected_disk: AtomicU64,
+    /// Rejected for memory.
+    pub rejected_memory: AtomicU64,
+}
+
+/// One thing an operator should know about.
+#[derive(Debug, Clone)]
+pub struct AttentionItem {
+    /// When it was raised (ms since the epoch).
+    pub at_ms: u64,
+    /// What happened.
+    pub message: String,
+}
+
+/// The node's resource limits.
+#[derive(Debug)]
+pub struct NodeLimits {
+    monitor: Mutex<Monitor>,
+    filesystems: Vec<Filesystem>,
+    /// Set once the broker is open (the pool lives in it).
+    pool: OnceLock<SegmentPool>,
+    broker: OnceLock<Broker>,
+    max_bytes: u64,
+    memory_limit: MemoryLimit,
+    roots: SystemRoots,
+    nudge: Notify,
+    /// Counters for metrics.
+    pub counters: PublishCounters,
+    attention: Mutex<VecDeque<AttentionItem>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn mib(bytes: u64) -> u64 {
+    bytes >> 20
+}
+
+impl NodeLimits {
+    /// Limits over the storage directories `dirs`, with `settings`, an optional node storage
+    /// budget (`max_bytes`, 0 = none) and the memory limit discovered now.
+    pub fn new(
+        dirs: &[PathBuf],
+        settings: LimitsSettings,
+        max_bytes: u64,
+    ) -> Result<NodeLimits, String> {
+        let roots = SystemRoots::host();
+        let memory_limit = discover_limit(&roots, settings.memory.limit_bytes)
+            .map_err(|e| format!("memory limit: {e}"))?;
+        let mut filesystems: Vec<Filesystem> = Vec::new();
+        for dir in dirs {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| format!("storage directory {}: {e}", dir.display()))?;
+            let sample = sample_filesystem(dir).map_err(|e| e.to_string())?;
+            if !filesystems.iter().any(|f| f.device == sample.device.0) {
+                filesystems.push(Filesystem {
+                    device: sample.device.0,
+                    path: std::fs::canonicalize(dir).unwrap_or_else(|_| dir.clone()),
+                });
+            }
+        }
+        let monitor = Monitor::new(settings).map_err(|e| e.to_string())?;
+        Ok(NodeLimits {
+            monitor: Mutex::new(monitor),
+            filesystems,
+            pool: OnceLock::new(),
+            broker: OnceLock::new(),
+            max_bytes,
+            memory_limit,
+            roots,
+            nudge: Notify::new(),
+            counters: PublishCounters::default(),
+            attention: Mutex::new(VecDeque::new()),
+        })
+    }
+
+    /// Connect the broker (for spare and used bytes) once it is open.
+    pub fn attach(&self, broker: &Broker) {
+        let _ = self.pool.set(broker.pool().clone());
+        let _ = self.broker.set(broker.clone());
+    }
+
+    /// The storage file systems.
+    pub fn filesystems(&self) -> &[Filesystem] {
+        &self.filesystems
+    }
+
+    /// The settings in force.
+    pub fn settings(&self) -> LimitsSettings {
+        lock(&self.monitor).settings().clone()
+    }
+
+    /// Replace the settings (validated first); they apply from the next sample.
+    pub fn set_settings(&self, settings: LimitsSettings) -> Result<(), String> {
+        lock(&self.monitor)
+            .set_settings(settings)
+            .map_err(|e| e.to_string())?;
+        self.nudge.notify_one();
+        Ok(())
+    }
+
+    /// Recent attention items, oldest first.
+    pub fn attention(&self) -> Vec<AttentionItem> {
+        lock(&self.attention).iter().cloned().collect()
+    }
+
+    fn raise(&self, message: String) {
+        let mut items = lock(&self.attention);
+        if items.len() == ATTENTION_ITEMS_MAX {
+            items.pop_front();
+        }
+        items.push_back(AttentionItem {
+            at_ms: now_ms(),
+            message,
+        });
+    }
+
+    /// Bytes Keratin itself uses on disk: partitions' logs and spare files (for the budget).
+    fn used_bytes(&self) -> u64 {
+        let logs: u64 = self
+            .broker
+            .get()
+            .map_or(0, |b| b.list().iter().map(|q| q.disk_bytes()).sum());
+        let spares: u64 = self.pool.get().map_or(0, |pool| {
+            pool.filesystems().iter().map(|f| f.spare_bytes).sum()
+        });
+        logs + spares
+    }
+
+    /// Take one sample of every file system and of memory, and act on level changes.
+    pub fn sample(&self) {
+        let used = if self.max_bytes > 0 {
+            self.used_bytes()
+        } else {
+            0
+        };
+        for fs in &self.filesystems {
+            let filesystem = match sample_filesystem(&fs.path) {
+                Ok(sample) => sample,
+                Err(error) => {
+                    tracing::warn!(path = %fs.path.display(), %error, "cannot sample the file system");
+                    continue;
+                }
+            };
+            let spare = self.pool.get().map_or(0, |p| p.spare_bytes(fs.device));
+            let sample = DiskSample::new(&filesystem, spare).within_budget(self.max_bytes, used);
+            let change = lock(&self.monitor).observe_disk(DeviceId(fs.device), sample, now_ms());
+            let level = lock(&self.monitor).disk_level(DeviceId(fs.device));
+            if level.is_some_and(|l| l >= Level::Soft) && spare > 0 {
+                self.release_spares(fs);
+            }
+            if let Some(change) = change {
+                self.report(&change, Some(fs));
+            }
+        }
+        match read_resident_bytes(
+            &self.roots.proc_dir,
+            keratin_limits::memory::page_size_bytes(),
+        ) {
+            Ok(resident_bytes) => {
+                let sample = MemorySample {
+                    resident_bytes,
+                    limit_bytes: self.memory_limit.limit_bytes,
+                };
+                let change = lock(&self.monitor).observe_memory(
+                    sample,
+                    self.memory_limit.source.clone(),
+                    now_ms(),
+                );
+                if let Some(change) = change {
+                    self.report(&change, None);
+                }
+            }
+            Err(error) => tracing::warn!(%error, "cannot read resident memory"),
+        }
+    }
+
+    /// At soft and deeper, spare segment files go first: they are free space held back.
+    fn release_spares(&self, fs: &Filesystem) {
+        if let Some(pool) = self.pool.get() {
+            match pool.release(fs.device, 0) {
+                Ok(bytes) if bytes > 0 => {
+                    tracing::info!(path = %fs.path.display(), released_mib = mib(bytes), "released spare segments under disk pressure");
+                }
+                Ok(_) => {}
+                Err(error) => tracing::warn!(%error, "releasing spares failed"),
+            }
+        }
+    }
+
+    fn report(&self, change: &LevelChange, fs: Option<&Filesystem>) {
+        let message = match (change, fs) {
+            (
+                LevelChange::Disk {
+                    from,
+                    to,
+                    free_bytes,
+                    total_bytes,
+                    ..
+                },
+                Some(fs),
+            ) => format!(
+                "disk level {from} -> {to} on {} ({} MiB free of {} MiB){}",
+                fs.path.display(),
+                mib(*free_bytes),
+                mib(*total_bytes),
+                self.top_queues_text(fs.device),
+            ),
+            _ => change.to_string(),
+        };
+        if change.to() > change.from() {
+            tracing::warn!("{message}");
+        } else {
+            tracing::info!("{message}");
+        }
+        self.raise(message);
+    }
+
+    /// The queues using the most space on a file system, for messages and the dashboard.
+    pub fn top_queues(&self, device: u64, count: usize) -> Vec<(String, u64)> {
+        let Some(broker) = self.broker.get() else {
+            return Vec::new();
+        };
+        let mut usage: Vec<(String, u64)> = broker
+            .list()
+            .iter()
+            .map(|q| {
+                let bytes = q
+                    .partitions
+                    .iter()
+                    .filter(|p| {
+                        self.filesystems
+                            .iter()
+                            .any(|f| f.device == device && p.dir.starts_with(&f.path))
+                            || self.filesystems.len() == 1
+                    })
+                    .map(|p| p.disk_bytes)
+                    .sum();
+                (q.name.clone(), bytes)
+            })
+            .filter(|(_, bytes)| *bytes > 0)
+            .collect();
+        usage.sort_by_key(|(_, bytes)| std::cmp::Reverse(*bytes));
+        usage.truncate(count);
+        usage
+    }
+
+    fn top_queues_text(&self, device: u64) -> String {
+        let top = self.top_queues(device, 3);
+        if top.is_empty() {
+            return String::new();
+        }
+        let list: Vec<String> = top
+            .iter()
+            .map(|(name, bytes)| format!("{name} {} MiB", mib(*bytes)))
+            .collect();
+        format!("; largest queues: {}", list.join(", "))
+    }
+
+    /// Sample on a timer and after segment rolls until `stop` turns true.
+    pub async fn run_sampler(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        loop {
+            let interval = Duration::from_millis(self.settings().sample_interval_ms.max(10));
+            tokio::select! {
+                () = tokio::time::sleep(interval) => {}
+                () = self.nudge.notified() => {}
+                _ = stop.changed() => return,
+            }
+            let limits = self.clone();
+            // statvfs and /proc reads are quick but blocking: keep them off the async workers.
+            let _ = tokio::task::spawn_blocking(move || limits.sample()).await;
+        }
+    }
+
+    fn path_of(&self, device: u64) -> String {
+        self.filesystems
+            .iter()
+            .find(|f| f.device == device)
+            .map_or_else(
+                || format!("device {device}"),
+                |f| f.path.display().to_string(),
+            )
+    }
+
+    fn reject_message(
+        &self,
+        device: u64,
+        reason: Reason,
+        level: Level,
+        retry_after_ms: u64,
+    ) -> String {
+        let monitor = lock(&self.monitor);
+        match reason {
+            Reason::Disk => {
+                let status = monitor.disks().find(|d| d.device == DeviceId(device));
+                let (free, hard) = status.map_or((0, 0), |s| {
+                    (s.sample.effective_free_bytes(), s.thresholds.hard_bytes)
+                });
+                format!(
+                    "disk at {level} level on {} ({} MiB free, hard level at {} MiB); publishing \
+                     resumes once consumers free space; retry after {retry_after_ms} ms",
+                    self.path_of(device),
+                    mib(free),
+                    mib(hard)
+                )
+            }
+            _ => {
+                let memory = monitor.memory();
+                let (resident, limit) =
+                    memory.map_or((0, 0), |m| (m.sample.resident_bytes, m.sample.limit_bytes));
+                format!(
+                    "memory at {level} level ({} MiB resident of a {} MiB limit); publishing \
+                     resumes once memory falls; retry after {retry_after_ms} ms",
+                    mib(resident),
+                    mib(limit)
+                )
+            }
+        }
+    }
+
+    /// The status document of `GET /api/v1/status` and `keratin status --json`.
+    pub fn status(&self, node: &str) -> Value {
+        let monitor = lock(&self.monitor);
+        let filesystems: Vec<Value> = self
+            .filesystems
+            .iter()
+            .map(|fs| {
+                let status = monitor.disks().find(|d| d.device == DeviceId(fs.device));
+                let spare = self.pool.get().map_or(0, |p| p.spare_bytes(fs.device));
+                json!({
+                    "path": fs.path,
+                    "device": fs.device,
+                    "total_bytes": status.as_ref().map_or(0, |s| s.sample.total_bytes),
+                    "free_bytes": status.as_ref().map_or(0, |s| s.sample.free_bytes),
+                    "spare_bytes": spare,
+                    "level": status.as_ref().map_or(Level::Normal, |s| s.level).as_str(),
+                    "thresholds": status.as_ref().map(|s| json!({
+                        "soft_bytes": s.thresholds.soft_bytes,
+                        "hard_bytes": s.thresholds.hard_bytes,
+                        "reserve_bytes": s.thresholds.reserve_bytes,
+                    })),
+                })
+            })
+            .collect();
+        let memory = monitor.memory();
+        json!({
+            "node": node,
+            "filesystems": filesystems,
+            "memory": {
+                "resident_bytes": memory.as_ref().map_or(0, |m| m.sample.resident_bytes),
+                "limit_bytes": self.memory_limit.limit_bytes,
+                "limit_source": limit_source_text(&self.memory_limit.source),
+                "level": memory.as_ref().map_or(Level::Normal, |m| m.level).as_str(),
+            },
+        })
+    }
+
+    /// The levels for metrics: per file system (device, path, level, total, free, spare) and
+    /// memory (resident, limit, level).
+    pub fn snapshot(&self) -> LimitsSnapshot {
+        let monitor = lock(&self.monitor);
+        let filesystems = self
+            .filesystems
+            .iter()
+            .map(|fs| {
+                let status = monitor.disks().find(|d| d.device == DeviceId(fs.device));
+                FilesystemSnapshot {
+                    device: fs.device,
+                    path: fs.path.display().to_string(),
+                    level: status.as_ref().map_or(Level::Normal, |s| s.level),
+                    total_bytes: status.as_ref().map_or(0, |s| s.sample.total_bytes),
+                    free_bytes: status.as_ref().map_or(0, |s| s.sample.free_bytes),
+                    spare_bytes: self.pool.get().map_or(0, |p| p.spare_bytes(fs.device)),
+                }
+            })
+            .collect();
+        let memory = monitor.memory();
+        LimitsSnapshot {
+            filesystems,
+            memory_resident_bytes: memory.as_ref().map_or(0, |m| m.sample.resident_bytes),
+            memory_limit_bytes: self.memory_limit.limit_bytes,
+            memory_level: memory.as_ref().map_or(Level::Normal, |m| m.level),
+        }
+    }
+}
+
+/// One file system's figures for metrics.
+#[derive(Debug, Clone)]
+pub struct FilesystemSnapshot {
+    /// Device id.
+    pub device: u64,
+    /// Storage path.
+    pub path: String,
+    /// Level.
+    pub level: Level,
+    /// Total bytes (or the budget).
+    pub total_bytes: u64,
+    /// Free bytes (statvfs).
+    pub free_bytes: u64,
+    /// Spare bytes.
+    pub spare_bytes: u64,
+}
+
+/// The limits' figures for metrics.
+#[derive(Debug, Clone)]
+pub struct LimitsSnapshot {
+    /// Per file system.
+    pub filesystems: Vec<FilesystemSnapshot>,
+    /// Resident memory.
+    pub memory_resident_bytes: u64,
+    /// Memory limit.
+    pub memory_limit_bytes: u64,
+    /// Memory level.
+    pub memory_level: Level,
+}
+
+fn limit_source_text(source: &LimitSource) -> String {
+    match source {
+        LimitSource::CgroupV2 { path } | LimitSource::CgroupV1 { path } => {
+            format!("{} {}", source.as_str(), path.display())
+        }
+        other => other.as_str().to_string(),
+    }
+}
+
+impl PublishGate for NodeLimits {
+    fn publish(&self, device: u64, batch_bytes: u64) -> GateDecision {
+        let decision = lock(&self.monitor).decide(&[DeviceId(device)], batch_bytes);
+        match decision {
+            Decision::Admit => GateDecision::Admit,
+            Decision::Slow { delay_ms } => {
+                let memory_soft = lock(&self.monitor)
+                    .memory_level()
+                    .is_some_and(|l| l >= Level::Soft);
+                let counter = if memory_soft {
+                    &self.counters.delayed_memory
+                } else {
+                    &self.counters.delayed_disk
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                GateDecision::Slow { delay_ms }
+            }
+            Decision::Reject {
+                reason,
+                level,
+                retry_after_ms,
+            } => {
+                let counter = match reason {
+                    Reason::Disk => &self.counters.rejected_disk,
+                    _ => &self.counters.rejected_memory,
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                GateDecision::Reject {
+                    reason: reason.as_str().to_string(),
+                    retry_after_ms: u32::try_from(retry_after_ms).unwrap_or(u32::MAX),
+                    message: self.reject_message(device, reason, level, retry_after_ms),
+                }
+            }
+        }
+    }
+
+    fn may_heal(&self, device: u64) -> bool {
+        lock(&self.monitor)
+            .disk_level(DeviceId(device))
+            .is_none_or(|level| level < Level::Reserve)
+    }
+
+    fn segment_rolled(&self, _device: u64) {
+        self.nudge.notify_one();
+    }
+}

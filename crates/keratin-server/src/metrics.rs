@@ -1,0 +1,150 @@
+//! `/metrics`: the node's figures in the Prometheus text format. A fresh registry is filled from
+//! the current state at each scrape (one registry per node, nothing static, so several nodes in
+//! one process stay apart).
+
+use std::sync::atomic::Ordering;
+
+use keratin_broker::Broker;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::limits::NodeLimits;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FsLabels {
+    path: String,
+    device: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueLabels {
+    queue: String,
+}
+
+fn gauge_family<L>(registry: &mut Registry, name: &str, help: &str) -> Family<L, Gauge>
+where
+    L: EncodeLabelSet + Clone + std::hash::Hash + Eq + std::fmt::Debug + Send + Sync + 'static,
+{
+    let family = Family::<L, Gauge>::default();
+    registry.register(name, help, family.clone());
+    family
+}
+
+fn gauge(registry: &mut Registry, name: &str, help: &str, value: u64) {
+    let g = Gauge::<i64>::default();
+    g.set(i64::try_from(value).unwrap_or(i64::MAX));
+    registry.register(name, help, g);
+}
+
+fn set(g: &Gauge, value: u64) {
+    g.set(i64::try_from(value).unwrap_or(i64::MAX));
+}
+
+/// The metrics text of a node.
+pub fn render(broker: &Broker, limits: &NodeLimits) -> String {
+    let mut registry = Registry::with_prefix("keratin");
+    let snapshot = limits.snapshot();
+    let level = gauge_family::<FsLabels>(
+        &mut registry,
+        "disk_level",
+        "Disk level per file system: 0 normal, 1 soft, 2 hard, 3 reserve",
+    );
+    let free = gauge_family::<FsLabels>(&mut registry, "disk_free_bytes", "Free bytes (statvfs)");
+    let total = gauge_family::<FsLabels>(&mut registry, "disk_total_bytes", "Total bytes");
+    let spare = gauge_family::<FsLabels>(
+        &mut registry,
+        "disk_spare_bytes",
+        "Bytes in spare segment files (free on demand)",
+    );
+    for fs in &snapshot.filesystems {
+        let labels = FsLabels {
+            path: fs.path.clone(),
+            device: fs.device.to_string(),
+        };
+        set(&level.get_or_create(&labels), fs.level as u64);
+        set(&free.get_or_create(&labels), fs.free_bytes);
+        set(&total.get_or_create(&labels), fs.total_bytes);
+        set(&spare.get_or_create(&labels), fs.spare_bytes);
+    }
+    gauge(
+        &mut registry,
+        "memory_resident_bytes",
+        "Resident memory of the broker",
+        snapshot.memory_resident_bytes,
+    );
+    gauge(
+        &mut registry,
+        "memory_limit_bytes",
+        "The memory limit the levels are computed from",
+        snapshot.memory_limit_bytes,
+    );
+    gauge(
+        &mut registry,
+        "memory_level",
+        "Memory level: 0 normal, 1 soft, 2 hard",
+        snapshot.memory_level as u64,
+    );
+    let delayed = Family::<ReasonLabels, Counter>::default();
+    registry.register(
+        "publishes_delayed",
+        "Publish batches delayed by slowing, by reason",
+        delayed.clone(),
+    );
+    let rejected = Family::<ReasonLabels, Counter>::default();
+    registry.register(
+        "publishes_rejected",
+        "Publish batches rejected with ERR_LIMITED, by reason",
+        rejected.clone(),
+    );
+    let c = &limits.counters;
+    for (reason, d, r) in [
+        ("disk", &c.delayed_disk, &c.rejected_disk),
+        ("memory", &c.delayed_memory, &c.rejected_memory),
+    ] {
+        let labels = ReasonLabels {
+            reason: reason.into(),
+        };
+        delayed
+            .get_or_create(&labels)
+            .inc_by(d.load(Ordering::Relaxed));
+        rejected
+            .get_or_create(&labels)
+            .inc_by(r.load(Ordering::Relaxed));
+    }
+    let ready =
+        gauge_family::<QueueLabels>(&mut registry, "queue_ready_messages", "Ready messages");
+    let inflight = gauge_family::<QueueLabels>(
+        &mut registry,
+        "queue_inflight_messages",
+        "Inflight messages",
+    );
+    let bytes = gauge_family::<QueueLabels>(&mut registry, "queue_bytes", "Live message bytes");
+    let disk = gauge_family::<QueueLabels>(
+        &mut registry,
+        "queue_disk_bytes",
+        "Bytes of the queue's logs",
+    );
+    for q in broker.list() {
+        let labels = QueueLabels {
+            queue: q.name.clone(),
+        };
+        set(&ready.get_or_create(&labels), q.ready());
+        set(&inflight.get_or_create(&labels), q.inflight());
+        set(&bytes.get_or_create(&labels), q.bytes());
+        set(&disk.get_or_create(&labels), q.disk_bytes());
+    }
+    let mut out = String::new();
+    if encode(&mut out, &registry).is_err() {
+        out.push_str("# error encoding metrics\n");
+    }
+    out
+}
