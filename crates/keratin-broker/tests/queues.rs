@@ -282,12 +282,16 @@ async fn restart_redelivers_unacked_and_never_acked() {
         broker.declare("q", settings(2)).await.expect("declare");
         publish_seq(&broker, "q", 0..200, 500).await;
         let mut consumer = broker.subscribe("q", 200).expect("subscribe");
-        let mut acked = 0;
-        while acked < 120 {
-            let d = recv(&mut consumer).await;
-            if seq_of(&d.message.body).is_multiple_of(2) || acked >= 100 {
+        let mut all = Vec::new();
+        for _ in 0..200 {
+            all.push(recv(&mut consumer).await);
+        }
+        // Ack the 100 even messages and the 20 lowest odd ones; 80 stay unacknowledged.
+        all.sort_by_key(|d| seq_of(&d.message.body));
+        for d in &all {
+            let seq = seq_of(&d.message.body);
+            if seq.is_multiple_of(2) || seq < 40 {
                 consumer.ack(&[d.tag]);
-                acked += 1;
             }
         }
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;

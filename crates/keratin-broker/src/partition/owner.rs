@@ -152,6 +152,8 @@ struct Owner {
     delayed: VecDeque<Delayed>,
     /// Disk bytes at the last look, to notice a roll.
     disk_bytes: u64,
+    /// Acks received in this round of commands, written as one record at its end.
+    acks: Vec<Settled>,
 }
 
 /// A publish waiting out its slowing delay.
@@ -192,6 +194,7 @@ pub(crate) fn spawn(ctx: OwnerContext, log: Log, state: PartitionState) -> Parti
         reclaim_due: true,
         delayed: VecDeque::new(),
         disk_bytes: 0,
+        acks: Vec::new(),
     };
     // Figures are right from the start, before the task first runs.
     owner.publish_figures();
@@ -228,6 +231,7 @@ impl Owner {
             if exit {
                 break;
             }
+            self.flush_acks();
             self.release_delayed();
             self.maybe_heal();
             self.deliver();
@@ -520,9 +524,12 @@ impl Owner {
         }
         match done {
             Done::Publish(reply) => {
+                // Figures first: a caller that reads them after its answer sees its effect.
+                self.publish_figures();
                 let _ = reply.send(Ok(range));
             }
             Done::Purge(reply, count) => {
+                self.publish_figures();
                 let _ = reply.send(Ok(count));
             }
             Done::Internal => {}
@@ -616,13 +623,21 @@ impl Owner {
                 Some(false) => dead.push((m, entry, DeathReason::Rejected)),
             }
         }
-        if !acks.is_empty() {
-            let record = PartitionRecord::Settle(acks);
-            let payload = record.encode();
-            self.append(vec![record], vec![payload], Done::Internal);
-        }
+        // Acks of one round of commands become one SETTLE record (see `flush_acks`).
+        self.acks.extend(acks);
         self.write_returns(returns);
         self.dead_letter(dead);
+    }
+
+    /// Write the acks gathered in this round as one SETTLE record: a consumer acking message by
+    /// message costs one record per round, not one per ack.
+    fn flush_acks(&mut self) {
+        if self.acks.is_empty() {
+            return;
+        }
+        let record = PartitionRecord::Settle(std::mem::take(&mut self.acks));
+        let payload = record.encode();
+        self.append(vec![record], vec![payload], Done::Internal);
     }
 
     fn sort_return(
@@ -1041,6 +1056,9 @@ impl Owner {
     }
 
     fn close(&mut self, delete: bool) -> BrokerResult<()> {
+        if !delete {
+            self.flush_acks();
+        }
         self.consumers.clear();
         self.reader = None;
         let Some(log) = self.log.take() else {
