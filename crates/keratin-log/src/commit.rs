@@ -89,7 +89,21 @@ pub(crate) struct Writer {
     created: Vec<Segment>,
     dirty: Vec<Arc<dyn IoFile>>,
     dir_dirty: bool,
+    /// Hands large groups of answers to the notifier thread (see `commit_group`).
+    notifier: Option<std::sync::mpsc::Sender<AnswerBatch>>,
+    /// The answer to `close`, sent once every earlier answer has been delivered.
+    close_reply: Option<(Reply<()>, LogResult<()>)>,
 }
+
+/// Answers of one group commit: every ticket of it resolves with its offsets.
+type AnswerBatch = Vec<(Reply<Range<u64>>, Range<u64>)>;
+
+/// Groups up to this many appenders are answered by the commit thread itself; larger ones by
+/// the notifier thread, so that the commit thread goes straight back to writing and syncing
+/// instead of waking dozens of threads one by one (at 64 appenders the commit thread spent
+/// 45% of its time there; measured by the storage benchmark). A lone appender keeps the
+/// shorter path: one wake-up fewer per commit.
+const INLINE_ANSWERS_MAX: usize = 4;
 
 type StepResult<T> = Result<T, LogError>;
 
@@ -145,6 +159,8 @@ impl Writer {
             created: Vec::new(),
             dirty: Vec::new(),
             dir_dirty: false,
+            notifier: None,
+            close_reply: None,
         })
     }
 
@@ -298,9 +314,16 @@ impl Writer {
         if idle {
             self.write_seal(shared, false)?;
         }
-        for (reply, offsets) in group.drain(..) {
-            reply.send(Ok(offsets));
+        if group.len() > INLINE_ANSWERS_MAX {
+            if let Some(notifier) = &self.notifier {
+                // Durable already: the notifier only delivers the news.
+                if let Err(returned) = notifier.send(std::mem::take(group)) {
+                    answer(returned.0);
+                }
+                return Ok(());
+            }
         }
+        answer(std::mem::take(group));
         Ok(())
     }
 
@@ -360,7 +383,8 @@ impl Writer {
             }
             Item::Close { reply } => {
                 let result = self.write_seal(shared, true).map_err(|e| fail(shared, e));
-                reply.send(result.clone());
+                // Answered after every earlier answer is out (see `run`).
+                self.close_reply = Some((reply, result.clone()));
                 result.map(|()| Flow::Exit)
             }
         }
@@ -629,7 +653,38 @@ pub(crate) fn spawn(shared: Arc<Shared>, writer: Writer) -> LogResult<JoinHandle
         .map_err(|e| LogError::io("spawn commit thread", dir, e.into()))
 }
 
+fn answer(batch: AnswerBatch) {
+    for (reply, offsets) in batch {
+        reply.send(Ok(offsets));
+    }
+}
+
 fn run(shared: Arc<Shared>, mut writer: Writer) {
+    let (sender, receiver) = std::sync::mpsc::channel::<AnswerBatch>();
+    let notifier = std::thread::Builder::new()
+        .name("keratin-notify".into())
+        .spawn(move || {
+            for batch in receiver {
+                answer(batch);
+            }
+        });
+    if notifier.is_ok() {
+        writer.notifier = Some(sender);
+    }
+    commit_loop(&shared, &mut writer);
+    // Deliver every answer still queued before the thread ends (and before `close` returns).
+    writer.notifier = None;
+    if let Ok(notifier) = notifier {
+        if notifier.join().is_err() {
+            tracing::error!(dir = %shared.dir.display(), "log notifier thread panicked");
+        }
+    }
+    if let Some((reply, result)) = writer.close_reply.take() {
+        reply.send(result);
+    }
+}
+
+fn commit_loop(shared: &Arc<Shared>, writer: &mut Writer) {
     let mut work = Pending::default();
     loop {
         {
@@ -646,13 +701,13 @@ fn run(shared: Arc<Shared>, mut writer: Writer) {
             std::mem::swap(&mut state.pending, &mut work);
         }
         shared.space_ready.notify_all();
-        let flow = writer.process(&shared, &mut work);
+        let flow = writer.process(shared, &mut work);
         work.clear();
         match flow {
             Ok(Flow::Continue) => {}
             Ok(Flow::Exit) => return,
             Err(error) => {
-                stop_log(&shared, error);
+                stop_log(shared, error);
                 return;
             }
         }

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use crate::error::{LogError, LogResult};
 use crate::format::{
     check_record, HeaderKind, RecordFault, RecordHeader, SegmentHeader, FLAG_SEAL,
-    RECORD_HEADER_SIZE, SEGMENT_HEADER_SIZE,
+    RECORD_GENERATION_OFFSET, RECORD_HEADER_SIZE, SEGMENT_HEADER_SIZE,
 };
 use crate::io::{Io, IoError, IoFile, OpenMode};
 use crate::pool::SegmentPool;
@@ -344,15 +344,32 @@ fn look_ahead(segment: &Segment, from: u64) -> LogResult<LookAhead> {
         extent: from,
     };
     let read_error = |e| LogError::io("read segment", segment.path.clone(), e);
+    let generation = segment.generation.to_le_bytes();
     let mut position = from;
     while position + RECORD_HEADER_SIZE as u64 <= segment.size_bytes {
         let window = reader
             .window(position, RECORD_HEADER_SIZE)
             .map_err(read_error)?;
-        if RecordHeader::peek_generation(window) != Some(segment.generation) {
-            position += 1;
+        // Skip straight to the next position whose generation field matches: a tight scan over
+        // the buffered bytes (recovery's look-ahead used to cost ~0.4 s per open, one call per
+        // byte; found by the storage benchmark).
+        let candidates = window.len().saturating_sub(RECORD_HEADER_SIZE) + 1;
+        let skip = (0..candidates).find(|&i| {
+            window[i + RECORD_GENERATION_OFFSET] == generation[0]
+                && window[i + RECORD_GENERATION_OFFSET + 1] == generation[1]
+        });
+        let Some(skip) = skip else {
+            position += candidates as u64;
             continue;
-        }
+        };
+        position += skip as u64;
+        let window = reader
+            .window(position, RECORD_HEADER_SIZE)
+            .map_err(read_error)?;
+        debug_assert_eq!(
+            RecordHeader::peek_generation(window),
+            Some(segment.generation)
+        );
         let header_bytes: &[u8; RECORD_HEADER_SIZE] = window[..RECORD_HEADER_SIZE]
             .try_into()
             .map_err(|_| corrupt(&segment.path, position, 0, "short window".into()))?;
