@@ -614,6 +614,10 @@ impl Log {
             .exists(&spares)
             .map_err(|e| LogError::io("stat", &spares, e))?
         {
+            // A private pool's worker may be preparing the segments that just entered it (it
+            // renames `*.incoming` to `*.spare`): let it finish before listing, or a listed
+            // name is gone when it is removed.
+            shared.pool.flush();
             for name in io
                 .read_dir(&spares)
                 .map_err(|e| LogError::io("list", &spares, e))?

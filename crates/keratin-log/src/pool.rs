@@ -729,6 +729,9 @@ fn worker(inner: Weak<Inner>) {
                 inner: strong.clone(),
             };
             let _ = pool.prepare_spare(job.device, &job.path, job.class, job.generation);
+            // Through the jobs lock: `flush` checks under it and then waits, so a notice sent
+            // between its check and its wait would be lost and it would wait for ever.
+            drop(lock(&strong.jobs));
             strong.jobs_done.notify_all();
         } else if Arc::strong_count(&strong) == 1 {
             // Only this worker holds the pool: every node and log has let go of it.
