@@ -1,0 +1,262 @@
+//! Helpers for tests that run the real `keratin` binary: starting and killing it by PID,
+//! size-limited tmpfs mounts, the root-only skip rule, free space, the status document, bodies
+//! that carry a sequence number and a checksum.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// True if privileged tests may run. Without root they skip loudly, unless
+/// `KERATIN_REQUIRE_PRIVILEGED_TESTS=1`, where skipping is a failure.
+pub fn privileged(test: &str) -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let root = status
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        == Some("0");
+    if root {
+        return true;
+    }
+    if std::env::var("KERATIN_REQUIRE_PRIVILEGED_TESTS").as_deref() == Ok("1") {
+        panic!("{test} needs root (mount, cgroups) and KERATIN_REQUIRE_PRIVILEGED_TESTS=1 forbids skipping");
+    }
+    eprintln!(
+        "!!! SKIPPING {test}: it needs root (tmpfs mounts, cgroups); run as root to include it"
+    );
+    false
+}
+
+/// A running `keratin serve`, killed by PID when dropped.
+pub struct Server {
+    pub child: Option<Child>,
+    pub protocol: SocketAddr,
+    pub http: SocketAddr,
+    pub pid: u32,
+}
+
+impl Server {
+    /// Start `keratin serve` with `args` (ports 0 unless given) and wait for its address line.
+    pub fn start(args: &[&str]) -> Server {
+        Server::start_with(Command::new(env!("CARGO_BIN_EXE_keratin")), args)
+    }
+
+    /// Start through a prepared command (for example a shell that joins a cgroup first).
+    pub fn start_with(mut command: Command, args: &[&str]) -> Server {
+        command
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .env("KERATIN_LOG", "info");
+        let mut child = command.spawn().expect("spawn keratin");
+        let pid = child.id();
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            if let Some(Ok(line)) = lines.next() {
+                let _ = tx.send(line);
+            }
+            // Keep draining so the server never blocks on a full pipe.
+            for _ in lines {}
+        });
+        let line = match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(line) => line,
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("keratin did not print its addresses within 30 s");
+            }
+        };
+        let field = |name: &str| -> SocketAddr {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(name))
+                .and_then(|a| a.parse().ok())
+                .unwrap_or_else(|| panic!("no {name} in {line:?}"))
+        };
+        Server {
+            protocol: field("protocol="),
+            http: field("http="),
+            pid,
+            child: Some(child),
+        }
+    }
+
+    /// SIGKILL, and reap.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM (graceful shutdown) and wait up to `timeout`; SIGKILL after that.
+    pub fn terminate(&mut self, timeout: Duration) -> bool {
+        let Some(mut child) = self.child.take() else {
+            return true;
+        };
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                return status.success();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        false
+    }
+
+    /// True while the process runs.
+    pub fn alive(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// Resident memory of the server process.
+    pub fn rss_bytes(&self) -> u64 {
+        let statm =
+            std::fs::read_to_string(format!("/proc/{}/statm", self.pid)).unwrap_or_default();
+        statm
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse::<u64>().ok())
+            .unwrap_or(0)
+            * 4096
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// A size-limited tmpfs mounted on a directory, unmounted when dropped.
+pub struct Tmpfs {
+    pub path: PathBuf,
+}
+
+impl Tmpfs {
+    pub fn mount(path: &Path, size_mib: u64) -> Tmpfs {
+        std::fs::create_dir_all(path).expect("mkdir");
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size_mib}m"), "tmpfs"])
+            .arg(path)
+            .status()
+            .expect("run mount");
+        assert!(status.success(), "mount tmpfs on {}", path.display());
+        Tmpfs {
+            path: path.to_path_buf(),
+        }
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.path).status();
+    }
+}
+
+/// Free and total bytes of the file system holding `path`.
+pub fn free_and_total(path: &Path) -> (u64, u64) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("path");
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid C string and `s` a writable statvfs.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut s) };
+    assert_eq!(rc, 0, "statvfs {}", path.display());
+    let frsize = s.f_frsize as u64;
+    (s.f_bavail as u64 * frsize, s.f_blocks as u64 * frsize)
+}
+
+/// A plain HTTP GET on loopback; returns the body.
+pub fn http_get(addr: SocketAddr, path: &str) -> String {
+    let mut stream =
+        TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect http");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read");
+    response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+        .unwrap_or_default()
+}
+
+/// `GET /api/v1/status` as JSON.
+pub fn status(http: SocketAddr) -> serde_json::Value {
+    serde_json::from_str(&http_get(http, "/api/v1/status")).expect("status JSON")
+}
+
+/// The value of a metric line `name{labels} value` whose labels contain `label`.
+pub fn metric(http: SocketAddr, name: &str, label: &str) -> f64 {
+    http_get(http, "/metrics")
+        .lines()
+        .filter(|l| l.starts_with(name) && l.contains(label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// A body: 8-byte sequence number, filler, and a CRC32C of the rest.
+pub fn body(seq: u64, len: usize) -> Vec<u8> {
+    let mut b = seq.to_le_bytes().to_vec();
+    b.resize(len.max(12) - 4, (seq % 251) as u8);
+    let crc = crc32c::crc32c(&b);
+    b.extend_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// The sequence number of a body made by [`body`], if its checksum holds.
+pub fn seq_of(body: &[u8]) -> Option<u64> {
+    if body.len() < 12 {
+        return None;
+    }
+    let (data, crc) = body.split_at(body.len() - 4);
+    (crc32c::crc32c(data).to_le_bytes() == crc)
+        .then(|| u64::from_le_bytes(data[..8].try_into().unwrap_or([0; 8])))
+}
+
+/// Write a TOML config for a small file system: thresholds as fractions with zero floors.
+pub fn small_fs_config(dir: &Path, dirs: &[&Path], soft: f64, hard: f64, reserve: f64) -> PathBuf {
+    let list: Vec<String> = dirs
+        .iter()
+        .map(|d| format!("{:?}", d.display().to_string()))
+        .collect();
+    let text = format!(
+        r#"[storage]
+dirs = [{dirs}]
+segment_bytes = 4194304
+
+[limits]
+sample_interval_ms = 100
+max_delay_ms = 50
+
+[limits.disk]
+soft_fraction = {soft}
+soft_floor_bytes = 0
+hard_fraction = {hard}
+hard_floor_bytes = 0
+reserve_fraction = {reserve}
+reserve_floor_bytes = 0
+clear_margin_fraction = 0.02
+"#,
+        dirs = list.join(", ")
+    );
+    let path = dir.join("keratin.toml");
+    std::fs::write(&path, text).expect("write config");
+    path
+}
