@@ -2,12 +2,34 @@
 //!
 //! # Layout
 //! - `serve`: load the configuration, start a node, stop it gracefully on SIGTERM or SIGINT.
+//! - `queue`: `keratin queue declare|list|info|purge|delete`.
+//! - `publish`: `keratin publish`, confirmed (bounded in flight) or buffered, with a summary.
+//! - `consume`: `keratin consume`, ack/reject, idle exit, body verification.
+//! - `status`: `keratin status`, the node's disk and memory levels from `GET /api/v1/status`.
+//! - `connect`: the flags every verb shares (`--server`, `--json`) and connecting with them.
+//! - `output`: tables, sizes, error keys, JSON printing and the progress bar.
+//! - `body`: the self-checking test body (sequence number + filler + CRC32C) that `publish`
+//!   writes and `consume --verify` checks.
+//!
+//! # Exit status
+//! 0 only when the verb did everything asked; 1 for any failure (the message, which always
+//! carries the broker's text when the broker sent one, goes to stderr, and with `--json` an
+//! `{"error": ..., "code": ...}` object goes to stdout); 2 for bad usage (clap).
 
+mod body;
+mod connect;
+mod consume;
+mod output;
+mod publish;
+mod queue;
 mod serve;
+mod status;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+
+use crate::output::Failure;
 
 /// Keratin, a durable message broker that never falls over because a disk or memory filled up.
 #[derive(Debug, Parser)]
@@ -22,10 +44,32 @@ enum Command {
     /// Run a broker node (by default on ./keratin-data, listening on loopback only:
     /// protocol 127.0.0.1:5680, HTTP admin 127.0.0.1:5681).
     Serve(serve::ServeArgs),
+    /// Declare, list, inspect, purge and delete queues.
+    Queue(queue::QueueArgs),
+    /// Publish numbered, checksummed test messages (confirmed by default) and summarize.
+    Publish(publish::PublishArgs),
+    /// Consume messages, acknowledge or reject them, optionally verify their checksums.
+    Consume(consume::ConsumeArgs),
+    /// Show the node's filesystems and memory with their limit levels.
+    Status(status::StatusArgs),
+}
+
+impl Command {
+    /// Whether failures should also be reported as JSON on stdout.
+    fn json(&self) -> bool {
+        match self {
+            Command::Serve(_) => false,
+            Command::Queue(args) => args.common.json,
+            Command::Publish(args) => args.common.json,
+            Command::Consume(args) => args.common.json,
+            Command::Status(args) => args.common.json,
+        }
+    }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let json = cli.command.json();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -38,13 +82,20 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Serve(args) => serve::run(args).await,
+            Command::Serve(args) => serve::run(args).await.map_err(Failure::from),
+            Command::Queue(args) => queue::run(args).await,
+            Command::Publish(args) => publish::run(args).await,
+            Command::Consume(args) => consume::run(args).await,
+            Command::Status(args) => status::run(args),
         }
     });
     match result {
         Ok(code) => code,
-        Err(message) => {
-            eprintln!("keratin: {message}");
+        Err(failure) => {
+            eprintln!("keratin: {}", failure.message);
+            if json {
+                output::print_json(&failure.to_json());
+            }
             ExitCode::FAILURE
         }
     }

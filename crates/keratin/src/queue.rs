@@ -1,0 +1,253 @@
+//! `keratin queue declare|list|info|purge|delete`: the admin verbs, each one request to the
+//! broker, printed as a table or as one JSON object.
+//!
+//! Per-queue limits (`--max-messages`, `--max-bytes`, `--overflow`) are not flags yet: the
+//! broker refuses them until per-queue limits are built; `info` already shows them.
+
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+use keratin_client::{Client, Overflow, QueueInfoReply, QueueSettings, QueueSummary};
+use serde_json::{json, Value};
+
+use crate::connect::{connect, CommonArgs};
+use crate::output::{format_bytes, print_json, Failure, Table};
+
+/// `keratin queue ...`.
+#[derive(Debug, Args)]
+pub struct QueueArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    #[command(subcommand)]
+    verb: QueueVerb,
+}
+
+#[derive(Debug, Subcommand)]
+enum QueueVerb {
+    /// Create a queue, or succeed if it exists with the same settings (409 otherwise).
+    Declare(DeclareArgs),
+    /// Every queue with its message counts.
+    List,
+    /// A queue's settings and per-partition counts.
+    Info { name: String },
+    /// Remove every ready message of a queue (inflight ones stay until settled).
+    Purge { name: String },
+    /// Delete a queue and all its messages.
+    Delete { name: String },
+}
+
+#[derive(Debug, Args)]
+struct DeclareArgs {
+    name: String,
+    /// Number of partitions; fixed at declaration.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    partitions: u32,
+    /// Queue that receives rejected and dead messages.
+    #[arg(long = "dead-letter", value_name = "Q")]
+    dead_letter: Option<String>,
+    /// Deliveries after which a message is dead-lettered instead of redelivered.
+    #[arg(long = "max-deliveries", value_name = "N")]
+    max_deliveries: Option<u32>,
+}
+
+/// Runs one queue verb.
+pub async fn run(args: QueueArgs) -> Result<ExitCode, Failure> {
+    let client = connect(&args.common, None).await?;
+    let json = args.common.json;
+    let result = match args.verb {
+        QueueVerb::Declare(declare) => run_declare(&client, declare, json).await,
+        QueueVerb::List => run_list(&client, json).await,
+        QueueVerb::Info { name } => run_info(&client, &name, json).await,
+        QueueVerb::Purge { name } => {
+            let outcome = client.purge(&name).await;
+            outcome.map_err(|error| Failure::client(format!("purge {name}"), &error))?;
+            done(
+                json,
+                json!({"queue": name, "purged": true}),
+                format!("purged queue {name}"),
+            );
+            Ok(())
+        }
+        QueueVerb::Delete { name } => {
+            let outcome = client.delete(&name).await;
+            outcome.map_err(|error| Failure::client(format!("delete {name}"), &error))?;
+            done(
+                json,
+                json!({"queue": name, "deleted": true}),
+                format!("deleted queue {name}"),
+            );
+            Ok(())
+        }
+    };
+    client.close().await;
+    result.map(|()| ExitCode::SUCCESS)
+}
+
+fn done(json: bool, object: Value, text: String) {
+    if json {
+        print_json(&object);
+    } else {
+        println!("{text}");
+    }
+}
+
+async fn run_declare(client: &Client, args: DeclareArgs, json: bool) -> Result<(), Failure> {
+    let settings = QueueSettings {
+        partitions: args.partitions,
+        dead_letter: args.dead_letter,
+        max_deliveries: args.max_deliveries,
+        ..QueueSettings::default()
+    };
+    client
+        .declare(&args.name, settings.clone())
+        .await
+        .map_err(|error| Failure::client(format!("declare {}", args.name), &error))?;
+    let text = format!(
+        "declared queue {} ({} partition{})",
+        args.name,
+        settings.partitions,
+        if settings.partitions == 1 { "" } else { "s" }
+    );
+    let object = json!({
+        "queue": args.name,
+        "declared": true,
+        "settings": settings_json(&settings),
+    });
+    done(json, object, text);
+    Ok(())
+}
+
+async fn run_list(client: &Client, json: bool) -> Result<(), Failure> {
+    let queues = client
+        .list()
+        .await
+        .map_err(|error| Failure::client("list queues", &error))?;
+    if json {
+        let queues: Vec<Value> = queues.iter().map(summary_json).collect();
+        print_json(&json!({ "queues": queues }));
+        return Ok(());
+    }
+    if queues.is_empty() {
+        println!("no queues");
+        return Ok(());
+    }
+    let mut table = Table::new(&["QUEUE", "PARTITIONS", "READY", "INFLIGHT", "BYTES"]);
+    for queue in &queues {
+        table.row(vec![
+            queue.queue.clone(),
+            queue.partitions.to_string(),
+            queue.ready.to_string(),
+            queue.inflight.to_string(),
+            format_bytes(queue.bytes),
+        ]);
+    }
+    print!("{}", table.render());
+    Ok(())
+}
+
+async fn run_info(client: &Client, name: &str, json: bool) -> Result<(), Failure> {
+    let info = client
+        .info(name)
+        .await
+        .map_err(|error| Failure::client(format!("info {name}"), &error))?;
+    if json {
+        print_json(&info_json(&info));
+    } else {
+        print!("{}", info_text(&info));
+    }
+    Ok(())
+}
+
+fn summary_json(queue: &QueueSummary) -> Value {
+    json!({
+        "queue": queue.queue,
+        "partitions": queue.partitions,
+        "ready": queue.ready,
+        "inflight": queue.inflight,
+        "bytes": queue.bytes,
+    })
+}
+
+fn overflow_name(overflow: Option<Overflow>) -> Option<&'static str> {
+    overflow.map(|overflow| match overflow {
+        Overflow::Reject => "reject",
+        Overflow::DropOldest => "drop_oldest",
+    })
+}
+
+fn settings_json(settings: &QueueSettings) -> Value {
+    json!({
+        "partitions": settings.partitions,
+        "dead_letter": settings.dead_letter,
+        "max_deliveries": settings.max_deliveries,
+        "max_messages": settings.max_messages,
+        "max_bytes": settings.max_bytes,
+        "overflow": overflow_name(settings.overflow),
+    })
+}
+
+/// `{"queue", "settings", "ready", "inflight", "bytes", "disk_bytes", "partitions": [...]}`,
+/// the totals summed over partitions.
+fn info_json(info: &QueueInfoReply) -> Value {
+    let partitions: Vec<Value> = info
+        .partitions
+        .iter()
+        .enumerate()
+        .map(|(index, p)| {
+            json!({
+                "partition": index,
+                "ready": p.ready,
+                "inflight": p.inflight,
+                "bytes": p.bytes,
+                "disk_bytes": p.disk_bytes,
+            })
+        })
+        .collect();
+    let sum = |field: fn(&keratin_client::PartitionInfo) -> u64| -> u64 {
+        info.partitions
+            .iter()
+            .map(field)
+            .fold(0, u64::saturating_add)
+    };
+    json!({
+        "queue": info.queue,
+        "settings": settings_json(&info.settings),
+        "ready": sum(|p| p.ready),
+        "inflight": sum(|p| p.inflight),
+        "bytes": sum(|p| p.bytes),
+        "disk_bytes": sum(|p| p.disk_bytes),
+        "partitions": partitions,
+    })
+}
+
+fn info_text(info: &QueueInfoReply) -> String {
+    let settings = &info.settings;
+    let unset = || "-".to_owned();
+    let mut out = format!("queue           {}\n", info.queue);
+    out.push_str(&format!("partitions      {}\n", settings.partitions));
+    let dead_letter = settings.dead_letter.clone().unwrap_or_else(unset);
+    out.push_str(&format!("dead-letter     {dead_letter}\n"));
+    let lines = [
+        ("max-deliveries", settings.max_deliveries.map(u64::from)),
+        ("max-messages", settings.max_messages),
+        ("max-bytes", settings.max_bytes),
+    ];
+    for (label, value) in lines {
+        let value = value.map_or_else(unset, |v| v.to_string());
+        out.push_str(&format!("{label:<16}{value}\n"));
+    }
+    let overflow = overflow_name(settings.overflow).unwrap_or("reject");
+    out.push_str(&format!("overflow        {overflow}\n\n"));
+    let mut table = Table::new(&["PARTITION", "READY", "INFLIGHT", "BYTES", "DISK"]);
+    for (index, p) in info.partitions.iter().enumerate() {
+        table.row(vec![
+            index.to_string(),
+            p.ready.to_string(),
+            p.inflight.to_string(),
+            format_bytes(p.bytes),
+            format_bytes(p.disk_bytes),
+        ]);
+    }
+    out.push_str(&table.render());
+    out
+}

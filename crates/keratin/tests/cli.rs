@@ -1,0 +1,449 @@
+//! The `keratin` CLI against a real broker: each test starts the real binary with
+//! `keratin serve` on loopback (ports chosen by the kernel, learned from the first stdout line)
+//! and runs CLI verbs as subprocesses, checking their `--json` summaries and exit codes.
+//!
+//! It fails if a verb's JSON loses a documented field, if a published message is not delivered
+//! exactly as published (sequence numbers and CRC32C are checked by `consume --verify` and the
+//! recorded sequence files), or if an error does not exit non-zero with the broker's message.
+//! Every wait is bounded; the server is stopped by PID (SIGTERM, then SIGKILL) by a guard, so a
+//! failing test never leaks it.
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_keratin");
+/// Bound on the broker printing its listening line (recovery of an empty data dir is instant;
+/// a loaded CI machine with a cold page cache still starts in well under this).
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// Bound on one CLI run: the largest one here moves a few thousand small messages.
+const CLI_TIMEOUT: Duration = Duration::from_secs(60);
+/// Bound on a graceful stop after SIGTERM before SIGKILL.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A running `keratin serve`; dropping it stops the process by PID.
+struct Server {
+    child: Child,
+    protocol: String,
+    http: String,
+    dir: tempfile::TempDir,
+}
+
+impl Server {
+    fn start() -> Server {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let data = dir.path().join("data");
+        let log =
+            std::fs::File::create(dir.path().join("server.log")).expect("the server log file");
+        let mut child = Command::new(BIN)
+            .arg("serve")
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("keratin serve starts");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (lines, first_line) = mpsc::channel();
+        // The thread reads stdout to its end, so the broker never writes into a closed pipe.
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let _ = lines.send(line);
+            }
+        });
+        // From here on the guard owns the child: a panic below still stops it.
+        let mut server = Server {
+            child,
+            protocol: String::new(),
+            http: String::new(),
+            dir,
+        };
+        let line = first_line
+            .recv_timeout(START_TIMEOUT)
+            .unwrap_or_else(|_| panic!("no listening line; log:\n{}", server.log()));
+        let field = |name: &str| -> String {
+            line.split_whitespace()
+                .find_map(|word| word.strip_prefix(name))
+                .unwrap_or_else(|| panic!("no {name} in {line:?}"))
+                .to_owned()
+        };
+        assert!(line.starts_with("keratin listening "), "{line}");
+        server.protocol = field("protocol=");
+        server.http = field("http=");
+        server
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+    }
+
+    fn path(&self, name: &str) -> std::path::PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Runs `keratin ARGS --server <protocol>` (and `KERATIN_HTTP` for `status`), bounded.
+    fn run(&self, args: &[&str]) -> Output {
+        let child = Command::new(BIN)
+            .args(args)
+            .args(["--server", &self.protocol])
+            .env("KERATIN_HTTP", &self.http)
+            .env_remove("KERATIN_SERVER")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the keratin CLI starts");
+        let pid = child.id();
+        let (done, output) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = done.send(child.wait_with_output());
+        });
+        match output.recv_timeout(CLI_TIMEOUT) {
+            Ok(output) => output.expect("the CLI's output"),
+            Err(_) => {
+                kill(pid, libc::SIGKILL);
+                panic!("keratin {args:?} did not finish within {CLI_TIMEOUT:?}");
+            }
+        }
+    }
+
+    /// Runs a verb that must succeed and returns its stdout parsed as one JSON object.
+    fn json(&self, args: &[&str]) -> Value {
+        let output = self.run(&[args, &["--json"]].concat());
+        assert!(
+            output.status.success(),
+            "keratin {args:?}: {}",
+            describe(&output)
+        );
+        parse(&output)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        kill(self.child.id(), libc::SIGTERM);
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn kill(pid: u32, signal: libc::c_int) {
+    let pid = libc::pid_t::try_from(pid).expect("a pid fits pid_t");
+    // SAFETY: kill(2) on a process this test started; no memory is shared.
+    unsafe {
+        libc::kill(pid, signal);
+    }
+}
+
+fn describe(output: &Output) -> String {
+    format!(
+        "status {:?}\nstdout: {}\nstderr: {}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+fn parse(output: &Output) -> Value {
+    let text = String::from_utf8_lossy(&output.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "expected one JSON line: {}",
+        describe(output)
+    );
+    serde_json::from_str(lines[0]).unwrap_or_else(|e| panic!("{e}: {}", describe(output)))
+}
+
+fn read_seqs(path: &Path) -> Vec<u64> {
+    std::fs::read_to_string(path)
+        .expect("the recorded sequence numbers")
+        .lines()
+        .map(|line| line.parse().expect("one number per line"))
+        .collect()
+}
+
+#[test]
+fn queue_verbs_publish_and_consume_round_trip() {
+    let server = Server::start();
+    let declared = server.json(&["queue", "declare", "orders", "--partitions", "2"]);
+    assert_eq!(declared["queue"], "orders");
+    assert_eq!(declared["settings"]["partitions"], 2);
+
+    let listed = server.run(&["queue", "list"]);
+    assert!(listed.status.success(), "{}", describe(&listed));
+    let text = String::from_utf8_lossy(&listed.stdout);
+    assert!(text.contains("QUEUE") && text.contains("orders"), "{text}");
+
+    let confirmed_file = server.path("confirmed.txt");
+    let published = server.json(&[
+        "publish",
+        "orders",
+        "--count",
+        "2000",
+        "--size",
+        "100",
+        "--in-flight",
+        "64",
+        "--record-seqs",
+        confirmed_file.to_str().unwrap(),
+    ]);
+    for field in [
+        "sent",
+        "confirmed",
+        "first_seq",
+        "rate_per_s",
+        "confirmed_seqs",
+    ] {
+        assert!(published.get(field).is_some(), "no {field}: {published}");
+    }
+    assert_eq!(published["sent"], 2000);
+    assert_eq!(published["confirmed"], 2000);
+    assert_eq!(published["failed"], 0);
+    assert_eq!(published["errors"], serde_json::json!({}));
+    assert_eq!(published["last_seq"], 1999);
+    assert!(published["elapsed_ms"].is_u64());
+    assert_eq!(read_seqs(&confirmed_file), (0..2000).collect::<Vec<_>>());
+
+    let buffered = server.json(&[
+        "publish",
+        "orders",
+        "--count",
+        "500",
+        "--size",
+        "64",
+        "--buffered",
+        "--start-seq",
+        "2000",
+    ]);
+    assert_eq!(buffered["mode"], "buffered");
+    assert_eq!(buffered["sent"], 500);
+    assert_eq!(buffered["failed"], 0);
+    assert!(buffered.get("confirmed_seqs").is_none(), "{buffered}");
+
+    let info = server.json(&["queue", "info", "orders"]);
+    assert_eq!(info["ready"], 2500);
+    assert_eq!(info["partitions"].as_array().unwrap().len(), 2);
+
+    let received_file = server.path("received.txt");
+    let consumed = server.json(&[
+        "consume",
+        "orders",
+        "--count",
+        "2500",
+        "--verify",
+        "--idle-exit-ms",
+        "10000",
+        "--record-seqs",
+        received_file.to_str().unwrap(),
+    ]);
+    assert_eq!(consumed["received"], 2500);
+    assert_eq!(consumed["acked"], 2500);
+    assert_eq!(consumed["rejected"], 0);
+    assert_eq!(consumed["corrupt"], 0);
+    assert_eq!(consumed["redelivered"], 0);
+    assert!(consumed["elapsed_ms"].is_u64());
+    let received: BTreeSet<u64> = read_seqs(&received_file).into_iter().collect();
+    assert_eq!(received, (0..2500).collect::<BTreeSet<_>>());
+
+    // Idle exit: nothing left, so it stops after the idle time and still succeeds.
+    let drained = server.json(&["consume", "orders", "--idle-exit-ms", "300"]);
+    assert_eq!(drained["received"], 0);
+
+    server.json(&["publish", "orders", "--count", "50", "--size", "16"]);
+    let purged = server.json(&["queue", "purge", "orders"]);
+    assert_eq!(purged["purged"], true);
+    assert_eq!(server.json(&["queue", "info", "orders"])["ready"], 0);
+
+    assert_eq!(server.json(&["queue", "delete", "orders"])["deleted"], true);
+    let listed = server.json(&["queue", "list"]);
+    assert_eq!(listed["queues"], serde_json::json!([]));
+}
+
+#[test]
+fn reject_dead_letters_and_requeue_redelivers() {
+    let server = Server::start();
+    server.json(&["queue", "declare", "dead"]);
+    server.json(&["queue", "declare", "work", "--dead-letter", "dead"]);
+    server.json(&["queue", "declare", "capped", "--max-deliveries", "5"]);
+    assert_eq!(
+        server.json(&["queue", "info", "work"])["settings"]["dead_letter"],
+        "dead"
+    );
+    assert_eq!(
+        server.json(&["queue", "info", "capped"])["settings"]["max_deliveries"],
+        5
+    );
+
+    server.json(&["publish", "work", "--count", "10", "--size", "32"]);
+    // With prefetch 1 a requeued message comes straight back: four rejects of the head.
+    let requeued = server.json(&[
+        "consume",
+        "work",
+        "--count",
+        "4",
+        "--prefetch",
+        "1",
+        "--requeue",
+        "--idle-exit-ms",
+        "10000",
+    ]);
+    assert_eq!(requeued["rejected"], 4);
+    assert_eq!(requeued["requeued"], 4);
+    assert_eq!(requeued["acked"], 0);
+    let again_file = server.path("again.txt");
+    let again = server.json(&[
+        "consume",
+        "work",
+        "--count",
+        "10",
+        "--verify",
+        "--idle-exit-ms",
+        "10000",
+        "--record-seqs",
+        again_file.to_str().unwrap(),
+    ]);
+    assert_eq!(again["received"], 10);
+    assert!(again["redelivered"].as_u64().unwrap() >= 1, "{again}");
+    assert_eq!(again["corrupt"], 0);
+    assert_eq!(again["duplicates"], 0);
+    let seqs: BTreeSet<u64> = read_seqs(&again_file).into_iter().collect();
+    assert_eq!(seqs, (0..10).collect::<BTreeSet<_>>());
+
+    server.json(&[
+        "publish",
+        "work",
+        "--count",
+        "3",
+        "--size",
+        "32",
+        "--start-seq",
+        "100",
+    ]);
+    let rejected = server.json(&[
+        "consume",
+        "work",
+        "--count",
+        "3",
+        "--reject",
+        "--idle-exit-ms",
+        "10000",
+    ]);
+    assert_eq!(rejected["rejected"], 3);
+    assert_eq!(rejected["requeued"], 0);
+    let dead_file = server.path("dead.txt");
+    let dead = server.json(&[
+        "consume",
+        "dead",
+        "--count",
+        "3",
+        "--verify",
+        "--idle-exit-ms",
+        "10000",
+        "--record-seqs",
+        dead_file.to_str().unwrap(),
+    ]);
+    assert_eq!(dead["received"], 3);
+    assert_eq!(dead["corrupt"], 0);
+    let mut seqs = read_seqs(&dead_file);
+    seqs.sort_unstable();
+    assert_eq!(seqs, vec![100, 101, 102]);
+    assert_eq!(server.json(&["queue", "info", "work"])["ready"], 0);
+}
+
+#[test]
+fn status_shows_filesystems_and_memory() {
+    let server = Server::start();
+    let status = server.json(&["status"]);
+    assert!(status["node"].is_string(), "{status}");
+    let level = status["filesystems"][0]["level"].as_str().unwrap();
+    assert!(
+        ["normal", "soft", "hard", "reserve"].contains(&level),
+        "{status}"
+    );
+    for field in ["path", "device", "total_bytes", "free_bytes", "spare_bytes"] {
+        assert!(
+            status["filesystems"][0].get(field).is_some(),
+            "no {field}: {status}"
+        );
+    }
+    assert!(status["memory"]["limit_source"].is_string(), "{status}");
+    assert!(status["memory"]["resident_bytes"].is_u64(), "{status}");
+
+    let human = server.run(&["status"]);
+    assert!(human.status.success(), "{}", describe(&human));
+    let text = String::from_utf8_lossy(&human.stdout);
+    assert!(text.contains("LEVEL") && text.contains("memory"), "{text}");
+}
+
+#[test]
+fn failures_exit_non_zero_with_the_brokers_message() {
+    let server = Server::start();
+    let missing = server.run(&["queue", "info", "missing"]);
+    assert!(!missing.status.success(), "{}", describe(&missing));
+    let stderr = String::from_utf8_lossy(&missing.stderr);
+    assert!(
+        stderr.contains("404") && stderr.contains("missing"),
+        "{stderr}"
+    );
+
+    let missing = server.run(&["queue", "info", "missing", "--json"]);
+    assert!(!missing.status.success());
+    assert_eq!(parse(&missing)["code"], 404);
+
+    let published = server.run(&[
+        "publish", "missing", "--count", "5", "--size", "16", "--json",
+    ]);
+    assert!(!published.status.success(), "{}", describe(&published));
+    let summary = parse(&published);
+    assert_eq!(summary["confirmed"], 0);
+    assert!(summary["failed"].as_u64().unwrap() >= 1, "{summary}");
+    assert_eq!(summary["errors"]["404"], summary["failed"], "{summary}");
+
+    let buffered = server.run(&[
+        "publish",
+        "missing",
+        "--count",
+        "5",
+        "--size",
+        "16",
+        "--buffered",
+        "--keep-going",
+        "--json",
+    ]);
+    assert!(!buffered.status.success(), "{}", describe(&buffered));
+    assert_eq!(parse(&buffered)["errors"]["404"], 5);
+
+    let too_small = server.run(&["publish", "missing", "--count", "1", "--size", "4"]);
+    assert!(!too_small.status.success());
+
+    // A queue declared again with other settings is a conflict.
+    server.json(&["queue", "declare", "q"]);
+    let conflict = server.run(&["queue", "declare", "q", "--partitions", "3"]);
+    assert!(!conflict.status.success(), "{}", describe(&conflict));
+    assert!(
+        String::from_utf8_lossy(&conflict.stderr).contains("409"),
+        "{}",
+        describe(&conflict)
+    );
+
+    // Nobody listens on the HTTP port once it is closed; a bad --http fails cleanly.
+    let status = server.run(&["status", "--http", "127.0.0.1:1"]);
+    assert!(!status.status.success(), "{}", describe(&status));
+}
