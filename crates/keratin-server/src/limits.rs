@@ -128,6 +128,11 @@ impl NodeLimits {
         let _ = self.broker.set(broker.clone());
     }
 
+    /// The memory limit the levels are computed from.
+    pub fn memory_limit_bytes(&self) -> u64 {
+        self.memory_limit.limit_bytes
+    }
+
     /// The storage file systems.
     pub fn filesystems(&self) -> &[Filesystem] {
         &self.filesystems

@@ -89,7 +89,10 @@ impl Node {
             source,
         })?;
         let (stop, stopped) = watch::channel(false);
+        let memory_quarter = (limits.memory_limit_bytes() / 4) as usize;
         let options = TcpOptions {
+            publish_bytes_inflight_max: crate::tcp::PUBLISH_BYTES_INFLIGHT_DEFAULT
+                .min(memory_quarter.max(16 << 20)),
             node_id: config
                 .node
                 .id

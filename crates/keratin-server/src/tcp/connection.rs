@@ -45,6 +45,8 @@ struct Conn {
     options: Arc<TcpOptions>,
     out: Outbound,
     publish_permits: Arc<Semaphore>,
+    /// The node-wide budget of unanswered publish bytes, in KiB permits.
+    publish_bytes: Arc<Semaphore>,
     consumers: HashMap<String, ConsumerEntry>,
     deliveries: Arc<Mutex<HashMap<u64, (String, DeliveryTag)>>>,
     next_delivery: Arc<AtomicU64>,
@@ -55,6 +57,7 @@ pub(super) async fn run(
     peer: SocketAddr,
     broker: Broker,
     options: Arc<TcpOptions>,
+    publish_bytes: Arc<Semaphore>,
     mut stop: watch::Receiver<bool>,
 ) {
     let _ = stream.set_nodelay(true);
@@ -74,6 +77,7 @@ pub(super) async fn run(
     let mut conn = Conn {
         broker,
         publish_permits: Arc::new(Semaphore::new(options.publish_frames_inflight_max)),
+        publish_bytes,
         options: options.clone(),
         out,
         consumers: HashMap::new(),
@@ -336,6 +340,12 @@ impl Conn {
         let Ok(permit) = self.publish_permits.clone().acquire_owned().await else {
             return;
         };
+        let bytes: usize = p.messages.iter().map(|m| m.body.len()).sum();
+        let budget = self.options.publish_bytes_inflight_max / super::PUBLISH_PERMIT_BYTES;
+        let kib = (bytes / super::PUBLISH_PERMIT_BYTES).clamp(1, budget.max(1)) as u32;
+        let Ok(bytes_permit) = self.publish_bytes.clone().acquire_many_owned(kib).await else {
+            return;
+        };
         let ids: Vec<u64> = p.messages.iter().map(|m| m.publish_id).collect();
         let messages = p
             .messages
@@ -353,6 +363,7 @@ impl Conn {
                 }
             }
             drop(permit);
+            drop(bytes_permit);
         });
     }
 

@@ -12,6 +12,14 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+/// Default node-wide bound on unanswered publish bytes: 256 MiB keeps a fast disk busy (a
+/// second of appends at 250 MB/s) and fits comfortably in a small container; `Node` lowers it
+/// to a quarter of the memory limit when that is smaller.
+pub const PUBLISH_BYTES_INFLIGHT_DEFAULT: usize = 256 << 20;
+
+/// The publish byte budget is counted in KiB permits (a semaphore counts in `u32`).
+pub(crate) const PUBLISH_PERMIT_BYTES: usize = 1024;
+
 /// Limits and timers of protocol connections.
 #[derive(Debug, Clone)]
 pub struct TcpOptions {
@@ -23,6 +31,10 @@ pub struct TcpOptions {
     /// stops reading the connection, so TCP flow control holds the client back. 256 frames of up
     /// to 1,000 messages keep a fast disk busy while bounding what a connection can queue.
     pub publish_frames_inflight_max: usize,
+    /// Message bytes of publishes read from all connections and not yet answered, node-wide.
+    /// Past it, connections stop reading publishes until earlier ones are confirmed: the memory
+    /// that unconfirmed publishes can take is bounded whatever the number of connections.
+    pub publish_bytes_inflight_max: usize,
     /// Frames queued for sending on one connection; a client that does not read is held back
     /// when it is full (deliveries and confirms wait, then TCP flow control).
     pub outbound_frames_max: usize,
@@ -42,6 +54,7 @@ impl Default for TcpOptions {
             node_id: "keratin".into(),
             frame_size_bytes_max: keratin_proto::FRAME_SIZE_BYTES_MAX,
             publish_frames_inflight_max: 256,
+            publish_bytes_inflight_max: PUBLISH_BYTES_INFLIGHT_DEFAULT,
             outbound_frames_max: 1024,
             heartbeat_interval: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(30),
@@ -59,6 +72,9 @@ pub async fn serve(
     options: TcpOptions,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
+    let publish_bytes = Arc::new(tokio::sync::Semaphore::new(
+        (options.publish_bytes_inflight_max / PUBLISH_PERMIT_BYTES).max(1),
+    ));
     let options = Arc::new(options);
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut connections = JoinSet::new();
@@ -78,8 +94,9 @@ pub async fn serve(
                 let broker = broker.clone();
                 let options = options.clone();
                 let stop = stop_rx.clone();
+                let publish_bytes = publish_bytes.clone();
                 connections.spawn(async move {
-                    connection::run(stream, peer, broker, options, stop).await;
+                    connection::run(stream, peer, broker, options, publish_bytes, stop).await;
                 });
             }
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
