@@ -7,13 +7,19 @@
 //! - `counting_io`: an `Io` wrapper that counts syncs and the batch each one covered.
 //! - `page_cache`: dropping the page cache before reads, when root.
 //! - `log_bench`: the `log` benchmark: interleaved rounds of appends, reads and recovery.
+//! - `pool_bench`: the `pool` benchmark: appends into reused vs fresh segments, and log churn
+//!   with and without the node's segment pool.
+//! - `broker_bench`: the `broker` benchmark: publish+confirm, consume+ack and resident memory
+//!   of the broker core in process.
 //! - `report`: the table, its JSON form, medians and percentiles.
 
+mod broker_bench;
 mod contender;
 mod counting_io;
 mod keratin;
 mod log_bench;
 mod page_cache;
+mod pool_bench;
 mod raw;
 mod report;
 
@@ -42,6 +48,22 @@ enum Command {
     /// The storage engine: durable appends with group commit vs pwrite+fdatasync with the same
     /// batch sizes; sequential read and recovery vs a raw read of the same files.
     Log(LogArgs),
+    /// The segment pool: synced appends into a reused segment, a fresh preallocated one and raw
+    /// files (grown, preallocated, reused); log churn with the node pool vs private pools.
+    Pool(PoolArgs),
+    /// The broker core in process: publish+confirm and consume+ack of 1 KiB messages on 1 and 4
+    /// partitions vs raw pwrite+fdatasync with the same batches; resident memory when queued.
+    Broker(BrokerArgs),
+    /// The child process of `broker`'s memory figure.
+    #[command(hide = true)]
+    BrokerRss {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long)]
+        messages: usize,
+        #[arg(long, default_value_t = 32)]
+        body_bytes: usize,
+    },
     /// A seconds-long run of every case with tiny sizes, in a temporary directory (CI).
     Smoke {
         /// Print the report as JSON.
@@ -85,6 +107,70 @@ struct LogArgs {
     json: bool,
 }
 
+#[derive(Debug, clap::Args)]
+struct PoolArgs {
+    /// Directory on the file system under test; a `keratin-bench-<pid>` directory is made in it
+    /// and removed afterwards.
+    #[arg(long, default_value = "/var/tmp")]
+    dir: PathBuf,
+    /// Rounds; every case runs once per round, in alternating order.
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    /// Synced single-record appends per latency run.
+    #[arg(long, default_value_t = 3000)]
+    records: usize,
+    /// Payload bytes of one record.
+    #[arg(long, default_value_t = 1024)]
+    record_bytes: usize,
+    /// Segment size of the latency runs (suffixes K, M, G).
+    #[arg(long, default_value = "64MiB", value_parser = parse_bytes)]
+    segment_bytes: u64,
+    /// Logs created, filled and deleted per churn run.
+    #[arg(long, default_value_t = 200)]
+    churn_logs: usize,
+    /// Segment size of the churn logs.
+    #[arg(long, default_value = "1MiB", value_parser = parse_bytes)]
+    churn_segment_bytes: u64,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+struct BrokerArgs {
+    /// Directory on the file system under test; a `keratin-bench-<pid>` directory is made in it
+    /// and removed afterwards.
+    #[arg(long, default_value = "/var/tmp")]
+    dir: PathBuf,
+    /// Seconds of each publish run and of each reference run.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    /// Rounds of each case; Keratin and the reference alternate within them.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Partition counts, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,4")]
+    partitions: Vec<u32>,
+    /// Concurrent publishers.
+    #[arg(long, default_value_t = 8)]
+    publishers: usize,
+    /// Messages per publish.
+    #[arg(long, default_value_t = 64)]
+    batch: usize,
+    /// Messages queued before each consume run.
+    #[arg(long, default_value_t = 200_000)]
+    backlog: usize,
+    /// Prefetch of the consumer.
+    #[arg(long, default_value_t = 1000)]
+    prefetch: u32,
+    /// Queued 32-byte messages for the memory figure (0 skips it).
+    #[arg(long, default_value_t = 1_000_000)]
+    rss_messages: usize,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
 fn parse_bytes(text: &str) -> Result<u64, String> {
     let text = text.trim();
     let split = text
@@ -108,6 +194,13 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Log(args) => run_log(&args),
+        Command::Pool(args) => run_pool(&args),
+        Command::Broker(args) => run_broker(&args),
+        Command::BrokerRss {
+            dir,
+            messages,
+            body_bytes,
+        } => broker_bench::rss(&dir, messages, body_bytes),
         Command::Smoke { json } => run_smoke(json),
     };
     match result {
@@ -139,7 +232,7 @@ fn run_log(args: &LogArgs) -> BenchResult<()> {
 fn run_smoke(json: bool) -> BenchResult<()> {
     let base = std::env::var_os("TMPDIR").map_or_else(|| PathBuf::from("/var/tmp"), PathBuf::from);
     let config = LogBenchConfig {
-        dir: base,
+        dir: base.clone(),
         duration: Duration::from_secs(1),
         rounds: 1,
         record_bytes: 1024,
@@ -149,7 +242,149 @@ fn run_smoke(json: bool) -> BenchResult<()> {
         read_only: false,
     };
     run_in_work_dir(config, true, json)?;
-    eprintln!("smoke: every case ran (figures of a 1 s run are not benchmark results)");
+    let pool = PoolArgs {
+        dir: base.clone(),
+        rounds: 1,
+        records: 100,
+        record_bytes: 1024,
+        segment_bytes: 4 << 20,
+        churn_logs: 10,
+        churn_segment_bytes: 1 << 20,
+        json,
+    };
+    run_pool(&pool)?;
+    let broker = BrokerArgs {
+        dir: base,
+        seconds: 0.5,
+        rounds: 1,
+        partitions: vec![1, 4],
+        publishers: 8,
+        batch: 64,
+        backlog: 5_000,
+        prefetch: 1000,
+        rss_messages: 20_000,
+        json,
+    };
+    run_broker(&broker)?;
+    eprintln!("smoke: every case ran (figures of a seconds-long run are not benchmark results)");
+    Ok(())
+}
+
+/// A fresh `keratin-bench-<pid>` directory under `dir`.
+fn make_work_dir(dir: &Path) -> BenchResult<PathBuf> {
+    let work_dir = dir.join(format!("keratin-bench-{}", std::process::id()));
+    std::fs::create_dir_all(dir)?;
+    std::fs::create_dir(&work_dir).map_err(|e| format!("create {}: {e}", work_dir.display()))?;
+    Ok(work_dir)
+}
+
+/// Where, on what, and how loaded: the lines above a report.
+fn run_context(work_dir: &Path, load_before: &str) -> Vec<(String, String)> {
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let args: Vec<String> = std::env::args().collect();
+    vec![
+        ("command".into(), args.join(" ")),
+        (
+            "directory".into(),
+            format!("{} ({})", work_dir.display(), filesystem_name(work_dir)),
+        ),
+        (
+            "machine".into(),
+            format!("{cores} cores, Linux {}", kernel.trim()),
+        ),
+        (
+            "load average before/after".into(),
+            format!("{load_before} / {}", load_average()),
+        ),
+    ]
+}
+
+fn run_pool(args: &PoolArgs) -> BenchResult<()> {
+    if args.rounds == 0 || args.records == 0 || args.churn_logs == 0 || args.record_bytes == 0 {
+        return Err(
+            "--rounds, --records, --churn-logs and --record-bytes must be at least 1".into(),
+        );
+    }
+    let work_dir = make_work_dir(&args.dir)?;
+    let load_before = load_average();
+    let config = pool_bench::PoolBenchConfig {
+        dir: work_dir.clone(),
+        rounds: args.rounds,
+        records: args.records,
+        record_bytes: args.record_bytes,
+        segment_bytes: args.segment_bytes,
+        churn_logs: args.churn_logs,
+        churn_segment_bytes: args.churn_segment_bytes,
+    };
+    let result = pool_bench::run(&config);
+    let context = run_context(&work_dir, &load_before);
+    let cleanup = std::fs::remove_dir_all(&work_dir);
+    let report = result?;
+    cleanup.map_err(|e| format!("remove {}: {e}", work_dir.display()))?;
+    if args.json {
+        let context: serde_json::Map<String, serde_json::Value> = context
+            .into_iter()
+            .map(|(k, v)| (k, serde_json::Value::String(v)))
+            .collect();
+        let out = serde_json::json!({"context": context, "pool": report.json});
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        for (key, value) in context {
+            println!("{key}: {value}");
+        }
+        println!();
+        print!("{}", report.text);
+    }
+    Ok(())
+}
+
+fn run_broker(args: &BrokerArgs) -> BenchResult<()> {
+    if args.rounds == 0
+        || args.partitions.contains(&0)
+        || args.publishers == 0
+        || args.batch == 0
+        || args.backlog == 0
+        || args.prefetch == 0
+    {
+        return Err("--rounds, --partitions, --publishers, --batch, --backlog and --prefetch must be at least 1".into());
+    }
+    let work_dir = make_work_dir(&args.dir)?;
+    let load_before = load_average();
+    let config = broker_bench::BrokerBenchConfig {
+        dir: work_dir.clone(),
+        duration: Duration::from_secs_f64(args.seconds),
+        rounds: args.rounds,
+        body_bytes: 1024,
+        partitions: args.partitions.clone(),
+        publishers: args.publishers,
+        batch: args.batch,
+        backlog: args.backlog,
+        prefetch: args.prefetch,
+        rss_messages: args.rss_messages,
+        rss_body_bytes: 32,
+    };
+    let result = broker_bench::run(&config);
+    let mut context = run_context(&work_dir, &load_before);
+    let cleanup = std::fs::remove_dir_all(&work_dir);
+    let mut report = result?;
+    cleanup.map_err(|e| format!("remove {}: {e}", work_dir.display()))?;
+    context.push((
+        "method".into(),
+        format!(
+            "{} round(s) per case, keratin and raw alternating (K R, R K, ...); {} s per publish \
+             and raw run; medians; ratio = keratin / raw, median of per-round ratios; raw = one \
+             thread per partition doing pwrite of one batch of {} B payloads + fdatasync, \
+             replaying keratin's messages per sync",
+            args.rounds, args.seconds, config.body_bytes
+        ),
+    ));
+    report.context = context;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report.json())?);
+    } else {
+        print!("{}", report.table());
+    }
     Ok(())
 }
 

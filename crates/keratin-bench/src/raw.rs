@@ -27,7 +27,7 @@ pub struct Raw<'a> {
     pub cache: &'a PageCache,
 }
 
-fn pwrite_all(fd: &OwnedFd, mut buf: &[u8], mut position: u64) -> BenchResult<()> {
+pub(crate) fn pwrite_all(fd: &OwnedFd, mut buf: &[u8], mut position: u64) -> BenchResult<()> {
     while !buf.is_empty() {
         match rustix::io::pwrite(fd, buf, position) {
             Ok(0) => return Err("pwrite wrote nothing".into()),
@@ -60,7 +60,7 @@ fn pread_file(path: &Path, len: u64, buf: &mut [u8]) -> BenchResult<u64> {
 
 /// A fresh file of `len` preallocated bytes, synced with its directory entry, as Keratin prepares
 /// a segment before it is used.
-fn preallocated_file(path: &Path, len: u64) -> BenchResult<OwnedFd> {
+pub(crate) fn preallocated_file(path: &Path, len: u64) -> BenchResult<OwnedFd> {
     let flags = OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC;
     let fd = rustix::fs::open(path, flags, Mode::from_raw_mode(0o644))?;
     rustix::fs::fallocate(&fd, FallocateFlags::empty(), 0, len)?;

@@ -173,6 +173,42 @@ pub fn percentile(values: &[u64], q: f64) -> u64 {
     histogram.value_at_quantile(q)
 }
 
+/// A plain text table: the first row is the header, columns padded to their widest cell.
+pub fn text_table(rows: &[Vec<String>]) -> String {
+    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let mut widths = vec![0usize; columns];
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for (i, row) in rows.iter().enumerate() {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(cell, width)| format!("{cell:<width$}"))
+            .collect();
+        out.push_str(cells.join(" | ").trim_end());
+        out.push('\n');
+        if i == 0 {
+            let rule: Vec<String> = widths.iter().map(|w| "-".repeat(*w)).collect();
+            out.push_str(&rule.join("-|-"));
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// Latency percentiles p50 / p99 / p99.9 of nanosecond samples, as microseconds.
+pub fn latency_us(nanos: &[u64]) -> (u64, u64, u64) {
+    (
+        percentile(nanos, 0.5) / 1000,
+        percentile(nanos, 0.99) / 1000,
+        percentile(nanos, 0.999) / 1000,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
