@@ -223,6 +223,10 @@ impl NodeLimits {
                 if let Some(change) = change {
                     self.report(&change, None);
                 }
+                let level = lock(&self.monitor).memory_level();
+                if level.is_some_and(|l| l >= Level::Soft) {
+                    return_free_memory();
+                }
             }
             Err(error) => tracing::warn!(%error, "cannot read resident memory"),
         }
@@ -434,6 +438,17 @@ impl NodeLimits {
             memory_limit_bytes: self.memory_limit.limit_bytes,
             memory_level: memory.as_ref().map_or(Level::Normal, |m| m.level),
         }
+    }
+}
+
+/// Under memory pressure, hand freed heap memory back to the system. The allocator keeps freed
+/// memory for reuse, so resident memory — what the limit is measured on — would stay high long
+/// after the publishes that used it were answered, and publishing would stay limited.
+fn return_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 

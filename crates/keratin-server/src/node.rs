@@ -89,10 +89,12 @@ impl Node {
             source,
         })?;
         let (stop, stopped) = watch::channel(false);
-        let memory_quarter = (limits.memory_limit_bytes() / 4) as usize;
+        // Each unanswered publish byte is held about twice (the decoded message, the encoded
+        // record) until its sync: an eighth of the limit keeps that under a quarter of it.
+        let memory_eighth = (limits.memory_limit_bytes() / 8) as usize;
         let options = TcpOptions {
             publish_bytes_inflight_max: crate::tcp::PUBLISH_BYTES_INFLIGHT_DEFAULT
-                .min(memory_quarter.max(16 << 20)),
+                .min(memory_eighth.max(8 << 20)),
             node_id: config
                 .node
                 .id

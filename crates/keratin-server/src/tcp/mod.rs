@@ -14,7 +14,7 @@ use tokio::task::JoinSet;
 
 /// Default node-wide bound on unanswered publish bytes: 256 MiB keeps a fast disk busy (a
 /// second of appends at 250 MB/s) and fits comfortably in a small container; `Node` lowers it
-/// to a quarter of the memory limit when that is smaller.
+/// to an eighth of the memory limit when that is smaller.
 pub const PUBLISH_BYTES_INFLIGHT_DEFAULT: usize = 256 << 20;
 
 /// The publish byte budget is counted in KiB permits (a semaphore counts in `u32`).
