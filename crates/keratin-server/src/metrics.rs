@@ -26,6 +26,12 @@ struct ReasonLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PoolLabels {
+    device: String,
+    class: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct QueueLabels {
     queue: String,
 }
@@ -119,6 +125,53 @@ pub fn render(broker: &Broker, limits: &NodeLimits) -> String {
         rejected
             .get_or_create(&labels)
             .inc_by(r.load(Ordering::Relaxed));
+    }
+    let pool = broker.pool();
+    let spares = gauge_family::<PoolLabels>(
+        &mut registry,
+        "pool_spares",
+        "Spare segment files per file system and size class",
+    );
+    for fs in pool.filesystems() {
+        for (class, count) in [("full", fs.full_count), ("small", fs.small_count)] {
+            let labels = PoolLabels {
+                device: fs.device.to_string(),
+                class: class.into(),
+            };
+            set(&spares.get_or_create(&labels), count);
+        }
+    }
+    let counters = pool.counters();
+    for (name, help, value) in [
+        (
+            "pool_takes_from_pool",
+            "Segments served from a spare",
+            counters.takes_from_pool,
+        ),
+        (
+            "pool_takes_fresh",
+            "Segments created fresh (no spare)",
+            counters.takes_fresh,
+        ),
+        (
+            "pool_releases",
+            "Spares deleted under disk pressure",
+            counters.released,
+        ),
+        (
+            "pool_released_bytes",
+            "Bytes of spares deleted under disk pressure",
+            counters.released_bytes,
+        ),
+        (
+            "pool_retired_generation",
+            "Files retired before their generation wrapped",
+            counters.retired_generation,
+        ),
+    ] {
+        let c = Counter::<u64>::default();
+        c.inc_by(value);
+        registry.register(name, help, c);
     }
     let ready =
         gauge_family::<QueueLabels>(&mut registry, "queue_ready_messages", "Ready messages");
