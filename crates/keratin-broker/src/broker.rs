@@ -150,6 +150,12 @@ pub struct PartitionInfo {
     pub disk_bytes: u64,
     /// True if its log stopped after a write error.
     pub stopped: bool,
+    /// True while the partition is at its share of the queue limits.
+    pub full: bool,
+    /// Publishes refused with `queue_full` since start.
+    pub rejected_full: u64,
+    /// Messages removed by `drop_oldest` since start.
+    pub overflowed: u64,
 }
 
 /// Figures of a queue.
@@ -301,6 +307,50 @@ impl Broker {
         .await?;
         self.inner.start_queue(&decl)?;
         drop(guard);
+        self.info(name)
+    }
+
+    /// Change the settings of a live queue (limits, overflow, dead-letter queue, max
+    /// deliveries; not the partitions). The change is durable in the node's metadata before any
+    /// partition applies it, and each partition records it in its own log. Lowering a
+    /// `drop_oldest` limit trims ready messages; inflight ones are never dropped.
+    pub async fn set_queue_settings(
+        &self,
+        name: &str,
+        settings: QueueSettings,
+    ) -> BrokerResult<QueueInfo> {
+        settings.validate(name)?;
+        let mut guard = self.inner.meta.lock().await;
+        let meta = guard
+            .as_mut()
+            .ok_or_else(|| BrokerError::Closed("broker".into()))?;
+        let decl = meta
+            .by_name(name)
+            .cloned()
+            .ok_or_else(|| BrokerError::NotFound(name.into()))?;
+        if decl.settings.partitions != settings.partitions {
+            return Err(BrokerError::Invalid(format!(
+                "queue {name:?} has {} partitions; partitions cannot change on a live queue",
+                decl.settings.partitions
+            )));
+        }
+        let queue = self.inner.queue(name)?;
+        meta.write(
+            MetaRecord::QueueSettingsChanged {
+                id: decl.id,
+                settings: settings.clone(),
+            },
+            (self.inner.config.clock)(),
+        )
+        .await?;
+        *queue.settings.write().unwrap_or_else(|e| e.into_inner()) = settings.clone();
+        drop(guard);
+        for partition in &queue.partitions {
+            let settings = settings.clone();
+            partition
+                .request(|reply| Command::SetSettings { settings, reply })
+                .await?;
+        }
         self.info(name)
     }
 
@@ -519,12 +569,15 @@ impl BrokerInner {
                     bytes: f.live_bytes.load(Ordering::Relaxed),
                     disk_bytes: f.disk_bytes.load(Ordering::Relaxed),
                     stopped: f.stopped.load(Ordering::Relaxed) != 0,
+                    full: f.full.load(Ordering::Relaxed) != 0,
+                    rejected_full: f.rejected_full.load(Ordering::Relaxed),
+                    overflowed: f.overflowed.load(Ordering::Relaxed),
                 }
             })
             .collect();
         QueueInfo {
             name: queue.name.clone(),
-            settings: queue.settings.clone(),
+            settings: queue.settings(),
             partitions,
         }
     }

@@ -30,6 +30,7 @@ pub(crate) struct QueueDecl {
 pub(crate) enum MetaRecord {
     QueueDeclared(QueueDecl),
     QueueDeleted { id: u64 },
+    QueueSettingsChanged { id: u64, settings: QueueSettings },
 }
 
 /// The metadata log and what it says.
@@ -87,6 +88,11 @@ impl Meta {
             }
             MetaRecord::QueueDeleted { id } => {
                 self.queues.remove(&id);
+            }
+            MetaRecord::QueueSettingsChanged { id, settings } => {
+                if let Some(decl) = self.queues.get_mut(&id) {
+                    decl.settings = settings;
+                }
             }
         }
     }

@@ -12,7 +12,29 @@ use crate::error::{BrokerError, BrokerResult};
 use crate::partition::owner::Command;
 use crate::partition::state::PartitionState;
 
-/// A queue's settings, fixed at declaration.
+/// What a queue does when a publish would pass its `max_messages` or `max_bytes`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Overflow {
+    /// Refuse the publish with `ERR_LIMITED`, reason `queue_full`; nothing of it is applied.
+    #[default]
+    Reject,
+    /// Remove the oldest ready messages to make room (to the dead-letter queue when one is set).
+    DropOldest,
+}
+
+impl Overflow {
+    /// `reject` or `drop_oldest`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Overflow::Reject => "reject",
+            Overflow::DropOldest => "drop_oldest",
+        }
+    }
+}
+
+/// A queue's settings. `partitions` is fixed at declaration; the others can change on a live
+/// queue ([`crate::Broker::set_queue_settings`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct QueueSettings {
@@ -22,6 +44,16 @@ pub struct QueueSettings {
     pub dead_letter: Option<String>,
     /// A message delivered this many times and returned again is dead-lettered (or dropped).
     pub max_deliveries: Option<u32>,
+    /// Most messages (ready and inflight) the queue holds; each partition enforces its share
+    /// (the limit divided by the partitions, rounded up).
+    #[serde(default)]
+    pub max_messages: Option<u64>,
+    /// Most message bytes (ready and inflight) the queue holds, shared like `max_messages`.
+    #[serde(default)]
+    pub max_bytes: Option<u64>,
+    /// What happens at a limit; `None` means [`Overflow::Reject`].
+    #[serde(default)]
+    pub overflow: Option<Overflow>,
 }
 
 impl Default for QueueSettings {
@@ -30,6 +62,9 @@ impl Default for QueueSettings {
             partitions: 1,
             dead_letter: None,
             max_deliveries: None,
+            max_messages: None,
+            max_bytes: None,
+            overflow: None,
         }
     }
 }
@@ -42,6 +77,15 @@ impl std::fmt::Display for QueueSettings {
         }
         if let Some(max) = self.max_deliveries {
             write!(f, ", max_deliveries={max}")?;
+        }
+        if let Some(max) = self.max_messages {
+            write!(f, ", max_messages={max}")?;
+        }
+        if let Some(max) = self.max_bytes {
+            write!(f, ", max_bytes={max}")?;
+        }
+        if let Some(overflow) = self.overflow {
+            write!(f, ", overflow={}", overflow.as_str())?;
         }
         Ok(())
     }
@@ -68,7 +112,37 @@ impl QueueSettings {
                 "max_deliveries must be at least 1".into(),
             ));
         }
+        if self.max_messages == Some(0) || self.max_bytes == Some(0) {
+            return Err(BrokerError::Invalid(
+                "max_messages and max_bytes must be at least 1 (leave them unset for no limit)"
+                    .into(),
+            ));
+        }
         Ok(())
+    }
+
+    /// This partition's share of the queue limits.
+    pub(crate) fn partition_limits(&self) -> PartitionLimits {
+        let n = u64::from(self.partitions.max(1));
+        PartitionLimits {
+            max_messages: self.max_messages.map(|m| m.div_ceil(n)),
+            max_bytes: self.max_bytes.map(|b| b.div_ceil(n)),
+            overflow: self.overflow.unwrap_or_default(),
+        }
+    }
+}
+
+/// The limits one partition enforces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PartitionLimits {
+    pub(crate) max_messages: Option<u64>,
+    pub(crate) max_bytes: Option<u64>,
+    pub(crate) overflow: Overflow,
+}
+
+impl PartitionLimits {
+    pub(crate) fn is_set(&self) -> bool {
+        self.max_messages.is_some() || self.max_bytes.is_some()
     }
 }
 
@@ -96,6 +170,12 @@ pub(crate) struct PartitionFigures {
     pub(crate) live_bytes: AtomicU64,
     pub(crate) disk_bytes: AtomicU64,
     pub(crate) stopped: AtomicU64,
+    /// Publishes refused with `queue_full`.
+    pub(crate) rejected_full: AtomicU64,
+    /// Messages removed by `drop_oldest` (dropped or dead-lettered).
+    pub(crate) overflowed: AtomicU64,
+    /// 1 while the partition is at its limit.
+    pub(crate) full: AtomicU64,
 }
 
 /// The handle of one partition's owner task.
@@ -174,7 +254,7 @@ impl PartitionHandle {
 pub struct Queue {
     pub(crate) id: u64,
     pub(crate) name: String,
-    pub(crate) settings: QueueSettings,
+    pub(crate) settings: std::sync::RwLock<QueueSettings>,
     pub(crate) partitions: Vec<PartitionHandle>,
     round_robin: AtomicU64,
 }
@@ -189,7 +269,7 @@ impl Queue {
         Queue {
             id,
             name,
-            settings,
+            settings: std::sync::RwLock::new(settings),
             partitions,
             round_robin: AtomicU64::new(0),
         }
@@ -209,6 +289,14 @@ impl Queue {
     /// The queue's id (names its directories).
     pub fn id(&self) -> u64 {
         self.id
+    }
+
+    /// The queue's current settings.
+    pub fn settings(&self) -> QueueSettings {
+        self.settings
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// The queue's name.

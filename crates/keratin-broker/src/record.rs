@@ -14,6 +14,8 @@ pub const RETURN: u8 = 3;
 pub const PURGE: u8 = 4;
 /// Log record type holding a copy of an old message moved to the head of the log.
 pub const RELOCATE: u8 = 5;
+/// Log record type recording the queue settings in force from this point (JSON).
+pub const SETTINGS: u8 = 6;
 
 /// Version byte at the start of a message payload.
 const MESSAGE_FORMAT: u8 = 1;
@@ -171,6 +173,8 @@ pub enum PartitionRecord {
     Purge(Purge),
     /// A relocated message.
     Relocate(Relocate),
+    /// The queue's settings from here on, as JSON (`QueueSettings`).
+    Settings(Vec<u8>),
 }
 
 impl PartitionRecord {
@@ -182,6 +186,7 @@ impl PartitionRecord {
             PartitionRecord::Return(_) => RETURN,
             PartitionRecord::Purge(_) => PURGE,
             PartitionRecord::Relocate(_) => RELOCATE,
+            PartitionRecord::Settings(_) => SETTINGS,
         }
     }
 
@@ -214,6 +219,7 @@ impl PartitionRecord {
                     out.extend_from_slice(&end.to_le_bytes());
                 }
             }
+            PartitionRecord::Settings(json) => out.extend_from_slice(json),
             PartitionRecord::Relocate(relocate) => {
                 out.extend_from_slice(&relocate.message.to_le_bytes());
                 out.extend_from_slice(&relocate.delivery_count.to_le_bytes());
@@ -277,6 +283,7 @@ impl PartitionRecord {
                 delivery_count: r.u32()?,
                 payload: r.rest().to_vec(),
             }),
+            SETTINGS => PartitionRecord::Settings(r.rest().to_vec()),
             other => return Err(r.error(format!("unknown record type {other}"))),
         };
         if record_type != ENQUEUE && record_type != RELOCATE && !r.rest().is_empty() {

@@ -22,7 +22,7 @@ use crate::consumer::{ConsumerLink, Delivery, DeliveryTag};
 use crate::error::{BrokerError, BrokerResult};
 use crate::gate::{GateDecision, PublishGate};
 use crate::partition::state::{Applied, PartitionState};
-use crate::queue::{PartitionFigures, PartitionHandle, QueueSettings};
+use crate::queue::{Overflow, PartitionFigures, PartitionHandle, PartitionLimits, QueueSettings};
 use crate::record::{
     Message, Outcome, PartitionRecord, Purge, Relocate, Returned, Settled, ENQUEUE, RELOCATE,
 };
@@ -33,6 +33,11 @@ use crate::Clock;
 const RELOCATE_BATCH_BYTES: usize = 4 << 20;
 
 pub(crate) enum Command {
+    /// New settings of a live queue (limits, dead-lettering); the metadata log has them already.
+    SetSettings {
+        settings: QueueSettings,
+        reply: oneshot::Sender<BrokerResult<()>>,
+    },
     Publish {
         payloads: Vec<Vec<u8>>,
         timestamp_ms: u64,
@@ -102,6 +107,8 @@ struct Inflight {
 /// Why a message goes to the dead-letter queue; sent as the `x-death-reason` header.
 #[derive(Debug, Clone, Copy)]
 enum DeathReason {
+    /// Dropped by `drop_oldest` to make room.
+    Overflow,
     Rejected,
     MaxDeliveries,
 }
@@ -111,6 +118,7 @@ impl DeathReason {
         match self {
             DeathReason::Rejected => "rejected",
             DeathReason::MaxDeliveries => "max_deliveries",
+            DeathReason::Overflow => "overflow",
         }
     }
 }
@@ -154,6 +162,14 @@ struct Owner {
     disk_bytes: u64,
     /// Acks received in this round of commands, written as one record at its end.
     acks: Vec<Settled>,
+    /// This partition's share of the queue limits.
+    limits: PartitionLimits,
+    /// Messages and bytes of publishes admitted by the queue limits and not yet applied (or
+    /// failed): they count toward the limits, or concurrent publishes would overshoot them.
+    reserved_count: u64,
+    reserved_bytes: u64,
+    /// Messages being removed by `drop_oldest`: they no longer count toward the limits.
+    dropping: HashMap<u64, u32>,
 }
 
 /// A publish waiting out its slowing delay.
@@ -163,6 +179,10 @@ struct Delayed {
     timestamp_ms: u64,
     reply: oneshot::Sender<BrokerResult<Range<u64>>>,
 }
+
+/// The retry hint of `queue_full`: a consumer frees room at its own pace, so a second is a
+/// reasonable first wait; clients back off further on repeated refusals.
+const QUEUE_FULL_RETRY_AFTER_MS: u32 = 1000;
 
 /// A stopped log is offered a heal this often (when the gate says its file system is back
 /// above reserve).
@@ -195,7 +215,16 @@ pub(crate) fn spawn(ctx: OwnerContext, log: Log, state: PartitionState) -> Parti
         delayed: VecDeque::new(),
         disk_bytes: 0,
         acks: Vec::new(),
+        limits: PartitionLimits {
+            max_messages: None,
+            max_bytes: None,
+            overflow: Overflow::Reject,
+        },
+        reserved_count: 0,
+        reserved_bytes: 0,
+        dropping: HashMap::new(),
     };
+    owner.limits = owner.ctx.settings.partition_limits();
     // Figures are right from the start, before the task first runs.
     owner.publish_figures();
     tokio::spawn(owner.run(receiver));
@@ -285,6 +314,10 @@ impl Owner {
                 reject,
             } => self.settle(consumer, messages, reject),
             Command::Kick => {}
+            Command::SetSettings { settings, reply } => {
+                self.set_settings(settings);
+                let _ = reply.send(Ok(()));
+            }
             Command::Purge { reply } => self.purge(reply),
             Command::DeadLettered { entries, delivered } => self.dead_lettered(entries, delivered),
             Command::AppendDone { sequence, result } => self.append_done(sequence, result),
@@ -369,11 +402,20 @@ impl Owner {
             let _ = reply.send(Err(self.unavailable(stop.clone())));
             return;
         }
+        let bytes: u64 = payloads.iter().map(|p| p.len() as u64).sum();
+        let count = payloads.len() as u64;
+        // Queue limits apply to every publish, dead-lettering included; the resource gate
+        // below does not hold back dead-lettering.
+        if let Err(error) = self.admit_queue_limits(count, bytes) {
+            let _ = reply.send(Err(error));
+            return;
+        }
+        self.reserved_count += count;
+        self.reserved_bytes += bytes;
         if internal {
             self.write_publish(payloads, timestamp_ms, reply);
             return;
         }
-        let bytes: u64 = payloads.iter().map(|p| p.len() as u64).sum();
         let now = Instant::now();
         // Behind a delayed publish, a new one waits too: publishes keep their order.
         let after = self.delayed.back().map_or(now, |d| d.ready_at);
@@ -383,6 +425,7 @@ impl Owner {
                 retry_after_ms,
                 message,
             } => {
+                self.unreserve(count, bytes);
                 let _ = reply.send(Err(BrokerError::Limited {
                     reason,
                     retry_after_ms,
@@ -405,6 +448,145 @@ impl Owner {
         }
     }
 
+    fn unreserve(&mut self, count: u64, bytes: u64) {
+        self.reserved_count = self.reserved_count.saturating_sub(count);
+        self.reserved_bytes = self.reserved_bytes.saturating_sub(bytes);
+    }
+
+    /// Messages and bytes that count toward the queue limits: live ones, plus admitted
+    /// publishes not applied yet, minus those being dropped to make room.
+    fn queue_usage(&self) -> (u64, u64) {
+        let dropping_bytes: u64 = self.dropping.values().map(|s| u64::from(*s)).sum();
+        (
+            (self.state.live_count() + self.reserved_count)
+                .saturating_sub(self.dropping.len() as u64),
+            (self.state.live_bytes() + self.reserved_bytes).saturating_sub(dropping_bytes),
+        )
+    }
+
+    fn over_limits(&self, count: u64, bytes: u64) -> bool {
+        self.limits.max_messages.is_some_and(|max| count > max)
+            || self.limits.max_bytes.is_some_and(|max| bytes > max)
+    }
+
+    fn queue_full_error(&self) -> BrokerError {
+        let what = match (self.limits.max_messages, self.limits.max_bytes) {
+            (Some(m), Some(b)) => format!("max_messages {m} or max_bytes {b} per partition"),
+            (Some(m), None) => format!("max_messages {m} per partition"),
+            (None, Some(b)) => format!("max_bytes {b} per partition"),
+            (None, None) => "its limit".into(),
+        };
+        BrokerError::Limited {
+            reason: "queue_full".into(),
+            retry_after_ms: QUEUE_FULL_RETRY_AFTER_MS,
+            message: format!(
+                "queue {:?} partition {} is full ({what}); consume messages or raise the limit; \
+                 retry after {QUEUE_FULL_RETRY_AFTER_MS} ms",
+                self.ctx.queue, self.ctx.index
+            ),
+        }
+    }
+
+    /// Admit a batch of `count` messages and `bytes` under the queue limits: all or nothing.
+    /// With `drop_oldest` the oldest ready messages make room; inflight ones are never dropped,
+    /// so when only they remain it refuses like `reject`.
+    fn admit_queue_limits(&mut self, count: u64, bytes: u64) -> BrokerResult<()> {
+        if !self.limits.is_set() {
+            return Ok(());
+        }
+        let (used_count, used_bytes) = self.queue_usage();
+        if !self.over_limits(used_count + count, used_bytes + bytes) {
+            self.figures.full.store(0, Ordering::Relaxed);
+            return Ok(());
+        }
+        if self.over_limits(count, bytes) {
+            return Err(BrokerError::Invalid(format!(
+                "a batch of {count} messages and {bytes} bytes can never fit queue {:?}'s limits; \
+                 send smaller batches",
+                self.ctx.queue
+            )));
+        }
+        let refuse = |owner: &mut Owner| {
+            owner.figures.full.store(1, Ordering::Relaxed);
+            owner.figures.rejected_full.fetch_add(1, Ordering::Relaxed);
+            Err(owner.queue_full_error())
+        };
+        if self.limits.overflow == Overflow::Reject {
+            return refuse(self);
+        }
+        // Everything not inflight or leaving is ready, and droppable.
+        let busy_bytes: u64 = self
+            .inflight
+            .values()
+            .map(|e| u64::from(e.size_bytes))
+            .chain(self.limbo.values().map(|s| u64::from(*s)))
+            .sum();
+        let busy_count = (self.inflight.len() + self.limbo.len()) as u64;
+        let ready_count = self.state.live_count().saturating_sub(busy_count);
+        let ready_bytes = self.state.live_bytes().saturating_sub(busy_bytes);
+        if self.over_limits(
+            used_count.saturating_sub(ready_count) + count,
+            used_bytes.saturating_sub(ready_bytes) + bytes,
+        ) {
+            return refuse(self);
+        }
+        self.drop_oldest(count, bytes)
+    }
+
+    /// Remove the oldest ready messages until `count` more messages and `bytes` fit.
+    fn drop_oldest(&mut self, count: u64, bytes: u64) -> BrokerResult<()> {
+        let mut dropped = Vec::new();
+        loop {
+            let (used_count, used_bytes) = self.queue_usage();
+            if !self.over_limits(used_count + count, used_bytes + bytes) {
+                break;
+            }
+            let Some(m) = self.peek_ready() else {
+                break;
+            };
+            let size = self.read_payload(m)?.len() as u32;
+            self.take_ready(m);
+            self.counts_pending.remove(&m);
+            self.limbo.insert(m, size);
+            self.dropping.insert(m, size);
+            let delivery_count = self.state.delivery_count(m);
+            dropped.push((
+                m,
+                Inflight {
+                    consumer: 0,
+                    delivery_count,
+                    size_bytes: size,
+                },
+                DeathReason::Overflow,
+            ));
+        }
+        self.figures
+            .overflowed
+            .fetch_add(dropped.len() as u64, Ordering::Relaxed);
+        self.dead_letter(dropped);
+        Ok(())
+    }
+
+    /// New settings of a live queue: recorded in the partition's log, in force at once.
+    /// Lowering a `drop_oldest` limit below the current depth trims ready messages.
+    fn set_settings(&mut self, settings: QueueSettings) {
+        self.limits = settings.partition_limits();
+        if let Ok(json) = serde_json::to_vec(&settings) {
+            let record = PartitionRecord::Settings(json);
+            let payload = record.encode();
+            self.append(vec![record], vec![payload], Done::Internal);
+        }
+        self.ctx.settings = settings;
+        if self.limits.overflow == Overflow::DropOldest {
+            if let Err(error) = self.drop_oldest(0, 0) {
+                tracing::warn!(queue = %self.ctx.queue, %error, "trimming to the new limit failed");
+            }
+        }
+        let (count, bytes) = self.queue_usage();
+        let full = u64::from(self.over_limits(count, bytes));
+        self.figures.full.store(full, Ordering::Relaxed);
+    }
+
     /// Write the delayed publishes whose time has come; the gate is asked again, since the
     /// level may have reached hard meanwhile.
     fn release_delayed(&mut self) {
@@ -414,7 +596,10 @@ impl Owner {
                 break;
             };
             if let Some(stop) = &self.stopped {
-                let _ = d.reply.send(Err(self.unavailable(stop.clone())));
+                let error = self.unavailable(stop.clone());
+                let bytes: u64 = d.payloads.iter().map(|p| p.len() as u64).sum();
+                self.unreserve(d.payloads.len() as u64, bytes);
+                let _ = d.reply.send(Err(error));
                 continue;
             }
             let bytes: u64 = d.payloads.iter().map(|p| p.len() as u64).sum();
@@ -424,6 +609,7 @@ impl Owner {
                     retry_after_ms,
                     message,
                 } => {
+                    self.unreserve(d.payloads.len() as u64, bytes);
                     let _ = d.reply.send(Err(BrokerError::Limited {
                         reason,
                         retry_after_ms,
@@ -515,6 +701,9 @@ impl Owner {
     /// The records of `range` are durable: apply them, then answer.
     fn apply(&mut self, range: Range<u64>, records: Vec<PartitionRecord>, done: Done) {
         for (offset, record) in range.clone().zip(&records) {
+            if let PartitionRecord::Enqueue { size_bytes } = record {
+                self.unreserve(1, u64::from(*size_bytes));
+            }
             match self.state.apply(offset, record) {
                 Ok(applied) => self.applied(applied),
                 Err(error) => {
@@ -544,9 +733,11 @@ impl Owner {
                 self.reclaim_busy = false;
                 self.reclaim_due = true;
             }
+            Applied::Settings => {}
             Applied::Settled(messages) => {
                 for m in messages {
                     self.limbo.remove(&m);
+                    self.dropping.remove(&m);
                 }
                 self.reclaim_due = true;
             }
@@ -570,6 +761,11 @@ impl Owner {
 
     /// An append failed (the log stopped): nothing of it was applied.
     fn fail(&mut self, records: Vec<PartitionRecord>, done: Done, error: BrokerError) {
+        for record in &records {
+            if let PartitionRecord::Enqueue { size_bytes } = record {
+                self.unreserve(1, u64::from(*size_bytes));
+            }
+        }
         // Messages whose settle or return was being written are ready again.
         for record in &records {
             let messages: Vec<u64> = match record {
@@ -578,6 +774,7 @@ impl Owner {
                 _ => Vec::new(),
             };
             for m in messages {
+                self.dropping.remove(&m);
                 if self.limbo.remove(&m).is_some() {
                     self.redeliver.insert(m);
                 }

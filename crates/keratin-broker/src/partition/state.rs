@@ -45,6 +45,8 @@ pub enum Applied {
     Returned(Vec<u64>),
     /// Every live message in these ranges left the queue.
     Purged(Vec<(u64, u64)>),
+    /// The queue's settings were recorded.
+    Settings,
     /// A message's payload now lives at `to`.
     Relocated {
         /// The message.
@@ -217,6 +219,12 @@ impl PartitionState {
             PartitionRecord::Relocate(relocate) => {
                 self.dead.insert(offset);
                 self.apply_relocate(offset, relocate)
+            }
+            PartitionRecord::Settings(_) => {
+                // The node metadata log is authoritative for settings; this record keeps the
+                // partition's own history (and will travel with it when it replicates).
+                self.dead.insert(offset);
+                Applied::Settings
             }
         };
         Ok(applied)

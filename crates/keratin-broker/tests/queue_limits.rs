@@ -1,0 +1,318 @@
+//! Per-queue limits (`max_messages`, `max_bytes`) with `reject` and `drop_oldest` overflow:
+//! exact admission, all-or-nothing batches, inflight messages never dropped, dead-lettering of
+//! dropped messages, limits across partitions, across a restart and changed on a live queue, and
+//! a full dead-letter queue. A failure means a queue held more than its limit, dropped a message
+//! it must keep, or lost its limits.
+
+mod common;
+
+use common::*;
+use keratin_broker::{BrokerError, Message, Overflow, QueueSettings};
+
+fn limited(max_messages: Option<u64>, max_bytes: Option<u64>, overflow: Overflow) -> QueueSettings {
+    QueueSettings {
+        max_messages,
+        max_bytes,
+        overflow: Some(overflow),
+        ..QueueSettings::default()
+    }
+}
+
+async fn publish_one(
+    broker: &keratin_broker::Broker,
+    queue: &str,
+    seq: u64,
+) -> Result<(), BrokerError> {
+    broker
+        .publish(queue, vec![Message::new(body(seq, 100))])
+        .await
+        .remove(0)
+        .map(|_| ())
+}
+
+fn is_queue_full(e: &BrokerError) -> bool {
+    matches!(e, BrokerError::Limited { reason, retry_after_ms, .. } if reason == "queue_full" && *retry_after_ms > 0)
+}
+
+async fn drain_seqs(broker: &keratin_broker::Broker, queue: &str, n: usize) -> Vec<u64> {
+    let mut consumer = broker.subscribe(queue, 1000).expect("subscribe");
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let d = recv(&mut consumer).await;
+        out.push(seq_of(&d.message.body));
+        consumer.ack(&[d.tag]);
+    }
+    assert_idle(&mut consumer).await;
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reject_admits_exactly_the_limit_and_room_reopens() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let broker = open(&tmp).await;
+    broker
+        .declare("q", limited(Some(10), None, Overflow::Reject))
+        .await
+        .expect("declare");
+    for seq in 0..10 {
+        publish_one(&broker, "q", seq)
+            .await
+            .expect("within the limit");
+    }
+    let err = publish_one(&broker, "q", 10).await.expect_err("full");
+    assert!(is_queue_full(&err), "{err}");
+    assert!(err.to_string().contains("full"), "{err}");
+    let info = broker.info("q").expect("info");
+    assert_eq!(info.ready(), 10);
+    assert!(info.partitions[0].full);
+    assert_eq!(info.partitions[0].rejected_full, 1);
+    // A batch that does not fit whole is refused whole.
+    let mut consumer = broker.subscribe("q", 3).expect("subscribe");
+    let mut tags = Vec::new();
+    for _ in 0..3 {
+        tags.push(recv(&mut consumer).await.tag);
+    }
+    consumer.ack(&tags);
+    drop(consumer);
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let batch: Vec<Message> = (100..104).map(|s| Message::new(body(s, 100))).collect();
+    let results = broker.publish("q", batch).await;
+    assert!(
+        results.iter().all(|r| r.as_ref().is_err_and(is_queue_full)),
+        "{results:?}"
+    );
+    for seq in 10..13 {
+        publish_one(&broker, "q", seq)
+            .await
+            .expect("room after consuming");
+    }
+    assert!(publish_one(&broker, "q", 13).await.is_err());
+    assert_eq!(
+        drain_seqs(&broker, "q", 10).await,
+        (3..13).collect::<Vec<_>>()
+    );
+    broker.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_bytes_counts_payload_bytes() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let broker = open(&tmp).await;
+    // Each payload is the 100-byte body plus a 5-byte message header.
+    broker
+        .declare("q", limited(None, Some(5 * 105), Overflow::Reject))
+        .await
+        .expect("declare");
+    for seq in 0..5 {
+        publish_one(&broker, "q", seq).await.expect("fits");
+    }
+    assert!(is_queue_full(
+        &publish_one(&broker, "q", 5).await.expect_err("full")
+    ));
+    broker.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drop_oldest_keeps_the_newest_and_dead_letters_the_dropped() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let broker = open(&tmp).await;
+    broker
+        .declare("plain", limited(Some(10), None, Overflow::DropOldest))
+        .await
+        .expect("declare");
+    for seq in 0..15 {
+        publish_one(&broker, "plain", seq)
+            .await
+            .expect("drop_oldest admits");
+    }
+    let info = broker.info("plain").expect("info");
+    assert_eq!(info.ready(), 10);
+    assert_eq!(info.partitions[0].overflowed, 5);
+    assert_eq!(
+        drain_seqs(&broker, "plain", 10).await,
+        (5..15).collect::<Vec<_>>()
+    );
+
+    broker
+        .declare("dlq", QueueSettings::default())
+        .await
+        .expect("dlq");
+    let with_dl = QueueSettings {
+        dead_letter: Some("dlq".into()),
+        ..limited(Some(3), None, Overflow::DropOldest)
+    };
+    broker.declare("q", with_dl).await.expect("declare");
+    for seq in 0..5 {
+        publish_one(&broker, "q", seq).await.expect("admit");
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let mut dead = broker.subscribe("dlq", 10).expect("subscribe");
+    for expected in 0..2 {
+        let d = recv(&mut dead).await;
+        assert_eq!(seq_of(&d.message.body), expected);
+        assert!(d
+            .message
+            .headers
+            .contains(&("x-death-reason".into(), "overflow".into())));
+        dead.ack(&[d.tag]);
+    }
+    assert_eq!(drain_seqs(&broker, "q", 3).await, vec![2, 3, 4]);
+    broker.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inflight_messages_are_never_dropped() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let broker = open(&tmp).await;
+    // Only inflight messages: drop_oldest refuses like reject.
+    broker
+        .declare("all-inflight", limited(Some(2), None, Overflow::DropOldest))
+        .await
+        .expect("declare");
+    publish_one(&broker, "all-inflight", 0)
+        .await
+        .expect("admit");
+    publish_one(&broker, "all-inflight", 1)
+        .await
+        .expect("admit");
+    let mut holder = broker.subscribe("all-inflight", 2).expect("subscribe");
+    recv(&mut holder).await;
+    recv(&mut holder).await;
+    let err = publish_one(&broker, "all-inflight", 2)
+        .await
+        .expect_err("only inflight remain");
+    assert!(is_queue_full(&err), "{err}");
+
+    // Three inflight, two ready: each publish drops the oldest ready message, never an
+    // inflight one.
+    broker
+        .declare("q", limited(Some(5), None, Overflow::DropOldest))
+        .await
+        .expect("declare");
+    for seq in 0..5 {
+        publish_one(&broker, "q", seq).await.expect("admit");
+    }
+    let mut consumer = broker.subscribe("q", 3).expect("subscribe");
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(recv(&mut consumer).await);
+    }
+    for seq in 5..8 {
+        publish_one(&broker, "q", seq)
+            .await
+            .expect("drops a ready one");
+    }
+    assert_eq!(broker.info("q").expect("info").partitions[0].overflowed, 3);
+    let held_seqs: Vec<u64> = held.iter().map(|d| seq_of(&d.message.body)).collect();
+    assert_eq!(held_seqs, vec![0, 1, 2]);
+    consumer.ack(&held.iter().map(|d| d.tag).collect::<Vec<_>>());
+    let mut rest = Vec::new();
+    for _ in 0..2 {
+        let d = recv(&mut consumer).await;
+        rest.push(seq_of(&d.message.body));
+        consumer.ack(&[d.tag]);
+    }
+    assert_eq!(rest, vec![6, 7], "the oldest ready ones (3, 4, 5) went");
+    broker.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_are_shared_by_partitions_and_survive_a_restart() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    {
+        let broker = open(&tmp).await;
+        let s = QueueSettings {
+            partitions: 2,
+            ..limited(Some(10), None, Overflow::Reject)
+        };
+        broker.declare("q", s).await.expect("declare");
+        let mut accepted = 0;
+        for seq in 0..30 {
+            if publish_one(&broker, "q", seq).await.is_ok() {
+                accepted += 1;
+            }
+        }
+        assert_eq!(accepted, 10, "5 per partition");
+        broker.shutdown().await.expect("shutdown");
+    }
+    let broker = open(&tmp).await;
+    assert_eq!(
+        broker.info("q").expect("info").settings.max_messages,
+        Some(10)
+    );
+    assert!(is_queue_full(
+        &publish_one(&broker, "q", 99).await.expect_err("still full")
+    ));
+    broker.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_change_on_a_live_queue() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let broker = open(&tmp).await;
+    broker
+        .declare("q", limited(Some(10), None, Overflow::Reject))
+        .await
+        .expect("declare");
+    for seq in 0..10 {
+        publish_one(&broker, "q", seq).await.expect("admit");
+    }
+    // Lowering a reject limit drops nothing.
+    broker
+        .set_queue_settings("q", limited(Some(4), None, Overflow::Reject))
+        .await
+        .expect("set");
+    assert_eq!(broker.info("q").expect("info").ready(), 10);
+    assert!(publish_one(&broker, "q", 10).await.is_err());
+    // Switching to drop_oldest trims the ready ones down to the limit.
+    broker
+        .set_queue_settings("q", limited(Some(4), None, Overflow::DropOldest))
+        .await
+        .expect("set");
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(broker.info("q").expect("info").ready(), 4);
+    // Raising it makes room; removing it lifts the limit.
+    broker
+        .set_queue_settings("q", QueueSettings::default())
+        .await
+        .expect("set");
+    for seq in 10..30 {
+        publish_one(&broker, "q", seq).await.expect("unlimited");
+    }
+    let partitions_change = QueueSettings {
+        partitions: 3,
+        ..QueueSettings::default()
+    };
+    assert!(broker
+        .set_queue_settings("q", partitions_change)
+        .await
+        .is_err());
+    let mut expected: Vec<u64> = (6..10).collect();
+    expected.extend(10..30);
+    assert_eq!(drain_seqs(&broker, "q", 24).await, expected);
+    broker.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_dead_letter_queue_drops_what_it_cannot_take() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let broker = open(&tmp).await;
+    broker
+        .declare("dlq", limited(Some(1), None, Overflow::Reject))
+        .await
+        .expect("dlq");
+    let s = QueueSettings {
+        dead_letter: Some("dlq".into()),
+        ..limited(Some(1), None, Overflow::DropOldest)
+    };
+    broker.declare("q", s).await.expect("declare");
+    for seq in 0..3 {
+        publish_one(&broker, "q", seq).await.expect("admit");
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // The dead-letter queue took the first overflow (0); the second (1) found it full and was
+    // dropped; the queue holds the newest (2).
+    assert_eq!(drain_seqs(&broker, "dlq", 1).await, vec![0]);
+    assert_eq!(drain_seqs(&broker, "q", 1).await, vec![2]);
+    broker.shutdown().await.expect("shutdown");
+}
