@@ -27,6 +27,10 @@ pub(crate) struct QueueDecl {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
+#[expect(
+    clippy::enum_variant_names,
+    reason = "the variant names are the on-disk `kind` tags, and every record is about a queue"
+)]
 pub(crate) enum MetaRecord {
     QueueDeclared(QueueDecl),
     QueueDeleted { id: u64 },
