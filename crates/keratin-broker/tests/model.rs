@@ -47,6 +47,7 @@ fn settings(queue: usize) -> QueueSettings {
             partitions: 1,
             dead_letter: Some("dlq".into()),
             max_deliveries: Some(2),
+            ..QueueSettings::default()
         },
         1 => QueueSettings {
             partitions: 2,

@@ -1,24 +1,32 @@
 //! Conversions between wire types (`keratin-proto`) and broker types (`keratin-broker`).
 
-use keratin_broker::{Message, QueueSettings};
-use keratin_proto::codes::ERR_BAD_REQUEST;
-use keratin_proto::frame;
-use keratin_proto::ErrorBody;
+use keratin_broker::{Message, Overflow, QueueSettings};
+use keratin_proto::frame::{self, Update};
 
-/// Broker settings from declared wire settings. Per-queue limits are refused until the broker
-/// enforces them, rather than accepted and ignored.
-pub fn settings_from_wire(s: &frame::QueueSettings) -> Result<QueueSettings, ErrorBody> {
-    if s.max_messages.is_some() || s.max_bytes.is_some() || s.overflow.is_some() {
-        return Err(ErrorBody::new(
-            ERR_BAD_REQUEST,
-            "per-queue limits (max_messages, max_bytes, overflow) are not supported by this broker version",
-        ));
+fn overflow_from_wire(o: frame::Overflow) -> Overflow {
+    match o {
+        frame::Overflow::Reject => Overflow::Reject,
+        frame::Overflow::DropOldest => Overflow::DropOldest,
     }
-    Ok(QueueSettings {
+}
+
+fn overflow_to_wire(o: Overflow) -> frame::Overflow {
+    match o {
+        Overflow::Reject => frame::Overflow::Reject,
+        Overflow::DropOldest => frame::Overflow::DropOldest,
+    }
+}
+
+/// Broker settings from declared wire settings.
+pub fn settings_from_wire(s: &frame::QueueSettings) -> QueueSettings {
+    QueueSettings {
         partitions: s.partitions,
         dead_letter: s.dead_letter.clone(),
         max_deliveries: s.max_deliveries,
-    })
+        max_messages: s.max_messages,
+        max_bytes: s.max_bytes,
+        overflow: s.overflow.map(overflow_from_wire),
+    }
 }
 
 /// Wire settings from broker settings.
@@ -27,9 +35,43 @@ pub fn settings_to_wire(s: &QueueSettings) -> frame::QueueSettings {
         partitions: s.partitions,
         dead_letter: s.dead_letter.clone(),
         max_deliveries: s.max_deliveries,
-        max_messages: None,
-        max_bytes: None,
-        overflow: None,
+        max_messages: s.max_messages,
+        max_bytes: s.max_bytes,
+        overflow: s.overflow.map(overflow_to_wire),
+    }
+}
+
+fn update<T>(current: Option<T>, update: Update<T>) -> Option<T> {
+    match update {
+        Update::Keep => current,
+        Update::Clear => None,
+        Update::Set(value) => Some(value),
+    }
+}
+
+/// The settings after a wire update of a live queue.
+pub fn apply_update(current: &QueueSettings, u: frame::QueueSettingsUpdate) -> QueueSettings {
+    QueueSettings {
+        partitions: current.partitions,
+        dead_letter: update(current.dead_letter.clone(), u.dead_letter),
+        max_deliveries: update(current.max_deliveries, u.max_deliveries),
+        max_messages: update(current.max_messages, u.max_messages),
+        max_bytes: update(current.max_bytes, u.max_bytes),
+        overflow: update(current.overflow, u.overflow.map_to(overflow_from_wire)),
+    }
+}
+
+trait MapUpdate<T> {
+    fn map_to<U>(self, f: impl FnOnce(T) -> U) -> Update<U>;
+}
+
+impl<T> MapUpdate<T> for Update<T> {
+    fn map_to<U>(self, f: impl FnOnce(T) -> U) -> Update<U> {
+        match self {
+            Update::Keep => Update::Keep,
+            Update::Clear => Update::Clear,
+            Update::Set(v) => Update::Set(f(v)),
+        }
     }
 }
 

@@ -68,6 +68,8 @@ pub struct NodeLimits {
     /// Counters for metrics.
     pub counters: PublishCounters,
     attention: Mutex<VecDeque<AttentionItem>>,
+    /// Queues at their limit at the last sample.
+    full_queues: Mutex<std::collections::BTreeSet<String>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -119,6 +121,7 @@ impl NodeLimits {
             nudge: Notify::new(),
             counters: PublishCounters::default(),
             attention: Mutex::new(VecDeque::new()),
+            full_queues: Mutex::new(std::collections::BTreeSet::new()),
         })
     }
 
@@ -182,6 +185,7 @@ impl NodeLimits {
 
     /// Take one sample of every file system and of memory, and act on level changes.
     pub fn sample(&self) {
+        self.check_full_queues();
         let used = if self.max_bytes > 0 {
             self.used_bytes()
         } else {
@@ -230,6 +234,32 @@ impl NodeLimits {
             }
             Err(error) => tracing::warn!(%error, "cannot read resident memory"),
         }
+    }
+
+    /// Raise an attention item when a queue reaches its limit (and note when it has room again).
+    fn check_full_queues(&self) {
+        let Some(broker) = self.broker.get() else {
+            return;
+        };
+        let now: std::collections::BTreeSet<String> = broker
+            .list()
+            .into_iter()
+            .filter(|q| q.partitions.iter().any(|p| p.full))
+            .map(|q| q.name)
+            .collect();
+        let mut before = lock(&self.full_queues);
+        for name in now.difference(&before) {
+            let message = format!(
+                "queue {name} is full: publishes are refused with queue_full (or drop its oldest \
+                 messages); consume, or raise its max_messages / max_bytes"
+            );
+            tracing::warn!("{message}");
+            self.raise(message);
+        }
+        for name in before.difference(&now) {
+            tracing::info!("queue {name} has room again");
+        }
+        *before = now;
     }
 
     /// At soft and deeper, spare segment files go first: they are free space held back.

@@ -32,6 +32,12 @@ struct PoolLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueReasonLabels {
+    queue: String,
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct QueueLabels {
     queue: String,
 }
@@ -186,10 +192,31 @@ pub fn render(broker: &Broker, limits: &NodeLimits) -> String {
         "queue_disk_bytes",
         "Bytes of the queue's logs",
     );
+    let full_rejects = Family::<QueueReasonLabels, Counter>::default();
+    registry.register(
+        "queue_publishes_rejected",
+        "Publish batches a queue refused for its own limits, by queue",
+        full_rejects.clone(),
+    );
+    let overflowed = Family::<QueueLabels, Counter>::default();
+    registry.register(
+        "queue_overflowed",
+        "Messages drop_oldest removed to make room, by queue",
+        overflowed.clone(),
+    );
     for q in broker.list() {
         let labels = QueueLabels {
             queue: q.name.clone(),
         };
+        full_rejects
+            .get_or_create(&QueueReasonLabels {
+                queue: q.name.clone(),
+                reason: "queue_full".into(),
+            })
+            .inc_by(q.partitions.iter().map(|p| p.rejected_full).sum());
+        overflowed
+            .get_or_create(&labels)
+            .inc_by(q.partitions.iter().map(|p| p.overflowed).sum());
         set(&ready.get_or_create(&labels), q.ready());
         set(&inflight.get_or_create(&labels), q.inflight());
         set(&bytes.get_or_create(&labels), q.bytes());

@@ -786,6 +786,8 @@ impl Owner {
         {
             self.reclaim_busy = false;
         }
+        // Figures first (a stopped log shows as stopped), then the answer.
+        self.publish_figures();
         match done {
             Done::Publish(reply) => {
                 let _ = reply.send(Err(error));

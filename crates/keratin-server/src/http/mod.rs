@@ -39,8 +39,13 @@ pub fn router(admin: Admin) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/api/v1/status", get(status))
+        .route("/api/v1/attention", get(attention))
         .route("/api/v1/queues", get(queues))
         .route("/api/v1/queues/{name}", get(queue))
+        .route(
+            "/api/v1/queues/{name}/settings",
+            axum::routing::put(put_settings),
+        )
         .with_state(admin)
 }
 
@@ -53,6 +58,18 @@ pub async fn serve(
     axum::serve(listener, router(admin))
         .with_graceful_shutdown(shutdown)
         .await
+}
+
+/// `GET /api/v1/attention`: what needs an operator (level changes, full queues), oldest first.
+/// In memory and bounded for now; persistence and clearing come with the settings issue.
+async fn attention(State(admin): State<Admin>) -> Json<Value> {
+    let items: Vec<Value> = admin
+        .limits
+        .attention()
+        .into_iter()
+        .map(|item| json!({ "at_ms": item.at_ms, "message": item.message }))
+        .collect();
+    Json(json!({ "items": items }))
 }
 
 async fn status(State(admin): State<Admin>) -> Json<Value> {
@@ -87,6 +104,84 @@ async fn queue(State(broker): State<Broker>, Path(name): Path<String>) -> Respon
     }
 }
 
+/// `PUT /api/v1/queues/{name}/settings`: change a live queue's settings. Keys present set a
+/// value (`null` clears it), keys absent keep theirs: `max_messages`, `max_bytes`, `overflow`
+/// (`reject` or `drop_oldest`), `dead_letter`, `max_deliveries`.
+async fn put_settings(
+    State(broker): State<Broker>,
+    Path(name): Path<String>,
+    Json(body): Json<Value>,
+) -> Response {
+    let current = match broker.info(&name) {
+        Ok(info) => info.settings,
+        Err(error) => return error_response(&error),
+    };
+    let settings = match settings_update(current, &body) {
+        Ok(settings) => settings,
+        Err(message) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                Json(json!({ "code": 400, "message": message })),
+            )
+                .into_response()
+        }
+    };
+    match broker.set_queue_settings(&name, settings).await {
+        Ok(info) => Json(queue_json(&info)).into_response(),
+        Err(error) => error_response(&error),
+    }
+}
+
+fn settings_update(
+    mut settings: keratin_broker::QueueSettings,
+    body: &Value,
+) -> Result<keratin_broker::QueueSettings, String> {
+    let Some(object) = body.as_object() else {
+        return Err("expected a JSON object of settings".into());
+    };
+    let number = |key: &str, value: &Value| -> Result<Option<u64>, String> {
+        if value.is_null() {
+            return Ok(None);
+        }
+        value
+            .as_u64()
+            .map(Some)
+            .ok_or_else(|| format!("{key}: expected a positive integer or null, got {value}"))
+    };
+    for (key, value) in object {
+        match key.as_str() {
+            "max_messages" => settings.max_messages = number(key, value)?,
+            "max_bytes" => settings.max_bytes = number(key, value)?,
+            "max_deliveries" => {
+                settings.max_deliveries = number(key, value)?
+                    .map(|n| u32::try_from(n).map_err(|_| format!("{key}: {n} is too large")))
+                    .transpose()?
+            }
+            "dead_letter" => {
+                settings.dead_letter = match value {
+                    Value::Null => None,
+                    Value::String(s) => Some(s.clone()),
+                    other => return Err(format!("dead_letter: expected a queue name or null, got {other}")),
+                }
+            }
+            "overflow" => {
+                settings.overflow = match value.as_str() {
+                    None if value.is_null() => None,
+                    Some("reject") => Some(keratin_broker::Overflow::Reject),
+                    Some("drop_oldest") => Some(keratin_broker::Overflow::DropOldest),
+                    _ => return Err(format!("overflow: expected \"reject\", \"drop_oldest\" or null, got {value}")),
+                }
+            }
+            other => {
+                return Err(format!(
+                    "unknown setting {other:?}; expected max_messages, max_bytes, overflow, dead_letter or max_deliveries"
+                ))
+            }
+        }
+    }
+    Ok(settings)
+}
+
 /// A queue as JSON: settings, totals and per-partition figures.
 pub fn queue_json(info: &QueueInfo) -> Value {
     json!({
@@ -95,7 +190,11 @@ pub fn queue_json(info: &QueueInfo) -> Value {
             "partitions": info.settings.partitions,
             "dead_letter": info.settings.dead_letter,
             "max_deliveries": info.settings.max_deliveries,
+            "max_messages": info.settings.max_messages,
+            "max_bytes": info.settings.max_bytes,
+            "overflow": info.settings.overflow.map(|o| o.as_str()),
         },
+        "full": info.partitions.iter().any(|p| p.full),
         "ready": info.ready(),
         "inflight": info.inflight(),
         "bytes": info.bytes(),
@@ -108,6 +207,9 @@ pub fn queue_json(info: &QueueInfo) -> Value {
             "bytes": p.bytes,
             "disk_bytes": p.disk_bytes,
             "stopped": p.stopped,
+            "full": p.full,
+            "rejected_queue_full": p.rejected_full,
+            "overflowed": p.overflowed,
         })).collect::<Vec<_>>(),
     })
 }

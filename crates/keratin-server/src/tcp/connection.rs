@@ -252,11 +252,17 @@ impl Conn {
                 .await;
             }
             Frame::SetQueueSettings(s) => {
-                let error = ErrorBody::new(
-                    ERR_BAD_REQUEST,
-                    "changing queue settings is not supported by this broker version",
-                );
-                self.reply(s.request_id, Err(error)).await;
+                let result = match self.broker.info(&s.queue) {
+                    Ok(info) => {
+                        let settings = convert::apply_update(&info.settings, s.update);
+                        self.broker
+                            .set_queue_settings(&s.queue, settings)
+                            .await
+                            .map(|_| ())
+                    }
+                    Err(e) => Err(e),
+                };
+                self.reply(s.request_id, ok(s.request_id, result)).await;
             }
             Frame::Publish(p) => self.publish(p).await,
             Frame::Subscribe(s) => self.subscribe(s).await,
@@ -285,19 +291,17 @@ impl Conn {
     }
 
     async fn declare(&self, d: Declare) {
-        let result = match convert::settings_from_wire(&d.settings) {
-            Ok(settings) => self
-                .broker
-                .declare(&d.queue, settings)
-                .await
-                .map(|_| {
-                    Frame::Ok(OkReply {
-                        request_id: d.request_id,
-                    })
+        let settings = convert::settings_from_wire(&d.settings);
+        let result = self
+            .broker
+            .declare(&d.queue, settings)
+            .await
+            .map(|_| {
+                Frame::Ok(OkReply {
+                    request_id: d.request_id,
                 })
-                .map_err(|e| error_body(&e)),
-            Err(error) => Err(error),
-        };
+            })
+            .map_err(|e| error_body(&e));
         self.reply(d.request_id, result).await;
     }
 
