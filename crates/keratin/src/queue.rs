@@ -1,13 +1,14 @@
 //! `keratin queue declare|list|info|purge|delete`: the admin verbs, each one request to the
 //! broker, printed as a table or as one JSON object.
-//!
-//! Per-queue limits (`--max-messages`, `--max-bytes`, `--overflow`) are not flags yet: the
-//! broker refuses them until per-queue limits are built; `info` already shows them.
+//! `keratin queue set NAME ...` changes the settings of a live queue (limits, overflow,
+//! dead-letter queue, max deliveries).
 
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
-use keratin_client::{Client, Overflow, QueueInfoReply, QueueSettings, QueueSummary};
+use keratin_client::{
+    Client, Overflow, QueueInfoReply, QueueSettings, QueueSettingsUpdate, QueueSummary, Update,
+};
 use serde_json::{json, Value};
 
 use crate::connect::{connect, CommonArgs};
@@ -34,6 +35,108 @@ enum QueueVerb {
     Purge { name: String },
     /// Delete a queue and all its messages.
     Delete { name: String },
+    /// Change a live queue's settings; `none` unsets a limit or the dead-letter queue.
+    Set(SetArgs),
+}
+
+/// `reject` or `drop_oldest`, as the CLI spells them.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum OverflowArg {
+    /// Refuse publishes past the limit with ERR_LIMITED, reason queue_full.
+    Reject,
+    /// Remove the oldest ready messages to make room.
+    #[value(name = "drop_oldest", alias = "drop-oldest")]
+    DropOldest,
+}
+
+impl From<OverflowArg> for Overflow {
+    fn from(o: OverflowArg) -> Overflow {
+        match o {
+            OverflowArg::Reject => Overflow::Reject,
+            OverflowArg::DropOldest => Overflow::DropOldest,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+struct SetArgs {
+    name: String,
+    /// Most messages the queue holds (a number, or `none`).
+    #[arg(long = "max-messages", value_name = "N|none")]
+    max_messages: Option<String>,
+    /// Most message bytes the queue holds (a number, or `none`).
+    #[arg(long = "max-bytes", value_name = "B|none")]
+    max_bytes: Option<String>,
+    /// What happens at a limit.
+    #[arg(long, value_enum)]
+    overflow: Option<OverflowArg>,
+    /// Dead-letter queue (a name, or `none`).
+    #[arg(long = "dead-letter", value_name = "Q|none")]
+    dead_letter: Option<String>,
+    /// Deliveries before dead-lettering (a number, or `none`).
+    #[arg(long = "max-deliveries", value_name = "N|none")]
+    max_deliveries: Option<String>,
+}
+
+fn parse_update<T: std::str::FromStr>(
+    flag: &str,
+    value: Option<String>,
+) -> Result<Update<T>, Failure> {
+    match value.as_deref() {
+        None => Ok(Update::Keep),
+        Some("none") => Ok(Update::Clear),
+        Some(text) => text
+            .parse()
+            .map(Update::Set)
+            .map_err(|_| Failure::new(format!("{flag} {text:?}: expected a number or none"))),
+    }
+}
+
+async fn run_set(client: &Client, args: SetArgs, json: bool) -> Result<(), Failure> {
+    let update = QueueSettingsUpdate {
+        dead_letter: match args.dead_letter.as_deref() {
+            None => Update::Keep,
+            Some("none") => Update::Clear,
+            Some(name) => Update::Set(name.to_string()),
+        },
+        max_deliveries: parse_update("--max-deliveries", args.max_deliveries)?,
+        max_messages: parse_update("--max-messages", args.max_messages)?,
+        max_bytes: parse_update("--max-bytes", args.max_bytes)?,
+        overflow: args
+            .overflow
+            .map_or(Update::Keep, |o| Update::Set(o.into())),
+    };
+    client
+        .set_queue_settings(&args.name, update)
+        .await
+        .map_err(|error| Failure::client(format!("set {}", args.name), &error))?;
+    let info = client
+        .info(&args.name)
+        .await
+        .map_err(|error| Failure::client(format!("info {}", args.name), &error))?;
+    done(
+        json,
+        json!({"queue": args.name, "settings": settings_json(&info.settings)}),
+        format!(
+            "queue {} now has {}",
+            args.name,
+            settings_text(&info.settings)
+        ),
+    );
+    Ok(())
+}
+
+fn settings_text(s: &QueueSettings) -> String {
+    let opt = |v: Option<u64>| v.map_or("none".to_string(), |n| n.to_string());
+    format!(
+        "max_messages={} max_bytes={} overflow={}",
+        opt(s.max_messages),
+        opt(s.max_bytes),
+        match s.overflow {
+            Some(Overflow::DropOldest) => "drop_oldest",
+            _ => "reject",
+        }
+    )
 }
 
 #[derive(Debug, Args)]
@@ -48,6 +151,15 @@ struct DeclareArgs {
     /// Deliveries after which a message is dead-lettered instead of redelivered.
     #[arg(long = "max-deliveries", value_name = "N")]
     max_deliveries: Option<u32>,
+    /// Most messages the queue holds (ready and inflight).
+    #[arg(long = "max-messages", value_name = "N")]
+    max_messages: Option<u64>,
+    /// Most message bytes the queue holds (ready and inflight).
+    #[arg(long = "max-bytes", value_name = "B")]
+    max_bytes: Option<u64>,
+    /// What happens at a limit (default reject).
+    #[arg(long, value_enum)]
+    overflow: Option<OverflowArg>,
 }
 
 /// Runs one queue verb.
@@ -58,6 +170,7 @@ pub async fn run(args: QueueArgs) -> Result<ExitCode, Failure> {
         QueueVerb::Declare(declare) => run_declare(&client, declare, json).await,
         QueueVerb::List => run_list(&client, json).await,
         QueueVerb::Info { name } => run_info(&client, &name, json).await,
+        QueueVerb::Set(set) => run_set(&client, set, json).await,
         QueueVerb::Purge { name } => {
             let outcome = client.purge(&name).await;
             outcome.map_err(|error| Failure::client(format!("purge {name}"), &error))?;
@@ -96,7 +209,9 @@ async fn run_declare(client: &Client, args: DeclareArgs, json: bool) -> Result<(
         partitions: args.partitions,
         dead_letter: args.dead_letter,
         max_deliveries: args.max_deliveries,
-        ..QueueSettings::default()
+        max_messages: args.max_messages,
+        max_bytes: args.max_bytes,
+        overflow: args.overflow.map(Overflow::from),
     };
     client
         .declare(&args.name, settings.clone())
