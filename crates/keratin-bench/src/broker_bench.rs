@@ -68,25 +68,25 @@ pub struct BrokerBenchConfig {
 
 /// One Keratin run: messages made durable (or consumed), time, and the batches it achieved.
 #[derive(Debug, Clone, Default)]
-struct BrokerRun {
-    messages: u64,
-    elapsed: Duration,
+pub(crate) struct BrokerRun {
+    pub(crate) messages: u64,
+    pub(crate) elapsed: Duration,
     /// Messages per data sync, in order.
-    batches: Vec<u32>,
-    syncs: u64,
-    disk_bytes: u64,
-    latencies_us: Vec<u64>,
+    pub(crate) batches: Vec<u32>,
+    pub(crate) syncs: u64,
+    pub(crate) disk_bytes: u64,
+    pub(crate) latencies_us: Vec<u64>,
 }
 
 impl BrokerRun {
-    fn per_s(&self) -> f64 {
+    pub(crate) fn per_s(&self) -> f64 {
         self.messages as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
 }
 
 /// Spread `messages` over the syncs in proportion to the bytes each covered: messages per sync.
 /// Syncs that covered (next to) nothing, such as a spare's header, are not batches.
-fn batches_by_bytes(snapshot: &Snapshot, messages: u64) -> Vec<u32> {
+pub(crate) fn batches_by_bytes(snapshot: &Snapshot, messages: u64) -> Vec<u32> {
     let total: u64 = snapshot.sync_batches_bytes.iter().sum();
     if total == 0 || messages == 0 {
         return Vec::new();
@@ -106,7 +106,7 @@ fn config_for(dir: &Path, io: Arc<dyn Io>) -> BrokerConfig {
     config
 }
 
-fn runtime() -> BenchResult<tokio::runtime::Runtime> {
+pub(crate) fn runtime() -> BenchResult<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?)
@@ -130,7 +130,7 @@ async fn open_broker(dir: &Path, partitions: u32) -> BenchResult<(Broker, Arc<Co
 
 /// Publish `batch`-message batches from `publishers` tasks until `stop` (or until `limit`
 /// messages are confirmed); returns confirmed messages and per-batch latencies.
-async fn publish_loop(
+pub(crate) async fn publish_loop(
     broker: &Broker,
     publishers: usize,
     batch: Vec<Message>,
@@ -178,7 +178,7 @@ async fn publish_loop(
     Ok((confirmed, latencies))
 }
 
-fn message_batch(count: usize, body_bytes: usize) -> Vec<Message> {
+pub(crate) fn message_batch(count: usize, body_bytes: usize) -> Vec<Message> {
     (0..count)
         .map(|_| Message::new(vec![0x5a_u8; body_bytes]))
         .collect()
@@ -276,6 +276,27 @@ fn raw_reference(
     keratin_disk_bytes: u64,
     dir: &Path,
 ) -> BenchResult<AppendRun> {
+    raw_replay(
+        config.duration,
+        config.body_bytes,
+        partitions,
+        batches,
+        keratin_disk_bytes,
+        dir,
+    )
+}
+
+/// The raw reference: one thread per partition, each replaying `batches` of `body_bytes`
+/// payloads with one `pwrite` + `fdatasync` per batch, for `duration`, in its own preallocated
+/// file under `dir` (removed afterwards).
+pub(crate) fn raw_replay(
+    duration: Duration,
+    body_bytes: usize,
+    partitions: u32,
+    batches: &[u32],
+    keratin_disk_bytes: u64,
+    dir: &Path,
+) -> BenchResult<AppendRun> {
     let cache = PageCache::detect(false);
     let raw = Raw { cache: &cache };
     let prealloc_bytes = (keratin_disk_bytes.saturating_mul(4) / u64::from(partitions))
@@ -292,8 +313,8 @@ fn raw_reference(
                     std::fs::create_dir_all(&dir)?;
                     raw.append(&AppendWork {
                         dir: &dir,
-                        duration: config.duration,
-                        record_bytes: config.body_bytes,
+                        duration,
+                        record_bytes: body_bytes,
                         appenders: 1,
                         batches,
                         prealloc_bytes,
@@ -322,7 +343,7 @@ fn raw_reference(
     Ok(total)
 }
 
-fn remove_and_settle(dir: &Path) -> BenchResult<()> {
+pub(crate) fn remove_and_settle(dir: &Path) -> BenchResult<()> {
     if dir.exists() {
         std::fs::remove_dir_all(dir)?;
     }

@@ -11,13 +11,19 @@
 //!   with and without the node's segment pool.
 //! - `broker_bench`: the `broker` benchmark: publish+confirm, consume+ack and resident memory
 //!   of the broker core in process.
+//! - `net_bench`: the `net` benchmark: a node in process over TCP with the Rust client:
+//!   publish+confirm and consume+ack vs raw, and publish-to-confirm latency at a fixed rate.
+//! - `limits_bench`: the `limits` benchmark: the cost of admission (limits on vs off) and, as
+//!   root on a tmpfs, the time from crossing hard to the first rejection and back.
 //! - `report`: the table, its JSON form, medians and percentiles.
 
 mod broker_bench;
 mod contender;
 mod counting_io;
 mod keratin;
+mod limits_bench;
 mod log_bench;
+mod net_bench;
 mod page_cache;
 mod pool_bench;
 mod raw;
@@ -54,6 +60,13 @@ enum Command {
     /// The broker core in process: publish+confirm and consume+ack of 1 KiB messages on 1 and 4
     /// partitions vs raw pwrite+fdatasync with the same batches; resident memory when queued.
     Broker(BrokerArgs),
+    /// The broker on the network: a node in process, the Rust client over TCP: confirmed publish
+    /// and consume+ack of 1 KiB messages vs raw pwrite+fdatasync with the same batches, and
+    /// publish-to-confirm latency at a fixed rate.
+    Net(NetArgs),
+    /// Resource limits: confirmed publish with limits on (all levels clear) vs off, and (as root,
+    /// on a tmpfs) the time from crossing hard to the first rejection and back.
+    Limits(LimitsArgs),
     /// The child process of `broker`'s memory figure.
     #[command(hide = true)]
     BrokerRss {
@@ -171,6 +184,64 @@ struct BrokerArgs {
     json: bool,
 }
 
+#[derive(Debug, clap::Args)]
+struct NetArgs {
+    /// Directory on the file system under test; a `keratin-bench-<pid>` directory is made in it
+    /// and removed afterwards.
+    #[arg(long, default_value = "/var/tmp")]
+    dir: PathBuf,
+    /// Seconds of each publish, reference and latency run.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    /// Rounds of each case; Keratin and the reference alternate within them.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Most confirmed publishes in flight from the one producer.
+    #[arg(long, default_value_t = 1000)]
+    in_flight: usize,
+    /// Messages queued before each consume run.
+    #[arg(long, default_value_t = 200_000)]
+    backlog: usize,
+    /// Prefetch of the consumer.
+    #[arg(long, default_value_t = 1000)]
+    prefetch: u32,
+    /// Messages per second of the latency run (0 skips it).
+    #[arg(long, default_value_t = 5000)]
+    latency_rate: u32,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+struct LimitsArgs {
+    /// Directory on the file system under test; a `keratin-bench-<pid>` directory is made in it
+    /// and removed afterwards (the tmpfs is mounted inside it).
+    #[arg(long, default_value = "/var/tmp")]
+    dir: PathBuf,
+    /// Seconds of each publish run.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    /// Rounds of the on/off comparison; on and off alternate within them.
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    /// Most confirmed publishes in flight from the one producer.
+    #[arg(long, default_value_t = 1000)]
+    in_flight: usize,
+    /// Trials of the reaction-time case per sample interval (root only; 0 skips it).
+    #[arg(long, default_value_t = 5)]
+    trials: usize,
+    /// Sample intervals of the reaction-time case, ms, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1000,100")]
+    intervals_ms: Vec<u64>,
+    /// Size of the tmpfs, MiB.
+    #[arg(long, default_value_t = 512)]
+    tmpfs_mib: u64,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
 fn parse_bytes(text: &str) -> Result<u64, String> {
     let text = text.trim();
     let split = text
@@ -196,6 +267,8 @@ fn main() -> ExitCode {
         Command::Log(args) => run_log(&args),
         Command::Pool(args) => run_pool(&args),
         Command::Broker(args) => run_broker(&args),
+        Command::Net(args) => run_net(&args),
+        Command::Limits(args) => run_limits(&args),
         Command::BrokerRss {
             dir,
             messages,
@@ -254,7 +327,7 @@ fn run_smoke(json: bool) -> BenchResult<()> {
     };
     run_pool(&pool)?;
     let broker = BrokerArgs {
-        dir: base,
+        dir: base.clone(),
         seconds: 0.5,
         rounds: 1,
         partitions: vec![1, 4],
@@ -266,6 +339,28 @@ fn run_smoke(json: bool) -> BenchResult<()> {
         json,
     };
     run_broker(&broker)?;
+    let net = NetArgs {
+        dir: base.clone(),
+        seconds: 0.5,
+        rounds: 1,
+        in_flight: 1000,
+        backlog: 5_000,
+        prefetch: 1000,
+        latency_rate: 5000,
+        json,
+    };
+    run_net(&net)?;
+    let limits = LimitsArgs {
+        dir: base,
+        seconds: 0.5,
+        rounds: 1,
+        in_flight: 1000,
+        trials: 1,
+        intervals_ms: vec![100],
+        tmpfs_mib: 256,
+        json,
+    };
+    run_limits(&limits)?;
     eprintln!("smoke: every case ran (figures of a seconds-long run are not benchmark results)");
     Ok(())
 }
@@ -381,6 +476,85 @@ fn run_broker(args: &BrokerArgs) -> BenchResult<()> {
     ));
     report.context = context;
     if args.json {
+        println!("{}", serde_json::to_string_pretty(&report.json())?);
+    } else {
+        print!("{}", report.table());
+    }
+    Ok(())
+}
+
+fn run_net(args: &NetArgs) -> BenchResult<()> {
+    if args.rounds == 0 || args.in_flight == 0 || args.backlog == 0 || args.prefetch == 0 {
+        return Err("--rounds, --in-flight, --backlog and --prefetch must be at least 1".into());
+    }
+    let work_dir = make_work_dir(&args.dir)?;
+    let load_before = load_average();
+    let config = net_bench::NetBenchConfig {
+        dir: work_dir.clone(),
+        duration: Duration::from_secs_f64(args.seconds),
+        rounds: args.rounds,
+        body_bytes: 1024,
+        in_flight: args.in_flight,
+        backlog: args.backlog,
+        prefetch: args.prefetch,
+        latency_rate: args.latency_rate,
+    };
+    let result = net_bench::run(&config);
+    let mut context = run_context(&work_dir, &load_before);
+    let cleanup = std::fs::remove_dir_all(&work_dir);
+    let mut report = result?;
+    cleanup.map_err(|e| format!("remove {}: {e}", work_dir.display()))?;
+    context.push((
+        "method".into(),
+        format!(
+            "{} round(s) per case, keratin and raw alternating (K R, R K, ...); {} s per publish, \
+             raw and latency run; node in process (Node::start_with_io on a counting Io, default \
+             limits), client over TCP on 127.0.0.1; medians; ratio = keratin / raw, median of \
+             per-round ratios; raw = one thread doing pwrite of one batch of {} B payloads + \
+             fdatasync, replaying keratin's messages per sync",
+            args.rounds, args.seconds, config.body_bytes
+        ),
+    ));
+    report.context = context;
+    print_report(&report, args.json)
+}
+
+fn run_limits(args: &LimitsArgs) -> BenchResult<()> {
+    if args.rounds == 0 || args.in_flight == 0 || args.intervals_ms.contains(&0) {
+        return Err("--rounds, --in-flight and --intervals-ms must be at least 1".into());
+    }
+    let work_dir = make_work_dir(&args.dir)?;
+    let load_before = load_average();
+    let config = limits_bench::LimitsBenchConfig {
+        dir: work_dir.clone(),
+        duration: Duration::from_secs_f64(args.seconds),
+        rounds: args.rounds,
+        body_bytes: 1024,
+        in_flight: args.in_flight,
+        trials: args.trials,
+        intervals_ms: args.intervals_ms.clone(),
+        tmpfs_mib: args.tmpfs_mib,
+    };
+    let result = limits_bench::run(&config);
+    let mut context = run_context(&work_dir, &load_before);
+    let cleanup = std::fs::remove_dir_all(&work_dir);
+    let mut report = result?;
+    cleanup.map_err(|e| format!("remove {}: {e}", work_dir.display()))?;
+    context.push((
+        "method".into(),
+        format!(
+            "{} round(s), limits on and off alternating (on off, off on, ...); {} s per run; \
+             a server assembled as Node does (broker + tcp::serve), client over TCP on \
+             127.0.0.1; medians; ratio = on / off, median of per-round ratios",
+            args.rounds, args.seconds
+        ),
+    ));
+    report.context = context;
+    print_report(&report, args.json)
+}
+
+fn print_report(report: &report::Report, json: bool) -> BenchResult<()> {
+    if json {
         println!("{}", serde_json::to_string_pretty(&report.json())?);
     } else {
         print!("{}", report.table());
