@@ -37,7 +37,7 @@ const PREALLOC_STEP_BYTES: u64 = 64 << 20;
 /// Ceiling of one reference file.
 const PREALLOC_MAX_BYTES: u64 = 8 << 30;
 /// The queue every case uses.
-const QUEUE: &str = "bench";
+pub(crate) const QUEUE: &str = "bench";
 
 /// What `keratin-bench broker` runs.
 #[derive(Debug, Clone)]

@@ -24,6 +24,7 @@ mod keratin;
 mod limits_bench;
 mod log_bench;
 mod net_bench;
+mod overflow_bench;
 mod page_cache;
 mod pool_bench;
 mod raw;
@@ -67,6 +68,9 @@ enum Command {
     /// Resource limits: confirmed publish with limits on (all levels clear) vs off, and (as root,
     /// on a tmpfs) the time from crossing hard to the first rejection and back.
     Limits(LimitsArgs),
+    /// Per-queue limits: publishing into a full drop_oldest queue (each publish drops one)
+    /// vs into an unlimited queue.
+    Overflow(OverflowArgs),
     /// The child process of `broker`'s memory figure.
     #[command(hide = true)]
     BrokerRss {
@@ -83,6 +87,22 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Debug, clap::Args)]
+struct OverflowArgs {
+    /// Directory on the file system under test.
+    #[arg(long, default_value = "/var/tmp")]
+    dir: PathBuf,
+    /// Seconds of publishing per run.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    /// Rounds; the two cases alternate.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// The full queue's max_messages.
+    #[arg(long, default_value_t = 10_000)]
+    max_messages: u64,
 }
 
 #[derive(Debug, clap::Args)]
@@ -269,6 +289,7 @@ fn main() -> ExitCode {
         Command::Broker(args) => run_broker(&args),
         Command::Net(args) => run_net(&args),
         Command::Limits(args) => run_limits(&args),
+        Command::Overflow(args) => overflow_bench::run(&overflow_config(&args)),
         Command::BrokerRss {
             dir,
             messages,
@@ -300,6 +321,18 @@ fn run_log(args: &LogArgs) -> BenchResult<()> {
         read_only: args.read_only,
     };
     run_in_work_dir(config, !args.no_drop_caches, args.json)
+}
+
+fn overflow_config(args: &OverflowArgs) -> overflow_bench::OverflowBenchConfig {
+    overflow_bench::OverflowBenchConfig {
+        dir: args.dir.clone(),
+        duration: Duration::from_secs_f64(args.seconds),
+        rounds: args.rounds.max(1),
+        publishers: 8,
+        batch: 16,
+        body_bytes: 1024,
+        max_messages: args.max_messages.max(1),
+    }
 }
 
 fn run_smoke(json: bool) -> BenchResult<()> {
@@ -361,6 +394,12 @@ fn run_smoke(json: bool) -> BenchResult<()> {
         json,
     };
     run_limits(&limits)?;
+    overflow_bench::run(&overflow_config(&OverflowArgs {
+        dir: std::env::var_os("TMPDIR").map_or_else(|| PathBuf::from("/var/tmp"), PathBuf::from),
+        seconds: 0.5,
+        rounds: 1,
+        max_messages: 2_000,
+    }))?;
     eprintln!("smoke: every case ran (figures of a seconds-long run are not benchmark results)");
     Ok(())
 }

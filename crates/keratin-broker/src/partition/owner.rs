@@ -170,6 +170,8 @@ struct Owner {
     reserved_bytes: u64,
     /// Messages being removed by `drop_oldest`: they no longer count toward the limits.
     dropping: HashMap<u64, u32>,
+    /// Sum of `dropping`'s sizes, kept as it changes (the admission check runs per publish).
+    dropping_bytes: u64,
 }
 
 /// A publish waiting out its slowing delay.
@@ -179,6 +181,10 @@ struct Delayed {
     timestamp_ms: u64,
     reply: oneshot::Sender<BrokerResult<Range<u64>>>,
 }
+
+/// A delivery or drop reuses its reader across at most this many records in between (control
+/// records, settled messages) instead of opening a new one at the payload.
+const READER_SKIP_MAX: u64 = 256;
 
 /// The retry hint of `queue_full`: a consumer frees room at its own pace, so a second is a
 /// reasonable first wait; clients back off further on repeated refusals.
@@ -223,6 +229,7 @@ pub(crate) fn spawn(ctx: OwnerContext, log: Log, state: PartitionState) -> Parti
         reserved_count: 0,
         reserved_bytes: 0,
         dropping: HashMap::new(),
+        dropping_bytes: 0,
     };
     owner.limits = owner.ctx.settings.partition_limits();
     // Figures are right from the start, before the task first runs.
@@ -448,6 +455,12 @@ impl Owner {
         }
     }
 
+    fn undrop(&mut self, m: u64) {
+        if let Some(size) = self.dropping.remove(&m) {
+            self.dropping_bytes = self.dropping_bytes.saturating_sub(u64::from(size));
+        }
+    }
+
     fn unreserve(&mut self, count: u64, bytes: u64) {
         self.reserved_count = self.reserved_count.saturating_sub(count);
         self.reserved_bytes = self.reserved_bytes.saturating_sub(bytes);
@@ -456,7 +469,7 @@ impl Owner {
     /// Messages and bytes that count toward the queue limits: live ones, plus admitted
     /// publishes not applied yet, minus those being dropped to make room.
     fn queue_usage(&self) -> (u64, u64) {
-        let dropping_bytes: u64 = self.dropping.values().map(|s| u64::from(*s)).sum();
+        let dropping_bytes = self.dropping_bytes;
         (
             (self.state.live_count() + self.reserved_count)
                 .saturating_sub(self.dropping.len() as u64),
@@ -549,6 +562,7 @@ impl Owner {
             self.counts_pending.remove(&m);
             self.limbo.insert(m, size);
             self.dropping.insert(m, size);
+            self.dropping_bytes += u64::from(size);
             let delivery_count = self.state.delivery_count(m);
             dropped.push((
                 m,
@@ -737,7 +751,7 @@ impl Owner {
             Applied::Settled(messages) => {
                 for m in messages {
                     self.limbo.remove(&m);
-                    self.dropping.remove(&m);
+                    self.undrop(m);
                 }
                 self.reclaim_due = true;
             }
@@ -774,7 +788,7 @@ impl Owner {
                 _ => Vec::new(),
             };
             for m in messages {
-                self.dropping.remove(&m);
+                self.undrop(m);
                 if self.limbo.remove(&m).is_some() {
                     self.redeliver.insert(m);
                 }
@@ -1087,8 +1101,21 @@ impl Owner {
             .log
             .as_ref()
             .ok_or_else(|| BrokerError::Closed("log".into()))?;
-        let reader_ready = self.reader.as_ref().is_some_and(|r| r.position() == at);
-        if !reader_ready {
+        // Reuse the buffered reader when the payload lies a little ahead of it (the next live
+        // message after some control records): a fresh reader reads a whole chunk.
+        let skip = self
+            .reader
+            .as_ref()
+            .and_then(|r| at.checked_sub(r.position()))
+            .filter(|gap| *gap <= READER_SKIP_MAX);
+        if let (Some(gap), Some(reader)) = (skip, self.reader.as_mut()) {
+            for _ in 0..gap {
+                if !matches!(reader.next(), Some(Ok(_))) {
+                    break;
+                }
+            }
+        }
+        if self.reader.as_ref().is_none_or(|r| r.position() != at) {
             self.reader = Some(log.reader(at));
         }
         let reader = self
