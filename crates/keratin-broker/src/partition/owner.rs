@@ -172,6 +172,8 @@ struct Owner {
     dropping: HashMap<u64, u32>,
     /// Sum of `dropping`'s sizes, kept as it changes (the admission check runs per publish).
     dropping_bytes: u64,
+    /// PURGE records written and not yet applied (or failed).
+    purges: u32,
 }
 
 /// A publish waiting out its slowing delay.
@@ -181,6 +183,11 @@ struct Delayed {
     timestamp_ms: u64,
     reply: oneshot::Sender<BrokerResult<Range<u64>>>,
 }
+
+/// Most entries in one SETTLE, RETURN or PURGE record: 4,096 entries of at most 16 bytes are
+/// 64 KiB, well inside the smallest segment (256 KiB), so no round of acks is ever too large to
+/// write.
+const CONTROL_ENTRIES_MAX: usize = 4096;
 
 /// A delivery or drop reuses its reader across at most this many records in between (control
 /// records, settled messages) instead of opening a new one at the payload.
@@ -230,6 +237,7 @@ pub(crate) fn spawn(ctx: OwnerContext, log: Log, state: PartitionState) -> Parti
         reserved_bytes: 0,
         dropping: HashMap::new(),
         dropping_bytes: 0,
+        purges: 0,
     };
     owner.limits = owner.ctx.settings.partition_limits();
     // Figures are right from the start, before the task first runs.
@@ -369,15 +377,23 @@ impl Owner {
                         payload,
                     })
                     .collect();
-                log.append(&log_records).map_err(|e| self.unavailable(e))
+                log.append(&log_records).map_err(|e| match e {
+                    LogError::RecordTooLarge { .. } | LogError::Invalid(_) => {
+                        BrokerError::Invalid(e.to_string())
+                    }
+                    other => self.unavailable(other),
+                })
             }
             Err(e) => Err(e),
         };
         let ticket = match result {
             Ok(ticket) => ticket,
             Err(error) => {
+                // Only a log that stopped stops the partition; a refused request does not.
                 if let BrokerError::Unavailable { source, .. } = &error {
-                    self.stopped = Some(source.clone());
+                    if source.is_stopped() {
+                        self.stopped = Some(source.clone());
+                    }
                 }
                 self.fail(records, done, error);
                 return;
@@ -732,6 +748,8 @@ impl Owner {
                 let _ = reply.send(Ok(range));
             }
             Done::Purge(reply, count) => {
+                self.purges = self.purges.saturating_sub(1);
+                self.reclaim_due = true;
                 self.publish_figures();
                 let _ = reply.send(Ok(count));
             }
@@ -807,6 +825,7 @@ impl Owner {
                 let _ = reply.send(Err(error));
             }
             Done::Purge(reply, _) => {
+                self.purges = self.purges.saturating_sub(1);
                 let _ = reply.send(Err(error));
             }
             Done::Internal => {}
@@ -848,9 +867,18 @@ impl Owner {
         if self.acks.is_empty() {
             return;
         }
-        let record = PartitionRecord::Settle(std::mem::take(&mut self.acks));
-        let payload = record.encode();
-        self.append(vec![record], vec![payload], Done::Internal);
+        let acks = std::mem::take(&mut self.acks);
+        self.write_settles(acks);
+    }
+
+    /// Settles as records of at most `CONTROL_ENTRIES_MAX` entries each, so that a round of
+    /// many acks never makes a record larger than a segment.
+    fn write_settles(&mut self, settled: Vec<Settled>) {
+        for chunk in settled.chunks(CONTROL_ENTRIES_MAX) {
+            let record = PartitionRecord::Settle(chunk.to_vec());
+            let payload = record.encode();
+            self.append(vec![record], vec![payload], Done::Internal);
+        }
     }
 
     fn sort_return(
@@ -886,9 +914,11 @@ impl Owner {
             self.redeliver.insert(r.message);
             self.counts_pending.insert(r.message, r.delivery_count);
         }
-        let record = PartitionRecord::Return(returns);
-        let payload = record.encode();
-        self.append(vec![record], vec![payload], Done::Internal);
+        for chunk in returns.chunks(CONTROL_ENTRIES_MAX) {
+            let record = PartitionRecord::Return(chunk.to_vec());
+            let payload = record.encode();
+            self.append(vec![record], vec![payload], Done::Internal);
+        }
     }
 
     /// A consumer went away: its inflight messages are ready again, ahead of newer ones.
@@ -981,9 +1011,7 @@ impl Owner {
         if settled.is_empty() {
             return;
         }
-        let record = PartitionRecord::Settle(settled);
-        let payload = record.encode();
-        self.append(vec![record], vec![payload], Done::Internal);
+        self.write_settles(settled);
     }
 
     fn purge(&mut self, reply: oneshot::Sender<BrokerResult<u64>>) {
@@ -1009,14 +1037,33 @@ impl Owner {
             let _ = reply.send(Ok(0));
             return;
         }
-        let purge = Purge {
-            ranges,
-            count,
-            bytes: self.state.live_bytes().saturating_sub(busy_bytes),
-        };
-        let record = PartitionRecord::Purge(purge);
-        let payload = record.encode();
-        self.append(vec![record], vec![payload], Done::Purge(reply, count));
+        // Totals ride on the first record (applying them is additive); the answer on the last.
+        let mut totals = Some((count, self.state.live_bytes().saturating_sub(busy_bytes)));
+        let chunks: Vec<Vec<(u64, u64)>> = ranges
+            .chunks(CONTROL_ENTRIES_MAX)
+            .map(<[(u64, u64)]>::to_vec)
+            .collect();
+        let last = chunks.len().saturating_sub(1);
+        let mut reply = Some(reply);
+        // Counted once: the last record's answer (or failure) ends the purge.
+        self.purges += 1;
+        for (i, ranges) in chunks.into_iter().enumerate() {
+            let (count_part, bytes_part) = totals.take().unwrap_or((0, 0));
+            let record = PartitionRecord::Purge(Purge {
+                ranges,
+                count: count_part,
+                bytes: bytes_part,
+            });
+            let payload = record.encode();
+            let done = match (i == last, reply.take()) {
+                (true, Some(reply)) => Done::Purge(reply, count),
+                (_, other) => {
+                    reply = other;
+                    Done::Internal
+                }
+            };
+            self.append(vec![record], vec![payload], done);
+        }
     }
 
     /// The next ready message in delivery order, without taking it.
@@ -1159,7 +1206,8 @@ impl Owner {
     /// messages that pin mostly dead segments to the head, so that disk use stays within
     /// 2 × live bytes + 2 segments whatever the ack pattern.
     fn maybe_reclaim(&mut self) {
-        if self.reclaim_busy || !self.reclaim_due || self.stopped.is_some() {
+        // A pending purge settles messages the state still shows live: relocation waits for it.
+        if self.reclaim_busy || !self.reclaim_due || self.stopped.is_some() || self.purges > 0 {
             return;
         }
         self.reclaim_due = false;
@@ -1200,6 +1248,11 @@ impl Owner {
             .take(1 << 16)
             .collect();
         ids.extend(self.state.relocated_payloads_in(start, end));
+        // A message whose settle is being written is leaving: a copy written after its SETTLE
+        // record would bring it back (found by the adversarial space test: acked messages were
+        // delivered again).
+        // (Acks waiting for this round's SETTLE record are in `limbo` too.)
+        ids.retain(|id| !self.limbo.contains_key(id));
         ids.sort_unstable();
         let mut records = Vec::new();
         let mut payloads = Vec::new();

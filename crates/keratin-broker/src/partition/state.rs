@@ -269,6 +269,15 @@ impl PartitionState {
 
     fn apply_relocate(&mut self, offset: u64, relocate: &Relocate) -> Applied {
         let id = relocate.message;
+        // A copy of a message this state knows is gone (settled or purged before the copy was
+        // applied) is void: it must not bring the message back. The owner never writes one,
+        // since it never relocates a message whose settle or purge is pending.
+        if id >= self.start && id < self.head && !self.is_live(id) {
+            return Applied::Relocated {
+                message: id,
+                to: offset,
+            };
+        }
         // A message already known to be live just moves; one whose ENQUEUE record lies below
         // the log's start (a state rebuilt after prefix removal) becomes known here.
         let known = self.relocated.contains_key(&id) || (id >= self.start && self.is_live(id));
