@@ -7,8 +7,9 @@
 //! - `meta`: the node metadata log (queue declarations and deletions).
 //! - `queue`: [`Queue`] and [`QueueSettings`]; handles of the partitions' owner tasks.
 //! - `partition::state`: [`PartitionState`], the durable state applied from log records.
-//! - `partition::owner`: the task that owns a partition: commands to records, records to state,
-//!   deliveries, space reclaim and relocation.
+//! - `partition::owner`: the task that owns a partition: commands to records, records to state;
+//!   its children own admission (queue limits, the gate, slowing), settling (acks, returns,
+//!   dead-lettering, purge), delivery, and reclaim (prefix removal, relocation, healing).
 //! - `record`: the partition log's records, byte by byte (`docs/partition-records.md`).
 //! - `consumer`: [`Consumer`] and [`Delivery`].
 //! - `gate`: [`PublishGate`], the resource limits as partitions see them.

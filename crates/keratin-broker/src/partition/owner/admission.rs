@@ -1,0 +1,261 @@
+//! What gets into a partition: publishes pass the queue limits (`reject`, `drop_oldest`) and
+//! the node's publish gate (admit, slow in a per-partition queue, reject), and live settings
+//! changes take effect.
+
+use super::*;
+
+impl Owner {
+    pub(super) fn publish(
+        &mut self,
+        payloads: Vec<Vec<u8>>,
+        timestamp_ms: u64,
+        internal: bool,
+        reply: oneshot::Sender<BrokerResult<Range<u64>>>,
+    ) {
+        if let Some(stop) = &self.stopped {
+            let _ = reply.send(Err(self.unavailable(stop.clone())));
+            return;
+        }
+        let bytes: u64 = payloads.iter().map(|p| p.len() as u64).sum();
+        let count = payloads.len() as u64;
+        // Queue limits apply to every publish, dead-lettering included; the resource gate
+        // below does not hold back dead-lettering.
+        if let Err(error) = self.admit_queue_limits(count, bytes) {
+            let _ = reply.send(Err(error));
+            return;
+        }
+        self.reserved_count += count;
+        self.reserved_bytes += bytes;
+        if internal {
+            self.write_publish(payloads, timestamp_ms, reply);
+            return;
+        }
+        let now = Instant::now();
+        // Behind a delayed publish, a new one waits too: publishes keep their order.
+        let after = self.delayed.back().map_or(now, |d| d.ready_at);
+        match self.ctx.gate.publish(self.ctx.device, bytes) {
+            GateDecision::Reject {
+                reason,
+                retry_after_ms,
+                message,
+            } => {
+                self.unreserve(count, bytes);
+                let _ = reply.send(Err(BrokerError::Limited {
+                    reason,
+                    retry_after_ms,
+                    message,
+                }));
+            }
+            GateDecision::Slow { delay_ms } => self.delayed.push_back(Delayed {
+                ready_at: (now + Duration::from_millis(delay_ms)).max(after),
+                payloads,
+                timestamp_ms,
+                reply,
+            }),
+            GateDecision::Admit if !self.delayed.is_empty() => self.delayed.push_back(Delayed {
+                ready_at: after,
+                payloads,
+                timestamp_ms,
+                reply,
+            }),
+            GateDecision::Admit => self.write_publish(payloads, timestamp_ms, reply),
+        }
+    }
+
+    pub(super) fn undrop(&mut self, m: u64) {
+        if let Some(size) = self.dropping.remove(&m) {
+            self.dropping_bytes = self.dropping_bytes.saturating_sub(u64::from(size));
+        }
+    }
+
+    pub(super) fn unreserve(&mut self, count: u64, bytes: u64) {
+        self.reserved_count = self.reserved_count.saturating_sub(count);
+        self.reserved_bytes = self.reserved_bytes.saturating_sub(bytes);
+    }
+
+    /// Messages and bytes that count toward the queue limits: live ones, plus admitted
+    /// publishes not applied yet, minus those being dropped to make room.
+    pub(super) fn queue_usage(&self) -> (u64, u64) {
+        let dropping_bytes = self.dropping_bytes;
+        (
+            (self.state.live_count() + self.reserved_count)
+                .saturating_sub(self.dropping.len() as u64),
+            (self.state.live_bytes() + self.reserved_bytes).saturating_sub(dropping_bytes),
+        )
+    }
+
+    pub(super) fn over_limits(&self, count: u64, bytes: u64) -> bool {
+        self.limits.max_messages.is_some_and(|max| count > max)
+            || self.limits.max_bytes.is_some_and(|max| bytes > max)
+    }
+
+    pub(super) fn queue_full_error(&self) -> BrokerError {
+        let what = match (self.limits.max_messages, self.limits.max_bytes) {
+            (Some(m), Some(b)) => format!("max_messages {m} or max_bytes {b} per partition"),
+            (Some(m), None) => format!("max_messages {m} per partition"),
+            (None, Some(b)) => format!("max_bytes {b} per partition"),
+            (None, None) => "its limit".into(),
+        };
+        BrokerError::Limited {
+            reason: "queue_full".into(),
+            retry_after_ms: QUEUE_FULL_RETRY_AFTER_MS,
+            message: format!(
+                "queue {:?} partition {} is full ({what}); consume messages or raise the limit; \
+                 retry after {QUEUE_FULL_RETRY_AFTER_MS} ms",
+                self.ctx.queue, self.ctx.index
+            ),
+        }
+    }
+
+    /// Admit a batch of `count` messages and `bytes` under the queue limits: all or nothing.
+    /// With `drop_oldest` the oldest ready messages make room; inflight ones are never dropped,
+    /// so when only they remain it refuses like `reject`.
+    pub(super) fn admit_queue_limits(&mut self, count: u64, bytes: u64) -> BrokerResult<()> {
+        if !self.limits.is_set() {
+            return Ok(());
+        }
+        let (used_count, used_bytes) = self.queue_usage();
+        if !self.over_limits(used_count + count, used_bytes + bytes) {
+            self.figures.full.store(0, Ordering::Relaxed);
+            return Ok(());
+        }
+        if self.over_limits(count, bytes) {
+            return Err(BrokerError::Invalid(format!(
+                "a batch of {count} messages and {bytes} bytes can never fit queue {:?}'s limits; \
+                 send smaller batches",
+                self.ctx.queue
+            )));
+        }
+        let refuse = |owner: &mut Owner| {
+            owner.figures.full.store(1, Ordering::Relaxed);
+            owner.figures.rejected_full.fetch_add(1, Ordering::Relaxed);
+            Err(owner.queue_full_error())
+        };
+        if self.limits.overflow == Overflow::Reject {
+            return refuse(self);
+        }
+        // Everything not inflight or leaving is ready, and droppable.
+        let busy_bytes: u64 = self
+            .inflight
+            .values()
+            .map(|e| u64::from(e.size_bytes))
+            .chain(self.limbo.values().map(|s| u64::from(*s)))
+            .sum();
+        let busy_count = (self.inflight.len() + self.limbo.len()) as u64;
+        let ready_count = self.state.live_count().saturating_sub(busy_count);
+        let ready_bytes = self.state.live_bytes().saturating_sub(busy_bytes);
+        if self.over_limits(
+            used_count.saturating_sub(ready_count) + count,
+            used_bytes.saturating_sub(ready_bytes) + bytes,
+        ) {
+            return refuse(self);
+        }
+        self.drop_oldest(count, bytes)
+    }
+
+    /// Remove the oldest ready messages until `count` more messages and `bytes` fit.
+    pub(super) fn drop_oldest(&mut self, count: u64, bytes: u64) -> BrokerResult<()> {
+        let mut dropped = Vec::new();
+        loop {
+            let (used_count, used_bytes) = self.queue_usage();
+            if !self.over_limits(used_count + count, used_bytes + bytes) {
+                break;
+            }
+            let Some(m) = self.peek_ready() else {
+                break;
+            };
+            let size = self.read_payload(m)?.len() as u32;
+            self.take_ready(m);
+            self.counts_pending.remove(&m);
+            self.limbo.insert(m, size);
+            self.dropping.insert(m, size);
+            self.dropping_bytes += u64::from(size);
+            let delivery_count = self.state.delivery_count(m);
+            dropped.push((
+                m,
+                Inflight {
+                    consumer: 0,
+                    delivery_count,
+                    size_bytes: size,
+                },
+                DeathReason::Overflow,
+            ));
+        }
+        self.figures
+            .overflowed
+            .fetch_add(dropped.len() as u64, Ordering::Relaxed);
+        self.dead_letter(dropped);
+        Ok(())
+    }
+
+    /// New settings of a live queue: recorded in the partition's log, in force at once.
+    /// Lowering a `drop_oldest` limit below the current depth trims ready messages.
+    pub(super) fn set_settings(&mut self, settings: QueueSettings) {
+        self.limits = settings.partition_limits();
+        if let Ok(json) = serde_json::to_vec(&settings) {
+            let record = PartitionRecord::Settings(json);
+            let payload = record.encode();
+            self.append(vec![record], vec![payload], Done::Internal);
+        }
+        self.ctx.settings = settings;
+        if self.limits.overflow == Overflow::DropOldest {
+            if let Err(error) = self.drop_oldest(0, 0) {
+                tracing::warn!(queue = %self.ctx.queue, %error, "trimming to the new limit failed");
+            }
+        }
+        let (count, bytes) = self.queue_usage();
+        let full = u64::from(self.over_limits(count, bytes));
+        self.figures.full.store(full, Ordering::Relaxed);
+    }
+
+    /// Write the delayed publishes whose time has come; the gate is asked again, since the
+    /// level may have reached hard meanwhile.
+    pub(super) fn release_delayed(&mut self) {
+        let now = Instant::now();
+        while self.delayed.front().is_some_and(|d| d.ready_at <= now) {
+            let Some(d) = self.delayed.pop_front() else {
+                break;
+            };
+            if let Some(stop) = &self.stopped {
+                let error = self.unavailable(stop.clone());
+                let bytes: u64 = d.payloads.iter().map(|p| p.len() as u64).sum();
+                self.unreserve(d.payloads.len() as u64, bytes);
+                let _ = d.reply.send(Err(error));
+                continue;
+            }
+            let bytes: u64 = d.payloads.iter().map(|p| p.len() as u64).sum();
+            match self.ctx.gate.publish(self.ctx.device, bytes) {
+                GateDecision::Reject {
+                    reason,
+                    retry_after_ms,
+                    message,
+                } => {
+                    self.unreserve(d.payloads.len() as u64, bytes);
+                    let _ = d.reply.send(Err(BrokerError::Limited {
+                        reason,
+                        retry_after_ms,
+                        message,
+                    }));
+                }
+                GateDecision::Admit | GateDecision::Slow { .. } => {
+                    self.write_publish(d.payloads, d.timestamp_ms, d.reply)
+                }
+            }
+        }
+    }
+
+    pub(super) fn write_publish(
+        &mut self,
+        payloads: Vec<Vec<u8>>,
+        timestamp_ms: u64,
+        reply: oneshot::Sender<BrokerResult<Range<u64>>>,
+    ) {
+        let records = payloads
+            .iter()
+            .map(|p| PartitionRecord::Enqueue {
+                size_bytes: p.len() as u32,
+            })
+            .collect();
+        self.append_at(records, payloads, Done::Publish(reply), timestamp_ms);
+    }
+}

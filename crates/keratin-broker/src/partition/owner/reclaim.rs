@@ -1,0 +1,138 @@
+//! Keeping the log small and the partition writable: prefix removal below the lowest live
+//! payload, relocation of old live messages, and healing a log stopped by a write error.
+
+use super::*;
+
+impl Owner {
+    /// Heal a log stopped by a write error once the gate says its file system has room again.
+    /// Healing cuts the log back to its last durable offset, which is exactly what the state
+    /// has applied: nothing confirmed is lost, nothing unconfirmed survives.
+    pub(super) fn maybe_heal(&mut self) {
+        if self.stopped.is_none() || !self.pending.is_empty() {
+            return;
+        }
+        if !self.ctx.gate.may_heal(self.ctx.device) {
+            return;
+        }
+        let Some(log) = self.log.as_ref() else {
+            return;
+        };
+        match log.heal() {
+            Ok(()) => {
+                tracing::info!(queue = %self.ctx.queue, partition = self.ctx.index, "log healed; publishes resume");
+                self.stopped = None;
+                self.reader = None;
+                self.reclaim_busy = false;
+                self.reclaim_due = true;
+            }
+            Err(error) => {
+                tracing::warn!(queue = %self.ctx.queue, partition = self.ctx.index, %error, "heal failed; will retry");
+            }
+        }
+    }
+
+    /// Free disk: remove whole segments below every live payload, and move the few old live
+    /// messages that pin mostly dead segments to the head, so that disk use stays within
+    /// 2 × live bytes + 2 segments whatever the ack pattern.
+    pub(super) fn maybe_reclaim(&mut self) {
+        // A pending purge settles messages the state still shows live: relocation waits for it.
+        if self.reclaim_busy || !self.reclaim_due || self.stopped.is_some() || self.purges > 0 {
+            return;
+        }
+        self.reclaim_due = false;
+        let Some(log) = self.log.as_ref() else {
+            return;
+        };
+        let stats = log.stats();
+        let pin = self.state.pinned_offset();
+        if stats.segments.len() >= 2 && stats.segments[1].base_offset <= pin {
+            match log.remove_prefix(pin) {
+                Ok(ticket) => {
+                    self.reclaim_busy = true;
+                    let commands = self.commands.clone();
+                    tokio::spawn(async move {
+                        let result = ticket.await;
+                        let _ = commands.send(Command::PrefixRemoved { result });
+                    });
+                }
+                Err(error) => self.stopped = Some(error),
+            }
+            return;
+        }
+        let bound = 2 * self.state.live_bytes() + 2 * self.ctx.segment_size_bytes;
+        if stats.disk_bytes > bound && stats.segments.len() > 2 {
+            let first = (stats.segments[0].base_offset, stats.segments[1].base_offset);
+            self.relocate(first);
+        }
+    }
+
+    /// Copy the live payloads stored in `[start, end)` to the head of the log.
+    pub(super) fn relocate(&mut self, (start, end): (u64, u64)) {
+        let mut ids: Vec<u64> = self
+            .state
+            .live_ranges(start, end)
+            .into_iter()
+            .flat_map(|(s, e)| s..e)
+            .filter(|id| self.state.payload_offset(*id) == *id)
+            .take(1 << 16)
+            .collect();
+        ids.extend(self.state.relocated_payloads_in(start, end));
+        // A message whose settle is being written is leaving: a copy written after its SETTLE
+        // record would bring it back (found by the adversarial space test: acked messages were
+        // delivered again).
+        // (Acks waiting for this round's SETTLE record are in `limbo` too.)
+        ids.retain(|id| !self.limbo.contains_key(id));
+        ids.sort_unstable();
+        let mut records = Vec::new();
+        let mut payloads = Vec::new();
+        let mut bytes = 0usize;
+        for id in ids {
+            if bytes >= RELOCATE_BATCH_BYTES {
+                break;
+            }
+            let payload = match self.read_payload(id) {
+                Ok(payload) => payload,
+                Err(error) => {
+                    tracing::error!(queue = %self.ctx.queue, message = id, %error, "cannot read a message to relocate it");
+                    return;
+                }
+            };
+            // The durable count travels with the copy: the RETURN records that set it may lie
+            // in the segments about to be removed.
+            let record = PartitionRecord::Relocate(Relocate {
+                message: id,
+                delivery_count: self.state.delivery_count(id),
+                payload,
+            });
+            let encoded = record.encode();
+            bytes += encoded.len();
+            records.push(record);
+            payloads.push(encoded);
+        }
+        if records.is_empty() {
+            return;
+        }
+        tracing::debug!(queue = %self.ctx.queue, partition = self.ctx.index, count = records.len(), bytes, "relocating old live messages");
+        // Reclaim waits until the copies are applied (or failed); then it runs again.
+        self.reclaim_busy = true;
+        self.append(records, payloads, Done::Internal);
+    }
+
+    pub(super) fn prefix_removed(&mut self, result: LogResult<PrefixRemoval>) {
+        self.reclaim_busy = false;
+        match result {
+            Ok(removed) => {
+                if let Some(log) = &self.log {
+                    self.state.forget_below(log.start_offset());
+                }
+                if removed.segments > 0 {
+                    self.reclaim_due = true;
+                }
+            }
+            Err(error) => {
+                tracing::error!(queue = %self.ctx.queue, %error, "space reclaim failed");
+                self.stopped = Some(error);
+            }
+        }
+    }
+}

@@ -1,0 +1,272 @@
+//! How messages leave or come back: acks (one round's acks in few SETTLE records), rejects,
+//! returns of a lost consumer's deliveries, dead-lettering, and purge.
+
+use super::*;
+
+impl Owner {
+    pub(super) fn settle(&mut self, consumer: u64, messages: Vec<u64>, reject: Option<bool>) {
+        let mut acks = Vec::new();
+        let mut returns = Vec::new();
+        let mut dead = Vec::new();
+        for m in messages {
+            let Some(entry) = self.inflight.get(&m).copied() else {
+                continue;
+            };
+            if entry.consumer != consumer {
+                continue;
+            }
+            self.inflight.remove(&m);
+            self.limbo.insert(m, entry.size_bytes);
+            match reject {
+                None => acks.push(Settled {
+                    message: m,
+                    size_bytes: entry.size_bytes,
+                    outcome: Outcome::Acked,
+                }),
+                Some(true) => self.sort_return(m, entry, &mut returns, &mut dead),
+                Some(false) => dead.push((m, entry, DeathReason::Rejected)),
+            }
+        }
+        // Acks of one round of commands become one SETTLE record (see `flush_acks`).
+        self.acks.extend(acks);
+        self.write_returns(returns);
+        self.dead_letter(dead);
+    }
+
+    /// Write the acks gathered in this round as one SETTLE record: a consumer acking message by
+    /// message costs one record per round, not one per ack.
+    pub(super) fn flush_acks(&mut self) {
+        if self.acks.is_empty() {
+            return;
+        }
+        let acks = std::mem::take(&mut self.acks);
+        self.write_settles(acks);
+    }
+
+    /// Settles as records of at most `CONTROL_ENTRIES_MAX` entries each, so that a round of
+    /// many acks never makes a record larger than a segment.
+    pub(super) fn write_settles(&mut self, settled: Vec<Settled>) {
+        for chunk in settled.chunks(CONTROL_ENTRIES_MAX) {
+            let record = PartitionRecord::Settle(chunk.to_vec());
+            let payload = record.encode();
+            self.append(vec![record], vec![payload], Done::Internal);
+        }
+    }
+
+    pub(super) fn sort_return(
+        &self,
+        m: u64,
+        entry: Inflight,
+        returns: &mut Vec<Returned>,
+        dead: &mut Vec<(u64, Inflight, DeathReason)>,
+    ) {
+        let exhausted = self
+            .ctx
+            .settings
+            .max_deliveries
+            .is_some_and(|max| entry.delivery_count >= max);
+        if exhausted {
+            dead.push((m, entry, DeathReason::MaxDeliveries));
+        } else {
+            returns.push(Returned {
+                message: m,
+                delivery_count: entry.delivery_count,
+            });
+        }
+    }
+
+    /// Returned messages are ready again at once, ahead of newer ones; the RETURN record only
+    /// makes their delivery counts durable.
+    pub(super) fn write_returns(&mut self, returns: Vec<Returned>) {
+        if returns.is_empty() {
+            return;
+        }
+        for r in &returns {
+            self.limbo.remove(&r.message);
+            self.redeliver.insert(r.message);
+            self.counts_pending.insert(r.message, r.delivery_count);
+        }
+        for chunk in returns.chunks(CONTROL_ENTRIES_MAX) {
+            let record = PartitionRecord::Return(chunk.to_vec());
+            let payload = record.encode();
+            self.append(vec![record], vec![payload], Done::Internal);
+        }
+    }
+
+    /// A consumer went away: its inflight messages are ready again, ahead of newer ones.
+    pub(super) fn unsubscribe(&mut self, consumer: u64) {
+        self.consumers.retain(|c| c.id != consumer);
+        let mut theirs: Vec<(u64, Inflight)> = self
+            .inflight
+            .iter()
+            .filter(|(_, e)| e.consumer == consumer)
+            .map(|(&m, &e)| (m, e))
+            .collect();
+        theirs.sort_by_key(|(m, _)| *m);
+        let mut returns = Vec::new();
+        let mut dead = Vec::new();
+        for (m, entry) in theirs {
+            self.inflight.remove(&m);
+            self.limbo.insert(m, entry.size_bytes);
+            self.sort_return(m, entry, &mut returns, &mut dead);
+        }
+        self.write_returns(returns);
+        self.dead_letter(dead);
+    }
+
+    /// Send messages to the dead-letter queue (then settle them as dead-lettered), or drop them
+    /// when the queue has none.
+    pub(super) fn dead_letter(&mut self, entries: Vec<(u64, Inflight, DeathReason)>) {
+        if entries.is_empty() {
+            return;
+        }
+        let target = self.ctx.settings.dead_letter.clone();
+        let broker = self.ctx.broker.upgrade();
+        let (Some(target), Some(broker)) = (target, broker) else {
+            let settled = entries.iter().map(|(m, e, _)| (*m, e.size_bytes)).collect();
+            self.dead_lettered(settled, false);
+            return;
+        };
+        let mut messages = Vec::with_capacity(entries.len());
+        let mut settled = Vec::with_capacity(entries.len());
+        for (m, entry, reason) in entries {
+            match self.read_message(m) {
+                Ok((mut message, _)) => {
+                    message
+                        .headers
+                        .push(("x-death-reason".into(), reason.as_str().into()));
+                    message
+                        .headers
+                        .push(("x-death-queue".into(), self.ctx.queue.clone()));
+                    message
+                        .headers
+                        .push(("x-death-count".into(), entry.delivery_count.to_string()));
+                    messages.push(message);
+                    settled.push((m, entry.size_bytes));
+                }
+                Err(error) => {
+                    tracing::error!(queue = %self.ctx.queue, message = m, %error, "cannot read a message to dead-letter it");
+                    self.limbo.remove(&m);
+                    self.redeliver.insert(m);
+                }
+            }
+        }
+        let commands = self.commands.clone();
+        let queue = self.ctx.queue.clone();
+        tokio::spawn(async move {
+            let results = broker.publish_internal(&target, messages).await;
+            let delivered = results.iter().all(Result::is_ok);
+            if !delivered {
+                tracing::warn!(%queue, dead_letter = %target, "dead-lettering failed; the messages are dropped");
+            }
+            let _ = commands.send(Command::DeadLettered {
+                entries: settled,
+                delivered,
+            });
+        });
+    }
+
+    pub(super) fn dead_lettered(&mut self, entries: Vec<(u64, u32)>, delivered: bool) {
+        let outcome = if delivered {
+            Outcome::DeadLettered
+        } else {
+            Outcome::Dropped
+        };
+        let settled: Vec<Settled> = entries
+            .into_iter()
+            .map(|(message, size_bytes)| Settled {
+                message,
+                size_bytes,
+                outcome,
+            })
+            .collect();
+        if settled.is_empty() {
+            return;
+        }
+        self.write_settles(settled);
+    }
+
+    pub(super) fn purge(&mut self, reply: oneshot::Sender<BrokerResult<u64>>) {
+        if let Some(stop) = &self.stopped {
+            let _ = reply.send(Err(self.unavailable(stop.clone())));
+            return;
+        }
+        let busy: BTreeSet<u64> = self
+            .inflight
+            .keys()
+            .chain(self.limbo.keys())
+            .copied()
+            .collect();
+        let busy_bytes: u64 = self
+            .inflight
+            .values()
+            .map(|e| u64::from(e.size_bytes))
+            .chain(self.limbo.values().map(|s| u64::from(*s)))
+            .sum();
+        let ranges = split_around(self.state.live_ranges(0, self.state.head()), &busy);
+        let count = self.state.live_count() - busy.len() as u64;
+        if count == 0 {
+            let _ = reply.send(Ok(0));
+            return;
+        }
+        // Totals ride on the first record (applying them is additive); the answer on the last.
+        let mut totals = Some((count, self.state.live_bytes().saturating_sub(busy_bytes)));
+        let chunks: Vec<Vec<(u64, u64)>> = ranges
+            .chunks(CONTROL_ENTRIES_MAX)
+            .map(<[(u64, u64)]>::to_vec)
+            .collect();
+        let last = chunks.len().saturating_sub(1);
+        let mut reply = Some(reply);
+        // Counted once: the last record's answer (or failure) ends the purge.
+        self.purges += 1;
+        for (i, ranges) in chunks.into_iter().enumerate() {
+            let (count_part, bytes_part) = totals.take().unwrap_or((0, 0));
+            let record = PartitionRecord::Purge(Purge {
+                ranges,
+                count: count_part,
+                bytes: bytes_part,
+            });
+            let payload = record.encode();
+            let done = match (i == last, reply.take()) {
+                (true, Some(reply)) => Done::Purge(reply, count),
+                (_, other) => {
+                    reply = other;
+                    Done::Internal
+                }
+            };
+            self.append(vec![record], vec![payload], done);
+        }
+    }
+}
+
+/// Cut the message ids in `busy` out of `ranges`.
+fn split_around(ranges: Vec<(u64, u64)>, busy: &BTreeSet<u64>) -> Vec<(u64, u64)> {
+    let mut out = Vec::with_capacity(ranges.len());
+    for (start, end) in ranges {
+        let mut at = start;
+        for &b in busy.range(start..end) {
+            if at < b {
+                out.push((at, b));
+            }
+            at = b + 1;
+        }
+        if at < end {
+            out.push((at, end));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_around_cuts_busy_ids_out() {
+        let busy: BTreeSet<u64> = [2, 3, 7].into_iter().collect();
+        assert_eq!(
+            split_around(vec![(0, 5), (6, 9)], &busy),
+            vec![(0, 2), (4, 5), (6, 7), (8, 9)]
+        );
+    }
+}
