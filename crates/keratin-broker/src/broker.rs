@@ -430,11 +430,12 @@ impl Broker {
             id,
             sender,
             credit: credit.clone(),
+            queue: Arc::downgrade(&queue),
         });
         for partition in &queue.partitions {
             partition.subscribe(link.clone());
         }
-        Ok(Consumer::new(id, queue, receiver, credit))
+        Ok(Consumer::new(id, queue, receiver))
     }
 
     /// For tests: each partition's live state beside the state rebuilt from its log.

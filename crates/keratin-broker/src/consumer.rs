@@ -74,7 +74,11 @@ impl Credit {
 pub(crate) struct ConsumerLink {
     pub(crate) id: u64,
     pub(crate) sender: mpsc::Sender<Delivery>,
+    /// Taken by a partition when it delivers, given back by the partition that took in the
+    /// settle of the delivery.
     pub(crate) credit: Arc<Credit>,
+    /// The consumer's queue, to wake its other partitions when credit comes back.
+    pub(crate) queue: std::sync::Weak<Queue>,
 }
 
 /// Settles deliveries of one consumer; cheap to clone, usable while the consumer is being read.
@@ -82,18 +86,17 @@ pub(crate) struct ConsumerLink {
 pub struct Settler {
     id: u64,
     queue: Arc<Queue>,
-    credit: Arc<Credit>,
 }
 
 impl Settler {
     /// See [`Consumer::ack`].
     pub fn ack(&self, tags: &[DeliveryTag]) {
-        settle(self.id, &self.queue, &self.credit, tags, None);
+        settle(self.id, &self.queue, tags, None);
     }
 
     /// See [`Consumer::reject`].
     pub fn reject(&self, tags: &[DeliveryTag], requeue: bool) {
-        settle(self.id, &self.queue, &self.credit, tags, Some(requeue));
+        settle(self.id, &self.queue, tags, Some(requeue));
     }
 }
 
@@ -103,21 +106,14 @@ pub struct Consumer {
     id: u64,
     queue: Arc<Queue>,
     receiver: mpsc::Receiver<Delivery>,
-    credit: Arc<Credit>,
 }
 
 impl Consumer {
-    pub(crate) fn new(
-        id: u64,
-        queue: Arc<Queue>,
-        receiver: mpsc::Receiver<Delivery>,
-        credit: Arc<Credit>,
-    ) -> Consumer {
+    pub(crate) fn new(id: u64, queue: Arc<Queue>, receiver: mpsc::Receiver<Delivery>) -> Consumer {
         Consumer {
             id,
             queue,
             receiver,
-            credit,
         }
     }
 
@@ -149,7 +145,7 @@ impl Consumer {
     }
 
     fn settle(&self, tags: &[DeliveryTag], reject: Option<bool>) {
-        settle(self.id, &self.queue, &self.credit, tags, reject);
+        settle(self.id, &self.queue, tags, reject);
     }
 
     /// A handle that settles this consumer's deliveries from elsewhere.
@@ -157,34 +153,25 @@ impl Consumer {
         Settler {
             id: self.id,
             queue: self.queue.clone(),
-            credit: self.credit.clone(),
         }
     }
 }
 
-fn settle(
-    consumer: u64,
-    queue: &Queue,
-    credit: &Credit,
-    tags: &[DeliveryTag],
-    reject: Option<bool>,
-) {
+fn settle(consumer: u64, queue: &Queue, tags: &[DeliveryTag], reject: Option<bool>) {
     let mut by_partition: Vec<Vec<u64>> = vec![Vec::new(); queue.partitions.len()];
     for tag in tags {
         if let Some(list) = by_partition.get_mut(tag.partition as usize) {
             list.push(tag.message);
         }
     }
-    let mut released = 0u32;
+    // Credit comes back when the owning partition has taken the settle in (see
+    // `ConsumerLink::credit`): released here, a partition could deliver a newer message before
+    // a requeued one is ready again.
     for (index, messages) in by_partition.into_iter().enumerate() {
         if messages.is_empty() {
             continue;
         }
-        released += messages.len() as u32;
         queue.partitions[index].settle(consumer, messages, reject);
-    }
-    if credit.release(released) {
-        queue.kick_all();
     }
 }
 

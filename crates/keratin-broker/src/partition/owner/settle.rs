@@ -8,6 +8,7 @@ impl Owner {
         let mut acks = Vec::new();
         let mut returns = Vec::new();
         let mut dead = Vec::new();
+        let mut settled = 0u32;
         for m in messages {
             let Some(entry) = self.inflight.get(&m).copied() else {
                 continue;
@@ -17,6 +18,7 @@ impl Owner {
             }
             self.inflight.remove(&m);
             self.limbo.insert(m, entry.size_bytes);
+            settled += 1;
             match reject {
                 None => acks.push(Settled {
                     message: m,
@@ -31,6 +33,15 @@ impl Owner {
         self.acks.extend(acks);
         self.write_returns(returns);
         self.dead_letter(dead);
+        // The credit comes back only now, after returned messages are ready again: they go
+        // out before newer ones. Other partitions of the queue are woken if they were waiting.
+        if let Some(link) = self.consumers.iter().find(|c| c.id == consumer) {
+            if link.credit.release(settled) {
+                if let Some(queue) = link.queue.upgrade() {
+                    queue.kick_all();
+                }
+            }
+        }
     }
 
     /// Write the acks gathered in this round as one SETTLE record: a consumer acking message by
