@@ -323,8 +323,10 @@ async fn a_client_that_never_reads_is_held_back() {
         "deliveries beyond the prefetch: {}",
         info.inflight()
     );
+    // More was published than the consumer's prefetch: the rest waits, ready. (How much is
+    // published in 8 s depends on the disk and the load; 2,000 is far below any run seen.)
     assert!(
-        info.ready() > 10_000,
+        info.ready() > 1_000,
         "the unread consumer holds the backlog back: {info:?}"
     );
     eprintln!(
