@@ -85,8 +85,8 @@ segment_bytes = 8388608
 sample_interval_ms = 50
 
 [limits.memory]
-soft_fraction = 0.20
-hard_fraction = 0.30
+soft_fraction = 0.15
+hard_fraction = 0.22
 clear_margin_fraction = 0.05
 "#,
             data = data.display().to_string()
