@@ -36,6 +36,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+/// The least time an attempt is given for its answer, even when it was sent just before the
+/// publish timeout ran out (a retry on a hint can be): a second is far more than a broker needs
+/// to answer, and far less than the publish timeouts callers choose.
+const ATTEMPT_ANSWER_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
 use bytes::Bytes;
 use futures_core::Stream;
 use keratin_proto::codes::ERR_LIMITED;
@@ -178,10 +183,13 @@ impl Client {
             })
             .collect();
         while !pending.is_empty() {
+            // An attempt sent just before the deadline still gets its answer: the broker answers
+            // a refused publish at once, and reporting it as an unknown outcome would be false.
+            let answer_deadline = deadline.max(Instant::now() + ATTEMPT_ANSWER_GRACE);
             let waiting = self.publish_send(queue, pending).await;
             let mut limited: Vec<(Attempt, ErrorBody)> = Vec::new();
             for (attempt, publish_id, answer) in waiting {
-                let outcome = match tokio::time::timeout_at(deadline, answer).await {
+                let outcome = match tokio::time::timeout_at(answer_deadline, answer).await {
                     Ok(Ok(outcome)) => outcome,
                     Ok(Err(_)) => PublishOutcome::NotSent(self.lost_error()),
                     Err(_) => PublishOutcome::Lost(format!(
