@@ -97,35 +97,14 @@ impl LogReader {
             .as_mut()
             .ok_or_else(|| LogError::Invalid("reader has no cursor".into()))?;
         let position = cursor.position;
-        let window = cursor
-            .chunks
-            .window(position, RECORD_HEADER_SIZE)
-            .map_err(|e| LogError::io("read segment", cursor.path.clone(), e))?;
-        let length = u32::from_le_bytes([window[4], window[5], window[6], window[7]]);
-        let total = RECORD_HEADER_SIZE + length as usize;
-        let window = cursor
-            .chunks
-            .window(position, total)
-            .map_err(|e| LogError::io("read segment", cursor.path.clone(), e))?;
-        let header = match check_record(window, cursor.generation) {
-            Ok(header) if header.offset == cursor.offset => header,
-            Ok(header) => {
-                return Err(corrupt(
-                    &cursor.path,
-                    position,
-                    cursor.offset,
-                    format!("found offset {}", header.offset),
-                ))
-            }
-            Err(fault) => {
-                return Err(corrupt(
-                    &cursor.path,
-                    position,
-                    cursor.offset,
-                    fault.to_string(),
-                ))
-            }
-        };
+        let (header, window) = read_record_at(
+            &mut cursor.chunks,
+            &cursor.path,
+            cursor.generation,
+            position,
+            cursor.offset,
+        )?;
+        let total = window.len();
         let record = ReadRecord {
             offset: header.offset,
             record_type: header.record_type,
@@ -191,28 +170,38 @@ pub(crate) fn locate(segment: &Segment, offset: u64) -> LogResult<u64> {
     let (mut position, mut at) = segment.lookup(offset);
     let mut chunks = ChunkReader::new(segment.file.clone(), segment.end_position, 64 << 10);
     while at < offset {
-        let window = chunks
-            .window(position, RECORD_HEADER_SIZE)
-            .map_err(|e| LogError::io("read segment", segment.path.clone(), e))?;
-        let length = u32::from_le_bytes([window[4], window[5], window[6], window[7]]);
-        let total = RECORD_HEADER_SIZE + length as usize;
-        let window = chunks
-            .window(position, total)
-            .map_err(|e| LogError::io("read segment", segment.path.clone(), e))?;
-        match check_record(window, segment.generation) {
-            Ok(header) if header.offset == at => {}
-            Ok(header) => {
-                return Err(corrupt(
-                    &segment.path,
-                    position,
-                    at,
-                    format!("found offset {}", header.offset),
-                ))
-            }
-            Err(fault) => return Err(corrupt(&segment.path, position, at, fault.to_string())),
-        }
-        position += total as u64;
+        let (_, record) =
+            read_record_at(&mut chunks, &segment.path, segment.generation, position, at)?;
+        position += record.len() as u64;
         at += 1;
     }
     Ok(position)
+}
+
+/// The record at `position`, checked (checksum, generation, and offset `expected`): its header
+/// and its whole encoded bytes. Readers and truncation walk records with it.
+fn read_record_at<'a>(
+    chunks: &'a mut ChunkReader,
+    path: &std::path::Path,
+    generation: u16,
+    position: u64,
+    expected: u64,
+) -> LogResult<(crate::format::RecordHeader, &'a [u8])> {
+    let read_error = |e| LogError::io("read segment", path, e);
+    let window = chunks
+        .window(position, RECORD_HEADER_SIZE)
+        .map_err(read_error)?;
+    let length = u32::from_le_bytes([window[4], window[5], window[6], window[7]]);
+    let total = RECORD_HEADER_SIZE + length as usize;
+    let window = chunks.window(position, total).map_err(read_error)?;
+    match check_record(window, generation) {
+        Ok(header) if header.offset == expected => Ok((header, &window[..total])),
+        Ok(header) => Err(corrupt(
+            path,
+            position,
+            expected,
+            format!("found offset {}", header.offset),
+        )),
+        Err(fault) => Err(corrupt(path, position, expected, fault.to_string())),
+    }
 }
