@@ -105,6 +105,19 @@ type AnswerBatch = Vec<(Reply<Range<u64>>, Range<u64>)>;
 /// shorter path: one wake-up fewer per commit.
 const INLINE_ANSWERS_MAX: usize = 4;
 
+/// Capacity the commit thread keeps in its buffers between groups. A burst of large records can
+/// grow them to the pending bound (64 MiB by default, three buffers per log); keeping that after
+/// the burst would hold memory the node's memory level counts, long after the load is gone. A
+/// group larger than this pays one reallocation, small next to writing it.
+const RETAINED_BUFFER_BYTES: usize = 1 << 20;
+
+fn shrink_retained(buf: &mut Vec<u8>) {
+    if buf.capacity() > RETAINED_BUFFER_BYTES {
+        buf.clear();
+        buf.shrink_to(RETAINED_BUFFER_BYTES);
+    }
+}
+
 type StepResult<T> = Result<T, LogError>;
 
 fn stop<'a>(shared: &'a Shared, op: &'static str) -> impl Fn(IoError) -> LogError + 'a {
@@ -263,6 +276,7 @@ impl Writer {
                 .write_all_at(&self.buf, self.buf_position)
                 .map_err(stop(shared, "write"))?;
             self.buf.clear();
+            shrink_retained(&mut self.buf);
             self.mark_dirty();
         }
         self.buf_position = self.active.position;
@@ -703,6 +717,7 @@ fn commit_loop(shared: &Arc<Shared>, writer: &mut Writer) {
         shared.space_ready.notify_all();
         let flow = writer.process(shared, &mut work);
         work.clear();
+        shrink_retained(&mut work.payloads);
         match flow {
             Ok(Flow::Continue) => {}
             Ok(Flow::Exit) => return,

@@ -87,7 +87,7 @@ sample_interval_ms = 50
 [limits.memory]
 soft_fraction = 0.15
 hard_fraction = 0.22
-clear_margin_fraction = 0.05
+clear_margin_fraction = 0.03
 "#,
             data = data.display().to_string()
         ),
