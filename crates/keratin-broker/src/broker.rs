@@ -354,6 +354,34 @@ impl Broker {
         self.info(name)
     }
 
+    /// The node's runtime setting overrides as the metadata log last stored them (dotted key to
+    /// value; empty when none were ever set).
+    pub async fn node_settings(&self) -> BrokerResult<BTreeMap<String, serde_json::Value>> {
+        let guard = self.inner.meta.lock().await;
+        let meta = guard
+            .as_ref()
+            .ok_or_else(|| BrokerError::Closed("broker".into()))?;
+        Ok(meta.node_settings.clone())
+    }
+
+    /// Replace the node's runtime setting overrides, durably: when this returns `Ok` they are
+    /// synced in the metadata log and a restart reads them back. The broker does not interpret
+    /// them; the caller validates before storing.
+    pub async fn set_node_settings(
+        &self,
+        overrides: BTreeMap<String, serde_json::Value>,
+    ) -> BrokerResult<()> {
+        let mut guard = self.inner.meta.lock().await;
+        let meta = guard
+            .as_mut()
+            .ok_or_else(|| BrokerError::Closed("broker".into()))?;
+        meta.write(
+            MetaRecord::NodeSettingsChanged { overrides },
+            (self.inner.config.clock)(),
+        )
+        .await
+    }
+
     /// Delete a queue with its messages; its consumers see the end of their stream.
     pub async fn delete(&self, name: &str) -> BrokerResult<()> {
         let mut guard = self.inner.meta.lock().await;

@@ -1,5 +1,6 @@
 //! The node metadata log: queue declarations (with the placement of their partitions) and
-//! deletions, as JSON records in a small-class log, replayed at start. JSON because these records
+//! deletions, and the node's runtime setting overrides, as JSON records in a small-class log,
+//! replayed at start. JSON because these records
 //! are rare, small and read by people debugging a node; the hot path never touches them.
 
 use std::collections::BTreeMap;
@@ -27,14 +28,20 @@ pub(crate) struct QueueDecl {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
-#[expect(
-    clippy::enum_variant_names,
-    reason = "the variant names are the on-disk `kind` tags, and every record is about a queue"
-)]
 pub(crate) enum MetaRecord {
     QueueDeclared(QueueDecl),
-    QueueDeleted { id: u64 },
-    QueueSettingsChanged { id: u64, settings: QueueSettings },
+    QueueDeleted {
+        id: u64,
+    },
+    QueueSettingsChanged {
+        id: u64,
+        settings: QueueSettings,
+    },
+    /// The node's runtime setting overrides, whole (dotted key to value). The broker stores
+    /// them without interpreting them: the server owns their meaning and validation.
+    NodeSettingsChanged {
+        overrides: BTreeMap<String, serde_json::Value>,
+    },
 }
 
 /// The metadata log and what it says.
@@ -43,6 +50,7 @@ pub(crate) struct Meta {
     log: Log,
     pub(crate) queues: BTreeMap<u64, QueueDecl>,
     pub(crate) next_id: u64,
+    pub(crate) node_settings: BTreeMap<String, serde_json::Value>,
 }
 
 impl Meta {
@@ -62,6 +70,7 @@ impl Meta {
             log,
             queues: BTreeMap::new(),
             next_id: 1,
+            node_settings: BTreeMap::new(),
         };
         let records: Vec<_> = meta.log.reader(meta.log.start_offset()).collect();
         for record in records {
@@ -97,6 +106,9 @@ impl Meta {
                 if let Some(decl) = self.queues.get_mut(&id) {
                     decl.settings = settings;
                 }
+            }
+            MetaRecord::NodeSettingsChanged { overrides } => {
+                self.node_settings = overrides;
             }
         }
     }

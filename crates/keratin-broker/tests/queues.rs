@@ -314,3 +314,38 @@ async fn restart_redelivers_unacked_and_never_acked() {
     }
     broker.shutdown().await.expect("shutdown");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_settings_are_stored_whole_and_survive_a_restart() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let broker = open(&tmp).await;
+    assert!(broker.node_settings().await.expect("read").is_empty());
+    broker.declare("q", settings(1)).await.expect("declare");
+    let first: std::collections::BTreeMap<String, serde_json::Value> = [
+        (
+            "limits.disk.soft_fraction".to_string(),
+            serde_json::json!(0.3),
+        ),
+        ("storage.max_bytes".to_string(), serde_json::json!(1 << 30)),
+    ]
+    .into_iter()
+    .collect();
+    broker
+        .set_node_settings(first.clone())
+        .await
+        .expect("store");
+    // A later record replaces the whole map: a removed key is gone after a restart.
+    let mut second = first.clone();
+    second.remove("storage.max_bytes");
+    broker
+        .set_node_settings(second.clone())
+        .await
+        .expect("store");
+    assert_eq!(broker.node_settings().await.expect("read"), second);
+    broker.shutdown().await.expect("shutdown");
+
+    let broker = open(&tmp).await;
+    assert_eq!(broker.node_settings().await.expect("read"), second);
+    assert_eq!(broker.list().len(), 1, "queues are still there");
+    broker.shutdown().await.expect("shutdown");
+}

@@ -9,6 +9,8 @@
 //! - [`http`]: the admin API (axum): `/health`, `/api/v1/queues`.
 //! - [`limits`]: [`limits::NodeLimits`], the sampler and the publish gate over `keratin-limits`.
 //! - [`metrics`]: `/metrics` in the Prometheus text format.
+//! - [`settings`]: runtime settings: overrides stored in the node metadata, checked whole and
+//!   applied live (`GET/PUT /api/v1/settings`).
 //! - [`convert`]: wire types to broker types and back.
 #![deny(missing_docs)]
 
@@ -18,6 +20,7 @@ pub mod http;
 pub mod limits;
 pub mod metrics;
 pub mod node;
+pub mod settings;
 pub mod tcp;
 
 pub use node::{Node, NodeError};

@@ -61,7 +61,8 @@ pub struct NodeLimits {
     /// Set once the broker is open (the pool lives in it).
     pool: OnceLock<SegmentPool>,
     broker: OnceLock<Broker>,
-    max_bytes: u64,
+    /// `storage.max_bytes` in force (0 = no node budget); a runtime setting.
+    max_bytes: AtomicU64,
     memory_limit: MemoryLimit,
     roots: SystemRoots,
     nudge: Notify,
@@ -115,7 +116,7 @@ impl NodeLimits {
             filesystems,
             pool: OnceLock::new(),
             broker: OnceLock::new(),
-            max_bytes,
+            max_bytes: AtomicU64::new(max_bytes),
             memory_limit,
             roots,
             nudge: Notify::new(),
@@ -155,6 +156,13 @@ impl NodeLimits {
         Ok(())
     }
 
+    /// Change the node storage budget (`storage.max_bytes`, 0 = none); applies from the next
+    /// sample, which this starts.
+    pub fn set_max_bytes(&self, max_bytes: u64) {
+        self.max_bytes.store(max_bytes, Ordering::Relaxed);
+        self.nudge.notify_one();
+    }
+
     /// Recent attention items, oldest first.
     pub fn attention(&self) -> Vec<AttentionItem> {
         lock(&self.attention).iter().cloned().collect()
@@ -186,11 +194,8 @@ impl NodeLimits {
     /// Take one sample of every file system and of memory, and act on level changes.
     pub fn sample(&self) {
         self.check_full_queues();
-        let used = if self.max_bytes > 0 {
-            self.used_bytes()
-        } else {
-            0
-        };
+        let max_bytes = self.max_bytes.load(Ordering::Relaxed);
+        let used = if max_bytes > 0 { self.used_bytes() } else { 0 };
         for fs in &self.filesystems {
             let filesystem = match sample_filesystem(&fs.path) {
                 Ok(sample) => sample,
@@ -200,7 +205,7 @@ impl NodeLimits {
                 }
             };
             let spare = self.pool.get().map_or(0, |p| p.spare_bytes(fs.device));
-            let sample = DiskSample::new(&filesystem, spare).within_budget(self.max_bytes, used);
+            let sample = DiskSample::new(&filesystem, spare).within_budget(max_bytes, used);
             let change = lock(&self.monitor).observe_disk(DeviceId(fs.device), sample, now_ms());
             let level = lock(&self.monitor).disk_level(DeviceId(fs.device));
             if level.is_some_and(|l| l >= Level::Soft) && spare > 0 {

@@ -2,6 +2,7 @@
 //! and stopped gracefully. The binary's `serve` and the end-to-end tests both use it, and
 //! several nodes can run in one process (nothing in them is static).
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -11,8 +12,9 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::config::Config;
+use crate::config::{Config, LoadedConfig, Origin};
 use crate::limits::NodeLimits;
+use crate::settings::NodeSettings;
 use crate::tcp::TcpOptions;
 
 /// Why a node could not start.
@@ -52,8 +54,22 @@ impl Node {
         Node::start_with_io(config, Arc::new(RealIo::new())).await
     }
 
+    /// Start from a loaded configuration: like [`Node::start`], and the settings API names
+    /// where each value came from.
+    pub async fn start_loaded(loaded: &LoadedConfig) -> Result<Node, NodeError> {
+        Node::start_inner(loaded.config(), Arc::new(RealIo::new()), loaded.origins()).await
+    }
+
     /// Open the storage through `io` and start listening.
     pub async fn start_with_io(config: &Config, io: Arc<dyn Io>) -> Result<Node, NodeError> {
+        Node::start_inner(config, io, BTreeMap::new()).await
+    }
+
+    async fn start_inner(
+        config: &Config,
+        io: Arc<dyn Io>,
+        origins: BTreeMap<String, Origin>,
+    ) -> Result<Node, NodeError> {
         let limits = Arc::new(
             NodeLimits::new(
                 &config.storage.dirs,
@@ -72,6 +88,11 @@ impl Node {
         broker_config.gate = limits.clone();
         let broker = Broker::open(broker_config).await?;
         limits.attach(&broker);
+        let settings = Arc::new(NodeSettings::new(config.clone(), origins));
+        settings
+            .load(&broker, &limits)
+            .await
+            .map_err(|e| NodeError::Limits(e.to_string()))?;
         limits.sample();
         let bind = |addr: SocketAddr| async move {
             TcpListener::bind(addr)
@@ -107,6 +128,7 @@ impl Node {
         let admin = crate::http::Admin {
             broker: broker.clone(),
             limits: limits.clone(),
+            settings,
             node_id,
         };
         let tasks = vec![

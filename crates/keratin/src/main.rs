@@ -6,6 +6,8 @@
 //! - `publish`: `keratin publish`, confirmed (bounded in flight) or buffered, with a summary.
 //! - `consume`: `keratin consume`, ack/reject, idle exit, body verification.
 //! - `status`: `keratin status`, the node's disk and memory levels from `GET /api/v1/status`.
+//! - `settings`: `keratin settings get|set|reset`, runtime settings via `/api/v1/settings`.
+//! - `admin`: one HTTP/1.1 request to the admin port (JSON in, JSON out).
 //! - `connect`: the flags every verb shares (`--server`, `--json`) and connecting with them.
 //! - `output`: tables, sizes, error keys, JSON printing and the progress bar.
 //! - `body`: the self-checking test body (sequence number + filler + CRC32C) that `publish`
@@ -16,6 +18,7 @@
 //! carries the broker's text when the broker sent one, goes to stderr, and with `--json` an
 //! `{"error": ..., "code": ...}` object goes to stdout); 2 for bad usage (clap).
 
+mod admin;
 mod body;
 mod connect;
 mod consume;
@@ -23,6 +26,7 @@ mod output;
 mod publish;
 mod queue;
 mod serve;
+mod settings;
 mod status;
 
 use std::process::ExitCode;
@@ -52,6 +56,8 @@ enum Command {
     Consume(consume::ConsumeArgs),
     /// Show the node's filesystems and memory with their limit levels.
     Status(status::StatusArgs),
+    /// Read and change the node's runtime settings (limits, budgets) without a restart.
+    Settings(settings::SettingsArgs),
 }
 
 impl Command {
@@ -63,6 +69,7 @@ impl Command {
             Command::Publish(args) => args.common.json,
             Command::Consume(args) => args.common.json,
             Command::Status(args) => args.common.json,
+            Command::Settings(args) => args.common.json,
         }
     }
 }
@@ -87,6 +94,7 @@ fn main() -> ExitCode {
             Command::Publish(args) => publish::run(args).await,
             Command::Consume(args) => consume::run(args).await,
             Command::Status(args) => status::run(args),
+            Command::Settings(args) => settings::run(args),
         }
     });
     match result {

@@ -42,8 +42,9 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode, String> {
         return Ok(ExitCode::SUCCESS);
     }
     init_logging();
-    let config = loaded.into_config();
-    let node = Node::start(&config).await.map_err(|e| e.to_string())?;
+    let node = Node::start_loaded(&loaded)
+        .await
+        .map_err(|e| e.to_string())?;
     // Scripts and tests read this line to learn the ports (useful with port 0).
     println!(
         "keratin listening protocol={} http={}",

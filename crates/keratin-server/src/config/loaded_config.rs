@@ -85,6 +85,16 @@ impl LoadedConfig {
         Origin::of_key(&self.figment, key)
     }
 
+    /// Where every value of the configuration came from, by dotted key (the admin API's
+    /// settings document). Keys no source set are missing, which means the default.
+    pub fn origins(&self) -> std::collections::BTreeMap<String, Origin> {
+        let mut origins = std::collections::BTreeMap::new();
+        if let Ok(value) = toml::Value::try_from(&self.config) {
+            collect_origins(self, &value, "", &mut origins);
+        }
+        origins
+    }
+
     /// The effective configuration as TOML (`keratin serve --print-config`). Every value line
     /// ends with a comment naming its origin: `# default`, `# file /etc/keratin.toml`,
     /// `# env KERATIN_SERVER__LISTEN`, `# flag --listen`. The text reads back as the same
@@ -166,6 +176,26 @@ fn print_table(
     for (name, value) in table {
         if let Some(sub) = value.as_table() {
             print_table(loaded, lines, &dotted(prefix, name), sub);
+        }
+    }
+}
+
+fn collect_origins(
+    loaded: &LoadedConfig,
+    value: &toml::Value,
+    prefix: &str,
+    origins: &mut std::collections::BTreeMap<String, Origin>,
+) {
+    match value.as_table() {
+        Some(table) => {
+            for (name, inner) in table {
+                collect_origins(loaded, inner, &dotted(prefix, name), origins);
+            }
+        }
+        None => {
+            if let Some(origin) = loaded.origin(prefix) {
+                origins.insert(prefix.to_string(), origin);
+            }
         }
     }
 }

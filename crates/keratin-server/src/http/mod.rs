@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 use tokio::net::TcpListener;
 
 use crate::limits::NodeLimits;
+use crate::settings::NodeSettings;
 
 /// What the admin routes read.
 #[derive(Debug, Clone)]
@@ -23,6 +24,8 @@ pub struct Admin {
     pub broker: Broker,
     /// The node's resource limits.
     pub limits: Arc<NodeLimits>,
+    /// The node's runtime settings.
+    pub settings: Arc<NodeSettings>,
     /// The node's id.
     pub node_id: String,
 }
@@ -40,6 +43,10 @@ pub fn router(admin: Admin) -> Router {
         .route("/metrics", get(metrics))
         .route("/api/v1/status", get(status))
         .route("/api/v1/attention", get(attention))
+        .route(
+            "/api/v1/settings",
+            get(get_node_settings).put(put_node_settings),
+        )
         .route("/api/v1/queues", get(queues))
         .route("/api/v1/queues/{name}", get(queue))
         .route(
@@ -70,6 +77,33 @@ async fn attention(State(admin): State<Admin>) -> Json<Value> {
         .map(|item| json!({ "at_ms": item.at_ms, "message": item.message }))
         .collect();
     Json(json!({ "items": items }))
+}
+
+/// `GET /api/v1/settings`: every configuration key with its value in force, where it came from
+/// (`runtime` for an override set through this API) and whether it can change live.
+async fn get_node_settings(State(admin): State<Admin>) -> Json<Value> {
+    Json(admin.settings.document().await)
+}
+
+/// `PUT /api/v1/settings`: change runtime settings. The body maps dotted keys to values; `null`
+/// removes a runtime override. Checked whole: a refused change changes nothing (400 with the
+/// key, the value and what it accepts).
+async fn put_node_settings(State(admin): State<Admin>, Json(body): Json<Value>) -> Response {
+    match admin
+        .settings
+        .update(&body, &admin.broker, &admin.limits)
+        .await
+    {
+        Ok(document) => Json(document).into_response(),
+        Err(error) => {
+            let code = error.http_status();
+            (
+                StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+                Json(json!({ "code": code, "message": error.to_string() })),
+            )
+                .into_response()
+        }
+    }
 }
 
 async fn status(State(admin): State<Admin>) -> Json<Value> {

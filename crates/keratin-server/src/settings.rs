@@ -1,0 +1,519 @@
+//! Runtime settings: the keys of the configuration that change without a restart (every
+//! `limits.*` key but `limits.memory.limit_bytes`, plus `storage.max_bytes` and
+//! `storage.spare_budget_bytes`), read and changed through `GET/PUT /api/v1/settings` and
+//! `keratin settings`.
+//!
+//! A change is stored as an *override* in the node metadata log (so it survives restarts and can
+//! later replicate with the rest of the metadata) and sits above the four configuration sources:
+//! the value in force is the override if there is one, else the configured value. Removing an
+//! override (a `null` value) goes back to the configured value. This is how Kafka's dynamic
+//! broker configs relate to `server.properties`.
+//!
+//! A change is checked whole before anything happens: every key must be a runtime key, every
+//! value must have the key's type, and the resulting configuration must pass the same checks as
+//! a configuration file. A refused change stores and applies nothing. An accepted one is synced
+//! in the metadata log first, then applied: the limits take the new thresholds and the sampler
+//! is woken, so levels move within one sampling interval.
+
+use std::collections::BTreeMap;
+
+use keratin_broker::Broker;
+use keratin_limits::LimitsError;
+use serde_json::{json, Map, Value};
+use tokio::sync::Mutex;
+
+use crate::config::{startup_fields, Config, Origin};
+use crate::limits::NodeLimits;
+
+/// The origin shown for a value that a runtime override set.
+pub const RUNTIME_ORIGIN: &str = "runtime";
+
+/// Why a settings change was refused or could not be applied.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SettingsError {
+    /// The request is not an object of dotted keys to values.
+    #[error("{0}")]
+    BadRequest(String),
+    /// A key that no configuration has.
+    #[error("unknown setting {key:?}; runtime settings are: {known}")]
+    UnknownKey {
+        /// The key as given.
+        key: String,
+        /// The runtime keys, comma-separated.
+        known: String,
+    },
+    /// A startup key: it changes only with a restart.
+    #[error(
+        "{key} takes effect only at startup; set it in the configuration file, its KERATIN_ \
+         environment variable or its flag, and restart the node"
+    )]
+    StartupKey {
+        /// The key.
+        key: String,
+    },
+    /// A value of the wrong type or out of range; nothing was changed.
+    #[error("invalid setting {key} = {value}: expected {expected}; nothing was changed")]
+    Invalid {
+        /// The key.
+        key: String,
+        /// The value as given.
+        value: String,
+        /// What the key accepts.
+        expected: String,
+    },
+    /// The metadata log could not store the change; nothing was applied.
+    #[error("the change could not be stored in the node metadata, so nothing was changed: {0}")]
+    Store(String),
+    /// Stored, but applying part of it failed (it is retried at the next start).
+    #[error("the change is stored but applying it failed: {0}")]
+    Apply(String),
+}
+
+impl SettingsError {
+    /// The HTTP status this error is answered with.
+    pub fn http_status(&self) -> u16 {
+        match self {
+            SettingsError::BadRequest(_)
+            | SettingsError::UnknownKey { .. }
+            | SettingsError::StartupKey { .. }
+            | SettingsError::Invalid { .. } => 400,
+            SettingsError::Store(_) => 503,
+            SettingsError::Apply(_) => 500,
+        }
+    }
+}
+
+/// What the runtime settings resolve to: the values the node applies.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Effective {
+    /// The whole configuration with the overrides applied.
+    pub config: Config,
+}
+
+/// The node's settings: the configuration it started with, where each value came from, and
+/// the overrides in force.
+#[derive(Debug)]
+pub struct NodeSettings {
+    /// The configuration as the four sources gave it.
+    configured: Config,
+    /// The configured value of every leaf key, dotted.
+    configured_values: BTreeMap<String, Value>,
+    /// Where each configured value came from (keys no source set are defaults).
+    origins: BTreeMap<String, Origin>,
+    /// The overrides in force. The lock also serializes changes: each is stored and applied
+    /// before the next one is checked.
+    overrides: Mutex<BTreeMap<String, Value>>,
+}
+
+/// Whether `key` (dotted) can change at run time.
+pub fn is_runtime_key(key: &str) -> bool {
+    !startup_fields().contains(&key) && (key.starts_with("limits.") || key.starts_with("storage."))
+}
+
+/// The runtime keys with the kind of value each takes.
+fn runtime_keys() -> Vec<(String, ValueKind)> {
+    let mut keys = Vec::new();
+    flatten(&config_json(&Config::default()), "", &mut |key, value| {
+        if is_runtime_key(key) {
+            keys.push((key.to_string(), ValueKind::of(key, value)));
+        }
+    });
+    // Optional keys are absent from the JSON of a default configuration.
+    keys.push((
+        "storage.spare_budget_bytes".to_string(),
+        ValueKind::Unsigned,
+    ));
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum ValueKind {
+    Unsigned,
+    Fraction,
+}
+
+impl ValueKind {
+    fn of(key: &str, value: &Value) -> ValueKind {
+        if value.is_f64() || key.ends_with("_fraction") {
+            ValueKind::Fraction
+        } else {
+            ValueKind::Unsigned
+        }
+    }
+
+    fn check(self, key: &str, value: &Value) -> Result<(), SettingsError> {
+        let ok = match self {
+            ValueKind::Unsigned => value.is_u64(),
+            ValueKind::Fraction => value.is_number(),
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(SettingsError::Invalid {
+                key: key.to_string(),
+                value: value.to_string(),
+                expected: match self {
+                    ValueKind::Unsigned => "a whole number (JSON number without quotes)".into(),
+                    ValueKind::Fraction => {
+                        "a number such as 0.1 (JSON number without quotes)".into()
+                    }
+                },
+            })
+        }
+    }
+}
+
+fn config_json(config: &Config) -> Value {
+    serde_json::to_value(config).unwrap_or(Value::Null)
+}
+
+/// Calls `f` with every leaf of `value` and its dotted key.
+fn flatten(value: &Value, prefix: &str, f: &mut dyn FnMut(&str, &Value)) {
+    match value {
+        Value::Object(map) => {
+            for (name, inner) in map {
+                let key = if prefix.is_empty() {
+                    name.clone()
+                } else {
+                    format!("{prefix}.{name}")
+                };
+                flatten(inner, &key, f);
+            }
+        }
+        leaf => f(prefix, leaf),
+    }
+}
+
+/// Sets the dotted `key` in `root` (an object tree) to `value`.
+fn set_path(root: &mut Value, key: &str, value: Value) {
+    let mut node = root;
+    let mut parts = key.split('.').peekable();
+    while let Some(part) = parts.next() {
+        if !node.is_object() {
+            *node = Value::Object(Map::new());
+        }
+        let Value::Object(map) = node else {
+            return;
+        };
+        if parts.peek().is_none() {
+            map.insert(part.to_string(), value);
+            return;
+        }
+        node = map
+            .entry(part.to_string())
+            .or_insert_with(|| Value::Object(Map::new()));
+    }
+}
+
+impl NodeSettings {
+    /// Settings over `configured`, whose values came from `origins` (keys missing there are
+    /// defaults), with no overrides yet.
+    pub fn new(configured: Config, origins: BTreeMap<String, Origin>) -> NodeSettings {
+        let mut configured_values = BTreeMap::new();
+        flatten(&config_json(&configured), "", &mut |key, value| {
+            configured_values.insert(key.to_string(), value.clone());
+        });
+        NodeSettings {
+            configured,
+            configured_values,
+            origins,
+            overrides: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// The configuration with `overrides` applied, after every check. The error names the first
+    /// bad key, its value and what it accepts.
+    pub fn resolve(&self, overrides: &BTreeMap<String, Value>) -> Result<Effective, SettingsError> {
+        let kinds: BTreeMap<String, ValueKind> = runtime_keys().into_iter().collect();
+        let mut tree = config_json(&self.configured);
+        for (key, value) in overrides {
+            let Some(kind) = kinds.get(key) else {
+                if self.configured_values.contains_key(key)
+                    || startup_fields().contains(&key.as_str())
+                {
+                    return Err(SettingsError::StartupKey { key: key.clone() });
+                }
+                return Err(SettingsError::UnknownKey {
+                    key: key.clone(),
+                    known: kinds.keys().cloned().collect::<Vec<_>>().join(", "),
+                });
+            };
+            kind.check(key, value)?;
+            set_path(&mut tree, key, value.clone());
+        }
+        let config: Config =
+            serde_json::from_value(tree).map_err(|e| SettingsError::BadRequest(e.to_string()))?;
+        config
+            .storage
+            .validate()
+            .map_err(|e| SettingsError::Invalid {
+                key: e.key.to_string(),
+                value: e.value,
+                expected: e.expected.to_string(),
+            })?;
+        config.limits.validate().map_err(|error| match error {
+            LimitsError::InvalidSetting {
+                key,
+                value,
+                expected,
+            } => SettingsError::Invalid {
+                key: key.to_string(),
+                value,
+                expected: expected.to_string(),
+            },
+            other => SettingsError::BadRequest(other.to_string()),
+        })?;
+        Ok(Effective { config })
+    }
+
+    /// At start: read the overrides stored in the metadata log and apply them. Overrides that
+    /// no longer fit the configuration (a key this version does not know, or a combination the
+    /// new configuration makes invalid) are not applied: the node starts on its configuration,
+    /// says why in the log, and keeps them stored for the operator to fix or reset.
+    pub async fn load(&self, broker: &Broker, limits: &NodeLimits) -> Result<(), SettingsError> {
+        let stored = broker
+            .node_settings()
+            .await
+            .map_err(|e| SettingsError::Store(e.to_string()))?;
+        if stored.is_empty() {
+            return Ok(());
+        }
+        match self.resolve(&stored) {
+            Ok(effective) => {
+                tracing::info!(
+                    overrides = stored.len(),
+                    "runtime settings from the node metadata are in force"
+                );
+                apply(&effective, broker, limits)?;
+                *self.overrides.lock().await = stored;
+            }
+            Err(error) => tracing::error!(
+                %error,
+                "the runtime settings stored in the node metadata do not fit this configuration; \
+                 starting without them (see them with `keratin settings get`, fix them with \
+                 `keratin settings set` or drop them with `keratin settings reset`)"
+            ),
+        }
+        Ok(())
+    }
+
+    /// Change runtime settings: `changes` maps dotted keys to values, `null` removing a key's
+    /// override. Checked whole, stored durably, then applied; returns the new document.
+    pub async fn update(
+        &self,
+        changes: &Value,
+        broker: &Broker,
+        limits: &NodeLimits,
+    ) -> Result<Value, SettingsError> {
+        let Some(changes) = changes.as_object() else {
+            return Err(SettingsError::BadRequest(
+                "expected a JSON object of dotted keys to values, such as \
+                 {\"limits.disk.soft_fraction\": 0.2}; null removes a runtime override"
+                    .into(),
+            ));
+        };
+        if changes.is_empty() {
+            return Err(SettingsError::BadRequest(
+                "no settings given; expected at least one dotted key".into(),
+            ));
+        }
+        let mut overrides = self.overrides.lock().await;
+        let mut next = overrides.clone();
+        for (key, value) in changes {
+            if value.is_null() {
+                next.remove(key);
+            } else {
+                next.insert(key.clone(), value.clone());
+            }
+        }
+        // Checks the keys being removed too, so that a typo is not silently accepted.
+        let mut checked = next.clone();
+        for (key, value) in changes {
+            if value.is_null() && !is_runtime_key(key) {
+                checked.insert(key.clone(), Value::Null);
+            }
+        }
+        let effective = self.resolve(&checked)?;
+        broker
+            .set_node_settings(next.clone())
+            .await
+            .map_err(|e| SettingsError::Store(e.to_string()))?;
+        *overrides = next;
+        let document = self.render(&overrides);
+        drop(overrides);
+        let changed = Value::Object(changes.clone());
+        tracing::info!(changes = %changed, "runtime settings changed");
+        apply(&effective, broker, limits)?;
+        Ok(document)
+    }
+
+    /// The settings document of `GET /api/v1/settings`.
+    pub async fn document(&self) -> Value {
+        let overrides = self.overrides.lock().await;
+        self.render(&overrides)
+    }
+
+    fn render(&self, overrides: &BTreeMap<String, Value>) -> Value {
+        let mut keys: BTreeMap<String, Value> = self.configured_values.clone();
+        for (key, _) in runtime_keys() {
+            keys.entry(key).or_insert(Value::Null);
+        }
+        let settings: Vec<Value> = keys
+            .into_iter()
+            .map(|(key, configured)| {
+                let configured_origin = self
+                    .origins
+                    .get(&key)
+                    .cloned()
+                    .unwrap_or(Origin::Default)
+                    .to_string();
+                let live = is_runtime_key(&key);
+                match overrides.get(&key) {
+                    Some(value) => json!({
+                        "key": key,
+                        "value": value,
+                        "origin": RUNTIME_ORIGIN,
+                        "live": live,
+                        "configured_value": configured,
+                        "configured_origin": configured_origin,
+                    }),
+                    None => json!({
+                        "key": key,
+                        "value": configured,
+                        "origin": configured_origin,
+                        "live": live,
+                    }),
+                }
+            })
+            .collect();
+        json!({ "settings": settings, "overrides": overrides })
+    }
+}
+
+/// Apply resolved settings to the running node: thresholds, the storage budget, the spare budget.
+fn apply(effective: &Effective, broker: &Broker, limits: &NodeLimits) -> Result<(), SettingsError> {
+    limits.set_max_bytes(effective.config.storage.max_bytes);
+    limits
+        .set_settings(effective.config.limits.clone())
+        .map_err(SettingsError::Apply)?;
+    broker
+        .pool()
+        .set_budget(effective.config.storage.spare_budget_bytes)
+        .map_err(|e| SettingsError::Apply(format!("spare budget: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> NodeSettings {
+        NodeSettings::new(Config::default(), BTreeMap::new())
+    }
+
+    fn overrides(pairs: &[(&str, Value)]) -> BTreeMap<String, Value> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_string(), v.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn runtime_keys_are_the_limits_and_two_storage_budgets() {
+        let keys: Vec<String> = runtime_keys().into_iter().map(|(k, _)| k).collect();
+        assert!(keys.contains(&"limits.disk.soft_fraction".to_string()));
+        assert!(keys.contains(&"limits.sample_interval_ms".to_string()));
+        assert!(keys.contains(&"storage.max_bytes".to_string()));
+        assert!(keys.contains(&"storage.spare_budget_bytes".to_string()));
+        assert!(!keys.contains(&"limits.memory.limit_bytes".to_string()));
+        assert!(!keys.contains(&"storage.dirs".to_string()));
+        assert!(!keys.contains(&"server.listen".to_string()));
+    }
+
+    #[test]
+    fn an_override_sets_the_value() {
+        let effective = settings()
+            .resolve(&overrides(&[
+                ("limits.disk.soft_fraction", json!(0.3)),
+                ("storage.spare_budget_bytes", json!(1024)),
+            ]))
+            .expect("valid");
+        assert_eq!(effective.config.limits.disk.soft_fraction, 0.3);
+        assert_eq!(effective.config.storage.spare_budget_bytes, Some(1024));
+    }
+
+    #[test]
+    fn refusals_name_the_key_and_what_it_takes() {
+        let s = settings();
+        let cases = [
+            ("limits.disk.soft_fraction", json!("abc"), "a number"),
+            (
+                "limits.disk.soft_fraction",
+                json!(1.5),
+                "a fraction from 0.0 to 1.0",
+            ),
+            // Harder than soft: the combination is refused, not just the value's type.
+            (
+                "limits.disk.hard_fraction",
+                json!(0.5),
+                "no larger than limits.disk.soft_fraction",
+            ),
+            ("limits.sample_interval_ms", json!(-1), "a whole number"),
+            ("limits.sample_interval_ms", json!(0), "from 1 to 60000"),
+        ];
+        for (key, value, expected) in cases {
+            let error = s
+                .resolve(&overrides(&[(key, value.clone())]))
+                .expect_err("refused")
+                .to_string();
+            assert!(error.contains(key), "{error}");
+            assert!(error.contains(expected), "{key}={value}: {error}");
+        }
+        let error = s
+            .resolve(&overrides(&[("storage.dirs", json!(["/x"]))]))
+            .expect_err("startup");
+        assert!(matches!(error, SettingsError::StartupKey { .. }), "{error}");
+        let error = s
+            .resolve(&overrides(&[("limits.memory.limit_bytes", json!(1))]))
+            .expect_err("startup");
+        assert!(matches!(error, SettingsError::StartupKey { .. }), "{error}");
+        let error = s
+            .resolve(&overrides(&[("limits.disk.sotf_fraction", json!(0.1))]))
+            .expect_err("unknown");
+        assert!(
+            error.to_string().contains("limits.disk.soft_fraction"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn the_document_names_origins_and_overrides() {
+        let mut origins = BTreeMap::new();
+        origins.insert(
+            "limits.disk.hard_fraction".to_string(),
+            Origin::Env("KERATIN_LIMITS__DISK__HARD_FRACTION".into()),
+        );
+        let s = NodeSettings::new(Config::default(), origins);
+        let doc = s.render(&overrides(&[("limits.disk.soft_fraction", json!(0.3))]));
+        let find = |key: &str| {
+            doc["settings"]
+                .as_array()
+                .expect("list")
+                .iter()
+                .find(|e| e["key"] == key)
+                .cloned()
+                .unwrap_or_else(|| panic!("{key} missing from {doc}"))
+        };
+        let soft = find("limits.disk.soft_fraction");
+        assert_eq!(soft["value"], json!(0.3));
+        assert_eq!(soft["origin"], RUNTIME_ORIGIN);
+        assert_eq!(soft["configured_value"], json!(0.1));
+        let hard = find("limits.disk.hard_fraction");
+        assert_eq!(hard["origin"], "env KERATIN_LIMITS__DISK__HARD_FRACTION");
+        assert_eq!(hard["live"], true);
+        assert_eq!(find("storage.dirs")["live"], false);
+        assert_eq!(find("storage.spare_budget_bytes")["value"], Value::Null);
+    }
+}

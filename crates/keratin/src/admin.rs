@@ -1,0 +1,141 @@
+//! The HTTP admin port from the command line: one plain HTTP/1.1 request per call (a blocking
+//! `TcpStream`, `Connection: close`, bounded by timeouts and a size cap), JSON in and out.
+//! `keratin status`, `keratin settings` and `keratin attention` use it; the documents are the
+//! server's (`keratin-server` `http`).
+
+use std::io::{Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::output::Failure;
+
+/// The HTTP admin port's default address, as `keratin serve` binds it.
+pub const HTTP_DEFAULT: &str = "127.0.0.1:5681";
+/// Bound on connecting and on each read and write: the admin port answers from memory.
+const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
+/// Bound on the response: admin documents are kilobytes, so 4 MiB means something other than
+/// a Keratin node answered.
+const RESPONSE_SIZE_BYTES_MAX: u64 = 4 * 1024 * 1024;
+
+/// `method path` on the admin port at `http`, with an optional JSON body; the parsed JSON
+/// answer, or a failure naming the request and the server's message.
+pub fn request(
+    http: &str,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> Result<Value, Failure> {
+    let fail = |what: String| Failure::new(format!("{method} http://{http}{path}: {what}"));
+    let addr = http
+        .to_socket_addrs()
+        .map_err(|error| fail(format!("bad address: {error}")))?
+        .next()
+        .ok_or_else(|| fail("the address resolves to nothing".into()))?;
+    let mut stream = TcpStream::connect_timeout(&addr, HTTP_TIMEOUT).map_err(|error| {
+        fail(format!(
+            "cannot connect: {error}; is the node running, and is --http its admin address?"
+        ))
+    })?;
+    let io = |error: std::io::Error| fail(error.to_string());
+    stream.set_read_timeout(Some(HTTP_TIMEOUT)).map_err(io)?;
+    stream.set_write_timeout(Some(HTTP_TIMEOUT)).map_err(io)?;
+    let payload = body.map(Value::to_string).unwrap_or_default();
+    let content = if body.is_some() {
+        format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n",
+            payload.len()
+        )
+    } else {
+        String::new()
+    };
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {http}\r\nAccept: application/json\r\n{content}\
+         Connection: close\r\n\r\n{payload}"
+    );
+    stream.write_all(request.as_bytes()).map_err(io)?;
+    let mut response = Vec::new();
+    stream
+        .take(RESPONSE_SIZE_BYTES_MAX)
+        .read_to_end(&mut response)
+        .map_err(io)?;
+    let body = http_body(&response).map_err(fail)?;
+    serde_json::from_slice(&body).map_err(|error| fail(format!("the body is not JSON: {error}")))
+}
+
+/// The body of a complete HTTP/1.1 response read until close, after checking for 200. For any
+/// other status the error is the status line and the server's message (the `message` of a JSON
+/// error body, or the body's text).
+fn http_body(response: &[u8]) -> Result<Vec<u8>, String> {
+    let split = response
+        .windows(4)
+        .position(|window| window == b"\r\n\r\n")
+        .ok_or("the response has no end of headers")?;
+    let head = String::from_utf8_lossy(&response[..split]);
+    let body = &response[split + 4..];
+    let status_line = head.lines().next().unwrap_or_default();
+    let status = status_line.split_whitespace().nth(1).unwrap_or_default();
+    let chunked = head.lines().any(|line| {
+        let line = line.to_ascii_lowercase();
+        line.starts_with("transfer-encoding:") && line.contains("chunked")
+    });
+    let body = if chunked {
+        dechunk(body)?
+    } else {
+        body.to_vec()
+    };
+    if status != "200" {
+        let message = serde_json::from_slice::<Value>(&body)
+            .ok()
+            .and_then(|v| v["message"].as_str().map(str::to_owned))
+            .unwrap_or_else(|| String::from_utf8_lossy(&body).trim().to_owned());
+        return Err(format!("{status_line}: {message}"));
+    }
+    Ok(body)
+}
+
+/// Joins the chunks of a `Transfer-Encoding: chunked` body.
+fn dechunk(mut rest: &[u8]) -> Result<Vec<u8>, String> {
+    let mut body = Vec::new();
+    loop {
+        let line_end = rest
+            .windows(2)
+            .position(|window| window == b"\r\n")
+            .ok_or("a chunk size line has no end")?;
+        let size_text = String::from_utf8_lossy(&rest[..line_end]);
+        let size_text = size_text.split(';').next().unwrap_or_default().trim();
+        let size = usize::from_str_radix(size_text, 16)
+            .map_err(|_| format!("bad chunk size {size_text:?}"))?;
+        rest = &rest[line_end + 2..];
+        if size == 0 {
+            return Ok(body);
+        }
+        let chunk = rest.get(..size).ok_or("a chunk is cut short")?;
+        body.extend_from_slice(chunk);
+        rest = rest.get(size + 2..).ok_or("a chunk has no end")?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bodies_with_length_and_chunked() {
+        let plain = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}";
+        assert_eq!(http_body(plain).unwrap(), b"{}");
+        let chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\n{\"a\r\n4\r\n\":1}\r\n0\r\n\r\n";
+        assert_eq!(http_body(chunked).unwrap(), b"{\"a\":1}");
+        let missing = b"HTTP/1.1 404 Not Found\r\n\r\nno such page";
+        assert_eq!(
+            http_body(missing).unwrap_err(),
+            "HTTP/1.1 404 Not Found: no such page"
+        );
+        let refused = b"HTTP/1.1 400 Bad Request\r\n\r\n{\"code\":400,\"message\":\"bad key\"}";
+        assert_eq!(
+            http_body(refused).unwrap_err(),
+            "HTTP/1.1 400 Bad Request: bad key"
+        );
+    }
+}
