@@ -256,3 +256,66 @@ fn http_request(addr: std::net::SocketAddr, method: &str, path: &str, body: &str
     stream.read_to_string(&mut response).expect("read");
     response
 }
+
+/// The node storage budget (`storage.max_bytes`) end to end, changed live: a budget Keratin has
+/// used up puts the filesystem at reserve and publishes get ERR_LIMITED reason disk while
+/// consuming still works; removing the runtime override goes back to the configured budget and
+/// publishes are accepted again.
+#[test]
+fn a_live_storage_budget_limits_publishes_and_reset_lifts_it() {
+    let tmp = tempfile::Builder::new()
+        .prefix("keratin-budget")
+        .tempdir_in("/var/tmp")
+        .expect("tmp");
+    let data = tmp.path().join("data");
+    let config = small_fs_config(tmp.path(), &[&data], 0.5, 0.3, 0.1);
+    // Levels over a 1 GiB budget, not over the (unknown) filesystem holding /var/tmp.
+    let text_config = std::fs::read_to_string(&config)
+        .expect("config")
+        .replace("[storage]\n", "[storage]\nmax_bytes = 1073741824\n");
+    std::fs::write(&config, text_config).expect("config");
+    let server = start(&config);
+    wait_level(&server, "normal", Duration::from_secs(10));
+    let server_arg = server.protocol.to_string();
+    let run = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--server", server_arg.as_str()]);
+        cli(&server, &all)
+    };
+    let out = run(&["queue", "declare", "q"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = run(&["publish", "q", "--count", "100", "--size", "1024"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    // The budget is now exactly what Keratin uses: nothing free, reserve.
+    let fs = &status(server.http)["filesystems"][0];
+    let used =
+        fs["total_bytes"].as_u64().expect("total") - fs["free_bytes"].as_u64().expect("free");
+    let out = cli(
+        &server,
+        &["settings", "set", &format!("storage.max_bytes={used}")],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    wait_level(&server, "reserve", Duration::from_secs(10));
+    let out = run(&["publish", "q", "--count", "1", "--timeout-ms", "1000"]);
+    assert!(
+        !out.status.success(),
+        "a publish past the budget must be refused"
+    );
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("disk"), "{stderr}");
+    // Consumers keep working at reserve.
+    let out = run(&["consume", "q", "--count", "100", "--idle-exit-ms", "3000"]);
+    assert!(
+        out.status.success(),
+        "consume at reserve: {}",
+        text(&out.stderr)
+    );
+
+    // Back to the configured 1 GiB budget.
+    let out = cli(&server, &["settings", "reset", "storage.max_bytes"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    wait_level(&server, "normal", Duration::from_secs(10));
+    let out = run(&["publish", "q", "--count", "10"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
