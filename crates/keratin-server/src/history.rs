@@ -19,7 +19,7 @@ pub const HISTORY_BUCKET_MS: u64 = 2_000;
 /// The most points kept per file system: one per bucket of the span, plus the bucket under way.
 pub const HISTORY_POINTS_MAX: usize = (HISTORY_SPAN_MS / HISTORY_BUCKET_MS) as usize + 1;
 
-const _: () = assert!(HISTORY_SPAN_MS % HISTORY_BUCKET_MS == 0);
+const _: () = assert!(HISTORY_SPAN_MS.is_multiple_of(HISTORY_BUCKET_MS));
 
 /// A sample of one file system: when (ms since the epoch) and its free bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

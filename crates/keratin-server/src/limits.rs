@@ -420,7 +420,12 @@ impl NodeLimits {
         let extras: Vec<(Value, Value)> = self
             .filesystems
             .iter()
-            .map(|fs| (self.history_json(fs.device), self.top_queues_json(fs.device)))
+            .map(|fs| {
+                (
+                    self.history_json(fs.device),
+                    self.top_queues_json(fs.device),
+                )
+            })
             .collect();
         let monitor = lock(&self.monitor);
         let filesystems: Vec<Value> = self

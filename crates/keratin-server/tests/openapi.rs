@@ -35,8 +35,8 @@ fn manifest_dir() -> &'static Path {
 
 fn load_openapi() -> Yaml {
     let path = manifest_dir().join("../../docs/openapi.yaml");
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    let text =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
     let mut documents = YamlLoader::load_from_str(&text)
         .unwrap_or_else(|e| panic!("{} is not valid YAML: {e}", path.display()));
     assert_eq!(documents.len(), 1, "one YAML document");
@@ -154,7 +154,12 @@ fn every_route_of_the_router_is_listed() {
             declared.extend(declared_routes(&source));
         }
     }
-    for must in ["/health", "/api/v1/queues/{name}/settings", "/", "/dashboard/{file}"] {
+    for must in [
+        "/health",
+        "/api/v1/queues/{name}/settings",
+        "/",
+        "/dashboard/{file}",
+    ] {
         assert!(
             declared.iter().any(|d| d == must),
             "the scan of src/http finds {must}: {declared:?}"

@@ -70,7 +70,9 @@ fn get(addr: SocketAddr, path: &str) -> Response {
         .collect();
     let body = raw[split + 4..].to_vec();
     assert!(
-        !head.to_ascii_lowercase().contains("transfer-encoding: chunked"),
+        !head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked"),
         "static files come with a length, not chunked"
     );
     Response {
@@ -130,7 +132,11 @@ fn the_dashboard_and_its_files_are_served() {
     ] {
         let response = get(server.http, file);
         assert_eq!(response.code, 200, "{file}");
-        assert_eq!(response.header("content-type"), Some(content_type), "{file}");
+        assert_eq!(
+            response.header("content-type"),
+            Some(content_type),
+            "{file}"
+        );
         assert_eq!(
             response.header("content-length"),
             Some(response.body.len().to_string().as_str()),
@@ -169,7 +175,10 @@ fn the_dashboard_and_its_files_are_served() {
         .iter()
         .map(|p| p[0].as_u64().expect("at_ms"))
         .collect();
-    assert!(times.windows(2).all(|w| w[0] < w[1]), "oldest first: {times:?}");
+    assert!(
+        times.windows(2).all(|w| w[0] < w[1]),
+        "oldest first: {times:?}"
+    );
     for point in history {
         let free = point[1].as_u64().expect("free_bytes");
         assert!(free <= filesystem["total_bytes"].as_u64().expect("total"));
@@ -324,7 +333,14 @@ fn chromium_shows_the_soft_banner_of_a_filling_tmpfs() {
     // A queue with a few MiB of messages, so the banner has a largest queue to name.
     cli(&["queue", "declare", "orders"]);
     cli(&[
-        "publish", "orders", "--count", "600", "--size", "8192", "--in-flight", "64",
+        "publish",
+        "orders",
+        "--count",
+        "600",
+        "--size",
+        "8192",
+        "--in-flight",
+        "64",
     ]);
 
     // A few 2 s history buckets before and after the fill, so the plot in the screenshot shows
