@@ -14,7 +14,7 @@ const LEVEL_TEXT = {
   normal: "publishing at full speed",
   soft: "publishers are slowed and spare files released",
   hard: "publishes are refused until consumers free space",
-  reserve: "publishes are refused; the last space is kept for the logs",
+  reserve: "publishes are refused; only writes that free space go on",
 };
 const ATTENTION_HISTORY_MAX = 50;
 
