@@ -6,16 +6,18 @@
 //! - [`node`]: [`Node`], a running broker with its listeners, started from a [`config::Config`].
 //! - [`tcp`]: the protocol server: handshake, one task per connection, bounded queues,
 //!   heartbeats, graceful shutdown.
-//! - [`http`]: the admin API (axum): `/health`, `/api/v1/queues`.
+//! - [`http`]: the admin API (axum): `/health`, `/api/v1/queues`, and the dashboard at `/`.
 //! - [`limits`]: [`limits::NodeLimits`], the sampler and the publish gate over `keratin-limits`.
 //! - [`metrics`]: `/metrics` in the Prometheus text format.
 //! - [`settings`]: runtime settings: overrides stored in the node metadata, checked whole and
 //!   applied live (`GET/PUT /api/v1/settings`).
+//! - [`history`]: the recent free space of each file system, for the dashboard's plot.
 //! - [`convert`]: wire types to broker types and back.
 #![deny(missing_docs)]
 
 pub mod config;
 pub mod convert;
+pub mod history;
 pub mod http;
 pub mod limits;
 pub mod metrics;

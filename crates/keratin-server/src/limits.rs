@@ -16,6 +16,8 @@ use keratin_limits::{
     SystemRoots,
 };
 use keratin_log::SegmentPool;
+
+use crate::history::FreeSpaceHistory;
 use serde_json::{json, Value};
 use tokio::sync::{watch, Notify};
 
@@ -71,6 +73,8 @@ pub struct NodeLimits {
     attention: Mutex<VecDeque<AttentionItem>>,
     /// Queues at their limit at the last sample.
     full_queues: Mutex<std::collections::BTreeSet<String>>,
+    /// Recent free space per file system, for the dashboard's plot.
+    history: FreeSpaceHistory,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -123,6 +127,7 @@ impl NodeLimits {
             counters: PublishCounters::default(),
             attention: Mutex::new(VecDeque::new()),
             full_queues: Mutex::new(std::collections::BTreeSet::new()),
+            history: FreeSpaceHistory::new(),
         })
     }
 
@@ -206,7 +211,10 @@ impl NodeLimits {
             };
             let spare = self.pool.get().map_or(0, |p| p.spare_bytes(fs.device));
             let sample = DiskSample::new(&filesystem, spare).within_budget(max_bytes, used);
-            let change = lock(&self.monitor).observe_disk(DeviceId(fs.device), sample, now_ms());
+            let at_ms = now_ms();
+            self.history
+                .record(fs.device, at_ms, sample.effective_free_bytes());
+            let change = lock(&self.monitor).observe_disk(DeviceId(fs.device), sample, at_ms);
             let level = lock(&self.monitor).disk_level(DeviceId(fs.device));
             if level.is_some_and(|l| l >= Level::Soft) && spare > 0 {
                 self.release_spares(fs);
@@ -412,11 +420,24 @@ impl NodeLimits {
 
     /// The status document of `GET /api/v1/status` and `keratin status --json`.
     pub fn status(&self, node: &str) -> Value {
+        // Gathered before taking the monitor's lock, which every publish takes: listing the
+        // queues asks every partition for its size.
+        let extras: Vec<(Value, Value)> = self
+            .filesystems
+            .iter()
+            .map(|fs| {
+                (
+                    self.history_json(fs.device),
+                    self.top_queues_json(fs.device),
+                )
+            })
+            .collect();
         let monitor = lock(&self.monitor);
         let filesystems: Vec<Value> = self
             .filesystems
             .iter()
-            .map(|fs| {
+            .zip(extras)
+            .map(|(fs, (history, top_queues))| {
                 let status = monitor.disks().find(|d| d.device == DeviceId(fs.device));
                 let spare = self.pool.get().map_or(0, |p| p.spare_bytes(fs.device));
                 json!({
@@ -431,6 +452,8 @@ impl NodeLimits {
                         "hard_bytes": s.thresholds.hard_bytes,
                         "reserve_bytes": s.thresholds.reserve_bytes,
                     })),
+                    "history": history,
+                    "top_queues": top_queues,
                 })
             })
             .collect();
@@ -445,6 +468,27 @@ impl NodeLimits {
                 "level": memory.as_ref().map_or(Level::Normal, |m| m.level).as_str(),
             },
         })
+    }
+
+    /// `[[at_ms, free_bytes], ...]` of a file system, oldest first: the last 10 minutes.
+    fn history_json(&self, device: u64) -> Value {
+        let points: Vec<Value> = self
+            .history
+            .points(device)
+            .iter()
+            .map(|p| json!([p.at_ms, p.free_bytes]))
+            .collect();
+        Value::Array(points)
+    }
+
+    /// `[{name, disk_bytes}, ...]`: the three queues using the most space on a file system.
+    fn top_queues_json(&self, device: u64) -> Value {
+        let top: Vec<Value> = self
+            .top_queues(device, 3)
+            .into_iter()
+            .map(|(name, disk_bytes)| json!({ "name": name, "disk_bytes": disk_bytes }))
+            .collect();
+        Value::Array(top)
     }
 
     /// The levels for metrics: per file system (device, path, level, total, free, spare) and

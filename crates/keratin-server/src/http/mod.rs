@@ -1,5 +1,7 @@
 //! The HTTP admin port (axum): `/health` and the JSON queue API. The limits, settings, metrics
-//! and dashboard issues add their routes here.
+//! and dashboard issues add their routes here; the dashboard's files are in [`dashboard`].
+
+pub mod dashboard;
 
 use std::future::Future;
 
@@ -53,6 +55,7 @@ pub fn router(admin: Admin) -> Router {
             "/api/v1/queues/{name}/settings",
             axum::routing::put(put_settings),
         )
+        .merge(dashboard::routes())
         .with_state(admin)
 }
 

@@ -1,0 +1,446 @@
+//! The web dashboard against the real binary. Without root: `/` is the page, its files come with
+//! the right Content-Type, unknown files are 404, and the status document carries what the page
+//! plots (`history`, `top_queues`). With root and Debian's `chromium`: a broker whose 64 MiB
+//! tmpfs is past the soft level is loaded in headless Chromium, the rendered page shows the
+//! filesystem banner at that level, and a screenshot is kept as a test artifact
+//! (`$CARGO_TARGET_DIR/test-artifacts/dashboard.png`, or `target/` without the variable).
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::*;
+
+/// Chromium gets this long per run before it is killed: a cold start on a loaded two-core CI
+/// machine takes a few seconds; a hang must not hold the test suite.
+const CHROMIUM_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Virtual time Chromium gives the page before dumping or capturing it: the page's first
+/// refresh needs one round of four API requests; a few polls (2 s apart) fit easily.
+const VIRTUAL_TIME_BUDGET_MS: u64 = 5_000;
+
+/// A response: status code, lower-cased headers, body.
+struct Response {
+    code: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Response {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.as_str())
+    }
+}
+
+/// A plain HTTP/1.1 GET on loopback, keeping the status and headers.
+fn get(addr: SocketAddr, path: &str) -> Response {
+    let mut stream =
+        TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect http");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).expect("read");
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no end of headers in the answer to {path}"));
+    let head = String::from_utf8_lossy(&raw[..split]).to_string();
+    let mut lines = head.lines();
+    let code = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {head:?}"));
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    let body = raw[split + 4..].to_vec();
+    assert!(
+        !head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked"),
+        "static files come with a length, not chunked"
+    );
+    Response {
+        code,
+        headers,
+        body,
+    }
+}
+
+#[test]
+fn the_dashboard_and_its_files_are_served() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let data = tmp.path().join("data");
+    let server = Server::start(&[
+        "serve",
+        "--data-dir",
+        data.to_str().expect("utf8"),
+        "--listen",
+        "127.0.0.1:0",
+        "--http",
+        "127.0.0.1:0",
+    ]);
+
+    let page = get(server.http, "/");
+    assert_eq!(page.code, 200);
+    assert_eq!(
+        page.header("content-type"),
+        Some("text/html; charset=utf-8")
+    );
+    let html = String::from_utf8(page.body.clone()).expect("utf8 page");
+    for needle in [
+        "<!doctype html>",
+        "/dashboard/dashboard.js",
+        "/dashboard/dashboard.css",
+        "id=\"filesystems\"",
+    ] {
+        assert!(html.contains(needle), "page lacks {needle}: {html}");
+    }
+    let policy = page.header("content-security-policy").unwrap_or_default();
+    assert!(
+        policy.contains("default-src 'self'"),
+        "the page may load nothing from elsewhere: {policy:?}"
+    );
+
+    for (file, content_type, needle) in [
+        (
+            "/dashboard/dashboard.js",
+            "text/javascript; charset=utf-8",
+            "/api/v1/status",
+        ),
+        (
+            "/dashboard/dashboard.css",
+            "text/css; charset=utf-8",
+            ".level-soft",
+        ),
+        ("/dashboard/favicon.svg", "image/svg+xml", "<svg"),
+    ] {
+        let response = get(server.http, file);
+        assert_eq!(response.code, 200, "{file}");
+        assert_eq!(
+            response.header("content-type"),
+            Some(content_type),
+            "{file}"
+        );
+        assert_eq!(
+            response.header("content-length"),
+            Some(response.body.len().to_string().as_str()),
+            "{file}"
+        );
+        assert!(
+            String::from_utf8_lossy(&response.body).contains(needle),
+            "{file} lacks {needle}"
+        );
+    }
+    for missing in [
+        "/dashboard/missing.js",
+        "/dashboard/",
+        "/dashboard/../Cargo.toml",
+        "/dashboard/%2e%2e/Cargo.toml",
+        "/index.html",
+    ] {
+        assert_eq!(get(server.http, missing).code, 404, "{missing}");
+    }
+
+    // What the page plots: a history that grows with samples (one per 2 s bucket at most) and
+    // the largest queues (none yet).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let filesystem = loop {
+        let doc = status(server.http);
+        let filesystem = doc["filesystems"][0].clone();
+        let points = filesystem["history"].as_array().map_or(0, Vec::len);
+        if points >= 2 || Instant::now() > deadline {
+            break filesystem;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let history = filesystem["history"].as_array().expect("history array");
+    assert!(history.len() >= 2, "history grows: {filesystem}");
+    let times: Vec<u64> = history
+        .iter()
+        .map(|p| p[0].as_u64().expect("at_ms"))
+        .collect();
+    assert!(
+        times.windows(2).all(|w| w[0] < w[1]),
+        "oldest first: {times:?}"
+    );
+    for point in history {
+        let free = point[1].as_u64().expect("free_bytes");
+        assert!(free <= filesystem["total_bytes"].as_u64().expect("total"));
+    }
+    assert_eq!(filesystem["top_queues"], serde_json::json!([]));
+}
+
+/// The directory for artifacts: `$CARGO_TARGET_DIR/test-artifacts`, or the workspace's
+/// `target/test-artifacts`.
+fn artifacts_dir() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"));
+    target.join("test-artifacts")
+}
+
+/// Debian's `chromium` (or `chromium-browser` elsewhere), from PATH.
+fn find_chromium() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .flat_map(|dir| [dir.join("chromium"), dir.join("chromium-browser")])
+        .find(|candidate| candidate.is_file())
+}
+
+/// Run headless Chromium on `url` with `args`, in its own process group with a throw-away
+/// profile; kill the group if it outlives [`CHROMIUM_TIMEOUT`]. Returns its stdout.
+fn run_chromium(chromium: &Path, url: &str, args: &[String]) -> String {
+    use std::os::unix::process::CommandExt;
+
+    let profile = tempfile::tempdir().expect("profile dir");
+    let output = tempfile::NamedTempFile::new().expect("stdout file");
+    let mut child = Command::new(chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            "--hide-scrollbars",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .arg(format!("--virtual-time-budget={VIRTUAL_TIME_BUDGET_MS}"))
+        .args(args)
+        .arg(url)
+        .stdin(Stdio::null())
+        .stdout(output.reopen().expect("stdout file"))
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .expect("start chromium");
+    let group = i32::try_from(child.id()).expect("pid fits i32");
+    let deadline = Instant::now() + CHROMIUM_TIMEOUT;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait chromium") {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // Chromium's helpers (zygote, renderer) share its group: end them all, whatever happened.
+    // SAFETY: signalling the process group we created; ESRCH when it is already gone is fine.
+    unsafe {
+        libc::kill(-group, libc::SIGKILL);
+    }
+    let _ = child.wait();
+    let status = status.unwrap_or_else(|| {
+        panic!(
+            "chromium {args:?} did not finish within {} s",
+            CHROMIUM_TIMEOUT.as_secs()
+        )
+    });
+    assert!(status.success(), "chromium {args:?} failed: {status}");
+    std::fs::read_to_string(output.path()).expect("read chromium's output")
+}
+
+/// The attribute `name` of the element with `id` in a dumped DOM.
+fn attribute_of(dom: &str, id: &str, name: &str) -> Option<String> {
+    let start = dom.find(&format!("id=\"{id}\""))?;
+    let tag_start = dom[..start].rfind('<')?;
+    let tag_end = start + dom[start..].find('>')?;
+    let tag = &dom[tag_start..tag_end];
+    let key = format!("{name}=\"");
+    let value_start = tag.find(&key)? + key.len();
+    let value_len = tag[value_start..].find('"')?;
+    Some(tag[value_start..value_start + value_len].to_string())
+}
+
+/// The text of the first `class="level"` span after the element with `id`.
+fn level_text_after(dom: &str, id: &str) -> Option<String> {
+    let start = dom.find(&format!("id=\"{id}\""))?;
+    let rest = &dom[start..];
+    let span = rest.find("class=\"level\">")? + "class=\"level\">".len();
+    let end = rest[span..].find('<')?;
+    Some(rest[span..span + end].to_string())
+}
+
+fn level_rank(level: &str) -> u8 {
+    match level {
+        "normal" => 0,
+        "soft" => 1,
+        "hard" => 2,
+        "reserve" => 3,
+        _ => 9,
+    }
+}
+
+#[test]
+fn chromium_shows_the_soft_banner_of_a_filling_tmpfs() {
+    if !privileged("chromium_shows_the_soft_banner_of_a_filling_tmpfs") {
+        return;
+    }
+    let Some(chromium) = find_chromium() else {
+        if std::env::var("KERATIN_REQUIRE_PRIVILEGED_TESTS").as_deref() == Ok("1") {
+            panic!(
+                "chromium is not installed and KERATIN_REQUIRE_PRIVILEGED_TESTS=1 forbids \
+                 skipping; install it with `apt-get install -y chromium`"
+            );
+        }
+        eprintln!(
+            "!!! SKIPPING chromium_shows_the_soft_banner_of_a_filling_tmpfs: no `chromium` on \
+             PATH; install it with `apt-get install -y chromium`"
+        );
+        return;
+    };
+    let tmp = tempfile::tempdir().expect("tmp");
+    let data = tmp.path().join("data");
+    let fs = Tmpfs::mount(&data, 64);
+    let config = small_fs_config(tmp.path(), &[&data], 0.40, 0.25, 0.10);
+    let server = Server::start(&[
+        "serve",
+        "--config",
+        config.to_str().expect("utf8"),
+        "--listen",
+        "127.0.0.1:0",
+        "--http",
+        "127.0.0.1:0",
+    ]);
+    let cli = |args: &[&str]| {
+        let output = Command::new(env!("CARGO_BIN_EXE_keratin"))
+            .args(args)
+            .env("KERATIN_SERVER", server.protocol.to_string())
+            .output()
+            .expect("run keratin");
+        assert!(
+            output.status.success(),
+            "keratin {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    };
+    // A queue with a few MiB of messages, so the banner has a largest queue to name.
+    cli(&["queue", "declare", "orders"]);
+    cli(&[
+        "publish",
+        "orders",
+        "--count",
+        "600",
+        "--size",
+        "8192",
+        "--in-flight",
+        "64",
+    ]);
+
+    // A few 2 s history buckets before and after the fill, so the plot in the screenshot shows
+    // the drop rather than a single point.
+    std::thread::sleep(Duration::from_secs(5));
+
+    // Another program fills the tmpfs until a third of it is free: below soft (40 %), well
+    // above hard (25 %). Spare files count as free, so they are part of what is left.
+    let (free, total) = free_and_total(&fs.path);
+    let spare = status(server.http)["filesystems"][0]["spare_bytes"]
+        .as_u64()
+        .unwrap_or(0);
+    let target_free = total / 3;
+    let fill_bytes = (free + spare).saturating_sub(target_free);
+    let filler = fs.path.join("filler");
+    let fill = Command::new("fallocate")
+        .args(["-l", &fill_bytes.to_string()])
+        .arg(&filler)
+        .status()
+        .expect("run fallocate");
+    assert!(fill.success(), "fallocate {fill_bytes} bytes");
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let level = loop {
+        let level = status(server.http)["filesystems"][0]["level"]
+            .as_str()
+            .unwrap_or("?")
+            .to_string();
+        if level_rank(&level) >= 1 || Instant::now() > deadline {
+            break level;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(level, "soft", "the fill leaves a third free: soft level");
+    let doc = status(server.http);
+    assert_eq!(
+        doc["filesystems"][0]["top_queues"][0]["name"], "orders",
+        "{doc}"
+    );
+
+    std::thread::sleep(Duration::from_secs(5));
+    let history = status(server.http)["filesystems"][0]["history"].clone();
+    let last_free = history
+        .as_array()
+        .and_then(|points| points.last())
+        .and_then(|point| point[1].as_u64())
+        .unwrap_or(u64::MAX);
+    assert!(
+        last_free <= total * 2 / 5,
+        "the history's newest point shows the fill: {history}"
+    );
+
+    let url = format!("http://{}/", server.http);
+    let dom = run_chromium(&chromium, &url, &["--dump-dom".to_string()]);
+    let banner_level = attribute_of(&dom, "fs-banner-0", "data-level")
+        .unwrap_or_else(|| panic!("no fs-banner-0 with data-level in the page: {dom}"));
+    assert!(
+        level_rank(&banner_level) >= 1 && level_rank(&banner_level) <= 3,
+        "banner at soft or deeper, got {banner_level:?}"
+    );
+    assert_eq!(
+        level_text_after(&dom, "fs-banner-0").as_deref(),
+        Some(banner_level.as_str()),
+        "the banner's visible text names the level"
+    );
+    assert!(
+        attribute_of(&dom, "fs-banner-0", "class")
+            .is_some_and(|c| c.contains(&format!("level-{banner_level}"))),
+        "the banner is coloured by level"
+    );
+    assert!(
+        dom.contains("<span class=\"name\">orders</span>"),
+        "the largest queue is named"
+    );
+    assert!(
+        dom.contains("class=\"free\" points=\""),
+        "the free-space plot is drawn"
+    );
+    assert!(
+        dom.contains("data-state=\"ok\""),
+        "the page read the status"
+    );
+
+    let dir = artifacts_dir();
+    std::fs::create_dir_all(&dir).expect("artifacts dir");
+    let screenshot = dir.join("dashboard.png");
+    let _ = std::fs::remove_file(&screenshot);
+    run_chromium(
+        &chromium,
+        &url,
+        &[
+            format!("--screenshot={}", screenshot.display()),
+            "--window-size=1280,1600".to_string(),
+        ],
+    );
+    let png = std::fs::read(&screenshot).expect("screenshot written");
+    assert!(
+        png.starts_with(b"\x89PNG\r\n\x1a\n"),
+        "the screenshot is a PNG"
+    );
+    assert!(png.len() > 10_000, "a rendered page, not a blank one");
+    eprintln!("dashboard screenshot: {}", screenshot.display());
+}
