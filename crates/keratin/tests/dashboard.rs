@@ -218,6 +218,13 @@ fn run_chromium(chromium: &Path, url: &str, args: &[String]) -> String {
             "--disable-dev-shm-usage",
             "--no-first-run",
             "--hide-scrollbars",
+            // The test talks to loopback only: no update checks, sync or other background
+            // requests, and nothing but 127.0.0.1 resolves.
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-default-apps",
+            "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
         ])
         .arg(format!("--user-data-dir={}", profile.path().display()))
         .arg(format!("--virtual-time-budget={VIRTUAL_TIME_BUDGET_MS}"))
