@@ -347,7 +347,8 @@ function renderSettings(result) {
     return;
   }
   const all = Array.isArray(result.body.settings) ? result.body.settings : [];
-  const limits = all.filter((s) => String(s.key).startsWith("limits."));
+  // The limits and every other setting that changes live (the storage budgets).
+  const limits = all.filter((s) => String(s.key).startsWith("limits.") || s.live === true);
   if (limits.length === 0) {
     replace(container, el("div", { class: "card" }, el("p", { class: "empty" }, "No limit settings reported.")));
     return;
@@ -358,7 +359,7 @@ function renderSettings(result) {
       { "data-key": s.key },
       el("td", { class: "name" }, s.key),
       el("td", { class: "num" }, s.value === null || s.value === undefined ? "–" : typeof s.value === "object" ? JSON.stringify(s.value) : String(s.value)),
-      el("td", {}, s.origin ?? "?"),
+      el("td", {}, s.origin === "runtime" && s.configured_value !== undefined ? `runtime (configured ${s.configured_value === null ? "unset" : JSON.stringify(s.configured_value)}, ${s.configured_origin ?? "?"})` : s.origin ?? "?"),
       el("td", {}, s.live === false ? el("span", { class: "badge quiet" }, "restart") : el("span", { class: "badge" }, "live")),
     ),
   );
