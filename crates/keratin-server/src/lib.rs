@@ -6,12 +6,15 @@
 //! - [`node`]: [`Node`], a running broker with its listeners, started from a [`config::Config`].
 //! - [`tcp`]: the protocol server: handshake, one task per connection, bounded queues,
 //!   heartbeats, graceful shutdown.
-//! - [`http`]: the admin API (axum): `/health`, `/api/v1/queues`.
+//! - [`http`]: the admin API (axum): `/health`, `/api/v1/queues`, `/api/v1/status`,
+//!   `/api/v1/attention`, `/metrics`.
+//! - [`attention`]: [`attention::Attention`], the persisted list of what needs an operator.
 //! - [`limits`]: [`limits::NodeLimits`], the sampler and the publish gate over `keratin-limits`.
 //! - [`metrics`]: `/metrics` in the Prometheus text format.
 //! - [`convert`]: wire types to broker types and back.
 #![deny(missing_docs)]
 
+pub mod attention;
 pub mod config;
 pub mod convert;
 pub mod http;

@@ -2,8 +2,10 @@
 //! (spare files counted as free) and the process's memory on a timer and after segment rolls,
 //! feeds the levels (`keratin-limits`), releases spares at the soft disk level, and answers the
 //! partitions' [`PublishGate`] questions from the last sample — never sampling inside a request.
+//! Each sample round also raises and clears the node's [`Attention`] items: level changes, full
+//! queues, stopped and healed logs.
 
-use std::collections::VecDeque;
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -19,8 +21,7 @@ use keratin_log::SegmentPool;
 use serde_json::{json, Value};
 use tokio::sync::{watch, Notify};
 
-/// Attention items kept: enough for every level change of a busy hour at one per 10 s.
-pub const ATTENTION_ITEMS_MAX: usize = 256;
+use crate::attention::{Attention, AttentionKind, Raise, Severity};
 
 /// A storage file system: its device and the storage directories on it.
 #[derive(Debug, Clone)]
@@ -44,15 +45,6 @@ pub struct PublishCounters {
     pub rejected_memory: AtomicU64,
 }
 
-/// One thing an operator should know about.
-#[derive(Debug, Clone)]
-pub struct AttentionItem {
-    /// When it was raised (ms since the epoch).
-    pub at_ms: u64,
-    /// What happened.
-    pub message: String,
-}
-
 /// The node's resource limits.
 #[derive(Debug)]
 pub struct NodeLimits {
@@ -67,9 +59,18 @@ pub struct NodeLimits {
     nudge: Notify,
     /// Counters for metrics.
     pub counters: PublishCounters,
-    attention: Mutex<VecDeque<AttentionItem>>,
+    attention: Attention,
     /// Queues at their limit at the last sample.
-    full_queues: Mutex<std::collections::BTreeSet<String>>,
+    full_queues: Mutex<BTreeSet<String>>,
+    /// Logs seen stopped at the last sample, and the pool's heal count then.
+    stopped_logs: Mutex<StoppedLogs>,
+}
+
+/// What the last sample saw of stopped logs.
+#[derive(Debug, Default)]
+struct StoppedLogs {
+    dirs: BTreeSet<String>,
+    heals: u64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -110,6 +111,10 @@ impl NodeLimits {
             }
         }
         let monitor = Monitor::new(settings).map_err(|e| e.to_string())?;
+        let first = filesystems
+            .first()
+            .ok_or("no storage directory is configured (storage.dirs)")?;
+        let attention = Attention::open(&first.path);
         Ok(NodeLimits {
             monitor: Mutex::new(monitor),
             filesystems,
@@ -120,8 +125,9 @@ impl NodeLimits {
             roots,
             nudge: Notify::new(),
             counters: PublishCounters::default(),
-            attention: Mutex::new(VecDeque::new()),
-            full_queues: Mutex::new(std::collections::BTreeSet::new()),
+            attention,
+            full_queues: Mutex::new(BTreeSet::new()),
+            stopped_logs: Mutex::new(StoppedLogs::default()),
         })
     }
 
@@ -155,20 +161,15 @@ impl NodeLimits {
         Ok(())
     }
 
-    /// Recent attention items, oldest first.
-    pub fn attention(&self) -> Vec<AttentionItem> {
-        lock(&self.attention).iter().cloned().collect()
+    /// The node's attention items.
+    pub fn attention(&self) -> &Attention {
+        &self.attention
     }
 
-    fn raise(&self, message: String) {
-        let mut items = lock(&self.attention);
-        if items.len() == ATTENTION_ITEMS_MAX {
-            items.pop_front();
-        }
-        items.push_back(AttentionItem {
-            at_ms: now_ms(),
-            message,
-        });
+    /// After the first sample round with the broker attached: clear the attention items
+    /// carried over a restart whose cause that round did not find again.
+    pub fn settle_attention(&self) {
+        self.attention.settle();
     }
 
     /// Bytes Keratin itself uses on disk: partitions' logs and spare files (for the budget).
@@ -185,7 +186,9 @@ impl NodeLimits {
 
     /// Take one sample of every file system and of memory, and act on level changes.
     pub fn sample(&self) {
+        self.attention.retry_save();
         self.check_full_queues();
+        self.check_stopped_logs();
         let used = if self.max_bytes > 0 {
             self.used_bytes()
         } else {
@@ -254,12 +257,83 @@ impl NodeLimits {
                  messages); consume, or raise its max_messages / max_bytes"
             );
             tracing::warn!("{message}");
-            self.raise(message);
+            self.attention.raise(Raise {
+                kind: AttentionKind::QueueFull,
+                subject: name.clone(),
+                severity: Severity::Warning,
+                level: None,
+                message,
+            });
         }
         for name in before.difference(&now) {
             tracing::info!("queue {name} has room again");
+            self.attention.clear(AttentionKind::QueueFull, name);
         }
         *before = now;
+    }
+
+    /// Raise an attention item for each partition log that stopped, clear it and note the
+    /// heal when it runs again. Polled from the partitions' figures: a stop and heal both
+    /// between two samples shows only in the pool's heal count, noted once as such.
+    fn check_stopped_logs(&self) {
+        let Some(broker) = self.broker.get() else {
+            return;
+        };
+        let mut now = BTreeSet::new();
+        let mut queue_of = std::collections::BTreeMap::new();
+        for queue in broker.list() {
+            for partition in queue.partitions.iter().filter(|p| p.stopped) {
+                let dir = partition.dir.display().to_string();
+                queue_of.insert(dir.clone(), (queue.name.clone(), partition.index));
+                now.insert(dir);
+            }
+        }
+        let heals = broker.pool().counters().log_heals;
+        let mut before = lock(&self.stopped_logs);
+        for dir in now.difference(&before.dirs) {
+            let (queue, index) = &queue_of[dir];
+            let message = format!(
+                "the log of queue {queue} partition {index} ({dir}) stopped after a failed write \
+                 or sync: its publishes are refused; the broker heals it once its file system \
+                 has room again; check the disk and the broker's log for the error"
+            );
+            tracing::error!("{message}");
+            self.attention.raise(Raise {
+                kind: AttentionKind::LogStopped,
+                subject: dir.clone(),
+                severity: Severity::Critical,
+                level: None,
+                message,
+            });
+        }
+        let healed: Vec<String> = before.dirs.difference(&now).cloned().collect();
+        for dir in &healed {
+            self.attention.clear(AttentionKind::LogStopped, dir);
+            self.attention.note(Raise {
+                kind: AttentionKind::LogHealed,
+                subject: dir.clone(),
+                severity: Severity::Info,
+                level: None,
+                message: format!("the log at {dir} was healed and takes publishes again"),
+            });
+        }
+        let unseen = heals
+            .saturating_sub(before.heals)
+            .saturating_sub(healed.len() as u64);
+        if unseen > 0 {
+            self.attention.note(Raise {
+                kind: AttentionKind::LogHealed,
+                subject: "logs".into(),
+                severity: Severity::Info,
+                level: None,
+                message: format!(
+                    "{unseen} log(s) stopped and healed between two samples; the broker's log \
+                     names them and the error"
+                ),
+            });
+        }
+        before.dirs = now;
+        before.heals = heals;
     }
 
     /// At soft and deeper, spare segment files go first: they are free space held back.
@@ -276,7 +350,7 @@ impl NodeLimits {
     }
 
     fn report(&self, change: &LevelChange, fs: Option<&Filesystem>) {
-        let message = match (change, fs) {
+        let what = match (change, fs) {
             (
                 LevelChange::Disk {
                     from,
@@ -296,11 +370,49 @@ impl NodeLimits {
             _ => change.to_string(),
         };
         if change.to() > change.from() {
-            tracing::warn!("{message}");
+            tracing::warn!("{what}");
         } else {
-            tracing::info!("{message}");
+            tracing::info!("{what}");
         }
-        self.raise(message);
+        let (kind, subject) = match (change, fs) {
+            (LevelChange::Disk { .. }, Some(fs)) => {
+                (AttentionKind::DiskLevel, fs.path.display().to_string())
+            }
+            _ => (AttentionKind::MemoryLevel, "memory".to_string()),
+        };
+        let to = change.to();
+        if to == Level::Normal {
+            self.attention.clear(kind, &subject);
+            return;
+        }
+        let advice = match (kind, to) {
+            (AttentionKind::DiskLevel, Level::Soft) => {
+                "publishers are slowed and spare segments released; consume or purge the largest \
+                 queues, or free or add space"
+            }
+            (AttentionKind::DiskLevel, _) => {
+                "publishes are refused with ERR_LIMITED; consume or purge the largest queues, or \
+                 free or add space now"
+            }
+            (_, Level::Soft) => {
+                "publishers are slowed; consume faster, publish less, or raise the memory limit"
+            }
+            _ => {
+                "publishes are refused with ERR_LIMITED; consume faster, publish less, or raise \
+                 the memory limit"
+            }
+        };
+        self.attention.raise(Raise {
+            kind,
+            subject,
+            severity: if to == Level::Soft {
+                Severity::Warning
+            } else {
+                Severity::Critical
+            },
+            level: Some(to.as_str().to_string()),
+            message: format!("{what}: {advice}"),
+        });
     }
 
     /// The queues using the most space on a file system, for messages and the dashboard.

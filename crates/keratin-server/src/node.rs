@@ -73,6 +73,7 @@ impl Node {
         let broker = Broker::open(broker_config).await?;
         limits.attach(&broker);
         limits.sample();
+        limits.settle_attention();
         let bind = |addr: SocketAddr| async move {
             TcpListener::bind(addr)
                 .await
