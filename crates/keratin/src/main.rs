@@ -6,6 +6,7 @@
 //! - `publish`: `keratin publish`, confirmed (bounded in flight) or buffered, with a summary.
 //! - `consume`: `keratin consume`, ack/reject, idle exit, body verification.
 //! - `status`: `keratin status`, the node's disk and memory levels from `GET /api/v1/status`.
+//! - `attention`: `keratin attention`, what needs an operator, from `GET /api/v1/attention`.
 //! - `connect`: the flags every verb shares (`--server`, `--json`) and connecting with them.
 //! - `output`: tables, sizes, error keys, JSON printing and the progress bar.
 //! - `body`: the self-checking test body (sequence number + filler + CRC32C) that `publish`
@@ -16,6 +17,7 @@
 //! carries the broker's text when the broker sent one, goes to stderr, and with `--json` an
 //! `{"error": ..., "code": ...}` object goes to stdout); 2 for bad usage (clap).
 
+mod attention;
 mod body;
 mod connect;
 mod consume;
@@ -52,6 +54,9 @@ enum Command {
     Consume(consume::ConsumeArgs),
     /// Show the node's filesystems and memory with their limit levels.
     Status(status::StatusArgs),
+    /// Show what needs an operator: level changes, full queues, stopped and healed logs
+    /// (active items and recent history; `--all` for everything kept).
+    Attention(attention::AttentionArgs),
 }
 
 impl Command {
@@ -63,6 +68,7 @@ impl Command {
             Command::Publish(args) => args.common.json,
             Command::Consume(args) => args.common.json,
             Command::Status(args) => args.common.json,
+            Command::Attention(args) => args.common.json,
         }
     }
 }
@@ -87,6 +93,7 @@ fn main() -> ExitCode {
             Command::Publish(args) => publish::run(args).await,
             Command::Consume(args) => consume::run(args).await,
             Command::Status(args) => status::run(args),
+            Command::Attention(args) => attention::run(args),
         }
     });
     match result {

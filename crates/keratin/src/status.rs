@@ -1,7 +1,7 @@
 //! `keratin status`: the node's filesystems and memory with their limit levels, read from the
 //! HTTP admin port's `GET /api/v1/status` with one plain HTTP/1.1 request.
 //!
-//! Owns that request (a blocking `TcpStream`, `Connection: close`, bounded by timeouts and a
+//! Owns that request (also used by `keratin attention`) (a blocking `TcpStream`, `Connection: close`, bounded by timeouts and a
 //! size cap) and the human rendering. The document itself is the server's
 //! (`keratin-server` `limits.rs`, `status()`); `--json` prints it unchanged.
 
@@ -17,7 +17,7 @@ use crate::connect::CommonArgs;
 use crate::output::{format_bytes, print_json, Failure, Table};
 
 /// The HTTP admin port's default address, as `keratin serve` binds it.
-const HTTP_DEFAULT: &str = "127.0.0.1:5681";
+pub const HTTP_DEFAULT: &str = "127.0.0.1:5681";
 const STATUS_PATH: &str = "/api/v1/status";
 /// Bound on connecting and on each read and write: the admin port answers from memory.
 const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
@@ -38,7 +38,7 @@ pub struct StatusArgs {
 
 /// Runs `keratin status`.
 pub fn run(args: StatusArgs) -> Result<ExitCode, Failure> {
-    let document = fetch_status(&args.http)?;
+    let document = get_json(&args.http, STATUS_PATH)?;
     if args.common.json {
         print_json(&document);
     } else {
@@ -47,9 +47,9 @@ pub fn run(args: StatusArgs) -> Result<ExitCode, Failure> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `GET /api/v1/status` from `http`, parsed.
-fn fetch_status(http: &str) -> Result<Value, Failure> {
-    let fail = |what: String| Failure::new(format!("GET http://{http}{STATUS_PATH}: {what}"));
+/// `GET path` (with its query) from the admin port at `http`, parsed as JSON.
+pub fn get_json(http: &str, path: &str) -> Result<Value, Failure> {
+    let fail = |what: String| Failure::new(format!("GET http://{http}{path}: {what}"));
     let addr = http
         .to_socket_addrs()
         .map_err(|error| fail(format!("bad address: {error}")))?
@@ -61,7 +61,7 @@ fn fetch_status(http: &str) -> Result<Value, Failure> {
     stream.set_read_timeout(Some(HTTP_TIMEOUT)).map_err(io)?;
     stream.set_write_timeout(Some(HTTP_TIMEOUT)).map_err(io)?;
     let request = format!(
-        "GET {STATUS_PATH} HTTP/1.1\r\nHost: {http}\r\nAccept: application/json\r\n\
+        "GET {path} HTTP/1.1\r\nHost: {http}\r\nAccept: application/json\r\n\
          Connection: close\r\n\r\n"
     );
     stream.write_all(request.as_bytes()).map_err(io)?;

@@ -621,6 +621,9 @@ impl Owner {
         }
         f.stopped
             .store(u64::from(self.stopped.is_some()), Ordering::Relaxed);
+        if f.full.load(Ordering::Relaxed) != 0 && self.has_room() {
+            f.full.store(0, Ordering::Relaxed);
+        }
     }
 }
 
