@@ -5,7 +5,7 @@
 //! Each sample round also raises and clears the node's [`Attention`] items: level changes, full
 //! queues, stopped and healed logs.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -62,15 +62,16 @@ pub struct NodeLimits {
     attention: Attention,
     /// Queues at their limit at the last sample.
     full_queues: Mutex<BTreeSet<String>>,
-    /// Logs seen stopped at the last sample, and the pool's heal count then.
-    stopped_logs: Mutex<StoppedLogs>,
+    /// Each partition log's stop figures at the last sample, by directory.
+    stopped_logs: Mutex<BTreeMap<String, LogFigures>>,
 }
 
-/// What the last sample saw of stopped logs.
-#[derive(Debug, Default)]
-struct StoppedLogs {
-    dirs: BTreeSet<String>,
+/// A partition log's stop figures at one sample.
+#[derive(Debug, Default, Clone, Copy)]
+struct LogFigures {
+    stops: u64,
     heals: u64,
+    stopped: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -127,7 +128,7 @@ impl NodeLimits {
             counters: PublishCounters::default(),
             attention,
             full_queues: Mutex::new(BTreeSet::new()),
-            stopped_logs: Mutex::new(StoppedLogs::default()),
+            stopped_logs: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -273,67 +274,59 @@ impl NodeLimits {
     }
 
     /// Raise an attention item for each partition log that stopped, clear it and note the
-    /// heal when it runs again. Polled from the partitions' figures: a stop and heal both
-    /// between two samples shows only in the pool's heal count, noted once as such.
+    /// heal once it runs again. The partitions count their stops and heals, so a log that
+    /// stopped and healed between two samples (the owner heals at once when the disk works)
+    /// still leaves both in the history.
     fn check_stopped_logs(&self) {
         let Some(broker) = self.broker.get() else {
             return;
         };
-        let mut now = BTreeSet::new();
-        let mut queue_of = std::collections::BTreeMap::new();
+        let mut seen = lock(&self.stopped_logs);
+        let mut now = BTreeMap::new();
         for queue in broker.list() {
-            for partition in queue.partitions.iter().filter(|p| p.stopped) {
+            for partition in &queue.partitions {
                 let dir = partition.dir.display().to_string();
-                queue_of.insert(dir.clone(), (queue.name.clone(), partition.index));
-                now.insert(dir);
+                let before = seen.get(&dir).copied().unwrap_or_default();
+                let figures = LogFigures {
+                    stops: partition.stops,
+                    heals: partition.heals,
+                    stopped: partition.stopped,
+                };
+                if figures.stops > before.stops || (figures.stopped && !before.stopped) {
+                    let message = format!(
+                        "the log of queue {} partition {} ({dir}) stopped after a failed write or \
+                         sync: its publishes are refused; the broker heals it once its file \
+                         system has room again; check the disk and the broker's log for the error",
+                        queue.name, partition.index
+                    );
+                    tracing::error!("{message}");
+                    self.attention.raise(Raise {
+                        kind: AttentionKind::LogStopped,
+                        subject: dir.clone(),
+                        severity: Severity::Critical,
+                        level: None,
+                        message,
+                    });
+                }
+                let healed = figures.heals > before.heals || (before.stopped && !figures.stopped);
+                if healed && !figures.stopped {
+                    self.attention.clear(AttentionKind::LogStopped, &dir);
+                    self.attention.note(Raise {
+                        kind: AttentionKind::LogHealed,
+                        subject: dir.clone(),
+                        severity: Severity::Info,
+                        level: None,
+                        message: format!(
+                            "the log of queue {} partition {} ({dir}) was healed and takes \
+                             publishes again",
+                            queue.name, partition.index
+                        ),
+                    });
+                }
+                now.insert(dir, figures);
             }
         }
-        let heals = broker.pool().counters().log_heals;
-        let mut before = lock(&self.stopped_logs);
-        for dir in now.difference(&before.dirs) {
-            let (queue, index) = &queue_of[dir];
-            let message = format!(
-                "the log of queue {queue} partition {index} ({dir}) stopped after a failed write \
-                 or sync: its publishes are refused; the broker heals it once its file system \
-                 has room again; check the disk and the broker's log for the error"
-            );
-            tracing::error!("{message}");
-            self.attention.raise(Raise {
-                kind: AttentionKind::LogStopped,
-                subject: dir.clone(),
-                severity: Severity::Critical,
-                level: None,
-                message,
-            });
-        }
-        let healed: Vec<String> = before.dirs.difference(&now).cloned().collect();
-        for dir in &healed {
-            self.attention.clear(AttentionKind::LogStopped, dir);
-            self.attention.note(Raise {
-                kind: AttentionKind::LogHealed,
-                subject: dir.clone(),
-                severity: Severity::Info,
-                level: None,
-                message: format!("the log at {dir} was healed and takes publishes again"),
-            });
-        }
-        let unseen = heals
-            .saturating_sub(before.heals)
-            .saturating_sub(healed.len() as u64);
-        if unseen > 0 {
-            self.attention.note(Raise {
-                kind: AttentionKind::LogHealed,
-                subject: "logs".into(),
-                severity: Severity::Info,
-                level: None,
-                message: format!(
-                    "{unseen} log(s) stopped and healed between two samples; the broker's log \
-                     names them and the error"
-                ),
-            });
-        }
-        before.dirs = now;
-        before.heals = heals;
+        *seen = now;
     }
 
     /// At soft and deeper, spare segment files go first: they are free space held back.

@@ -215,6 +215,8 @@ pub fn queue_json(info: &QueueInfo) -> Value {
             "bytes": p.bytes,
             "disk_bytes": p.disk_bytes,
             "stopped": p.stopped,
+            "stops": p.stops,
+            "heals": p.heals,
             "full": p.full,
             "rejected_queue_full": p.rejected_full,
             "overflowed": p.overflowed,
