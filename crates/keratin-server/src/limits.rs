@@ -326,6 +326,10 @@ impl NodeLimits {
                 now.insert(dir, figures);
             }
         }
+        // A deleted queue's logs are gone, and with them the cause of their items.
+        for dir in seen.keys().filter(|dir| !now.contains_key(*dir)) {
+            self.attention.clear(AttentionKind::LogStopped, dir);
+        }
         *seen = now;
     }
 
