@@ -183,12 +183,16 @@ fn a_failed_fsync_counts_one_stop_and_a_heal_one_heal() {
     let error = a
         .append_sync(&[record(b"lost")])
         .expect_err("the sync failed");
-    assert!(error.is_stopped(), "{error:?}");
+    assert!(
+        matches!(&error, keratin_log::LogError::Stopped { op, .. } if *op == "sync"),
+        "the fsync failed, not the write: {error:?}"
+    );
     // A refused append on the stopped log is no second stop.
     assert!(a.append_sync(&[record(b"refused")]).is_err());
     let counters = node.pool.counters();
     assert_eq!((counters.log_stops, counters.log_heals), (1, 0));
     let failed_syncs = node.syncs.load(Ordering::SeqCst) - syncs_before;
+    assert_eq!(failed_syncs, 1, "the batch's one sync, and it failed");
     assert_eq!(
         node.pool.sync_histogram().count() - histogram_before,
         failed_syncs,
