@@ -137,7 +137,7 @@ async fn a_stopped_log_raises_attention_and_its_heal_clears_it() {
         }
     };
     publish(b"first").await.expect("publish");
-    // The partition is idle: its next disk call is the batch's write (then its sync).
+    // The node is idle: the next disk call, the publish's write or sync, fails.
     sim.fail_at(sim.steps() + 1, SimFault::Eio);
     let failed = publish(b"lost").await;
     assert!(failed.is_err(), "the failed disk call fails the publish");
