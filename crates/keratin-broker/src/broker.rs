@@ -150,6 +150,10 @@ pub struct PartitionInfo {
     pub disk_bytes: u64,
     /// True if its log stopped after a write error.
     pub stopped: bool,
+    /// Times its log stopped since start (a stop healed between two looks still counts).
+    pub stops: u64,
+    /// Times its stopped log was healed since start.
+    pub heals: u64,
     /// True while the partition is at its share of the queue limits.
     pub full: bool,
     /// Publishes refused with `queue_full` since start.
@@ -598,6 +602,8 @@ impl BrokerInner {
                     bytes: f.live_bytes.load(Ordering::Relaxed),
                     disk_bytes: f.disk_bytes.load(Ordering::Relaxed),
                     stopped: f.stopped.load(Ordering::Relaxed) != 0,
+                    stops: f.stops.load(Ordering::Relaxed),
+                    heals: f.heals.load(Ordering::Relaxed),
                     full: f.full.load(Ordering::Relaxed) != 0,
                     rejected_full: f.rejected_full.load(Ordering::Relaxed),
                     overflowed: f.overflowed.load(Ordering::Relaxed),

@@ -176,6 +176,10 @@ pub(crate) struct PartitionFigures {
     pub(crate) overflowed: AtomicU64,
     /// 1 while the partition is at its limit.
     pub(crate) full: AtomicU64,
+    /// Times its log stopped.
+    pub(crate) stops: AtomicU64,
+    /// Times its stopped log was healed.
+    pub(crate) heals: AtomicU64,
 }
 
 /// The handle of one partition's owner task.

@@ -75,6 +75,10 @@ async fn reject_admits_exactly_the_limit_and_room_reopens() {
     consumer.ack(&tags);
     drop(consumer);
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert!(
+        !broker.info("q").expect("info").partitions[0].full,
+        "a partition with room again is no longer full"
+    );
     let batch: Vec<Message> = (100..104).map(|s| Message::new(body(s, 100))).collect();
     let results = broker.publish("q", batch).await;
     assert!(

@@ -15,6 +15,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use crate::error::{LogError, LogResult};
 use crate::format::{
@@ -148,12 +149,9 @@ impl Writer {
         // them; otherwise an append acknowledged after this open can vanish with the segment's
         // unsynced directory entry at a power loss (found by crash_every_step: EIO at the
         // first open's sync, reopen, append, crash). A fresh segment needs the same two syncs.
-        last.file
-            .sync_data()
+        timed_sync(shared, || last.file.sync_data())
             .map_err(|e| LogError::io("sync segment", last.path.clone(), e))?;
-        shared
-            .io
-            .sync_dir(&shared.dir)
+        timed_sync(shared, || shared.io.sync_dir(&shared.dir))
             .map_err(|e| LogError::io("sync log directory", &shared.dir, e))?;
         let active = Active::from_segment(last, last.end_position, last.next_offset);
         let next_offset = active.next_offset;
@@ -297,12 +295,10 @@ impl Writer {
 
     fn sync_dirty(&mut self, shared: &Shared) -> StepResult<()> {
         for file in self.dirty.drain(..) {
-            file.sync_data().map_err(stop(shared, "sync"))?;
+            timed_sync(shared, || file.sync_data()).map_err(stop(shared, "sync"))?;
         }
         if self.dir_dirty {
-            shared
-                .io
-                .sync_dir(&shared.dir)
+            timed_sync(shared, || shared.io.sync_dir(&shared.dir))
                 .map_err(stop(shared, "sync directory"))?;
             self.dir_dirty = false;
         }
@@ -437,7 +433,7 @@ impl Writer {
             .write_all_at(&seal, self.active.position)
             .map_err(stop(shared, "write seal"))?;
         if sync {
-            self.active.file.sync_data().map_err(stop(shared, "sync"))?;
+            timed_sync(shared, || self.active.file.sync_data()).map_err(stop(shared, "sync"))?;
         }
         Ok(())
     }
@@ -535,9 +531,7 @@ impl Writer {
                 .enter(&victim.path, shared.options.size_class, victim.generation)
                 .map_err(|e| as_stop(shared, e))?;
         }
-        shared
-            .io
-            .sync_dir(&shared.dir)
+        timed_sync(shared, || shared.io.sync_dir(&shared.dir))
             .map_err(stop(shared, "sync directory"))?;
         let mut state = shared.lock();
         for victim in victims {
@@ -564,10 +558,16 @@ fn write_cut_mark(shared: &Shared, segment: &Segment, cut: Option<u64>) -> StepR
         .file
         .write_all_at(&bytes, 0)
         .map_err(stop(shared, "write truncation mark"))?;
-    segment
-        .file
-        .sync_data()
-        .map_err(stop(shared, "sync truncation mark"))
+    timed_sync(shared, || segment.file.sync_data()).map_err(stop(shared, "sync truncation mark"))
+}
+
+/// Run one sync of the commit thread (`sync_data` or `sync_dir`) and count its time in the
+/// pool's histogram, failed or not.
+fn timed_sync(shared: &Shared, sync: impl FnOnce() -> Result<(), IoError>) -> Result<(), IoError> {
+    let start = Instant::now();
+    let result = sync();
+    shared.pool.record_sync(start.elapsed());
+    result
 }
 
 /// Turn an error of a write-path helper into a stop of the log.
@@ -593,6 +593,7 @@ fn fail(shared: &Shared, error: LogError) -> LogError {
     let mut state = shared.lock();
     if state.stopped.is_none() {
         state.stopped = Some(error.clone());
+        shared.pool.note_log_stopped();
     }
     error
 }
@@ -651,7 +652,7 @@ fn new_segment(shared: &Shared, base: u64) -> LogResult<Segment> {
         .map_err(|e| LogError::io("preallocate segment", &scratch, e))?;
     file.write_all_at(&header(generation).encode(), 0)
         .map_err(|e| LogError::io("write segment header", &scratch, e))?;
-    file.sync_data()
+    timed_sync(shared, || file.sync_data())
         .map_err(|e| LogError::io("sync segment", &scratch, e))?;
     io.rename(&scratch, &path)
         .map_err(|e| LogError::io("rename segment into place", &path, e))?;
@@ -734,7 +735,10 @@ fn stop_log(shared: &Shared, error: LogError) {
     tracing::error!(dir = %shared.dir.display(), %error, "log stopped");
     let items = {
         let mut state = shared.lock();
-        state.stopped = Some(error.clone());
+        // `fail` may have marked the stop already: count each stop once.
+        if state.stopped.replace(error.clone()).is_none() {
+            shared.pool.note_log_stopped();
+        }
         state.pending.bytes = 0;
         state.pending.metas.clear();
         state.pending.payloads.clear();

@@ -10,7 +10,9 @@
 //! - `commit`: the commit thread, sole writer of a log's files: group commit, rolls,
 //!   truncation, prefix removal.
 //! - `log`: [`Log`], the public API appenders and readers use; `reader`: [`LogReader`].
-//! - `pool`: [`SegmentPool`], spare segment files shared by the logs of a node.
+//! - `pool`: [`SegmentPool`], spare segment files shared by the logs of a node, and the node's
+//!   log figures (stops, heals, sync latencies).
+//! - `sync_stats`: the sync latency histogram ([`SyncHistogramSnapshot`]).
 //! - `error`: [`LogError`].
 #![deny(missing_docs)]
 #![deny(clippy::big_endian_bytes, clippy::host_endian_bytes)]
@@ -24,6 +26,7 @@ mod pool;
 mod reader;
 mod recovery;
 mod segment;
+mod sync_stats;
 mod ticket;
 
 pub use error::{LogError, LogResult};
@@ -39,4 +42,5 @@ pub use pool::{
     DEFAULT_BUDGET_MAX_BYTES, PRIVATE_POOL_SPARES, SPARES_DIR_NAME,
 };
 pub use reader::LogReader;
+pub use sync_stats::{SyncHistogramSnapshot, SYNC_BUCKET_COUNT, SYNC_BUCKET_FIRST_MICROS};
 pub use ticket::Ticket;

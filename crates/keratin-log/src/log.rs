@@ -560,6 +560,7 @@ impl Log {
         }
         let thread = commit::spawn(shared.clone(), writer)?;
         *self.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(thread);
+        shared.pool.note_log_healed();
         tracing::info!(dir = %shared.dir.display(), durable_offset = durable_next, "log healed");
         Ok(())
     }

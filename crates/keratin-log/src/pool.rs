@@ -26,6 +26,7 @@ use crate::error::{LogError, LogResult};
 use crate::format::{HeaderKind, SegmentHeader, SizeClass, SEGMENT_HEADER_SIZE, SPARE_BASE};
 use crate::io::{Io, IoError, OpenMode};
 use crate::log::DEFAULT_SEGMENT_SIZE_BYTES;
+use crate::sync_stats::{SyncHistogram, SyncHistogramSnapshot};
 
 /// Spares kept by the private pool of a log opened without a node pool.
 pub const PRIVATE_POOL_SPARES: u64 = 4;
@@ -101,6 +102,10 @@ pub struct PoolCounters {
     pub released: u64,
     /// Bytes deleted by [`SegmentPool::release`].
     pub released_bytes: u64,
+    /// Logs of this pool that stopped after a failed write or sync.
+    pub log_stops: u64,
+    /// Stopped logs of this pool that [`crate::Log::heal`] reopened.
+    pub log_heals: u64,
 }
 
 #[derive(Debug, Default)]
@@ -112,6 +117,8 @@ struct Counters {
     retired_generation: AtomicU64,
     released: AtomicU64,
     released_bytes: AtomicU64,
+    log_stops: AtomicU64,
+    log_heals: AtomicU64,
 }
 
 #[derive(Debug, Clone)]
@@ -177,6 +184,7 @@ struct Inner {
     jobs_done: Condvar,
     worker_started: Mutex<bool>,
     counters: Counters,
+    syncs: SyncHistogram,
 }
 
 /// Spare segment files of one node. Cheap to clone: clones share the pool.
@@ -217,6 +225,7 @@ impl SegmentPool {
                 jobs_done: Condvar::new(),
                 worker_started: Mutex::new(false),
                 counters: Counters::default(),
+                syncs: SyncHistogram::default(),
             }),
         }
     }
@@ -698,7 +707,36 @@ impl SegmentPool {
             retired_generation: c.retired_generation.load(Ordering::Relaxed),
             released: c.released.load(Ordering::Relaxed),
             released_bytes: c.released_bytes.load(Ordering::Relaxed),
+            log_stops: c.log_stops.load(Ordering::Relaxed),
+            log_heals: c.log_heals.load(Ordering::Relaxed),
         }
+    }
+
+    /// How long the commit threads of this pool's logs took for each sync since the pool was
+    /// created.
+    pub fn sync_histogram(&self) -> SyncHistogramSnapshot {
+        self.inner.syncs.snapshot()
+    }
+
+    /// Count one sync of a log's commit thread.
+    pub(crate) fn record_sync(&self, elapsed: std::time::Duration) {
+        self.inner.syncs.record(elapsed);
+    }
+
+    /// Count a log that stopped.
+    pub(crate) fn note_log_stopped(&self) {
+        self.inner
+            .counters
+            .log_stops
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Count a stopped log that healed.
+    pub(crate) fn note_log_healed(&self) {
+        self.inner
+            .counters
+            .log_heals
+            .fetch_add(1, Ordering::Relaxed);
     }
 }
 

@@ -6,7 +6,9 @@
 //! - [`node`]: [`Node`], a running broker with its listeners, started from a [`config::Config`].
 //! - [`tcp`]: the protocol server: handshake, one task per connection, bounded queues,
 //!   heartbeats, graceful shutdown.
-//! - [`http`]: the admin API (axum): `/health`, `/api/v1/queues`, and the dashboard at `/`.
+//! - [`http`]: the admin API (axum): `/health`, `/api/v1/queues`, `/api/v1/status`,
+//!   `/api/v1/attention`, `/api/v1/settings`, `/metrics`, and the dashboard at `/`.
+//! - [`attention`]: [`attention::Attention`], the persisted list of what needs an operator.
 //! - [`limits`]: [`limits::NodeLimits`], the sampler and the publish gate over `keratin-limits`.
 //! - [`metrics`]: `/metrics` in the Prometheus text format.
 //! - [`settings`]: runtime settings: overrides stored in the node metadata, checked whole and
@@ -15,6 +17,7 @@
 //! - [`convert`]: wire types to broker types and back.
 #![deny(missing_docs)]
 
+pub mod attention;
 pub mod config;
 pub mod convert;
 pub mod history;

@@ -2,8 +2,10 @@
 //! (spare files counted as free) and the process's memory on a timer and after segment rolls,
 //! feeds the levels (`keratin-limits`), releases spares at the soft disk level, and answers the
 //! partitions' [`PublishGate`] questions from the last sample — never sampling inside a request.
+//! Each sample round also raises and clears the node's [`Attention`] items: level changes, full
+//! queues, stopped and healed logs.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -21,8 +23,7 @@ use crate::history::FreeSpaceHistory;
 use serde_json::{json, Value};
 use tokio::sync::{watch, Notify};
 
-/// Attention items kept: enough for every level change of a busy hour at one per 10 s.
-pub const ATTENTION_ITEMS_MAX: usize = 256;
+use crate::attention::{Attention, AttentionKind, Raise, Severity};
 
 /// A storage file system: its device and the storage directories on it.
 #[derive(Debug, Clone)]
@@ -46,15 +47,6 @@ pub struct PublishCounters {
     pub rejected_memory: AtomicU64,
 }
 
-/// One thing an operator should know about.
-#[derive(Debug, Clone)]
-pub struct AttentionItem {
-    /// When it was raised (ms since the epoch).
-    pub at_ms: u64,
-    /// What happened.
-    pub message: String,
-}
-
 /// The node's resource limits.
 #[derive(Debug)]
 pub struct NodeLimits {
@@ -70,11 +62,21 @@ pub struct NodeLimits {
     nudge: Notify,
     /// Counters for metrics.
     pub counters: PublishCounters,
-    attention: Mutex<VecDeque<AttentionItem>>,
+    attention: Attention,
     /// Queues at their limit at the last sample.
-    full_queues: Mutex<std::collections::BTreeSet<String>>,
+    full_queues: Mutex<BTreeSet<String>>,
     /// Recent free space per file system, for the dashboard's plot.
     history: FreeSpaceHistory,
+    /// Each partition log's stop figures at the last sample, by directory.
+    stopped_logs: Mutex<BTreeMap<String, LogFigures>>,
+}
+
+/// A partition log's stop figures at one sample.
+#[derive(Debug, Default, Clone, Copy)]
+struct LogFigures {
+    stops: u64,
+    heals: u64,
+    stopped: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -115,6 +117,10 @@ impl NodeLimits {
             }
         }
         let monitor = Monitor::new(settings).map_err(|e| e.to_string())?;
+        let first = filesystems
+            .first()
+            .ok_or("no storage directory is configured (storage.dirs)")?;
+        let attention = Attention::open(&first.path);
         Ok(NodeLimits {
             monitor: Mutex::new(monitor),
             filesystems,
@@ -125,9 +131,10 @@ impl NodeLimits {
             roots,
             nudge: Notify::new(),
             counters: PublishCounters::default(),
-            attention: Mutex::new(VecDeque::new()),
-            full_queues: Mutex::new(std::collections::BTreeSet::new()),
+            attention,
+            full_queues: Mutex::new(BTreeSet::new()),
             history: FreeSpaceHistory::new(),
+            stopped_logs: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -168,20 +175,15 @@ impl NodeLimits {
         self.nudge.notify_one();
     }
 
-    /// Recent attention items, oldest first.
-    pub fn attention(&self) -> Vec<AttentionItem> {
-        lock(&self.attention).iter().cloned().collect()
+    /// The node's attention items.
+    pub fn attention(&self) -> &Attention {
+        &self.attention
     }
 
-    fn raise(&self, message: String) {
-        let mut items = lock(&self.attention);
-        if items.len() == ATTENTION_ITEMS_MAX {
-            items.pop_front();
-        }
-        items.push_back(AttentionItem {
-            at_ms: now_ms(),
-            message,
-        });
+    /// After the first sample round with the broker attached: clear the attention items
+    /// carried over a restart whose cause that round did not find again.
+    pub fn settle_attention(&self) {
+        self.attention.settle();
     }
 
     /// Bytes Keratin itself uses on disk: partitions' logs and spare files (for the budget).
@@ -198,7 +200,9 @@ impl NodeLimits {
 
     /// Take one sample of every file system and of memory, and act on level changes.
     pub fn sample(&self) {
+        self.attention.retry_save();
         self.check_full_queues();
+        self.check_stopped_logs();
         let max_bytes = self.max_bytes.load(Ordering::Relaxed);
         let used = if max_bytes > 0 { self.used_bytes() } else { 0 };
         for fs in &self.filesystems {
@@ -267,12 +271,79 @@ impl NodeLimits {
                  messages); consume, or raise its max_messages / max_bytes"
             );
             tracing::warn!("{message}");
-            self.raise(message);
+            self.attention.raise(Raise {
+                kind: AttentionKind::QueueFull,
+                subject: name.clone(),
+                severity: Severity::Warning,
+                level: None,
+                message,
+            });
         }
         for name in before.difference(&now) {
             tracing::info!("queue {name} has room again");
+            self.attention.clear(AttentionKind::QueueFull, name);
         }
         *before = now;
+    }
+
+    /// Raise an attention item for each partition log that stopped, clear it and note the
+    /// heal once it runs again. The partitions count their stops and heals, so a log that
+    /// stopped and healed between two samples (the owner heals at once when the disk works)
+    /// still leaves both in the history.
+    fn check_stopped_logs(&self) {
+        let Some(broker) = self.broker.get() else {
+            return;
+        };
+        let mut seen = lock(&self.stopped_logs);
+        let mut now = BTreeMap::new();
+        for queue in broker.list() {
+            for partition in &queue.partitions {
+                let dir = partition.dir.display().to_string();
+                let before = seen.get(&dir).copied().unwrap_or_default();
+                let figures = LogFigures {
+                    stops: partition.stops,
+                    heals: partition.heals,
+                    stopped: partition.stopped,
+                };
+                if figures.stops > before.stops || (figures.stopped && !before.stopped) {
+                    let message = format!(
+                        "the log of queue {} partition {} ({dir}) stopped after a failed write or \
+                         sync: its publishes are refused; the broker heals it once its file \
+                         system has room again; check the disk and the broker's log for the error",
+                        queue.name, partition.index
+                    );
+                    tracing::error!("{message}");
+                    self.attention.raise(Raise {
+                        kind: AttentionKind::LogStopped,
+                        subject: dir.clone(),
+                        severity: Severity::Critical,
+                        level: None,
+                        message,
+                    });
+                }
+                let healed = figures.heals > before.heals || (before.stopped && !figures.stopped);
+                if healed && !figures.stopped {
+                    self.attention.clear(AttentionKind::LogStopped, &dir);
+                    self.attention.note(Raise {
+                        kind: AttentionKind::LogHealed,
+                        subject: dir.clone(),
+                        severity: Severity::Info,
+                        level: None,
+                        message: format!(
+                            "the log of queue {} partition {} ({dir}) was healed and takes \
+                             publishes again",
+                            queue.name, partition.index
+                        ),
+                    });
+                }
+                now.insert(dir, figures);
+            }
+        }
+        // A deleted queue's logs are gone, and with them the cause of their items.
+        for dir in seen.keys().filter(|dir| !now.contains_key(*dir)) {
+            self.attention.clear(AttentionKind::LogStopped, dir);
+        }
+        *seen = now;
     }
 
     /// At soft and deeper, spare segment files go first: they are free space held back.
@@ -289,7 +360,7 @@ impl NodeLimits {
     }
 
     fn report(&self, change: &LevelChange, fs: Option<&Filesystem>) {
-        let message = match (change, fs) {
+        let what = match (change, fs) {
             (
                 LevelChange::Disk {
                     from,
@@ -309,11 +380,49 @@ impl NodeLimits {
             _ => change.to_string(),
         };
         if change.to() > change.from() {
-            tracing::warn!("{message}");
+            tracing::warn!("{what}");
         } else {
-            tracing::info!("{message}");
+            tracing::info!("{what}");
         }
-        self.raise(message);
+        let (kind, subject) = match (change, fs) {
+            (LevelChange::Disk { .. }, Some(fs)) => {
+                (AttentionKind::DiskLevel, fs.path.display().to_string())
+            }
+            _ => (AttentionKind::MemoryLevel, "memory".to_string()),
+        };
+        let to = change.to();
+        if to == Level::Normal {
+            self.attention.clear(kind, &subject);
+            return;
+        }
+        let advice = match (kind, to) {
+            (AttentionKind::DiskLevel, Level::Soft) => {
+                "publishers are slowed and spare segments released; consume or purge the largest \
+                 queues, or free or add space"
+            }
+            (AttentionKind::DiskLevel, _) => {
+                "publishes are refused with ERR_LIMITED; consume or purge the largest queues, or \
+                 free or add space now"
+            }
+            (_, Level::Soft) => {
+                "publishers are slowed; consume faster, publish less, or raise the memory limit"
+            }
+            _ => {
+                "publishes are refused with ERR_LIMITED; consume faster, publish less, or raise \
+                 the memory limit"
+            }
+        };
+        self.attention.raise(Raise {
+            kind,
+            subject,
+            severity: if to == Level::Soft {
+                Severity::Warning
+            } else {
+                Severity::Critical
+            },
+            level: Some(to.as_str().to_string()),
+            message: format!("{what}: {advice}"),
+        });
     }
 
     /// The queues using the most space on a file system, for messages and the dashboard.

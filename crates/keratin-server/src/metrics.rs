@@ -5,12 +5,14 @@
 use std::sync::atomic::Ordering;
 
 use keratin_broker::Broker;
+use keratin_log::{SyncHistogramSnapshot, SYNC_BUCKET_COUNT};
 use prometheus_client::encoding::text::encode;
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::{Registry, Unit};
 
 use crate::limits::NodeLimits;
 
@@ -59,6 +61,37 @@ fn gauge(registry: &mut Registry, name: &str, help: &str, value: u64) {
 
 fn set(g: &Gauge, value: u64) {
     g.set(i64::try_from(value).unwrap_or(i64::MAX));
+}
+
+/// The commit threads' sync latencies, already counted by the log's fixed buckets: encoded as
+/// a Prometheus histogram without observing anything again.
+#[derive(Debug)]
+struct SyncLatency(SyncHistogramSnapshot);
+
+impl EncodeMetric for SyncLatency {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        // Non-cumulative counts per bound; the encoder sums them and writes `f64::MAX` as +Inf.
+        let buckets: Vec<(f64, u64)> = (0..=SYNC_BUCKET_COUNT)
+            .map(|index| {
+                let bound = if index < SYNC_BUCKET_COUNT {
+                    SyncHistogramSnapshot::bound_micros(index) as f64 / 1e6
+                } else {
+                    f64::MAX
+                };
+                (bound, self.0.counts[index])
+            })
+            .collect();
+        encoder.encode_histogram::<NoLabelSet>(
+            self.0.sum_nanos as f64 / 1e9,
+            self.0.count(),
+            &buckets,
+            None,
+        )
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
 }
 
 /// The metrics text of a node.
@@ -132,7 +165,20 @@ pub fn render(broker: &Broker, limits: &NodeLimits) -> String {
             .get_or_create(&labels)
             .inc_by(r.load(Ordering::Relaxed));
     }
+    let queues = broker.list();
+    rejected
+        .get_or_create(&ReasonLabels {
+            reason: "queue_full".into(),
+        })
+        .inc_by(
+            queues
+                .iter()
+                .flat_map(|q| &q.partitions)
+                .map(|p| p.rejected_full)
+                .sum(),
+        );
     let pool = broker.pool();
+    register_log_figures(&mut registry, broker, &queues);
     let spares = gauge_family::<PoolLabels>(
         &mut registry,
         "pool_spares",
@@ -204,7 +250,7 @@ pub fn render(broker: &Broker, limits: &NodeLimits) -> String {
         "Messages drop_oldest removed to make room, by queue",
         overflowed.clone(),
     );
-    for q in broker.list() {
+    for q in queues {
         let labels = QueueLabels {
             queue: q.name.clone(),
         };
@@ -227,4 +273,48 @@ pub fn render(broker: &Broker, limits: &NodeLimits) -> String {
         out.push_str("# error encoding metrics\n");
     }
     out
+}
+
+/// Log stops and heals (every log of the node shares the pool that counts them), the partitions
+/// stopped now, and the sync latency histogram.
+fn register_log_figures(
+    registry: &mut Registry,
+    broker: &Broker,
+    queues: &[keratin_broker::QueueInfo],
+) {
+    let pool = broker.pool();
+    let counters = pool.counters();
+    for (name, help, value) in [
+        (
+            "log_stops",
+            "Logs (partitions and the metadata log) stopped by a failed write or sync",
+            counters.log_stops,
+        ),
+        (
+            "log_heals",
+            "Stopped logs reopened by a heal",
+            counters.log_heals,
+        ),
+    ] {
+        let c = Counter::<u64>::default();
+        c.inc_by(value);
+        registry.register(name, help, c);
+    }
+    let stopped = queues
+        .iter()
+        .flat_map(|q| &q.partitions)
+        .filter(|p| p.stopped)
+        .count();
+    gauge(
+        registry,
+        "partitions_stopped",
+        "Partitions whose log is stopped now (refusing publishes until healed)",
+        stopped as u64,
+    );
+    registry.register_with_unit(
+        "log_fsync",
+        "Time of each sync (fdatasync of a segment, fsync of a log directory) by the commit threads",
+        Unit::Seconds,
+        SyncLatency(pool.sync_histogram()),
+    );
 }

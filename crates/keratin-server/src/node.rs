@@ -94,6 +94,7 @@ impl Node {
             .await
             .map_err(|e| NodeError::Limits(e.to_string()))?;
         limits.sample();
+        limits.settle_attention();
         let bind = |addr: SocketAddr| async move {
             TcpListener::bind(addr)
                 .await

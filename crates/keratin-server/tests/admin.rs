@@ -38,6 +38,7 @@ async fn status_queues_and_metrics() {
     config.storage.segment_bytes = 1 << 20;
     config.server.listen = "127.0.0.1:0".parse().expect("addr");
     config.server.http = "127.0.0.1:0".parse().expect("addr");
+    host_disk_limits(&mut config);
     let node = Node::start(&config).await.expect("start");
     node.broker()
         .declare("q", keratin_broker::QueueSettings::default())
@@ -99,4 +100,115 @@ async fn status_queues_and_metrics() {
     .await;
     node.shutdown().await.expect("shutdown");
     result.expect("checks");
+}
+
+/// A failed disk call (on `SimIo`) stops a partition's log: the node counts the stop, raises a
+/// `log_stopped` attention item, heals the log by itself (the simulated disk works again), then
+/// clears the item and notes the heal; `/metrics` and the queue JSON show one stop and one heal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_log_raises_attention_and_its_heal_clears_it() {
+    use keratin_log::{SimFault, SimIo};
+    use std::time::{Duration, Instant};
+
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut config = Config::default();
+    config.storage.dirs = vec![dir.path().join("data")];
+    config.storage.segment_bytes = 1 << 20;
+    config.server.listen = "127.0.0.1:0".parse().expect("addr");
+    config.server.http = "127.0.0.1:0".parse().expect("addr");
+    host_disk_limits(&mut config);
+    // The owner heals at once when the disk works again, usually before any sample: the
+    // partition's stop and heal counts carry the event to the sampler.
+    config.limits.sample_interval_ms = 20;
+    let sim = SimIo::new(11);
+    let node = Node::start_with_io(&config, std::sync::Arc::new(sim.clone()))
+        .await
+        .expect("start");
+    let broker = node.broker().clone();
+    broker
+        .declare("q", keratin_broker::QueueSettings::default())
+        .await
+        .expect("declare");
+    let publish = |body: &'static [u8]| {
+        let broker = broker.clone();
+        async move {
+            broker
+                .publish("q", vec![keratin_broker::Message::new(body.to_vec())])
+                .await
+                .remove(0)
+        }
+    };
+    publish(b"first").await.expect("publish");
+    // The node is idle: the next disk call, the publish's write or sync, fails.
+    sim.fail_at(sim.steps() + 1, SimFault::Eio);
+    let failed = publish(b"lost").await;
+    assert!(failed.is_err(), "the failed disk call fails the publish");
+    let dir_of_partition = broker.info("q").expect("info").partitions[0]
+        .dir
+        .display()
+        .to_string();
+    let http = node.http_addr();
+    let result = tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let items = loop {
+            let (_, body) = get(http, "/api/v1/attention");
+            let doc: serde_json::Value = serde_json::from_str(&body).expect("json");
+            let items = doc["items"].as_array().cloned().unwrap_or_default();
+            let healed = items.iter().any(|i| i["kind"] == "log_healed");
+            let stopped_active = items
+                .iter()
+                .any(|i| i["kind"] == "log_stopped" && i["active"] == true);
+            if healed && !stopped_active {
+                break items;
+            }
+            assert!(Instant::now() < deadline, "no heal within 30 s: {doc}");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let stopped = items
+            .iter()
+            .find(|i| i["kind"] == "log_stopped")
+            .unwrap_or_else(|| panic!("the stop was raised: {items:?}"));
+        assert_eq!(stopped["subject"], dir_of_partition.as_str(), "{stopped}");
+        assert_eq!(stopped["severity"], "critical", "{stopped}");
+        assert!(stopped["cleared_at_ms"].is_u64(), "{stopped}");
+        let healed = items
+            .iter()
+            .find(|i| i["kind"] == "log_healed")
+            .expect("healed");
+        assert_eq!(healed["subject"], dir_of_partition.as_str(), "{healed}");
+        assert_eq!(healed["severity"], "info", "{healed}");
+        assert_eq!(healed["active"], false, "history only: {healed}");
+        let (_, metrics) = get(http, "/metrics");
+        let value = |name: &str| -> Option<String> {
+            metrics
+                .lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ').map(str::to_string))
+        };
+        assert_eq!(value("keratin_log_stops_total").as_deref(), Some("1"));
+        assert_eq!(value("keratin_log_heals_total").as_deref(), Some("1"));
+        assert_eq!(value("keratin_partitions_stopped").as_deref(), Some("0"));
+        let (_, body) = get(http, "/api/v1/queues/q");
+        let q: serde_json::Value = serde_json::from_str(&body).expect("json");
+        assert_eq!(q["partitions"][0]["stops"], 1, "{q}");
+        assert_eq!(q["partitions"][0]["heals"], 1, "{q}");
+        assert_eq!(q["partitions"][0]["stopped"], false, "{q}");
+    })
+    .await;
+    publish(b"after")
+        .await
+        .expect("the healed log takes publishes");
+    node.shutdown().await.expect("shutdown");
+    result.expect("checks");
+}
+
+/// Tiny disk thresholds: these tests must not slow down or fail because the host's disk happens
+/// to be 90% full (the defaults put soft at 10% free).
+fn host_disk_limits(config: &mut Config) {
+    let disk = &mut config.limits.disk;
+    disk.soft_fraction = 0.002;
+    disk.hard_fraction = 0.001;
+    disk.reserve_fraction = 0.0005;
+    disk.soft_floor_bytes = 256 << 20;
+    disk.hard_floor_bytes = 128 << 20;
+    disk.reserve_floor_bytes = 64 << 20;
 }

@@ -22,6 +22,7 @@ async fn start(dir: &tempfile::TempDir) -> Node {
     config.storage.segment_bytes = 1 << 20;
     config.server.listen = "127.0.0.1:0".parse().expect("addr");
     config.server.http = "127.0.0.1:0".parse().expect("addr");
+    host_disk_limits(&mut config);
     Node::start(&config).await.expect("start node")
 }
 
@@ -370,4 +371,16 @@ async fn two_nodes_in_one_process_stay_apart() {
         .starts_with(dir_b.path()));
     a.shutdown().await.expect("shutdown a");
     b.shutdown().await.expect("shutdown b");
+}
+
+/// Tiny disk thresholds: these tests must not slow down or fail because the host's disk happens
+/// to be 90% full (the defaults put soft at 10% free).
+fn host_disk_limits(config: &mut Config) {
+    let disk = &mut config.limits.disk;
+    disk.soft_fraction = 0.002;
+    disk.hard_fraction = 0.001;
+    disk.reserve_fraction = 0.0005;
+    disk.soft_floor_bytes = 256 << 20;
+    disk.hard_floor_bytes = 128 << 20;
+    disk.reserve_floor_bytes = 64 << 20;
 }

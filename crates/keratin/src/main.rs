@@ -8,6 +8,7 @@
 //! - `status`: `keratin status`, the node's disk and memory levels from `GET /api/v1/status`.
 //! - `settings`: `keratin settings get|set|reset`, runtime settings via `/api/v1/settings`.
 //! - `admin`: one HTTP/1.1 request to the admin port (JSON in, JSON out).
+//! - `attention`: `keratin attention`, what needs an operator, from `GET /api/v1/attention`.
 //! - `connect`: the flags every verb shares (`--server`, `--json`) and connecting with them.
 //! - `output`: tables, sizes, error keys, JSON printing and the progress bar.
 //! - `body`: the self-checking test body (sequence number + filler + CRC32C) that `publish`
@@ -19,6 +20,7 @@
 //! `{"error": ..., "code": ...}` object goes to stdout); 2 for bad usage (clap).
 
 mod admin;
+mod attention;
 mod body;
 mod connect;
 mod consume;
@@ -58,6 +60,9 @@ enum Command {
     Status(status::StatusArgs),
     /// Read and change the node's runtime settings (limits, budgets) without a restart.
     Settings(settings::SettingsArgs),
+    /// Show what needs an operator: level changes, full queues, stopped and healed logs
+    /// (active items and recent history; `--all` for everything kept).
+    Attention(attention::AttentionArgs),
 }
 
 impl Command {
@@ -70,6 +75,7 @@ impl Command {
             Command::Consume(args) => args.common.json,
             Command::Status(args) => args.common.json,
             Command::Settings(args) => args.common.json,
+            Command::Attention(args) => args.common.json,
         }
     }
 }
@@ -95,6 +101,7 @@ fn main() -> ExitCode {
             Command::Consume(args) => consume::run(args).await,
             Command::Status(args) => status::run(args),
             Command::Settings(args) => settings::run(args),
+            Command::Attention(args) => attention::run(args),
         }
     });
     match result {

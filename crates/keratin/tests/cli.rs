@@ -45,6 +45,13 @@ impl Server {
             .arg("--data-dir")
             .arg(&data)
             .args(["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+            // Tiny disk thresholds: these tests must not depend on how full the host's disk is.
+            .env("KERATIN_LIMITS__DISK__SOFT_FRACTION", "0.002")
+            .env("KERATIN_LIMITS__DISK__HARD_FRACTION", "0.001")
+            .env("KERATIN_LIMITS__DISK__RESERVE_FRACTION", "0.0005")
+            .env("KERATIN_LIMITS__DISK__SOFT_FLOOR_BYTES", "268435456")
+            .env("KERATIN_LIMITS__DISK__HARD_FLOOR_BYTES", "134217728")
+            .env("KERATIN_LIMITS__DISK__RESERVE_FLOOR_BYTES", "67108864")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log)
@@ -390,6 +397,121 @@ fn status_shows_filesystems_and_memory() {
     assert!(human.status.success(), "{}", describe(&human));
     let text = String::from_utf8_lossy(&human.stdout);
     assert!(text.contains("LEVEL") && text.contains("memory"), "{text}");
+}
+
+/// Bound on waiting for the sampler (1 s interval by default) to raise or clear an item.
+const ATTENTION_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Polls `keratin attention ARGS --json` until `wanted` holds for the queue_full item of
+/// `queue`, bounded by [`ATTENTION_TIMEOUT`]; returns that item.
+fn wait_queue_full_item(server: &Server, args: &[&str], queue: &str, active: bool) -> Value {
+    let deadline = Instant::now() + ATTENTION_TIMEOUT;
+    loop {
+        let document = server.json(&[&["attention"], args].concat());
+        let found = document["items"].as_array().and_then(|items| {
+            items
+                .iter()
+                .find(|i| {
+                    i["kind"] == "queue_full" && i["subject"] == queue && i["active"] == active
+                })
+                .cloned()
+        });
+        if let Some(item) = found {
+            return item;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no queue_full item for {queue} with active={active} within {ATTENTION_TIMEOUT:?}: \
+             {document}\nlog:\n{}",
+            server.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn attention_shows_a_full_queue_and_keeps_it_in_history_once_cleared() {
+    let server = Server::start();
+    // The machine's own disk may be past soft (a disk_level item): look at queue items only.
+    let queue_items = |args: &[&str]| -> Vec<Value> {
+        let document = server.json(&[&["attention"], args].concat());
+        document["items"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no items list: {document}"))
+            .iter()
+            .filter(|i| i["kind"] == "queue_full")
+            .cloned()
+            .collect()
+    };
+    assert_eq!(queue_items(&["--all"]), Vec::<Value>::new());
+    server.json(&[
+        "queue",
+        "declare",
+        "capped",
+        "--max-messages",
+        "3",
+        "--overflow",
+        "reject",
+    ]);
+    // One more than the queue holds: the last one is refused and the queue is full.
+    let published = server.run(&[
+        "publish",
+        "capped",
+        "--count",
+        "4",
+        "--size",
+        "16",
+        "--keep-going",
+        "--timeout-ms",
+        "300",
+        "--json",
+    ]);
+    assert_eq!(
+        parse(&published)["confirmed"],
+        3,
+        "{}",
+        describe(&published)
+    );
+    let item = wait_queue_full_item(&server, &["--active"], "capped", true);
+    assert_eq!(item["severity"], "warning", "{item}");
+    assert!(item["cleared_at_ms"].is_null(), "{item}");
+    assert!(item["id"].as_u64().is_some_and(|id| id >= 1), "{item}");
+    assert!(
+        item["raised_at_ms"].as_u64().is_some_and(|at| at > 0),
+        "{item}"
+    );
+    let message = item["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("capped") && message.contains("max_messages"),
+        "the message says what to do: {message}"
+    );
+    let human = server.run(&["attention"]);
+    assert!(human.status.success(), "{}", describe(&human));
+    let text = String::from_utf8_lossy(&human.stdout);
+    let row = text.lines().find(|l| l.contains("queue_full"));
+    assert!(
+        row.is_some_and(|l| l.contains("active") && l.contains("capped")),
+        "{text}"
+    );
+
+    server.json(&["queue", "purge", "capped"]);
+    let cleared = wait_queue_full_item(&server, &[], "capped", false);
+    assert_eq!(
+        cleared["id"], item["id"],
+        "the same item, cleared: {cleared}"
+    );
+    assert!(
+        cleared["cleared_at_ms"].as_u64() >= item["raised_at_ms"].as_u64(),
+        "{cleared}"
+    );
+    assert_eq!(queue_items(&["--active"]), Vec::<Value>::new());
+    assert_eq!(queue_items(&["--all"]), vec![cleared]);
+    let human = server.run(&["attention"]);
+    let text = String::from_utf8_lossy(&human.stdout);
+    let row = text.lines().find(|l| l.contains("queue_full"));
+    assert!(row.is_some_and(|l| l.contains("cleared")), "{text}");
+    let conflicting = server.run(&["attention", "--all", "--active"]);
+    assert!(!conflicting.status.success(), "{}", describe(&conflicting));
 }
 
 #[test]

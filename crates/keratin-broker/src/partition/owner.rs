@@ -397,7 +397,7 @@ impl Owner {
                 // Only a log that stopped stops the partition; a refused request does not.
                 if let BrokerError::Unavailable { source, .. } = &error {
                     if source.is_stopped() {
-                        self.stopped = Some(source.clone());
+                        self.stop(source.clone());
                     }
                 }
                 self.fail(records, done, error);
@@ -437,7 +437,7 @@ impl Owner {
             match entry.result {
                 Some(Ok(range)) => self.apply(range, entry.records, entry.done),
                 Some(Err(error)) => {
-                    self.stopped = Some(error.clone());
+                    self.stop(error.clone());
                     // The records reached the log's queue: a crash before the failure could
                     // leave them durable, so the caller cannot know.
                     let error = BrokerError::OutcomeUnknown {
@@ -600,6 +600,15 @@ impl Owner {
         Ok(())
     }
 
+    /// The log stopped with `error`: refuse appends until [`Owner::maybe_heal`] reopens it.
+    /// Each stop is counted once, for attention items and metrics.
+    fn stop(&mut self, error: LogError) {
+        if self.stopped.is_none() {
+            self.figures.stops.fetch_add(1, Ordering::Relaxed);
+        }
+        self.stopped = Some(error);
+    }
+
     fn publish_figures(&mut self) {
         let f = &self.figures;
         let busy = (self.inflight.len() + self.limbo.len()) as u64;
@@ -621,6 +630,9 @@ impl Owner {
         }
         f.stopped
             .store(u64::from(self.stopped.is_some()), Ordering::Relaxed);
+        if f.full.load(Ordering::Relaxed) != 0 && self.has_room() {
+            f.full.store(0, Ordering::Relaxed);
+        }
     }
 }
 

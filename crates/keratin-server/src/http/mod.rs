@@ -7,7 +7,7 @@ use std::future::Future;
 
 use std::sync::Arc;
 
-use axum::extract::{FromRef, Path, State};
+use axum::extract::{FromRef, Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -70,15 +70,23 @@ pub async fn serve(
         .await
 }
 
-/// `GET /api/v1/attention`: what needs an operator (level changes, full queues), oldest first.
-/// In memory and bounded for now; persistence and clearing come with the settings issue.
-async fn attention(State(admin): State<Admin>) -> Json<Value> {
-    let items: Vec<Value> = admin
-        .limits
-        .attention()
-        .into_iter()
-        .map(|item| json!({ "at_ms": item.at_ms, "message": item.message }))
-        .collect();
+/// The query of `GET /api/v1/attention`.
+#[derive(Debug, serde::Deserialize)]
+struct AttentionQuery {
+    /// Only the active items.
+    #[serde(default)]
+    active: bool,
+}
+
+/// `GET /api/v1/attention[?active=true]`: what needs an operator (level changes, full queues,
+/// stopped and healed logs), oldest first, active and cleared (see `attention.rs`).
+async fn attention(State(admin): State<Admin>, Query(query): Query<AttentionQuery>) -> Json<Value> {
+    let attention = admin.limits.attention();
+    let items = if query.active {
+        attention.active()
+    } else {
+        attention.items()
+    };
     Json(json!({ "items": items }))
 }
 
@@ -244,6 +252,8 @@ pub fn queue_json(info: &QueueInfo) -> Value {
             "bytes": p.bytes,
             "disk_bytes": p.disk_bytes,
             "stopped": p.stopped,
+            "stops": p.stops,
+            "heals": p.heals,
             "full": p.full,
             "rejected_queue_full": p.rejected_full,
             "overflowed": p.overflowed,

@@ -31,6 +31,19 @@ pub fn privileged(test: &str) -> bool {
     false
 }
 
+/// Disk thresholds for a server on the host's disk (no `--config`): tiny fractions and floors,
+/// so that a test of something else does not slow down or fail because the machine's disk
+/// happens to be 90% full (the defaults put soft at 10% free). Tests of the limits themselves
+/// use a tmpfs or a budget and a config file, where these do not apply.
+pub const HOST_DISK_LIMITS: &[(&str, &str)] = &[
+    ("KERATIN_LIMITS__DISK__SOFT_FRACTION", "0.002"),
+    ("KERATIN_LIMITS__DISK__HARD_FRACTION", "0.001"),
+    ("KERATIN_LIMITS__DISK__RESERVE_FRACTION", "0.0005"),
+    ("KERATIN_LIMITS__DISK__SOFT_FLOOR_BYTES", "268435456"),
+    ("KERATIN_LIMITS__DISK__HARD_FLOOR_BYTES", "134217728"),
+    ("KERATIN_LIMITS__DISK__RESERVE_FLOOR_BYTES", "67108864"),
+];
+
 /// A running `keratin serve`, killed by PID when dropped.
 pub struct Server {
     pub child: Option<Child>,
@@ -47,6 +60,9 @@ impl Server {
 
     /// Start through a prepared command (for example a shell that joins a cgroup first).
     pub fn start_with(mut command: Command, args: &[&str]) -> Server {
+        if !args.contains(&"--config") {
+            command.envs(HOST_DISK_LIMITS.iter().copied());
+        }
         command
             .args(args)
             .stdout(Stdio::piped())

@@ -89,6 +89,14 @@ impl Owner {
             || self.limits.max_bytes.is_some_and(|max| bytes > max)
     }
 
+    /// Below both limits: a small publish fits again. A partition marked full when it refused a
+    /// publish stays full until then, so `full` means "refusing now", not "refused once".
+    pub(super) fn has_room(&self) -> bool {
+        let (count, bytes) = self.queue_usage();
+        !(self.limits.max_messages.is_some_and(|max| count >= max)
+            || self.limits.max_bytes.is_some_and(|max| bytes >= max))
+    }
+
     pub(super) fn queue_full_error(&self) -> BrokerError {
         let what = match (self.limits.max_messages, self.limits.max_bytes) {
             (Some(m), Some(b)) => format!("max_messages {m} or max_bytes {b} per partition"),

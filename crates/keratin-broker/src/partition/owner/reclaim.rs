@@ -21,6 +21,7 @@ impl Owner {
             Ok(()) => {
                 tracing::info!(queue = %self.ctx.queue, partition = self.ctx.index, "log healed; publishes resume");
                 self.stopped = None;
+                self.figures.heals.fetch_add(1, Ordering::Relaxed);
                 self.reader = None;
                 self.reclaim_busy = false;
                 self.reclaim_due = true;
@@ -55,7 +56,7 @@ impl Owner {
                         let _ = commands.send(Command::PrefixRemoved { result });
                     });
                 }
-                Err(error) => self.stopped = Some(error),
+                Err(error) => self.stop(error),
             }
             return;
         }
@@ -131,7 +132,7 @@ impl Owner {
             }
             Err(error) => {
                 tracing::error!(queue = %self.ctx.queue, %error, "space reclaim failed");
-                self.stopped = Some(error);
+                self.stop(error);
             }
         }
     }
