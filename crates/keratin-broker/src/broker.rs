@@ -440,6 +440,17 @@ impl Broker {
         self.inner.publish(name, messages).await
     }
 
+    /// Whether separate publishes to `name` may be handed over as one batch without changing
+    /// their outcomes: true when the queue exists and has no message or byte limit (a batch is
+    /// admitted under the limits all or nothing; the resource gate decides the same for every
+    /// publish of an instant either way).
+    pub fn publishes_may_join(&self, name: &str) -> bool {
+        self.inner.queue(name).is_ok_and(|queue| {
+            let settings = queue.settings.read().unwrap_or_else(|e| e.into_inner());
+            settings.max_messages.is_none() && settings.max_bytes.is_none()
+        })
+    }
+
     /// Route and hand over messages now, and return a value that waits for their outcomes: a
     /// connection uses it so that its publishes reach each partition in the order they arrived,
     /// while their confirms are awaited elsewhere.

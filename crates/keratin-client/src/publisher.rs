@@ -154,7 +154,7 @@ impl Client {
         queue: &str,
         message: OutgoingMessage,
     ) -> Result<Confirmed, PublishFailed> {
-        let mut results = self.publish_batch(queue, vec![message]).await;
+        let mut results = self.publish_messages(queue, vec![message], true).await;
         match results.pop() {
             Some(result) => result,
             None => unreachable!("publish_batch answers every message"),
@@ -168,6 +168,16 @@ impl Client {
         &self,
         queue: &str,
         messages: Vec<OutgoingMessage>,
+    ) -> Vec<Result<Confirmed, PublishFailed>> {
+        self.publish_messages(queue, messages, false).await
+    }
+
+    /// `publish_batch`, or with `joinable` single publishes that may share a frame.
+    async fn publish_messages(
+        &self,
+        queue: &str,
+        messages: Vec<OutgoingMessage>,
+        joinable: bool,
     ) -> Vec<Result<Confirmed, PublishFailed>> {
         let timeout = self.options().publish_timeout;
         let deadline = Instant::now() + timeout;
@@ -186,7 +196,7 @@ impl Client {
             // An attempt sent just before the deadline still gets its answer: the broker answers
             // a refused publish at once, and reporting it as an unknown outcome would be false.
             let answer_deadline = deadline.max(Instant::now() + ATTEMPT_ANSWER_GRACE);
-            let waiting = self.publish_send(queue, pending).await;
+            let waiting = self.publish_send(queue, pending, joinable).await;
             let mut limited: Vec<(Attempt, ErrorBody)> = Vec::new();
             for (attempt, publish_id, answer) in waiting {
                 let outcome = match tokio::time::timeout_at(answer_deadline, answer).await {
@@ -284,6 +294,7 @@ impl Client {
         &self,
         queue: &str,
         attempts: Vec<Attempt>,
+        joinable: bool,
     ) -> Vec<(Attempt, u64, oneshot::Receiver<PublishOutcome>)> {
         let mut waiting = Vec::with_capacity(attempts.len());
         let mut frame_messages = Vec::new();
@@ -295,7 +306,7 @@ impl Client {
             if !frame_messages.is_empty() && frame_size_bytes + size_bytes > frame_limit {
                 let messages = std::mem::take(&mut frame_messages);
                 let waiters = std::mem::take(&mut frame_waiters);
-                self.publish_frame(queue, PublishMode::Confirmed, messages, waiters)
+                self.publish_frame(queue, PublishMode::Confirmed, messages, waiters, joinable)
                     .await;
                 frame_size_bytes = PUBLISH_FRAME_OVERHEAD_BYTES + queue.len();
             }
@@ -307,8 +318,14 @@ impl Client {
             waiting.push((attempt, publish_id, answer));
         }
         if !frame_messages.is_empty() {
-            self.publish_frame(queue, PublishMode::Confirmed, frame_messages, frame_waiters)
-                .await;
+            self.publish_frame(
+                queue,
+                PublishMode::Confirmed,
+                frame_messages,
+                frame_waiters,
+                joinable,
+            )
+            .await;
         }
         waiting
     }
@@ -321,12 +338,14 @@ impl Client {
         mode: PublishMode,
         messages: Vec<Message>,
         waiters: Vec<Waiter>,
+        joinable: bool,
     ) {
         let command = Command::Publish {
             queue: queue.to_owned(),
             mode,
             messages,
             waiters,
+            joinable,
         };
         if let Err(mpsc::error::SendError(command)) = self.commands().send(command).await {
             // Confirmed waiters see their sender dropped and report the lost connection;
@@ -481,6 +500,7 @@ impl BufferedPublisher {
                 PublishMode::Buffered,
                 vec![wire],
                 vec![Waiter::Buffered(entry)],
+                true,
             )
             .await;
         Ok(())
@@ -583,6 +603,7 @@ mod tests {
             queue: "q".into(),
             mode: PublishMode::Confirmed,
             messages: vec![message.to_wire(7)],
+            joinable: true,
         });
         frame.encode(&mut dst, FRAME_SIZE_BYTES_MAX).unwrap();
         assert!(dst.len() <= PUBLISH_FRAME_OVERHEAD_BYTES + 1 + message.size_bytes());

@@ -311,9 +311,12 @@ fn read_headers(r: &mut Reader) -> Result<Vec<Header>, ProtoError> {
     })
 }
 
+/// Bit 7 of a `Publish` frame's `mode` byte: the messages are joinable separate publishes.
+const JOINABLE_BIT: u8 = 0x80;
+
 fn put_publish(dst: &mut BytesMut, publish: &Publish) -> Result<(), ProtoError> {
     put_string(dst, "queue", &publish.queue)?;
-    dst.put_u8(publish.mode as u8);
+    dst.put_u8(publish.mode as u8 | if publish.joinable { JOINABLE_BIT } else { 0 });
     put_count_u32(dst, "messages", publish.messages.len())?;
     for message in &publish.messages {
         dst.put_u64_le(message.publish_id);
@@ -328,9 +331,12 @@ fn put_publish(dst: &mut BytesMut, publish: &Publish) -> Result<(), ProtoError> 
 
 fn read_publish(r: &mut Reader) -> Result<Publish, ProtoError> {
     let queue = r.string("queue")?;
-    let mode = match r.tag("mode", 2)? {
+    let mode_byte = r.u8("mode")?;
+    let joinable = mode_byte & JOINABLE_BIT != 0;
+    let mode = match mode_byte & !JOINABLE_BIT {
         0 => PublishMode::Confirmed,
-        _ => PublishMode::Buffered,
+        1 => PublishMode::Buffered,
+        _ => return Err(r.invalid_tag("mode", mode_byte)),
     };
     let messages = r.list_u32("messages", MESSAGE_SIZE_MIN, |r| {
         Ok(Message {
@@ -344,6 +350,7 @@ fn read_publish(r: &mut Reader) -> Result<Publish, ProtoError> {
         queue,
         mode,
         messages,
+        joinable,
     })
 }
 

@@ -342,8 +342,11 @@ pub struct Publish {
     pub queue: String,
     /// Confirmed or buffered.
     pub mode: PublishMode,
-    /// The batch; all-or-nothing per partition.
+    /// The batch; all-or-nothing per partition, unless `joinable`.
     pub messages: Vec<Message>,
+    /// The messages are separate publishes the client joined into one frame: the server admits
+    /// each on its own, as if each had come in a frame of its own (wire: bit 7 of `mode`).
+    pub joinable: bool,
 }
 
 /// An inclusive range of publish ids; a single id is a range with `first == last`.

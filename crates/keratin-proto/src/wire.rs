@@ -107,6 +107,13 @@ impl Reader {
         Ok(tag)
     }
 
+    /// The error for a tag byte `tag` of `field` that was already read (the position goes
+    /// back to it, so the error points at the byte).
+    pub(crate) fn invalid_tag(&mut self, field: &'static str, tag: u8) -> ProtoError {
+        self.position -= 1;
+        self.error(field, Problem::InvalidTag(tag))
+    }
+
     pub(crate) fn bool(&mut self, field: &'static str) -> Result<bool, ProtoError> {
         Ok(self.tag(field, 2)? == 1)
     }

@@ -211,8 +211,8 @@ fn request_frame() -> Vec<BoxedStrategy<Frame>> {
                 })
             })
             .boxed(),
-        (text(), any::<bool>(), vec(message(), 0..4))
-            .prop_map(|(queue, buffered, messages)| {
+        (text(), any::<bool>(), vec(message(), 0..4), any::<bool>())
+            .prop_map(|(queue, buffered, messages, joinable)| {
                 let mode = if buffered {
                     PublishMode::Buffered
                 } else {
@@ -222,6 +222,7 @@ fn request_frame() -> Vec<BoxedStrategy<Frame>> {
                     queue,
                     mode,
                     messages,
+                    joinable,
                 })
             })
             .boxed(),
@@ -660,6 +661,7 @@ fn spec_examples_match_the_encoder() {
             }],
             body: Bytes::from_static(b"hi"),
         }],
+        joinable: false,
     });
     assert_example("publish", &encode(&publish));
     let publish_error = Frame::PublishError(PublishError {

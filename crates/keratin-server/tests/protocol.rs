@@ -87,6 +87,7 @@ async fn assert_serves(addr: SocketAddr, queue: &str) {
         queue: queue.into(),
         mode: PublishMode::Confirmed,
         messages: vec![message(7, b"still serving")],
+        joinable: false,
     }))
     .await
     .expect("publish");
@@ -123,6 +124,7 @@ async fn round_trip_with_raw_frames() {
         messages: (1..=5)
             .map(|i| message(i, format!("m{i}").as_bytes()))
             .collect(),
+        joinable: false,
     }))
     .await
     .expect("publish");
@@ -136,6 +138,7 @@ async fn round_trip_with_raw_frames() {
         queue: "missing".into(),
         mode: PublishMode::Buffered,
         messages: vec![message(9, b"x")],
+        joinable: false,
     }))
     .await
     .expect("publish");
@@ -306,6 +309,7 @@ async fn a_client_that_never_reads_is_held_back() {
                 queue: "flood".into(),
                 mode: PublishMode::Confirmed,
                 messages: (0..16).map(|i| message(batch * 16 + i, &body)).collect(),
+                joinable: false,
             });
             if conn.send(frame).await.is_err() {
                 break;
@@ -383,4 +387,85 @@ fn host_disk_limits(config: &mut Config) {
     disk.soft_floor_bytes = 256 << 20;
     disk.hard_floor_bytes = 128 << 20;
     disk.reserve_floor_bytes = 64 << 20;
+}
+
+/// Publish ids answered by `Confirm` and by `PublishError` (with its error key), until `count`
+/// ids have an answer.
+async fn answers(
+    conn: &mut Framed<TcpStream, FrameCodec>,
+    count: usize,
+) -> (Vec<u64>, Vec<(u64, String)>) {
+    let (mut confirmed, mut failed) = (Vec::new(), Vec::new());
+    while confirmed.len() + failed.len() < count {
+        match next(conn).await {
+            Frame::Confirm(c) => {
+                for range in c.ranges {
+                    confirmed.extend(range.first..=range.last);
+                }
+            }
+            Frame::PublishError(e) => {
+                for range in e.ranges {
+                    for id in range.first..=range.last {
+                        failed.push((id, format!("{}", e.error.code().0)));
+                    }
+                }
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    confirmed.sort_unstable();
+    (confirmed, failed)
+}
+
+/// A joinable frame (separate publishes the client joined) is admitted message by message under
+/// a queue's limits; a plain batch stays all or nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn joinable_publishes_are_admitted_one_by_one_under_queue_limits() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let node = start(&dir).await;
+    for queue in ["joined", "batch"] {
+        node.broker()
+            .declare(
+                queue,
+                keratin_broker::QueueSettings {
+                    max_messages: Some(3),
+                    ..keratin_broker::QueueSettings::default()
+                },
+            )
+            .await
+            .expect("declare");
+    }
+    let mut conn = connect(node.protocol_addr()).await;
+    let four = |first: u64| (first..first + 4).map(|id| message(id, b"m")).collect();
+    conn.send(Frame::Publish(Publish {
+        queue: "joined".into(),
+        mode: PublishMode::Confirmed,
+        messages: four(1),
+        joinable: true,
+    }))
+    .await
+    .expect("send");
+    let (confirmed, failed) = answers(&mut conn, 4).await;
+    assert_eq!(confirmed, vec![1, 2, 3], "three fit, each on its own");
+    assert_eq!(
+        failed,
+        vec![(4, "429".to_string())],
+        "the fourth is refused"
+    );
+
+    conn.send(Frame::Publish(Publish {
+        queue: "batch".into(),
+        mode: PublishMode::Confirmed,
+        messages: four(11),
+        joinable: false,
+    }))
+    .await
+    .expect("send");
+    let (confirmed, failed) = answers(&mut conn, 4).await;
+    assert!(
+        confirmed.is_empty(),
+        "a batch that cannot fit is refused whole"
+    );
+    assert_eq!(failed.len(), 4);
+    node.shutdown().await.expect("shutdown");
 }

@@ -448,6 +448,7 @@ async fn bad_connection(addr: SocketAddr, case: u64, rng: &mut Rng, tally: &mut 
                     headers: Vec::new(),
                     body: body(u64::MAX, 4096).into(),
                 }],
+                joinable: false,
             });
             let mut encoded = Default::default();
             frame
