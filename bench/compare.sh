@@ -12,7 +12,8 @@
 #   docs/benchmarks.md, between the issue 9 markers, with date, commit and machine.
 #
 # Settings (environment): ROUNDS (2), SECONDS_PER_RUN (5), RSS_MESSAGES (1000000),
-# BACKLOG (200000), CASES (publish,producers,consume,latency,rss), FILL (1; 0 skips it),
+# BACKLOG (200000), CASES (publish,producers,consume,latency), RSS (1; 0 skips the memory
+# case), FILL (1; 0 skips it),
 # BENCH_DIR (/var/tmp: the file system under test), WRITE_DOCS (1; 0 only prints),
 # CARGO_TARGET_DIR (where the release build goes).
 set -euo pipefail
@@ -22,7 +23,8 @@ ROUNDS=${ROUNDS:-2}
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-5}
 RSS_MESSAGES=${RSS_MESSAGES:-1000000}
 BACKLOG=${BACKLOG:-200000}
-CASES=${CASES:-publish,producers,consume,latency,rss}
+CASES=${CASES:-publish,producers,consume,latency}
+RSS=${RSS:-1}
 FILL=${FILL:-1}
 BENCH_DIR=${BENCH_DIR:-/var/tmp}
 WRITE_DOCS=${WRITE_DOCS:-1}
@@ -186,6 +188,28 @@ say "running $CASES, $ROUNDS rounds of $SECONDS_PER_RUN s"
     --rss-messages "$RSS_MESSAGES" --backlog "$BACKLOG" --out "$WORK/matrix.md"
 stop_all
 
+# --- memory, on brokers fresh from their start -------------------------------------------------
+# Each broker is restarted so that what earlier cases left in its heap does not count; the
+# quorum queue gets a RabbitMQ of its own, as the classic queue's memory outlives its deletion.
+if [ "$RSS" = 1 ]; then
+    say "memory: $RSS_MESSAGES queued in each broker, fresh brokers"
+    start_rabbit "$WORK/rabbit-rss"
+    start_nats "$WORK/nats-rss"
+    "$BENCH" compare --dir "$WORK" "${PEERS[@]}" --cases rss \
+        --systems keratin,rabbitmq-classic,nats \
+        --keratin-config "$WORK/keratin-matrix.toml" \
+        --rabbitmq-pid "$RABBIT_PID" --nats-pid "$NATS_PID" \
+        --rss-messages "$RSS_MESSAGES" --out "$WORK/rss.md"
+    stop_all
+    rm -rf "$WORK/rabbit-rss" "$WORK/nats-rss"
+    start_rabbit "$WORK/rabbit-rss-quorum"
+    "$BENCH" compare --dir "$WORK" "${PEERS[@]}" --cases rss --systems rabbitmq-quorum \
+        --rabbitmq-pid "$RABBIT_PID" --rss-messages "$RSS_MESSAGES" --out "$WORK/rss-quorum.md"
+    stop_all
+    rm -rf "$WORK/rabbit-rss-quorum"
+    sed -i '/^What a confirm means:/,/^$/d' "$WORK/rss.md" "$WORK/rss-quorum.md"
+fi
+
 # --- the fill scenario --------------------------------------------------------------------------
 if [ "$FILL" = 1 ]; then
     if [ "$(id -u)" != 0 ]; then
@@ -239,9 +263,17 @@ nats_version=$(nats-server --version 2>/dev/null || echo unknown)
     echo "Machine: $(nproc) cores ($cpu), $mem, kernel $(uname -r), $BENCH_DIR on $fs."
     echo "Peers: RabbitMQ $rabbit_version (Debian), $nats_version (Debian); clients lapin 2, async-nats 0.38."
     echo "Settings: 1 KiB bodies, $ROUNDS rounds of $SECONDS_PER_RUN s (systems interleaved, order reversed"
-    echo "every other round; medians), backlog $BACKLOG, memory with $RSS_MESSAGES queued."
+    echo "every other round; medians), backlog $BACKLOG, memory with $RSS_MESSAGES queued (fresh brokers)."
+    echo "Keratin: default durable mode, disk levels lowered for the matrix (see the script), fill"
+    echo "levels soft 25 % / hard 20 % / reserve 5 % free."
     echo
     cat "$WORK/matrix.md"
+    for part in rss rss-quorum; do
+        if [ -f "$WORK/$part.md" ]; then
+            echo
+            cat "$WORK/$part.md"
+        fi
+    done
     if [ -f "$WORK/fill.md" ]; then
         echo
         cat "$WORK/fill.md"

@@ -592,6 +592,24 @@ impl Harness<'_> {
                     if let Some(child) = &mut self.keratin {
                         let counters = child.snapshot()?;
                         self.results.levels.push(counters.level.clone());
+                        let mut batches: Vec<u64> = batches_of(&counters, confirmed)
+                            .into_iter()
+                            .map(u64::from)
+                            .collect();
+                        batches.sort_unstable();
+                        let syncs = batches.len() as f64;
+                        self.results.notes.push(format!(
+                            "keratin {case:?} round {}: {confirmed} confirmed over {:.1} s in {} \
+                             syncs ({:.0}/s), msg/sync mean {:.1}, p50 {}, p90 {}, max {}",
+                            round + 1,
+                            elapsed.as_secs_f64(),
+                            batches.len(),
+                            syncs / elapsed.as_secs_f64().max(1e-9),
+                            confirmed as f64 / syncs.max(1.0),
+                            percentile(&batches, 0.5),
+                            percentile(&batches, 0.9),
+                            percentile(&batches, 1.0),
+                        ));
                         self.last_batches = batches_of(&counters, confirmed / producers as u64);
                         self.last_disk_bytes = counters.write_bytes / producers as u64;
                     }
@@ -966,7 +984,16 @@ fn markdown(config: &CompareConfig, results: &Results) -> String {
     header.push("keratin / raw".into());
     header.extend(peers.iter().map(|p| format!("keratin / {p}")));
     let rule: Vec<String> = header.iter().map(|_| "---".to_string()).collect();
-    out += &format!("| {} |\n| {} |\n", header.join(" | "), rule.join(" | "));
+    let matrix = [
+        Case::Publish,
+        Case::Producers,
+        Case::Consume,
+        Case::Latency,
+        Case::Rss,
+    ];
+    if config.cases.iter().any(|c| matrix.contains(c)) {
+        out += &format!("| {} |\n| {} |\n", header.join(" | "), rule.join(" | "));
+    }
     let rate = |case: Case, column: &str| {
         results
             .rates
@@ -1143,8 +1170,8 @@ fn markdown(config: &CompareConfig, results: &Results) -> String {
                     f.consumed,
                     f.accepted_bytes / config.body_bytes.max(1) as u64,
                     f.resume.map_or("not within 60 s".into(), |d| format!(
-                        "{:.2} s",
-                        d.as_secs_f64()
+                        "{:.1} ms",
+                        d.as_secs_f64() * 1e3
                     )),
                 );
             }
@@ -1153,8 +1180,8 @@ fn markdown(config: &CompareConfig, results: &Results) -> String {
             goals.push(format!(
                 "fill: keratin resumed {} (goal within {} s) {}",
                 f.resume.map_or("never".into(), |d| format!(
-                    "after {:.2} s",
-                    d.as_secs_f64()
+                    "after {:.1} ms",
+                    d.as_secs_f64() * 1e3
                 )),
                 GOAL_RESUME.as_secs(),
                 verdict(f.resume.is_some_and(|d| d <= GOAL_RESUME) && f.survived)

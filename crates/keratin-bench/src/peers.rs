@@ -13,7 +13,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+use futures_util::{FutureExt, StreamExt};
 use keratin_client::{Client, ClientOptions, OutgoingMessage, QueueSettings};
 
 use crate::contender::BenchResult;
@@ -68,13 +69,17 @@ impl System {
         match self {
             System::Keratin => "fsynced (fdatasync of the segment before the confirm)",
             System::RabbitClassic => {
-                "not per message: the confirm follows the queue's periodic fsync (batched, ~200 ms \
-                 timer or when idle), so it does wait for a sync of the message store"
+                "fsynced, in batches: RabbitMQ confirms a persistent message in a durable queue \
+                 once it is persisted to disk (its stores fsync every few hundred ms or when idle), \
+                 or once every queue has delivered and had it acked, whichever comes first"
             }
-            System::RabbitQuorum => "fsynced (Raft WAL fsync on a majority, here the one node)",
+            System::RabbitQuorum => {
+                "fsynced: the Raft log entry is fsynced on a majority (here the one node) before \
+                 the confirm"
+            }
             System::Nats => {
-                "NOT fsynced: the PubAck follows the write to the OS; JetStream fsyncs every \
-                 sync_interval (2 min by default)"
+                "NOT fsynced: in 2.9 the PubAck follows the write to the OS page cache; \
+                 JetStream fsyncs its file store every sync_interval, 2 min by default"
             }
         }
     }
@@ -323,17 +328,28 @@ impl Peer {
                         lapin::types::FieldTable::default(),
                     )
                     .await?;
+                // One basic.ack per delivery, sent without waiting for the previous one to be
+                // written (lapin resolves an ack once its frame is on the socket): waiting for
+                // each in turn would measure lapin's I/O thread round trip, not the broker.
+                let mut acks = FuturesUnordered::new();
                 while consumed < count {
+                    while let Some(Some(sent)) = acks.next().now_or_never() {
+                        sent?;
+                    }
                     match tokio::time::timeout(idle, consumer.next()).await {
                         Ok(Some(delivery)) => {
-                            delivery?
-                                .ack(lapin::options::BasicAckOptions::default())
-                                .await?;
+                            let acker = delivery?.acker;
+                            acks.push(async move {
+                                acker.ack(lapin::options::BasicAckOptions::default()).await
+                            });
                             consumed += 1;
                         }
                         Ok(None) => return Err("the AMQP consumer ended".into()),
                         Err(_) => break,
                     }
+                }
+                while let Some(sent) = acks.next().await {
+                    sent?;
                 }
                 channel
                     .basic_cancel("kbench", lapin::options::BasicCancelOptions::default())
