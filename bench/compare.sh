@@ -57,6 +57,9 @@ say "building keratin-bench (release)"
 (cd "$ROOT" && CARGO_TARGET_DIR=$TARGET cargo build --release -q -p keratin-bench) ||
     die "the release build of keratin-bench failed"
 BENCH=$TARGET/release/keratin-bench
+# The commit the benchmark was built from, read now: edits made while it runs are not in it.
+COMMIT=$(git -C "$ROOT" rev-parse --short HEAD)
+git -C "$ROOT" diff --quiet HEAD -- crates || COMMIT="$COMMIT (with uncommitted changes)"
 
 # --- what we start, and how it is stopped -----------------------------------------------------
 WORK=$(mktemp -d "$BENCH_DIR/keratin-compare.XXXXXX")
@@ -251,15 +254,13 @@ EOF
 fi
 
 # --- the record ---------------------------------------------------------------------------------
-commit=$(git -C "$ROOT" rev-parse --short HEAD)
-git -C "$ROOT" diff --quiet HEAD -- crates || commit="$commit (with uncommitted changes)"
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')
 mem=$(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)
 fs=$(df -T "$BENCH_DIR" | awk 'NR == 2 {print $2 " (" $1 ")"}')
 rabbit_version=$(dpkg-query -W -f '${Version}' rabbitmq-server 2>/dev/null || echo unknown)
 nats_version=$(nats-server --version 2>/dev/null || echo unknown)
 {
-    echo "Recorded by \`bench/compare.sh\` on $(date -u '+%Y-%m-%d %H:%M UTC'), commit $commit."
+    echo "Recorded by \`bench/compare.sh\` on $(date -u '+%Y-%m-%d %H:%M UTC'), commit $COMMIT."
     echo "Machine: $(nproc) cores ($cpu), $mem, kernel $(uname -r), $BENCH_DIR on $fs."
     echo "Peers: RabbitMQ $rabbit_version (Debian), $nats_version (Debian); clients lapin 2, async-nats 0.38."
     echo "Settings: 1 KiB bodies, $ROUNDS rounds of $SECONDS_PER_RUN s (systems interleaved, order reversed"
@@ -286,7 +287,7 @@ if [ "$WRITE_DOCS" = 1 ]; then
     begin='<!-- compare.sh: begin -->'
     end='<!-- compare.sh: end -->'
     if ! grep -qF "$begin" "$docs"; then
-        printf '\n## Issue 9: side by side with RabbitMQ, NATS JetStream and the raw disk\n\n%s\n%s\n' \
+        printf '\n## Side by side with RabbitMQ, NATS JetStream and the raw disk (issue 9)\n\n%s\n%s\n' \
             "$begin" "$end" >>"$docs"
     fi
     SECTION=$WORK/section.md BEGIN=$begin END=$end perl -0pi -e '

@@ -610,7 +610,8 @@ impl Harness<'_> {
                             percentile(&batches, 0.9),
                             percentile(&batches, 1.0),
                         ));
-                        self.last_batches = batches_of(&counters, confirmed / producers as u64);
+                        // Every sync covered one queue's log: each raw thread replays them all.
+                        self.last_batches = batches_of(&counters, confirmed);
                         self.last_disk_bytes = counters.write_bytes / producers as u64;
                     }
                 }
@@ -1215,4 +1216,97 @@ fn markdown(config: &CompareConfig, results: &Results) -> String {
         out += &format!("- {note}\n");
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counters(batches: &[u64]) -> NodeCounters {
+        NodeCounters {
+            level: "normal".into(),
+            write_bytes: batches.iter().sum(),
+            sync_batches_bytes: batches.to_vec(),
+        }
+    }
+
+    #[test]
+    fn batches_share_the_messages_by_the_bytes_each_sync_covered() {
+        // 3 syncs of 1, 2 and 1 units for 400 messages: 100, 200, 100.
+        let c = counters(&[1040, 2080, 1040]);
+        assert_eq!(batches_of(&c, 400), vec![100, 200, 100]);
+        // A sync that covered less than one message (a seal) is not a batch.
+        let c = counters(&[100_000, 10]);
+        assert_eq!(batches_of(&c, 96), vec![96]);
+        assert!(batches_of(&counters(&[]), 10).is_empty());
+        assert!(batches_of(&counters(&[1024]), 0).is_empty());
+    }
+
+    #[test]
+    fn cases_and_systems_parse_and_refuse_unknown_names() {
+        assert_eq!(Case::parse(" fill "), Ok(Case::Fill));
+        assert_eq!(Case::parse("rss"), Ok(Case::Rss));
+        let error = Case::parse("flood").unwrap_err();
+        assert!(
+            error.contains("flood") && error.contains("publish"),
+            "{error}"
+        );
+        for system in System::ALL {
+            assert_eq!(System::parse(system.name()), Ok(system));
+        }
+        assert!(System::parse("kafka")
+            .unwrap_err()
+            .contains("rabbitmq-quorum"));
+    }
+
+    #[test]
+    fn the_table_gives_keratin_over_peer_and_the_goals_verdicts() {
+        let config = CompareConfig {
+            dir: PathBuf::from("/nonexistent"),
+            keratin_dir: None,
+            keratin_config: None,
+            endpoints: Endpoints::default(),
+            rabbitmq_pid: None,
+            nats_pid: None,
+            rabbitmq_dir: None,
+            nats_dir: None,
+            systems: vec![System::Keratin, System::RabbitQuorum, System::Nats],
+            cases: vec![Case::Publish],
+            duration: Duration::from_secs(1),
+            rounds: 1,
+            body_bytes: 1024,
+            in_flight: 1000,
+            producers: 4,
+            backlog: 10,
+            prefetch: 10,
+            latency_rate: 10,
+            rss_messages: 10,
+            out: None,
+        };
+        let mut results = Results::default();
+        for (column, rate) in [
+            ("keratin", 100_000.0),
+            ("raw", 150_000.0),
+            ("rabbitmq-quorum", 25_000.0),
+            ("nats", 80_000.0),
+        ] {
+            results
+                .rates
+                .insert((Case::Publish, column.to_string()), vec![rate]);
+        }
+        let text = markdown(&config, &results);
+        assert!(
+            text.contains("| 100000 | 150000 | 25000 | 80000 | 0.67 | 4.00 | 1.25 |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("keratin / rabbitmq-quorum: 4.00 (goal >= 5) MISSED"),
+            "{text}"
+        );
+        assert!(
+            text.contains("keratin / nats: 1.25 (goal >= 1) met"),
+            "{text}"
+        );
+        assert!(text.contains("nats: NOT fsynced"), "{text}");
+    }
 }

@@ -77,7 +77,7 @@ enum Command {
     Overflow(OverflowArgs),
     /// Keratin against RabbitMQ (classic and quorum queues) and NATS JetStream, started by
     /// bench/compare.sh, and the raw disk: one table of figures and ratios (Keratin / peer).
-    Compare(CompareArgs),
+    Compare(Box<CompareArgs>),
     /// The Keratin node of `compare`, as a child process.
     #[command(hide = true)]
     CompareNode {

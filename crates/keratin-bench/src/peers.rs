@@ -413,6 +413,8 @@ impl Peer {
                 let _ = connection.close(200, "bye").await;
             }
             Peer::Nats { client, .. } => {
+                // The connection closes when dropped; a failed flush loses only acks of a
+                // consumer that has finished.
                 let _ = client.flush().await;
             }
         }
