@@ -15,9 +15,12 @@
 //!   publish+confirm and consume+ack vs raw, and publish-to-confirm latency at a fixed rate.
 //! - `limits_bench`: the `limits` benchmark: the cost of admission (limits on vs off) and, as
 //!   root on a tmpfs, the time from crossing hard to the first rejection and back.
+//! - `compare`, `peers`: the `compare` benchmark: Keratin, RabbitMQ (AMQP 0-9-1 via `lapin`),
+//!   NATS JetStream (`async-nats`) and the raw disk on one workload (issue 9; bench/compare.sh).
 //! - `report`: the table, its JSON form, medians and percentiles.
 
 mod broker_bench;
+mod compare;
 mod contender;
 mod counting_io;
 mod keratin;
@@ -26,6 +29,7 @@ mod log_bench;
 mod net_bench;
 mod overflow_bench;
 mod page_cache;
+mod peers;
 mod pool_bench;
 mod raw;
 mod report;
@@ -71,6 +75,17 @@ enum Command {
     /// Per-queue limits: publishing into a full drop_oldest queue (each publish drops one)
     /// vs into an unlimited queue.
     Overflow(OverflowArgs),
+    /// Keratin against RabbitMQ (classic and quorum queues) and NATS JetStream, started by
+    /// bench/compare.sh, and the raw disk: one table of figures and ratios (Keratin / peer).
+    Compare(Box<CompareArgs>),
+    /// The Keratin node of `compare`, as a child process.
+    #[command(hide = true)]
+    CompareNode {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
     /// The child process of `broker`'s memory figure.
     #[command(hide = true)]
     BrokerRss {
@@ -87,6 +102,81 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Debug, clap::Args)]
+struct CompareArgs {
+    /// Directory on the file system under test: Keratin's data and the raw reference's files.
+    #[arg(long, default_value = "/var/tmp")]
+    dir: PathBuf,
+    /// Keratin's data directory (default: a fresh one under --dir, removed afterwards).
+    #[arg(long)]
+    keratin_dir: Option<PathBuf>,
+    /// A Keratin configuration file (the fill case's limits).
+    #[arg(long)]
+    keratin_config: Option<PathBuf>,
+    /// RabbitMQ's AMQP URI.
+    #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
+    amqp: String,
+    /// The NATS server's URL.
+    #[arg(long, default_value = "nats://127.0.0.1:4222")]
+    nats: String,
+    /// RabbitMQ's process id (its memory is that of the process and its children).
+    #[arg(long)]
+    rabbitmq_pid: Option<u32>,
+    /// The NATS server's process id.
+    #[arg(long)]
+    nats_pid: Option<u32>,
+    /// RabbitMQ's data directory (free space in the fill case).
+    #[arg(long)]
+    rabbitmq_dir: Option<PathBuf>,
+    /// The NATS server's data directory (free space in the fill case).
+    #[arg(long)]
+    nats_dir: Option<PathBuf>,
+    /// Systems, comma-separated: keratin, rabbitmq-classic, rabbitmq-quorum, nats.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "keratin,rabbitmq-classic,rabbitmq-quorum,nats"
+    )]
+    systems: Vec<String>,
+    /// Cases, comma-separated: publish, producers, consume, latency, rss, fill.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "publish,producers,consume,latency,rss"
+    )]
+    cases: Vec<String>,
+    /// Seconds of each publish and latency run.
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
+    /// Rounds; the systems alternate within them (A B C D, then D C B A).
+    #[arg(long, default_value_t = 2)]
+    rounds: usize,
+    /// Body bytes.
+    #[arg(long, default_value_t = 1024)]
+    body_bytes: usize,
+    /// Most confirmed publishes in flight per producer.
+    #[arg(long, default_value_t = 1000)]
+    in_flight: usize,
+    /// Producers (each its own connection and queue) of the `producers` case.
+    #[arg(long, default_value_t = 4)]
+    producers: usize,
+    /// Messages queued before each consume run.
+    #[arg(long, default_value_t = 200_000)]
+    backlog: u64,
+    /// Unacked deliveries at most.
+    #[arg(long, default_value_t = 1000)]
+    prefetch: u32,
+    /// Messages per second of the latency case.
+    #[arg(long, default_value_t = 5000)]
+    latency_rate: u32,
+    /// Messages queued for the memory figure.
+    #[arg(long, default_value_t = 1_000_000)]
+    rss_messages: u64,
+    /// Also write the markdown section to this file.
+    #[arg(long)]
+    out: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -295,6 +385,8 @@ fn main() -> ExitCode {
             messages,
             body_bytes,
         } => broker_bench::rss(&dir, messages, body_bytes),
+        Command::Compare(args) => compare_config(&args).and_then(|c| compare::run(&c)),
+        Command::CompareNode { dir, config } => compare::node_main(&dir, config.as_deref()),
         Command::Smoke { json } => run_smoke(json),
     };
     match result {
@@ -321,6 +413,50 @@ fn run_log(args: &LogArgs) -> BenchResult<()> {
         read_only: args.read_only,
     };
     run_in_work_dir(config, !args.no_drop_caches, args.json)
+}
+
+fn compare_config(args: &CompareArgs) -> BenchResult<compare::CompareConfig> {
+    if args.rounds == 0 || args.body_bytes == 0 || args.in_flight == 0 || args.producers == 0 {
+        return Err(
+            "--rounds, --body-bytes, --in-flight and --producers must be at least 1".into(),
+        );
+    }
+    let systems = args
+        .systems
+        .iter()
+        .map(|s| peers::System::parse(s))
+        .collect::<Result<Vec<_>, _>>()?;
+    let cases = args
+        .cases
+        .iter()
+        .map(|c| compare::Case::parse(c))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(compare::CompareConfig {
+        dir: args.dir.clone(),
+        keratin_dir: args.keratin_dir.clone(),
+        keratin_config: args.keratin_config.clone(),
+        endpoints: peers::Endpoints {
+            keratin: None,
+            amqp: Some(args.amqp.clone()),
+            nats: Some(args.nats.clone()),
+        },
+        rabbitmq_pid: args.rabbitmq_pid,
+        nats_pid: args.nats_pid,
+        rabbitmq_dir: args.rabbitmq_dir.clone(),
+        nats_dir: args.nats_dir.clone(),
+        systems,
+        cases,
+        duration: Duration::from_secs_f64(args.seconds),
+        rounds: args.rounds,
+        body_bytes: args.body_bytes,
+        in_flight: args.in_flight,
+        producers: args.producers,
+        backlog: args.backlog,
+        prefetch: args.prefetch.max(1),
+        latency_rate: args.latency_rate.max(1),
+        rss_messages: args.rss_messages,
+        out: args.out.clone(),
+    })
 }
 
 fn overflow_config(args: &OverflowArgs) -> overflow_bench::OverflowBenchConfig {
@@ -400,6 +536,33 @@ fn run_smoke(json: bool) -> BenchResult<()> {
         rounds: 1,
         max_messages: 2_000,
     }))?;
+    // The comparison's harness against Keratin alone: every case but fill, tiny figures.
+    let compare = CompareArgs {
+        dir: std::env::var_os("TMPDIR").map_or_else(|| PathBuf::from("/var/tmp"), PathBuf::from),
+        keratin_dir: None,
+        keratin_config: None,
+        amqp: String::new(),
+        nats: String::new(),
+        rabbitmq_pid: None,
+        nats_pid: None,
+        rabbitmq_dir: None,
+        nats_dir: None,
+        systems: vec!["keratin".into()],
+        cases: ["publish", "producers", "consume", "latency", "rss"]
+            .map(String::from)
+            .to_vec(),
+        seconds: 0.5,
+        rounds: 1,
+        body_bytes: 1024,
+        in_flight: 1000,
+        producers: 4,
+        backlog: 5_000,
+        prefetch: 1000,
+        latency_rate: 5000,
+        rss_messages: 20_000,
+        out: None,
+    };
+    compare::run(&compare_config(&compare)?)?;
     eprintln!("smoke: every case ran (figures of a seconds-long run are not benchmark results)");
     Ok(())
 }

@@ -1,0 +1,299 @@
+#!/usr/bin/env bash
+# bench/compare.sh: Keratin side by side with RabbitMQ (classic and quorum queues), NATS
+# JetStream and the raw disk, on this machine, in one run (issue 9).
+#
+# - Installs rabbitmq-server and nats-server from Debian when missing (apt-get; root).
+# - Starts each broker on 127.0.0.1 from its binary, with its data in a temporary folder (not the
+#   system service), runs `keratin-bench compare` (which starts Keratin itself, as a child
+#   process in its default durable mode), and stops what it started, by PID, on exit.
+# - Fill scenario (root): a 256 MiB tmpfs per broker, each broker restarted on its own with
+#   comparable limits, unmounted at the end.
+# - Prints one table of figures and ratios (Keratin / peer) and writes it into
+#   docs/benchmarks.md, between the issue 9 markers, with date, commit and machine.
+#
+# Settings (environment): ROUNDS (2), SECONDS_PER_RUN (5), RSS_MESSAGES (1000000),
+# BACKLOG (200000), CASES (publish,producers,consume,latency), RSS (1; 0 skips the memory
+# case), FILL (1; 0 skips it),
+# BENCH_DIR (/var/tmp: the file system under test), WRITE_DOCS (1; 0 only prints),
+# CARGO_TARGET_DIR (where the release build goes).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROUNDS=${ROUNDS:-2}
+SECONDS_PER_RUN=${SECONDS_PER_RUN:-5}
+RSS_MESSAGES=${RSS_MESSAGES:-1000000}
+BACKLOG=${BACKLOG:-200000}
+CASES=${CASES:-publish,producers,consume,latency}
+RSS=${RSS:-1}
+FILL=${FILL:-1}
+BENCH_DIR=${BENCH_DIR:-/var/tmp}
+WRITE_DOCS=${WRITE_DOCS:-1}
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+AMQP_PORT=25673
+NATS_PORT=24223
+RABBIT_BIN=/usr/lib/rabbitmq/bin/rabbitmq-server
+# Fill scenario: levels as fractions of the 256 MiB file system. RabbitMQ blocks publishers
+# below disk_free_limit; NATS refuses once JetStream holds max_file_store; Keratin refuses at
+# hard (free below 20 %) and keeps its reserve (5 %) for writes that free space.
+FILL_MIB=256
+FILL_HARD_FREE_BYTES=$((FILL_MIB * 1024 * 1024 / 5))
+FILL_NATS_STORE_BYTES=$((FILL_MIB * 1024 * 1024 - FILL_HARD_FREE_BYTES))
+
+say() { printf 'compare.sh: %s\n' "$*" >&2; }
+die() { say "$*"; exit 1; }
+
+# --- peers installed? ---------------------------------------------------------------------------
+if [ ! -x "$RABBIT_BIN" ] || ! command -v nats-server >/dev/null; then
+    [ "$(id -u)" = 0 ] || die "rabbitmq-server or nats-server is missing; run as root to install them (apt-get)"
+    say "installing rabbitmq-server and nats-server from Debian"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y --no-install-recommends rabbitmq-server nats-server >/dev/null ||
+        { apt-get update >/dev/null && apt-get install -y --no-install-recommends rabbitmq-server nats-server >/dev/null; } ||
+        die "apt-get could not install rabbitmq-server and nats-server"
+fi
+[ -x "$RABBIT_BIN" ] || die "$RABBIT_BIN is missing after the install"
+
+say "building keratin-bench (release)"
+(cd "$ROOT" && CARGO_TARGET_DIR=$TARGET cargo build --release -q -p keratin-bench) ||
+    die "the release build of keratin-bench failed"
+BENCH=$TARGET/release/keratin-bench
+# The commit the benchmark was built from, read now: edits made while it runs are not in it.
+COMMIT=$(git -C "$ROOT" rev-parse --short HEAD)
+git -C "$ROOT" diff --quiet HEAD -- crates || COMMIT="$COMMIT (with uncommitted changes)"
+
+# --- what we start, and how it is stopped -----------------------------------------------------
+WORK=$(mktemp -d "$BENCH_DIR/keratin-compare.XXXXXX")
+STARTED=()
+MOUNTS=()
+EPMD_BEFORE=$(pgrep -x epmd || true)
+
+descendants() {
+    local pid=$1 child
+    for child in $(cat /proc/"$pid"/task/*/children 2>/dev/null); do
+        echo "$child"
+        descendants "$child"
+    done
+}
+
+stop_pid() {
+    local pid=$1 family i
+    family="$pid $(descendants "$pid")"
+    kill -TERM "$pid" 2>/dev/null || return 0
+    for i in $(seq 1 300); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    for p in $family; do
+        kill -KILL "$p" 2>/dev/null || true
+    done
+    wait "$pid" 2>/dev/null || true
+}
+
+cleanup() {
+    local pid m
+    for pid in "${STARTED[@]}"; do stop_pid "$pid"; done
+    STARTED=()
+    # epmd is started by RabbitMQ's Erlang VM and outlives it: stop it if it was not running before.
+    if [ -z "$EPMD_BEFORE" ]; then
+        for pid in $(pgrep -x epmd || true); do kill -TERM "$pid" 2>/dev/null || true; done
+    fi
+    for m in "${MOUNTS[@]}"; do umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true; done
+    MOUNTS=()
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+wait_port() {
+    local port=$1 what=$2 i
+    for i in $(seq 1 1200); do
+        if (exec 3<>/dev/tcp/127.0.0.1/"$port") 2>/dev/null; then return 0; fi
+        sleep 0.1
+    done
+    die "$what did not listen on 127.0.0.1:$port within 120 s (logs in $WORK)"
+}
+
+# start_rabbit DIR [DISK_FREE_LIMIT_BYTES]: RabbitMQ with its node data in DIR; sets RABBIT_PID.
+start_rabbit() {
+    local dir=$1 limit=${2:-50000000}
+    mkdir -p "$dir/mnesia" "$WORK/rabbit-log" "$WORK/rabbit-home"
+    cat >"$WORK/rabbitmq.conf" <<EOF
+listeners.tcp.default = 127.0.0.1:$AMQP_PORT
+loopback_users.guest = true
+disk_free_limit.absolute = $limit
+EOF
+    : >"$WORK/enabled_plugins"
+    HOME=$WORK/rabbit-home \
+        RABBITMQ_NODENAME=kbench@localhost \
+        RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 \
+        RABBITMQ_NODE_PORT=$AMQP_PORT \
+        RABBITMQ_DIST_PORT=$((AMQP_PORT + 1)) \
+        ERL_EPMD_ADDRESS=127.0.0.1 \
+        RABBITMQ_MNESIA_BASE=$dir/mnesia \
+        RABBITMQ_LOG_BASE=$WORK/rabbit-log \
+        RABBITMQ_CONFIG_FILE=$WORK/rabbitmq.conf \
+        RABBITMQ_ENABLED_PLUGINS_FILE=$WORK/enabled_plugins \
+        "$RABBIT_BIN" >"$WORK/rabbit.out" 2>&1 &
+    RABBIT_PID=$!
+    STARTED+=("$RABBIT_PID")
+    wait_port "$AMQP_PORT" RabbitMQ
+}
+
+# start_nats DIR [MAX_FILE_STORE_BYTES]: nats-server with JetStream's store in DIR; sets NATS_PID.
+start_nats() {
+    local dir=$1 max=${2:-}
+    mkdir -p "$dir"
+    {
+        echo "listen: 127.0.0.1:$NATS_PORT"
+        echo "jetstream {"
+        echo "  store_dir: \"$dir\""
+        [ -n "$max" ] && echo "  max_file_store: $max"
+        echo "}"
+    } >"$WORK/nats.conf"
+    nats-server -c "$WORK/nats.conf" >"$WORK/nats.out" 2>&1 &
+    NATS_PID=$!
+    STARTED+=("$NATS_PID")
+    wait_port "$NATS_PORT" nats-server
+}
+
+stop_all() {
+    local pid
+    for pid in "${STARTED[@]}"; do stop_pid "$pid"; done
+    STARTED=()
+}
+
+# Keratin's disk levels are fractions of the file system with GiB floors: on a nearly full
+# shared disk (this one had 8 % free) the defaults put the node at soft, which slows every
+# publish by design. The matrix measures throughput, not push-back, so the levels are set low
+# enough to stay at normal, as RabbitMQ's default disk_free_limit (50 MB) does; durability is
+# unchanged (fdatasync before every confirm). The fill scenario below tests the levels.
+cat >"$WORK/keratin-matrix.toml" <<EOF
+[limits.disk]
+soft_fraction = 0.02
+soft_floor_bytes = 1073741824
+hard_fraction = 0.01
+hard_floor_bytes = 536870912
+reserve_fraction = 0.005
+reserve_floor_bytes = 268435456
+EOF
+
+PEERS=(--amqp "amqp://guest:guest@127.0.0.1:$AMQP_PORT/%2f" --nats "nats://127.0.0.1:$NATS_PORT")
+
+# --- the throughput, latency and memory matrix --------------------------------------------------
+say "starting RabbitMQ and nats-server in $WORK"
+start_rabbit "$WORK/rabbit"
+start_nats "$WORK/nats"
+say "running $CASES, $ROUNDS rounds of $SECONDS_PER_RUN s"
+"$BENCH" compare --dir "$WORK" "${PEERS[@]}" \
+    --keratin-config "$WORK/keratin-matrix.toml" \
+    --rabbitmq-pid "$RABBIT_PID" --nats-pid "$NATS_PID" \
+    --cases "$CASES" --rounds "$ROUNDS" --seconds "$SECONDS_PER_RUN" \
+    --rss-messages "$RSS_MESSAGES" --backlog "$BACKLOG" --out "$WORK/matrix.md"
+stop_all
+
+# --- memory, on brokers fresh from their start -------------------------------------------------
+# Each broker is restarted so that what earlier cases left in its heap does not count; the
+# quorum queue gets a RabbitMQ of its own, as the classic queue's memory outlives its deletion.
+if [ "$RSS" = 1 ]; then
+    say "memory: $RSS_MESSAGES queued in each broker, fresh brokers"
+    start_rabbit "$WORK/rabbit-rss"
+    start_nats "$WORK/nats-rss"
+    "$BENCH" compare --dir "$WORK" "${PEERS[@]}" --cases rss \
+        --systems keratin,rabbitmq-classic,nats \
+        --keratin-config "$WORK/keratin-matrix.toml" \
+        --rabbitmq-pid "$RABBIT_PID" --nats-pid "$NATS_PID" \
+        --rss-messages "$RSS_MESSAGES" --out "$WORK/rss.md"
+    stop_all
+    rm -rf "$WORK/rabbit-rss" "$WORK/nats-rss"
+    start_rabbit "$WORK/rabbit-rss-quorum"
+    "$BENCH" compare --dir "$WORK" "${PEERS[@]}" --cases rss --systems rabbitmq-quorum \
+        --rabbitmq-pid "$RABBIT_PID" --rss-messages "$RSS_MESSAGES" --out "$WORK/rss-quorum.md"
+    stop_all
+    rm -rf "$WORK/rabbit-rss-quorum"
+    sed -i '/^What a confirm means:/,/^$/d' "$WORK/rss.md" "$WORK/rss-quorum.md"
+fi
+
+# --- the fill scenario --------------------------------------------------------------------------
+if [ "$FILL" = 1 ]; then
+    if [ "$(id -u)" != 0 ]; then
+        echo "!!! SKIPPING the fill scenario: it mounts tmpfs file systems and needs root" >&2
+    else
+        for b in keratin rabbit nats; do
+            mkdir -p "$WORK/fill-$b"
+            mount -t tmpfs -o size=${FILL_MIB}m tmpfs "$WORK/fill-$b"
+            MOUNTS+=("$WORK/fill-$b")
+        done
+        cat >"$WORK/keratin-fill.toml" <<EOF
+[storage]
+segment_bytes = 4194304
+
+[limits]
+sample_interval_ms = 100
+
+[limits.disk]
+soft_fraction = 0.25
+soft_floor_bytes = 0
+hard_fraction = 0.20
+hard_floor_bytes = 0
+reserve_fraction = 0.05
+reserve_floor_bytes = 0
+clear_margin_fraction = 0.02
+EOF
+        say "fill: ${FILL_MIB} MiB tmpfs each; RabbitMQ disk_free_limit $FILL_HARD_FREE_BYTES B, NATS max_file_store $FILL_NATS_STORE_BYTES B, Keratin hard at 20 % free"
+        start_rabbit "$WORK/fill-rabbit" "$FILL_HARD_FREE_BYTES"
+        start_nats "$WORK/fill-nats" "$FILL_NATS_STORE_BYTES"
+        "$BENCH" compare --dir "$WORK" "${PEERS[@]}" --cases fill \
+            --keratin-dir "$WORK/fill-keratin/data" --keratin-config "$WORK/keratin-fill.toml" \
+            --rabbitmq-pid "$RABBIT_PID" --nats-pid "$NATS_PID" \
+            --rabbitmq-dir "$WORK/fill-rabbit" --nats-dir "$WORK/fill-nats" \
+            --out "$WORK/fill.md"
+        stop_all
+        # The fill section is the fill table alone: the confirm lines are in the matrix's.
+        sed -i '/^What a confirm means:/,/^$/d' "$WORK/fill.md"
+    fi
+fi
+
+# --- the record ---------------------------------------------------------------------------------
+cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')
+mem=$(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)
+fs=$(df -T "$BENCH_DIR" | awk 'NR == 2 {print $2 " (" $1 ")"}')
+rabbit_version=$(dpkg-query -W -f '${Version}' rabbitmq-server 2>/dev/null || echo unknown)
+nats_version=$(nats-server --version 2>/dev/null || echo unknown)
+{
+    echo "Recorded by \`bench/compare.sh\` on $(date -u '+%Y-%m-%d %H:%M UTC'), commit $COMMIT."
+    echo "Machine: $(nproc) cores ($cpu), $mem, kernel $(uname -r), $BENCH_DIR on $fs."
+    echo "Peers: RabbitMQ $rabbit_version (Debian), $nats_version (Debian); clients lapin 2, async-nats 0.38."
+    echo "Settings: 1 KiB bodies, $ROUNDS rounds of $SECONDS_PER_RUN s (systems interleaved, order reversed"
+    echo "every other round; medians), backlog $BACKLOG, memory with $RSS_MESSAGES queued (fresh brokers)."
+    echo "Keratin: default durable mode, disk levels lowered for the matrix (see the script), fill"
+    echo "levels soft 25 % / hard 20 % / reserve 5 % free."
+    echo
+    cat "$WORK/matrix.md"
+    for part in rss rss-quorum; do
+        if [ -f "$WORK/$part.md" ]; then
+            echo
+            cat "$WORK/$part.md"
+        fi
+    done
+    if [ -f "$WORK/fill.md" ]; then
+        echo
+        cat "$WORK/fill.md"
+    fi
+} >"$WORK/section.md"
+cat "$WORK/section.md"
+
+if [ "$WRITE_DOCS" = 1 ]; then
+    docs=$ROOT/docs/benchmarks.md
+    begin='<!-- compare.sh: begin -->'
+    end='<!-- compare.sh: end -->'
+    if ! grep -qF "$begin" "$docs"; then
+        printf '\n## Side by side with RabbitMQ, NATS JetStream and the raw disk (issue 9)\n\n%s\n%s\n' \
+            "$begin" "$end" >>"$docs"
+    fi
+    SECTION=$WORK/section.md BEGIN=$begin END=$end perl -0pi -e '
+        open my $f, "<", $ENV{SECTION} or die "read $ENV{SECTION}: $!";
+        local $/; my $s = <$f>;
+        s/\Q$ENV{BEGIN}\E.*?\Q$ENV{END}\E/$ENV{BEGIN}\n$s$ENV{END}/s;
+    ' "$docs"
+    say "written into $docs"
+fi
