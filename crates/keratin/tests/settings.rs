@@ -287,10 +287,22 @@ fn a_live_storage_budget_limits_publishes_and_reset_lifts_it() {
     let out = run(&["publish", "q", "--count", "100", "--size", "1024"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
 
-    // The budget is now exactly what Keratin uses: nothing free, reserve.
-    let fs = &status(server.http)["filesystems"][0];
-    let used =
-        fs["total_bytes"].as_u64().expect("total") - fs["free_bytes"].as_u64().expect("free");
+    // The budget is now exactly what Keratin uses: nothing free, reserve. Wait for a sample
+    // that counts the queue's segment (0 would mean "no budget").
+    let started = Instant::now();
+    let used = loop {
+        let fs = &status(server.http)["filesystems"][0];
+        let used =
+            fs["total_bytes"].as_u64().expect("total") - fs["free_bytes"].as_u64().expect("free");
+        if used > 0 {
+            break used;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the queue's files never counted against the budget: {fs}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
     let out = cli(
         &server,
         &["settings", "set", &format!("storage.max_bytes={used}")],
