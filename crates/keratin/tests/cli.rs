@@ -8,6 +8,8 @@
 //! Every wait is bounded; the server is stopped by PID (SIGTERM, then SIGKILL) by a guard, so a
 //! failing test never leaks it.
 
+mod support;
+
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -46,12 +48,7 @@ impl Server {
             .arg(&data)
             .args(["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
             // Tiny disk thresholds: these tests must not depend on how full the host's disk is.
-            .env("KERATIN_LIMITS__DISK__SOFT_FRACTION", "0.002")
-            .env("KERATIN_LIMITS__DISK__HARD_FRACTION", "0.001")
-            .env("KERATIN_LIMITS__DISK__RESERVE_FRACTION", "0.0005")
-            .env("KERATIN_LIMITS__DISK__SOFT_FLOOR_BYTES", "268435456")
-            .env("KERATIN_LIMITS__DISK__HARD_FLOOR_BYTES", "134217728")
-            .env("KERATIN_LIMITS__DISK__RESERVE_FLOOR_BYTES", "67108864")
+            .envs(support::HOST_DISK_LIMITS.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log)

@@ -20,7 +20,7 @@ use keratin_proto::frame::{
     PartitionInfo, Publish, PublishError, PublishIdRange, PublishMode, QueueInfoReply,
     QueueListReply, QueueSummary, Reject, SubscribeOk,
 };
-use keratin_proto::{ClientHello, ErrorBody, FrameCodec, ProtoError, ServerHello};
+use keratin_proto::{ClientHello, ErrorBody, FrameCodec, ServerHello};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch, Semaphore};
@@ -84,18 +84,13 @@ pub(super) async fn run(
         deliveries: Arc::new(Mutex::new(HashMap::new())),
         next_delivery: Arc::new(AtomicU64::new(1)),
     };
-    // A frame read while joining publishes, handled next.
-    let mut held: Option<Option<Result<Frame, ProtoError>>> = None;
     loop {
-        let next = match held.take() {
-            Some(item) => Ok(item),
-            None => tokio::select! {
-                next = tokio::time::timeout(options.idle_timeout, frames.next()) => next,
-                _ = stop.changed() => {
-                    conn.send(Frame::Close(Close { message: "server shutting down".into() })).await;
-                    break;
-                }
-            },
+        let next = tokio::select! {
+            next = tokio::time::timeout(options.idle_timeout, frames.next()) => next,
+            _ = stop.changed() => {
+                conn.send(Frame::Close(Close { message: "server shutting down".into() })).await;
+                break;
+            }
         };
         let frame = match next {
             Err(_) => {
@@ -114,12 +109,6 @@ pub(super) async fn run(
             }
             Ok(Some(Ok(frame))) => frame,
         };
-        let frame = match frame {
-            Frame::Publish(publish) if conn.broker.publishes_may_join(&publish.queue) => {
-                Frame::Publish(join_publishes(publish, &mut frames, &mut held))
-            }
-            other => other,
-        };
         if !conn.dispatch(frame).await {
             break;
         }
@@ -128,48 +117,6 @@ pub(super) async fn run(
     drop(conn);
     let _ = tokio::time::timeout(options.drain_timeout, writer).await;
     tracing::debug!(%peer, "connection closed");
-}
-
-/// Publishes joined into one batch at most: messages, and body bytes.
-const JOINED_PUBLISH_MESSAGES_MAX: usize = 256;
-const JOINED_PUBLISH_BYTES_MAX: usize = 256 * 1024;
-
-/// Join `first` with the publishes to the same queue, in the same mode, that are already read
-/// and decoded behind it (never waiting for more), up to the bounds above: one dispatch, one
-/// admission and one answering task per batch instead of per frame. Answers stay per message
-/// (`publish_id`), in order. Only for queues without limits
-/// ([`Broker::publishes_may_join`]), where a batch's outcome is each message's. The first
-/// frame that does not join is left in `held`.
-fn join_publishes<S>(
-    mut first: Publish,
-    frames: &mut S,
-    held: &mut Option<Option<Result<Frame, ProtoError>>>,
-) -> Publish
-where
-    S: futures_util::Stream<Item = Result<Frame, ProtoError>> + Unpin,
-{
-    let mut bytes: usize = first.messages.iter().map(|m| m.body.len()).sum();
-    while first.messages.len() < JOINED_PUBLISH_MESSAGES_MAX && bytes < JOINED_PUBLISH_BYTES_MAX {
-        let Some(item) = futures_util::FutureExt::now_or_never(frames.next()) else {
-            break;
-        };
-        match item {
-            Some(Ok(Frame::Publish(next)))
-                if next.queue == first.queue
-                    && next.mode == first.mode
-                    && first.messages.len() + next.messages.len()
-                        <= JOINED_PUBLISH_MESSAGES_MAX =>
-            {
-                bytes += next.messages.iter().map(|m| m.body.len()).sum::<usize>();
-                first.messages.extend(next.messages);
-            }
-            other => {
-                *held = Some(other);
-                break;
-            }
-        }
-    }
-    first
 }
 
 /// Read the client's hello and answer it; the bytes read past the hello are returned.
