@@ -322,7 +322,15 @@ impl Writer {
         // alone (the crash tests replay it call by call); the seal is one small unsynced write.
         let idle = shared.options.seal_when_idle && shared.lock().pending.items.is_empty();
         if idle {
-            self.write_seal(shared, false)?;
+            if let Err(error) = self.write_seal(shared, false) {
+                // The group is durable and readers already see it: answering it `Stopped` would
+                // tell its appenders a lie they act on (the partition owner would never apply
+                // records that the log holds and replays). The log stops for the seal's failure
+                // (marked before anyone hears of it, see `fail`), the group gets the truth.
+                let error = fail(shared, error);
+                answer(std::mem::take(group));
+                return Err(error);
+            }
         }
         if group.len() > INLINE_ANSWERS_MAX {
             if let Some(notifier) = &self.notifier {

@@ -532,6 +532,24 @@ impl Log {
     /// offset (records whose write or sync failed were never reported durable), verify the tail
     /// and take appends again. Nothing is retried in place: Linux reports a writeback error only
     /// once, so the pages of a failed sync cannot be trusted. Does nothing if the log runs.
+    ///
+    /// **Rebuild from the log after a heal (and after an open), not from the answers.** A caller
+    /// that derives state from the records it appended (a partition owner) must rebuild it from
+    /// the log's records after every heal and open, because the log may hold durable records
+    /// that the caller never got an `Ok` for:
+    /// - after [`Log::open`] following a crash: a group whose sync completed just before the
+    ///   crash was never answered;
+    /// - after [`Log::open`] following a stop in an earlier process: records whose sync failed
+    ///   but which the page cache still shows are written again and kept (see
+    ///   `docs/storage-format.md`, "Recovery after a failed sync"), though they were answered
+    ///   `Stopped`;
+    /// - after a heal: every record kept was published durable, and its append is answered `Ok`
+    ///   (a failed idle-seal write after a durable group answers the group `Ok` and stops the
+    ///   log), but the answer of the last group may still be on its way to the caller when the
+    ///   caller sees the stop and heals.
+    ///
+    /// Records past the last durable offset (answered `Stopped`, including the part of a group
+    /// that a roll's sync covered before a later write failed) are cut by the heal.
     pub fn heal(&self) -> LogResult<()> {
         let durable_next = {
             let state = self.shared.lock();

@@ -419,3 +419,43 @@ fn failed_fsync_then_power_loss_reports_nothing_of_the_failed_batch() {
     assert_eq!(records.len(), 11);
     assert_eq!(records[10].payload, payload(10, 2, 40));
 }
+
+// ---------------------------------------------------------------------------------------------
+// (f) A failed idle-seal write after a group is durable: the answer must say what is true.
+
+/// The group's sync completed and readers see its records; the seal written after it fails.
+/// The group is answered as durable (it is), and the log stops for the seal's failure: every
+/// later append gets `Stopped` until a heal.
+#[test]
+fn failed_seal_write_answers_the_durable_group_as_durable_and_then_stops() {
+    let dir = PathBuf::from("/sim/seal");
+    let sim = SimIo::new(common::seed(61));
+    let io: Arc<dyn Io> = Arc::new(sim.clone());
+    let log = open_at(&io, &dir).expect("open");
+    append_each(&log, 0..5, 0, 700);
+    // One appender, log idle: the group is one write, one sync, then the idle seal's write.
+    sim.fail_at(sim.steps() + 2, SimFault::Eio);
+    let bodies: Vec<Vec<u8>> = (5..8).map(|o| payload(o, 1, 700)).collect();
+    let records: Vec<_> = bodies.iter().map(|b| record(b)).collect();
+    let answer = log.append_sync(&records);
+    assert_eq!(
+        answer.expect("the group is durable: its answer must be Ok"),
+        5..8
+    );
+    assert_eq!(log.durable_offset(), 8);
+    for (offset, body) in (5..8).zip(&bodies) {
+        assert_eq!(&log.read(offset).expect("durable read").payload, body);
+    }
+    let stop = log.stopped().expect("the failed seal write stops the log");
+    assert!(stop.is_stopped(), "{stop:?}");
+    let refused = log.append(&[record(b"later")]);
+    assert!(matches!(&refused, Err(e) if e.is_stopped()));
+    log.heal().expect("heal");
+    assert_eq!(log.durable_offset(), 8, "heal keeps the durable group");
+    append_each(&log, 8..9, 2, 700);
+    let sim = sim.restart();
+    drop(log);
+    let io: Arc<dyn Io> = Arc::new(sim);
+    let log = open_at(&io, &dir).expect("reopen");
+    assert_eq!(read_all(&log, "seal failure, heal, crash").len(), 9);
+}
