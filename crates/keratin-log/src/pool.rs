@@ -12,8 +12,10 @@
 //!   syncs it and renames it to `*.spare`. A file whose generation would wrap is deleted instead;
 //! - **take**: a log that rolls takes a `*.spare` of its class on its file system, renames it into
 //!   its directory and writes the real header (same generation, its base), synced with its batch;
-//! - a spare is adopted (at start, or from `*.incoming`) only if its size is exactly its class's
-//!   and its header is valid; anything else in `spares/` is deleted;
+//! - a spare is adopted (at start, from `*.spare` or `*.incoming`) only if its size is exactly its
+//!   class's and its header is valid, and always with the next generation (a take interrupted by
+//!   a power loss can leave records of the spare's own generation in it); anything else in
+//!   `spares/` is deleted;
 //! - a per-file-system byte budget; `release` deletes spares down to a target (the limits call
 //!   it under disk pressure), and the pool reports its spare bytes, which count as free space.
 
@@ -310,8 +312,9 @@ impl SegmentPool {
         Ok(fraction.min(DEFAULT_BUDGET_MAX_BYTES))
     }
 
-    /// Scan a spares directory: keep valid `*.spare` files, queue `*.incoming` ones for their
-    /// header rewrite, delete everything else (a half-made file is never adopted).
+    /// Scan a spares directory: queue valid `*.spare` and `*.incoming` files for their header
+    /// rewrite with the next generation, delete everything else (a half-made file is never
+    /// adopted).
     fn adopt(&self, group: &mut Group) -> LogResult<Vec<(PathBuf, SizeClass, u16)>> {
         let io = self.inner.io.as_ref();
         let names = io
@@ -333,11 +336,14 @@ impl SegmentPool {
                 .unwrap_or(0);
             group.next_name = group.next_name.max(counter);
             match header {
+                // A ready spare is adopted with the next generation, like an incoming file: a
+                // log may have taken it (rename, header, records) and lost the rename at a power
+                // loss while some of the records' sectors reached the disk and the header's did
+                // not. Those records carry the spare's generation; the next log to take it would
+                // write the same one and could adopt them, or see their claims as damage
+                // (issue 12, item 6; found by tests/power_loss.rs, taking spares).
                 Some(h) if name.ends_with(".spare") && h.kind == HeaderKind::Spare => {
-                    group.ready(h.size_class).push(ReadySpare {
-                        path,
-                        generation: h.generation,
-                    });
+                    incoming.push((path, h.size_class, h.generation));
                 }
                 Some(h) if name.ends_with(".incoming") => {
                     // Bump past every generation the file may hold records of: a segment
