@@ -131,9 +131,12 @@ fn stop<'a>(shared: &'a Shared, op: &'static str) -> impl Fn(IoError) -> LogErro
 
 impl Writer {
     /// Take over the recovered segments (creating the first one of a new log) and publish them.
+    /// `unproven_from`: where the last segment's bytes stop being proven durable (recovery's
+    /// `Recovered::unproven_from`).
     pub(crate) fn start(
         shared: &Shared,
         mut segments: std::collections::BTreeMap<u64, Segment>,
+        unproven_from: Option<u64>,
     ) -> LogResult<Writer> {
         if segments.is_empty() {
             let segment = new_segment(shared, 0)?;
@@ -143,6 +146,16 @@ impl Writer {
             .values()
             .next_back()
             .ok_or_else(|| LogError::Invalid("no segment".into()))?;
+        // What no record proves durable may be in the page cache only, with a failed sync
+        // behind it (in an earlier process, or before a heal): Linux reported that failure once
+        // and marked the pages clean, so the sync below would succeed without writing them.
+        // Writing them again makes them dirty, and the sync then makes them durable before the
+        // log reports them (issue 12, items 5 and 8: a restart after a stop adopted a failed
+        // batch, or a spare's header, that a power loss then took away from under records
+        // acknowledged later).
+        if let Some(from) = unproven_from {
+            rewrite(last, from, last.end_position)?;
+        }
         // Recovery read what the page cache holds, which can be more than the disk does: the
         // names and data left by a process that died, or by an open or heal that failed,
         // before its syncs. Make them durable before the log reports them durable and builds on
@@ -567,6 +580,27 @@ fn write_cut_mark(shared: &Shared, segment: &Segment, cut: Option<u64>) -> StepR
         .write_all_at(&bytes, 0)
         .map_err(stop(shared, "write truncation mark"))?;
     timed_sync(shared, || segment.file.sync_data()).map_err(stop(shared, "sync truncation mark"))
+}
+
+/// Write `[from, to)` of `segment` again with what reads show (see `Writer::start`); the caller
+/// syncs.
+fn rewrite(segment: &Segment, from: u64, to: u64) -> LogResult<()> {
+    let mut chunk = vec![0u8; crate::segment::READ_CHUNK_BYTES.min((to - from.min(to)) as usize)];
+    let mut position = from;
+    while position < to {
+        let len = ((to - position) as usize).min(chunk.len());
+        let bytes = &mut chunk[..len];
+        segment
+            .file
+            .read_exact_at(bytes, position)
+            .map_err(|e| LogError::io("read segment tail", segment.path.clone(), e))?;
+        segment
+            .file
+            .write_all_at(bytes, position)
+            .map_err(|e| LogError::io("rewrite segment tail", segment.path.clone(), e))?;
+        position += len as u64;
+    }
+    Ok(())
 }
 
 /// Run one sync of the commit thread (`sync_data` or `sync_dir`) and count its time in the

@@ -307,7 +307,7 @@ impl Log {
             work_ready: Condvar::new(),
             space_ready: Condvar::new(),
         });
-        let writer = Writer::start(&shared, recovered.segments)?;
+        let writer = Writer::start(&shared, recovered.segments, recovered.unproven_from)?;
         let thread = commit::spawn(shared.clone(), writer)?;
         Ok(Log {
             shared,
@@ -567,7 +567,7 @@ impl Log {
             &shared.pool,
             Trust::NothingPastTheEnd,
         )?;
-        let mut writer = Writer::start(shared, recovered.segments)?;
+        let mut writer = Writer::start(shared, recovered.segments, recovered.unproven_from)?;
         if writer.next_offset() > durable_next {
             writer.truncate(shared, durable_next)?;
         }

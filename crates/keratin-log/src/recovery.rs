@@ -34,6 +34,11 @@ pub(crate) struct Recovered {
     pub(crate) segments: BTreeMap<u64, Segment>,
     /// Bytes of leftovers zeroed past the cut of the last segment.
     pub(crate) zeroed_bytes: u64,
+    /// The first byte of the last segment that no record proves durable: what lies between it
+    /// and the segment's end was read, but only a sync of this process can make it durable
+    /// (see `Writer::start`). 0 when even the header is unproven; `None` when there is no
+    /// segment.
+    pub(crate) unproven_from: Option<u64>,
 }
 
 /// Why a segment scan stopped.
@@ -50,6 +55,9 @@ enum ScanStop {
 #[derive(Debug)]
 struct Scan {
     stop: ScanStop,
+    /// The strongest durability claim of the scanned records (the seal included): every offset
+    /// below it was covered by a completed sync when that record was written.
+    claim: Option<u64>,
 }
 
 /// How far recovery may trust what it reads past the end of the log.
@@ -90,6 +98,7 @@ pub(crate) fn recover(
     opened.reverse();
     let mut segments = BTreeMap::new();
     let mut zeroed_bytes = 0;
+    let mut unproven_from = None;
     let count = opened.len();
     for (i, (file, header, cut, path)) in opened.into_iter().enumerate() {
         let mut segment = Segment::new(
@@ -103,10 +112,19 @@ pub(crate) fn recover(
         // A segment that is not the last is sealed: whatever stopped its scan, the next
         // segment's base must follow its last record (checked below, against the next one).
         if i + 1 == count {
+            // A truncation mark means a zeroing was under way, and its writes may have been
+            // dropped by a failed sync in an earlier process while reads show zeros: the disk
+            // can still hold the records it was destroying anywhere up to the old end.
+            let trust = if cut.is_some() {
+                Trust::NothingPastTheEnd
+            } else {
+                trust
+            };
             zeroed_bytes = settle_tail(&segment, &scan, cut, trust)?;
             if cut.is_some() {
                 clear_cut_mark(&segment, &header)?;
             }
+            unproven_from = Some(unproven_position(&segment, scan.claim)?);
         }
         if let Some((_, previous)) = segments.last_key_value() {
             check_continuity(previous, &segment)?;
@@ -116,7 +134,24 @@ pub(crate) fn recover(
     Ok(Recovered {
         segments,
         zeroed_bytes,
+        unproven_from,
     })
+}
+
+/// The first byte of the last segment that no record's claim proves durable. A claim is written
+/// only after a sync of this log completed without error, so what it covers reached the disk.
+/// What lies past it was read through the page cache: after a failed sync in an earlier process
+/// (fsyncgate) the disk may never get it, and a sync now would succeed without writing it.
+/// The header is proven only by a claim past the segment's base (records are written after it).
+fn unproven_position(segment: &Segment, claim: Option<u64>) -> LogResult<u64> {
+    let claim = claim.unwrap_or(0);
+    if claim <= segment.base {
+        return Ok(0);
+    }
+    if claim >= segment.next_offset {
+        return Ok(segment.end_position);
+    }
+    crate::reader::locate(segment, claim)
 }
 
 /// The base offsets of the segment files in `dir`, sorted; scratch files are removed.
@@ -205,6 +240,7 @@ fn scan_segment(segment: &mut Segment) -> LogResult<Scan> {
     let mut position = SEGMENT_HEADER_SIZE as u64;
     let mut expected = segment.base;
     let mut index = IndexBuilder::new(segment.base, None);
+    let mut claim: Option<u64> = None;
     let stop = loop {
         if position + RECORD_HEADER_SIZE as u64 > segment.size_bytes {
             break ScanStop::End;
@@ -232,6 +268,7 @@ fn scan_segment(segment: &mut Segment) -> LogResult<Scan> {
                 found: header.offset,
             });
         }
+        claim = claim.max(header.durable_before());
         if header.flags & FLAG_SEAL != 0 {
             break ScanStop::Seal;
         }
@@ -243,7 +280,7 @@ fn scan_segment(segment: &mut Segment) -> LogResult<Scan> {
     };
     segment.end_position = position;
     segment.next_offset = expected;
-    Ok(Scan { stop })
+    Ok(Scan { stop, claim })
 }
 
 fn check_continuity(previous: &Segment, next: &Segment) -> LogResult<()> {

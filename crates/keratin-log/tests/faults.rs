@@ -459,3 +459,115 @@ fn failed_seal_write_answers_the_durable_group_as_durable_and_then_stops() {
     let log = open_at(&io, &dir).expect("reopen");
     assert_eq!(read_all(&log, "seal failure, heal, crash").len(), 9);
 }
+
+// ---------------------------------------------------------------------------------------------
+// (g) A failed sync, then a process restart (the page cache survives) or a heal, then a power
+// loss: what was acknowledged after the restart or heal must survive.
+
+/// The log stops on a failed sync; the process exits and starts again (no power loss: the page
+/// cache still shows the failed batch, but the disk will never hold it, and a later sync of the
+/// file succeeds without writing it). The reopened log takes appends; after a power loss
+/// every record acknowledged since the restart reads back, and the log opens.
+#[test]
+fn restart_after_a_failed_fsync_then_power_loss_keeps_every_later_acknowledged_record() {
+    let dir = PathBuf::from("/sim/restart-after-eio");
+    let (sim, log) = log_with_failed_sync(common::seed(71), &dir, 10);
+    drop(log);
+    let io: Arc<dyn Io> = Arc::new(sim.clone());
+    let log = open_at(&io, &dir).expect("reopen after the stop (process restart)");
+    let kept = log.next_offset();
+    assert!(
+        kept == 10 || kept == 13,
+        "the reopened log holds 0..{kept}: neither the durable records nor all of the batch"
+    );
+    append_each(&log, kept..kept + 3, 2, 900);
+    let sim = sim.restart();
+    drop(log);
+    let io: Arc<dyn Io> = Arc::new(sim);
+    let log = open_at(&io, &dir).expect("open after the power loss");
+    let records = read_all(&log, "failed sync, restart, append, power loss");
+    assert_eq!(records.len() as u64, kept + 3, "acknowledged records lost");
+    for r in &records {
+        let version = match r.offset {
+            o if o < 10 => 0,
+            o if o < kept => 1,
+            _ => 2,
+        };
+        assert_eq!(
+            r.payload,
+            payload(r.offset, version, 900),
+            "offset {}",
+            r.offset
+        );
+    }
+}
+
+/// An explicit roll takes a spare from the pool (rename, real header) and the sync that covers
+/// the header fails: the header exists only in the page cache. The heal keeps the segment (no
+/// record of it was reported durable, none is cut); appends go into it and are acknowledged;
+/// after a power loss they must read back (issue 12, item 8).
+#[test]
+fn pool_segment_whose_first_sync_failed_keeps_later_acknowledged_records() {
+    let sim = SimIo::new(common::seed(81));
+    let io: Arc<dyn Io> = Arc::new(sim.clone());
+    let root = PathBuf::from("/sim/node");
+    io.create_dir_all(&root).expect("mkdir");
+    let pool = keratin_log::SegmentPool::new(
+        io.clone(),
+        keratin_log::PoolOptions {
+            full_segment_size_bytes: small_options().full_segment_size_bytes,
+            budget_bytes: None,
+            background: false,
+        },
+    );
+    pool.add_storage_dir(&root).expect("pool");
+    let dir = root.join("q");
+    let open = |io: &Arc<dyn Io>, pool: &keratin_log::SegmentPool| {
+        Log::open(io.clone(), &dir, small_options(), Some(pool.clone()))
+    };
+    let log = open(&io, &pool).expect("open");
+    append_each(&log, 0..200, 0, 2000);
+    let before = log.stats().segments.last().expect("segment").base_offset;
+    log.remove_prefix(before)
+        .expect("submit")
+        .wait()
+        .expect("remove");
+    assert!(pool.filesystems()[0].full_count >= 1, "a spare is ready");
+    let next = log.next_offset();
+    // The roll: device id, rename, open, header write; then the segment's sync fails.
+    sim.fail_at(sim.steps() + 4, SimFault::Eio);
+    let error = log
+        .roll()
+        .expect("submit")
+        .wait()
+        .expect_err("the sync failed");
+    assert!(error.is_stopped(), "{error:?}");
+    log.heal().expect("heal");
+    assert_eq!(log.next_offset(), next);
+    append_each(&log, next..next + 5, 1, 2000);
+    let sim = sim.restart();
+    drop(log);
+    let io: Arc<dyn Io> = Arc::new(sim);
+    let pool = keratin_log::SegmentPool::new(
+        io.clone(),
+        keratin_log::PoolOptions {
+            full_segment_size_bytes: small_options().full_segment_size_bytes,
+            budget_bytes: None,
+            background: false,
+        },
+    );
+    pool.add_storage_dir(&root)
+        .expect("pool after the power loss");
+    let log = open(&io, &pool).expect("open after the power loss");
+    assert_eq!(
+        log.next_offset(),
+        next + 5,
+        "records acknowledged after the heal were lost"
+    );
+    for offset in next..next + 5 {
+        assert_eq!(
+            log.read(offset).expect("read").payload,
+            payload(offset, 1, 2000)
+        );
+    }
+}
