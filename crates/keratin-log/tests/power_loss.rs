@@ -245,14 +245,33 @@ fn sim_seed(base: u64, step: u64, variant: u64) -> u64 {
     base ^ step.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ variant
 }
 
+/// The logs a workload has open, by name, so that a sweep can heal them after its error.
+type OpenLogs = Vec<(String, Log)>;
+
 /// A workload over the node: runs until its first error, recording what was acknowledged.
-type Workload = fn(&SimIo, &mut Model) -> Result<(), LogError>;
+type Workload = fn(&SimIo, &mut Model, &mut OpenLogs) -> Result<(), LogError>;
+
+/// Close the log named `name` (taken out of `logs`).
+fn close_log(logs: &mut OpenLogs, name: &str) -> Result<(), LogError> {
+    let index = logs
+        .iter()
+        .position(|(n, _)| n == name)
+        .expect("the workload closes a log it opened");
+    let (_, log) = logs.remove(index);
+    log.close()
+}
+
+/// The open log named `name`.
+fn log_of<'a>(logs: &'a OpenLogs, name: &str) -> &'a Log {
+    &logs.iter().find(|(n, _)| n == name).expect("open log").1
+}
 
 /// Count the workload's `Io` calls (checking that a clean run passes the checks).
 fn count_calls(name: &str, base: u64, workload: Workload, logs: &[&str]) -> u64 {
     let sim = SimIo::new(base);
     let mut model = Model::default();
-    workload(&sim, &mut model).unwrap_or_else(|e| panic!("{name}: clean run failed: {e}"));
+    workload(&sim, &mut model, &mut Vec::new())
+        .unwrap_or_else(|e| panic!("{name}: clean run failed: {e}"));
     let calls = sim.steps();
     check_node(&sim.restart(), &model, logs, &format!("{name}: clean run"));
     calls
@@ -269,7 +288,7 @@ fn crash_sweep(name: &str, default_seed: u64, variants: u64, workload: Workload,
             let sim = SimIo::new(sim_seed(base, k, variant));
             sim.crash_after(k);
             let mut model = Model::default();
-            let outcome = workload(&sim, &mut model);
+            let outcome = workload(&sim, &mut model, &mut Vec::new());
             let context = format!(
                 "{name}: crash after call {k} variant {variant} (replay: KERATIN_SEED={base} \
                  KERATIN_STEP={k}; workload: {outcome:?})"
@@ -289,29 +308,34 @@ fn crash_sweep(name: &str, default_seed: u64, variants: u64, workload: Workload,
 
 /// Log `a` fills three segments and gives two back (they enter the pool as spares); log `b`
 /// then rolls through them (takes), mid-batch and explicitly.
-fn take_spares_workload(sim: &SimIo, model: &mut Model) -> Result<(), LogError> {
+fn take_spares_workload(
+    sim: &SimIo,
+    model: &mut Model,
+    logs: &mut OpenLogs,
+) -> Result<(), LogError> {
     let io: Arc<dyn Io> = Arc::new(sim.clone());
     let pool = node_pool(&io)?;
-    let a = open_log(&io, &pool, "a")?;
-    let b = open_log(&io, &pool, "b")?;
+    logs.push(("a".into(), open_log(&io, &pool, "a")?));
+    logs.push(("b".into(), open_log(&io, &pool, "b")?));
+    let (a, b) = (log_of(logs, "a"), log_of(logs, "b"));
     for _ in 0..20 {
-        model.append(&a, "a", 1, &[30_000])?;
+        model.append(a, "a", 1, &[30_000])?;
     }
     let before = a.stats().segments.last().map_or(0, |s| s.base_offset);
     model.removing_prefix("a", before);
     a.remove_prefix(before)?.wait()?;
     for _ in 0..2 {
         for _ in 0..8 {
-            model.append(&b, "b", 2, &[30_000])?;
+            model.append(b, "b", 2, &[30_000])?;
         }
         // Many small records in one batch roll mid-batch; a record inside one sector survives a
         // torn write whole, which is what a stale record in a spare needs.
-        model.append(&b, "b", 2, &[150; 200])?;
+        model.append(b, "b", 2, &[150; 200])?;
     }
     b.roll()?.wait()?;
-    model.append(&b, "b", 2, &[5_000])?;
-    b.close()?;
-    a.close()?;
+    model.append(b, "b", 2, &[5_000])?;
+    close_log(logs, "b")?;
+    close_log(logs, "a")?;
     Ok(())
 }
 
@@ -321,4 +345,213 @@ fn power_loss_at_every_step_of_taking_spares() {
     // three) and a record's sector new, at one of two takes: four variants per call, and a
     // default seed under which the sweep found it (issue 12, item 6).
     crash_sweep("take spares", 3, 4, take_spares_workload, &["a", "b"]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rolls: fresh segments (scratch file, preallocation, rename), rolls mid-batch and explicit
+// ones, an explicit roll of an empty segment (nothing to do), then rolls into spares.
+
+fn rolls_workload(sim: &SimIo, model: &mut Model, logs: &mut OpenLogs) -> Result<(), LogError> {
+    let io: Arc<dyn Io> = Arc::new(sim.clone());
+    let pool = node_pool(&io)?;
+    logs.push(("r".into(), open_log(&io, &pool, "r")?));
+    let r = log_of(logs, "r");
+    for i in 0..14 {
+        // About 40 KiB per step: a roll on its own every six or seven steps, some mid-batch.
+        let lengths: &[usize] = if i % 4 == 3 {
+            &[12_000, 300, 25_000, 3_000]
+        } else {
+            &[40_000]
+        };
+        model.append(r, "r", 1, lengths)?;
+        if i == 9 {
+            r.roll()?.wait()?;
+            // Empty: nothing to roll.
+            r.roll()?.wait()?;
+        }
+    }
+    let before = r.stats().segments.last().map_or(0, |s| s.base_offset);
+    model.removing_prefix("r", before);
+    r.remove_prefix(before)?.wait()?;
+    for _ in 0..8 {
+        model.append(r, "r", 2, &[45_000])?;
+    }
+    r.roll()?.wait()?;
+    model.append(r, "r", 2, &[100; 30])?;
+    close_log(logs, "r")?;
+    Ok(())
+}
+
+#[test]
+fn power_loss_at_every_step_of_rolls() {
+    crash_sweep("rolls", 0x726f_6c6c, 2, rolls_workload, &["r"]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// A failed call (EIO) at every step, then a heal or a process restart, then a reopen, then a
+// power loss.
+
+/// After the failed call: heal each stopped log (`heal` true) or not, append to every running
+/// one, then restart the process (drop every log; the page cache survives), reopen, verify,
+/// append, and lose power.
+fn after_eio(
+    sim: &SimIo,
+    model: &mut Model,
+    logs: OpenLogs,
+    heal: bool,
+    names: &[&str],
+    context: &str,
+) {
+    for (name, log) in &logs {
+        if log.stopped().is_none() {
+            continue;
+        }
+        if !heal {
+            let refused = log.append(&[record(b"refused")]);
+            assert!(
+                matches!(&refused, Err(e) if e.is_stopped()),
+                "{context}: {name}: an append to a stopped log got {:?}",
+                refused.map(|_| ())
+            );
+            continue;
+        }
+        log.heal()
+            .unwrap_or_else(|e| panic!("{context}: {name}: heal: {e}"));
+        verify_log(log, model, name, &format!("{context}, healed"));
+        model
+            .append(log, name, 800, &[640, 9_000])
+            .unwrap_or_else(|e| panic!("{context}: {name}: append after heal: {e}"));
+    }
+    drop(logs);
+    // The process restarts: same disk, same page cache.
+    let io: Arc<dyn Io> = Arc::new(sim.clone());
+    let pool = node_pool(&io).unwrap_or_else(|e| panic!("{context}: pool after restart: {e}"));
+    for name in names {
+        if !io.exists(&Path::new(ROOT).join(name)).expect("stat") {
+            continue;
+        }
+        let log = open_log(&io, &pool, name)
+            .unwrap_or_else(|e| panic!("{context}: {name}: reopen after the stop: {e}"));
+        verify_log(&log, model, name, &format!("{context}, reopened"));
+        model
+            .append(&log, name, 801, &[700, 13_000])
+            .unwrap_or_else(|e| panic!("{context}: {name}: append after reopen: {e}"));
+    }
+    check_node(
+        &sim.restart(),
+        model,
+        names,
+        &format!("{context}, then power loss"),
+    );
+}
+
+fn eio_sweep(name: &str, default_seed: u64, workload: Workload, names: &[&str]) {
+    let started = Instant::now();
+    let base = common::seed(default_seed);
+    let total = count_calls(name, base, workload, names);
+    let mut runs = 0u64;
+    for k in steps_to_try(total) {
+        for heal in [true, false] {
+            let sim = SimIo::new(sim_seed(base, k, u64::from(heal)));
+            sim.fail_at(k, SimFault::Eio);
+            let mut model = Model::default();
+            let mut logs = Vec::new();
+            let outcome = workload(&sim, &mut model, &mut logs);
+            let context = format!(
+                "{name}: EIO at call {k}, {} (replay: KERATIN_SEED={base} KERATIN_STEP={k}; \
+                 workload: {outcome:?})",
+                if heal { "heal" } else { "no heal" }
+            );
+            after_eio(&sim, &mut model, logs, heal, names, &context);
+            runs += 1;
+        }
+    }
+    eprintln!(
+        "{name}: {total} Io calls, {runs} failed calls healed or restarted in {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn eio_at_every_step_then_heal_or_restart_then_power_loss() {
+    eio_sweep(
+        "EIO, heal, reopen",
+        0x6865_616c,
+        take_spares_workload,
+        &["a", "b"],
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// A second power loss at every step of the recovery that follows a first one.
+
+/// Recovery as a node runs it at start: the pool adopts its spares, every log opens.
+fn recover_node(io: &Arc<dyn Io>, names: &[&str]) -> Result<(), LogError> {
+    let pool = node_pool(io)?;
+    let mut logs = Vec::new();
+    for name in names {
+        if io
+            .exists(&Path::new(ROOT).join(name))
+            .map_err(|e| LogError::Invalid(e.to_string()))?
+        {
+            logs.push(open_log(io, &pool, name)?);
+        }
+    }
+    for log in logs {
+        log.close()?;
+    }
+    Ok(())
+}
+
+/// The stride of first crashes: `KERATIN_RECOVERY_STRIDE` or 5.
+fn recovery_stride() -> usize {
+    std::env::var("KERATIN_RECOVERY_STRIDE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5)
+        .max(1)
+}
+
+#[test]
+fn power_loss_at_every_step_of_recovery_after_a_power_loss() {
+    let started = Instant::now();
+    let name = "crash during recovery";
+    let names = ["a", "b"];
+    let workload: Workload = take_spares_workload;
+    let base = common::seed(0x7265_636f);
+    let total = count_calls(name, base, workload, &names);
+    // The disk after the first power loss, rebuilt the same way each time (same seed).
+    let first_crash = |k: u64| {
+        let sim = SimIo::new(sim_seed(base, k, 0));
+        sim.crash_after(k);
+        let mut model = Model::default();
+        let _ = workload(&sim, &mut model, &mut Vec::new());
+        (sim.restart(), model)
+    };
+    let (mut runs, mut recovery_calls) = (0u64, 0u64);
+    for k in steps_to_try(total).into_iter().step_by(recovery_stride()) {
+        let (sim, _) = first_crash(k);
+        let io: Arc<dyn Io> = Arc::new(sim.clone());
+        recover_node(&io, &names).unwrap_or_else(|e| panic!("{name}: first crash at {k}: {e}"));
+        let calls = sim.steps();
+        recovery_calls += calls;
+        for j in 0..calls {
+            let (sim, model) = first_crash(k);
+            sim.crash_after(j);
+            let io: Arc<dyn Io> = Arc::new(sim.clone());
+            let outcome = recover_node(&io, &names);
+            drop(io);
+            let context = format!(
+                "{name}: first crash after call {k}, second after recovery call {j} (replay: \
+                 KERATIN_SEED={base} KERATIN_STEP={k}; recovery: {outcome:?})"
+            );
+            check_node(&sim.restart(), &model, &names, &context);
+            runs += 1;
+        }
+    }
+    eprintln!(
+        "{name}: {total} workload calls, {recovery_calls} recovery calls, {runs} second power \
+         losses checked in {:?}",
+        started.elapsed()
+    );
 }
