@@ -374,7 +374,7 @@ fn check(at: &str, disk: SimIo, out: &Outcome) {
 
 #[test]
 fn power_loss_at_every_step_of_a_queue_workload_with_purges_and_reclaim() {
-    let seed = seed(0x706f_7765_72);
+    let seed = seed(0x70_6f77_6572);
     let started = Instant::now();
     let totals: Vec<u64> = (0..2)
         .map(|_| {
