@@ -120,8 +120,8 @@ pub(crate) fn recover(
             } else {
                 trust
             };
-            zeroed_bytes = settle_tail(&segment, &scan, cut, trust)?;
-            if cut.is_some() {
+            zeroed_bytes = settle_tail(&segment, &header, &scan, cut, trust)?;
+            if cut.is_some() || zeroed_bytes > 0 {
                 clear_cut_mark(&segment, &header)?;
             }
             unproven_from = Some(unproven_position(&segment, scan.claim)?);
@@ -311,7 +311,13 @@ fn check_continuity(previous: &Segment, next: &Segment) -> LogResult<()> {
 /// cut and zeroed) or damage to data that was reported durable (an error). `cut` is the offset of
 /// a truncation that was in progress: records from it on were being destroyed, so their claims
 /// count only below it.
-fn settle_tail(segment: &Segment, scan: &Scan, cut: Option<u64>, trust: Trust) -> LogResult<u64> {
+fn settle_tail(
+    segment: &Segment,
+    header: &SegmentHeader,
+    scan: &Scan,
+    cut: Option<u64>,
+    trust: Trust,
+) -> LogResult<u64> {
     let cut_position = segment.end_position;
     let look_from = match scan.stop {
         ScanStop::End => return Ok(0),
@@ -347,6 +353,15 @@ fn settle_tail(segment: &Segment, scan: &Scan, cut: Option<u64>, trust: Trust) -
         ScanStop::Seal => look_from,
         _ => cut_position,
     };
+    // The zeroing gets a truncation mark, as a truncation does: if its writes or its sync fail,
+    // reads in this process (or in the next one, after a restart without a power loss) show
+    // zeros the disk may never get, while the disk keeps leftovers that could line up with
+    // records appended later. The mark is durable before the zeroing starts; a recovery that
+    // finds it zeroes the whole unused tail (issue 12: found by
+    // leftover_whose_zeroing_failed_never_lines_up_after_a_restart). The caller clears it.
+    if cut.is_none() {
+        write_cut_mark(segment, header, segment.next_offset)?;
+    }
     zero_range(segment, zero_from, zero_end)?;
     tracing::warn!(
         segment = %segment.path().display(),
@@ -439,8 +454,21 @@ fn look_ahead(segment: &Segment, from: u64) -> LogResult<LookAhead> {
     Ok(ahead)
 }
 
-/// Finish an interrupted truncation: once the tail is settled (leftovers zeroed and synced),
-/// write the header without its truncation mark, so that later records' claims count again.
+/// Write and sync `segment`'s header with a truncation mark at `cut`.
+fn write_cut_mark(segment: &Segment, header: &SegmentHeader, cut: u64) -> LogResult<()> {
+    segment
+        .file
+        .write_all_at(&header.encode_cutting(cut), 0)
+        .map_err(|e| LogError::io("write truncation mark", segment.path.clone(), e))?;
+    segment
+        .file
+        .sync_data()
+        .map_err(|e| LogError::io("sync truncation mark", segment.path.clone(), e))
+}
+
+/// Finish a truncation (an interrupted one, or the zeroing of this recovery): once the tail is
+/// settled (leftovers zeroed and synced), write the header without its truncation mark, so that
+/// later records' claims count again.
 fn clear_cut_mark(segment: &Segment, header: &SegmentHeader) -> LogResult<()> {
     segment
         .file

@@ -571,3 +571,65 @@ fn pool_segment_whose_first_sync_failed_keeps_later_acknowledged_records() {
         );
     }
 }
+
+/// Recovery cuts a damaged tail and zeroes a same-generation leftover after it; that zeroing's
+/// writes fail or its sync does (EIO at every call of the recovery). The process restarts (the
+/// page cache shows zeros the disk may never get), reopens, appends a record exactly as long as
+/// the cut one, and loses power: the leftover must not come back as the next offset, lined up
+/// behind a record it never followed.
+#[test]
+fn leftover_whose_zeroing_failed_never_lines_up_after_a_restart() {
+    let dir = PathBuf::from("/sim/leftover");
+    let options = keratin_log::LogOptions {
+        seal_when_idle: false,
+        ..small_options()
+    };
+    let open = |io: &Arc<dyn Io>| Log::open(io.clone(), &dir, options.clone(), None);
+    // A disk whose log holds 0..5, then record 5 damaged and record 6 intact behind it.
+    let damaged_disk = || {
+        let sim = SimIo::new(common::seed(91));
+        let io: Arc<dyn Io> = Arc::new(sim.clone());
+        let log = open(&io).expect("open");
+        for offset in 0..5 {
+            log.append_sync(&[record(&payload(offset, 0, 700))])
+                .expect("append");
+        }
+        let (five, six) = (payload(5, 0, 1000), payload(6, 0, 300));
+        log.append_sync(&[record(&five), record(&six)])
+            .expect("append");
+        let sim = sim.restart();
+        drop(log);
+        let positions = record_positions(&[700, 700, 700, 700, 700, 1000, 300]);
+        sim.corrupt(&segment_path(&dir, 0), positions[5] + 100, 0xff);
+        sim
+    };
+    let recovery_calls = {
+        let sim = damaged_disk();
+        let io: Arc<dyn Io> = Arc::new(sim.clone());
+        let log = open(&io).expect("recovery cuts the damaged tail");
+        assert_eq!(log.next_offset(), 5);
+        sim.steps()
+    };
+    for k in 0..recovery_calls {
+        let sim = damaged_disk();
+        sim.fail_at(k, SimFault::Eio);
+        let io: Arc<dyn Io> = Arc::new(sim.clone());
+        let first = open(&io).map(|log| log.next_offset());
+        // The process restarts on the same disk and page cache.
+        let log = open(&io).unwrap_or_else(|e| panic!("EIO at call {k} ({first:?}): reopen: {e}"));
+        assert_eq!(log.next_offset(), 5, "EIO at call {k}");
+        log.append_sync(&[record(&payload(5, 1, 1000))])
+            .expect("append after the restart");
+        let sim = sim.restart();
+        drop(log);
+        let io: Arc<dyn Io> = Arc::new(sim);
+        let log =
+            open(&io).unwrap_or_else(|e| panic!("EIO at call {k}: open after power loss: {e}"));
+        assert_eq!(
+            log.next_offset(),
+            6,
+            "EIO at call {k} ({first:?}): the leftover record 6 came back behind a new record 5"
+        );
+        assert_eq!(log.read(5).expect("read").payload, payload(5, 1, 1000));
+    }
+}
