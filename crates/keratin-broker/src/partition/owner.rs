@@ -169,8 +169,9 @@ struct Owner {
     acks: Vec<Settled>,
     /// This partition's share of the queue limits.
     limits: PartitionLimits,
-    /// Messages and bytes of publishes admitted by the queue limits and not yet applied (or
-    /// failed): they count toward the limits, or concurrent publishes would overshoot them.
+    /// Messages and bytes of publishes written (admitted by the gate and the queue limits) and
+    /// not yet applied (or failed): they count toward the limits, or concurrent publishes would
+    /// overshoot them.
     reserved_count: u64,
     reserved_bytes: u64,
     /// Messages being removed by `drop_oldest`: they no longer count toward the limits.
@@ -181,7 +182,8 @@ struct Owner {
     purges: u32,
 }
 
-/// A publish waiting out its slowing delay.
+/// A publish waiting out its slowing delay. It holds no reservation: the gate and the queue
+/// limits decide again when its time comes (and only then may `drop_oldest` make room for it).
 struct Delayed {
     ready_at: Instant,
     payloads: Vec<Vec<u8>>,

@@ -19,15 +19,15 @@ impl Owner {
         let bytes: u64 = payloads.iter().map(|p| p.len() as u64).sum();
         let count = payloads.len() as u64;
         // Queue limits apply to every publish, dead-lettering included; the resource gate
-        // below does not hold back dead-lettering.
-        if let Err(error) = self.admit_queue_limits(count, bytes) {
+        // below does not hold back dead-lettering. A publish the limits can never admit is
+        // refused here; `drop_oldest` drops only once the gate admitted the publish, at write
+        // time (a refused publish must not cost the queue its oldest messages).
+        if let Err(error) = self.queue_limits(count, bytes, false) {
             let _ = reply.send(Err(error));
             return;
         }
-        self.reserved_count += count;
-        self.reserved_bytes += bytes;
         if internal {
-            self.write_publish(payloads, timestamp_ms, reply);
+            self.admit_and_write(payloads, timestamp_ms, reply);
             return;
         }
         let now = Instant::now();
@@ -39,7 +39,6 @@ impl Owner {
                 retry_after_ms,
                 message,
             } => {
-                self.unreserve(count, bytes);
                 let _ = reply.send(Err(BrokerError::Limited {
                     reason,
                     retry_after_ms,
@@ -58,8 +57,27 @@ impl Owner {
                 timestamp_ms,
                 reply,
             }),
-            GateDecision::Admit => self.write_publish(payloads, timestamp_ms, reply),
+            GateDecision::Admit => self.admit_and_write(payloads, timestamp_ms, reply),
         }
+    }
+
+    /// A publish the gate admitted: pass the queue limits (dropping the oldest messages when
+    /// that makes room), count it as reserved until applied, and write it.
+    fn admit_and_write(
+        &mut self,
+        payloads: Vec<Vec<u8>>,
+        timestamp_ms: u64,
+        reply: oneshot::Sender<BrokerResult<Range<u64>>>,
+    ) {
+        let bytes: u64 = payloads.iter().map(|p| p.len() as u64).sum();
+        let count = payloads.len() as u64;
+        if let Err(error) = self.queue_limits(count, bytes, true) {
+            let _ = reply.send(Err(error));
+            return;
+        }
+        self.reserved_count += count;
+        self.reserved_bytes += bytes;
+        self.write_publish(payloads, timestamp_ms, reply);
     }
 
     pub(super) fn undrop(&mut self, m: u64) {
@@ -116,9 +134,10 @@ impl Owner {
     }
 
     /// Admit a batch of `count` messages and `bytes` under the queue limits: all or nothing.
-    /// With `drop_oldest` the oldest ready messages make room; inflight ones are never dropped,
-    /// so when only they remain it refuses like `reject`.
-    pub(super) fn admit_queue_limits(&mut self, count: u64, bytes: u64) -> BrokerResult<()> {
+    /// With `drop_oldest` the oldest ready messages make room (only when `drop` is set; without
+    /// it the call only checks that they could); inflight ones are never dropped, so when only
+    /// they remain it refuses like `reject`.
+    pub(super) fn queue_limits(&mut self, count: u64, bytes: u64, drop: bool) -> BrokerResult<()> {
         if !self.limits.is_set() {
             return Ok(());
         }
@@ -157,6 +176,9 @@ impl Owner {
             used_bytes.saturating_sub(ready_bytes) + bytes,
         ) {
             return refuse(self);
+        }
+        if !drop {
+            return Ok(());
         }
         self.drop_oldest(count, bytes)
     }
@@ -226,8 +248,6 @@ impl Owner {
             };
             if let Some(stop) = &self.stopped {
                 let error = self.unavailable(stop.clone());
-                let bytes: u64 = d.payloads.iter().map(|p| p.len() as u64).sum();
-                self.unreserve(d.payloads.len() as u64, bytes);
                 let _ = d.reply.send(Err(error));
                 continue;
             }
@@ -238,7 +258,6 @@ impl Owner {
                     retry_after_ms,
                     message,
                 } => {
-                    self.unreserve(d.payloads.len() as u64, bytes);
                     let _ = d.reply.send(Err(BrokerError::Limited {
                         reason,
                         retry_after_ms,
@@ -246,7 +265,7 @@ impl Owner {
                     }));
                 }
                 GateDecision::Admit | GateDecision::Slow { .. } => {
-                    self.write_publish(d.payloads, d.timestamp_ms, d.reply)
+                    self.admit_and_write(d.payloads, d.timestamp_ms, d.reply)
                 }
             }
         }
