@@ -178,8 +178,13 @@ struct Owner {
     dropping: HashMap<u64, u32>,
     /// Sum of `dropping`'s sizes, kept as it changes (the admission check runs per publish).
     dropping_bytes: u64,
-    /// PURGE records written and not yet applied (or failed).
+    /// Purges written and not yet applied (or failed). While one is pending, nothing is
+    /// delivered or dropped: the state still shows the purged messages live.
     purges: u32,
+    /// Messages and bytes named by pending PURGE records: like `dropping`, they no longer count
+    /// toward the queue limits.
+    purging_count: u64,
+    purging_bytes: u64,
 }
 
 /// A publish waiting out its slowing delay. It holds no reservation: the gate and the queue
@@ -245,6 +250,8 @@ pub(crate) fn spawn(ctx: OwnerContext, log: Log, state: PartitionState) -> Parti
         dropping: HashMap::new(),
         dropping_bytes: 0,
         purges: 0,
+        purging_count: 0,
+        purging_bytes: 0,
     };
     owner.limits = owner.ctx.settings.partition_limits();
     // Figures are right from the start, before the task first runs.
@@ -457,9 +464,7 @@ impl Owner {
     /// The records of `range` are durable: apply them, then answer.
     fn apply(&mut self, range: Range<u64>, records: Vec<PartitionRecord>, done: Done) {
         for (offset, record) in range.clone().zip(&records) {
-            if let PartitionRecord::Enqueue { size_bytes } = record {
-                self.unreserve(1, u64::from(*size_bytes));
-            }
+            self.unbook(record);
             match self.state.apply(offset, record) {
                 Ok(applied) => self.applied(applied),
                 Err(error) => {
@@ -483,6 +488,27 @@ impl Owner {
         }
     }
 
+    /// A record is applied or failed: it no longer needs the bookkeeping of its writing. A
+    /// settle's messages leave `limbo` and `dropping` whether or not the state still had them
+    /// live (a purge or a settle applied before may have taken them): an entry left there would
+    /// count as busy for good.
+    fn unbook(&mut self, record: &PartitionRecord) {
+        match record {
+            PartitionRecord::Enqueue { size_bytes } => self.unreserve(1, u64::from(*size_bytes)),
+            PartitionRecord::Settle(entries) => {
+                for entry in entries {
+                    self.limbo.remove(&entry.message);
+                    self.undrop(entry.message);
+                }
+            }
+            PartitionRecord::Purge(purge) => {
+                self.purging_count = self.purging_count.saturating_sub(purge.count);
+                self.purging_bytes = self.purging_bytes.saturating_sub(purge.bytes);
+            }
+            _ => {}
+        }
+    }
+
     /// Volatile consequences of an applied record.
     fn applied(&mut self, applied: Applied) {
         match applied {
@@ -492,13 +518,7 @@ impl Owner {
                 self.reclaim_due = true;
             }
             Applied::Settings => {}
-            Applied::Settled(messages) => {
-                for m in messages {
-                    self.limbo.remove(&m);
-                    self.undrop(m);
-                }
-                self.reclaim_due = true;
-            }
+            Applied::Settled(_) => self.reclaim_due = true,
             Applied::Returned(messages) => {
                 for m in messages {
                     self.counts_pending.remove(&m);
@@ -520,8 +540,15 @@ impl Owner {
     /// An append failed (the log stopped): nothing of it was applied.
     fn fail(&mut self, records: Vec<PartitionRecord>, done: Done, error: BrokerError) {
         for record in &records {
-            if let PartitionRecord::Enqueue { size_bytes } = record {
-                self.unreserve(1, u64::from(*size_bytes));
+            match record {
+                PartitionRecord::Enqueue { size_bytes } => {
+                    self.unreserve(1, u64::from(*size_bytes))
+                }
+                PartitionRecord::Purge(purge) => {
+                    self.purging_count = self.purging_count.saturating_sub(purge.count);
+                    self.purging_bytes = self.purging_bytes.saturating_sub(purge.bytes);
+                }
+                _ => {}
             }
         }
         // Messages whose settle or return was being written are ready again.

@@ -92,13 +92,13 @@ impl Owner {
     }
 
     /// Messages and bytes that count toward the queue limits: live ones, plus admitted
-    /// publishes not applied yet, minus those being dropped to make room.
+    /// publishes not applied yet, minus those being dropped to make room or purged.
     pub(super) fn queue_usage(&self) -> (u64, u64) {
-        let dropping_bytes = self.dropping_bytes;
+        let leaving_count = self.dropping.len() as u64 + self.purging_count;
+        let leaving_bytes = self.dropping_bytes + self.purging_bytes;
         (
-            (self.state.live_count() + self.reserved_count)
-                .saturating_sub(self.dropping.len() as u64),
-            (self.state.live_bytes() + self.reserved_bytes).saturating_sub(dropping_bytes),
+            (self.state.live_count() + self.reserved_count).saturating_sub(leaving_count),
+            (self.state.live_bytes() + self.reserved_bytes).saturating_sub(leaving_bytes),
         )
     }
 
@@ -161,7 +161,11 @@ impl Owner {
         if self.limits.overflow == Overflow::Reject {
             return refuse(self);
         }
-        // Everything not inflight or leaving is ready, and droppable.
+        // Everything not inflight or leaving is ready, and droppable; while a purge is pending
+        // nothing is (the ready messages are leaving with it, and no longer count).
+        if self.purges > 0 {
+            return refuse(self);
+        }
         let busy_bytes: u64 = self
             .inflight
             .values()
@@ -185,6 +189,10 @@ impl Owner {
 
     /// Remove the oldest ready messages until `count` more messages and `bytes` fit.
     pub(super) fn drop_oldest(&mut self, count: u64, bytes: u64) -> BrokerResult<()> {
+        // The ready messages a pending purge names still look live: none may be picked.
+        if self.purges > 0 {
+            return Ok(());
+        }
         let mut dropped = Vec::new();
         loop {
             let (used_count, used_bytes) = self.queue_usage();

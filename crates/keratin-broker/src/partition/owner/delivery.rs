@@ -20,7 +20,9 @@ impl Owner {
 
     /// Hand ready messages to consumers with credit, round robin.
     pub(super) fn deliver(&mut self) {
-        if self.consumers.is_empty() || self.log.is_none() {
+        // A pending purge names ready messages the state still shows live: delivering one would
+        // hand out a message the purge answered as removed (and its segment may soon be gone).
+        if self.consumers.is_empty() || self.log.is_none() || self.purges > 0 {
             return;
         }
         while let Some(m) = self.peek_ready() {
