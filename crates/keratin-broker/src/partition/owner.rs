@@ -185,6 +185,11 @@ struct Owner {
     /// toward the queue limits.
     purging_count: u64,
     purging_bytes: u64,
+    /// Records were applied or the state rebuilt since the last debug check of the state
+    /// against its log (see [`Owner::debug_check_state`]).
+    state_check_due: bool,
+    /// Rounds that had a debug check due, to space out checks of long logs.
+    state_check_rounds: u64,
 }
 
 /// A publish waiting out its slowing delay. It holds no reservation: the gate and the queue
@@ -208,6 +213,13 @@ const READER_SKIP_MAX: u64 = 256;
 /// The retry hint of `queue_full`: a consumer frees room at its own pace, so a second is a
 /// reasonable first wait; clients back off further on repeated refusals.
 const QUEUE_FULL_RETRY_AFTER_MS: u32 = 1000;
+
+/// Debug builds check the state against its log after every round while the log holds at most
+/// this many records: at about 1 µs per record read and applied, a millisecond per round.
+const STATE_CHECK_RECORDS_MAX: u64 = 1024;
+
+/// Beyond `STATE_CHECK_RECORDS_MAX` records, debug builds check every this many due rounds.
+const STATE_CHECK_INTERVAL: u64 = 64;
 
 /// A stopped log is offered a heal this often (when the gate says its file system is back
 /// above reserve).
@@ -252,6 +264,8 @@ pub(crate) fn spawn(ctx: OwnerContext, log: Log, state: PartitionState) -> Parti
         purges: 0,
         purging_count: 0,
         purging_bytes: 0,
+        state_check_due: false,
+        state_check_rounds: 0,
     };
     owner.limits = owner.ctx.settings.partition_limits();
     // Figures are right from the start, before the task first runs.
@@ -295,6 +309,37 @@ impl Owner {
             self.deliver();
             self.maybe_reclaim();
             self.publish_figures();
+            if cfg!(debug_assertions) && self.state_check_due {
+                self.debug_check_state();
+            }
+        }
+    }
+
+    /// Debug builds: the state equals the state rebuilt from the log, after every round that
+    /// applied records or rebuilt the state. Rebuilding reads the whole log, so a round checks
+    /// only while the log holds at most `STATE_CHECK_RECORDS_MAX` records, and every
+    /// `STATE_CHECK_INTERVAL`-th due round beyond (else long tests would turn quadratic).
+    fn debug_check_state(&mut self) {
+        self.state_check_due = false;
+        self.state_check_rounds += 1;
+        let Some(log) = &self.log else {
+            return;
+        };
+        let records = log.durable_offset().saturating_sub(log.start_offset());
+        if records > STATE_CHECK_RECORDS_MAX && self.state_check_rounds % STATE_CHECK_INTERVAL != 0
+        {
+            return;
+        }
+        match self.check_state() {
+            Ok((live, rebuilt)) => assert_eq!(
+                live, rebuilt,
+                "queue {:?} partition {}: the state differs from the state rebuilt from its log",
+                self.ctx.queue, self.ctx.index
+            ),
+            // A failed read (a fault a test injected) gives no verdict.
+            Err(error) => {
+                tracing::debug!(queue = %self.ctx.queue, %error, "state check skipped");
+            }
         }
     }
 
@@ -379,8 +424,11 @@ impl Owner {
         done: Done,
         timestamp_ms: u64,
     ) {
-        let result = match self.log() {
-            Ok(log) => {
+        // A stopped partition writes nothing: its state is rebuilt from the log when it heals,
+        // and nothing may be appended behind a gap between the two.
+        let result = match (self.log(), &self.stopped) {
+            (Ok(_), Some(stop)) => Err(self.unavailable(stop.clone())),
+            (Ok(log), None) => {
                 let log_records: Vec<Record<'_>> = records
                     .iter()
                     .zip(&payloads)
@@ -398,7 +446,7 @@ impl Owner {
                     other => self.unavailable(other),
                 })
             }
-            Err(e) => Err(e),
+            (Err(e), _) => Err(e),
         };
         let ticket = match result {
             Ok(ticket) => ticket,
@@ -468,10 +516,12 @@ impl Owner {
             match self.state.apply(offset, record) {
                 Ok(applied) => self.applied(applied),
                 Err(error) => {
-                    tracing::error!(queue = %self.ctx.queue, partition = self.ctx.index, %error, "state machine refused a record");
+                    self.out_of_step(offset, &error);
+                    break;
                 }
             }
         }
+        self.state_check_due = true;
         match done {
             Done::Publish(reply) => {
                 // Figures first: a caller that reads them after its answer sees its effect.
@@ -486,6 +536,25 @@ impl Owner {
             }
             Done::Internal => {}
         }
+    }
+
+    /// The state machine refused the durable record at `offset`: the state no longer follows
+    /// the log. That is a bug (debug builds stop here); a release build stops the partition, and
+    /// the heal rebuilds the state from the log, which holds the record (so answering its
+    /// publish as confirmed stays true).
+    fn out_of_step(&mut self, offset: u64, error: &BrokerError) {
+        tracing::error!(queue = %self.ctx.queue, partition = self.ctx.index, offset, %error, "state machine refused a durable record; stopping the partition to rebuild its state from the log");
+        if cfg!(debug_assertions) {
+            panic!(
+                "queue {:?} partition {}: state machine refused the durable record at offset \
+                 {offset}: {error}",
+                self.ctx.queue, self.ctx.index
+            );
+        }
+        self.stop(LogError::Invalid(format!(
+            "partition state out of step with its log at offset {offset} ({error}); it is \
+             rebuilt from the log at the next heal"
+        )));
     }
 
     /// A record is applied or failed: it no longer needs the bookkeeping of its writing. A

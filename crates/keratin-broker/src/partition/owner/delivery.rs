@@ -5,9 +5,15 @@ use super::*;
 
 impl Owner {
     /// The next ready message in delivery order, without taking it.
-    pub(super) fn peek_ready(&self) -> Option<u64> {
-        if let Some(&m) = self.redeliver.first() {
-            return Some(m);
+    pub(super) fn peek_ready(&mut self) -> Option<u64> {
+        while let Some(&m) = self.redeliver.first() {
+            if self.state.is_live(m) {
+                return Some(m);
+            }
+            // Returned after its settle became durable but was answered as failed: the state
+            // rebuilt at the heal knows it is gone.
+            self.redeliver.remove(&m);
+            self.counts_pending.remove(&m);
         }
         self.state.next_live(self.cursor)
     }
