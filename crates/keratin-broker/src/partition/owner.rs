@@ -755,5 +755,38 @@ pub(crate) fn rebuild(log: &Log, until: Option<u64>) -> BrokerResult<PartitionSt
         let decoded = PartitionRecord::decode(record.record_type, &record.payload, record.offset)?;
         state.apply(record.offset, &decoded)?;
     }
+    if state.recount_due() {
+        recount(log, &mut state, end)?;
+    }
     Ok(state)
+}
+
+/// Count the live messages and their bytes from the records that hold their payloads: each
+/// live message's `ENQUEUE`, or its latest `RELOCATE` (the one `payload_offset` names). A second
+/// read of the log, needed only after a purge named messages below the log's start.
+fn recount(log: &Log, state: &mut PartitionState, end: u64) -> BrokerResult<()> {
+    let mut count = 0u64;
+    let mut bytes = 0u64;
+    for record in log.reader(state.start()) {
+        let record = record?;
+        if record.offset >= end {
+            break;
+        }
+        let (message, size_bytes) = match record.record_type {
+            ENQUEUE => (record.offset, record.payload.len() as u64),
+            RELOCATE => match PartitionRecord::decode(RELOCATE, &record.payload, record.offset)? {
+                PartitionRecord::Relocate(relocate) => {
+                    (relocate.message, relocate.payload.len() as u64)
+                }
+                _ => continue,
+            },
+            _ => continue,
+        };
+        if state.is_live(message) && state.payload_offset(message) == record.offset {
+            count += 1;
+            bytes += size_bytes;
+        }
+    }
+    state.recount(count, bytes);
+    Ok(())
 }
