@@ -345,3 +345,49 @@ async fn a_rebuilt_state_counts_the_live_messages_after_prefix_removal() {
     assert_states_match(&broker, "q").await;
     broker.shutdown().await.expect("shutdown");
 }
+
+/// Item 10: a read that fails while `drop_oldest` picks messages to drop refuses the publish
+/// and leaves every message in place (before the fix the messages picked before the failure
+/// were never dropped nor delivered again: lost until a restart). 150 KB messages sit one per
+/// 256 KiB segment, so each pick is a read of its own.
+#[tokio::test]
+async fn a_failed_read_while_dropping_leaves_every_message() {
+    let (sim, _gate, broker) = open_sim(101).await;
+    let settings = QueueSettings {
+        max_messages: Some(4),
+        overflow: Some(Overflow::DropOldest),
+        ..QueueSettings::default()
+    };
+    broker.declare("q", settings).await.expect("declare");
+    for seq in 0..4 {
+        publish_one(&broker, "q", seq, 150_000)
+            .await
+            .expect("publish");
+    }
+    // The batch of two drops messages 0 and 1: the first read succeeds, the second fails.
+    sim.fail_at(sim.steps() + 1, keratin_log::SimFault::Eio);
+    let batch = vec![
+        Message::new(body(4, 150_000)),
+        Message::new(body(5, 150_000)),
+    ];
+    let results = broker.publish("q", batch).await;
+    assert!(results.iter().all(Result::is_err), "{results:?}");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        broker.info("q").expect("info").ready(),
+        4,
+        "a message went missing"
+    );
+    let mut consumer = broker.subscribe("q", 10).expect("subscribe");
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        let d = recv(&mut consumer).await;
+        seen.push(seq_of(&d.message.body));
+        consumer.ack(&[d.tag]);
+    }
+    seen.sort_unstable();
+    assert_eq!(seen, vec![0, 1, 2, 3]);
+    assert_idle(&mut consumer).await;
+    assert_states_match(&broker, "q").await;
+    broker.shutdown().await.expect("shutdown");
+}

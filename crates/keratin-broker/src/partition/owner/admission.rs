@@ -202,9 +202,20 @@ impl Owner {
             let Some(m) = self.peek_ready() else {
                 break;
             };
-            let size = self.read_payload(m)?.len() as u32;
+            let size = match self.read_payload(m) {
+                Ok(payload) => payload.len() as u32,
+                Err(error) => {
+                    // All or nothing: the messages picked so far are ready again (first in
+                    // line), and the publish is refused.
+                    for (picked, _, _) in dropped {
+                        self.limbo.remove(&picked);
+                        self.undrop(picked);
+                        self.redeliver.insert(picked);
+                    }
+                    return Err(error);
+                }
+            };
             self.take_ready(m);
-            self.counts_pending.remove(&m);
             self.limbo.insert(m, size);
             self.dropping.insert(m, size);
             self.dropping_bytes += u64::from(size);
@@ -218,6 +229,9 @@ impl Owner {
                 },
                 DeathReason::Overflow,
             ));
+        }
+        for (m, _, _) in &dropped {
+            self.counts_pending.remove(m);
         }
         self.figures
             .overflowed
