@@ -127,10 +127,12 @@ impl Owner {
                 }
             };
             // The durable count travels with the copy: the RETURN records that set it may lie
-            // in the segments about to be removed.
+            // in the segments about to be removed. A RETURN written and not yet applied lies
+            // before the copy too, so its count travels as well.
+            let pending = self.counts_pending.get(&id).copied().unwrap_or(0);
             let record = PartitionRecord::Relocate(Relocate {
                 message: id,
-                delivery_count: self.state.delivery_count(id),
+                delivery_count: self.state.delivery_count(id).max(pending),
                 payload,
             });
             let encoded = record.encode();
