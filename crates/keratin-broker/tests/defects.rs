@@ -261,14 +261,9 @@ async fn a_failed_seal_write_loses_no_confirmed_message() {
     }
     let mut consumer = broker.subscribe("q", 100).expect("subscribe");
     let mut seen = Vec::new();
-    loop {
-        match tokio::time::timeout(Duration::from_secs(2), consumer.recv()).await {
-            Ok(Some(d)) => {
-                seen.push(seq_of(&d.message.body));
-                consumer.ack(&[d.tag]);
-            }
-            _ => break,
-        }
+    while let Ok(Some(d)) = tokio::time::timeout(Duration::from_secs(2), consumer.recv()).await {
+        seen.push(seq_of(&d.message.body));
+        consumer.ack(&[d.tag]);
     }
     let missing: Vec<u64> = confirmed
         .iter()

@@ -326,7 +326,8 @@ impl Owner {
             return;
         };
         let records = log.durable_offset().saturating_sub(log.start_offset());
-        if records > STATE_CHECK_RECORDS_MAX && self.state_check_rounds % STATE_CHECK_INTERVAL != 0
+        if records > STATE_CHECK_RECORDS_MAX
+            && !self.state_check_rounds.is_multiple_of(STATE_CHECK_INTERVAL)
         {
             return;
         }

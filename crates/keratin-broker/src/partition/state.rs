@@ -177,13 +177,13 @@ impl PartitionState {
     /// True when `live_bytes` must be recounted from the log's records (see
     /// [`PartitionState::recount`]): a rebuild applied a PURGE that named messages below the
     /// log's start.
-    pub fn recount_due(&self) -> bool {
+    pub(crate) fn recount_due(&self) -> bool {
         self.recount_due
     }
 
     /// Set the live totals counted from the records that hold the live payloads (each live
     /// message's `ENQUEUE`, or its latest `RELOCATE`).
-    pub fn recount(&mut self, live_count: u64, live_bytes: u64) {
+    pub(crate) fn recount(&mut self, live_count: u64, live_bytes: u64) {
         assert_eq!(
             live_count, self.live_count,
             "recount found another live count"
