@@ -169,19 +169,31 @@ struct Owner {
     acks: Vec<Settled>,
     /// This partition's share of the queue limits.
     limits: PartitionLimits,
-    /// Messages and bytes of publishes admitted by the queue limits and not yet applied (or
-    /// failed): they count toward the limits, or concurrent publishes would overshoot them.
+    /// Messages and bytes of publishes written (admitted by the gate and the queue limits) and
+    /// not yet applied (or failed): they count toward the limits, or concurrent publishes would
+    /// overshoot them.
     reserved_count: u64,
     reserved_bytes: u64,
     /// Messages being removed by `drop_oldest`: they no longer count toward the limits.
     dropping: HashMap<u64, u32>,
     /// Sum of `dropping`'s sizes, kept as it changes (the admission check runs per publish).
     dropping_bytes: u64,
-    /// PURGE records written and not yet applied (or failed).
+    /// Purges written and not yet applied (or failed). While one is pending, nothing is
+    /// delivered or dropped: the state still shows the purged messages live.
     purges: u32,
+    /// Messages and bytes named by pending PURGE records: like `dropping`, they no longer count
+    /// toward the queue limits.
+    purging_count: u64,
+    purging_bytes: u64,
+    /// Records were applied or the state rebuilt since the last debug check of the state
+    /// against its log (see [`Owner::debug_check_state`]).
+    state_check_due: bool,
+    /// Rounds that had a debug check due, to space out checks of long logs.
+    state_check_rounds: u64,
 }
 
-/// A publish waiting out its slowing delay.
+/// A publish waiting out its slowing delay. It holds no reservation: the gate and the queue
+/// limits decide again when its time comes (and only then may `drop_oldest` make room for it).
 struct Delayed {
     ready_at: Instant,
     payloads: Vec<Vec<u8>>,
@@ -201,6 +213,14 @@ const READER_SKIP_MAX: u64 = 256;
 /// The retry hint of `queue_full`: a consumer frees room at its own pace, so a second is a
 /// reasonable first wait; clients back off further on repeated refusals.
 const QUEUE_FULL_RETRY_AFTER_MS: u32 = 1000;
+
+/// Debug builds check the state against its log after every round while the log holds at most
+/// this many records: at about 1 µs per record read and applied, a millisecond per round.
+const STATE_CHECK_RECORDS_MAX: u64 = 1024;
+
+/// Beyond `STATE_CHECK_RECORDS_MAX` records, debug builds check every this many due rounds per
+/// `STATE_CHECK_RECORDS_MAX` records in the log.
+const STATE_CHECK_INTERVAL: u64 = 64;
 
 /// A stopped log is offered a heal this often (when the gate says its file system is back
 /// above reserve).
@@ -243,6 +263,10 @@ pub(crate) fn spawn(ctx: OwnerContext, log: Log, state: PartitionState) -> Parti
         dropping: HashMap::new(),
         dropping_bytes: 0,
         purges: 0,
+        purging_count: 0,
+        purging_bytes: 0,
+        state_check_due: false,
+        state_check_rounds: 0,
     };
     owner.limits = owner.ctx.settings.partition_limits();
     // Figures are right from the start, before the task first runs.
@@ -286,6 +310,40 @@ impl Owner {
             self.deliver();
             self.maybe_reclaim();
             self.publish_figures();
+            if cfg!(debug_assertions) && self.state_check_due {
+                self.debug_check_state();
+            }
+        }
+    }
+
+    /// Debug builds: the state equals the state rebuilt from the log, after every round that
+    /// applied records or rebuilt the state. Rebuilding reads the whole log, so a round checks
+    /// only while the log holds at most `STATE_CHECK_RECORDS_MAX` records; beyond, one due round
+    /// in `STATE_CHECK_INTERVAL` per `STATE_CHECK_RECORDS_MAX` records checks (else long tests
+    /// would turn quadratic).
+    fn debug_check_state(&mut self) {
+        self.state_check_due = false;
+        self.state_check_rounds += 1;
+        let Some(log) = &self.log else {
+            return;
+        };
+        let records = log.durable_offset().saturating_sub(log.start_offset());
+        // Beyond the small-log bound, the interval grows with the log: a check then costs at
+        // most 1,024 / 64 = 16 record reads per round, amortized.
+        let interval = (records / STATE_CHECK_RECORDS_MAX).max(1) * STATE_CHECK_INTERVAL;
+        if records > STATE_CHECK_RECORDS_MAX && !self.state_check_rounds.is_multiple_of(interval) {
+            return;
+        }
+        match self.check_state() {
+            Ok((live, rebuilt)) => assert_eq!(
+                live, rebuilt,
+                "queue {:?} partition {}: the state differs from the state rebuilt from its log",
+                self.ctx.queue, self.ctx.index
+            ),
+            // A failed read (a fault a test injected) gives no verdict.
+            Err(error) => {
+                tracing::debug!(queue = %self.ctx.queue, %error, "state check skipped");
+            }
         }
     }
 
@@ -370,8 +428,11 @@ impl Owner {
         done: Done,
         timestamp_ms: u64,
     ) {
-        let result = match self.log() {
-            Ok(log) => {
+        // A stopped partition writes nothing: its state is rebuilt from the log when it heals,
+        // and nothing may be appended behind a gap between the two.
+        let result = match (self.log(), &self.stopped) {
+            (Ok(_), Some(stop)) => Err(self.unavailable(stop.clone())),
+            (Ok(log), None) => {
                 let log_records: Vec<Record<'_>> = records
                     .iter()
                     .zip(&payloads)
@@ -389,7 +450,7 @@ impl Owner {
                     other => self.unavailable(other),
                 })
             }
-            Err(e) => Err(e),
+            (Err(e), _) => Err(e),
         };
         let ticket = match result {
             Ok(ticket) => ticket,
@@ -455,16 +516,16 @@ impl Owner {
     /// The records of `range` are durable: apply them, then answer.
     fn apply(&mut self, range: Range<u64>, records: Vec<PartitionRecord>, done: Done) {
         for (offset, record) in range.clone().zip(&records) {
-            if let PartitionRecord::Enqueue { size_bytes } = record {
-                self.unreserve(1, u64::from(*size_bytes));
-            }
+            self.unbook(record);
             match self.state.apply(offset, record) {
                 Ok(applied) => self.applied(applied),
                 Err(error) => {
-                    tracing::error!(queue = %self.ctx.queue, partition = self.ctx.index, %error, "state machine refused a record");
+                    self.out_of_step(offset, &error);
+                    break;
                 }
             }
         }
+        self.state_check_due = true;
         match done {
             Done::Publish(reply) => {
                 // Figures first: a caller that reads them after its answer sees its effect.
@@ -481,6 +542,46 @@ impl Owner {
         }
     }
 
+    /// The state machine refused the durable record at `offset`: the state no longer follows
+    /// the log. That is a bug (debug builds stop here); a release build stops the partition, and
+    /// the heal rebuilds the state from the log, which holds the record (so answering its
+    /// publish as confirmed stays true).
+    fn out_of_step(&mut self, offset: u64, error: &BrokerError) {
+        tracing::error!(queue = %self.ctx.queue, partition = self.ctx.index, offset, %error, "state machine refused a durable record; stopping the partition to rebuild its state from the log");
+        if cfg!(debug_assertions) {
+            panic!(
+                "queue {:?} partition {}: state machine refused the durable record at offset \
+                 {offset}: {error}",
+                self.ctx.queue, self.ctx.index
+            );
+        }
+        self.stop(LogError::Invalid(format!(
+            "partition state out of step with its log at offset {offset} ({error}); it is \
+             rebuilt from the log at the next heal"
+        )));
+    }
+
+    /// A record is applied or failed: it no longer needs the bookkeeping of its writing. A
+    /// settle's messages leave `limbo` and `dropping` whether or not the state still had them
+    /// live (a purge or a settle applied before may have taken them): an entry left there would
+    /// count as busy for good.
+    fn unbook(&mut self, record: &PartitionRecord) {
+        match record {
+            PartitionRecord::Enqueue { size_bytes } => self.unreserve(1, u64::from(*size_bytes)),
+            PartitionRecord::Settle(entries) => {
+                for entry in entries {
+                    self.limbo.remove(&entry.message);
+                    self.undrop(entry.message);
+                }
+            }
+            PartitionRecord::Purge(purge) => {
+                self.purging_count = self.purging_count.saturating_sub(purge.count);
+                self.purging_bytes = self.purging_bytes.saturating_sub(purge.bytes);
+            }
+            _ => {}
+        }
+    }
+
     /// Volatile consequences of an applied record.
     fn applied(&mut self, applied: Applied) {
         match applied {
@@ -490,13 +591,7 @@ impl Owner {
                 self.reclaim_due = true;
             }
             Applied::Settings => {}
-            Applied::Settled(messages) => {
-                for m in messages {
-                    self.limbo.remove(&m);
-                    self.undrop(m);
-                }
-                self.reclaim_due = true;
-            }
+            Applied::Settled(_) => self.reclaim_due = true,
             Applied::Returned(messages) => {
                 for m in messages {
                     self.counts_pending.remove(&m);
@@ -518,8 +613,15 @@ impl Owner {
     /// An append failed (the log stopped): nothing of it was applied.
     fn fail(&mut self, records: Vec<PartitionRecord>, done: Done, error: BrokerError) {
         for record in &records {
-            if let PartitionRecord::Enqueue { size_bytes } = record {
-                self.unreserve(1, u64::from(*size_bytes));
+            match record {
+                PartitionRecord::Enqueue { size_bytes } => {
+                    self.unreserve(1, u64::from(*size_bytes))
+                }
+                PartitionRecord::Purge(purge) => {
+                    self.purging_count = self.purging_count.saturating_sub(purge.count);
+                    self.purging_bytes = self.purging_bytes.saturating_sub(purge.bytes);
+                }
+                _ => {}
             }
         }
         // Messages whose settle or return was being written are ready again.
@@ -657,5 +759,38 @@ pub(crate) fn rebuild(log: &Log, until: Option<u64>) -> BrokerResult<PartitionSt
         let decoded = PartitionRecord::decode(record.record_type, &record.payload, record.offset)?;
         state.apply(record.offset, &decoded)?;
     }
+    if state.recount_due() {
+        recount(log, &mut state, end)?;
+    }
     Ok(state)
+}
+
+/// Count the live messages and their bytes from the records that hold their payloads: each
+/// live message's `ENQUEUE`, or its latest `RELOCATE` (the one `payload_offset` names). A second
+/// read of the log, needed only after a purge named messages below the log's start.
+fn recount(log: &Log, state: &mut PartitionState, end: u64) -> BrokerResult<()> {
+    let mut count = 0u64;
+    let mut bytes = 0u64;
+    for record in log.reader(state.start()) {
+        let record = record?;
+        if record.offset >= end {
+            break;
+        }
+        let (message, size_bytes) = match record.record_type {
+            ENQUEUE => (record.offset, record.payload.len() as u64),
+            RELOCATE => match PartitionRecord::decode(RELOCATE, &record.payload, record.offset)? {
+                PartitionRecord::Relocate(relocate) => {
+                    (relocate.message, relocate.payload.len() as u64)
+                }
+                _ => continue,
+            },
+            _ => continue,
+        };
+        if state.is_live(message) && state.payload_offset(message) == record.offset {
+            count += 1;
+            bytes += size_bytes;
+        }
+    }
+    state.recount(count, bytes);
+    Ok(())
 }

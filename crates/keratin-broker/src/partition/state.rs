@@ -29,6 +29,10 @@ pub struct PartitionState {
     counts: BTreeMap<u64, u32>,
     live_count: u64,
     live_bytes: u64,
+    /// A PURGE named messages this state never knew (their records lie below `start`): its
+    /// byte total covers them, so `live_bytes` is only exact once recounted from the log's
+    /// records ([`PartitionState::recount`]).
+    recount_due: bool,
 }
 
 /// What applying a record changed, for the owner's volatile bookkeeping.
@@ -67,6 +71,7 @@ impl PartitionState {
             counts: BTreeMap::new(),
             live_count: 0,
             live_bytes: 0,
+            recount_due: false,
         }
     }
 
@@ -169,6 +174,24 @@ impl PartitionState {
         self.head = self.head.max(start);
     }
 
+    /// True when `live_bytes` must be recounted from the log's records (see
+    /// [`PartitionState::recount`]): a rebuild applied a PURGE that named messages below the
+    /// log's start.
+    pub(crate) fn recount_due(&self) -> bool {
+        self.recount_due
+    }
+
+    /// Set the live totals counted from the records that hold the live payloads (each live
+    /// message's `ENQUEUE`, or its latest `RELOCATE`).
+    pub(crate) fn recount(&mut self, live_count: u64, live_bytes: u64) {
+        assert_eq!(
+            live_count, self.live_count,
+            "recount found another live count"
+        );
+        self.live_bytes = live_bytes;
+        self.recount_due = false;
+    }
+
     /// Memory-relevant sizes: ranges in `dead`, relocated and counted entries.
     pub fn exception_entries(&self) -> usize {
         self.dead.range_count() + self.relocated.len() + self.counts.len()
@@ -244,14 +267,26 @@ impl PartitionState {
         true
     }
 
+    /// Remove every live message in the purge's ranges. The count removed is what this state
+    /// knows of them: a state rebuilt from a log whose prefix was removed never saw the messages
+    /// below its start (unless relocated), and subtracting the record's whole count would
+    /// undercount. The record's byte total is exact when the state knew every message it names;
+    /// else the rebuild recounts the bytes from the records.
     fn apply_purge(&mut self, purge: &Purge) {
+        let mut named = 0u64;
+        let mut removed = 0u64;
         for &(start, end) in &purge.ranges {
+            named += end.saturating_sub(start);
             let moved: Vec<u64> = self
                 .relocated
                 .range(start..end)
                 .map(|(&id, _)| id)
                 .collect();
             for id in moved {
+                // Below `start` a relocated message is live only through this entry.
+                if id < self.start {
+                    removed += 1;
+                }
                 self.relocated.remove(&id);
             }
             let counted: Vec<u64> = self.counts.range(start..end).map(|(&id, _)| id).collect();
@@ -260,11 +295,14 @@ impl PartitionState {
             }
             let lower = start.max(self.start);
             if lower < end {
-                self.dead.insert_range(lower, end.min(self.head));
+                removed += self.dead.insert_range(lower, end.min(self.head));
             }
         }
-        self.live_count = self.live_count.saturating_sub(purge.count);
+        self.live_count = self.live_count.saturating_sub(removed);
         self.live_bytes = self.live_bytes.saturating_sub(purge.bytes);
+        if removed < named {
+            self.recount_due = true;
+        }
     }
 
     fn apply_relocate(&mut self, offset: u64, relocate: &Relocate) -> Applied {
@@ -375,5 +413,26 @@ mod tests {
         assert_eq!(s.live_count(), 1);
         assert!(s.is_live(2));
         assert_eq!(s.delivery_count(1), 0);
+        assert!(!s.recount_due());
+    }
+
+    #[test]
+    fn a_purge_of_messages_below_the_start_counts_only_known_ones() {
+        // Rebuilt from offset 2: messages 0 and 1 lie below the start.
+        let mut s = PartitionState::new(2);
+        for i in 2..5 {
+            s.apply(i, &PartitionRecord::Enqueue { size_bytes: 10 })
+                .expect("apply");
+        }
+        let purge = PartitionRecord::Purge(Purge {
+            ranges: vec![(0, 3), (4, 5)],
+            count: 4,
+            bytes: 40,
+        });
+        s.apply(5, &purge).expect("apply");
+        assert_eq!(s.live_count(), 1, "message 3 is live");
+        assert!(s.recount_due(), "the byte total covered unknown messages");
+        s.recount(1, 10);
+        assert_eq!((s.live_count(), s.live_bytes()), (1, 10));
     }
 }

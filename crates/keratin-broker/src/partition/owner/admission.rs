@@ -19,15 +19,15 @@ impl Owner {
         let bytes: u64 = payloads.iter().map(|p| p.len() as u64).sum();
         let count = payloads.len() as u64;
         // Queue limits apply to every publish, dead-lettering included; the resource gate
-        // below does not hold back dead-lettering.
-        if let Err(error) = self.admit_queue_limits(count, bytes) {
+        // below does not hold back dead-lettering. A publish the limits can never admit is
+        // refused here; `drop_oldest` drops only once the gate admitted the publish, at write
+        // time (a refused publish must not cost the queue its oldest messages).
+        if let Err(error) = self.queue_limits(count, bytes, false) {
             let _ = reply.send(Err(error));
             return;
         }
-        self.reserved_count += count;
-        self.reserved_bytes += bytes;
         if internal {
-            self.write_publish(payloads, timestamp_ms, reply);
+            self.admit_and_write(payloads, timestamp_ms, reply);
             return;
         }
         let now = Instant::now();
@@ -39,7 +39,6 @@ impl Owner {
                 retry_after_ms,
                 message,
             } => {
-                self.unreserve(count, bytes);
                 let _ = reply.send(Err(BrokerError::Limited {
                     reason,
                     retry_after_ms,
@@ -58,8 +57,27 @@ impl Owner {
                 timestamp_ms,
                 reply,
             }),
-            GateDecision::Admit => self.write_publish(payloads, timestamp_ms, reply),
+            GateDecision::Admit => self.admit_and_write(payloads, timestamp_ms, reply),
         }
+    }
+
+    /// A publish the gate admitted: pass the queue limits (dropping the oldest messages when
+    /// that makes room), count it as reserved until applied, and write it.
+    fn admit_and_write(
+        &mut self,
+        payloads: Vec<Vec<u8>>,
+        timestamp_ms: u64,
+        reply: oneshot::Sender<BrokerResult<Range<u64>>>,
+    ) {
+        let bytes: u64 = payloads.iter().map(|p| p.len() as u64).sum();
+        let count = payloads.len() as u64;
+        if let Err(error) = self.queue_limits(count, bytes, true) {
+            let _ = reply.send(Err(error));
+            return;
+        }
+        self.reserved_count += count;
+        self.reserved_bytes += bytes;
+        self.write_publish(payloads, timestamp_ms, reply);
     }
 
     pub(super) fn undrop(&mut self, m: u64) {
@@ -74,13 +92,13 @@ impl Owner {
     }
 
     /// Messages and bytes that count toward the queue limits: live ones, plus admitted
-    /// publishes not applied yet, minus those being dropped to make room.
+    /// publishes not applied yet, minus those being dropped to make room or purged.
     pub(super) fn queue_usage(&self) -> (u64, u64) {
-        let dropping_bytes = self.dropping_bytes;
+        let leaving_count = self.dropping.len() as u64 + self.purging_count;
+        let leaving_bytes = self.dropping_bytes + self.purging_bytes;
         (
-            (self.state.live_count() + self.reserved_count)
-                .saturating_sub(self.dropping.len() as u64),
-            (self.state.live_bytes() + self.reserved_bytes).saturating_sub(dropping_bytes),
+            (self.state.live_count() + self.reserved_count).saturating_sub(leaving_count),
+            (self.state.live_bytes() + self.reserved_bytes).saturating_sub(leaving_bytes),
         )
     }
 
@@ -116,9 +134,10 @@ impl Owner {
     }
 
     /// Admit a batch of `count` messages and `bytes` under the queue limits: all or nothing.
-    /// With `drop_oldest` the oldest ready messages make room; inflight ones are never dropped,
-    /// so when only they remain it refuses like `reject`.
-    pub(super) fn admit_queue_limits(&mut self, count: u64, bytes: u64) -> BrokerResult<()> {
+    /// With `drop_oldest` the oldest ready messages make room (only when `drop` is set; without
+    /// it the call only checks that they could); inflight ones are never dropped, so when only
+    /// they remain it refuses like `reject`.
+    pub(super) fn queue_limits(&mut self, count: u64, bytes: u64, drop: bool) -> BrokerResult<()> {
         if !self.limits.is_set() {
             return Ok(());
         }
@@ -142,7 +161,11 @@ impl Owner {
         if self.limits.overflow == Overflow::Reject {
             return refuse(self);
         }
-        // Everything not inflight or leaving is ready, and droppable.
+        // Everything not inflight or leaving is ready, and droppable; while a purge is pending
+        // nothing is (the ready messages are leaving with it, and no longer count).
+        if self.purges > 0 {
+            return refuse(self);
+        }
         let busy_bytes: u64 = self
             .inflight
             .values()
@@ -158,11 +181,18 @@ impl Owner {
         ) {
             return refuse(self);
         }
+        if !drop {
+            return Ok(());
+        }
         self.drop_oldest(count, bytes)
     }
 
     /// Remove the oldest ready messages until `count` more messages and `bytes` fit.
     pub(super) fn drop_oldest(&mut self, count: u64, bytes: u64) -> BrokerResult<()> {
+        // The ready messages a pending purge names still look live: none may be picked.
+        if self.purges > 0 {
+            return Ok(());
+        }
         let mut dropped = Vec::new();
         loop {
             let (used_count, used_bytes) = self.queue_usage();
@@ -172,9 +202,20 @@ impl Owner {
             let Some(m) = self.peek_ready() else {
                 break;
             };
-            let size = self.read_payload(m)?.len() as u32;
+            let size = match self.read_payload(m) {
+                Ok(payload) => payload.len() as u32,
+                Err(error) => {
+                    // All or nothing: the messages picked so far are ready again (first in
+                    // line), and the publish is refused.
+                    for (picked, _, _) in dropped {
+                        self.limbo.remove(&picked);
+                        self.undrop(picked);
+                        self.redeliver.insert(picked);
+                    }
+                    return Err(error);
+                }
+            };
             self.take_ready(m);
-            self.counts_pending.remove(&m);
             self.limbo.insert(m, size);
             self.dropping.insert(m, size);
             self.dropping_bytes += u64::from(size);
@@ -188,6 +229,9 @@ impl Owner {
                 },
                 DeathReason::Overflow,
             ));
+        }
+        for (m, _, _) in &dropped {
+            self.counts_pending.remove(m);
         }
         self.figures
             .overflowed
@@ -226,8 +270,6 @@ impl Owner {
             };
             if let Some(stop) = &self.stopped {
                 let error = self.unavailable(stop.clone());
-                let bytes: u64 = d.payloads.iter().map(|p| p.len() as u64).sum();
-                self.unreserve(d.payloads.len() as u64, bytes);
                 let _ = d.reply.send(Err(error));
                 continue;
             }
@@ -238,7 +280,6 @@ impl Owner {
                     retry_after_ms,
                     message,
                 } => {
-                    self.unreserve(d.payloads.len() as u64, bytes);
                     let _ = d.reply.send(Err(BrokerError::Limited {
                         reason,
                         retry_after_ms,
@@ -246,7 +287,7 @@ impl Owner {
                     }));
                 }
                 GateDecision::Admit | GateDecision::Slow { .. } => {
-                    self.write_publish(d.payloads, d.timestamp_ms, d.reply)
+                    self.admit_and_write(d.payloads, d.timestamp_ms, d.reply)
                 }
             }
         }

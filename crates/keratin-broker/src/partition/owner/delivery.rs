@@ -5,9 +5,15 @@ use super::*;
 
 impl Owner {
     /// The next ready message in delivery order, without taking it.
-    pub(super) fn peek_ready(&self) -> Option<u64> {
-        if let Some(&m) = self.redeliver.first() {
-            return Some(m);
+    pub(super) fn peek_ready(&mut self) -> Option<u64> {
+        while let Some(&m) = self.redeliver.first() {
+            if self.state.is_live(m) {
+                return Some(m);
+            }
+            // Returned after its settle became durable but was answered as failed: the state
+            // rebuilt at the heal knows it is gone.
+            self.redeliver.remove(&m);
+            self.counts_pending.remove(&m);
         }
         self.state.next_live(self.cursor)
     }
@@ -20,7 +26,9 @@ impl Owner {
 
     /// Hand ready messages to consumers with credit, round robin.
     pub(super) fn deliver(&mut self) {
-        if self.consumers.is_empty() || self.log.is_none() {
+        // A pending purge names ready messages the state still shows live: delivering one would
+        // hand out a message the purge answered as removed (and its segment may soon be gone).
+        if self.consumers.is_empty() || self.log.is_none() || self.purges > 0 {
             return;
         }
         while let Some(m) = self.peek_ready() {

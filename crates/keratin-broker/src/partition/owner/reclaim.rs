@@ -4,9 +4,13 @@
 use super::*;
 
 impl Owner {
-    /// Heal a log stopped by a write error once the gate says its file system has room again.
-    /// Healing cuts the log back to its last durable offset, which is exactly what the state
-    /// has applied: nothing confirmed is lost, nothing unconfirmed survives.
+    /// Heal a log stopped by a write error once the gate says its file system has room again,
+    /// then rebuild the state from the log, as at open. Healing cuts the log back to its last
+    /// durable offset; a group that was durable but answered as failed (a write failed after
+    /// its sync) stays in the log without having been applied, so only a rebuild makes the
+    /// state equal the log again (else every later record would be refused as out of order).
+    /// A partition stopped because its state fell out of step with a running log heals the same
+    /// way (`Log::heal` does nothing on a running log).
     pub(super) fn maybe_heal(&mut self) {
         if self.stopped.is_none() || !self.pending.is_empty() {
             return;
@@ -17,9 +21,14 @@ impl Owner {
         let Some(log) = self.log.as_ref() else {
             return;
         };
-        match log.heal() {
-            Ok(()) => {
-                tracing::info!(queue = %self.ctx.queue, partition = self.ctx.index, "log healed; publishes resume");
+        let healed = log
+            .heal()
+            .map_err(BrokerError::from)
+            .and_then(|()| rebuild(log, None));
+        match healed {
+            Ok(state) => {
+                tracing::info!(queue = %self.ctx.queue, partition = self.ctx.index, "log healed and state rebuilt; publishes resume");
+                self.rebuilt(state);
                 self.stopped = None;
                 self.figures.heals.fetch_add(1, Ordering::Relaxed);
                 self.reader = None;
@@ -30,6 +39,25 @@ impl Owner {
                 tracing::warn!(queue = %self.ctx.queue, partition = self.ctx.index, %error, "heal failed; will retry");
             }
         }
+    }
+
+    /// Take the state rebuilt from the log. Nothing is pending (a heal waits for that), so the
+    /// rebuilt state only adds what the log holds beyond the old one: messages enqueued at or
+    /// above the old head (above the delivery cursor, so they are ready in id order) and the
+    /// effects of settles, returns and purges whose answers failed. Ready messages those
+    /// removed leave `redeliver`; inflight ones stay until their consumer settles them (a
+    /// settle of a message that is gone changes nothing).
+    fn rebuilt(&mut self, state: PartitionState) {
+        assert!(self.pending.is_empty(), "rebuilt with appends pending");
+        assert!(
+            state.head() >= self.state.head(),
+            "the healed log lost applied records"
+        );
+        self.state = state;
+        let live = &self.state;
+        self.redeliver.retain(|m| live.is_live(*m));
+        self.counts_pending.retain(|m, _| live.is_live(*m));
+        self.state_check_due = true;
     }
 
     /// Free disk: remove whole segments below every live payload, and move the few old live
@@ -99,10 +127,12 @@ impl Owner {
                 }
             };
             // The durable count travels with the copy: the RETURN records that set it may lie
-            // in the segments about to be removed.
+            // in the segments about to be removed. A RETURN written and not yet applied lies
+            // before the copy too, so its count travels as well.
+            let pending = self.counts_pending.get(&id).copied().unwrap_or(0);
             let record = PartitionRecord::Relocate(Relocate {
                 message: id,
-                delivery_count: self.state.delivery_count(id),
+                delivery_count: self.state.delivery_count(id).max(pending),
                 payload,
             });
             let encoded = record.encode();

@@ -202,26 +202,41 @@ impl Owner {
             let _ = reply.send(Err(self.unavailable(stop.clone())));
             return;
         }
+        // Inflight and leaving messages stay. Only live ones count: an entry of a message
+        // that is no longer live would make the totals disagree with the ranges.
         let busy: BTreeSet<u64> = self
             .inflight
             .keys()
             .chain(self.limbo.keys())
             .copied()
+            .filter(|m| self.state.is_live(*m))
             .collect();
         let busy_bytes: u64 = self
             .inflight
-            .values()
-            .map(|e| u64::from(e.size_bytes))
-            .chain(self.limbo.values().map(|s| u64::from(*s)))
+            .iter()
+            .map(|(m, e)| (m, e.size_bytes))
+            .chain(self.limbo.iter().map(|(m, s)| (m, *s)))
+            .filter(|(m, _)| self.state.is_live(**m))
+            .map(|(_, s)| u64::from(s))
             .sum();
         let ranges = split_around(self.state.live_ranges(0, self.state.head()), &busy);
-        let count = self.state.live_count() - busy.len() as u64;
+        let count: u64 = ranges.iter().map(|(start, end)| end - start).sum();
+        // The ranges are authoritative (a count taken from them cannot underflow); a live count
+        // that disagrees is a bug in the state machine, caught in debug builds.
+        debug_assert_eq!(
+            count + busy.len() as u64,
+            self.state.live_count(),
+            "the live count disagrees with the live ranges"
+        );
         if count == 0 {
             let _ = reply.send(Ok(0));
             return;
         }
+        let bytes = self.state.live_bytes().saturating_sub(busy_bytes);
+        self.purging_count += count;
+        self.purging_bytes += bytes;
         // Totals ride on the first record (applying them is additive); the answer on the last.
-        let mut totals = Some((count, self.state.live_bytes().saturating_sub(busy_bytes)));
+        let mut totals = Some((count, bytes));
         let chunks: Vec<Vec<(u64, u64)>> = ranges
             .chunks(CONTROL_ENTRIES_MAX)
             .map(<[(u64, u64)]>::to_vec)
