@@ -186,10 +186,19 @@ async fn spawn_stalled(
     dir: &Path,
     name: &str,
 ) -> ConsumeChild {
-    let (_, before) = queue_counts(client, queue).await;
+    let inflight = || async {
+        let info = client.info(queue).await.ok()?;
+        Some(info.partitions.iter().map(|p| p.inflight).sum::<u64>())
+    };
+    let before = inflight().await.unwrap_or(0);
     let child = ConsumeChild::spawn(server, queue, 200, dir, name);
     let deadline = Instant::now() + Duration::from_secs(2);
-    while Instant::now() < deadline && queue_counts(client, queue).await.1 <= before {
+    while Instant::now() < deadline {
+        match inflight().await {
+            Some(now) if now <= before => {}
+            // Subscribed, or the broker is gone (the caller's checks say which).
+            _ => break,
+        }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     child.signal(libc::SIGSTOP);
@@ -312,6 +321,11 @@ async fn stalled_consumers_leave_memory_and_deliveries_to_live_ones() {
         stalled
             .push(spawn_stalled(&server, &client, QUEUE, tmp.path(), &format!("stalled{i}")).await);
     }
+    assert!(
+        server.alive(),
+        "the broker died while the consumers subscribed (OOM kills: {})",
+        cgroup.oom_kills()
+    );
     let received: Received = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
     for _ in 0..2 {
