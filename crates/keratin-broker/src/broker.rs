@@ -9,7 +9,8 @@ use std::sync::{Arc, RwLock};
 use keratin_log::{Io, Log, LogOptions, PoolOptions, RealIo, SegmentPool};
 use tokio::sync::{mpsc, Mutex};
 
-use crate::consumer::{Consumer, ConsumerLink, Credit};
+use crate::byte_budget::ByteBudget;
+use crate::consumer::{Consumer, ConsumerLink, Credit, SubscribeOptions};
 use crate::error::{BrokerError, BrokerResult};
 use crate::gate::{OpenGate, PublishGate};
 use crate::meta::{Meta, MetaRecord, QueueDecl};
@@ -34,6 +35,11 @@ pub fn system_clock() -> Clock {
 /// in its channel, so this bounds that buffer.
 pub const MAX_PREFETCH: u32 = 65_535;
 
+/// Default node-wide bound on delivery bytes held in memory (read from disk for consumers and
+/// not yet handed to their sockets): 64 MiB is a quarter second of sending at 250 MB/s, enough
+/// to keep every consumer busy; a server lowers it to fit its memory limit.
+pub const DELIVERY_BYTES_DEFAULT: u64 = 64 << 20;
+
 /// How a broker node is set up.
 #[derive(Clone)]
 pub struct BrokerConfig {
@@ -51,6 +57,8 @@ pub struct BrokerConfig {
     pub clock: Clock,
     /// The resource limits publishes pass through.
     pub gate: Arc<dyn PublishGate>,
+    /// Node-wide bound on delivery bytes held in memory ([`DELIVERY_BYTES_DEFAULT`]).
+    pub delivery_bytes_max: u64,
 }
 
 impl std::fmt::Debug for BrokerConfig {
@@ -73,6 +81,7 @@ impl BrokerConfig {
             pool_background: true,
             clock: system_clock(),
             gate: Arc::new(OpenGate),
+            delivery_bytes_max: DELIVERY_BYTES_DEFAULT,
         }
     }
 }
@@ -199,6 +208,7 @@ pub(crate) struct BrokerInner {
     queues: RwLock<BTreeMap<String, Arc<Queue>>>,
     placements: RwLock<BTreeMap<String, Vec<PathBuf>>>,
     next_consumer: AtomicU64,
+    delivery_budget: Arc<ByteBudget>,
 }
 
 /// One broker node.
@@ -252,6 +262,7 @@ impl Broker {
             config.segment_size_bytes,
             pool.clone(),
         )?;
+        let delivery_budget = ByteBudget::new(config.delivery_bytes_max);
         let inner = Arc::new(BrokerInner {
             config,
             pool,
@@ -259,6 +270,7 @@ impl Broker {
             queues: RwLock::new(BTreeMap::new()),
             placements: RwLock::new(BTreeMap::new()),
             next_consumer: AtomicU64::new(1),
+            delivery_budget,
         });
         let decls: Vec<QueueDecl> = meta.queues.values().cloned().collect();
         inner.remove_orphans(&meta)?;
@@ -460,6 +472,18 @@ impl Broker {
 
     /// Subscribe to a queue with a prefetch (most unsettled deliveries at once).
     pub fn subscribe(&self, name: &str, prefetch: u32) -> BrokerResult<Consumer> {
+        self.subscribe_with(name, SubscribeOptions::prefetch(prefetch))
+    }
+
+    /// The node-wide budget of delivery bytes held in memory.
+    pub fn delivery_budget(&self) -> Arc<ByteBudget> {
+        self.inner.delivery_budget()
+    }
+
+    /// Subscribe to a queue with a count prefetch, an optional byte prefetch and an optional
+    /// connection budget (see [`SubscribeOptions`]).
+    pub fn subscribe_with(&self, name: &str, options: SubscribeOptions) -> BrokerResult<Consumer> {
+        let prefetch = options.prefetch;
         if prefetch == 0 || prefetch > MAX_PREFETCH {
             return Err(BrokerError::Invalid(format!(
                 "prefetch {prefetch}: expected 1 to {MAX_PREFETCH}"
@@ -468,11 +492,17 @@ impl Broker {
         let queue = self.inner.queue(name)?;
         let id = self.inner.next_consumer.fetch_add(1, Ordering::Relaxed);
         let (sender, receiver) = mpsc::channel(prefetch as usize);
-        let credit = Arc::new(Credit::new(prefetch));
+        if options.prefetch_bytes == Some(0) {
+            return Err(BrokerError::Invalid(
+                "prefetch_bytes 0: expected at least 1 (or none for no byte bound)".into(),
+            ));
+        }
+        let credit = Arc::new(Credit::new(prefetch, options.prefetch_bytes));
         let link = Arc::new(ConsumerLink {
             id,
             sender,
             credit: credit.clone(),
+            outbound: options.outbound,
             queue: Arc::downgrade(&queue),
         });
         for partition in &queue.partitions {
@@ -513,6 +543,10 @@ impl Broker {
 }
 
 impl BrokerInner {
+    pub(crate) fn delivery_budget(&self) -> Arc<ByteBudget> {
+        self.delivery_budget.clone()
+    }
+
     fn queues_read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Arc<Queue>>> {
         self.queues.read().unwrap_or_else(|e| e.into_inner())
     }

@@ -250,6 +250,12 @@ async fn a_stalled_consumer_at_prefetch_200_does_not_oom_the_broker() {
     let (mut seqs, _) = consumer.finish(Duration::from_secs(90));
     seqs.sort_unstable();
     assert_eq!(
+        seqs.len(),
+        400,
+        "the resumed consumer got every message; queue (ready, inflight) {:?}",
+        queue_counts(&client, "big").await
+    );
+    assert_eq!(
         seqs,
         (0..400).collect::<Vec<_>>(),
         "the resumed consumer got every message exactly once"

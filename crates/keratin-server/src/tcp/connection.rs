@@ -3,8 +3,11 @@
 //!
 //! Bounds: at most `publish_frames_inflight_max` publish frames await their outcome (then the
 //! reader stops reading: TCP flow control), at most `outbound_frames_max` frames wait to be
-//! sent (then deliveries and confirms wait, and a consumer's prefetch stops the broker), so a
-//! client that never reads holds the server's memory at a fixed size.
+//! sent (then deliveries and confirms wait, and a consumer's prefetch stops the broker), and at
+//! most `outbound_bytes_max` delivery bytes are taken for the connection and not yet handed to
+//! its socket (the broker takes them before it reads a message for one of the connection's
+//! consumers; the writer gives them back once the frame is flushed), so a client that never
+//! reads holds the server's memory at a fixed size, in frames and in bytes.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -13,7 +16,9 @@ use std::sync::{Arc, Mutex};
 
 use bytes::BytesMut;
 use futures_util::{SinkExt, StreamExt};
-use keratin_broker::{Broker, BrokerError, DeliveryTag, Settler};
+use keratin_broker::{
+    Broker, BrokerError, ByteBudget, DeliveryPermit, DeliveryTag, Settler, SubscribeOptions,
+};
 use keratin_proto::codes::{ERR_BAD_REQUEST, ERR_CONFLICT, ERR_NOT_FOUND};
 use keratin_proto::frame::{
     Ack, Cancel, Close, Confirm, Declare, Deliver, ErrorFrame, Frame, Header, OkReply,
@@ -31,7 +36,10 @@ use super::errors::error_body;
 use super::TcpOptions;
 use crate::convert;
 
-type Outbound = mpsc::Sender<Frame>;
+/// A frame to send, with the delivery budget bytes it holds until it is flushed (none for
+/// frames other than `Deliver`).
+type Outgoing = (Frame, DeliveryPermit);
+type Outbound = mpsc::Sender<Outgoing>;
 
 /// A consumer of this connection.
 struct ConsumerEntry {
@@ -50,6 +58,8 @@ struct Conn {
     consumers: HashMap<String, ConsumerEntry>,
     deliveries: Arc<Mutex<HashMap<u64, (String, DeliveryTag)>>>,
     next_delivery: Arc<AtomicU64>,
+    /// Delivery bytes taken for this connection's consumers and not yet flushed to its socket.
+    outbound_bytes: Arc<ByteBudget>,
 }
 
 pub(super) async fn run(
@@ -61,14 +71,14 @@ pub(super) async fn run(
     mut stop: watch::Receiver<bool>,
 ) {
     let _ = stream.set_nodelay(true);
-    let (stream, leftover) = match handshake(stream, &options).await {
-        Some(pair) => pair,
+    let (stream, leftover, version) = match handshake(stream, &options).await {
+        Some(accepted) => accepted,
         None => return,
     };
     tracing::debug!(%peer, "connection open");
     let mut parts = FramedParts::new::<Frame>(
         stream,
-        FrameCodec::with_frame_size_bytes_max(options.frame_size_bytes_max),
+        FrameCodec::with_frame_size_bytes_max(options.frame_size_bytes_max).with_version(version),
     );
     parts.read_buf = leftover;
     let (sink, mut frames) = Framed::from_parts(parts).split();
@@ -83,6 +93,7 @@ pub(super) async fn run(
         consumers: HashMap::new(),
         deliveries: Arc::new(Mutex::new(HashMap::new())),
         next_delivery: Arc::new(AtomicU64::new(1)),
+        outbound_bytes: ByteBudget::new(options.outbound_bytes_max as u64),
     };
     loop {
         let next = tokio::select! {
@@ -119,8 +130,12 @@ pub(super) async fn run(
     tracing::debug!(%peer, "connection closed");
 }
 
-/// Read the client's hello and answer it; the bytes read past the hello are returned.
-async fn handshake(mut stream: TcpStream, options: &TcpOptions) -> Option<(TcpStream, BytesMut)> {
+/// Read the client's hello and answer it; the bytes read past the hello and the agreed protocol
+/// version are returned.
+async fn handshake(
+    mut stream: TcpStream,
+    options: &TcpOptions,
+) -> Option<(TcpStream, BytesMut, u16)> {
     let mut buf = BytesMut::with_capacity(256);
     let hello = tokio::time::timeout(options.handshake_timeout, async {
         loop {
@@ -142,40 +157,49 @@ async fn handshake(mut stream: TcpStream, options: &TcpOptions) -> Option<(TcpSt
     .await
     .ok()??;
     let answer = ServerHello::answer(&hello, options.node_id.clone());
-    let accepted = matches!(answer, ServerHello::Accepted { .. });
+    let accepted = match &answer {
+        ServerHello::Accepted { version, .. } => Some(*version),
+        ServerHello::Refused { .. } => None,
+    };
     let mut out = BytesMut::new();
     answer.encode(&mut out).ok()?;
     stream.write_all(&out).await.ok()?;
-    accepted.then_some((stream, buf))
+    accepted.map(|version| (stream, buf, version))
 }
 
 /// The writer task: sends queued frames, flushing when the queue runs dry, and a heartbeat when
-/// nothing was sent for a while.
+/// nothing was sent for a while. The delivery budget bytes of the frames fed are given back
+/// only after the flush: until then their encoded bytes sit in the sink's buffer.
 async fn write_frames<S>(
     mut sink: S,
-    mut frames: mpsc::Receiver<Frame>,
+    mut frames: mpsc::Receiver<Outgoing>,
     heartbeat: std::time::Duration,
 ) where
     S: futures_util::Sink<Frame> + Unpin,
 {
+    // Bounded by the outbound channel: at most `outbound_frames_max` frames are fed per flush.
+    let mut fed: Vec<DeliveryPermit> = Vec::new();
     loop {
-        let frame = match tokio::time::timeout(heartbeat, frames.recv()).await {
-            Ok(Some(frame)) => frame,
+        let (frame, permit) = match tokio::time::timeout(heartbeat, frames.recv()).await {
+            Ok(Some(outgoing)) => outgoing,
             Ok(None) => break,
-            Err(_) => Frame::Heartbeat,
+            Err(_) => (Frame::Heartbeat, DeliveryPermit::default()),
         };
         let closing = matches!(frame, Frame::Close(_)) || is_fatal(&frame);
         if sink.feed(frame).await.is_err() {
             return;
         }
-        while let Ok(frame) = frames.try_recv() {
+        fed.push(permit);
+        while let Ok((frame, permit)) = frames.try_recv() {
             if sink.feed(frame).await.is_err() {
                 return;
             }
+            fed.push(permit);
         }
         if sink.flush().await.is_err() || closing {
             break;
         }
+        fed.clear();
     }
     let _ = sink.close().await;
 }
@@ -187,7 +211,7 @@ fn is_fatal(frame: &Frame) -> bool {
 impl Conn {
     async fn send(&self, frame: Frame) {
         // The writer is gone only when the socket failed; the reader notices next.
-        let _ = self.out.send(frame).await;
+        let _ = self.out.send((frame, DeliveryPermit::default())).await;
     }
 
     async fn fatal(&self, error: ErrorBody) {
@@ -380,7 +404,7 @@ impl Conn {
         tokio::spawn(async move {
             let results = pending.wait().await;
             for frame in publish_answers(&ids, results, mode) {
-                if out.send(frame).await.is_err() {
+                if out.send((frame, DeliveryPermit::default())).await.is_err() {
                     break;
                 }
             }
@@ -401,7 +425,12 @@ impl Conn {
             self.reply(s.request_id, Err(error)).await;
             return;
         }
-        let mut consumer = match self.broker.subscribe(&s.queue, s.prefetch) {
+        let options = SubscribeOptions {
+            prefetch: s.prefetch,
+            prefetch_bytes: (s.prefetch_bytes > 0).then_some(s.prefetch_bytes),
+            outbound: Some(self.outbound_bytes.clone()),
+        };
+        let mut consumer = match self.broker.subscribe_with(&s.queue, options) {
             Ok(consumer) => consumer,
             Err(e) => {
                 self.reply(s.request_id, Err(error_body(&e))).await;
@@ -419,7 +448,8 @@ impl Conn {
         let next = self.next_delivery.clone();
         let tag = s.consumer_tag.clone();
         let forwarder = tokio::spawn(async move {
-            while let Some(delivery) = consumer.recv().await {
+            while let Some(mut delivery) = consumer.recv().await {
+                let permit = std::mem::take(&mut delivery.permit);
                 let delivery_id = next.fetch_add(1, Ordering::Relaxed);
                 lock(&deliveries).insert(delivery_id, (tag.clone(), delivery.tag));
                 let frame = Frame::Deliver(Deliver {
@@ -437,7 +467,7 @@ impl Conn {
                         .collect(),
                     body: delivery.message.body.into(),
                 });
-                if out.send(frame).await.is_err() {
+                if out.send((frame, permit)).await.is_err() {
                     break;
                 }
             }
