@@ -215,7 +215,7 @@ async fn random_paces_lose_no_wake_up() {
                     break;
                 };
                 n += 1;
-                if (n + c) % 3 == 0 {
+                if (n + c).is_multiple_of(3) {
                     tokio::time::sleep(Duration::from_millis(n % 7)).await;
                 }
                 drop(std::mem::take(&mut d.permit));

@@ -120,6 +120,8 @@ impl Node {
             publish_bytes_inflight_max: crate::tcp::PUBLISH_BYTES_INFLIGHT_DEFAULT
                 .min(memory_eighth.max(8 << 20)),
             outbound_bytes_max: usize::try_from(budgets.connection_bytes).unwrap_or(usize::MAX),
+            connections_max: usize::try_from(config.server.connections_max.max(1))
+                .unwrap_or(usize::MAX),
             node_id: config
                 .node
                 .id

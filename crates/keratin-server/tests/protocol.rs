@@ -552,3 +552,90 @@ async fn version_1_clients_keep_working_and_version_2_bounds_bytes() {
     let _ = first;
     node.shutdown().await.expect("shutdown");
 }
+
+/// What a client's behaviour can make the server hold is bounded per connection: at most
+/// 1,024 consumers and 262,144 unacknowledged deliveries (summed prefetch) per connection, and
+/// at most `server.connections_max` connections; a refused subscribe or connection leaves the
+/// others served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumers_and_connections_are_bounded() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut config = Config::default();
+    config.storage.dirs = vec![dir.path().join("data")];
+    config.storage.segment_bytes = 1 << 20;
+    config.server.listen = "127.0.0.1:0".parse().expect("addr");
+    config.server.http = "127.0.0.1:0".parse().expect("addr");
+    config.server.connections_max = 2;
+    host_disk_limits(&mut config);
+    let node = Node::start(&config).await.expect("start node");
+    let addr = node.protocol_addr();
+    let mut conn = connect(addr).await;
+    declare(&mut conn, "q").await;
+    let subscribe = |request_id: u64, prefetch: u32| {
+        Frame::Subscribe(Subscribe {
+            request_id,
+            queue: "q".into(),
+            prefetch,
+            consumer_tag: format!("c{request_id}"),
+            prefetch_bytes: 0,
+        })
+    };
+    // 4 consumers at 65,535 fill the 262,144 (4 x 65,535 = 262,140); a fifth at 5 does not fit.
+    for id in 10..14 {
+        conn.send(subscribe(id, 65_535)).await.expect("send");
+        assert!(matches!(next(&mut conn).await, Frame::SubscribeOk(_)));
+    }
+    conn.send(subscribe(14, 5)).await.expect("send");
+    match next(&mut conn).await {
+        Frame::Error(e) => {
+            assert_eq!(e.request_id, Some(14));
+            assert_eq!(e.error.code().0, 400);
+            assert!(e.error.message().contains("262144"), "{}", e.error);
+        }
+        other => panic!("{other:?}"),
+    }
+    conn.send(subscribe(15, 4)).await.expect("send");
+    assert!(matches!(next(&mut conn).await, Frame::SubscribeOk(_)));
+    // Up to 1,024 consumers, then refused.
+    let mut small = connect(addr).await;
+    for id in 0..1024u64 {
+        small.send(subscribe(100 + id, 1)).await.expect("send");
+    }
+    for _ in 0..1024 {
+        assert!(matches!(next(&mut small).await, Frame::SubscribeOk(_)));
+    }
+    small.send(subscribe(5000, 1)).await.expect("send");
+    match next(&mut small).await {
+        Frame::Error(e) => assert!(e.error.message().contains("1024 consumers"), "{}", e.error),
+        other => panic!("{other:?}"),
+    }
+    // A third connection is closed at once; the first two are still served.
+    let mut third = TcpStream::connect(addr).await.expect("connect");
+    let mut out = BytesMut::new();
+    ClientHello::new("third").encode(&mut out).expect("hello");
+    let _ = third.write_all(&out).await;
+    let closed = read_until_closed(&mut third).await;
+    assert!(closed.is_empty(), "no answer, closed: {closed:?}");
+    small
+        .send(Frame::QueueList(QueueList { request_id: 9 }))
+        .await
+        .expect("send");
+    assert!(matches!(next(&mut small).await, Frame::QueueListReply(_)));
+    drop(small);
+    // Once one closes, a new connection is accepted.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut stream = TcpStream::connect(addr).await.expect("connect");
+        let mut out = BytesMut::new();
+        ClientHello::new("again").encode(&mut out).expect("hello");
+        let _ = stream.write_all(&out).await;
+        let mut buf = [0u8; 4];
+        if matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never accepted again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(conn);
+    node.shutdown().await.expect("shutdown");
+}

@@ -27,7 +27,7 @@ const MESSAGE_BYTES: usize = 4_000_000;
 /// stalled consumer when not.
 const RSS_BOUND_BYTES: u64 = LIMIT_BYTES / 4 * 3;
 /// The cgroup tests run one at a time: each broker gets the whole 512 MiB and both cores.
-static SERIAL: Mutex<()> = Mutex::new(());
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn write_config(dir: &Path) -> PathBuf {
     let data = dir.join("data");
@@ -210,7 +210,7 @@ async fn spawn_stalled(
 /// message once the consumer resumes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_consumer_at_prefetch_200_does_not_oom_the_broker() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = SERIAL.lock().await;
     if !memory_cgroups("a_stalled_consumer_at_prefetch_200_does_not_oom_the_broker") {
         return;
     }
@@ -295,7 +295,7 @@ fn live_consumer(client: Client, queue: &'static str, received: Received, stop: 
 /// must have been marked redelivered).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stalled_consumers_leave_memory_and_deliveries_to_live_ones() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = SERIAL.lock().await;
     if !memory_cgroups("stalled_consumers_leave_memory_and_deliveries_to_live_ones") {
         return;
     }

@@ -57,6 +57,7 @@ pub fn startup_fields() -> &'static [&'static str] {
         "server.http",
         "server.delivery_bytes_max",
         "server.outbound_bytes_max",
+        "server.connections_max",
         "storage.dirs",
         "storage.segment_bytes",
         "limits.memory.limit_bytes",
@@ -101,6 +102,8 @@ pub struct ServerSection {
     /// Bound on one connection's delivery bytes not yet flushed to its socket; 0 = a
     /// sixteenth of the node's delivery budget, at most 16 MiB. Startup field.
     pub outbound_bytes_max: u64,
+    /// Most open protocol connections; past it new ones are closed. Startup field.
+    pub connections_max: u64,
 }
 
 /// The `[storage]` section.
@@ -127,6 +130,7 @@ impl Default for ServerSection {
             http: SocketAddr::new(loopback, HTTP_PORT_DEFAULT),
             delivery_bytes_max: 0,
             outbound_bytes_max: 0,
+            connections_max: crate::tcp::CONNECTIONS_MAX_DEFAULT as u64,
         }
     }
 }

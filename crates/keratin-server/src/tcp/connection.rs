@@ -41,11 +41,28 @@ use crate::convert;
 type Outgoing = (Frame, DeliveryPermit);
 type Outbound = mpsc::Sender<Outgoing>;
 
+/// A connection's unacknowledged deliveries by delivery id: the consumer tag and the broker's tag.
+type Unacked = HashMap<u64, (Arc<str>, DeliveryTag)>;
+
 /// A consumer of this connection.
 struct ConsumerEntry {
     settler: Settler,
     forwarder: JoinHandle<()>,
+    prefetch: u32,
 }
+
+/// Most consumers on one connection. Each costs a forwarder task, a link in every partition of
+/// its queue (up to 64, walked on each delivery round) and a delivery channel; 1,024 is far more
+/// than a client needs (consumers are per queue) and keeps a connection's consumers under a few
+/// MiB even on 64-partition queues.
+pub(crate) const CONSUMERS_PER_CONNECTION_MAX: usize = 1024;
+
+/// Most unacknowledged deliveries on one connection, summed over its consumers' prefetch. Each
+/// unacknowledged delivery costs about 100 bytes of bookkeeping (an entry in the connection's
+/// delivery map and one in its partition's inflight map), so 262,144 bound a connection's
+/// unacked bookkeeping at about 25 MiB whatever its consumers ask for (one consumer may still
+/// use the largest prefetch, 65,535).
+pub(crate) const PREFETCH_PER_CONNECTION_MAX: u64 = 1 << 18;
 
 /// What the reader loop keeps.
 struct Conn {
@@ -56,7 +73,9 @@ struct Conn {
     /// The node-wide budget of unanswered publish bytes, in KiB permits.
     publish_bytes: Arc<Semaphore>,
     consumers: HashMap<String, ConsumerEntry>,
-    deliveries: Arc<Mutex<HashMap<u64, (String, DeliveryTag)>>>,
+    /// Unacknowledged deliveries by delivery id: the consumer tag (shared, not copied per
+    /// delivery: a tag may be 64 KiB) and the broker's tag.
+    deliveries: Arc<Mutex<Unacked>>,
     next_delivery: Arc<AtomicU64>,
     /// Delivery bytes taken for this connection's consumers and not yet flushed to its socket.
     outbound_bytes: Arc<ByteBudget>,
@@ -414,6 +433,10 @@ impl Conn {
     }
 
     async fn subscribe(&mut self, s: keratin_proto::frame::Subscribe) {
+        if let Err(error) = self.consumer_room(s.prefetch) {
+            self.reply(s.request_id, Err(error)).await;
+            return;
+        }
         if self.consumers.contains_key(&s.consumer_tag) {
             let error = ErrorBody::new(
                 ERR_CONFLICT,
@@ -446,14 +469,14 @@ impl Conn {
         let out = self.out.clone();
         let deliveries = self.deliveries.clone();
         let next = self.next_delivery.clone();
-        let tag = s.consumer_tag.clone();
+        let tag: Arc<str> = Arc::from(s.consumer_tag.as_str());
         let forwarder = tokio::spawn(async move {
             while let Some(mut delivery) = consumer.recv().await {
                 let permit = std::mem::take(&mut delivery.permit);
                 let delivery_id = next.fetch_add(1, Ordering::Relaxed);
                 lock(&deliveries).insert(delivery_id, (tag.clone(), delivery.tag));
                 let frame = Frame::Deliver(Deliver {
-                    consumer_tag: tag.clone(),
+                    consumer_tag: tag.to_string(),
                     delivery_id,
                     partition: delivery.tag.partition,
                     offset: delivery.tag.message,
@@ -472,8 +495,40 @@ impl Conn {
                 }
             }
         });
-        self.consumers
-            .insert(s.consumer_tag, ConsumerEntry { settler, forwarder });
+        self.consumers.insert(
+            s.consumer_tag,
+            ConsumerEntry {
+                settler,
+                forwarder,
+                prefetch: s.prefetch,
+            },
+        );
+    }
+
+    /// Whether one more consumer with `prefetch` fits this connection's bounds
+    /// ([`CONSUMERS_PER_CONNECTION_MAX`], [`PREFETCH_PER_CONNECTION_MAX`]).
+    fn consumer_room(&self, prefetch: u32) -> Result<(), ErrorBody> {
+        if self.consumers.len() >= CONSUMERS_PER_CONNECTION_MAX {
+            return Err(ErrorBody::new(
+                ERR_BAD_REQUEST,
+                format!(
+                    "this connection has {CONSUMERS_PER_CONNECTION_MAX} consumers, the most \
+                     allowed; cancel one or open another connection"
+                ),
+            ));
+        }
+        let used: u64 = self.consumers.values().map(|c| u64::from(c.prefetch)).sum();
+        if used + u64::from(prefetch) > PREFETCH_PER_CONNECTION_MAX {
+            return Err(ErrorBody::new(
+                ERR_BAD_REQUEST,
+                format!(
+                    "prefetch {prefetch}: this connection's consumers already have {used} of \
+                     the {PREFETCH_PER_CONNECTION_MAX} unacknowledged deliveries one connection \
+                     may hold; lower the prefetch or open another connection"
+                ),
+            ));
+        }
+        Ok(())
     }
 
     async fn cancel(&mut self, c: Cancel) {
@@ -488,7 +543,7 @@ impl Conn {
         // Ending the forwarder drops the broker consumer: its unsettled deliveries return to
         // ready, ahead of newer messages.
         entry.forwarder.abort();
-        lock(&self.deliveries).retain(|_, (tag, _)| *tag != c.consumer_tag);
+        lock(&self.deliveries).retain(|_, (tag, _)| **tag != *c.consumer_tag);
         self.send(Frame::Ok(OkReply {
             request_id: c.request_id,
         }))
@@ -496,7 +551,7 @@ impl Conn {
     }
 
     async fn settle(&self, delivery_ids: Vec<u64>, reject: Option<bool>) {
-        let mut by_consumer: HashMap<String, Vec<DeliveryTag>> = HashMap::new();
+        let mut by_consumer: HashMap<Arc<str>, Vec<DeliveryTag>> = HashMap::new();
         let mut unknown = Vec::new();
         {
             let mut deliveries = lock(&self.deliveries);
@@ -508,7 +563,7 @@ impl Conn {
             }
         }
         for (tag, tags) in by_consumer {
-            if let Some(entry) = self.consumers.get(&tag) {
+            if let Some(entry) = self.consumers.get(&*tag) {
                 match reject {
                     None => entry.settler.ack(&tags),
                     Some(requeue) => entry.settler.reject(&tags, requeue),
