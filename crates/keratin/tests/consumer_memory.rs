@@ -4,7 +4,8 @@
 //! socket. Each test fails if the kernel OOM-kills the broker (it used to read up to
 //! 200 × 4 MB per stalled consumer into memory), if its resident memory passes
 //! [`RSS_BOUND_BYTES`], if live consumers stop receiving while others stall, or if a message is
-//! lost or delivered twice without being marked redelivered.
+//! lost or delivered twice without being marked redelivered. A third test (no cgroup) checks that
+//! idle connections give back the buffers of the largest frame they passed.
 
 mod support;
 
@@ -412,5 +413,61 @@ async fn stalled_consumers_leave_memory_and_deliveries_to_live_ones() {
         "every extra receipt is a redelivery: {receipts} receipts, {redelivered} redelivered"
     );
     assert!(server.alive() && cgroup.oom_kills() == 0, "no OOM kill");
+    assert!(server.terminate(Duration::from_secs(20)), "clean shutdown");
+}
+
+/// An idle connection does not keep the buffers of the largest frame it passed: 48 clients
+/// each publish one 8 MB message and stay connected. A connection that kept its 8 MB read
+/// buffer would hold 48 × 8 MB = 384 MB; the server must drop back under [`IDLE_RSS_BOUND_BYTES`].
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_do_not_keep_large_frame_buffers() {
+    /// The runtime, the broker's logs and buffers: well under 160 MiB when connection buffers
+    /// shrink back after a large frame, about 400 MiB more when they do not.
+    const IDLE_RSS_BOUND_BYTES: u64 = 160 << 20;
+    let _serial = SERIAL.lock().await;
+    let tmp = tempfile::Builder::new()
+        .prefix("keratin-cmem")
+        .tempdir_in("/var/tmp")
+        .expect("tmp");
+    let mut server = Server::start(&[
+        "serve",
+        "--data-dir",
+        tmp.path().join("data").to_str().expect("utf8"),
+        "--listen",
+        "127.0.0.1:0",
+        "--http",
+        "127.0.0.1:0",
+    ]);
+    let setup = Client::connect(server.protocol, ClientOptions::default())
+        .await
+        .expect("connect");
+    setup
+        .declare("large", QueueSettings::default())
+        .await
+        .expect("declare");
+    let mut clients = Vec::new();
+    for seq in 0..48u64 {
+        let client = Client::connect(server.protocol, ClientOptions::default())
+            .await
+            .expect("connect");
+        client
+            .publish("large", OutgoingMessage::new(body(seq, 8_000_000)))
+            .await
+            .expect("publish");
+        clients.push(client);
+    }
+    // The server returns freed heap memory on its sampling timer (every second by default).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut rss = server.rss_bytes();
+    while rss >= IDLE_RSS_BOUND_BYTES && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        rss = server.rss_bytes();
+    }
+    assert!(
+        rss < IDLE_RSS_BOUND_BYTES,
+        "48 idle connections after one 8 MB publish each: RSS {} MiB",
+        rss >> 20
+    );
+    drop(clients);
     assert!(server.terminate(Duration::from_secs(20)), "clean shutdown");
 }

@@ -27,10 +27,11 @@ use keratin_proto::frame::{
 };
 use keratin_proto::{ClientHello, ErrorBody, FrameCodec, ServerHello};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinHandle;
-use tokio_util::codec::{Framed, FramedParts};
+use tokio_util::codec::{FramedRead, FramedWrite};
 
 use super::errors::error_body;
 use super::TcpOptions;
@@ -95,12 +96,12 @@ pub(super) async fn run(
         None => return,
     };
     tracing::debug!(%peer, "connection open");
-    let mut parts = FramedParts::new::<Frame>(
-        stream,
-        FrameCodec::with_frame_size_bytes_max(options.frame_size_bytes_max).with_version(version),
-    );
-    parts.read_buf = leftover;
-    let (sink, mut frames) = Framed::from_parts(parts).split();
+    let codec =
+        FrameCodec::with_frame_size_bytes_max(options.frame_size_bytes_max).with_version(version);
+    let (read_half, write_half) = stream.into_split();
+    let mut frames = FramedRead::new(read_half, codec.clone());
+    frames.read_buffer_mut().extend_from_slice(&leftover);
+    let sink = FramedWrite::new(write_half, codec);
     let (out, out_rx) = mpsc::channel(options.outbound_frames_max);
     let writer = tokio::spawn(write_frames(sink, out_rx, options.heartbeat_interval));
     let mut conn = Conn {
@@ -139,6 +140,7 @@ pub(super) async fn run(
             }
             Ok(Some(Ok(frame))) => frame,
         };
+        shrink_retained(frames.read_buffer_mut());
         if !conn.dispatch(frame).await {
             break;
         }
@@ -189,13 +191,11 @@ async fn handshake(
 /// The writer task: sends queued frames, flushing when the queue runs dry, and a heartbeat when
 /// nothing was sent for a while. The delivery budget bytes of the frames fed are given back
 /// only after the flush: until then their encoded bytes sit in the sink's buffer.
-async fn write_frames<S>(
-    mut sink: S,
+async fn write_frames(
+    mut sink: FramedWrite<OwnedWriteHalf, FrameCodec>,
     mut frames: mpsc::Receiver<Outgoing>,
     heartbeat: std::time::Duration,
-) where
-    S: futures_util::Sink<Frame> + Unpin,
-{
+) {
     // Bounded by the outbound channel: at most `outbound_frames_max` frames are fed per flush.
     let mut fed: Vec<DeliveryPermit> = Vec::new();
     loop {
@@ -215,12 +215,30 @@ async fn write_frames<S>(
             }
             fed.push(permit);
         }
-        if sink.flush().await.is_err() || closing {
+        if SinkExt::<Frame>::flush(&mut sink).await.is_err() || closing {
             break;
         }
         fed.clear();
+        shrink_retained(sink.write_buffer_mut());
     }
-    let _ = sink.close().await;
+    let _ = SinkExt::<Frame>::close(&mut sink).await;
+}
+
+/// Buffer capacity a connection keeps between frames. A frame larger than this (up to the frame
+/// size limit, 16 MiB) grows the buffer while it passes; keeping that capacity afterwards would
+/// let each idle connection hold its largest frame's size (48 connections after one 8 MB
+/// publish each held 384 MB). Reallocating for the next large frame is a copy, small next to
+/// receiving or sending it.
+const BUFFER_RETAINED_BYTES: usize = 64 << 10;
+
+/// Give back a buffer's capacity beyond [`BUFFER_RETAINED_BYTES`], keeping its bytes (the start
+/// of the next frame, when reading).
+fn shrink_retained(buf: &mut BytesMut) {
+    if buf.capacity() > BUFFER_RETAINED_BYTES && buf.len() <= BUFFER_RETAINED_BYTES / 2 {
+        let mut small = BytesMut::with_capacity(BUFFER_RETAINED_BYTES / 2);
+        small.extend_from_slice(buf);
+        *buf = small;
+    }
 }
 
 fn is_fatal(frame: &Frame) -> bool {
