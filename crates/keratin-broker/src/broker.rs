@@ -40,6 +40,13 @@ pub const MAX_PREFETCH: u32 = 65_535;
 /// to keep every consumer busy; a server lowers it to fit its memory limit.
 pub const DELIVERY_BYTES_DEFAULT: u64 = 64 << 20;
 
+/// Default bound on the partitions of all queues of a node. Each partition has an owner task, a
+/// log with its own commit thread and segment files, and while busy up to about 4 MiB of
+/// buffers (three commit buffers kept at 1 MiB, a 1 MiB read chunk while delivering): 4,096
+/// partitions are 4,096 threads, well inside a process's usual thread limit, and a client that
+/// declares queues in a loop meets a clear refusal instead of the thread limit.
+pub const PARTITIONS_MAX_DEFAULT: u32 = 4096;
+
 /// How a broker node is set up.
 #[derive(Clone)]
 pub struct BrokerConfig {
@@ -59,6 +66,9 @@ pub struct BrokerConfig {
     pub gate: Arc<dyn PublishGate>,
     /// Node-wide bound on delivery bytes held in memory ([`DELIVERY_BYTES_DEFAULT`]).
     pub delivery_bytes_max: u64,
+    /// Most partitions over all queues ([`PARTITIONS_MAX_DEFAULT`]); a declare past it is
+    /// refused.
+    pub partitions_max: u32,
 }
 
 impl std::fmt::Debug for BrokerConfig {
@@ -82,6 +92,7 @@ impl BrokerConfig {
             clock: system_clock(),
             gate: Arc::new(OpenGate),
             delivery_bytes_max: DELIVERY_BYTES_DEFAULT,
+            partitions_max: PARTITIONS_MAX_DEFAULT,
         }
     }
 }
@@ -309,6 +320,19 @@ impl Broker {
             }
             drop(guard);
             return self.info(name);
+        }
+        let partitions: u64 = meta
+            .queues
+            .values()
+            .map(|q| u64::from(q.settings.partitions))
+            .sum();
+        let partitions_max = self.inner.config.partitions_max;
+        if partitions + u64::from(settings.partitions) > u64::from(partitions_max) {
+            return Err(BrokerError::Invalid(format!(
+                "queue {name:?} with {} partitions: the node has {partitions} of its \
+                 {partitions_max} partitions; delete a queue or declare fewer partitions",
+                settings.partitions
+            )));
         }
         let decl = QueueDecl {
             id: meta.next_id,

@@ -31,7 +31,7 @@ pub mod record;
 
 pub use broker::{
     system_clock, Broker, BrokerConfig, Clock, PartitionInfo, PendingPublish, QueueInfo, Receipt,
-    DELIVERY_BYTES_DEFAULT, MAX_PREFETCH,
+    DELIVERY_BYTES_DEFAULT, MAX_PREFETCH, PARTITIONS_MAX_DEFAULT,
 };
 pub use byte_budget::{ByteBudget, BytePermit};
 pub use consumer::{Consumer, Delivery, DeliveryPermit, DeliveryTag, Settler, SubscribeOptions};

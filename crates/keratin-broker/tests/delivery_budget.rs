@@ -4,6 +4,8 @@
 //! holds its budget does not stop the others; a message larger than a budget still goes out,
 //! alone; nothing is lost or duplicated. A failure shows as a delivery that never comes (a lost
 //! wake-up), more bytes held than a budget allows, or a message missing at the end.
+//! Also the node's bound on declared partitions (what a client declaring queues in a loop
+//! meets): a failure shows as a declare accepted past the bound.
 
 mod common;
 
@@ -237,4 +239,31 @@ async fn random_paces_lose_no_wake_up() {
         TOTAL,
         "every message arrived; a stall means a lost wake-up"
     );
+}
+
+/// Declaring queues in a loop meets a clear refusal at the node's partition bound, not the
+/// thread limit; deleting a queue makes room again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn declared_partitions_are_bounded_per_node() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut config = config(dir.path().join("data"));
+    config.partitions_max = 5;
+    let broker = Broker::open(config).await.expect("open");
+    let settings = |partitions| QueueSettings {
+        partitions,
+        ..QueueSettings::default()
+    };
+    broker.declare("a", settings(2)).await.expect("2 of 5");
+    broker.declare("b", settings(3)).await.expect("5 of 5");
+    broker
+        .declare("b", settings(3))
+        .await
+        .expect("redeclaring takes nothing");
+    let refused = broker.declare("c", settings(1)).await;
+    assert!(
+        matches!(&refused, Err(keratin_broker::BrokerError::Invalid(m)) if m.contains("5 partitions")),
+        "{refused:?}"
+    );
+    broker.delete("a").await.expect("delete");
+    broker.declare("c", settings(2)).await.expect("room again");
 }
