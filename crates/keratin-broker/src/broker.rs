@@ -9,7 +9,8 @@ use std::sync::{Arc, RwLock};
 use keratin_log::{Io, Log, LogOptions, PoolOptions, RealIo, SegmentPool};
 use tokio::sync::{mpsc, Mutex};
 
-use crate::consumer::{Consumer, ConsumerLink, Credit};
+use crate::byte_budget::ByteBudget;
+use crate::consumer::{Consumer, ConsumerLink, Credit, SubscribeOptions};
 use crate::error::{BrokerError, BrokerResult};
 use crate::gate::{OpenGate, PublishGate};
 use crate::meta::{Meta, MetaRecord, QueueDecl};
@@ -34,6 +35,18 @@ pub fn system_clock() -> Clock {
 /// in its channel, so this bounds that buffer.
 pub const MAX_PREFETCH: u32 = 65_535;
 
+/// Default node-wide bound on delivery bytes held in memory (read from disk for consumers and
+/// not yet handed to their sockets): 64 MiB is a quarter second of sending at 250 MB/s, enough
+/// to keep every consumer busy; a server lowers it to fit its memory limit.
+pub const DELIVERY_BYTES_DEFAULT: u64 = 64 << 20;
+
+/// Default bound on the partitions of all queues of a node. Each partition has an owner task, a
+/// log with its own commit thread and segment files, and while busy up to about 4 MiB of
+/// buffers (three commit buffers kept at 1 MiB, a 1 MiB read chunk while delivering): 4,096
+/// partitions are 4,096 threads, well inside a process's usual thread limit, and a client that
+/// declares queues in a loop meets a clear refusal instead of the thread limit.
+pub const PARTITIONS_MAX_DEFAULT: u32 = 4096;
+
 /// How a broker node is set up.
 #[derive(Clone)]
 pub struct BrokerConfig {
@@ -51,6 +64,11 @@ pub struct BrokerConfig {
     pub clock: Clock,
     /// The resource limits publishes pass through.
     pub gate: Arc<dyn PublishGate>,
+    /// Node-wide bound on delivery bytes held in memory ([`DELIVERY_BYTES_DEFAULT`]).
+    pub delivery_bytes_max: u64,
+    /// Most partitions over all queues ([`PARTITIONS_MAX_DEFAULT`]); a declare past it is
+    /// refused.
+    pub partitions_max: u32,
 }
 
 impl std::fmt::Debug for BrokerConfig {
@@ -73,6 +91,8 @@ impl BrokerConfig {
             pool_background: true,
             clock: system_clock(),
             gate: Arc::new(OpenGate),
+            delivery_bytes_max: DELIVERY_BYTES_DEFAULT,
+            partitions_max: PARTITIONS_MAX_DEFAULT,
         }
     }
 }
@@ -199,6 +219,7 @@ pub(crate) struct BrokerInner {
     queues: RwLock<BTreeMap<String, Arc<Queue>>>,
     placements: RwLock<BTreeMap<String, Vec<PathBuf>>>,
     next_consumer: AtomicU64,
+    delivery_budget: Arc<ByteBudget>,
 }
 
 /// One broker node.
@@ -252,6 +273,7 @@ impl Broker {
             config.segment_size_bytes,
             pool.clone(),
         )?;
+        let delivery_budget = ByteBudget::new(config.delivery_bytes_max);
         let inner = Arc::new(BrokerInner {
             config,
             pool,
@@ -259,6 +281,7 @@ impl Broker {
             queues: RwLock::new(BTreeMap::new()),
             placements: RwLock::new(BTreeMap::new()),
             next_consumer: AtomicU64::new(1),
+            delivery_budget,
         });
         let decls: Vec<QueueDecl> = meta.queues.values().cloned().collect();
         inner.remove_orphans(&meta)?;
@@ -297,6 +320,19 @@ impl Broker {
             }
             drop(guard);
             return self.info(name);
+        }
+        let partitions: u64 = meta
+            .queues
+            .values()
+            .map(|q| u64::from(q.settings.partitions))
+            .sum();
+        let partitions_max = self.inner.config.partitions_max;
+        if partitions + u64::from(settings.partitions) > u64::from(partitions_max) {
+            return Err(BrokerError::Invalid(format!(
+                "queue {name:?} with {} partitions: the node has {partitions} of its \
+                 {partitions_max} partitions; delete a queue or declare fewer partitions",
+                settings.partitions
+            )));
         }
         let decl = QueueDecl {
             id: meta.next_id,
@@ -460,6 +496,18 @@ impl Broker {
 
     /// Subscribe to a queue with a prefetch (most unsettled deliveries at once).
     pub fn subscribe(&self, name: &str, prefetch: u32) -> BrokerResult<Consumer> {
+        self.subscribe_with(name, SubscribeOptions::prefetch(prefetch))
+    }
+
+    /// The node-wide budget of delivery bytes held in memory.
+    pub fn delivery_budget(&self) -> Arc<ByteBudget> {
+        self.inner.delivery_budget()
+    }
+
+    /// Subscribe to a queue with a count prefetch, an optional byte prefetch and an optional
+    /// connection budget (see [`SubscribeOptions`]).
+    pub fn subscribe_with(&self, name: &str, options: SubscribeOptions) -> BrokerResult<Consumer> {
+        let prefetch = options.prefetch;
         if prefetch == 0 || prefetch > MAX_PREFETCH {
             return Err(BrokerError::Invalid(format!(
                 "prefetch {prefetch}: expected 1 to {MAX_PREFETCH}"
@@ -468,11 +516,17 @@ impl Broker {
         let queue = self.inner.queue(name)?;
         let id = self.inner.next_consumer.fetch_add(1, Ordering::Relaxed);
         let (sender, receiver) = mpsc::channel(prefetch as usize);
-        let credit = Arc::new(Credit::new(prefetch));
+        if options.prefetch_bytes == Some(0) {
+            return Err(BrokerError::Invalid(
+                "prefetch_bytes 0: expected at least 1 (or none for no byte bound)".into(),
+            ));
+        }
+        let credit = Arc::new(Credit::new(prefetch, options.prefetch_bytes));
         let link = Arc::new(ConsumerLink {
             id,
             sender,
             credit: credit.clone(),
+            outbound: options.outbound,
             queue: Arc::downgrade(&queue),
         });
         for partition in &queue.partitions {
@@ -513,6 +567,10 @@ impl Broker {
 }
 
 impl BrokerInner {
+    pub(crate) fn delivery_budget(&self) -> Arc<ByteBudget> {
+        self.delivery_budget.clone()
+    }
+
     fn queues_read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Arc<Queue>>> {
         self.queues.read().unwrap_or_else(|e| e.into_inner())
     }

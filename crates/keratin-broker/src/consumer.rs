@@ -1,11 +1,12 @@
 //! `Consumer`: a subscription to a queue, with a prefetch shared across the queue's partitions,
 //! receiving deliveries as a stream and settling them with ack and reject.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
+use crate::byte_budget::{ByteBudget, BytePermit};
 use crate::queue::Queue;
 use crate::record::Message;
 
@@ -20,7 +21,11 @@ pub struct DeliveryTag {
 
 /// A message delivered to a consumer. It stays inflight until acked or rejected, or until the
 /// consumer goes away (then it is returned to ready, ahead of newer messages).
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// Its payload bytes count against the node's delivery budget (and the consumer's outbound
+/// budget, if it has one) for as long as `permit` lives: a server moves the permit beside the
+/// frame it writes and drops it once the bytes are handed to the socket.
+#[derive(Debug)]
 pub struct Delivery {
     /// What to ack or reject.
     pub tag: DeliveryTag,
@@ -31,21 +36,120 @@ pub struct Delivery {
     pub delivery_count: u32,
     /// The message.
     pub message: Message,
+    /// The bytes this delivery holds in the delivery budgets; given back when dropped.
+    pub permit: DeliveryPermit,
 }
 
-/// How many deliveries a consumer may hold unsettled, shared by the partitions that deliver to it.
+/// The budget bytes one delivery holds: node-wide and, for a consumer with an outbound budget,
+/// its connection's. Dropping it gives them back and wakes partitions waiting for room.
+#[derive(Debug, Default)]
+pub struct DeliveryPermit {
+    pub(crate) node: Option<BytePermit>,
+    pub(crate) outbound: Option<BytePermit>,
+}
+
+impl DeliveryPermit {
+    /// Bytes held in the node-wide delivery budget.
+    pub fn node_bytes(&self) -> u64 {
+        self.node.as_ref().map_or(0, BytePermit::bytes)
+    }
+
+    /// Bytes held in the connection's outbound budget.
+    pub fn outbound_bytes(&self) -> u64 {
+        self.outbound.as_ref().map_or(0, BytePermit::bytes)
+    }
+}
+
+/// How to subscribe: the count and byte prefetch, and the budget of the connection the
+/// deliveries go out on.
+#[derive(Debug, Clone)]
+pub struct SubscribeOptions {
+    /// Most unsettled deliveries at once (1 to [`crate::MAX_PREFETCH`]).
+    pub prefetch: u32,
+    /// Most unsettled payload bytes at once (like AMQP's prefetch-size); `None`: no byte bound.
+    /// A message larger than this still goes out, alone.
+    pub prefetch_bytes: Option<u64>,
+    /// Bytes of deliveries taken and not yet handed to the consumer's socket, shared by the
+    /// consumers of one connection; `None`: only the node-wide delivery budget applies.
+    pub outbound: Option<Arc<ByteBudget>>,
+}
+
+impl SubscribeOptions {
+    /// A count prefetch only.
+    pub fn prefetch(prefetch: u32) -> SubscribeOptions {
+        SubscribeOptions {
+            prefetch,
+            prefetch_bytes: None,
+            outbound: None,
+        }
+    }
+}
+
+/// How many deliveries and payload bytes a consumer may hold unsettled, shared by the
+/// partitions that deliver to it.
 #[derive(Debug)]
 pub(crate) struct Credit {
     prefetch: u32,
     used: AtomicU32,
+    /// `u64::MAX` when the consumer set no byte prefetch.
+    prefetch_bytes: u64,
+    used_bytes: AtomicU64,
+    /// A delivery waited for byte credit: the next settle wakes the queue's partitions.
+    bytes_blocked: AtomicBool,
 }
 
 impl Credit {
-    pub(crate) fn new(prefetch: u32) -> Credit {
+    pub(crate) fn new(prefetch: u32, prefetch_bytes: Option<u64>) -> Credit {
         Credit {
             prefetch,
             used: AtomicU32::new(0),
+            prefetch_bytes: prefetch_bytes.unwrap_or(u64::MAX).max(1),
+            used_bytes: AtomicU64::new(0),
+            bytes_blocked: AtomicBool::new(false),
         }
+    }
+
+    /// The byte credit a payload of `size_bytes` takes: clamped to the byte prefetch, so that a
+    /// larger message still goes out, alone.
+    pub(crate) fn charge(&self, size_bytes: u32) -> u64 {
+        u64::from(size_bytes).min(self.prefetch_bytes)
+    }
+
+    /// True if a payload of `size_bytes` fits the byte credit left; else the consumer is marked
+    /// blocked, so that its next settle wakes the partitions.
+    pub(crate) fn bytes_room(&self, size_bytes: u32) -> bool {
+        let used = self.used_bytes.load(Ordering::Acquire);
+        let fits = used.saturating_add(self.charge(size_bytes)) <= self.prefetch_bytes;
+        if !fits {
+            self.bytes_blocked.store(true, Ordering::Release);
+        }
+        fits
+    }
+
+    /// Take the byte credit of a payload of `size_bytes` if it fits.
+    pub(crate) fn try_acquire_bytes(&self, size_bytes: u32) -> bool {
+        let charge = self.charge(size_bytes);
+        let taken = self
+            .used_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                (used.saturating_add(charge) <= self.prefetch_bytes).then_some(used + charge)
+            })
+            .is_ok();
+        if !taken {
+            self.bytes_blocked.store(true, Ordering::Release);
+        }
+        taken
+    }
+
+    /// Give back byte credit (the sum of [`Credit::charge`] of settled payloads); true if a
+    /// delivery was waiting for it.
+    pub(crate) fn release_bytes(&self, bytes: u64) -> bool {
+        let _ = self
+            .used_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                Some(used.saturating_sub(bytes))
+            });
+        bytes > 0 && self.bytes_blocked.swap(false, Ordering::AcqRel)
     }
 
     /// Take one unit of credit if any is left.
@@ -77,6 +181,8 @@ pub(crate) struct ConsumerLink {
     /// Taken by a partition when it delivers, given back by the partition that took in the
     /// settle of the delivery.
     pub(crate) credit: Arc<Credit>,
+    /// The consumer's connection budget, if it has one (see [`SubscribeOptions::outbound`]).
+    pub(crate) outbound: Option<Arc<ByteBudget>>,
     /// The consumer's queue, to wake its other partitions when credit comes back.
     pub(crate) queue: std::sync::Weak<Queue>,
 }

@@ -12,11 +12,14 @@
 //!   dead-lettering, purge), delivery, and reclaim (prefix removal, relocation, healing).
 //! - `record`: the partition log's records, byte by byte (`docs/partition-records.md`).
 //! - `consumer`: [`Consumer`] and [`Delivery`].
+//! - `byte_budget`: [`ByteBudget`], bytes of deliveries held in memory (node-wide and per
+//!   connection), taken by partitions without waiting and given back when sent.
 //! - `gate`: [`PublishGate`], the resource limits as partitions see them.
 //! - `range_set`: [`RangeSet`], compact sets of offsets.
 #![deny(missing_docs)]
 
 mod broker;
+mod byte_budget;
 mod consumer;
 pub mod error;
 pub mod gate;
@@ -28,9 +31,10 @@ pub mod record;
 
 pub use broker::{
     system_clock, Broker, BrokerConfig, Clock, PartitionInfo, PendingPublish, QueueInfo, Receipt,
-    MAX_PREFETCH,
+    DELIVERY_BYTES_DEFAULT, MAX_PREFETCH, PARTITIONS_MAX_DEFAULT,
 };
-pub use consumer::{Consumer, Delivery, DeliveryTag, Settler};
+pub use byte_budget::{ByteBudget, BytePermit};
+pub use consumer::{Consumer, Delivery, DeliveryPermit, DeliveryTag, Settler, SubscribeOptions};
 pub use error::{BrokerError, BrokerResult};
 pub use gate::{GateDecision, OpenGate, PublishGate};
 pub use partition::state::PartitionState;

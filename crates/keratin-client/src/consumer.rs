@@ -135,6 +135,23 @@ impl Client {
     /// Starts a consumer on `queue` that holds at most `prefetch` unacknowledged deliveries
     /// (1 to [`PREFETCH_MAX`]). Resolves once the broker answered `SubscribeOk`.
     pub async fn subscribe(&self, queue: &str, prefetch: u32) -> Result<Consumer, ClientError> {
+        self.subscribe_with_bytes(queue, prefetch, None).await
+    }
+
+    /// Like [`Client::subscribe`], and also at most `prefetch_bytes` unacknowledged payload
+    /// bytes when given (like AMQP's prefetch-size; a larger message still comes, alone): the
+    /// bound to use with large or uneven messages.
+    pub async fn subscribe_with_bytes(
+        &self,
+        queue: &str,
+        prefetch: u32,
+        prefetch_bytes: Option<u64>,
+    ) -> Result<Consumer, ClientError> {
+        if prefetch_bytes == Some(0) {
+            return Err(ClientError::InvalidArgument(
+                "prefetch_bytes 0: expected at least 1, or none for no byte bound".into(),
+            ));
+        }
         if prefetch == 0 || prefetch > PREFETCH_MAX {
             return Err(ClientError::InvalidArgument(format!(
                 "prefetch {prefetch} is outside 1..={PREFETCH_MAX}"
@@ -157,6 +174,7 @@ impl Client {
                     queue: frame_queue,
                     prefetch,
                     consumer_tag: frame_tag,
+                    prefetch_bytes: prefetch_bytes.unwrap_or(0),
                 })
             })
             .await?;

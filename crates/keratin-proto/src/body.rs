@@ -34,10 +34,16 @@ const QUEUE_SUMMARY_SIZE_MIN: usize = 2 + 4 + 3 * 8;
 const UPDATE_KEEP: u8 = 0;
 const UPDATE_CLEAR: u8 = 1;
 const UPDATE_SET: u8 = 2;
+/// The protocol version that added `Subscribe.prefetch_bytes`.
+const PREFETCH_BYTES_SINCE: u16 = 2;
 const UPDATE_TAG_COUNT: u8 = 3;
 
 /// Writes the body of `frame` (everything after the type byte).
-pub(crate) fn encode_body(frame: &Frame, dst: &mut BytesMut) -> Result<(), ProtoError> {
+pub(crate) fn encode_body(
+    frame: &Frame,
+    dst: &mut BytesMut,
+    version: u16,
+) -> Result<(), ProtoError> {
     match frame {
         Frame::Declare(declare) => {
             dst.put_u64_le(declare.request_id);
@@ -62,7 +68,16 @@ pub(crate) fn encode_body(frame: &Frame, dst: &mut BytesMut) -> Result<(), Proto
             dst.put_u64_le(subscribe.request_id);
             put_string(dst, "queue", &subscribe.queue)?;
             dst.put_u32_le(subscribe.prefetch);
-            put_string(dst, "consumer_tag", &subscribe.consumer_tag)
+            put_string(dst, "consumer_tag", &subscribe.consumer_tag)?;
+            if version >= PREFETCH_BYTES_SINCE {
+                dst.put_u64_le(subscribe.prefetch_bytes);
+            } else if subscribe.prefetch_bytes != 0 {
+                return Err(ProtoError::InvalidValue {
+                    field: "prefetch_bytes",
+                    reason: "protocol version 1 cannot carry a byte prefetch",
+                });
+            }
+            Ok(())
         }
         Frame::Cancel(cancel) => {
             dst.put_u64_le(cancel.request_id);
@@ -112,7 +127,11 @@ fn encode_reply_body(frame: &Frame, dst: &mut BytesMut) -> Result<(), ProtoError
 }
 
 /// Reads the body of a frame of type `frame_type`; the reader stands after the type byte.
-pub(crate) fn decode_body(frame_type: FrameType, r: &mut Reader) -> Result<Frame, ProtoError> {
+pub(crate) fn decode_body(
+    frame_type: FrameType,
+    r: &mut Reader,
+    version: u16,
+) -> Result<Frame, ProtoError> {
     let frame = match frame_type {
         FrameType::Declare => Frame::Declare(Declare {
             request_id: r.u64("request_id")?,
@@ -136,6 +155,11 @@ pub(crate) fn decode_body(frame_type: FrameType, r: &mut Reader) -> Result<Frame
             queue: r.string("queue")?,
             prefetch: r.u32("prefetch")?,
             consumer_tag: r.string("consumer_tag")?,
+            prefetch_bytes: if version >= PREFETCH_BYTES_SINCE {
+                r.u64("prefetch_bytes")?
+            } else {
+                0
+            },
         }),
         FrameType::Cancel => Frame::Cancel(Cancel {
             request_id: r.u64("request_id")?,

@@ -15,6 +15,7 @@ use tokio_util::codec::{Decoder, Encoder};
 use crate::body::{decode_body, encode_body};
 use crate::error::{Problem, ProtoError};
 use crate::frame::{Frame, FrameType};
+use crate::handshake::PROTOCOL_VERSION;
 use crate::wire::Reader;
 
 /// Offset of the u32 length prefix: the number of bytes after it (type byte and body).
@@ -107,6 +108,12 @@ impl Frame {
     /// `frame` must hold exactly one frame: a length prefix that disagrees with `frame.len()` is
     /// an error, as is any field that runs past the end or any byte left over.
     pub fn decode(frame: Bytes) -> Result<Frame, ProtoError> {
+        Frame::decode_version(frame, PROTOCOL_VERSION)
+    }
+
+    /// [`Frame::decode`] in protocol `version` (a field added in a later version is absent in
+    /// an earlier one, and takes its default).
+    pub fn decode_version(frame: Bytes, version: u16) -> Result<Frame, ProtoError> {
         let status = Frame::check(&frame, u32::MAX)?;
         let FrameStatus::Complete { size_bytes } = status else {
             return Err(ProtoError::Malformed {
@@ -130,7 +137,7 @@ impl Frame {
             .and_then(FrameType::from_u8)
             .ok_or(ProtoError::EmptyFrame)?; // Unreachable: check() verified the type byte.
         let mut reader = Reader::new(frame, BODY_OFFSET, frame_type.name());
-        let decoded = decode_body(frame_type, &mut reader)?;
+        let decoded = decode_body(frame_type, &mut reader, version)?;
         reader.finish()?;
         Ok(decoded)
     }
@@ -140,8 +147,19 @@ impl Frame {
     /// Fails if a field is too long for its prefix or the frame would exceed
     /// `frame_size_bytes_max`; `dst` is then left as it was, so the connection stays usable.
     pub fn encode(&self, dst: &mut BytesMut, frame_size_bytes_max: u32) -> Result<(), ProtoError> {
+        self.encode_version(dst, frame_size_bytes_max, PROTOCOL_VERSION)
+    }
+
+    /// [`Frame::encode`] in protocol `version`; a field that `version` cannot carry (set to
+    /// anything but its default) is an error.
+    pub fn encode_version(
+        &self,
+        dst: &mut BytesMut,
+        frame_size_bytes_max: u32,
+        version: u16,
+    ) -> Result<(), ProtoError> {
         let start = dst.len();
-        let result = self.encode_unchecked(dst, start, frame_size_bytes_max);
+        let result = self.encode_unchecked(dst, start, frame_size_bytes_max, version);
         if result.is_err() {
             dst.truncate(start);
         }
@@ -153,10 +171,11 @@ impl Frame {
         dst: &mut BytesMut,
         start: usize,
         frame_size_bytes_max: u32,
+        version: u16,
     ) -> Result<(), ProtoError> {
         dst.put_u32_le(0); // Patched below, once the body's size is known.
         dst.put_u8(self.frame_type() as u8);
-        encode_body(self, dst)?;
+        encode_body(self, dst, version)?;
         let size_bytes = dst.len() - start - LENGTH_SIZE;
         let length = u32::try_from(size_bytes)
             .ok()
@@ -180,6 +199,8 @@ impl Frame {
 #[derive(Debug, Clone)]
 pub struct FrameCodec {
     frame_size_bytes_max: u32,
+    /// The protocol version the connection agreed in its handshake.
+    version: u16,
 }
 
 impl FrameCodec {
@@ -201,7 +222,20 @@ impl FrameCodec {
         );
         FrameCodec {
             frame_size_bytes_max,
+            version: PROTOCOL_VERSION,
         }
+    }
+
+    /// This codec speaking protocol `version` (the one agreed in the handshake) instead of
+    /// [`PROTOCOL_VERSION`].
+    pub fn with_version(mut self, version: u16) -> FrameCodec {
+        self.version = version;
+        self
+    }
+
+    /// The protocol version this codec speaks.
+    pub fn version(&self) -> u16 {
+        self.version
     }
 
     /// The limit on a length prefix.
@@ -224,7 +258,7 @@ impl Decoder for FrameCodec {
         match Frame::check(src, self.frame_size_bytes_max)? {
             FrameStatus::Complete { size_bytes } => {
                 let frame = src.split_to(size_bytes).freeze();
-                Frame::decode(frame).map(Some)
+                Frame::decode_version(frame, self.version).map(Some)
             }
             // No reserve for the announced size: the buffer grows only with bytes that actually
             // arrive, so a peer that announces 16 MiB and then stalls costs its bytes, not 16 MiB.
@@ -247,7 +281,7 @@ impl Encoder<&Frame> for FrameCodec {
     type Error = ProtoError;
 
     fn encode(&mut self, frame: &Frame, dst: &mut BytesMut) -> Result<(), ProtoError> {
-        frame.encode(dst, self.frame_size_bytes_max)
+        frame.encode_version(dst, self.frame_size_bytes_max, self.version)
     }
 }
 
@@ -255,7 +289,7 @@ impl Encoder<Frame> for FrameCodec {
     type Error = ProtoError;
 
     fn encode(&mut self, frame: Frame, dst: &mut BytesMut) -> Result<(), ProtoError> {
-        frame.encode(dst, self.frame_size_bytes_max)
+        frame.encode_version(dst, self.frame_size_bytes_max, self.version)
     }
 }
 

@@ -395,6 +395,9 @@ pub struct Subscribe {
     pub prefetch: u32,
     /// Chosen by the client, unique on the connection; `Deliver` and `Cancel` name it.
     pub consumer_tag: String,
+    /// Most unacknowledged payload bytes the server sends this consumer (a larger message
+    /// still goes out, alone); 0 = no byte bound. Protocol version 2 and later; 0 in version 1.
+    pub prefetch_bytes: u64,
 }
 
 /// Body of [`Frame::Cancel`].

@@ -17,7 +17,11 @@ use crate::error_body::ErrorBody;
 use crate::wire::{put_string, Reader};
 
 /// The protocol version this crate speaks. See `docs/protocol.md`, "Version changes".
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
+
+/// The oldest protocol version a server still accepts: version 1 differs only in `Subscribe`,
+/// which has no `prefetch_bytes` (see `docs/protocol.md`, "Version changes").
+pub const PROTOCOL_VERSION_MIN: u16 = 1;
 
 /// The four bytes that open both hello messages.
 pub const MAGIC: [u8; 4] = *b"KRTN";
@@ -108,12 +112,13 @@ impl ClientHello {
 }
 
 impl ServerHello {
-    /// The server's answer to `hello`: accepted if it asks for [`PROTOCOL_VERSION`], else refused
-    /// with a 400 that names both versions.
+    /// The server's answer to `hello`: accepted in the client's version if it is from
+    /// [`PROTOCOL_VERSION_MIN`] to [`PROTOCOL_VERSION`], else refused with a 400 that names
+    /// both versions.
     pub fn answer(hello: &ClientHello, node_id: impl Into<String>) -> ServerHello {
-        if hello.version == PROTOCOL_VERSION {
+        if (PROTOCOL_VERSION_MIN..=PROTOCOL_VERSION).contains(&hello.version) {
             return ServerHello::Accepted {
-                version: PROTOCOL_VERSION,
+                version: hello.version,
                 node_id: node_id.into(),
             };
         }
@@ -215,7 +220,7 @@ mod tests {
     fn client_hello_layout_and_roundtrip() {
         let mut dst = BytesMut::new();
         ClientHello::new("cli").encode(&mut dst).unwrap();
-        assert_eq!(&dst[..], b"KRTN\x01\x00\x03\x00cli");
+        assert_eq!(&dst[..], b"KRTN\x02\x00\x03\x00cli");
         for cut in 0..dst.len() {
             let mut partial = BytesMut::from(&dst[..cut]);
             assert_eq!(ClientHello::decode(&mut partial).unwrap(), None);
@@ -273,7 +278,7 @@ mod tests {
         let answer = ServerHello::answer(&ClientHello::new("cli"), "node-1");
         let mut dst = BytesMut::new();
         answer.encode(&mut dst).unwrap();
-        assert_eq!(&dst[..], b"KRTN\x01\x00\x00\x06\x00node-1");
+        assert_eq!(&dst[..], b"KRTN\x02\x00\x00\x06\x00node-1");
         assert_eq!(ServerHello::decode(&mut dst).unwrap(), Some(answer));
     }
 }

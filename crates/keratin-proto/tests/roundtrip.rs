@@ -226,15 +226,18 @@ fn request_frame() -> Vec<BoxedStrategy<Frame>> {
                 })
             })
             .boxed(),
-        (any::<u64>(), text(), any::<u32>(), text())
-            .prop_map(|(request_id, queue, prefetch, consumer_tag)| {
-                Frame::Subscribe(Subscribe {
-                    request_id,
-                    queue,
-                    prefetch,
-                    consumer_tag,
-                })
-            })
+        (any::<u64>(), text(), any::<u32>(), text(), any::<u64>())
+            .prop_map(
+                |(request_id, queue, prefetch, consumer_tag, prefetch_bytes)| {
+                    Frame::Subscribe(Subscribe {
+                        request_id,
+                        queue,
+                        prefetch,
+                        consumer_tag,
+                        prefetch_bytes,
+                    })
+                },
+            )
             .boxed(),
         (any::<u64>(), text())
             .prop_map(|(request_id, consumer_tag)| {
@@ -691,4 +694,52 @@ fn spec_header_size_matches() {
     // The frame header table: a u32 length and a u8 type.
     assert_eq!(HEADER_SIZE, 4 + 1);
     assert_eq!(FRAME_SIZE_BYTES_MAX, 16_777_216);
+}
+
+/// Version 1 `Subscribe` has no `prefetch_bytes`: it encodes and decodes without it (0), a
+/// byte prefetch cannot be sent in version 1, and the layouts of the two versions differ
+/// exactly by the 8-byte field.
+#[test]
+fn subscribe_prefetch_bytes_exists_from_version_2() {
+    let subscribe = |prefetch_bytes| {
+        Frame::Subscribe(Subscribe {
+            request_id: 7,
+            queue: "q".into(),
+            prefetch: 10,
+            consumer_tag: "c".into(),
+            prefetch_bytes,
+        })
+    };
+    let mut v1 = BytesMut::new();
+    subscribe(0)
+        .encode_version(&mut v1, FRAME_SIZE_BYTES_MAX, 1)
+        .expect("v1");
+    let mut v2 = BytesMut::new();
+    subscribe(4096)
+        .encode_version(&mut v2, FRAME_SIZE_BYTES_MAX, 2)
+        .expect("v2");
+    assert_eq!(v2.len(), v1.len() + 8);
+    assert_eq!(
+        Frame::decode_version(v1.clone().freeze(), 1).expect("v1 decodes"),
+        subscribe(0)
+    );
+    assert_eq!(
+        Frame::decode_version(v2.clone().freeze(), 2).expect("v2 decodes"),
+        subscribe(4096)
+    );
+    assert!(
+        Frame::decode_version(v1.freeze(), 2).is_err(),
+        "v1 bytes are short in v2"
+    );
+    assert!(subscribe(1)
+        .encode_version(&mut BytesMut::new(), FRAME_SIZE_BYTES_MAX, 1)
+        .is_err());
+    let hello = ClientHello {
+        version: 1,
+        client_name: "old".into(),
+    };
+    assert!(matches!(
+        ServerHello::answer(&hello, "n"),
+        ServerHello::Accepted { version: 1, .. }
+    ));
 }

@@ -138,6 +138,19 @@ pub fn render(broker: &Broker, limits: &NodeLimits) -> String {
         "Memory level: 0 normal, 1 soft, 2 hard",
         snapshot.memory_level as u64,
     );
+    let deliveries = broker.delivery_budget();
+    gauge(
+        &mut registry,
+        "delivery_budget_used_bytes",
+        "Delivery bytes held in memory: read for consumers, not yet flushed to their sockets",
+        deliveries.used_bytes(),
+    );
+    gauge(
+        &mut registry,
+        "delivery_budget_bytes",
+        "The node-wide bound on delivery bytes held in memory (server.delivery_bytes_max)",
+        deliveries.capacity_bytes(),
+    );
     let delayed = Family::<ReasonLabels, Counter>::default();
     registry.register(
         "publishes_delayed",

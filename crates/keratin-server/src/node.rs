@@ -86,6 +86,8 @@ impl Node {
         broker_config.spare_budget_bytes = config.storage.spare_budget_bytes;
         broker_config.io = io;
         broker_config.gate = limits.clone();
+        let budgets = DeliveryBudgets::of(config, limits.memory_limit_bytes());
+        broker_config.delivery_bytes_max = budgets.node_bytes;
         let broker = Broker::open(broker_config).await?;
         limits.attach(&broker);
         let settings = Arc::new(NodeSettings::new(config.clone(), origins));
@@ -117,6 +119,9 @@ impl Node {
         let options = TcpOptions {
             publish_bytes_inflight_max: crate::tcp::PUBLISH_BYTES_INFLIGHT_DEFAULT
                 .min(memory_eighth.max(8 << 20)),
+            outbound_bytes_max: usize::try_from(budgets.connection_bytes).unwrap_or(usize::MAX),
+            connections_max: usize::try_from(config.server.connections_max.max(1))
+                .unwrap_or(usize::MAX),
             node_id: config
                 .node
                 .id
@@ -197,5 +202,63 @@ async fn wait_stop(mut stopped: watch::Receiver<bool>) {
         if stopped.changed().await.is_err() {
             return;
         }
+    }
+}
+
+/// The delivery byte budgets: node-wide (`server.delivery_bytes_max`) and per connection
+/// (`server.outbound_bytes_max`); 0 in the configuration means "sized from the memory limit".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DeliveryBudgets {
+    pub(crate) node_bytes: u64,
+    pub(crate) connection_bytes: u64,
+}
+
+/// The smallest derived budget: room for a few large messages even on a tiny memory limit.
+const DELIVERY_BUDGET_FLOOR_BYTES: u64 = 8 << 20;
+
+impl DeliveryBudgets {
+    /// Like the publish budget: each delivery byte is held about twice (the payload read, the
+    /// encoded frame) until it is flushed, so an eighth of the memory limit keeps deliveries
+    /// under a quarter of it, beside the publishes' quarter. A connection gets a sixteenth of
+    /// the node's budget, so that sixteen stalled connections are needed to take it all.
+    pub(crate) fn of(config: &Config, memory_limit_bytes: u64) -> DeliveryBudgets {
+        let node_bytes = match config.server.delivery_bytes_max {
+            0 => keratin_broker::DELIVERY_BYTES_DEFAULT
+                .min((memory_limit_bytes / 8).max(DELIVERY_BUDGET_FLOOR_BYTES)),
+            set => set,
+        };
+        let connection_bytes = match config.server.outbound_bytes_max {
+            0 => (crate::tcp::OUTBOUND_BYTES_DEFAULT as u64)
+                .min(node_bytes / 16)
+                .max(1 << 20),
+            set => set,
+        };
+        DeliveryBudgets {
+            node_bytes,
+            connection_bytes,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delivery_budgets_follow_the_memory_limit_unless_set() {
+        let mut config = Config::default();
+        let at_512_mib = DeliveryBudgets::of(&config, 512 << 20);
+        assert_eq!(at_512_mib.node_bytes, 64 << 20);
+        assert_eq!(at_512_mib.connection_bytes, 4 << 20);
+        let at_128_mib = DeliveryBudgets::of(&config, 128 << 20);
+        assert_eq!(at_128_mib.node_bytes, 16 << 20);
+        assert_eq!(at_128_mib.connection_bytes, 1 << 20);
+        let large = DeliveryBudgets::of(&config, 64 << 30);
+        assert_eq!(large.node_bytes, keratin_broker::DELIVERY_BYTES_DEFAULT);
+        config.server.delivery_bytes_max = 1 << 30;
+        config.server.outbound_bytes_max = 32 << 20;
+        let set = DeliveryBudgets::of(&config, 512 << 20);
+        assert_eq!(set.node_bytes, 1 << 30);
+        assert_eq!(set.connection_bytes, 32 << 20);
     }
 }

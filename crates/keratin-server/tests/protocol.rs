@@ -27,20 +27,30 @@ async fn start(dir: &tempfile::TempDir) -> Node {
 }
 
 async fn connect(addr: SocketAddr) -> Framed<TcpStream, FrameCodec> {
+    connect_version(addr, keratin_proto::PROTOCOL_VERSION).await
+}
+
+/// A raw connection that speaks protocol `version`.
+async fn connect_version(addr: SocketAddr, version: u16) -> Framed<TcpStream, FrameCodec> {
     let mut stream = TcpStream::connect(addr).await.expect("connect");
     let mut out = BytesMut::new();
-    ClientHello::new("test").encode(&mut out).expect("hello");
+    let mut hello = ClientHello::new("test");
+    hello.version = version;
+    hello.encode(&mut out).expect("hello");
     stream.write_all(&out).await.expect("send hello");
     let mut buf = BytesMut::new();
     loop {
         if let Some(answer) = ServerHello::decode(&mut buf).expect("server hello") {
-            assert!(matches!(answer, ServerHello::Accepted { .. }), "{answer:?}");
+            assert!(
+                matches!(answer, ServerHello::Accepted { version: v, .. } if v == version),
+                "{answer:?}"
+            );
             break;
         }
         let n = stream.read_buf(&mut buf).await.expect("read hello");
         assert!(n > 0, "server closed during the handshake");
     }
-    let mut parts = FramedParts::new::<Frame>(stream, FrameCodec::new());
+    let mut parts = FramedParts::new::<Frame>(stream, FrameCodec::new().with_version(version));
     parts.read_buf = buf;
     Framed::from_parts(parts)
 }
@@ -154,6 +164,7 @@ async fn round_trip_with_raw_frames() {
         queue: "q".into(),
         prefetch: 10,
         consumer_tag: "c".into(),
+        prefetch_bytes: 0,
     }))
     .await
     .expect("subscribe");
@@ -297,6 +308,7 @@ async fn a_client_that_never_reads_is_held_back() {
         queue: "flood".into(),
         prefetch: 1000,
         consumer_tag: "never-reads".into(),
+        prefetch_bytes: 0,
     }))
     .await
     .expect("subscribe");
@@ -467,5 +479,163 @@ async fn joinable_publishes_are_admitted_one_by_one_under_queue_limits() {
         "a batch that cannot fit is refused whole"
     );
     assert_eq!(failed.len(), 4);
+    node.shutdown().await.expect("shutdown");
+}
+
+/// A version 1 client (no `Subscribe.prefetch_bytes`) is still accepted in version 1 and
+/// consumes; a version 2 client's byte prefetch holds deliveries back until it acks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn version_1_clients_keep_working_and_version_2_bounds_bytes() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let node = start(&dir).await;
+    let mut old = connect_version(node.protocol_addr(), 1).await;
+    declare(&mut old, "q").await;
+    old.send(Frame::Publish(Publish {
+        queue: "q".into(),
+        mode: PublishMode::Confirmed,
+        messages: (1..=4).map(|i| message(i, &[b'x'; 1000])).collect(),
+        joinable: false,
+    }))
+    .await
+    .expect("publish");
+    assert!(matches!(next(&mut old).await, Frame::Confirm(_)));
+    old.send(Frame::Subscribe(Subscribe {
+        request_id: 2,
+        queue: "q".into(),
+        prefetch: 1,
+        consumer_tag: "c".into(),
+        prefetch_bytes: 0,
+    }))
+    .await
+    .expect("subscribe");
+    assert!(matches!(next(&mut old).await, Frame::SubscribeOk(_)));
+    let Frame::Deliver(first) = next(&mut old).await else {
+        panic!("a delivery");
+    };
+    old.send(Frame::Close(Close {
+        message: "bye".into(),
+    }))
+    .await
+    .expect("close");
+    drop(old);
+
+    let mut new = connect(node.protocol_addr()).await;
+    new.send(Frame::Subscribe(Subscribe {
+        request_id: 3,
+        queue: "q".into(),
+        prefetch: 100,
+        consumer_tag: "c2".into(),
+        prefetch_bytes: 2500,
+    }))
+    .await
+    .expect("subscribe");
+    assert!(matches!(next(&mut new).await, Frame::SubscribeOk(_)));
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        match next(&mut new).await {
+            Frame::Deliver(d) => ids.push(d.delivery_id),
+            other => panic!("{other:?}"),
+        }
+    }
+    // Two 1,000-byte bodies (plus their encoding) fill 2,500 bytes: the third waits for an ack.
+    let third = tokio::time::timeout(Duration::from_millis(300), new.next()).await;
+    assert!(
+        !matches!(third, Ok(Some(Ok(Frame::Deliver(_))))),
+        "a third delivery beyond prefetch_bytes: {third:?}"
+    );
+    new.send(Frame::Ack(Ack {
+        delivery_ids: vec![ids[0]],
+    }))
+    .await
+    .expect("ack");
+    assert!(matches!(next(&mut new).await, Frame::Deliver(_)));
+    let _ = first;
+    node.shutdown().await.expect("shutdown");
+}
+
+/// What a client's behaviour can make the server hold is bounded per connection: at most
+/// 1,024 consumers and 262,144 unacknowledged deliveries (summed prefetch) per connection, and
+/// at most `server.connections_max` connections; a refused subscribe or connection leaves the
+/// others served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumers_and_connections_are_bounded() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut config = Config::default();
+    config.storage.dirs = vec![dir.path().join("data")];
+    config.storage.segment_bytes = 1 << 20;
+    config.server.listen = "127.0.0.1:0".parse().expect("addr");
+    config.server.http = "127.0.0.1:0".parse().expect("addr");
+    config.server.connections_max = 2;
+    host_disk_limits(&mut config);
+    let node = Node::start(&config).await.expect("start node");
+    let addr = node.protocol_addr();
+    let mut conn = connect(addr).await;
+    declare(&mut conn, "q").await;
+    let subscribe = |request_id: u64, prefetch: u32| {
+        Frame::Subscribe(Subscribe {
+            request_id,
+            queue: "q".into(),
+            prefetch,
+            consumer_tag: format!("c{request_id}"),
+            prefetch_bytes: 0,
+        })
+    };
+    // 4 consumers at 65,535 fill the 262,144 (4 x 65,535 = 262,140); a fifth at 5 does not fit.
+    for id in 10..14 {
+        conn.send(subscribe(id, 65_535)).await.expect("send");
+        assert!(matches!(next(&mut conn).await, Frame::SubscribeOk(_)));
+    }
+    conn.send(subscribe(14, 5)).await.expect("send");
+    match next(&mut conn).await {
+        Frame::Error(e) => {
+            assert_eq!(e.request_id, Some(14));
+            assert_eq!(e.error.code().0, 400);
+            assert!(e.error.message().contains("262144"), "{}", e.error);
+        }
+        other => panic!("{other:?}"),
+    }
+    conn.send(subscribe(15, 4)).await.expect("send");
+    assert!(matches!(next(&mut conn).await, Frame::SubscribeOk(_)));
+    // Up to 1,024 consumers, then refused.
+    let mut small = connect(addr).await;
+    for id in 0..1024u64 {
+        small.send(subscribe(100 + id, 1)).await.expect("send");
+    }
+    for _ in 0..1024 {
+        assert!(matches!(next(&mut small).await, Frame::SubscribeOk(_)));
+    }
+    small.send(subscribe(5000, 1)).await.expect("send");
+    match next(&mut small).await {
+        Frame::Error(e) => assert!(e.error.message().contains("1024 consumers"), "{}", e.error),
+        other => panic!("{other:?}"),
+    }
+    // A third connection is closed at once; the first two are still served.
+    let mut third = TcpStream::connect(addr).await.expect("connect");
+    let mut out = BytesMut::new();
+    ClientHello::new("third").encode(&mut out).expect("hello");
+    let _ = third.write_all(&out).await;
+    let closed = read_until_closed(&mut third).await;
+    assert!(closed.is_empty(), "no answer, closed: {closed:?}");
+    small
+        .send(Frame::QueueList(QueueList { request_id: 9 }))
+        .await
+        .expect("send");
+    assert!(matches!(next(&mut small).await, Frame::QueueListReply(_)));
+    drop(small);
+    // Once one closes, a new connection is accepted.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut stream = TcpStream::connect(addr).await.expect("connect");
+        let mut out = BytesMut::new();
+        ClientHello::new("again").encode(&mut out).expect("hello");
+        let _ = stream.write_all(&out).await;
+        let mut buf = [0u8; 4];
+        if matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never accepted again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(conn);
     node.shutdown().await.expect("shutdown");
 }

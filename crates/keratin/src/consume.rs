@@ -21,6 +21,9 @@ use crate::output::{elapsed_ms, print_json, progress, rate_per_s, write_seqs, Fa
 /// Default of `--prefetch`: enough deliveries on the way to hide a round trip at tens of
 /// thousands of messages per second, at most ~1 MiB of 1 KiB bodies held here.
 const PREFETCH_DEFAULT: u32 = 1000;
+/// The idle wait of `--idle-exit-ms` is counted in slices this long (see `recv_unless_idle`):
+/// short enough that a stopped and resumed process loses at most this much of its idle wait.
+const IDLE_SLICE: Duration = Duration::from_millis(100);
 /// Default of `--idle-exit-ms` when `--count` is not given: long enough to ride out a broker's
 /// group commit and a slow publisher, short enough for a script.
 const IDLE_EXIT_MS_DEFAULT: u64 = 2000;
@@ -39,13 +42,19 @@ pub struct ConsumeArgs {
     #[arg(long, value_name = "P", default_value_t = PREFETCH_DEFAULT,
           value_parser = clap::value_parser!(u32).range(1..=i64::from(PREFETCH_MAX)))]
     prefetch: u32,
+    /// Most unacknowledged payload bytes the broker sends ahead (a larger message still comes,
+    /// alone). Without it, only --prefetch bounds the deliveries on the way.
+    #[arg(long = "prefetch-bytes", value_name = "BYTES",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    prefetch_bytes: Option<u64>,
     /// Reject each message without requeue (it goes to the dead-letter queue, if any).
     #[arg(long, conflicts_with = "requeue")]
     reject: bool,
     /// Reject each message with requeue (it returns to ready and is redelivered).
     #[arg(long)]
     requeue: bool,
-    /// Stop once no message arrived for this long. Default 2000 without --count; with
+    /// Stop once no message arrived for this long (running time: a stopped and resumed process
+    /// does not count the stop). Default 2000 without --count; with
     /// --count, no idle exit unless given.
     #[arg(long = "idle-exit-ms", value_name = "MS")]
     idle_exit_ms: Option<u64>,
@@ -87,7 +96,7 @@ pub async fn run(args: ConsumeArgs) -> Result<ExitCode, Failure> {
         .map(Duration::from_millis);
     let client = connect(&args.common, None).await?;
     let mut consumer = client
-        .subscribe(&args.queue, args.prefetch)
+        .subscribe_with_bytes(&args.queue, args.prefetch, args.prefetch_bytes)
         .await
         .map_err(|error| Failure::client(format!("subscribe to {}", args.queue), &error))?;
     let bar = progress(args.count, args.common.json, "consume");
@@ -129,9 +138,9 @@ async fn next_delivery(
     tally: &mut Tally,
 ) -> Option<Delivery> {
     let received = match idle {
-        Some(idle) => match tokio::time::timeout(idle, consumer.recv()).await {
-            Ok(received) => received,
-            Err(_) => {
+        Some(idle) => match recv_unless_idle(consumer, idle).await {
+            Some(received) => received,
+            None => {
                 tally.ended = Some("idle");
                 return None;
             }
@@ -142,6 +151,22 @@ async fn next_delivery(
         tally.ended = Some("stream ended (consumer cancelled or connection lost)");
     }
     received
+}
+
+/// `consumer.recv()`, or `None` once no delivery came for `idle` of running time. The wait is
+/// counted in slices of [`IDLE_SLICE`], each counting at most its own length: a process that
+/// was stopped (SIGSTOP, a suspended machine) and resumed counts the stop as one slice, so it
+/// does not give up while deliveries wait in its socket (a single timer would fire on resume).
+async fn recv_unless_idle(consumer: &mut Consumer, idle: Duration) -> Option<Option<Delivery>> {
+    let mut waited = Duration::ZERO;
+    while waited < idle {
+        let slice = IDLE_SLICE.min(idle - waited);
+        if let Ok(received) = tokio::time::timeout(slice, consumer.recv()).await {
+            return Some(received);
+        }
+        waited += slice;
+    }
+    None
 }
 
 fn settle(args: &ConsumeArgs, delivery: &Delivery, tally: &mut Tally) {

@@ -6,7 +6,6 @@
 
 mod support;
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -16,44 +15,6 @@ use keratin_client::{Client, ClientOptions, OutgoingMessage, QueueSettings};
 use support::*;
 
 const LIMIT_BYTES: u64 = 256 << 20;
-
-/// A cgroup v1 memory group with a limit, removed when dropped (after its processes are gone).
-struct MemoryCgroup {
-    path: PathBuf,
-}
-
-impl MemoryCgroup {
-    fn create(limit_bytes: u64) -> MemoryCgroup {
-        let path = PathBuf::from(format!(
-            "/sys/fs/cgroup/memory/keratin-test-{}",
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&path).expect("create the cgroup");
-        std::fs::write(path.join("memory.limit_in_bytes"), limit_bytes.to_string())
-            .expect("set the limit");
-        MemoryCgroup { path }
-    }
-
-    fn oom_kills(&self) -> u64 {
-        std::fs::read_to_string(self.path.join("memory.oom_control"))
-            .unwrap_or_default()
-            .lines()
-            .find_map(|l| l.strip_prefix("oom_kill "))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0)
-    }
-}
-
-impl Drop for MemoryCgroup {
-    fn drop(&mut self) {
-        for _ in 0..50 {
-            if std::fs::remove_dir(&self.path).is_ok() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_pressure_rejects_publishes_before_the_cgroup_limit() {

@@ -259,6 +259,14 @@ fn assert_levels_match(exposition: &Exposition, status: &Value) {
         exposition.one("keratin_memory_level", &[]),
         level_index(memory["level"].as_str().expect("level"))
     );
+    // The delivery budget is sized from the memory limit: an eighth, at most 64 MiB, at least
+    // 8 MiB (server.delivery_bytes_max = 0).
+    let limit = memory["limit_bytes"].as_u64().expect("limit");
+    assert_eq!(
+        exposition.one("keratin_delivery_budget_bytes", &[]),
+        (limit / 8).clamp(8 << 20, 64 << 20) as f64
+    );
+    assert!(exposition.one("keratin_delivery_budget_used_bytes", &[]) >= 0.0);
 }
 
 /// The histogram is whole: cumulative buckets, `+Inf` equal to the count.

@@ -23,7 +23,7 @@ use keratin_log::{Log, LogError, LogReader, LogResult, PrefixRemoval, Record};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::broker::BrokerInner;
-use crate::consumer::{ConsumerLink, Delivery, DeliveryTag};
+use crate::consumer::{ConsumerLink, Delivery, DeliveryPermit, DeliveryTag};
 use crate::error::{BrokerError, BrokerResult};
 use crate::gate::{GateDecision, PublishGate};
 use crate::partition::state::{Applied, PartitionState};

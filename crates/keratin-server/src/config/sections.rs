@@ -55,6 +55,9 @@ pub fn startup_fields() -> &'static [&'static str] {
         "node.id",
         "server.listen",
         "server.http",
+        "server.delivery_bytes_max",
+        "server.outbound_bytes_max",
+        "server.connections_max",
         "storage.dirs",
         "storage.segment_bytes",
         "limits.memory.limit_bytes",
@@ -93,6 +96,14 @@ pub struct ServerSection {
     pub listen: SocketAddr,
     /// The HTTP address: admin API, `/metrics` and the dashboard. Startup field.
     pub http: SocketAddr,
+    /// Node-wide bound on delivery bytes held in memory (read for consumers, not yet flushed to
+    /// their sockets); 0 = sized from the memory limit. Startup field.
+    pub delivery_bytes_max: u64,
+    /// Bound on one connection's delivery bytes not yet flushed to its socket; 0 = a
+    /// sixteenth of the node's delivery budget, at most 16 MiB. Startup field.
+    pub outbound_bytes_max: u64,
+    /// Most open protocol connections; past it new ones are closed. Startup field.
+    pub connections_max: u64,
 }
 
 /// The `[storage]` section.
@@ -117,6 +128,9 @@ impl Default for ServerSection {
         ServerSection {
             listen: SocketAddr::new(loopback, LISTEN_PORT_DEFAULT),
             http: SocketAddr::new(loopback, HTTP_PORT_DEFAULT),
+            delivery_bytes_max: 0,
+            outbound_bytes_max: 0,
+            connections_max: crate::tcp::CONNECTIONS_MAX_DEFAULT as u64,
         }
     }
 }

@@ -3,8 +3,11 @@
 //!
 //! Bounds: at most `publish_frames_inflight_max` publish frames await their outcome (then the
 //! reader stops reading: TCP flow control), at most `outbound_frames_max` frames wait to be
-//! sent (then deliveries and confirms wait, and a consumer's prefetch stops the broker), so a
-//! client that never reads holds the server's memory at a fixed size.
+//! sent (then deliveries and confirms wait, and a consumer's prefetch stops the broker), and at
+//! most `outbound_bytes_max` delivery bytes are taken for the connection and not yet handed to
+//! its socket (the broker takes them before it reads a message for one of the connection's
+//! consumers; the writer gives them back once the frame is flushed), so a client that never
+//! reads holds the server's memory at a fixed size, in frames and in bytes.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -13,7 +16,9 @@ use std::sync::{Arc, Mutex};
 
 use bytes::BytesMut;
 use futures_util::{SinkExt, StreamExt};
-use keratin_broker::{Broker, BrokerError, DeliveryTag, Settler};
+use keratin_broker::{
+    Broker, BrokerError, ByteBudget, DeliveryPermit, DeliveryTag, Settler, SubscribeOptions,
+};
 use keratin_proto::codes::{ERR_BAD_REQUEST, ERR_CONFLICT, ERR_NOT_FOUND};
 use keratin_proto::frame::{
     Ack, Cancel, Close, Confirm, Declare, Deliver, ErrorFrame, Frame, Header, OkReply,
@@ -22,22 +27,43 @@ use keratin_proto::frame::{
 };
 use keratin_proto::{ClientHello, ErrorBody, FrameCodec, ServerHello};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinHandle;
-use tokio_util::codec::{Framed, FramedParts};
+use tokio_util::codec::{FramedRead, FramedWrite};
 
 use super::errors::error_body;
 use super::TcpOptions;
 use crate::convert;
 
-type Outbound = mpsc::Sender<Frame>;
+/// A frame to send, with the delivery budget bytes it holds until it is flushed (none for
+/// frames other than `Deliver`).
+type Outgoing = (Frame, DeliveryPermit);
+type Outbound = mpsc::Sender<Outgoing>;
+
+/// A connection's unacknowledged deliveries by delivery id: the consumer tag and the broker's tag.
+type Unacked = HashMap<u64, (Arc<str>, DeliveryTag)>;
 
 /// A consumer of this connection.
 struct ConsumerEntry {
     settler: Settler,
     forwarder: JoinHandle<()>,
+    prefetch: u32,
 }
+
+/// Most consumers on one connection. Each costs a forwarder task, a link in every partition of
+/// its queue (up to 64, walked on each delivery round) and a delivery channel; 1,024 is far more
+/// than a client needs (consumers are per queue) and keeps a connection's consumers under a few
+/// MiB even on 64-partition queues.
+pub(crate) const CONSUMERS_PER_CONNECTION_MAX: usize = 1024;
+
+/// Most unacknowledged deliveries on one connection, summed over its consumers' prefetch. Each
+/// unacknowledged delivery costs about 100 bytes of bookkeeping (an entry in the connection's
+/// delivery map and one in its partition's inflight map), so 262,144 bound a connection's
+/// unacked bookkeeping at about 25 MiB whatever its consumers ask for (one consumer may still
+/// use the largest prefetch, 65,535).
+pub(crate) const PREFETCH_PER_CONNECTION_MAX: u64 = 1 << 18;
 
 /// What the reader loop keeps.
 struct Conn {
@@ -48,8 +74,12 @@ struct Conn {
     /// The node-wide budget of unanswered publish bytes, in KiB permits.
     publish_bytes: Arc<Semaphore>,
     consumers: HashMap<String, ConsumerEntry>,
-    deliveries: Arc<Mutex<HashMap<u64, (String, DeliveryTag)>>>,
+    /// Unacknowledged deliveries by delivery id: the consumer tag (shared, not copied per
+    /// delivery: a tag may be 64 KiB) and the broker's tag.
+    deliveries: Arc<Mutex<Unacked>>,
     next_delivery: Arc<AtomicU64>,
+    /// Delivery bytes taken for this connection's consumers and not yet flushed to its socket.
+    outbound_bytes: Arc<ByteBudget>,
 }
 
 pub(super) async fn run(
@@ -61,17 +91,17 @@ pub(super) async fn run(
     mut stop: watch::Receiver<bool>,
 ) {
     let _ = stream.set_nodelay(true);
-    let (stream, leftover) = match handshake(stream, &options).await {
-        Some(pair) => pair,
+    let (stream, leftover, version) = match handshake(stream, &options).await {
+        Some(accepted) => accepted,
         None => return,
     };
     tracing::debug!(%peer, "connection open");
-    let mut parts = FramedParts::new::<Frame>(
-        stream,
-        FrameCodec::with_frame_size_bytes_max(options.frame_size_bytes_max),
-    );
-    parts.read_buf = leftover;
-    let (sink, mut frames) = Framed::from_parts(parts).split();
+    let codec =
+        FrameCodec::with_frame_size_bytes_max(options.frame_size_bytes_max).with_version(version);
+    let (read_half, write_half) = stream.into_split();
+    let mut frames = FramedRead::new(read_half, codec.clone());
+    frames.read_buffer_mut().extend_from_slice(&leftover);
+    let sink = FramedWrite::new(write_half, codec);
     let (out, out_rx) = mpsc::channel(options.outbound_frames_max);
     let writer = tokio::spawn(write_frames(sink, out_rx, options.heartbeat_interval));
     let mut conn = Conn {
@@ -83,6 +113,7 @@ pub(super) async fn run(
         consumers: HashMap::new(),
         deliveries: Arc::new(Mutex::new(HashMap::new())),
         next_delivery: Arc::new(AtomicU64::new(1)),
+        outbound_bytes: ByteBudget::new(options.outbound_bytes_max as u64),
     };
     loop {
         let next = tokio::select! {
@@ -109,6 +140,7 @@ pub(super) async fn run(
             }
             Ok(Some(Ok(frame))) => frame,
         };
+        shrink_retained(frames.read_buffer_mut());
         if !conn.dispatch(frame).await {
             break;
         }
@@ -119,8 +151,12 @@ pub(super) async fn run(
     tracing::debug!(%peer, "connection closed");
 }
 
-/// Read the client's hello and answer it; the bytes read past the hello are returned.
-async fn handshake(mut stream: TcpStream, options: &TcpOptions) -> Option<(TcpStream, BytesMut)> {
+/// Read the client's hello and answer it; the bytes read past the hello and the agreed protocol
+/// version are returned.
+async fn handshake(
+    mut stream: TcpStream,
+    options: &TcpOptions,
+) -> Option<(TcpStream, BytesMut, u16)> {
     let mut buf = BytesMut::with_capacity(256);
     let hello = tokio::time::timeout(options.handshake_timeout, async {
         loop {
@@ -142,42 +178,67 @@ async fn handshake(mut stream: TcpStream, options: &TcpOptions) -> Option<(TcpSt
     .await
     .ok()??;
     let answer = ServerHello::answer(&hello, options.node_id.clone());
-    let accepted = matches!(answer, ServerHello::Accepted { .. });
+    let accepted = match &answer {
+        ServerHello::Accepted { version, .. } => Some(*version),
+        ServerHello::Refused { .. } => None,
+    };
     let mut out = BytesMut::new();
     answer.encode(&mut out).ok()?;
     stream.write_all(&out).await.ok()?;
-    accepted.then_some((stream, buf))
+    accepted.map(|version| (stream, buf, version))
 }
 
 /// The writer task: sends queued frames, flushing when the queue runs dry, and a heartbeat when
-/// nothing was sent for a while.
-async fn write_frames<S>(
-    mut sink: S,
-    mut frames: mpsc::Receiver<Frame>,
+/// nothing was sent for a while. The delivery budget bytes of the frames fed are given back
+/// only after the flush: until then their encoded bytes sit in the sink's buffer.
+async fn write_frames(
+    mut sink: FramedWrite<OwnedWriteHalf, FrameCodec>,
+    mut frames: mpsc::Receiver<Outgoing>,
     heartbeat: std::time::Duration,
-) where
-    S: futures_util::Sink<Frame> + Unpin,
-{
+) {
+    // Bounded by the outbound channel: at most `outbound_frames_max` frames are fed per flush.
+    let mut fed: Vec<DeliveryPermit> = Vec::new();
     loop {
-        let frame = match tokio::time::timeout(heartbeat, frames.recv()).await {
-            Ok(Some(frame)) => frame,
+        let (frame, permit) = match tokio::time::timeout(heartbeat, frames.recv()).await {
+            Ok(Some(outgoing)) => outgoing,
             Ok(None) => break,
-            Err(_) => Frame::Heartbeat,
+            Err(_) => (Frame::Heartbeat, DeliveryPermit::default()),
         };
         let closing = matches!(frame, Frame::Close(_)) || is_fatal(&frame);
         if sink.feed(frame).await.is_err() {
             return;
         }
-        while let Ok(frame) = frames.try_recv() {
+        fed.push(permit);
+        while let Ok((frame, permit)) = frames.try_recv() {
             if sink.feed(frame).await.is_err() {
                 return;
             }
+            fed.push(permit);
         }
-        if sink.flush().await.is_err() || closing {
+        if SinkExt::<Frame>::flush(&mut sink).await.is_err() || closing {
             break;
         }
+        fed.clear();
+        shrink_retained(sink.write_buffer_mut());
     }
-    let _ = sink.close().await;
+    let _ = SinkExt::<Frame>::close(&mut sink).await;
+}
+
+/// Buffer capacity a connection keeps between frames. A frame larger than this (up to the frame
+/// size limit, 16 MiB) grows the buffer while it passes; keeping that capacity afterwards would
+/// let each idle connection hold its largest frame's size (48 connections after one 8 MB
+/// publish each held 384 MB). Reallocating for the next large frame is a copy, small next to
+/// receiving or sending it.
+const BUFFER_RETAINED_BYTES: usize = 64 << 10;
+
+/// Give back a buffer's capacity beyond [`BUFFER_RETAINED_BYTES`], keeping its bytes (the start
+/// of the next frame, when reading).
+fn shrink_retained(buf: &mut BytesMut) {
+    if buf.capacity() > BUFFER_RETAINED_BYTES && buf.len() <= BUFFER_RETAINED_BYTES / 2 {
+        let mut small = BytesMut::with_capacity(BUFFER_RETAINED_BYTES / 2);
+        small.extend_from_slice(buf);
+        *buf = small;
+    }
 }
 
 fn is_fatal(frame: &Frame) -> bool {
@@ -187,7 +248,7 @@ fn is_fatal(frame: &Frame) -> bool {
 impl Conn {
     async fn send(&self, frame: Frame) {
         // The writer is gone only when the socket failed; the reader notices next.
-        let _ = self.out.send(frame).await;
+        let _ = self.out.send((frame, DeliveryPermit::default())).await;
     }
 
     async fn fatal(&self, error: ErrorBody) {
@@ -380,7 +441,7 @@ impl Conn {
         tokio::spawn(async move {
             let results = pending.wait().await;
             for frame in publish_answers(&ids, results, mode) {
-                if out.send(frame).await.is_err() {
+                if out.send((frame, DeliveryPermit::default())).await.is_err() {
                     break;
                 }
             }
@@ -390,6 +451,10 @@ impl Conn {
     }
 
     async fn subscribe(&mut self, s: keratin_proto::frame::Subscribe) {
+        if let Err(error) = self.consumer_room(s.prefetch) {
+            self.reply(s.request_id, Err(error)).await;
+            return;
+        }
         if self.consumers.contains_key(&s.consumer_tag) {
             let error = ErrorBody::new(
                 ERR_CONFLICT,
@@ -401,7 +466,12 @@ impl Conn {
             self.reply(s.request_id, Err(error)).await;
             return;
         }
-        let mut consumer = match self.broker.subscribe(&s.queue, s.prefetch) {
+        let options = SubscribeOptions {
+            prefetch: s.prefetch,
+            prefetch_bytes: (s.prefetch_bytes > 0).then_some(s.prefetch_bytes),
+            outbound: Some(self.outbound_bytes.clone()),
+        };
+        let mut consumer = match self.broker.subscribe_with(&s.queue, options) {
             Ok(consumer) => consumer,
             Err(e) => {
                 self.reply(s.request_id, Err(error_body(&e))).await;
@@ -417,13 +487,14 @@ impl Conn {
         let out = self.out.clone();
         let deliveries = self.deliveries.clone();
         let next = self.next_delivery.clone();
-        let tag = s.consumer_tag.clone();
+        let tag: Arc<str> = Arc::from(s.consumer_tag.as_str());
         let forwarder = tokio::spawn(async move {
-            while let Some(delivery) = consumer.recv().await {
+            while let Some(mut delivery) = consumer.recv().await {
+                let permit = std::mem::take(&mut delivery.permit);
                 let delivery_id = next.fetch_add(1, Ordering::Relaxed);
                 lock(&deliveries).insert(delivery_id, (tag.clone(), delivery.tag));
                 let frame = Frame::Deliver(Deliver {
-                    consumer_tag: tag.clone(),
+                    consumer_tag: tag.to_string(),
                     delivery_id,
                     partition: delivery.tag.partition,
                     offset: delivery.tag.message,
@@ -437,13 +508,45 @@ impl Conn {
                         .collect(),
                     body: delivery.message.body.into(),
                 });
-                if out.send(frame).await.is_err() {
+                if out.send((frame, permit)).await.is_err() {
                     break;
                 }
             }
         });
-        self.consumers
-            .insert(s.consumer_tag, ConsumerEntry { settler, forwarder });
+        self.consumers.insert(
+            s.consumer_tag,
+            ConsumerEntry {
+                settler,
+                forwarder,
+                prefetch: s.prefetch,
+            },
+        );
+    }
+
+    /// Whether one more consumer with `prefetch` fits this connection's bounds
+    /// ([`CONSUMERS_PER_CONNECTION_MAX`], [`PREFETCH_PER_CONNECTION_MAX`]).
+    fn consumer_room(&self, prefetch: u32) -> Result<(), ErrorBody> {
+        if self.consumers.len() >= CONSUMERS_PER_CONNECTION_MAX {
+            return Err(ErrorBody::new(
+                ERR_BAD_REQUEST,
+                format!(
+                    "this connection has {CONSUMERS_PER_CONNECTION_MAX} consumers, the most \
+                     allowed; cancel one or open another connection"
+                ),
+            ));
+        }
+        let used: u64 = self.consumers.values().map(|c| u64::from(c.prefetch)).sum();
+        if used + u64::from(prefetch) > PREFETCH_PER_CONNECTION_MAX {
+            return Err(ErrorBody::new(
+                ERR_BAD_REQUEST,
+                format!(
+                    "prefetch {prefetch}: this connection's consumers already have {used} of \
+                     the {PREFETCH_PER_CONNECTION_MAX} unacknowledged deliveries one connection \
+                     may hold; lower the prefetch or open another connection"
+                ),
+            ));
+        }
+        Ok(())
     }
 
     async fn cancel(&mut self, c: Cancel) {
@@ -458,7 +561,7 @@ impl Conn {
         // Ending the forwarder drops the broker consumer: its unsettled deliveries return to
         // ready, ahead of newer messages.
         entry.forwarder.abort();
-        lock(&self.deliveries).retain(|_, (tag, _)| *tag != c.consumer_tag);
+        lock(&self.deliveries).retain(|_, (tag, _)| **tag != *c.consumer_tag);
         self.send(Frame::Ok(OkReply {
             request_id: c.request_id,
         }))
@@ -466,7 +569,7 @@ impl Conn {
     }
 
     async fn settle(&self, delivery_ids: Vec<u64>, reject: Option<bool>) {
-        let mut by_consumer: HashMap<String, Vec<DeliveryTag>> = HashMap::new();
+        let mut by_consumer: HashMap<Arc<str>, Vec<DeliveryTag>> = HashMap::new();
         let mut unknown = Vec::new();
         {
             let mut deliveries = lock(&self.deliveries);
@@ -478,7 +581,7 @@ impl Conn {
             }
         }
         for (tag, tags) in by_consumer {
-            if let Some(entry) = self.consumers.get(&tag) {
+            if let Some(entry) = self.consumers.get(&*tag) {
                 match reject {
                     None => entry.settler.ack(&tags),
                     Some(requeue) => entry.settler.reject(&tags, requeue),

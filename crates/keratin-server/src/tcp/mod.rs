@@ -17,6 +17,19 @@ use tokio::task::JoinSet;
 /// to an eighth of the memory limit when that is smaller.
 pub const PUBLISH_BYTES_INFLIGHT_DEFAULT: usize = 256 << 20;
 
+/// Default bound on one connection's delivery bytes not yet handed to its socket: 16 MiB is
+/// 64 ms of sending at 250 MB/s, enough to keep a fast consumer busy; `Node` lowers it to a
+/// sixteenth of the node's delivery budget when that is smaller, so that sixteen stalled
+/// connections are needed to take the whole budget from the others.
+pub const OUTBOUND_BYTES_DEFAULT: usize = 16 << 20;
+
+/// Default bound on open protocol connections. Past it, new connections are closed at once
+/// (and logged): each open connection holds a task, its read and write buffers (a frame's worth
+/// at most, 16 MiB, while a large frame passes), its consumers' bookkeeping (at most
+/// `PREFETCH_PER_CONNECTION_MAX` unacknowledged deliveries, about 25 MiB) and a file descriptor;
+/// 1,024 is the usual descriptor limit of a process.
+pub const CONNECTIONS_MAX_DEFAULT: usize = 1024;
+
 /// The publish byte budget is counted in KiB permits (a semaphore counts in `u32`).
 pub(crate) const PUBLISH_PERMIT_BYTES: usize = 1024;
 
@@ -38,6 +51,12 @@ pub struct TcpOptions {
     /// Frames queued for sending on one connection; a client that does not read is held back
     /// when it is full (deliveries and confirms wait, then TCP flow control).
     pub outbound_frames_max: usize,
+    /// Delivery bytes taken for one connection's consumers and not yet flushed to its socket;
+    /// past it the broker delivers to the connection's consumers only as bytes are sent (a
+    /// larger message goes out alone). A client that does not read holds at most this much.
+    pub outbound_bytes_max: usize,
+    /// Open protocol connections at once; past it new connections are closed.
+    pub connections_max: usize,
     /// The server sends a heartbeat when it has sent nothing for this long.
     pub heartbeat_interval: Duration,
     /// A connection that sent nothing (not even a heartbeat) for this long is closed.
@@ -56,6 +75,8 @@ impl Default for TcpOptions {
             publish_frames_inflight_max: 256,
             publish_bytes_inflight_max: PUBLISH_BYTES_INFLIGHT_DEFAULT,
             outbound_frames_max: 1024,
+            outbound_bytes_max: OUTBOUND_BYTES_DEFAULT,
+            connections_max: CONNECTIONS_MAX_DEFAULT,
             heartbeat_interval: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(30),
             handshake_timeout: Duration::from_secs(10),
@@ -91,6 +112,11 @@ pub async fn serve(
                         continue;
                     }
                 };
+                if connections.len() >= options.connections_max {
+                    tracing::warn!(%peer, connections_max = options.connections_max, "too many connections; closing the new one");
+                    drop(stream);
+                    continue;
+                }
                 let broker = broker.clone();
                 let options = options.clone();
                 let stop = stop_rx.clone();

@@ -276,3 +276,86 @@ clear_margin_fraction = 0.02
     std::fs::write(&path, text).expect("write config");
     path
 }
+
+/// Tells apart the cgroups of one test process.
+static CGROUP_SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// A cgroup v1 memory group with a limit, removed when dropped (after its processes are gone).
+pub struct MemoryCgroup {
+    pub path: PathBuf,
+}
+
+impl MemoryCgroup {
+    pub fn create(limit_bytes: u64) -> MemoryCgroup {
+        let path = PathBuf::from(format!(
+            "/sys/fs/cgroup/memory/keratin-test-{}-{}",
+            std::process::id(),
+            CGROUP_SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&path).expect("create the cgroup");
+        std::fs::write(path.join("memory.limit_in_bytes"), limit_bytes.to_string())
+            .expect("set the limit");
+        MemoryCgroup { path }
+    }
+
+    pub fn oom_kills(&self) -> u64 {
+        std::fs::read_to_string(self.path.join("memory.oom_control"))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("oom_kill "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.path).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// True if cgroup v1 memory groups can be made here (root and the controller mounted). Without,
+/// the test skips loudly, unless `KERATIN_REQUIRE_PRIVILEGED_TESTS=1`, where skipping fails.
+pub fn memory_cgroups(test: &str) -> bool {
+    if !privileged(test) {
+        return false;
+    }
+    if Path::new("/sys/fs/cgroup/memory").is_dir() {
+        return true;
+    }
+    if std::env::var("KERATIN_REQUIRE_PRIVILEGED_TESTS").as_deref() == Ok("1") {
+        panic!("{test}: no cgroup v1 memory controller at /sys/fs/cgroup/memory");
+    }
+    eprintln!("!!! SKIPPING {test}: no cgroup v1 memory controller");
+    false
+}
+
+impl Server {
+    /// Start `keratin serve --config config` inside `cgroup` (a shell joins it, then execs).
+    pub fn start_in_cgroup(cgroup: &MemoryCgroup, config: &Path) -> Server {
+        let mut shell = Command::new("sh");
+        shell.arg("-c").arg(format!(
+            "echo $$ > {}/cgroup.procs && exec {} \"$@\"",
+            cgroup.path.display(),
+            env!("CARGO_BIN_EXE_keratin")
+        ));
+        shell.arg("keratin");
+        Server::start_with(
+            shell,
+            &[
+                "serve",
+                "--config",
+                config.to_str().expect("utf8"),
+                "--listen",
+                "127.0.0.1:0",
+                "--http",
+                "127.0.0.1:0",
+            ],
+        )
+    }
+}

@@ -24,25 +24,71 @@ impl Owner {
         }
     }
 
-    /// Hand ready messages to consumers with credit, round robin.
+    /// Hand ready messages to consumers with credit, round robin, while the delivery budgets
+    /// have room: the node's (bytes read and not yet handed to a socket), the consumer's
+    /// connection's, and the consumer's byte prefetch. A consumer without room is passed over
+    /// for this round; without node room the partition waits to be kicked when bytes come back.
+    /// Nothing is dropped: a message that does not fit stays ready.
     pub(super) fn deliver(&mut self) {
         // A pending purge names ready messages the state still shows live: delivering one would
         // hand out a message the purge answered as removed (and its segment may soon be gone).
         if self.consumers.is_empty() || self.log.is_none() || self.purges > 0 {
             return;
         }
+        let Some(budget) = self.ctx.broker.upgrade().map(|b| b.delivery_budget()) else {
+            return;
+        };
+        // A message read whose bytes did not fit a consumer: kept for the next one this round
+        // (its size is then known before anything is taken).
+        let mut held: Option<(u64, Message, u32)> = None;
+        let mut passed_over: Vec<u64> = Vec::new();
         while let Some(m) = self.peek_ready() {
-            let Some(link) = self.pick_consumer() else {
+            if held.as_ref().is_some_and(|(id, _, _)| *id != m) {
+                held = None;
+            }
+            let known = held.as_ref().map(|(_, _, size)| *size);
+            if !budget.room_or_wait(known.map_or(1, u64::from), &self.commands) {
+                return;
+            }
+            let Some(link) = self.pick_consumer(known, &passed_over) else {
                 return;
             };
-            let (message, size_bytes) = match self.read_message(m) {
-                Ok(read) => read,
-                Err(error) => {
-                    tracing::error!(queue = %self.ctx.queue, partition = self.ctx.index, message = m, %error, "cannot read a message for delivery");
-                    link.credit.release(1);
-                    return;
-                }
+            let (message, size_bytes) = match held.take() {
+                Some((_, message, size)) => (message, size),
+                None => match self.read_message(m) {
+                    Ok(read) => read,
+                    Err(error) => {
+                        tracing::error!(queue = %self.ctx.queue, partition = self.ctx.index, message = m, %error, "cannot read a message for delivery");
+                        link.credit.release(1);
+                        return;
+                    }
+                },
             };
+            let size = u64::from(size_bytes);
+            let Some(node) = budget.take_or_wait(size, &self.commands) else {
+                // Read blind (size unknown) into a budget that others filled meanwhile: the
+                // payload is dropped, the message stays ready.
+                link.credit.release(1);
+                return;
+            };
+            let outbound = match &link.outbound {
+                Some(outbound) => match outbound.take_or_wait(size, &self.commands) {
+                    Some(permit) => Some(permit),
+                    None => {
+                        link.credit.release(1);
+                        passed_over.push(link.id);
+                        held = Some((m, message, size_bytes));
+                        continue;
+                    }
+                },
+                None => None,
+            };
+            if !link.credit.try_acquire_bytes(size_bytes) {
+                link.credit.release(1);
+                passed_over.push(link.id);
+                held = Some((m, message, size_bytes));
+                continue;
+            }
             self.take_ready(m);
             let previous = self
                 .state
@@ -57,9 +103,14 @@ impl Owner {
                 redelivered: previous > 0,
                 delivery_count,
                 message,
+                permit: DeliveryPermit {
+                    node: Some(node),
+                    outbound,
+                },
             };
             if link.sender.try_send(delivery).is_err() {
                 link.credit.release(1);
+                link.credit.release_bytes(link.credit.charge(size_bytes));
                 self.redeliver.insert(m);
                 continue;
             }
@@ -74,12 +125,28 @@ impl Owner {
         }
     }
 
-    pub(super) fn pick_consumer(&mut self) -> Option<Arc<ConsumerLink>> {
+    /// The next consumer (round robin) with count credit and, for a message of `known` size
+    /// (or at least a byte when unknown), room in its connection budget and byte prefetch.
+    /// Takes one unit of count credit from it.
+    pub(super) fn pick_consumer(
+        &mut self,
+        known: Option<u32>,
+        passed_over: &[u64],
+    ) -> Option<Arc<ConsumerLink>> {
         let n = self.consumers.len();
+        let size = known.unwrap_or(1);
         for i in 0..n {
             let index = (self.round_robin + i) % n;
             let link = &self.consumers[index];
-            if !link.sender.is_closed() && link.credit.try_acquire() {
+            if link.sender.is_closed() || passed_over.contains(&link.id) {
+                continue;
+            }
+            let room = link
+                .outbound
+                .as_ref()
+                .is_none_or(|o| o.room_or_wait(u64::from(size), &self.commands))
+                && link.credit.bytes_room(size);
+            if room && link.credit.try_acquire() {
                 self.round_robin = index + 1;
                 return Some(link.clone());
             }

@@ -9,6 +9,7 @@ impl Owner {
         let mut returns = Vec::new();
         let mut dead = Vec::new();
         let mut settled = 0u32;
+        let mut settled_sizes = Vec::new();
         for m in messages {
             let Some(entry) = self.inflight.get(&m).copied() else {
                 continue;
@@ -19,6 +20,7 @@ impl Owner {
             self.inflight.remove(&m);
             self.limbo.insert(m, entry.size_bytes);
             settled += 1;
+            settled_sizes.push(entry.size_bytes);
             match reject {
                 None => acks.push(Settled {
                     message: m,
@@ -36,7 +38,9 @@ impl Owner {
         // The credit comes back only now, after returned messages are ready again: they go
         // out before newer ones. Other partitions of the queue are woken if they were waiting.
         if let Some(link) = self.consumers.iter().find(|c| c.id == consumer) {
-            if link.credit.release(settled) {
+            let bytes = settled_sizes.iter().map(|s| link.credit.charge(*s)).sum();
+            let bytes_freed = link.credit.release_bytes(bytes);
+            if link.credit.release(settled) || bytes_freed {
                 if let Some(queue) = link.queue.upgrade() {
                     queue.kick_all();
                 }

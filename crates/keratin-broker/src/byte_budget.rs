@@ -1,0 +1,158 @@
+//! `ByteBudget`: bytes of deliveries held in memory, counted against a capacity. Partition
+//! owners (synchronous state machines) take from it without waiting; whoever drops the
+//! [`BytePermit`] gives the bytes back and kicks the owners that found it full, so deliveries
+//! wait for room instead of piling up in memory.
+//!
+//! The broker holds one node-wide budget (every delivery read from disk and not yet handed to
+//! the socket); a server adds one per connection (its outbound bytes), so that one stalled
+//! connection cannot take the whole node's budget. A request larger than the capacity is
+//! clamped to it: such a message goes out alone, never deadlocks.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::mpsc;
+
+use crate::partition::owner::Command;
+
+/// A byte budget; see the module documentation.
+#[derive(Debug)]
+pub struct ByteBudget {
+    capacity_bytes: u64,
+    used_bytes: AtomicU64,
+    /// Owners to kick when bytes come back: at most one entry per partition owner (deduplicated
+    /// by channel), so bounded by the node's partitions.
+    waiters: Mutex<Vec<mpsc::UnboundedSender<Command>>>,
+}
+
+impl ByteBudget {
+    /// A budget of `capacity_bytes` (at least 1).
+    pub fn new(capacity_bytes: u64) -> Arc<ByteBudget> {
+        Arc::new(ByteBudget {
+            capacity_bytes: capacity_bytes.max(1),
+            used_bytes: AtomicU64::new(0),
+            waiters: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The capacity.
+    pub fn capacity_bytes(&self) -> u64 {
+        self.capacity_bytes
+    }
+
+    /// Bytes taken and not given back.
+    pub fn used_bytes(&self) -> u64 {
+        self.used_bytes.load(Ordering::Acquire)
+    }
+
+    /// What a request of `bytes` takes: clamped to the capacity, so that a message larger than
+    /// the whole budget can still go out (alone).
+    fn charge(&self, bytes: u64) -> u64 {
+        bytes.clamp(1, self.capacity_bytes)
+    }
+
+    fn fits(&self, used: u64, bytes: u64) -> bool {
+        used.saturating_add(self.charge(bytes)) <= self.capacity_bytes
+    }
+
+    /// Take `bytes` if they fit; otherwise register `waker` to be kicked when bytes come back.
+    /// Checking and registering under one lock: a release in between cannot be missed.
+    pub(crate) fn take_or_wait(
+        self: &Arc<Self>,
+        bytes: u64,
+        waker: &mpsc::UnboundedSender<Command>,
+    ) -> Option<BytePermit> {
+        let mut waiters = lock(&self.waiters);
+        let charge = self.charge(bytes);
+        let taken = self
+            .used_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                self.fits(used, bytes).then_some(used + charge)
+            })
+            .is_ok();
+        if taken {
+            return Some(BytePermit {
+                budget: self.clone(),
+                bytes: charge,
+            });
+        }
+        if !waiters.iter().any(|w| w.same_channel(waker)) {
+            waiters.push(waker.clone());
+        }
+        None
+    }
+
+    /// True if `bytes` fit now; otherwise `waker` is registered as by [`Self::take_or_wait`].
+    pub(crate) fn room_or_wait(&self, bytes: u64, waker: &mpsc::UnboundedSender<Command>) -> bool {
+        let mut waiters = lock(&self.waiters);
+        if self.fits(self.used_bytes.load(Ordering::Acquire), bytes) {
+            return true;
+        }
+        if !waiters.iter().any(|w| w.same_channel(waker)) {
+            waiters.push(waker.clone());
+        }
+        false
+    }
+
+    fn release(&self, bytes: u64) {
+        let _ = self
+            .used_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                Some(used.saturating_sub(bytes))
+            });
+        let waiters = std::mem::take(&mut *lock(&self.waiters));
+        for waiter in waiters {
+            // A closed channel is an owner that is gone: nothing to wake.
+            let _ = waiter.send(Command::Kick);
+        }
+    }
+}
+
+/// Bytes taken from a [`ByteBudget`]; given back when dropped.
+#[derive(Debug)]
+pub struct BytePermit {
+    budget: Arc<ByteBudget>,
+    bytes: u64,
+}
+
+impl BytePermit {
+    /// The bytes this permit holds (the request clamped to the budget's capacity).
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+impl Drop for BytePermit {
+    fn drop(&mut self) {
+        self.budget.release(self.bytes);
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn takes_up_to_the_capacity_and_clamps_an_oversize_request() {
+        let budget = ByteBudget::new(100);
+        let (waker, mut kicks) = mpsc::unbounded_channel();
+        let a = budget.take_or_wait(60, &waker).expect("fits");
+        assert!(budget.take_or_wait(60, &waker).is_none(), "over capacity");
+        assert!(kicks.try_recv().is_err());
+        drop(a);
+        assert!(
+            matches!(kicks.try_recv(), Ok(Command::Kick)),
+            "waiter kicked"
+        );
+        assert_eq!(budget.used_bytes(), 0);
+        let big = budget.take_or_wait(1_000, &waker).expect("alone, clamped");
+        assert_eq!(big.bytes(), 100);
+        assert!(!budget.room_or_wait(1, &waker));
+        drop(big);
+        assert!(budget.room_or_wait(1_000, &waker));
+    }
+}
