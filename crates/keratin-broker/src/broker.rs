@@ -251,6 +251,7 @@ impl Broker {
             &config.dirs[0].join("meta"),
             config.segment_size_bytes,
             pool.clone(),
+            config.gate.clone(),
         )?;
         let inner = Arc::new(BrokerInner {
             config,

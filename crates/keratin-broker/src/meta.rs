@@ -11,6 +11,7 @@ use keratin_log::{Io, Log, LogOptions, Record, SegmentPool, SizeClass};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{BrokerError, BrokerResult};
+use crate::gate::PublishGate;
 use crate::queue::QueueSettings;
 
 /// Record type of a JSON metadata record, format 1.
@@ -30,6 +31,7 @@ pub(crate) struct QueueDecl {
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub(crate) enum MetaRecord {
     QueueDeclared(QueueDecl),
+    /// Written before the queue's files go: it frees space, so it never waits for space.
     QueueDeleted {
         id: u64,
     },
@@ -48,6 +50,9 @@ pub(crate) enum MetaRecord {
 #[derive(Debug)]
 pub(crate) struct Meta {
     log: Log,
+    /// The file system holding the log, as the gate knows it.
+    device: u64,
+    gate: Arc<dyn PublishGate>,
     pub(crate) queues: BTreeMap<u64, QueueDecl>,
     pub(crate) next_id: u64,
     pub(crate) node_settings: BTreeMap<String, serde_json::Value>,
@@ -59,15 +64,21 @@ impl Meta {
         dir: &Path,
         full_segment_size_bytes: u64,
         pool: SegmentPool,
+        gate: Arc<dyn PublishGate>,
     ) -> BrokerResult<Meta> {
         let options = LogOptions {
             full_segment_size_bytes,
             size_class: SizeClass::Small,
             ..LogOptions::default()
         };
-        let log = Log::open(io, dir, options, Some(pool))?;
+        let log = Log::open(io.clone(), dir, options, Some(pool))?;
+        let device = io
+            .device_id(dir)
+            .map_err(|e| keratin_log::LogError::Invalid(format!("{}: {e}", dir.display())))?;
         let mut meta = Meta {
             log,
+            device,
+            gate,
             queues: BTreeMap::new(),
             next_id: 1,
             node_settings: BTreeMap::new(),
@@ -113,12 +124,14 @@ impl Meta {
         }
     }
 
-    /// Append a record, wait until it is durable, then apply it.
+    /// Append a record, wait until it is durable, then apply it. A log stopped by an earlier
+    /// write error is healed first (see [`Meta::heal_for`]).
     pub(crate) async fn write(
         &mut self,
         record: MetaRecord,
         timestamp_ms: u64,
     ) -> BrokerResult<()> {
+        self.heal_for(&record)?;
         let payload = serde_json::to_vec(&record)
             .map_err(|e| BrokerError::Invalid(format!("metadata encoding: {e}")))?;
         let ticket = self.log.append(&[Record {
@@ -129,6 +142,26 @@ impl Meta {
         }])?;
         ticket.await?;
         self.apply(record);
+        Ok(())
+    }
+
+    /// Heal the log if a write error stopped it, before writing `record`. Like a partition's
+    /// log, it heals once the gate says its file system is back above reserve; a queue deletion
+    /// heals it at every level, reserve included, because deleting frees space and must never
+    /// wait for it. Healing itself needs no free space: recovery only reads, renames and
+    /// removes, and the cut of the unsynced tail writes inside the tail segment, which was
+    /// preallocated when it was created. The deletion record then fits in that same segment
+    /// unless the segment is full (a metadata segment holds thousands of such records).
+    fn heal_for(&mut self, record: &MetaRecord) -> BrokerResult<()> {
+        let Some(stopped) = self.log.stopped() else {
+            return Ok(());
+        };
+        let frees_space = matches!(record, MetaRecord::QueueDeleted { .. });
+        if !frees_space && !self.gate.may_heal(self.device) {
+            return Err(BrokerError::Log(stopped));
+        }
+        self.log.heal()?;
+        tracing::info!("metadata log healed; metadata writes resume");
         Ok(())
     }
 
