@@ -407,8 +407,12 @@ impl Broker {
             .unwrap_or_else(|e| e.into_inner())
             .remove(name);
         drop(guard);
+        // The deletion is durable: whatever a partition's log fails at (a stopped log can hold
+        // the scratch file of a segment it could not allocate), its files go below.
         for partition in &queue.partitions {
-            partition.request(|reply| Command::Delete { reply }).await?;
+            if let Err(error) = partition.request(|reply| Command::Delete { reply }).await {
+                tracing::warn!(queue = name, partition = partition.index, %error, "deleting a partition's log failed; removing its files");
+            }
         }
         self.inner.remove_queue_dirs(id)
     }
@@ -520,6 +524,11 @@ impl BrokerInner {
 
     fn queues_write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, Arc<Queue>>> {
         self.queues.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The node's file system seam.
+    pub(crate) fn io(&self) -> Arc<dyn Io> {
+        self.config.io.clone()
     }
 
     fn queue(&self, name: &str) -> BrokerResult<Arc<Queue>> {
@@ -726,6 +735,10 @@ impl BrokerInner {
                 .read_dir(&dir)
                 .map_err(|e| keratin_log::LogError::Invalid(format!("{}: {e}", dir.display())))?;
             for name in names {
+                let log_dir = dir.join(&name);
+                if remove_if_no_segments(io.as_ref(), &log_dir)? {
+                    continue;
+                }
                 let options = LogOptions {
                     full_segment_size_bytes: self.config.segment_size_bytes,
                     ..LogOptions::default()
@@ -743,4 +756,20 @@ impl BrokerInner {
         }
         Ok(())
     }
+}
+
+/// Remove a log directory that holds no segment file (a deleted log whose directory stayed,
+/// with at most the scratch file of a segment it failed to create): opening it as a log would
+/// create a segment, which needs space a full disk does not have. True if it was removed.
+pub(crate) fn remove_if_no_segments(io: &dyn Io, dir: &Path) -> BrokerResult<bool> {
+    let io_error = |e| keratin_log::LogError::Invalid(format!("{}: {e}", dir.display()));
+    let names = io.read_dir(dir).map_err(io_error)?;
+    if names.iter().any(|name| name.ends_with(".seg")) {
+        return Ok(false);
+    }
+    for name in names {
+        io.remove_file(&dir.join(name)).map_err(io_error)?;
+    }
+    io.remove_dir(dir).map_err(io_error)?;
+    Ok(true)
 }

@@ -722,6 +722,13 @@ impl PublishGate for NodeLimits {
             .is_none_or(|level| level < Level::Reserve)
     }
 
+    fn free_bytes(&self, device: u64) -> Option<u64> {
+        lock(&self.monitor)
+            .disks()
+            .find(|d| d.device == DeviceId(device))
+            .map(|d| d.sample.effective_free_bytes())
+    }
+
     fn segment_rolled(&self, _device: u64) {
         self.nudge.notify_one();
     }

@@ -4,28 +4,22 @@
 use super::*;
 
 impl Owner {
-    /// Heal a log stopped by a write error once the gate says its file system has room again.
-    /// Healing cuts the log back to its last durable offset, which is exactly what the state
-    /// has applied: nothing confirmed is lost, nothing unconfirmed survives.
+    /// Heal a log stopped by a write error once its file system has room again, or at reserve
+    /// once what it writes next fits (see `stopped.rs`). Healing cuts the log back to its last
+    /// durable offset, which is exactly what the state has applied: nothing confirmed is lost,
+    /// nothing unconfirmed survives.
     pub(super) fn maybe_heal(&mut self) {
         if self.stopped.is_none() || !self.pending.is_empty() {
             return;
         }
-        if !self.ctx.gate.may_heal(self.ctx.device) {
+        if !self.may_heal_now() {
             return;
         }
         let Some(log) = self.log.as_ref() else {
             return;
         };
         match log.heal() {
-            Ok(()) => {
-                tracing::info!(queue = %self.ctx.queue, partition = self.ctx.index, "log healed; publishes resume");
-                self.stopped = None;
-                self.figures.heals.fetch_add(1, Ordering::Relaxed);
-                self.reader = None;
-                self.reclaim_busy = false;
-                self.reclaim_due = true;
-            }
+            Ok(()) => self.healed(),
             Err(error) => {
                 tracing::warn!(queue = %self.ctx.queue, partition = self.ctx.index, %error, "heal failed; will retry");
             }

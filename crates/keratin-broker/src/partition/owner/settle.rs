@@ -198,10 +198,14 @@ impl Owner {
     }
 
     pub(super) fn purge(&mut self, reply: oneshot::Sender<BrokerResult<u64>>) {
-        if let Some(stop) = &self.stopped {
-            let _ = reply.send(Err(self.unavailable(stop.clone())));
-            return;
-        }
+        // A purge frees space: a stopped log does it without a write, or heals first.
+        let reply = match self.stopped {
+            Some(_) => match self.purge_stopped(reply) {
+                Some(reply) => reply,
+                None => return,
+            },
+            None => reply,
+        };
         let busy: BTreeSet<u64> = self
             .inflight
             .keys()
