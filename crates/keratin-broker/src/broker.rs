@@ -15,7 +15,7 @@ use crate::gate::{OpenGate, PublishGate};
 use crate::meta::{Meta, MetaRecord, QueueDecl};
 use crate::partition::owner::{self, rebuild, Command, OwnerContext};
 use crate::partition::state::PartitionState;
-use crate::queue::{validate_queue_name, Queue, QueueSettings};
+use crate::queue::{validate_queue_name, DeadLetterFailure, Queue, QueueSettings};
 use crate::record::Message;
 
 /// Milliseconds since the Unix epoch; injected so that tests control time.
@@ -160,6 +160,9 @@ pub struct PartitionInfo {
     pub rejected_full: u64,
     /// Messages removed by `drop_oldest` since start.
     pub overflowed: u64,
+    /// Messages dropped since start because dead-lettering them failed, by reason (non-zero
+    /// counts only).
+    pub dead_letter_failures: BTreeMap<DeadLetterFailure, u64>,
 }
 
 /// Figures of a queue.
@@ -189,6 +192,14 @@ impl QueueInfo {
     /// Disk bytes over all partitions.
     pub fn disk_bytes(&self) -> u64 {
         self.partitions.iter().map(|p| p.disk_bytes).sum()
+    }
+    /// Messages dropped because dead-lettering them failed, by reason, over all partitions.
+    pub fn dead_letter_failures(&self) -> BTreeMap<DeadLetterFailure, u64> {
+        let mut total = BTreeMap::new();
+        for (reason, count) in self.partitions.iter().flat_map(|p| &p.dead_letter_failures) {
+            *total.entry(*reason).or_insert(0) += count;
+        }
+        total
     }
 }
 
@@ -628,6 +639,7 @@ impl BrokerInner {
                     full: f.full.load(Ordering::Relaxed) != 0,
                     rejected_full: f.rejected_full.load(Ordering::Relaxed),
                     overflowed: f.overflowed.load(Ordering::Relaxed),
+                    dead_letter_failures: f.dead_letter_failures(),
                 }
             })
             .collect();

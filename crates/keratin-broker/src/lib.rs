@@ -34,6 +34,8 @@ pub use consumer::{Consumer, Delivery, DeliveryTag, Settler};
 pub use error::{BrokerError, BrokerResult};
 pub use gate::{GateDecision, OpenGate, PublishGate};
 pub use partition::state::PartitionState;
-pub use queue::{validate_queue_name, Overflow, Queue, QueueSettings, MAX_PARTITIONS};
+pub use queue::{
+    validate_queue_name, DeadLetterFailure, Overflow, Queue, QueueSettings, MAX_PARTITIONS,
+};
 pub use range_set::RangeSet;
 pub use record::Message;

@@ -164,8 +164,10 @@ impl Owner {
         }
         let commands = self.commands.clone();
         let queue = self.ctx.queue.clone();
+        let figures = self.figures.clone();
         tokio::spawn(async move {
             let results = broker.publish_internal(&target, messages).await;
+            figures.count_dead_letter_failures(&results);
             let delivered = results.iter().all(Result::is_ok);
             if !delivered {
                 tracing::warn!(%queue, dead_letter = %target, "dead-lettering failed; the messages are dropped");
