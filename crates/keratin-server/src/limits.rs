@@ -69,7 +69,21 @@ pub struct NodeLimits {
     history: FreeSpaceHistory,
     /// Each partition log's stop figures at the last sample, by directory.
     stopped_logs: Mutex<BTreeMap<String, LogFigures>>,
+    /// Each queue's dead-letter failures at the last sample, and when they last grew.
+    dead_letter_failures: Mutex<BTreeMap<String, DeadLetterFigures>>,
 }
+
+/// A queue's dead-letter failures as the sampler last saw them.
+#[derive(Debug, Default, Clone, Copy)]
+struct DeadLetterFigures {
+    total: u64,
+    grew_at_ms: u64,
+}
+
+/// A `dead_letter_failed` item clears after this long without a new failure: the drops are
+/// events, not a state the sampler can see end, and ten minutes is long enough for an operator
+/// who looks at the active items every few minutes to see it (the history keeps it after).
+const DEAD_LETTER_QUIET_MS: u64 = 10 * 60 * 1000;
 
 /// A partition log's stop figures at one sample.
 #[derive(Debug, Default, Clone, Copy)]
@@ -135,6 +149,7 @@ impl NodeLimits {
             full_queues: Mutex::new(BTreeSet::new()),
             history: FreeSpaceHistory::new(),
             stopped_logs: Mutex::new(BTreeMap::new()),
+            dead_letter_failures: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -203,6 +218,7 @@ impl NodeLimits {
         self.attention.retry_save();
         self.check_full_queues();
         self.check_stopped_logs();
+        self.check_dead_letter_failures(now_ms());
         let max_bytes = self.max_bytes.load(Ordering::Relaxed);
         let used = if max_bytes > 0 { self.used_bytes() } else { 0 };
         for fs in &self.filesystems {
@@ -343,6 +359,58 @@ impl NodeLimits {
         // A deleted queue's logs are gone, and with them the cause of their items.
         for dir in seen.keys().filter(|dir| !now.contains_key(*dir)) {
             self.attention.clear(AttentionKind::LogStopped, dir);
+        }
+        *seen = now;
+    }
+
+    /// Raise an attention item when a queue dropped messages because dead-lettering them
+    /// failed (each drop is counted by the partitions); clear it after a quiet spell, or when
+    /// the queue is gone.
+    fn check_dead_letter_failures(&self, now_ms: u64) {
+        let Some(broker) = self.broker.get() else {
+            return;
+        };
+        let mut seen = lock(&self.dead_letter_failures);
+        let mut now = BTreeMap::new();
+        for queue in broker.list() {
+            let failures = queue.dead_letter_failures();
+            let total: u64 = failures.values().sum();
+            let mut figures = seen.get(&queue.name).copied().unwrap_or_default();
+            if total > figures.total {
+                let reasons: Vec<String> = failures
+                    .iter()
+                    .map(|(reason, count)| format!("{count} {}", reason.as_str()))
+                    .collect();
+                let target = queue.settings.dead_letter.clone().unwrap_or_default();
+                let message = format!(
+                    "queue {} dropped {} messages since start because dead-lettering them to                      {target:?} failed ({}); declare the dead-letter queue, give it room, or                      change the queue's dead_letter",
+                    queue.name,
+                    total,
+                    reasons.join(", ")
+                );
+                tracing::warn!("{message}");
+                self.attention.raise(Raise {
+                    kind: AttentionKind::DeadLetterFailed,
+                    subject: queue.name.clone(),
+                    severity: Severity::Warning,
+                    level: None,
+                    message,
+                });
+                figures = DeadLetterFigures {
+                    total,
+                    grew_at_ms: now_ms,
+                };
+            } else if figures.grew_at_ms > 0
+                && now_ms.saturating_sub(figures.grew_at_ms) >= DEAD_LETTER_QUIET_MS
+            {
+                self.attention
+                    .clear(AttentionKind::DeadLetterFailed, &queue.name);
+                figures.grew_at_ms = 0;
+            }
+            now.insert(queue.name.clone(), figures);
+        }
+        for name in seen.keys().filter(|name| !now.contains_key(*name)) {
+            self.attention.clear(AttentionKind::DeadLetterFailed, name);
         }
         *seen = now;
     }
