@@ -335,7 +335,19 @@ impl Broker {
         name: &str,
         settings: QueueSettings,
     ) -> BrokerResult<QueueInfo> {
-        settings.validate(name)?;
+        self.update_queue_settings(name, |_| Ok(settings)).await
+    }
+
+    /// Change some settings of a live queue: `update` gets the settings in force and returns
+    /// the new ones (or an error, which changes nothing). The read, the write and the
+    /// partitions' update happen under the metadata lock, so two concurrent updates of
+    /// different settings both take effect, and every partition ends with the settings the
+    /// metadata holds (a change that reads first and writes later would lose the other's).
+    pub async fn update_queue_settings(
+        &self,
+        name: &str,
+        update: impl FnOnce(&QueueSettings) -> BrokerResult<QueueSettings>,
+    ) -> BrokerResult<QueueInfo> {
         let mut guard = self.inner.meta.lock().await;
         let meta = guard
             .as_mut()
@@ -344,6 +356,8 @@ impl Broker {
             .by_name(name)
             .cloned()
             .ok_or_else(|| BrokerError::NotFound(name.into()))?;
+        let settings = update(&decl.settings)?;
+        settings.validate(name)?;
         if decl.settings.partitions != settings.partitions {
             return Err(BrokerError::Invalid(format!(
                 "queue {name:?} has {} partitions; partitions cannot change on a live queue",
@@ -360,13 +374,14 @@ impl Broker {
         )
         .await?;
         *queue.settings.write().unwrap_or_else(|e| e.into_inner()) = settings.clone();
-        drop(guard);
+        // Still under the lock: a later change reaches each partition after this one.
         for partition in &queue.partitions {
             let settings = settings.clone();
             partition
                 .request(|reply| Command::SetSettings { settings, reply })
                 .await?;
         }
+        drop(guard);
         self.info(name)
     }
 
