@@ -55,7 +55,7 @@ impl Owner {
             return;
         }
         let bound = 2 * self.state.live_bytes() + 2 * self.ctx.segment_size_bytes;
-        if stats.disk_bytes > bound && stats.segments.len() > 2 {
+        if stats.disk_bytes > bound && stats.segments.len() > 2 && self.relocation_fits() {
             let first = (stats.segments[0].base_offset, stats.segments[1].base_offset);
             self.relocate(first);
         }

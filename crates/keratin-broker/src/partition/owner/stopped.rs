@@ -4,11 +4,13 @@
 //! Healing itself needs no free space: recovery reads, renames and removes, and the cut of the
 //! unsynced tail writes inside the tail segment, preallocated when it was made. What matters is
 //! what the partition writes after the heal. At reserve the gate refuses publishes, so that is
-//! acks, returns, purges and reclaim: control records of at most [`CONTROL_RECORD_BYTES_MAX`]
-//! bytes, and relocation. They fit if the tail segment still holds one control record, or if
-//! the file system holds a new segment (the reserve is the space kept for exactly these
-//! writes). Either way a heal at reserve ends in a running log or in a stop that leaves less
-//! than that room, so it cannot turn into a stop-heal loop driven by control records.
+//! acks, returns, purges and prefix removal: control records of at most
+//! [`CONTROL_RECORD_BYTES_MAX`] bytes. They fit if the tail segment still holds one control
+//! record, or if the file system holds a new segment (the reserve is the space kept for exactly
+//! these writes). Either way a heal at reserve ends in a running log or in a stop that leaves
+//! less than that room, so it cannot turn into a stop-heal loop driven by control records.
+//! Relocation, which copies payloads and so needs space to free space, waits at reserve until a
+//! segment fits ([`Owner::relocation_fits`]).
 
 use super::*;
 
@@ -21,15 +23,26 @@ impl Owner {
     /// reserve, or (at reserve) what the partition writes next fits without taking space the
     /// file system does not have (see the module docs).
     pub(super) fn may_heal_now(&self) -> bool {
-        if self.ctx.gate.may_heal(self.ctx.device) {
-            return true;
-        }
-        let holds_a_segment = self
-            .ctx
-            .gate
-            .free_bytes(self.ctx.device)
-            .is_some_and(|free| free >= self.ctx.segment_size_bytes);
-        holds_a_segment || self.tail_room_bytes() >= CONTROL_RECORD_BYTES_MAX
+        self.room_for_a_segment() || self.tail_room_bytes() >= CONTROL_RECORD_BYTES_MAX
+    }
+
+    /// Whether relocation may copy live messages to the head now. It needs space to free
+    /// space: at reserve without room for a new segment, a copy that does not fit the tail
+    /// segment would stop the log again, and then acks could not be written either (found by
+    /// the purge-with-a-delivery-out test at reserve). It waits until the reserve holds a
+    /// segment; prefix removal, which only frees, goes on.
+    pub(super) fn relocation_fits(&self) -> bool {
+        self.room_for_a_segment() || self.tail_room_bytes() >= RELOCATE_BATCH_BYTES as u64 + 4096
+    }
+
+    /// The gate says the file system is above reserve, or that it holds a new segment.
+    fn room_for_a_segment(&self) -> bool {
+        self.ctx.gate.may_heal(self.ctx.device)
+            || self
+                .ctx
+                .gate
+                .free_bytes(self.ctx.device)
+                .is_some_and(|free| free >= self.ctx.segment_size_bytes)
     }
 
     /// Free bytes left in the log's tail segment (its preallocated, unwritten part).
