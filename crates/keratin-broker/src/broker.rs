@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, Mutex};
 use crate::consumer::{Consumer, ConsumerLink, Credit};
 use crate::error::{BrokerError, BrokerResult};
 use crate::gate::{OpenGate, PublishGate};
-use crate::meta::{Meta, MetaRecord, QueueDecl};
+use crate::meta::{Meta, MetaFigures, MetaRecord, QueueDecl};
 use crate::partition::owner::{self, rebuild, Command, OwnerContext};
 use crate::partition::state::PartitionState;
 use crate::queue::{validate_queue_name, DeadLetterFailure, Queue, QueueSettings};
@@ -203,10 +203,28 @@ impl QueueInfo {
     }
 }
 
+/// The metadata log's state, for metrics and attention items.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetadataLogInfo {
+    /// Its directory.
+    pub dir: PathBuf,
+    /// True if it stopped after a write error and has not healed yet.
+    pub stopped: bool,
+    /// Times it stopped since start.
+    pub stops: u64,
+    /// Times it was healed since start.
+    pub heals: u64,
+}
+
+/// A stopped metadata log is offered a heal this often, as a partition's log is (when the gate
+/// says its file system is back above reserve); a metadata write also heals it first.
+const METADATA_HEAL_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
+
 pub(crate) struct BrokerInner {
     config: BrokerConfig,
     pool: SegmentPool,
     meta: Mutex<Option<Meta>>,
+    meta_figures: Arc<MetaFigures>,
     queues: RwLock<BTreeMap<String, Arc<Queue>>>,
     placements: RwLock<BTreeMap<String, Vec<PathBuf>>>,
     next_consumer: AtomicU64,
@@ -268,6 +286,7 @@ impl Broker {
             config,
             pool,
             meta: Mutex::new(None),
+            meta_figures: meta.figures.clone(),
             queues: RwLock::new(BTreeMap::new()),
             placements: RwLock::new(BTreeMap::new()),
             next_consumer: AtomicU64::new(1),
@@ -278,7 +297,19 @@ impl Broker {
             inner.start_queue(&decl)?;
         }
         *inner.meta.lock().await = Some(meta);
+        spawn_metadata_healer(Arc::downgrade(&inner));
         Ok(Broker { inner })
+    }
+
+    /// The metadata log's state: stopped or not, and its stops and heals since start.
+    pub fn metadata_log(&self) -> MetadataLogInfo {
+        let f = &self.inner.meta_figures;
+        MetadataLogInfo {
+            dir: f.dir.clone(),
+            stopped: f.stopped.load(Ordering::Relaxed) != 0,
+            stops: f.stops.load(Ordering::Relaxed),
+            heals: f.heals.load(Ordering::Relaxed),
+        }
     }
 
     /// The node's segment pool.
@@ -799,4 +830,25 @@ pub(crate) fn remove_if_no_segments(io: &dyn Io, dir: &Path) -> BrokerResult<boo
     }
     io.remove_dir(dir).map_err(io_error)?;
     Ok(true)
+}
+
+/// Offer a stopped metadata log a heal every `METADATA_HEAL_INTERVAL` until the broker is
+/// dropped or shut down.
+fn spawn_metadata_healer(inner: std::sync::Weak<BrokerInner>) {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(METADATA_HEAL_INTERVAL).await;
+            let Some(inner) = inner.upgrade() else {
+                return;
+            };
+            if inner.meta_figures.stopped.load(Ordering::Relaxed) == 0 {
+                continue;
+            }
+            let mut guard = inner.meta.lock().await;
+            let Some(meta) = guard.as_mut() else {
+                return;
+            };
+            meta.maybe_heal();
+        }
+    });
 }

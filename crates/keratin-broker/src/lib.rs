@@ -27,8 +27,8 @@ pub mod range_set;
 pub mod record;
 
 pub use broker::{
-    system_clock, Broker, BrokerConfig, Clock, PartitionInfo, PendingPublish, QueueInfo, Receipt,
-    MAX_PREFETCH,
+    system_clock, Broker, BrokerConfig, Clock, MetadataLogInfo, PartitionInfo, PendingPublish,
+    QueueInfo, Receipt, MAX_PREFETCH,
 };
 pub use consumer::{Consumer, Delivery, DeliveryTag, Settler};
 pub use error::{BrokerError, BrokerResult};

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use keratin_log::{Io, Log, LogOptions, Record, SegmentPool, SizeClass};
@@ -53,6 +54,8 @@ pub(crate) struct Meta {
     /// The file system holding the log, as the gate knows it.
     device: u64,
     gate: Arc<dyn PublishGate>,
+    /// Stop and heal figures, read without the metadata lock (metrics, attention items).
+    pub(crate) figures: Arc<MetaFigures>,
     pub(crate) queues: BTreeMap<u64, QueueDecl>,
     pub(crate) next_id: u64,
     pub(crate) node_settings: BTreeMap<String, serde_json::Value>,
@@ -79,6 +82,10 @@ impl Meta {
             log,
             device,
             gate,
+            figures: Arc::new(MetaFigures {
+                dir: dir.to_path_buf(),
+                ..MetaFigures::default()
+            }),
             queues: BTreeMap::new(),
             next_id: 1,
             node_settings: BTreeMap::new(),
@@ -134,14 +141,42 @@ impl Meta {
         self.heal_for(&record)?;
         let payload = serde_json::to_vec(&record)
             .map_err(|e| BrokerError::Invalid(format!("metadata encoding: {e}")))?;
+        let result = self.append(&payload, timestamp_ms).await;
+        if result.is_err() && self.log.stopped().is_some() {
+            self.figures.stopped(true);
+        }
+        result?;
+        self.apply(record);
+        Ok(())
+    }
+
+    async fn append(&self, payload: &[u8], timestamp_ms: u64) -> BrokerResult<()> {
         let ticket = self.log.append(&[Record {
             record_type: META_JSON_V1,
             flags: 0,
             timestamp_ms,
-            payload: &payload,
+            payload,
         }])?;
         ticket.await?;
-        self.apply(record);
+        Ok(())
+    }
+
+    /// Heal a stopped log if the gate says its file system is back above reserve (called
+    /// every `METADATA_HEAL_INTERVAL`, so that the log heals like a partition's even when no
+    /// metadata write comes).
+    pub(crate) fn maybe_heal(&mut self) {
+        if self.log.stopped().is_none() || !self.gate.may_heal(self.device) {
+            return;
+        }
+        if let Err(error) = self.heal() {
+            tracing::warn!(%error, "healing the metadata log failed; will retry");
+        }
+    }
+
+    fn heal(&mut self) -> BrokerResult<()> {
+        self.log.heal()?;
+        self.figures.stopped(false);
+        tracing::info!("metadata log healed; metadata writes resume");
         Ok(())
     }
 
@@ -160,9 +195,7 @@ impl Meta {
         if !frees_space && !self.gate.may_heal(self.device) {
             return Err(BrokerError::Log(stopped));
         }
-        self.log.heal()?;
-        tracing::info!("metadata log healed; metadata writes resume");
-        Ok(())
+        self.heal()
     }
 
     pub(crate) fn by_name(&self, name: &str) -> Option<&QueueDecl> {
@@ -172,5 +205,26 @@ impl Meta {
     pub(crate) fn close(self) -> BrokerResult<()> {
         self.log.close()?;
         Ok(())
+    }
+}
+
+/// The metadata log's stop and heal figures.
+#[derive(Debug, Default)]
+pub(crate) struct MetaFigures {
+    pub(crate) dir: PathBuf,
+    /// 1 while stopped.
+    pub(crate) stopped: AtomicU64,
+    pub(crate) stops: AtomicU64,
+    pub(crate) heals: AtomicU64,
+}
+
+impl MetaFigures {
+    fn stopped(&self, stopped: bool) {
+        let was = self.stopped.swap(u64::from(stopped), Ordering::Relaxed) != 0;
+        match (was, stopped) {
+            (false, true) => self.stops.fetch_add(1, Ordering::Relaxed),
+            (true, false) => self.heals.fetch_add(1, Ordering::Relaxed),
+            _ => 0,
+        };
     }
 }

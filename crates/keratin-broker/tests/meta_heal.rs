@@ -93,6 +93,18 @@ async fn metadata_operations_work_again_after_a_failed_metadata_write() {
         .expect("declare");
     let error = fail_one_metadata_write(&sim, &broker).await;
     eprintln!("injected: {error}");
+    let stopped = broker.metadata_log();
+    assert!(stopped.stopped && stopped.stops == 1, "{stopped:?}");
+    // Like a partition's log, it heals by itself once the gate allows, with no write waiting.
+    assert!(
+        wait_until(Duration::from_secs(3), || {
+            let log = broker.metadata_log();
+            !log.stopped && log.heals == 1
+        })
+        .await,
+        "the metadata log never healed by itself: {:?}",
+        broker.metadata_log()
+    );
     // Nothing is wrong with the disk any more: each kind of metadata write must work again.
     let limit = Duration::from_secs(3);
     eventually(limit, || broker.declare("fresh", QueueSettings::default()))

@@ -311,50 +311,63 @@ impl NodeLimits {
         let Some(broker) = self.broker.get() else {
             return;
         };
-        let mut seen = lock(&self.stopped_logs);
-        let mut now = BTreeMap::new();
+        // Every log of the node: each partition's, and the metadata log.
+        let mut logs: Vec<(String, LogFigures, String, &str)> = Vec::new();
         for queue in broker.list() {
             for partition in &queue.partitions {
-                let dir = partition.dir.display().to_string();
-                let before = seen.get(&dir).copied().unwrap_or_default();
                 let figures = LogFigures {
                     stops: partition.stops,
                     heals: partition.heals,
                     stopped: partition.stopped,
                 };
-                if figures.stops > before.stops || (figures.stopped && !before.stopped) {
-                    let message = format!(
-                        "the log of queue {} partition {} ({dir}) stopped after a failed write or \
-                         sync: its publishes are refused; the broker heals it once its file \
-                         system has room again; check the disk and the broker's log for the error",
-                        queue.name, partition.index
-                    );
-                    tracing::error!("{message}");
-                    self.attention.raise(Raise {
-                        kind: AttentionKind::LogStopped,
-                        subject: dir.clone(),
-                        severity: Severity::Critical,
-                        level: None,
-                        message,
-                    });
-                }
-                let healed = figures.heals > before.heals || (before.stopped && !figures.stopped);
-                if healed && !figures.stopped {
-                    self.attention.clear(AttentionKind::LogStopped, &dir);
-                    self.attention.note(Raise {
-                        kind: AttentionKind::LogHealed,
-                        subject: dir.clone(),
-                        severity: Severity::Info,
-                        level: None,
-                        message: format!(
-                            "the log of queue {} partition {} ({dir}) was healed and takes \
-                             publishes again",
-                            queue.name, partition.index
-                        ),
-                    });
-                }
-                now.insert(dir, figures);
+                let what = format!("queue {} partition {}", queue.name, partition.index);
+                let effect = "its publishes are refused";
+                logs.push((partition.dir.display().to_string(), figures, what, effect));
             }
+        }
+        let meta = broker.metadata_log();
+        let figures = LogFigures {
+            stops: meta.stops,
+            heals: meta.heals,
+            stopped: meta.stopped,
+        };
+        logs.push((
+            meta.dir.display().to_string(),
+            figures,
+            "the node's metadata".into(),
+            "declaring queues and changing settings wait; deleting queues works",
+        ));
+        let mut seen = lock(&self.stopped_logs);
+        let mut now = BTreeMap::new();
+        for (dir, figures, what, effect) in logs {
+            let before = seen.get(&dir).copied().unwrap_or_default();
+            if figures.stops > before.stops || (figures.stopped && !before.stopped) {
+                let message = format!(
+                    "the log of {what} ({dir}) stopped after a failed write or sync: {effect}; \
+                     the broker heals it once its file system has room again; check the disk \
+                     and the broker's log for the error"
+                );
+                tracing::error!("{message}");
+                self.attention.raise(Raise {
+                    kind: AttentionKind::LogStopped,
+                    subject: dir.clone(),
+                    severity: Severity::Critical,
+                    level: None,
+                    message,
+                });
+            }
+            let healed = figures.heals > before.heals || (before.stopped && !figures.stopped);
+            if healed && !figures.stopped {
+                self.attention.clear(AttentionKind::LogStopped, &dir);
+                self.attention.note(Raise {
+                    kind: AttentionKind::LogHealed,
+                    subject: dir.clone(),
+                    severity: Severity::Info,
+                    level: None,
+                    message: format!("the log of {what} ({dir}) was healed and works again"),
+                });
+            }
+            now.insert(dir, figures);
         }
         // A deleted queue's logs are gone, and with them the cause of their items.
         for dir in seen.keys().filter(|dir| !now.contains_key(*dir)) {
