@@ -13,10 +13,10 @@ use crate::byte_budget::ByteBudget;
 use crate::consumer::{Consumer, ConsumerLink, Credit, SubscribeOptions};
 use crate::error::{BrokerError, BrokerResult};
 use crate::gate::{OpenGate, PublishGate};
-use crate::meta::{Meta, MetaRecord, QueueDecl};
+use crate::meta::{Meta, MetaFigures, MetaRecord, QueueDecl};
 use crate::partition::owner::{self, rebuild, Command, OwnerContext};
 use crate::partition::state::PartitionState;
-use crate::queue::{validate_queue_name, Queue, QueueSettings};
+use crate::queue::{validate_queue_name, DeadLetterFailure, Queue, QueueSettings};
 use crate::record::Message;
 
 /// Milliseconds since the Unix epoch; injected so that tests control time.
@@ -180,6 +180,9 @@ pub struct PartitionInfo {
     pub rejected_full: u64,
     /// Messages removed by `drop_oldest` since start.
     pub overflowed: u64,
+    /// Messages dropped since start because dead-lettering them failed, by reason (non-zero
+    /// counts only).
+    pub dead_letter_failures: BTreeMap<DeadLetterFailure, u64>,
 }
 
 /// Figures of a queue.
@@ -210,12 +213,38 @@ impl QueueInfo {
     pub fn disk_bytes(&self) -> u64 {
         self.partitions.iter().map(|p| p.disk_bytes).sum()
     }
+    /// Messages dropped because dead-lettering them failed, by reason, over all partitions.
+    pub fn dead_letter_failures(&self) -> BTreeMap<DeadLetterFailure, u64> {
+        let mut total = BTreeMap::new();
+        for (reason, count) in self.partitions.iter().flat_map(|p| &p.dead_letter_failures) {
+            *total.entry(*reason).or_insert(0) += count;
+        }
+        total
+    }
 }
+
+/// The metadata log's state, for metrics and attention items.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetadataLogInfo {
+    /// Its directory.
+    pub dir: PathBuf,
+    /// True if it stopped after a write error and has not healed yet.
+    pub stopped: bool,
+    /// Times it stopped since start.
+    pub stops: u64,
+    /// Times it was healed since start.
+    pub heals: u64,
+}
+
+/// A stopped metadata log is offered a heal this often, as a partition's log is (when the gate
+/// says its file system is back above reserve); a metadata write also heals it first.
+const METADATA_HEAL_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
 
 pub(crate) struct BrokerInner {
     config: BrokerConfig,
     pool: SegmentPool,
     meta: Mutex<Option<Meta>>,
+    meta_figures: Arc<MetaFigures>,
     queues: RwLock<BTreeMap<String, Arc<Queue>>>,
     placements: RwLock<BTreeMap<String, Vec<PathBuf>>>,
     next_consumer: AtomicU64,
@@ -272,12 +301,14 @@ impl Broker {
             &config.dirs[0].join("meta"),
             config.segment_size_bytes,
             pool.clone(),
+            config.gate.clone(),
         )?;
         let delivery_budget = ByteBudget::new(config.delivery_bytes_max);
         let inner = Arc::new(BrokerInner {
             config,
             pool,
             meta: Mutex::new(None),
+            meta_figures: meta.figures.clone(),
             queues: RwLock::new(BTreeMap::new()),
             placements: RwLock::new(BTreeMap::new()),
             next_consumer: AtomicU64::new(1),
@@ -289,7 +320,19 @@ impl Broker {
             inner.start_queue(&decl)?;
         }
         *inner.meta.lock().await = Some(meta);
+        spawn_metadata_healer(Arc::downgrade(&inner));
         Ok(Broker { inner })
+    }
+
+    /// The metadata log's state: stopped or not, and its stops and heals since start.
+    pub fn metadata_log(&self) -> MetadataLogInfo {
+        let f = &self.inner.meta_figures;
+        MetadataLogInfo {
+            dir: f.dir.clone(),
+            stopped: f.stopped.load(Ordering::Relaxed) != 0,
+            stops: f.stops.load(Ordering::Relaxed),
+            heals: f.heals.load(Ordering::Relaxed),
+        }
     }
 
     /// The node's segment pool.
@@ -359,7 +402,19 @@ impl Broker {
         name: &str,
         settings: QueueSettings,
     ) -> BrokerResult<QueueInfo> {
-        settings.validate(name)?;
+        self.update_queue_settings(name, |_| Ok(settings)).await
+    }
+
+    /// Change some settings of a live queue: `update` gets the settings in force and returns
+    /// the new ones (or an error, which changes nothing). The read, the write and the
+    /// partitions' update happen under the metadata lock, so two concurrent updates of
+    /// different settings both take effect, and every partition ends with the settings the
+    /// metadata holds (a change that reads first and writes later would lose the other's).
+    pub async fn update_queue_settings(
+        &self,
+        name: &str,
+        update: impl FnOnce(&QueueSettings) -> BrokerResult<QueueSettings>,
+    ) -> BrokerResult<QueueInfo> {
         let mut guard = self.inner.meta.lock().await;
         let meta = guard
             .as_mut()
@@ -368,6 +423,8 @@ impl Broker {
             .by_name(name)
             .cloned()
             .ok_or_else(|| BrokerError::NotFound(name.into()))?;
+        let settings = update(&decl.settings)?;
+        settings.validate(name)?;
         if decl.settings.partitions != settings.partitions {
             return Err(BrokerError::Invalid(format!(
                 "queue {name:?} has {} partitions; partitions cannot change on a live queue",
@@ -384,13 +441,14 @@ impl Broker {
         )
         .await?;
         *queue.settings.write().unwrap_or_else(|e| e.into_inner()) = settings.clone();
-        drop(guard);
+        // Still under the lock: a later change reaches each partition after this one.
         for partition in &queue.partitions {
             let settings = settings.clone();
             partition
                 .request(|reply| Command::SetSettings { settings, reply })
                 .await?;
         }
+        drop(guard);
         self.info(name)
     }
 
@@ -442,8 +500,12 @@ impl Broker {
             .unwrap_or_else(|e| e.into_inner())
             .remove(name);
         drop(guard);
+        // The deletion is durable: whatever a partition's log fails at (a stopped log can hold
+        // the scratch file of a segment it could not allocate), its files go below.
         for partition in &queue.partitions {
-            partition.request(|reply| Command::Delete { reply }).await?;
+            if let Err(error) = partition.request(|reply| Command::Delete { reply }).await {
+                tracing::warn!(queue = name, partition = partition.index, %error, "deleting a partition's log failed; removing its files");
+            }
         }
         self.inner.remove_queue_dirs(id)
     }
@@ -579,6 +641,11 @@ impl BrokerInner {
         self.queues.write().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The node's file system seam.
+    pub(crate) fn io(&self) -> Arc<dyn Io> {
+        self.config.io.clone()
+    }
+
     fn queue(&self, name: &str) -> BrokerResult<Arc<Queue>> {
         self.queues_read()
             .get(name)
@@ -676,6 +743,7 @@ impl BrokerInner {
                     full: f.full.load(Ordering::Relaxed) != 0,
                     rejected_full: f.rejected_full.load(Ordering::Relaxed),
                     overflowed: f.overflowed.load(Ordering::Relaxed),
+                    dead_letter_failures: f.dead_letter_failures(),
                 }
             })
             .collect();
@@ -783,6 +851,10 @@ impl BrokerInner {
                 .read_dir(&dir)
                 .map_err(|e| keratin_log::LogError::Invalid(format!("{}: {e}", dir.display())))?;
             for name in names {
+                let log_dir = dir.join(&name);
+                if remove_if_no_segments(io.as_ref(), &log_dir)? {
+                    continue;
+                }
                 let options = LogOptions {
                     full_segment_size_bytes: self.config.segment_size_bytes,
                     ..LogOptions::default()
@@ -800,4 +872,41 @@ impl BrokerInner {
         }
         Ok(())
     }
+}
+
+/// Remove a log directory that holds no segment file (a deleted log whose directory stayed,
+/// with at most the scratch file of a segment it failed to create): opening it as a log would
+/// create a segment, which needs space a full disk does not have. True if it was removed.
+pub(crate) fn remove_if_no_segments(io: &dyn Io, dir: &Path) -> BrokerResult<bool> {
+    let io_error = |e| keratin_log::LogError::Invalid(format!("{}: {e}", dir.display()));
+    let names = io.read_dir(dir).map_err(io_error)?;
+    if names.iter().any(|name| name.ends_with(".seg")) {
+        return Ok(false);
+    }
+    for name in names {
+        io.remove_file(&dir.join(name)).map_err(io_error)?;
+    }
+    io.remove_dir(dir).map_err(io_error)?;
+    Ok(true)
+}
+
+/// Offer a stopped metadata log a heal every `METADATA_HEAL_INTERVAL` until the broker is
+/// dropped or shut down.
+fn spawn_metadata_healer(inner: std::sync::Weak<BrokerInner>) {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(METADATA_HEAL_INTERVAL).await;
+            let Some(inner) = inner.upgrade() else {
+                return;
+            };
+            if inner.meta_figures.stopped.load(Ordering::Relaxed) == 0 {
+                continue;
+            }
+            let mut guard = inner.meta.lock().await;
+            let Some(meta) = guard.as_mut() else {
+                return;
+            };
+            meta.maybe_heal();
+        }
+    });
 }

@@ -37,6 +37,14 @@ pub trait PublishGate: Send + Sync + Debug {
     /// back above its reserve level).
     fn may_heal(&self, device: u64) -> bool;
 
+    /// Free bytes on `device` at the last sample (spare segments counted, since a roll takes
+    /// them without allocating), or `None` when unknown. A log stopped at reserve heals when
+    /// this holds a new segment: what it writes next (acks, purges, reclaim) then fits.
+    fn free_bytes(&self, device: u64) -> Option<u64> {
+        let _ = device;
+        None
+    }
+
     /// A partition on `device` grew its log by a segment: a good moment to sample again.
     fn segment_rolled(&self, device: u64) {
         let _ = device;

@@ -30,14 +30,16 @@ pub mod range_set;
 pub mod record;
 
 pub use broker::{
-    system_clock, Broker, BrokerConfig, Clock, PartitionInfo, PendingPublish, QueueInfo, Receipt,
-    DELIVERY_BYTES_DEFAULT, MAX_PREFETCH, PARTITIONS_MAX_DEFAULT,
+    system_clock, Broker, BrokerConfig, Clock, MetadataLogInfo, PartitionInfo, PendingPublish,
+    QueueInfo, Receipt, DELIVERY_BYTES_DEFAULT, MAX_PREFETCH, PARTITIONS_MAX_DEFAULT,
 };
 pub use byte_budget::{ByteBudget, BytePermit};
 pub use consumer::{Consumer, Delivery, DeliveryPermit, DeliveryTag, Settler, SubscribeOptions};
 pub use error::{BrokerError, BrokerResult};
 pub use gate::{GateDecision, OpenGate, PublishGate};
 pub use partition::state::PartitionState;
-pub use queue::{validate_queue_name, Overflow, Queue, QueueSettings, MAX_PARTITIONS};
+pub use queue::{
+    validate_queue_name, DeadLetterFailure, Overflow, Queue, QueueSettings, MAX_PARTITIONS,
+};
 pub use range_set::RangeSet;
 pub use record::Message;

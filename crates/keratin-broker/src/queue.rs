@@ -1,5 +1,6 @@
 //! `Queue`: a declared queue, its settings and the handles of its partitions' owner tasks.
 
+use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -180,6 +181,78 @@ pub(crate) struct PartitionFigures {
     pub(crate) stops: AtomicU64,
     /// Times its stopped log was healed.
     pub(crate) heals: AtomicU64,
+    /// Messages dropped because dead-lettering them failed, by [`DeadLetterFailure`] index.
+    pub(crate) dead_letter_failures: [AtomicU64; DeadLetterFailure::ALL.len()],
+}
+
+impl PartitionFigures {
+    /// Count the messages of a dead-lettering batch whose publish to the dead-letter queue
+    /// failed: they are dropped, and this is how an operator hears of it.
+    pub(crate) fn count_dead_letter_failures<T>(&self, results: &[BrokerResult<T>]) {
+        for error in results.iter().filter_map(|r| r.as_ref().err()) {
+            let failure = DeadLetterFailure::of(error);
+            self.dead_letter_failures[failure as usize].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The dead-letter failure counts, non-zero ones only.
+    pub(crate) fn dead_letter_failures(&self) -> BTreeMap<DeadLetterFailure, u64> {
+        DeadLetterFailure::ALL
+            .into_iter()
+            .map(|f| {
+                (
+                    f,
+                    self.dead_letter_failures[f as usize].load(Ordering::Relaxed),
+                )
+            })
+            .filter(|(_, count)| *count > 0)
+            .collect()
+    }
+}
+
+/// Why a message could not be dead-lettered (it was dropped instead); the `reason` label of
+/// `keratin_dead_letter_failures_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum DeadLetterFailure {
+    /// The dead-letter queue does not exist (never declared, or deleted).
+    NotFound = 0,
+    /// The dead-letter queue is full (its `max_messages` / `max_bytes` with `reject`).
+    QueueFull = 1,
+    /// The dead-letter queue's partition could not write it (its log stopped).
+    Unavailable = 2,
+    /// Anything else: the message is invalid there, or the node is shutting down.
+    Other = 3,
+}
+
+impl DeadLetterFailure {
+    /// Every reason, in index order.
+    pub const ALL: [DeadLetterFailure; 4] = [
+        DeadLetterFailure::NotFound,
+        DeadLetterFailure::QueueFull,
+        DeadLetterFailure::Unavailable,
+        DeadLetterFailure::Other,
+    ];
+
+    /// The stable metrics and attention name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeadLetterFailure::NotFound => "not_found",
+            DeadLetterFailure::QueueFull => "queue_full",
+            DeadLetterFailure::Unavailable => "unavailable",
+            DeadLetterFailure::Other => "other",
+        }
+    }
+
+    fn of(error: &BrokerError) -> DeadLetterFailure {
+        match error {
+            BrokerError::NotFound(_) => DeadLetterFailure::NotFound,
+            BrokerError::Limited { .. } => DeadLetterFailure::QueueFull,
+            BrokerError::Unavailable { .. } | BrokerError::OutcomeUnknown { .. } => {
+                DeadLetterFailure::Unavailable
+            }
+            _ => DeadLetterFailure::Other,
+        }
+    }
 }
 
 /// The handle of one partition's owner task.

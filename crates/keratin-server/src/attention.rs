@@ -44,6 +44,9 @@ pub enum AttentionKind {
     LogStopped,
     /// A stopped log was healed (subject: its directory); history only.
     LogHealed,
+    /// Messages of a queue were dropped because dead-lettering them failed (subject: the
+    /// queue).
+    DeadLetterFailed,
 }
 
 impl AttentionKind {
@@ -55,6 +58,7 @@ impl AttentionKind {
             AttentionKind::QueueFull => "queue_full",
             AttentionKind::LogStopped => "log_stopped",
             AttentionKind::LogHealed => "log_healed",
+            AttentionKind::DeadLetterFailed => "dead_letter_failed",
         }
     }
 }

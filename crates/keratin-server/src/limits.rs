@@ -69,7 +69,21 @@ pub struct NodeLimits {
     history: FreeSpaceHistory,
     /// Each partition log's stop figures at the last sample, by directory.
     stopped_logs: Mutex<BTreeMap<String, LogFigures>>,
+    /// Each queue's dead-letter failures at the last sample, and when they last grew.
+    dead_letter_failures: Mutex<BTreeMap<String, DeadLetterFigures>>,
 }
+
+/// A queue's dead-letter failures as the sampler last saw them.
+#[derive(Debug, Default, Clone, Copy)]
+struct DeadLetterFigures {
+    total: u64,
+    grew_at_ms: u64,
+}
+
+/// A `dead_letter_failed` item clears after this long without a new failure: the drops are
+/// events, not a state the sampler can see end, and ten minutes is long enough for an operator
+/// who looks at the active items every few minutes to see it (the history keeps it after).
+const DEAD_LETTER_QUIET_MS: u64 = 10 * 60 * 1000;
 
 /// A partition log's stop figures at one sample.
 #[derive(Debug, Default, Clone, Copy)]
@@ -135,6 +149,7 @@ impl NodeLimits {
             full_queues: Mutex::new(BTreeSet::new()),
             history: FreeSpaceHistory::new(),
             stopped_logs: Mutex::new(BTreeMap::new()),
+            dead_letter_failures: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -203,6 +218,7 @@ impl NodeLimits {
         self.attention.retry_save();
         self.check_full_queues();
         self.check_stopped_logs();
+        self.check_dead_letter_failures(now_ms());
         let max_bytes = self.max_bytes.load(Ordering::Relaxed);
         let used = if max_bytes > 0 { self.used_bytes() } else { 0 };
         for fs in &self.filesystems {
@@ -295,54 +311,119 @@ impl NodeLimits {
         let Some(broker) = self.broker.get() else {
             return;
         };
-        let mut seen = lock(&self.stopped_logs);
-        let mut now = BTreeMap::new();
+        // Every log of the node: each partition's, and the metadata log.
+        let mut logs: Vec<(String, LogFigures, String, &str)> = Vec::new();
         for queue in broker.list() {
             for partition in &queue.partitions {
-                let dir = partition.dir.display().to_string();
-                let before = seen.get(&dir).copied().unwrap_or_default();
                 let figures = LogFigures {
                     stops: partition.stops,
                     heals: partition.heals,
                     stopped: partition.stopped,
                 };
-                if figures.stops > before.stops || (figures.stopped && !before.stopped) {
-                    let message = format!(
-                        "the log of queue {} partition {} ({dir}) stopped after a failed write or \
-                         sync: its publishes are refused; the broker heals it once its file \
-                         system has room again; check the disk and the broker's log for the error",
-                        queue.name, partition.index
-                    );
-                    tracing::error!("{message}");
-                    self.attention.raise(Raise {
-                        kind: AttentionKind::LogStopped,
-                        subject: dir.clone(),
-                        severity: Severity::Critical,
-                        level: None,
-                        message,
-                    });
-                }
-                let healed = figures.heals > before.heals || (before.stopped && !figures.stopped);
-                if healed && !figures.stopped {
-                    self.attention.clear(AttentionKind::LogStopped, &dir);
-                    self.attention.note(Raise {
-                        kind: AttentionKind::LogHealed,
-                        subject: dir.clone(),
-                        severity: Severity::Info,
-                        level: None,
-                        message: format!(
-                            "the log of queue {} partition {} ({dir}) was healed and takes \
-                             publishes again",
-                            queue.name, partition.index
-                        ),
-                    });
-                }
-                now.insert(dir, figures);
+                let what = format!("queue {} partition {}", queue.name, partition.index);
+                let effect = "its publishes are refused";
+                logs.push((partition.dir.display().to_string(), figures, what, effect));
             }
+        }
+        let meta = broker.metadata_log();
+        let figures = LogFigures {
+            stops: meta.stops,
+            heals: meta.heals,
+            stopped: meta.stopped,
+        };
+        logs.push((
+            meta.dir.display().to_string(),
+            figures,
+            "the node's metadata".into(),
+            "declaring queues and changing settings wait; deleting queues works",
+        ));
+        let mut seen = lock(&self.stopped_logs);
+        let mut now = BTreeMap::new();
+        for (dir, figures, what, effect) in logs {
+            let before = seen.get(&dir).copied().unwrap_or_default();
+            if figures.stops > before.stops || (figures.stopped && !before.stopped) {
+                let message = format!(
+                    "the log of {what} ({dir}) stopped after a failed write or sync: {effect}; \
+                     the broker heals it once its file system has room again; check the disk \
+                     and the broker's log for the error"
+                );
+                tracing::error!("{message}");
+                self.attention.raise(Raise {
+                    kind: AttentionKind::LogStopped,
+                    subject: dir.clone(),
+                    severity: Severity::Critical,
+                    level: None,
+                    message,
+                });
+            }
+            let healed = figures.heals > before.heals || (before.stopped && !figures.stopped);
+            if healed && !figures.stopped {
+                self.attention.clear(AttentionKind::LogStopped, &dir);
+                self.attention.note(Raise {
+                    kind: AttentionKind::LogHealed,
+                    subject: dir.clone(),
+                    severity: Severity::Info,
+                    level: None,
+                    message: format!("the log of {what} ({dir}) was healed and works again"),
+                });
+            }
+            now.insert(dir, figures);
         }
         // A deleted queue's logs are gone, and with them the cause of their items.
         for dir in seen.keys().filter(|dir| !now.contains_key(*dir)) {
             self.attention.clear(AttentionKind::LogStopped, dir);
+        }
+        *seen = now;
+    }
+
+    /// Raise an attention item when a queue dropped messages because dead-lettering them
+    /// failed (each drop is counted by the partitions); clear it after a quiet spell, or when
+    /// the queue is gone.
+    fn check_dead_letter_failures(&self, now_ms: u64) {
+        let Some(broker) = self.broker.get() else {
+            return;
+        };
+        let mut seen = lock(&self.dead_letter_failures);
+        let mut now = BTreeMap::new();
+        for queue in broker.list() {
+            let failures = queue.dead_letter_failures();
+            let total: u64 = failures.values().sum();
+            let mut figures = seen.get(&queue.name).copied().unwrap_or_default();
+            if total > figures.total {
+                let reasons: Vec<String> = failures
+                    .iter()
+                    .map(|(reason, count)| format!("{count} {}", reason.as_str()))
+                    .collect();
+                let target = queue.settings.dead_letter.clone().unwrap_or_default();
+                let message = format!(
+                    "queue {} dropped {} messages since start because dead-lettering them to                      {target:?} failed ({}); declare the dead-letter queue, give it room, or                      change the queue's dead_letter",
+                    queue.name,
+                    total,
+                    reasons.join(", ")
+                );
+                tracing::warn!("{message}");
+                self.attention.raise(Raise {
+                    kind: AttentionKind::DeadLetterFailed,
+                    subject: queue.name.clone(),
+                    severity: Severity::Warning,
+                    level: None,
+                    message,
+                });
+                figures = DeadLetterFigures {
+                    total,
+                    grew_at_ms: now_ms,
+                };
+            } else if figures.grew_at_ms > 0
+                && now_ms.saturating_sub(figures.grew_at_ms) >= DEAD_LETTER_QUIET_MS
+            {
+                self.attention
+                    .clear(AttentionKind::DeadLetterFailed, &queue.name);
+                figures.grew_at_ms = 0;
+            }
+            now.insert(queue.name.clone(), figures);
+        }
+        for name in seen.keys().filter(|name| !now.contains_key(*name)) {
+            self.attention.clear(AttentionKind::DeadLetterFailed, name);
         }
         *seen = now;
     }
@@ -720,6 +801,13 @@ impl PublishGate for NodeLimits {
         lock(&self.monitor)
             .disk_level(DeviceId(device))
             .is_none_or(|level| level < Level::Reserve)
+    }
+
+    fn free_bytes(&self, device: u64) -> Option<u64> {
+        lock(&self.monitor)
+            .disks()
+            .find(|d| d.device == DeviceId(device))
+            .map(|d| d.sample.effective_free_bytes())
     }
 
     fn segment_rolled(&self, _device: u64) {

@@ -263,7 +263,22 @@ pub fn render(broker: &Broker, limits: &NodeLimits) -> String {
         "Messages drop_oldest removed to make room, by queue",
         overflowed.clone(),
     );
+    let dead_letter_failures = Family::<QueueReasonLabels, Counter>::default();
+    registry.register(
+        "dead_letter_failures",
+        "Messages dropped because dead-lettering them failed, by queue and reason (not_found, \
+         queue_full, unavailable, other)",
+        dead_letter_failures.clone(),
+    );
     for q in queues {
+        for (reason, count) in q.dead_letter_failures() {
+            dead_letter_failures
+                .get_or_create(&QueueReasonLabels {
+                    queue: q.name.clone(),
+                    reason: reason.as_str().into(),
+                })
+                .inc_by(count);
+        }
         let labels = QueueLabels {
             queue: q.name.clone(),
         };

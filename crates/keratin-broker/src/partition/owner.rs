@@ -10,6 +10,7 @@ mod admission;
 mod delivery;
 mod reclaim;
 mod settle;
+mod stopped;
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::ops::Range;

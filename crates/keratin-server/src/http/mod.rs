@@ -157,21 +157,19 @@ async fn put_settings(
     Path(name): Path<String>,
     Json(body): Json<Value>,
 ) -> Response {
-    let current = match broker.info(&name) {
-        Ok(info) => info.settings,
-        Err(error) => return error_response(&error),
+    // The body is checked before the queue is looked at, then applied to the settings in force
+    // under the broker's metadata lock (a concurrent change of another setting stays).
+    if let Err(message) = settings_update(keratin_broker::QueueSettings::default(), &body) {
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(json!({ "code": 400, "message": message })),
+        )
+            .into_response();
+    }
+    let update = |current: &keratin_broker::QueueSettings| {
+        settings_update(current.clone(), &body).map_err(keratin_broker::BrokerError::Invalid)
     };
-    let settings = match settings_update(current, &body) {
-        Ok(settings) => settings,
-        Err(message) => {
-            return (
-                StatusCode::BAD_REQUEST,
-                Json(json!({ "code": 400, "message": message })),
-            )
-                .into_response()
-        }
-    };
-    match broker.set_queue_settings(&name, settings).await {
+    match broker.update_queue_settings(&name, update).await {
         Ok(info) => Json(queue_json(&info)).into_response(),
         Err(error) => error_response(&error),
     }

@@ -313,16 +313,14 @@ impl Conn {
                 .await;
             }
             Frame::SetQueueSettings(s) => {
-                let result = match self.broker.info(&s.queue) {
-                    Ok(info) => {
-                        let settings = convert::apply_update(&info.settings, s.update);
-                        self.broker
-                            .set_queue_settings(&s.queue, settings)
-                            .await
-                            .map(|_| ())
-                    }
-                    Err(e) => Err(e),
-                };
+                let update = s.update;
+                let result = self
+                    .broker
+                    .update_queue_settings(&s.queue, |current| {
+                        Ok(convert::apply_update(current, update))
+                    })
+                    .await
+                    .map(|_| ());
                 self.reply(s.request_id, ok(s.request_id, result)).await;
             }
             Frame::Publish(p) => self.publish(p).await,

@@ -4,20 +4,25 @@
 use super::*;
 
 impl Owner {
-    /// Heal a log stopped by a write error once the gate says its file system has room again,
-    /// then rebuild the state from the log, as at open. Healing cuts the log back to its last
-    /// durable offset; a group that was durable but answered as failed (a write failed after
-    /// its sync) stays in the log without having been applied, so only a rebuild makes the
-    /// state equal the log again (else every later record would be refused as out of order).
-    /// A partition stopped because its state fell out of step with a running log heals the same
-    /// way (`Log::heal` does nothing on a running log).
+    /// Heal a log stopped by a write error once its file system has room again, or at reserve
+    /// once what it writes next fits (see `stopped.rs`).
     pub(super) fn maybe_heal(&mut self) {
         if self.stopped.is_none() || !self.pending.is_empty() {
             return;
         }
-        if !self.ctx.gate.may_heal(self.ctx.device) {
+        if !self.may_heal_now() {
             return;
         }
+        self.heal_now();
+    }
+
+    /// Heal the stopped log, then rebuild the state from the log, as at open. Healing cuts the
+    /// log back to its last durable offset; a group that was durable but answered as failed (a
+    /// write failed after its sync) stays in the log without having been applied, so only a
+    /// rebuild makes the state equal the log again (else every later record would be refused
+    /// as out of order). A partition stopped because its state fell out of step with a running
+    /// log heals the same way (`Log::heal` does nothing on a running log).
+    pub(super) fn heal_now(&mut self) {
         let Some(log) = self.log.as_ref() else {
             return;
         };
@@ -27,13 +32,8 @@ impl Owner {
             .and_then(|()| rebuild(log, None));
         match healed {
             Ok(state) => {
-                tracing::info!(queue = %self.ctx.queue, partition = self.ctx.index, "log healed and state rebuilt; publishes resume");
                 self.rebuilt(state);
-                self.stopped = None;
-                self.figures.heals.fetch_add(1, Ordering::Relaxed);
-                self.reader = None;
-                self.reclaim_busy = false;
-                self.reclaim_due = true;
+                self.healed();
             }
             Err(error) => {
                 tracing::warn!(queue = %self.ctx.queue, partition = self.ctx.index, %error, "heal failed; will retry");
@@ -89,7 +89,7 @@ impl Owner {
             return;
         }
         let bound = 2 * self.state.live_bytes() + 2 * self.ctx.segment_size_bytes;
-        if stats.disk_bytes > bound && stats.segments.len() > 2 {
+        if stats.disk_bytes > bound && stats.segments.len() > 2 && self.relocation_fits() {
             let first = (stats.segments[0].base_offset, stats.segments[1].base_offset);
             self.relocate(first);
         }

@@ -168,8 +168,10 @@ impl Owner {
         }
         let commands = self.commands.clone();
         let queue = self.ctx.queue.clone();
+        let figures = self.figures.clone();
         tokio::spawn(async move {
             let results = broker.publish_internal(&target, messages).await;
+            figures.count_dead_letter_failures(&results);
             let delivered = results.iter().all(Result::is_ok);
             if !delivered {
                 tracing::warn!(%queue, dead_letter = %target, "dead-lettering failed; the messages are dropped");
@@ -202,10 +204,14 @@ impl Owner {
     }
 
     pub(super) fn purge(&mut self, reply: oneshot::Sender<BrokerResult<u64>>) {
-        if let Some(stop) = &self.stopped {
-            let _ = reply.send(Err(self.unavailable(stop.clone())));
-            return;
-        }
+        // A purge frees space: a stopped log does it without a write, or heals first.
+        let reply = match self.stopped {
+            Some(_) => match self.purge_stopped(reply) {
+                Some(reply) => reply,
+                None => return,
+            },
+            None => reply,
+        };
         // Inflight and leaving messages stay. Only live ones count: an entry of a message
         // that is no longer live would make the totals disagree with the ranges.
         let busy: BTreeSet<u64> = self

@@ -1,0 +1,168 @@
+//! What a partition whose log stopped can still do to free space, at every disk level: when
+//! it may heal at reserve, and a purge that needs no write at all.
+//!
+//! Healing itself needs no free space: recovery reads, renames and removes, and the cut of the
+//! unsynced tail writes inside the tail segment, preallocated when it was made. What matters is
+//! what the partition writes after the heal. At reserve the gate refuses publishes, so that is
+//! acks, returns, purges and prefix removal: control records of at most
+//! [`CONTROL_RECORD_BYTES_MAX`] bytes. They fit if the tail segment still holds one control
+//! record, or if the file system holds a new segment (the reserve is the space kept for exactly
+//! these writes). Either way a heal at reserve ends in a running log or in a stop that leaves
+//! less than that room, so it cannot turn into a stop-heal loop driven by control records.
+//! Relocation, which copies payloads and so needs space to free space, waits at reserve until a
+//! segment fits ([`Owner::relocation_fits`]).
+
+use super::*;
+
+/// The largest control record: `CONTROL_ENTRIES_MAX` entries of at most 16 bytes, plus its
+/// record header and framing, rounded up to a 4 KiB page (64 KiB + 4 KiB).
+pub(super) const CONTROL_RECORD_BYTES_MAX: u64 = CONTROL_ENTRIES_MAX as u64 * 16 + 4096;
+
+impl Owner {
+    /// Whether a stopped log may be healed now: the gate says its file system is back above
+    /// reserve, or (at reserve) what the partition writes next fits without taking space the
+    /// file system does not have (see the module docs).
+    pub(super) fn may_heal_now(&self) -> bool {
+        self.room_for_a_segment() || self.tail_room_bytes() >= CONTROL_RECORD_BYTES_MAX
+    }
+
+    /// Whether relocation may copy live messages to the head now. It needs space to free
+    /// space: at reserve without room for a new segment, a copy that does not fit the tail
+    /// segment would stop the log again, and then acks could not be written either (found by
+    /// the purge-with-a-delivery-out test at reserve). It waits until the reserve holds a
+    /// segment; prefix removal, which only frees, goes on.
+    pub(super) fn relocation_fits(&self) -> bool {
+        self.room_for_a_segment() || self.tail_room_bytes() >= RELOCATE_BATCH_BYTES as u64 + 4096
+    }
+
+    /// The gate says the file system is above reserve, or that it holds a new segment.
+    fn room_for_a_segment(&self) -> bool {
+        self.ctx.gate.may_heal(self.ctx.device)
+            || self
+                .ctx
+                .gate
+                .free_bytes(self.ctx.device)
+                .is_some_and(|free| free >= self.ctx.segment_size_bytes)
+    }
+
+    /// Free bytes left in the log's tail segment (its preallocated, unwritten part).
+    fn tail_room_bytes(&self) -> u64 {
+        let Some(log) = self.log.as_ref() else {
+            return 0;
+        };
+        log.stats()
+            .segments
+            .last()
+            .map_or(0, |s| s.size_bytes.saturating_sub(s.used_bytes))
+    }
+
+    /// A purge asked of a stopped log. Returns the reply when the ordinary purge (a PURGE
+    /// record) must go on: the log healed. Otherwise answers it here:
+    /// - every live message is ready (none is delivered or being settled): the purge leaves
+    ///   nothing, so the log is deleted whole and a fresh one starts, with no record written
+    ///   (see [`Owner::purge_by_reset`]);
+    /// - else the log is healed at once, whatever the level (a heal needs no space); the PURGE
+    ///   record then fits unless the tail segment is full and the file system too, in which
+    ///   case the purge fails as unavailable.
+    pub(super) fn purge_stopped(
+        &mut self,
+        reply: oneshot::Sender<BrokerResult<u64>>,
+    ) -> Option<oneshot::Sender<BrokerResult<u64>>> {
+        let stop = self.stopped.clone()?;
+        if !self.pending.is_empty() {
+            let _ = reply.send(Err(self.unavailable(stop)));
+            return None;
+        }
+        if self.inflight.is_empty() && self.limbo.is_empty() && self.acks.is_empty() {
+            self.purge_by_reset(reply);
+            return None;
+        }
+        // A heal needs no space: heal whatever the level.
+        self.heal_now();
+        match self.stopped.clone() {
+            None => Some(reply),
+            Some(stop) => {
+                let _ = reply.send(Err(self.unavailable(stop)));
+                None
+            }
+        }
+    }
+
+    /// The log healed: appends resume, readers start over, reclaim looks again.
+    pub(super) fn healed(&mut self) {
+        tracing::info!(queue = %self.ctx.queue, partition = self.ctx.index, "log healed; writes resume");
+        self.stopped = None;
+        self.figures.heals.fetch_add(1, Ordering::Relaxed);
+        self.reader = None;
+        self.reclaim_busy = false;
+        self.reclaim_due = true;
+    }
+
+    /// Purge a stopped log that holds no delivered message: delete the log (its segments go to
+    /// the pool, or are removed over its budget; no write needs new space) and open a fresh,
+    /// empty one in the same directory, which takes a spare the deletion just made (or the
+    /// space it freed). Message ids start again at 0: nothing refers to the old ones, since no
+    /// message was delivered and unsettled. A crash part way leaves a shorter log (segments go
+    /// highest first) or an empty one: at worst some purged messages come back, as when a
+    /// crash interrupts a purge written as several records; nothing is answered before the
+    /// fresh log is open.
+    fn purge_by_reset(&mut self, reply: oneshot::Sender<BrokerResult<u64>>) {
+        let count = self.state.live_count();
+        let result = self.reset_log();
+        match result {
+            Ok(()) => {
+                self.state = PartitionState::new(0);
+                self.cursor = 0;
+                self.redeliver.clear();
+                self.counts_pending.clear();
+                self.dropping.clear();
+                self.dropping_bytes = 0;
+                self.disk_bytes = 0;
+                self.healed();
+                self.publish_figures();
+                tracing::info!(queue = %self.ctx.queue, partition = self.ctx.index, count, "stopped partition purged by replacing its log");
+                let _ = reply.send(Ok(count));
+            }
+            Err(error) => {
+                tracing::error!(queue = %self.ctx.queue, partition = self.ctx.index, %error, "purging a stopped partition failed");
+                self.publish_figures();
+                let _ = reply.send(Err(error));
+            }
+        }
+    }
+
+    fn reset_log(&mut self) -> BrokerResult<()> {
+        let broker = self
+            .ctx
+            .broker
+            .upgrade()
+            .ok_or_else(|| BrokerError::Closed(format!("queue {:?}", self.ctx.queue)))?;
+        let log = self
+            .log
+            .take()
+            .ok_or_else(|| BrokerError::Closed(format!("queue {:?}", self.ctx.queue)))?;
+        self.reader = None;
+        let dir = log.dir().to_path_buf();
+        let pool = log.pool().clone();
+        // Until the fresh log opens, the partition has none: its requests fail as closed,
+        // and a failure here leaves it so until a restart, which opens the directory again.
+        let io = broker.io();
+        if let Err(error) = log.delete() {
+            // A log stopped at a roll can hold the scratch file of the segment it could not
+            // allocate, which `Log::delete` does not know: the directory stays, without
+            // segments. Anything else is a real failure.
+            if !crate::broker::remove_if_no_segments(io.as_ref(), &dir)? {
+                return Err(error.into());
+            }
+        }
+        // Spares being prepared from the deleted segments become ready first.
+        pool.flush();
+        let options = keratin_log::LogOptions {
+            full_segment_size_bytes: self.ctx.segment_size_bytes,
+            ..keratin_log::LogOptions::default()
+        };
+        let log = Log::open(io, &dir, options, Some(pool))?;
+        self.log = Some(log);
+        Ok(())
+    }
+}

@@ -1,0 +1,96 @@
+//! A message whose dead-lettering fails is dropped, and the node says so: the
+//! `keratin_dead_letter_failures_total{queue, reason}` counter on `/metrics` and an active
+//! `dead_letter_failed` attention item for the queue. A failure means such a drop was silent.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use keratin_server::config::Config;
+use keratin_server::Node;
+
+fn get(addr: SocketAddr, path: &str) -> String {
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read");
+    response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_dead_letter_is_counted_and_raises_attention() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut config = Config::default();
+    config.storage.dirs = vec![dir.path().join("data")];
+    config.storage.segment_bytes = 1 << 20;
+    config.server.listen = "127.0.0.1:0".parse().expect("addr");
+    config.server.http = "127.0.0.1:0".parse().expect("addr");
+    config.limits.sample_interval_ms = 20;
+    // Tiny disk thresholds: the host's free space must not matter.
+    let disk = &mut config.limits.disk;
+    disk.soft_fraction = 0.002;
+    disk.hard_fraction = 0.001;
+    disk.reserve_fraction = 0.0005;
+    disk.soft_floor_bytes = 256 << 20;
+    disk.hard_floor_bytes = 128 << 20;
+    disk.reserve_floor_bytes = 64 << 20;
+    let node = Node::start(&config).await.expect("start");
+    let broker = node.broker().clone();
+    let settings = keratin_broker::QueueSettings {
+        dead_letter: Some("missing".into()),
+        ..keratin_broker::QueueSettings::default()
+    };
+    broker.declare("orphan", settings).await.expect("declare");
+    let messages = (0..2)
+        .map(|i| keratin_broker::Message::new(vec![i; 10]))
+        .collect();
+    for result in broker.publish("orphan", messages).await {
+        result.expect("publish");
+    }
+    let mut consumer = broker.subscribe("orphan", 10).expect("subscribe");
+    for _ in 0..2 {
+        let d = tokio::time::timeout(Duration::from_secs(10), consumer.recv())
+            .await
+            .expect("a delivery")
+            .expect("open");
+        consumer.reject(&[d.tag], false);
+    }
+    let http = node.http_addr();
+    let result = tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let wanted = r#"keratin_dead_letter_failures_total{queue="orphan",reason="not_found"} 2"#;
+        loop {
+            let metrics = get(http, "/metrics");
+            let body = get(http, "/api/v1/attention?active=true");
+            let doc: serde_json::Value = serde_json::from_str(&body).expect("json");
+            let items = doc["items"].as_array().cloned().unwrap_or_default();
+            let item = items
+                .iter()
+                .find(|i| i["kind"] == "dead_letter_failed" && i["subject"] == "orphan");
+            if metrics.contains(wanted) {
+                if let Some(item) = item {
+                    assert_eq!(item["severity"], "warning", "{item}");
+                    let message = item["message"].as_str().unwrap_or_default();
+                    assert!(message.contains("missing"), "{message}");
+                    return;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no count or no item within 30 s:\n{metrics}\n{doc}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    })
+    .await;
+    drop(consumer);
+    node.shutdown().await.expect("shutdown");
+    result.expect("checks");
+}

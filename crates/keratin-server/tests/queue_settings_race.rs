@@ -1,0 +1,93 @@
+//! Two concurrent changes of different settings of one queue both take effect: a change is a
+//! read-modify-write of the queue's settings, and the node must not let one overwrite the
+//! other with the value it read before. Sent over the HTTP admin port (`PUT
+//! /api/v1/queues/{name}/settings`), two at a time from two threads, several rounds. A failure
+//! means one of the two updates was lost.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::{Arc, Barrier};
+
+use keratin_server::config::Config;
+use keratin_server::Node;
+
+fn request(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: \
+         application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read");
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_updates_of_different_settings_both_survive() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut config = Config::default();
+    config.storage.dirs = vec![dir.path().join("data")];
+    config.storage.segment_bytes = 1 << 20;
+    config.server.listen = "127.0.0.1:0".parse().expect("addr");
+    config.server.http = "127.0.0.1:0".parse().expect("addr");
+    let disk = &mut config.limits.disk;
+    disk.soft_fraction = 0.002;
+    disk.hard_fraction = 0.001;
+    disk.reserve_fraction = 0.0005;
+    disk.soft_floor_bytes = 256 << 20;
+    disk.hard_floor_bytes = 128 << 20;
+    disk.reserve_floor_bytes = 64 << 20;
+    let node = Node::start(&config).await.expect("start");
+    node.broker()
+        .declare("q", keratin_broker::QueueSettings::default())
+        .await
+        .expect("declare");
+    let http = node.http_addr();
+    let result = tokio::task::spawn_blocking(move || {
+        let mut lost = Vec::new();
+        for round in 1..=10u64 {
+            let barrier = Arc::new(Barrier::new(2));
+            let updates = [
+                format!(r#"{{"max_messages": {}}}"#, 1000 + round),
+                format!(r#"{{"max_bytes": {}}}"#, 100_000 + round),
+            ];
+            let threads: Vec<_> = updates
+                .into_iter()
+                .map(|body| {
+                    let barrier = barrier.clone();
+                    std::thread::spawn(move || {
+                        barrier.wait();
+                        request(http, "PUT", "/api/v1/queues/q/settings", &body)
+                    })
+                })
+                .collect();
+            for thread in threads {
+                let (code, body) = thread.join().expect("thread");
+                assert_eq!(code, 200, "{body}");
+            }
+            let (_, body) = request(http, "GET", "/api/v1/queues/q", "");
+            let q: serde_json::Value = serde_json::from_str(&body).expect("json");
+            let settings = &q["settings"];
+            if settings["max_messages"] != 1000 + round || settings["max_bytes"] != 100_000 + round
+            {
+                lost.push(format!("round {round}: {settings}"));
+            }
+        }
+        assert!(lost.is_empty(), "updates lost: {lost:#?}");
+    })
+    .await;
+    node.shutdown().await.expect("shutdown");
+    result.expect("checks");
+}

@@ -1,0 +1,127 @@
+//! Deleting and purging work at every disk level, reserve included, against the real binary on
+//! a 128 MiB tmpfs (root only; see `support::privileged`): another program fills the file system
+//! to 100% while a queue is being published to, its partition's log stops at a roll, the node
+//! goes to reserve; then a purge of that stopped queue and the deletion of it and of another
+//! queue must succeed, and free the space they held. A failure means an operation that frees
+//! space was refused because the disk was full.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use keratin_client::{Client, ClientOptions, OutgoingMessage, QueueSettings};
+use support::*;
+
+const BODY_BYTES: usize = 16 * 1024;
+
+async fn connect(addr: SocketAddr) -> Client {
+    Client::connect(
+        addr,
+        ClientOptions {
+            name: "reserve-test".into(),
+            publish_timeout: Duration::from_millis(500),
+            ..ClientOptions::default()
+        },
+    )
+    .await
+    .expect("connect")
+}
+
+fn disk_level(http: SocketAddr) -> String {
+    status(http)["filesystems"][0]["level"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_and_delete_work_at_reserve_after_an_outside_fill() {
+    if !privileged("purge_and_delete_work_at_reserve_after_an_outside_fill") {
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tmp");
+    let data = tmp.path().join("data");
+    let _fs = Tmpfs::mount(&data, 128);
+    let config = small_fs_config(tmp.path(), &[&data], 0.02, 0.01, 0.005);
+    let mut server = Server::start(&[
+        "serve",
+        "--config",
+        config.to_str().expect("utf8"),
+        "--listen",
+        "127.0.0.1:0",
+        "--http",
+        "127.0.0.1:0",
+    ]);
+    let client = connect(server.protocol).await;
+    for queue in ["full", "other"] {
+        client
+            .declare(queue, QueueSettings::default())
+            .await
+            .expect("declare");
+    }
+    for seq in 0..100u64 {
+        client
+            .publish("other", OutgoingMessage::new(body(seq, BODY_BYTES)))
+            .await
+            .expect("publish before the fill");
+    }
+    // Another program fills the file system to 100%.
+    let filler = data.join("filler.bin");
+    let dd = std::process::Command::new("dd")
+        .args(["if=/dev/zero", "bs=1M", "count=200"])
+        .arg(format!("of={}", filler.display()))
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("dd");
+    assert!(!dd.success(), "dd stops at a full file system");
+    // Publish until the partition's log needs a segment it cannot have.
+    let mut confirmed = 0u64;
+    for seq in 0..2_000u64 {
+        match client
+            .publish("full", OutgoingMessage::new(body(seq, BODY_BYTES)))
+            .await
+        {
+            Ok(_) => confirmed += 1,
+            Err(_) => break,
+        }
+    }
+    eprintln!("{confirmed} confirmed before the publishes failed");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while disk_level(server.http) != "reserve" {
+        assert!(Instant::now() < deadline, "the node never went to reserve");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (free_before, _) = free_and_total(&data);
+    client
+        .purge("full")
+        .await
+        .expect("purge at reserve after an outside fill");
+    client
+        .delete("full")
+        .await
+        .expect("delete at reserve after an outside fill");
+    client
+        .delete("other")
+        .await
+        .expect("delete of a running queue at reserve");
+    assert_eq!(disk_level(server.http), "reserve", "still at reserve");
+    let queues = client.list().await.expect("list");
+    assert!(queues.is_empty(), "{queues:?}");
+    // The deleted segments went to the pool; at reserve the sampler deletes spares.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (free, _) = free_and_total(&data);
+        if free >= free_before + (4 << 20) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "nothing freed: {free_before} bytes free before, {free} after"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(server.alive(), "the broker stays up");
+    std::fs::remove_file(&filler).expect("remove filler");
+    assert!(server.terminate(Duration::from_secs(20)));
+}
