@@ -31,7 +31,8 @@ pub fn system_clock() -> Clock {
 }
 
 /// Largest prefetch a consumer may ask for: deliveries in flight to one consumer are buffered
-/// in its channel, so this bounds that buffer.
+/// in its channel, so this bounds that buffer. Equal to the protocol's `PREFETCH_MAX`
+/// (`keratin-server` asserts it at compile time; this crate does not know the protocol).
 pub const MAX_PREFETCH: u32 = 65_535;
 
 /// How a broker node is set up.

@@ -469,3 +469,53 @@ async fn joinable_publishes_are_admitted_one_by_one_under_queue_limits() {
     assert_eq!(failed.len(), 4);
     node.shutdown().await.expect("shutdown");
 }
+
+/// The largest prefetch the client lets through is one the server accepts, and one more is
+/// refused by both: the client without a round trip, the server with a 400. A client whose
+/// bound was above the server's failed the first subscribe with the server's 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_and_the_server_agree_on_the_largest_prefetch() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let node = start(&dir).await;
+    let options = keratin_client::ClientOptions {
+        name: "prefetch-bound".into(),
+        ..keratin_client::ClientOptions::default()
+    };
+    let client = keratin_client::Client::connect(node.protocol_addr(), options)
+        .await
+        .expect("connect");
+    client
+        .declare("q", keratin_client::QueueSettings::default())
+        .await
+        .expect("declare");
+    let largest = keratin_client::PREFETCH_MAX;
+    let consumer = client
+        .subscribe("q", largest)
+        .await
+        .expect("the server accepts the largest prefetch the client allows");
+    drop(consumer);
+    let above = client.subscribe("q", largest + 1).await;
+    assert!(
+        matches!(above, Err(keratin_client::ClientError::InvalidArgument(_))),
+        "the client refuses a prefetch above its bound itself: {above:?}"
+    );
+    client.close().await;
+
+    let mut conn = connect(node.protocol_addr()).await;
+    conn.send(Frame::Subscribe(Subscribe {
+        request_id: 5,
+        queue: "q".into(),
+        prefetch: largest + 1,
+        consumer_tag: "above".into(),
+    }))
+    .await
+    .expect("subscribe");
+    match next(&mut conn).await {
+        Frame::Error(e) => {
+            assert_eq!((e.request_id, e.fatal), (Some(5), false));
+            assert_eq!(e.error.code().0, 400, "{}", e.error);
+        }
+        other => panic!("a prefetch above the bound was not refused: {other:?}"),
+    }
+    node.shutdown().await.expect("shutdown");
+}

@@ -401,6 +401,9 @@ impl Conn {
             self.reply(s.request_id, Err(error)).await;
             return;
         }
+        // The broker checks the prefetch against its own bound (it does not know the protocol);
+        // it must be the protocol's, or a prefetch a client was allowed would get a 400.
+        const _: () = assert!(keratin_broker::MAX_PREFETCH == keratin_proto::PREFETCH_MAX);
         let mut consumer = match self.broker.subscribe(&s.queue, s.prefetch) {
             Ok(consumer) => consumer,
             Err(e) => {
