@@ -459,6 +459,13 @@ impl Broker {
         self.inner.dispatch(name, messages, false)
     }
 
+    /// [`Broker::publish_dispatch`] for separate publishes joined into one batch (a joinable
+    /// frame): a message whose record can never fit a segment fails alone with
+    /// [`BrokerError::TooLarge`] instead of failing the append of every message routed with it.
+    pub fn publish_dispatch_joined(&self, name: &str, messages: Vec<Message>) -> PendingPublish {
+        self.inner.dispatch_with(name, messages, false, true)
+    }
+
     /// Subscribe to a queue with a prefetch (most unsettled deliveries at once).
     pub fn subscribe(&self, name: &str, prefetch: u32) -> BrokerResult<Consumer> {
         if prefetch == 0 || prefetch > MAX_PREFETCH {
@@ -654,6 +661,18 @@ impl BrokerInner {
         messages: Vec<Message>,
         internal: bool,
     ) -> PendingPublish {
+        self.dispatch_with(name, messages, internal, false)
+    }
+
+    /// `dispatch`; with `joined`, messages too large for a segment fail one by one here, before
+    /// the rest of their partition's batch is appended.
+    pub(crate) fn dispatch_with(
+        &self,
+        name: &str,
+        messages: Vec<Message>,
+        internal: bool,
+        joined: bool,
+    ) -> PendingPublish {
         let mut pending = PendingPublish {
             queue: name.to_string(),
             results: vec![None; messages.len()],
@@ -674,6 +693,12 @@ impl BrokerInner {
                 pending.results[i] = Some(Err(e));
                 continue;
             }
+            if joined {
+                if let Err(e) = self.check_record_size(&payload) {
+                    pending.results[i] = Some(Err(e));
+                    continue;
+                }
+            }
             let p = queue.route(&message.routing_key);
             batches[p].0.push(i);
             batches[p].1.push(payload);
@@ -687,6 +712,22 @@ impl BrokerInner {
             pending.waiting.push((p as u32, indexes, reply));
         }
         pending
+    }
+
+    /// The log's own check (`LogError::RecordTooLarge`), made before the append: a partition
+    /// log's segments are `segment_size_bytes` long and hold one segment header.
+    fn check_record_size(&self, payload: &[u8]) -> BrokerResult<()> {
+        use keratin_log::format::{RECORD_HEADER_SIZE, SEGMENT_HEADER_SIZE};
+        let segment_size_bytes = self.config.segment_size_bytes;
+        let size_bytes = (RECORD_HEADER_SIZE as u64).saturating_add(payload.len() as u64);
+        if size_bytes > segment_size_bytes.saturating_sub(SEGMENT_HEADER_SIZE as u64) {
+            let error = keratin_log::LogError::RecordTooLarge {
+                size_bytes,
+                segment_size_bytes,
+            };
+            return Err(BrokerError::TooLarge(error.to_string()));
+        }
+        Ok(())
     }
 
     /// Queue directories whose queue the metadata no longer names (a delete that did not

@@ -374,7 +374,11 @@ impl Conn {
             .into_iter()
             .map(convert::message_from_wire)
             .collect();
-        let pending = self.broker.publish_dispatch(&p.queue, messages);
+        let pending = if p.joinable {
+            self.broker.publish_dispatch_joined(&p.queue, messages)
+        } else {
+            self.broker.publish_dispatch(&p.queue, messages)
+        };
         let out = self.out.clone();
         let mode = p.mode;
         tokio::spawn(async move {
