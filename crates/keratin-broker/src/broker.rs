@@ -32,7 +32,8 @@ pub fn system_clock() -> Clock {
 }
 
 /// Largest prefetch a consumer may ask for: deliveries in flight to one consumer are buffered
-/// in its channel, so this bounds that buffer.
+/// in its channel, so this bounds that buffer. Equal to the protocol's `PREFETCH_MAX`
+/// (`keratin-server` asserts it at compile time; this crate does not know the protocol).
 pub const MAX_PREFETCH: u32 = 65_535;
 
 /// Default node-wide bound on delivery bytes held in memory (read from disk for consumers and
@@ -556,6 +557,13 @@ impl Broker {
         self.inner.dispatch(name, messages, false)
     }
 
+    /// [`Broker::publish_dispatch`] for separate publishes joined into one batch (a joinable
+    /// frame): a message whose record can never fit a segment fails alone with
+    /// [`BrokerError::TooLarge`] instead of failing the append of every message routed with it.
+    pub fn publish_dispatch_joined(&self, name: &str, messages: Vec<Message>) -> PendingPublish {
+        self.inner.dispatch_with(name, messages, false, true)
+    }
+
     /// Subscribe to a queue with a prefetch (most unsettled deliveries at once).
     pub fn subscribe(&self, name: &str, prefetch: u32) -> BrokerResult<Consumer> {
         self.subscribe_with(name, SubscribeOptions::prefetch(prefetch))
@@ -779,6 +787,18 @@ impl BrokerInner {
         messages: Vec<Message>,
         internal: bool,
     ) -> PendingPublish {
+        self.dispatch_with(name, messages, internal, false)
+    }
+
+    /// `dispatch`; with `joined`, messages too large for a segment fail one by one here, before
+    /// the rest of their partition's batch is appended.
+    pub(crate) fn dispatch_with(
+        &self,
+        name: &str,
+        messages: Vec<Message>,
+        internal: bool,
+        joined: bool,
+    ) -> PendingPublish {
         let mut pending = PendingPublish {
             queue: name.to_string(),
             results: vec![None; messages.len()],
@@ -799,6 +819,12 @@ impl BrokerInner {
                 pending.results[i] = Some(Err(e));
                 continue;
             }
+            if joined {
+                if let Err(e) = self.check_record_size(&payload) {
+                    pending.results[i] = Some(Err(e));
+                    continue;
+                }
+            }
             let p = queue.route(&message.routing_key);
             batches[p].0.push(i);
             batches[p].1.push(payload);
@@ -812,6 +838,22 @@ impl BrokerInner {
             pending.waiting.push((p as u32, indexes, reply));
         }
         pending
+    }
+
+    /// The log's own check (`LogError::RecordTooLarge`), made before the append: a partition
+    /// log's segments are `segment_size_bytes` long and hold one segment header.
+    fn check_record_size(&self, payload: &[u8]) -> BrokerResult<()> {
+        use keratin_log::format::{RECORD_HEADER_SIZE, SEGMENT_HEADER_SIZE};
+        let segment_size_bytes = self.config.segment_size_bytes;
+        let size_bytes = (RECORD_HEADER_SIZE as u64).saturating_add(payload.len() as u64);
+        if size_bytes > segment_size_bytes.saturating_sub(SEGMENT_HEADER_SIZE as u64) {
+            let error = keratin_log::LogError::RecordTooLarge {
+                size_bytes,
+                segment_size_bytes,
+            };
+            return Err(BrokerError::TooLarge(error.to_string()));
+        }
+        Ok(())
     }
 
     /// Queue directories whose queue the metadata no longer names (a delete that did not

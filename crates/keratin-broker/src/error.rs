@@ -21,6 +21,10 @@ pub enum BrokerError {
     /// A request that can never succeed as sent.
     #[error("invalid request: {0}")]
     Invalid(String),
+    /// A message too large to store: its record would not fit in a segment. Never succeeds as
+    /// sent.
+    #[error("message too large: {0}")]
+    TooLarge(String),
     /// The partition's log stopped after a write error; it takes no writes until healed.
     #[error("queue {queue:?} partition {partition} is unavailable: {source}")]
     Unavailable {

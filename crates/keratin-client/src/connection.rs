@@ -392,7 +392,13 @@ impl Connection {
                 }
                 other => other,
             };
-            self.command(command).await?;
+            if let Err(ended) = self.command(command).await {
+                // A command taken to try joining it with the one before was never written.
+                if let Some(command) = next.take() {
+                    settle_unsent_command(command, &ended);
+                }
+                return Err(ended);
+            }
             if next.is_none() && taken < COMMANDS_PER_TURN_MAX {
                 if let Ok(command) = self.commands.try_recv() {
                     taken += 1;
@@ -406,7 +412,10 @@ impl Connection {
     async fn command(&mut self, command: Command) -> Result<(), Ended> {
         // An ack queued before a `Consumer::cancel` must reach the broker before the `Cancel`,
         // or the cancel would return the acknowledged message to ready.
-        self.drain_control().await?;
+        if let Err(ended) = self.drain_control().await {
+            settle_unsent_command(command, &ended);
+            return Err(ended);
+        }
         if self.closing {
             settle_unsent_command(command, "the connection is closing");
             return Ok(());
@@ -490,7 +499,21 @@ impl Connection {
             messages,
             joinable,
         });
-        if let Err(error) = self.write(frame).await? {
+        let written = match self.write(frame).await {
+            Ok(written) => written,
+            Err(ended) => {
+                // The socket failed while flushing the frames queued before this one, so this
+                // one was never written: its messages are safe to publish again.
+                for waiter in waiters {
+                    let lost = ClientError::ConnectionLost {
+                        detail: ended.clone(),
+                    };
+                    settle_unsent(waiter, lost, &ended);
+                }
+                return Err(ended);
+            }
+        };
+        if let Err(error) = written {
             let detail = error.to_string();
             for waiter in waiters {
                 settle_unsent(waiter, ClientError::Encode(detail.clone()), &detail);
@@ -711,7 +734,9 @@ impl Connection {
             for publish_id in barrier.covered {
                 // Still present means no PublishError came before the barrier's reply: the
                 // message counts as accepted and its buffer slot is released.
-                self.publishes.remove(&publish_id);
+                if let Some(Waiter::Buffered(entry)) = self.publishes.remove(&publish_id) {
+                    entry.accept();
+                }
             }
         }
         self.start_barrier().await
@@ -724,7 +749,7 @@ impl Connection {
             }
             Some(Waiter::Buffered(entry)) => {
                 // The protocol sends no Confirm for buffered messages; take it as accepted.
-                drop(entry);
+                entry.accept();
             }
             None => tracing::debug!(publish_id, "Confirm for an unknown publish id"),
         }

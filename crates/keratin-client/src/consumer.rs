@@ -18,10 +18,10 @@ use crate::client::Client;
 use crate::connection::{Control, RequestKind};
 use crate::error::ClientError;
 
-/// Largest prefetch a consumer may ask for. The client's delivery channel is as large as the
-/// prefetch (the broker never sends more unacknowledged deliveries), so this bounds the memory
-/// one consumer can hold: 65,536 deliveries of 1 KiB are 64 MiB.
-pub const PREFETCH_MAX: u32 = 65_536;
+/// Largest prefetch a consumer may ask for: the protocol's bound, which the broker enforces
+/// too. The client's delivery channel is as large as the prefetch (the broker never sends more
+/// unacknowledged deliveries), so this bounds the memory one consumer can hold.
+pub use keratin_proto::PREFETCH_MAX;
 
 /// One message delivered to a consumer. Settle it with [`Delivery::ack`] or
 /// [`Delivery::reject`]; a delivery that is never settled stays inflight on the broker until

@@ -14,7 +14,11 @@
 //! - the reply to a *barrier* arrives: after writing buffered messages the connection task
 //!   sends one `QueueList` (at most one in flight) and, when its reply comes back, counts every
 //!   buffered message written before it as accepted;
-//! - the connection ends: it is reported with [`ClientError::OutcomeUnknown`].
+//! - the connection ends: it is reported with [`ClientError::OutcomeUnknown`] if it was
+//!   written, [`ClientError::ConnectionLost`] if not.
+//!
+//! Each message is settled exactly once; one the connection task lets go without settling it
+//! (a bug) is still reported, as `OutcomeUnknown`, when its entry is dropped.
 //!
 //! The barrier relies on an assumption the protocol does **not** guarantee: that the broker
 //! answers a `Publish` (with its `PublishError`s) before it answers a request sent after it on
@@ -428,26 +432,51 @@ pub(crate) struct DroppedSink {
     unreported_count: AtomicU64,
 }
 
-/// A buffered message the connection task holds until it is settled.
+/// A buffered message the connection task holds until it is settled: accepted
+/// ([`BufferedEntry::accept`]) or dropped ([`BufferedEntry::drop_with`]), exactly once. An
+/// entry let go without either is reported as dropped with an unknown outcome, so that no path
+/// of the connection task can lose a message silently.
 pub(crate) struct BufferedEntry {
-    message: OutgoingMessage,
+    /// `None` once settled.
+    message: Option<OutgoingMessage>,
     sink: Arc<DroppedSink>,
     /// Released (dropped) with the entry: that is what frees a slot in the buffer.
     _slot: OwnedSemaphorePermit,
 }
 
 impl BufferedEntry {
+    /// Counts the message as accepted by the broker: nothing is reported.
+    pub(crate) fn accept(mut self) {
+        self.message = None;
+    }
+
     /// Reports the message as dropped. Never waits: if nobody reads the dropped path and it is
     /// full, the message is only counted (and logged).
-    pub(crate) fn drop_with(self, error: ClientError) {
-        self.sink.dropped_count.fetch_add(1, Ordering::Relaxed);
-        let report = DroppedPublish {
-            message: self.message,
-            error,
+    pub(crate) fn drop_with(mut self, error: ClientError) {
+        self.report(error);
+    }
+
+    fn report(&mut self, error: ClientError) {
+        let Some(message) = self.message.take() else {
+            return;
         };
+        self.sink.dropped_count.fetch_add(1, Ordering::Relaxed);
+        let report = DroppedPublish { message, error };
         if let Err(error) = self.sink.dropped.try_send(report) {
             self.sink.unreported_count.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(error = %error.into_inner().error, "dropped publish not reported: the dropped path is full or closed");
+        }
+    }
+}
+
+impl Drop for BufferedEntry {
+    fn drop(&mut self) {
+        if self.message.is_some() {
+            tracing::warn!("a buffered message was let go unsettled; reporting it as dropped");
+            self.report(ClientError::OutcomeUnknown {
+                error: None,
+                detail: "the client lost track of this buffered message".into(),
+            });
         }
     }
 }
@@ -488,7 +517,7 @@ impl BufferedPublisher {
         let publish_id = self.client.ids().publish_id();
         let wire = message.to_wire(publish_id);
         let entry = BufferedEntry {
-            message,
+            message: Some(message),
             sink: Arc::clone(&self.sink),
             _slot: slot,
         };

@@ -116,3 +116,67 @@ async fn send_waits_while_the_buffer_is_full() {
     client.close().await;
     server.await.unwrap();
 }
+
+/// A connection that ends under a blocked write, with buffered messages outstanding in every
+/// state (written and unanswered, in the frame being written, queued for the task), reports
+/// each of them on the dropped path exactly once. The fake broker reads nothing, so the
+/// client's writes fill the socket buffers and block; then it closes with the client's bytes
+/// unread, which resets the connection under that write. A client that let the messages of
+/// the frame it was writing (or of a command it had taken) vanish reports fewer than it sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_buffered_message_is_reported_once_when_the_connection_ends() {
+    let (addr, server) = fake::start(|conn| async move {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        drop(conn);
+    })
+    .await;
+    let client = fake::connect(addr, fake::options()).await;
+    // Room for everything the socket buffers and the command queue can hold, so that `send`
+    // never waits for a slot and the dropped path never overflows.
+    let capacity = 100_000;
+    let (publisher, mut dropped) =
+        client.buffered_publisher("orders", BufferedOptions { capacity });
+    let body = bytes::Bytes::from(vec![7u8; 300 * 1024]);
+    let deadline = tokio::time::Instant::now() + fake::TEST_WAIT;
+    let mut sent = 0u64;
+    loop {
+        let send = publisher.send(OutgoingMessage::new(body.clone()));
+        match tokio::time::timeout_at(deadline, send).await {
+            Ok(Ok(())) => sent += 1,
+            Ok(Err(failed)) => {
+                assert!(matches!(failed.error, ClientError::ConnectionLost { .. }));
+                break;
+            }
+            Err(_) => panic!("the connection did not end ({sent} sent)"),
+        }
+    }
+    server.await.unwrap();
+    // Every slot comes back once each message is settled: here, reported as dropped.
+    let flushed = tokio::time::timeout(fake::TEST_WAIT, publisher.flush())
+        .await
+        .expect("flush returns once every message is settled");
+    assert!(flushed.is_err(), "the connection is gone");
+    let mut reported = 0u64;
+    while let Some(report) = dropped.try_recv() {
+        assert!(
+            matches!(
+                report.error,
+                ClientError::OutcomeUnknown { .. } | ClientError::ConnectionLost { .. }
+            ),
+            "{:?}",
+            report.error
+        );
+        assert!(
+            !report.error.to_string().contains("lost track"),
+            "reported by the safety net, not by the path that let it go: {}",
+            report.error
+        );
+        reported += 1;
+    }
+    assert_eq!(dropped.unreported_count(), 0);
+    assert_eq!(
+        (reported, publisher.dropped_count()),
+        (sent, sent),
+        "every message sent must be reported dropped exactly once"
+    );
+}

@@ -384,6 +384,13 @@ pub struct PublishError {
     pub error: ErrorBody,
 }
 
+/// Largest `prefetch` of a [`Subscribe`]; a receiver refuses 0 and anything above with 400.
+/// Deliveries in flight to one consumer are held in bounded channels on both sides (the
+/// server's consumer channel, the client's delivery channel), each as deep as the prefetch:
+/// 65,535 deliveries of 1 KiB are 64 MiB per consumer. `docs/protocol.md` ("Subscribe") states
+/// the same bound; the client checks it before sending and the server on receipt.
+pub const PREFETCH_MAX: u32 = 65_535;
+
 /// Body of [`Frame::Subscribe`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Subscribe {

@@ -639,3 +639,103 @@ async fn consumers_and_connections_are_bounded() {
     drop(conn);
     node.shutdown().await.expect("shutdown");
 }
+
+/// The largest prefetch the client lets through is one the server accepts, and one more is
+/// refused by both: the client without a round trip, the server with a 400. A client whose
+/// bound was above the server's failed the first subscribe with the server's 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_and_the_server_agree_on_the_largest_prefetch() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let node = start(&dir).await;
+    let options = keratin_client::ClientOptions {
+        name: "prefetch-bound".into(),
+        ..keratin_client::ClientOptions::default()
+    };
+    let client = keratin_client::Client::connect(node.protocol_addr(), options)
+        .await
+        .expect("connect");
+    client
+        .declare("q", keratin_client::QueueSettings::default())
+        .await
+        .expect("declare");
+    let largest = keratin_client::PREFETCH_MAX;
+    let consumer = client
+        .subscribe("q", largest)
+        .await
+        .expect("the server accepts the largest prefetch the client allows");
+    drop(consumer);
+    let above = client.subscribe("q", largest + 1).await;
+    assert!(
+        matches!(above, Err(keratin_client::ClientError::InvalidArgument(_))),
+        "the client refuses a prefetch above its bound itself: {above:?}"
+    );
+    client.close().await;
+
+    let mut conn = connect(node.protocol_addr()).await;
+    conn.send(Frame::Subscribe(Subscribe {
+        request_id: 5,
+        queue: "q".into(),
+        prefetch: largest + 1,
+        consumer_tag: "above".into(),
+        prefetch_bytes: 0,
+    }))
+    .await
+    .expect("subscribe");
+    match next(&mut conn).await {
+        Frame::Error(e) => {
+            assert_eq!((e.request_id, e.fatal), (Some(5), false));
+            assert_eq!(e.error.code().0, 400, "{}", e.error);
+        }
+        other => panic!("a prefetch above the bound was not refused: {other:?}"),
+    }
+    node.shutdown().await.expect("shutdown");
+}
+
+/// A joinable frame whose middle message can never fit a segment (the test node's segments
+/// are 1 MiB) fails that message alone, with 413; its neighbours are separate publishes and
+/// are confirmed. A plain batch stays all or nothing per partition. Before, the too-large
+/// record failed the joined batch's append, and every message in it got the error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_message_too_large_for_a_segment_fails_alone_in_a_joinable_frame() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let node = start(&dir).await;
+    let mut conn = connect(node.protocol_addr()).await;
+    declare(&mut conn, "q").await;
+    let too_large = vec![0u8; 3 << 19]; // 1.5 MiB: fits a frame, not a 1 MiB segment.
+    let three = |first: u64| {
+        vec![
+            message(first, b"small"),
+            message(first + 1, &too_large),
+            message(first + 2, b"small too"),
+        ]
+    };
+    conn.send(Frame::Publish(Publish {
+        queue: "q".into(),
+        mode: PublishMode::Confirmed,
+        messages: three(1),
+        joinable: true,
+    }))
+    .await
+    .expect("send");
+    let (confirmed, failed) = answers(&mut conn, 3).await;
+    assert_eq!(
+        (confirmed, failed),
+        (vec![1, 3], vec![(2, "413".to_string())]),
+        "only the message too large for a segment fails"
+    );
+
+    conn.send(Frame::Publish(Publish {
+        queue: "q".into(),
+        mode: PublishMode::Confirmed,
+        messages: three(11),
+        joinable: false,
+    }))
+    .await
+    .expect("send");
+    let (confirmed, failed) = answers(&mut conn, 3).await;
+    assert!(confirmed.is_empty(), "a plain batch is all or nothing");
+    let codes: Vec<&str> = failed.iter().map(|(_, code)| code.as_str()).collect();
+    assert_eq!(codes, ["413"; 3], "failed whole, as too large");
+    assert_eq!(node.broker().info("q").expect("info").ready(), 2);
+    node.shutdown().await.expect("shutdown");
+}

@@ -445,9 +445,8 @@ impl Owner {
                     })
                     .collect();
                 log.append(&log_records).map_err(|e| match e {
-                    LogError::RecordTooLarge { .. } | LogError::Invalid(_) => {
-                        BrokerError::Invalid(e.to_string())
-                    }
+                    LogError::RecordTooLarge { .. } => BrokerError::TooLarge(e.to_string()),
+                    LogError::Invalid(_) => BrokerError::Invalid(e.to_string()),
                     other => self.unavailable(other),
                 })
             }

@@ -433,7 +433,11 @@ impl Conn {
             .into_iter()
             .map(convert::message_from_wire)
             .collect();
-        let pending = self.broker.publish_dispatch(&p.queue, messages);
+        let pending = if p.joinable {
+            self.broker.publish_dispatch_joined(&p.queue, messages)
+        } else {
+            self.broker.publish_dispatch(&p.queue, messages)
+        };
         let out = self.out.clone();
         let mode = p.mode;
         tokio::spawn(async move {
@@ -464,6 +468,9 @@ impl Conn {
             self.reply(s.request_id, Err(error)).await;
             return;
         }
+        // The broker checks the prefetch against its own bound (it does not know the protocol);
+        // it must be the protocol's, or a prefetch a client was allowed would get a 400.
+        const _: () = assert!(keratin_broker::MAX_PREFETCH == keratin_proto::PREFETCH_MAX);
         let options = SubscribeOptions {
             prefetch: s.prefetch,
             prefetch_bytes: (s.prefetch_bytes > 0).then_some(s.prefetch_bytes),

@@ -3,7 +3,7 @@
 
 use keratin_broker::BrokerError;
 use keratin_proto::codes::{
-    ERR_BAD_REQUEST, ERR_CONFLICT, ERR_GATEWAY_TIMEOUT, ERR_INTERNAL, ERR_NOT_FOUND,
+    ERR_BAD_REQUEST, ERR_CONFLICT, ERR_GATEWAY_TIMEOUT, ERR_INTERNAL, ERR_NOT_FOUND, ERR_TOO_LARGE,
     ERR_UNAVAILABLE,
 };
 use keratin_proto::{ErrorBody, LimitReason};
@@ -26,6 +26,7 @@ pub fn error_body(error: &BrokerError) -> ErrorBody {
         BrokerError::NotFound(_) => ERR_NOT_FOUND,
         BrokerError::Conflict { .. } => ERR_CONFLICT,
         BrokerError::Invalid(_) => ERR_BAD_REQUEST,
+        BrokerError::TooLarge(_) => ERR_TOO_LARGE,
         // Refused before anything was written: not applied, safe to retry later.
         BrokerError::Unavailable { .. } | BrokerError::Closed(_) => ERR_UNAVAILABLE,
         // Written, then the log failed: the outcome is unknown.
