@@ -22,6 +22,11 @@ use support::*;
 const LIMIT_BYTES: u64 = 512 << 20;
 /// The message size.
 const MESSAGE_BYTES: usize = 4_000_000;
+
+/// Messages of the one-stalled-consumer test: their bytes (640 MB) pass the cgroup's limit, so
+/// a broker that reads a prefetch's worth for a consumer that does not read is killed.
+const STALLED_ONE_MESSAGES: u64 = 160;
+const _: () = assert!(STALLED_ONE_MESSAGES * MESSAGE_BYTES as u64 > LIMIT_BYTES);
 /// Resident memory the broker must stay under: three quarters of the limit. The publish budget
 /// is an eighth of the limit, the delivery budget an eighth (each byte held about twice), plus
 /// the runtime and the page tables: well under this when bounded, and 200 × 4 MB = 800 MB per
@@ -206,9 +211,12 @@ async fn spawn_stalled(
     child
 }
 
-/// The reproduction: 400 confirmed 4 MB messages, one `keratin consume --prefetch 200`
-/// stopped after it subscribes. The broker must live, stay under the bound, and deliver every
-/// message once the consumer resumes.
+/// The reproduction, one `keratin consume --prefetch 200` stopped after it subscribes,
+/// with [`STALLED_ONE_MESSAGES`] confirmed 4 MB messages rather than the 400: publishing
+/// 1.6 GB inside a 512 MiB memory cgroup takes minutes (the cgroup's page cache is reclaimed on
+/// every write), and 160 × 4 MB = 640 MB read for one consumer is already past the limit, so an
+/// unbounded broker is still killed. The broker must live, stay under the bound, and deliver
+/// every message once the consumer resumes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_consumer_at_prefetch_200_does_not_oom_the_broker() {
     let _serial = SERIAL.lock().await;
@@ -228,7 +236,7 @@ async fn a_stalled_consumer_at_prefetch_200_does_not_oom_the_broker() {
         .declare("big", QueueSettings::default())
         .await
         .expect("declare");
-    publish_all(&client, "big", 0..400, 4).await;
+    publish_all(&client, "big", 0..STALLED_ONE_MESSAGES, 4).await;
 
     let consumer = spawn_stalled(&server, &client, "big", tmp.path(), "stalled").await;
     let (peak, alive) = watch(&mut server, Duration::from_secs(6)).await;
@@ -248,17 +256,17 @@ async fn a_stalled_consumer_at_prefetch_200_does_not_oom_the_broker() {
     );
 
     consumer.signal(libc::SIGCONT);
-    let (mut seqs, _) = consumer.finish(Duration::from_secs(90));
+    let (mut seqs, _) = consumer.finish(Duration::from_secs(180));
     seqs.sort_unstable();
     assert_eq!(
         seqs.len(),
-        400,
+        STALLED_ONE_MESSAGES as usize,
         "the resumed consumer got every message; queue (ready, inflight) {:?}",
         queue_counts(&client, "big").await
     );
     assert_eq!(
         seqs,
-        (0..400).collect::<Vec<_>>(),
+        (0..STALLED_ONE_MESSAGES).collect::<Vec<_>>(),
         "the resumed consumer got every message exactly once"
     );
     assert_eq!(queue_counts(&client, "big").await, (0, 0), "queue drained");
