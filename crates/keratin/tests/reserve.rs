@@ -105,7 +105,8 @@ async fn purge_and_delete_work_at_reserve_after_an_outside_fill() {
         .delete("other")
         .await
         .expect("delete of a running queue at reserve");
-    assert_eq!(disk_level(server.http), "reserve", "still at reserve");
+    // No check of the level here: the purge and deletions started at reserve, and the space they
+    // free can lift the level before the next line runs (CI saw `soft`).
     let queues = client.list().await.expect("list");
     assert!(queues.is_empty(), "{queues:?}");
     // The deleted segments went to the pool; at reserve the sampler deletes spares.
