@@ -8,7 +8,7 @@
 //! connection cannot take the whole node's budget. A request larger than the capacity is
 //! clamped to it: such a message goes out alone, never deadlocks.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::mpsc;
@@ -23,6 +23,12 @@ pub struct ByteBudget {
     /// Owners to kick when bytes come back: at most one entry per partition owner (deduplicated
     /// by channel), so bounded by the node's partitions.
     waiters: Mutex<Vec<mpsc::UnboundedSender<Command>>>,
+    /// Whether `waiters` may be non-empty. Takes and releases that find room (every delivery,
+    /// on every partition and connection) touch only the atomics; the lock is for the rare
+    /// wait. No lost wake-up: a waiter sets this flag, then checks `used_bytes` again; a release
+    /// lowers `used_bytes`, then reads this flag (all `SeqCst`), so at least one of the two sees
+    /// the other's write.
+    has_waiters: AtomicBool,
 }
 
 impl ByteBudget {
@@ -32,6 +38,7 @@ impl ByteBudget {
             capacity_bytes: capacity_bytes.max(1),
             used_bytes: AtomicU64::new(0),
             waiters: Mutex::new(Vec::new()),
+            has_waiters: AtomicBool::new(false),
         })
     }
 
@@ -56,51 +63,64 @@ impl ByteBudget {
     }
 
     /// Take `bytes` if they fit; otherwise register `waker` to be kicked when bytes come back.
-    /// Checking and registering under one lock: a release in between cannot be missed.
     pub(crate) fn take_or_wait(
         self: &Arc<Self>,
         bytes: u64,
         waker: &mpsc::UnboundedSender<Command>,
     ) -> Option<BytePermit> {
-        let mut waiters = lock(&self.waiters);
         let charge = self.charge(bytes);
-        let taken = self
-            .used_bytes
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                self.fits(used, bytes).then_some(used + charge)
-            })
-            .is_ok();
-        if taken {
-            return Some(BytePermit {
-                budget: self.clone(),
-                bytes: charge,
-            });
+        let take = || {
+            self.used_bytes
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |used| {
+                    self.fits(used, bytes).then_some(used + charge)
+                })
+                .is_ok()
+        };
+        let permit = || BytePermit {
+            budget: self.clone(),
+            bytes: charge,
+        };
+        if take() {
+            return Some(permit());
         }
-        if !waiters.iter().any(|w| w.same_channel(waker)) {
-            waiters.push(waker.clone());
-        }
-        None
+        self.register(waker);
+        // A release between the failed take and the registration did not see the flag: try
+        // once more (a kick that then finds room is harmless).
+        take().then(permit)
     }
 
     /// True if `bytes` fit now; otherwise `waker` is registered as by [`Self::take_or_wait`].
     pub(crate) fn room_or_wait(&self, bytes: u64, waker: &mpsc::UnboundedSender<Command>) -> bool {
-        let mut waiters = lock(&self.waiters);
-        if self.fits(self.used_bytes.load(Ordering::Acquire), bytes) {
+        let room = || self.fits(self.used_bytes.load(Ordering::SeqCst), bytes);
+        if room() {
             return true;
         }
+        self.register(waker);
+        room()
+    }
+
+    fn register(&self, waker: &mpsc::UnboundedSender<Command>) {
+        let mut waiters = lock(&self.waiters);
         if !waiters.iter().any(|w| w.same_channel(waker)) {
             waiters.push(waker.clone());
         }
-        false
+        self.has_waiters.store(true, Ordering::SeqCst);
     }
 
     fn release(&self, bytes: u64) {
         let _ = self
             .used_bytes
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |used| {
                 Some(used.saturating_sub(bytes))
             });
-        let waiters = std::mem::take(&mut *lock(&self.waiters));
+        if !self.has_waiters.load(Ordering::SeqCst) {
+            return;
+        }
+        let waiters = {
+            let mut waiters = lock(&self.waiters);
+            self.has_waiters.store(false, Ordering::SeqCst);
+            std::mem::take(&mut *waiters)
+        };
         for waiter in waiters {
             // A closed channel is an owner that is gone: nothing to wake.
             let _ = waiter.send(Command::Kick);
