@@ -11,6 +11,15 @@
 # - Prints one table of figures and ratios (Keratin / peer) and writes it into
 #   docs/benchmarks.md, between the issue 9 markers, with date, commit and machine.
 #
+# MODE=idle runs the many-queues comparison of issue 13 instead (see "idle queues" below):
+# per system, a fresh broker; QUEUES (10000) durable queues declared (declare rate); disk used
+# (du of its data dir), resident memory and OS threads; the broker stopped and started again,
+# and the time until every queue answers; for Keratin (the release `keratin` binary), confirmed
+# publish of 4 producers spread over SPREAD (1000) queues vs 4 queues. KERATIN_QUEUES (QUEUES)
+# caps Keratin's count alone (a build whose idle queues hold 64 MiB each cannot hold 10,000);
+# IDLE_SYSTEMS (keratin,rabbitmq-classic,rabbitmq-quorum,nats), CONCURRENCY (16 declares in
+# flight). Written into docs/benchmarks.md between the issue 13 markers.
+#
 # Settings (environment): ROUNDS (2), SECONDS_PER_RUN (5), RSS_MESSAGES (1000000),
 # BACKLOG (200000), CASES (publish,producers,consume,latency), RSS (1; 0 skips the memory
 # case), FILL (1; 0 skips it),
@@ -29,6 +38,15 @@ FILL=${FILL:-1}
 BENCH_DIR=${BENCH_DIR:-/var/tmp}
 WRITE_DOCS=${WRITE_DOCS:-1}
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+MODE=${MODE:-matrix}
+QUEUES=${QUEUES:-10000}
+KERATIN_QUEUES=${KERATIN_QUEUES:-$QUEUES}
+IDLE_SYSTEMS=${IDLE_SYSTEMS:-keratin,rabbitmq-classic,rabbitmq-quorum,nats}
+CONCURRENCY=${CONCURRENCY:-16}
+SPREAD=${SPREAD:-1000}
+# Seconds a broker gets to stop on SIGTERM before it is killed (10,000 queues take a while).
+STOP_WAIT_S=${STOP_WAIT_S:-30}
+KERATIN_PORT=25680
 AMQP_PORT=25673
 NATS_PORT=24223
 RABBIT_BIN=/usr/lib/rabbitmq/bin/rabbitmq-server
@@ -53,10 +71,13 @@ if [ ! -x "$RABBIT_BIN" ] || ! command -v nats-server >/dev/null; then
 fi
 [ -x "$RABBIT_BIN" ] || die "$RABBIT_BIN is missing after the install"
 
-say "building keratin-bench (release)"
-(cd "$ROOT" && CARGO_TARGET_DIR=$TARGET cargo build --release -q -p keratin-bench) ||
-    die "the release build of keratin-bench failed"
+BUILD=(-p keratin-bench)
+[ "$MODE" = idle ] && BUILD+=(-p keratin)
+say "building ${BUILD[*]} (release)"
+(cd "$ROOT" && CARGO_TARGET_DIR=$TARGET cargo build --release -q "${BUILD[@]}") ||
+    die "the release build of ${BUILD[*]} failed"
 BENCH=$TARGET/release/keratin-bench
+KERATIN_BIN=$TARGET/release/keratin
 # The commit the benchmark was built from, read now: edits made while it runs are not in it.
 COMMIT=$(git -C "$ROOT" rev-parse --short HEAD)
 git -C "$ROOT" diff --quiet HEAD -- crates || COMMIT="$COMMIT (with uncommitted changes)"
@@ -79,7 +100,7 @@ stop_pid() {
     local pid=$1 family i
     family="$pid $(descendants "$pid")"
     kill -TERM "$pid" 2>/dev/null || return 0
-    for i in $(seq 1 300); do
+    for i in $(seq 1 $((STOP_WAIT_S * 10))); do
         kill -0 "$pid" 2>/dev/null || break
         sleep 0.1
     done
@@ -156,6 +177,18 @@ start_nats() {
     wait_port "$NATS_PORT" nats-server
 }
 
+# start_keratin DIR [CONFIG]: the release `keratin serve` on DIR; sets KERATIN_PID.
+start_keratin() {
+    local dir=$1 config=${2:-$WORK/keratin-matrix.toml}
+    mkdir -p "$dir"
+    "$KERATIN_BIN" serve --data-dir "$dir" --config "$config" \
+        --listen 127.0.0.1:$KERATIN_PORT --http 127.0.0.1:$((KERATIN_PORT + 1)) \
+        >>"$WORK/keratin.out" 2>&1 &
+    KERATIN_PID=$!
+    STARTED+=("$KERATIN_PID")
+    wait_port "$KERATIN_PORT" keratin
+}
+
 stop_all() {
     local pid
     for pid in "${STARTED[@]}"; do stop_pid "$pid"; done
@@ -178,6 +211,88 @@ reserve_floor_bytes = 268435456
 EOF
 
 PEERS=(--amqp "amqp://guest:guest@127.0.0.1:$AMQP_PORT/%2f" --nats "nats://127.0.0.1:$NATS_PORT")
+
+# --- idle queues (issue 13) ----------------------------------------------------------------------
+record_header() {
+    local cpu mem fs rabbit_version nats_version
+    cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')
+    mem=$(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)
+    fs=$(df -T "$BENCH_DIR" | awk 'NR == 2 {print $2 " (" $1 ")"}')
+    rabbit_version=$(dpkg-query -W -f '${Version}' rabbitmq-server 2>/dev/null || echo unknown)
+    nats_version=$(nats-server --version 2>/dev/null || echo unknown)
+    echo "Recorded by \`bench/compare.sh\` on $(date -u '+%Y-%m-%d %H:%M UTC'), commit $COMMIT."
+    echo "Machine: $(nproc) cores ($cpu), $mem, kernel $(uname -r), $BENCH_DIR on $fs."
+    echo "Peers: RabbitMQ $rabbit_version (Debian), $nats_version (Debian); clients lapin 2, async-nats 0.38."
+}
+
+# write_docs BEGIN END TITLE FILE: FILE between the markers in docs/benchmarks.md.
+write_docs() {
+    local begin=$1 end=$2 title=$3 section=$4 docs=$ROOT/docs/benchmarks.md
+    if ! grep -qF "$begin" "$docs"; then
+        printf '\n## %s\n\n%s\n%s\n' "$title" "$begin" "$end" >>"$docs"
+    fi
+    SECTION=$section BEGIN=$begin END=$end perl -0pi -e '
+        open my $f, "<", $ENV{SECTION} or die "read $ENV{SECTION}: $!";
+        local $/; my $s = <$f>;
+        s/\Q$ENV{BEGIN}\E.*?\Q$ENV{END}\E/$ENV{BEGIN}\n$s$ENV{END}/s;
+    ' "$docs"
+    say "written into $docs"
+}
+
+# start_system SYSTEM DIR: a broker of SYSTEM on DIR; sets SYS_PID.
+start_system() {
+    case $1 in
+    keratin) start_keratin "$2" && SYS_PID=$KERATIN_PID ;;
+    rabbitmq-*) start_rabbit "$2" && SYS_PID=$RABBIT_PID ;;
+    nats) start_nats "$2" && SYS_PID=$NATS_PID ;;
+    *) die "unknown system $1" ;;
+    esac
+}
+
+if [ "$MODE" = idle ]; then
+    IDLE_PEERS=(--keratin "127.0.0.1:$KERATIN_PORT" "${PEERS[@]}")
+    files=()
+    for sys in ${IDLE_SYSTEMS//,/ }; do
+        n=$QUEUES
+        [ "$sys" = keratin ] && n=$KERATIN_QUEUES
+        dir=$WORK/idle-$sys
+        file=$WORK/idle-$sys.json
+        say "idle: $sys, $n queues, fresh broker in $dir"
+        start_system "$sys" "$dir"
+        "$BENCH" idle --phase declare --system "$sys" --queues "$n" --concurrency "$CONCURRENCY" \
+            --pid "$SYS_PID" --data-dir "$dir" --file "$file" "${IDLE_PEERS[@]}"
+        say "idle: $sys: stopping, then starting again"
+        stop_all
+        since=$(date +%s%N)
+        start_system "$sys" "$dir"
+        "$BENCH" idle --phase restart --system "$sys" --concurrency "$CONCURRENCY" \
+            --pid "$SYS_PID" --since-ns "$since" --file "$file" "${IDLE_PEERS[@]}" \
+            --spread "$SPREAD" --rounds "$ROUNDS" --seconds "$SECONDS_PER_RUN"
+        stop_all
+        rm -rf "$dir"
+        files+=(--file "$file")
+    done
+    notes=()
+    if [ "$KERATIN_QUEUES" != "$QUEUES" ]; then
+        notes+=(--note "Keratin declared $KERATIN_QUEUES queues, the peers $QUEUES (KERATIN_QUEUES: capped so that the run fits on the disk); per-queue rows compare, totals and the restart time do not.")
+    fi
+    {
+        record_header
+        echo "Settings: $QUEUES queues per peer, $KERATIN_QUEUES for Keratin, $CONCURRENCY declares in flight, each"
+        echo "on a connection of its own; durable queues (RabbitMQ classic and quorum, a fresh node each),"
+        echo "JetStream file streams (work-queue retention); Keratin: the release \`keratin serve\` with default queue"
+        echo "settings and the disk levels of the matrix; disk, memory and threads read 3 s after the last declare."
+        echo "Restart: SIGTERM (killed after ${STOP_WAIT_S} s), start, until every queue answers a passive check"
+        echo "(Keratin info, AMQP passive queue.declare, JetStream stream info). Spread: 4 producers, 1000 confirmed"
+        echo "1 KiB publishes in flight each, $ROUNDS rounds of $SECONDS_PER_RUN s, 4 queues vs spread over $SPREAD."
+        echo
+        "$BENCH" idle --phase report "${files[@]}" "${notes[@]}"
+    } >"$WORK/idle.md"
+    cat "$WORK/idle.md"
+    [ "$WRITE_DOCS" = 1 ] && write_docs '<!-- compare.sh idle: begin -->' '<!-- compare.sh idle: end -->' \
+        'Many queues and per-message cost (issue 13)' "$WORK/idle.md"
+    exit 0
+fi
 
 # --- the throughput, latency and memory matrix --------------------------------------------------
 say "starting RabbitMQ and nats-server in $WORK"

@@ -17,12 +17,16 @@
 //!   root on a tmpfs, the time from crossing hard to the first rejection and back.
 //! - `compare`, `peers`: the `compare` benchmark: Keratin, RabbitMQ (AMQP 0-9-1 via `lapin`),
 //!   NATS JetStream (`async-nats`) and the raw disk on one workload (issue 9; bench/compare.sh).
+//! - `idle_bench`: the `idle` benchmark (issue 13): many idle queues (declare rate, disk,
+//!   memory, threads, restart) against RabbitMQ and NATS, and confirmed publish spread over many
+//!   queues; driven by `bench/compare.sh` with `MODE=idle`.
 //! - `report`: the table, its JSON form, medians and percentiles.
 
 mod broker_bench;
 mod compare;
 mod contender;
 mod counting_io;
+mod idle_bench;
 mod keratin;
 mod limits_bench;
 mod log_bench;
@@ -78,6 +82,10 @@ enum Command {
     /// Keratin against RabbitMQ (classic and quorum queues) and NATS JetStream, started by
     /// bench/compare.sh, and the raw disk: one table of figures and ratios (Keratin / peer).
     Compare(Box<CompareArgs>),
+    /// Many idle queues (issue 13), one phase per call, driven by bench/compare.sh (MODE=idle):
+    /// declare rate, disk, memory, threads and restart time against RabbitMQ and NATS, and
+    /// confirmed publish spread over many queues vs 4.
+    Idle(Box<IdleArgs>),
     /// The Keratin node of `compare`, as a child process.
     #[command(hide = true)]
     CompareNode {
@@ -177,6 +185,72 @@ struct CompareArgs {
     /// Also write the markdown section to this file.
     #[arg(long)]
     out: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+struct IdleArgs {
+    /// declare (fresh broker: declare the queues, then disk, memory, threads), restart (the
+    /// broker was restarted at --since-ns: time until every queue answers; Keratin: the spread
+    /// case), report (the table from the --file of each system).
+    #[arg(long)]
+    phase: String,
+    /// keratin, rabbitmq-classic, rabbitmq-quorum or nats (declare, restart).
+    #[arg(long)]
+    system: Option<String>,
+    /// Keratin's protocol address.
+    #[arg(long, default_value = "127.0.0.1:5680")]
+    keratin: std::net::SocketAddr,
+    /// RabbitMQ's AMQP URI.
+    #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
+    amqp: String,
+    /// The NATS server's URL.
+    #[arg(long, default_value = "nats://127.0.0.1:4222")]
+    nats: String,
+    /// The broker's process id: memory and threads of it and its children.
+    #[arg(long)]
+    pid: Option<u32>,
+    /// The broker's data directory (disk used).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Queues to declare.
+    #[arg(long, default_value_t = 10_000)]
+    queues: usize,
+    /// Declares (and checks after the restart) in flight.
+    #[arg(long, default_value_t = 16)]
+    concurrency: usize,
+    /// Seconds to wait after the declares before disk, memory and threads are read.
+    #[arg(long, default_value_t = 3.0)]
+    settle: f64,
+    /// When the restart began, in ns since the Unix epoch (`date +%s%N`).
+    #[arg(long)]
+    since_ns: Option<u128>,
+    /// Queues the spread case publishes over (Keratin, restart phase; 0 skips it).
+    #[arg(long, default_value_t = 1000)]
+    spread: usize,
+    /// Producers (connections) of the spread case.
+    #[arg(long, default_value_t = 4)]
+    producers: usize,
+    /// Confirmed publishes in flight per producer.
+    #[arg(long, default_value_t = 1000)]
+    in_flight: usize,
+    /// Seconds of each publish run of the spread case.
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
+    /// Rounds of the spread case (the two loads alternate which goes first).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Body bytes of the spread case.
+    #[arg(long, default_value_t = 1024)]
+    body_bytes: usize,
+    /// The system's JSON file (declare, restart); every system's (report), repeatable.
+    #[arg(long = "file")]
+    files: Vec<PathBuf>,
+    /// report: also write the markdown here.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// report: a line printed under the table; repeatable.
+    #[arg(long)]
+    note: Vec<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -386,6 +460,7 @@ fn main() -> ExitCode {
             body_bytes,
         } => broker_bench::rss(&dir, messages, body_bytes),
         Command::Compare(args) => compare_config(&args).and_then(|c| compare::run(&c)),
+        Command::Idle(args) => idle_config(&args).and_then(|c| idle_bench::run(&c)),
         Command::CompareNode { dir, config } => compare::node_main(&dir, config.as_deref()),
         Command::Smoke { json } => run_smoke(json),
     };
@@ -456,6 +531,38 @@ fn compare_config(args: &CompareArgs) -> BenchResult<compare::CompareConfig> {
         latency_rate: args.latency_rate.max(1),
         rss_messages: args.rss_messages,
         out: args.out.clone(),
+    })
+}
+
+fn idle_config(args: &IdleArgs) -> BenchResult<idle_bench::IdleConfig> {
+    let system = args
+        .system
+        .as_deref()
+        .map(peers::System::parse)
+        .transpose()?;
+    Ok(idle_bench::IdleConfig {
+        phase: args.phase.clone(),
+        system,
+        endpoints: peers::Endpoints {
+            keratin: Some(args.keratin),
+            amqp: Some(args.amqp.clone()),
+            nats: Some(args.nats.clone()),
+        },
+        pid: args.pid,
+        data_dir: args.data_dir.clone(),
+        queues: args.queues,
+        concurrency: args.concurrency.max(1),
+        settle: Duration::from_secs_f64(args.settle.max(0.0)),
+        since_ns: args.since_ns,
+        spread: args.spread,
+        producers: args.producers.max(1),
+        in_flight: args.in_flight.max(1),
+        duration: Duration::from_secs_f64(args.seconds.max(0.1)),
+        rounds: args.rounds.max(1),
+        body_bytes: args.body_bytes.max(1),
+        files: args.files.clone(),
+        out: args.out.clone(),
+        note: args.note.clone(),
     })
 }
 
