@@ -250,6 +250,10 @@ start_system() {
 }
 
 if [ "$MODE" = idle ]; then
+    # Every broker keeps files open per queue or stream (NATS 2.9 stops creating file streams
+    # near 10,000 with 20,000 descriptors: "error creating store for stream"). An operator with
+    # 10,000 queues raises the limit; so does this run, for every broker alike (root).
+    ulimit -n 262144 2>/dev/null || say "could not raise the open files limit: $(ulimit -n) (NATS needs about 2 per stream)"
     IDLE_PEERS=(--keratin "127.0.0.1:$KERATIN_PORT" "${PEERS[@]}")
     files=()
     for sys in ${IDLE_SYSTEMS//,/ }; do
@@ -259,8 +263,13 @@ if [ "$MODE" = idle ]; then
         file=$WORK/idle-$sys.json
         say "idle: $sys, $n queues, fresh broker in $dir"
         start_system "$sys" "$dir"
-        "$BENCH" idle --phase declare --system "$sys" --queues "$n" --concurrency "$CONCURRENCY" \
-            --pid "$SYS_PID" --data-dir "$dir" --file "$file" "${IDLE_PEERS[@]}"
+        if ! "$BENCH" idle --phase declare --system "$sys" --queues "$n" --concurrency "$CONCURRENCY" \
+            --pid "$SYS_PID" --data-dir "$dir" --file "$file" "${IDLE_PEERS[@]}"; then
+            say "idle: $sys: the declares failed (above); no figures for it"
+            stop_all
+            rm -rf "$dir"
+            continue
+        fi
         say "idle: $sys: stopping, then starting again"
         stop_all
         since=$(date +%s%N)
@@ -272,6 +281,9 @@ if [ "$MODE" = idle ]; then
         rm -rf "$dir"
         files+=(--file "$file")
     done
+    # IDLE_KEEP: a directory to keep each system's figures in (JSON; `keratin-bench idle
+    # --phase report --file ...` prints the table again from them).
+    if [ -n "${IDLE_KEEP:-}" ]; then mkdir -p "$IDLE_KEEP" && cp "$WORK"/idle-*.json "$IDLE_KEEP"/ || true; fi
     notes=()
     if [ "$KERATIN_QUEUES" != "$QUEUES" ]; then
         notes+=(--note "Keratin declared $KERATIN_QUEUES queues, the peers $QUEUES (KERATIN_QUEUES: capped so that the run fits on the disk); per-queue rows compare, totals and the restart time do not.")

@@ -37,6 +37,9 @@ const GOAL_RESTART: Duration = Duration::from_secs(5);
 const GOAL_SPREAD: f64 = 0.8;
 /// A queue not usable this long after the restart began fails the phase.
 const RESTART_TIMEOUT: Duration = Duration::from_secs(1200);
+/// One connect, declare or check taking longer than this counts as failed (RabbitMQ accepts
+/// TCP connections long before it answers them while it recovers quorum queues).
+const OPERATION_TIMEOUT: Duration = Duration::from_secs(30);
 /// Pause between retries of a passive check that failed (the broker still recovering).
 const RETRY_PAUSE: Duration = Duration::from_millis(50);
 
@@ -316,9 +319,15 @@ async fn declare_all(
         let (next, retries) = (&next, &retries);
         workers.push(async move {
             let admin = loop {
-                match Admin::connect(system, endpoints).await {
+                let connect =
+                    tokio::time::timeout(OPERATION_TIMEOUT, Admin::connect(system, endpoints));
+                match connect
+                    .await
+                    .unwrap_or_else(|_| Err("connect timed out".into()))
+                {
                     Ok(admin) => break admin,
-                    Err(error) if passive && Instant::now() < deadline => {
+                    // A connect refused under load (16 at once) is retried in both phases.
+                    Err(error) if Instant::now() < deadline => {
                         if retries.fetch_add(1, Ordering::Relaxed) == 0 {
                             eprintln!("  {}: connect: {error}; retrying", system.name());
                         }
@@ -335,7 +344,14 @@ async fn declare_all(
                 }
                 let name = queue_name(i);
                 loop {
-                    match worker.declare(system, &name, passive).await {
+                    let declare = tokio::time::timeout(
+                        OPERATION_TIMEOUT,
+                        worker.declare(system, &name, passive),
+                    );
+                    match declare
+                        .await
+                        .unwrap_or_else(|_| Err("no answer within 30 s".into()))
+                    {
                         Ok(()) => break,
                         Err(error) if passive && Instant::now() < deadline => {
                             if retries.fetch_add(1, Ordering::Relaxed) == 0 {
@@ -718,14 +734,14 @@ fn report(config: &IdleConfig) -> BenchResult<()> {
     for (name, value) in &systems {
         md.push_str(&format!(
             "- {name}: {} queues declared by {} concurrent workers in {:.2} s; disk fresh {:.1} MB, \
-             resident fresh {:.1} MB; {} checks retried after the restart; {:.0} threads after the restart\n",
+             resident fresh {:.1} MB; {} checks retried after the restart; {} threads after the restart\n",
             value["queues"].as_u64().unwrap_or(0),
             value["concurrency"].as_u64().unwrap_or(0),
             figure(value, "declare_s").unwrap_or(f64::NAN),
             figure(value, "disk_fresh").unwrap_or(0.0) / 1e6,
             figure(value, "rss_fresh").unwrap_or(0.0) / 1e6,
             value["restart_retries"].as_u64().unwrap_or(0),
-            figure(value, "threads_restarted").unwrap_or(f64::NAN),
+            figure(value, "threads_restarted").map_or("-".into(), |t| format!("{t:.0}")),
         ));
     }
     for (name, value) in &systems {
