@@ -290,6 +290,7 @@ impl Broker {
                 full_segment_size_bytes: config.segment_size_bytes,
                 budget_bytes: config.spare_budget_bytes,
                 background: config.pool_background,
+                ..PoolOptions::default()
             },
         );
         for dir in &config.dirs {

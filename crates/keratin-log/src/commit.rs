@@ -1,9 +1,10 @@
-//! The commit thread and its `Writer`: the only code that writes a log's files.
+//! The `Writer`, the only code that writes a log's files, and the round a commit worker runs
+//! with it (`run_round`; the workers themselves are `workers.rs`'s).
 //!
-//! Appenders only queue requests (`log.rs`); the commit thread takes everything queued at once,
-//! encodes the records into one buffer, writes it with one `write_all_at` per segment and
-//! covers it with one `sync_data`, then publishes the new durable end and resolves the tickets.
-//! While it syncs, new appends queue up for the next round: that is the group commit.
+//! Appenders only queue requests (`log.rs`); a round takes everything queued at once, encodes
+//! the records into one buffer, writes it with one `write_all_at` per segment and covers it with
+//! one `sync_data`, then publishes the new durable end and resolves the tickets. While it syncs,
+//! new appends queue up for the next round: that is the group commit.
 //!
 //! Ordering rules the recovery relies on (docs/storage-format.md, "Ordering"):
 //! - a segment's records are synced before the header of the segment after it is written;
@@ -14,7 +15,6 @@
 
 use std::ops::Range;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crate::error::{LogError, LogResult};
@@ -78,7 +78,7 @@ pub(crate) enum Flow {
     Exit,
 }
 
-/// The write side of a log, owned by its commit thread.
+/// The write side of a log, used by one commit worker at a time.
 #[derive(Debug)]
 pub(crate) struct Writer {
     active: Active,
@@ -90,8 +90,6 @@ pub(crate) struct Writer {
     created: Vec<Segment>,
     dirty: Vec<Arc<dyn IoFile>>,
     dir_dirty: bool,
-    /// Hands large groups of answers to the notifier thread (see `commit_group`).
-    notifier: Option<std::sync::mpsc::Sender<AnswerBatch>>,
     /// The answer to `close`, sent once every earlier answer has been delivered.
     close_reply: Option<(Reply<()>, LogResult<()>)>,
 }
@@ -99,14 +97,24 @@ pub(crate) struct Writer {
 /// Answers of one group commit: every ticket of it resolves with its offsets.
 type AnswerBatch = Vec<(Reply<Range<u64>>, Range<u64>)>;
 
-/// Groups up to this many appenders are answered by the commit thread itself; larger ones by
-/// the notifier thread, so that the commit thread goes straight back to writing and syncing
-/// instead of waking dozens of threads one by one (at 64 appenders the commit thread spent
-/// 45% of its time there; measured by the storage benchmark). A lone appender keeps the
-/// shorter path: one wake-up fewer per commit.
-const INLINE_ANSWERS_MAX: usize = 4;
+/// A log's writer and the buffer its rounds swap the pending requests into, kept between rounds
+/// in the log's state (`State::engine`).
+#[derive(Debug)]
+pub(crate) struct Engine {
+    writer: Writer,
+    work: Pending,
+}
 
-/// Capacity the commit thread keeps in its buffers between groups. A burst of large records can
+impl Engine {
+    pub(crate) fn new(writer: Writer) -> Box<Engine> {
+        Box::new(Engine {
+            writer,
+            work: Pending::default(),
+        })
+    }
+}
+
+/// Capacity a log keeps in its buffers between groups. A burst of large records can
 /// grow them to the pending bound (64 MiB by default, three buffers per log); keeping that after
 /// the burst would hold memory the node's memory level counts, long after the load is gone. A
 /// group larger than this pays one reallocation, small next to writing it.
@@ -183,7 +191,6 @@ impl Writer {
             created: Vec::new(),
             dirty: Vec::new(),
             dir_dirty: false,
-            notifier: None,
             close_reply: None,
         })
     }
@@ -250,7 +257,7 @@ impl Writer {
     ) -> StepResult<()> {
         assert_eq!(
             first_offset, self.active.next_offset,
-            "appends reach the commit thread in offset order"
+            "appends reach the writer in offset order"
         );
         for meta in metas {
             let size = RECORD_HEADER_SIZE as u64 + u64::from(meta.length);
@@ -345,15 +352,6 @@ impl Writer {
                 return Err(error);
             }
         }
-        if group.len() > INLINE_ANSWERS_MAX {
-            if let Some(notifier) = &self.notifier {
-                // Durable already: the notifier only delivers the news.
-                if let Err(returned) = notifier.send(std::mem::take(group)) {
-                    answer(returned.0);
-                }
-                return Ok(());
-            }
-        }
         answer(std::mem::take(group));
         Ok(())
     }
@@ -414,7 +412,7 @@ impl Writer {
             }
             Item::Close { reply } => {
                 let result = self.write_seal(shared, true).map_err(|e| fail(shared, e));
-                // Answered after every earlier answer is out (see `run`).
+                // Answered after every earlier answer is out (see `run_round`).
                 self.close_reply = Some((reply, result.clone()));
                 result.map(|()| Flow::Exit)
             }
@@ -460,7 +458,7 @@ impl Writer {
     }
 
     /// Cut the log at `offset` (see [`crate::Log::truncate_suffix`]). Everything before it is
-    /// durable: the commit thread wrote and synced it before taking this request.
+    /// durable: the writer wrote and synced it before taking this request.
     pub(crate) fn truncate(&mut self, shared: &Shared, offset: u64) -> StepResult<()> {
         if offset == self.active.next_offset {
             return Ok(());
@@ -603,7 +601,7 @@ fn rewrite(segment: &Segment, from: u64, to: u64) -> LogResult<()> {
     Ok(())
 }
 
-/// Run one sync of the commit thread (`sync_data` or `sync_dir`) and count its time in the
+/// Run one sync of a commit worker (`sync_data` or `sync_dir`) and count its time in the
 /// pool's histogram, failed or not.
 fn timed_sync(shared: &Shared, sync: impl FnOnce() -> Result<(), IoError>) -> Result<(), IoError> {
     let start = Instant::now();
@@ -701,75 +699,70 @@ fn new_segment(shared: &Shared, base: u64) -> LogResult<Segment> {
     Ok(Segment::new(path, file, base, generation, size))
 }
 
-/// Start the commit thread of a log.
-pub(crate) fn spawn(shared: Arc<Shared>, writer: Writer) -> LogResult<JoinHandle<()>> {
-    let dir = shared.dir.clone();
-    std::thread::Builder::new()
-        .name("keratin-commit".into())
-        .spawn(move || run(shared, writer))
-        .map_err(|e| LogError::io("spawn commit thread", dir, e.into()))
-}
-
 fn answer(batch: AnswerBatch) {
     for (reply, offsets) in batch {
         reply.send(Ok(offsets));
     }
 }
 
-fn run(shared: Arc<Shared>, mut writer: Writer) {
-    let (sender, receiver) = std::sync::mpsc::channel::<AnswerBatch>();
-    let notifier = std::thread::Builder::new()
-        .name("keratin-notify".into())
-        .spawn(move || {
-            for batch in receiver {
-                answer(batch);
+/// One turn of a commit worker with a scheduled log: take everything queued, run it as one round
+/// (`Writer::process`), and let go of the log. Returns true if the log stays scheduled because
+/// requests arrived during the round: the worker puts it back at the end of the ready queue, so
+/// that every log with work gets one round per turn. A log that stopped or closed loses its
+/// writer here, before it is let go: `close`, `heal` and `delete` wait for that
+/// (`Shared::wait_writer_free`).
+pub(crate) fn run_round(shared: &Shared) -> bool {
+    let (mut engine, wakers) = {
+        let mut state = shared.lock();
+        debug_assert!(state.scheduled, "a worker runs only scheduled logs");
+        let Some(mut engine) = state.engine.take() else {
+            // Stopped or closed since it was queued: `stop_log` answered what was queued.
+            release(shared, state);
+            return false;
+        };
+        if state.pending.items.is_empty() {
+            state.engine = Some(engine);
+            release(shared, state);
+            return false;
+        }
+        std::mem::swap(&mut state.pending, &mut engine.work);
+        (engine, state.room_wakers.take())
+    };
+    shared.wake_room_waiters(wakers);
+    let flow = engine.writer.process(shared, &mut engine.work);
+    engine.work.clear();
+    shrink_retained(&mut engine.work.payloads);
+    match flow {
+        Ok(Flow::Continue) => {
+            let mut state = shared.lock();
+            let more = !state.pending.items.is_empty();
+            state.engine = Some(engine);
+            if more {
+                return true;
             }
-        });
-    if notifier.is_ok() {
-        writer.notifier = Some(sender);
-    }
-    commit_loop(&shared, &mut writer);
-    // Deliver every answer still queued before the thread ends (and before `close` returns).
-    writer.notifier = None;
-    if let Ok(notifier) = notifier {
-        if notifier.join().is_err() {
-            tracing::error!(dir = %shared.dir.display(), "log notifier thread panicked");
+            release(shared, state);
+        }
+        Ok(Flow::Exit) | Err(_) => {
+            if let Err(error) = flow {
+                stop_log(shared, error);
+            }
+            // Every other answer went out already (the round's, and `stop_log`'s to what was
+            // still queued): the close is answered last.
+            if let Some((reply, result)) = engine.writer.close_reply.take() {
+                reply.send(result);
+            }
+            drop(engine);
+            release(shared, shared.lock());
         }
     }
-    if let Some((reply, result)) = writer.close_reply.take() {
-        reply.send(result);
-    }
+    false
 }
 
-fn commit_loop(shared: &Arc<Shared>, writer: &mut Writer) {
-    let mut work = Pending::default();
-    loop {
-        {
-            let mut state = shared.lock();
-            while state.pending.items.is_empty() {
-                if state.closing || state.stopped.is_some() {
-                    return;
-                }
-                state = shared
-                    .work_ready
-                    .wait(state)
-                    .unwrap_or_else(|e| e.into_inner());
-            }
-            std::mem::swap(&mut state.pending, &mut work);
-        }
-        shared.space_ready.notify_all();
-        let flow = writer.process(shared, &mut work);
-        work.clear();
-        shrink_retained(&mut work.payloads);
-        match flow {
-            Ok(Flow::Continue) => {}
-            Ok(Flow::Exit) => return,
-            Err(error) => {
-                stop_log(shared, error);
-                return;
-            }
-        }
-    }
+/// The worker lets go of the log: it is neither queued nor run any more.
+fn release(shared: &Shared, mut state: std::sync::MutexGuard<'_, crate::log::State>) {
+    state.scheduled = false;
+    drop(state);
+    shared.writer_free.notify_all();
 }
 
 /// Mark the log stopped and answer everything still queued with the error.
@@ -784,8 +777,12 @@ fn stop_log(shared: &Shared, error: LogError) {
         state.pending.bytes = 0;
         state.pending.metas.clear();
         state.pending.payloads.clear();
-        std::mem::take(&mut state.pending.items)
+        (
+            std::mem::take(&mut state.pending.items),
+            state.room_wakers.take(),
+        )
     };
+    let (items, wakers) = items;
     fail_items(items, &error);
-    shared.space_ready.notify_all();
+    shared.wake_room_waiters(wakers);
 }

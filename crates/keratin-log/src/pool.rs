@@ -29,6 +29,7 @@ use crate::format::{HeaderKind, SegmentHeader, SizeClass, SEGMENT_HEADER_SIZE, S
 use crate::io::{Io, IoError, OpenMode};
 use crate::log::DEFAULT_SEGMENT_SIZE_BYTES;
 use crate::sync_stats::{SyncHistogram, SyncHistogramSnapshot};
+use crate::workers::{CommitWorkers, WorkerSet};
 
 /// Spares kept by the private pool of a log opened without a node pool.
 pub const PRIVATE_POOL_SPARES: u64 = 4;
@@ -51,7 +52,15 @@ pub struct PoolOptions {
     /// Rewrite the headers of entering files on a background thread (the default), or inline
     /// in the caller (deterministic, for tests).
     pub background: bool,
+    /// Commit workers per file system: the threads that write and sync the logs of the pool
+    /// (see `docs/ARCHITECTURE.md`, "Threads"). Syncs of different logs on one file system
+    /// overlap up to this many; each log still commits in groups. At least 1; a private pool
+    /// always has 1.
+    pub commit_workers_per_filesystem: usize,
 }
+
+/// The default of [`PoolOptions::commit_workers_per_filesystem`].
+pub const DEFAULT_COMMIT_WORKERS_PER_FILESYSTEM: usize = 4;
 
 impl Default for PoolOptions {
     fn default() -> Self {
@@ -59,6 +68,7 @@ impl Default for PoolOptions {
             full_segment_size_bytes: DEFAULT_SEGMENT_SIZE_BYTES,
             budget_bytes: None,
             background: true,
+            commit_workers_per_filesystem: DEFAULT_COMMIT_WORKERS_PER_FILESYSTEM,
         }
     }
 }
@@ -187,6 +197,8 @@ struct Inner {
     worker_started: Mutex<bool>,
     counters: Counters,
     syncs: SyncHistogram,
+    /// Last field: dropped after everything else of the pool, it stops the commit workers.
+    commit: CommitWorkers,
 }
 
 /// Spare segment files of one node. Cheap to clone: clones share the pool.
@@ -216,6 +228,11 @@ impl SegmentPool {
     }
 
     fn build(io: Arc<dyn Io>, options: PoolOptions, private: bool) -> SegmentPool {
+        let workers = if private {
+            1
+        } else {
+            options.commit_workers_per_filesystem
+        };
         SegmentPool {
             inner: Arc::new(Inner {
                 io,
@@ -228,6 +245,7 @@ impl SegmentPool {
                 worker_started: Mutex::new(false),
                 counters: Counters::default(),
                 syncs: SyncHistogram::default(),
+                commit: CommitWorkers::new(workers),
             }),
         }
     }
@@ -718,13 +736,38 @@ impl SegmentPool {
         }
     }
 
-    /// How long the commit threads of this pool's logs took for each sync since the pool was
+    /// Commit worker threads running for this pool's logs: at most
+    /// `commit_workers_per_filesystem` per file system the logs are on, however many logs there
+    /// are (started when needed, kept until the pool's last handle goes).
+    pub fn commit_threads(&self) -> usize {
+        self.inner.commit.threads()
+    }
+
+    /// The commit workers of the file system holding `log_dir` (or, while it does not exist
+    /// yet, its nearest existing ancestor), with one worker started at least.
+    pub(crate) fn commit_set(&self, log_dir: &Path) -> LogResult<Arc<WorkerSet>> {
+        let io = self.inner.io.as_ref();
+        let mut dir = log_dir;
+        let device = loop {
+            match io.device_id(dir) {
+                Ok(device) => break device,
+                Err(e) if e.is_not_found() => match dir.parent() {
+                    Some(parent) if !parent.as_os_str().is_empty() => dir = parent,
+                    _ => return Err(LogError::io("stat log directory", log_dir, e)),
+                },
+                Err(e) => return Err(LogError::io("stat log directory", log_dir, e)),
+            }
+        };
+        self.inner.commit.set_for(device)
+    }
+
+    /// How long the commit workers of this pool's logs took for each sync since the pool was
     /// created.
     pub fn sync_histogram(&self) -> SyncHistogramSnapshot {
         self.inner.syncs.snapshot()
     }
 
-    /// Count one sync of a log's commit thread.
+    /// Count one sync of a commit worker.
     pub(crate) fn record_sync(&self, elapsed: std::time::Duration) {
         self.inner.syncs.record(elapsed);
     }

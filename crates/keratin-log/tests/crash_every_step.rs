@@ -179,6 +179,7 @@ fn open(io: &SimIo) -> Result<Log, LogError> {
             full_segment_size_bytes: options.full_segment_size_bytes,
             budget_bytes: Some(4 * options.full_segment_size_bytes),
             background: false,
+            ..PoolOptions::default()
         },
     );
     Log::open(io, Path::new(DIR), options, Some(pool))

@@ -27,6 +27,7 @@ fn pool_options(budget_bytes: Option<u64>) -> PoolOptions {
         full_segment_size_bytes: SEGMENT,
         budget_bytes,
         background: false,
+        ..PoolOptions::default()
     }
 }
 
@@ -136,6 +137,7 @@ fn default_budget_is_two_percent_capped_at_one_gib() {
             full_segment_size_bytes: SEGMENT,
             budget_bytes: None,
             background: false,
+            ..PoolOptions::default()
         },
     );
     pool.add_storage_dir(&root).expect("add");
@@ -346,6 +348,7 @@ fn background_worker_prepares_spares() {
             full_segment_size_bytes: SEGMENT,
             budget_bytes: None,
             background: true,
+            ..PoolOptions::default()
         },
     );
     pool.add_storage_dir(Path::new("/bg")).expect("add");

@@ -60,6 +60,7 @@ fn node_pool(io: &Arc<dyn Io>) -> Result<SegmentPool, LogError> {
             full_segment_size_bytes: SEGMENT,
             budget_bytes: Some(8 * SEGMENT),
             background: false,
+            ..PoolOptions::default()
         },
     );
     pool.add_storage_dir(root)?;
