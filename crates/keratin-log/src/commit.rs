@@ -200,8 +200,15 @@ impl Writer {
     }
 
     /// Carry out one round of queued requests, in order. On error every request of the round
-    /// not yet answered gets the error, and the caller stops the log.
-    pub(crate) fn process(&mut self, shared: &Shared, work: &mut Pending) -> StepResult<Flow> {
+    /// not yet answered gets the error, and the caller stops the log. The answers of the
+    /// round's last group (durable already) are left in `answers`: the caller sends them after
+    /// it has let go of the log, so that another worker can run the next round meanwhile.
+    pub(crate) fn process(
+        &mut self,
+        shared: &Shared,
+        work: &mut Pending,
+        answers: &mut AnswerBatch,
+    ) -> StepResult<Flow> {
         let mut group: Vec<(Reply<Range<u64>>, Range<u64>)> = Vec::new();
         let mut meta_at = 0usize;
         let mut payload_at = 0usize;
@@ -220,7 +227,7 @@ impl Writer {
                         .map(|()| Flow::Continue)
                 }
                 op => self
-                    .commit_group(shared, &mut group)
+                    .commit_group(shared, &mut group, true)
                     .and_then(|()| self.run_op(shared, op)),
             };
             match step {
@@ -236,13 +243,14 @@ impl Writer {
                 }
             }
         }
-        if let Err(error) = self.commit_group(shared, &mut group) {
+        if let Err(error) = self.commit_group(shared, &mut group, false) {
             let error = fail(shared, error);
             for (reply, _) in group.drain(..) {
                 reply.send(Err(error.clone()));
             }
             return Err(error);
         }
+        answers.append(&mut group);
         Ok(Flow::Continue)
     }
 
@@ -325,11 +333,13 @@ impl Writer {
         Ok(())
     }
 
-    /// Write, sync and publish what the group encoded, then answer its appenders.
+    /// Write, sync and publish what the group encoded, then answer its appenders (or, without
+    /// `answer_now`, leave the answers in `group` for the caller).
     fn commit_group(
         &mut self,
         shared: &Shared,
         group: &mut Vec<(Reply<Range<u64>>, Range<u64>)>,
+        answer_now: bool,
     ) -> StepResult<()> {
         if group.is_empty() && self.buf.is_empty() && self.created.is_empty() {
             return Ok(());
@@ -352,7 +362,9 @@ impl Writer {
                 return Err(error);
             }
         }
-        answer(std::mem::take(group));
+        if answer_now {
+            answer(std::mem::take(group));
+        }
         Ok(())
     }
 
@@ -706,56 +718,102 @@ fn answer(batch: AnswerBatch) {
 }
 
 /// One turn of a commit worker with a scheduled log: take everything queued, run it as one round
-/// (`Writer::process`), and let go of the log. Returns true if the log stays scheduled because
-/// requests arrived during the round: the worker puts it back at the end of the ready queue, so
-/// that every log with work gets one round per turn. A log that stopped or closed loses its
-/// writer here, before it is let go: `close`, `heal` and `delete` wait for that
-/// (`Shared::wait_writer_free`).
-pub(crate) fn run_round(shared: &Shared) -> bool {
+/// (`Writer::process`), and let go of the log. If requests arrived during the round, the log
+/// stays scheduled and goes back to the end of its ready queue (every log with work gets one
+/// round per turn) *before* this worker answers the round's appenders: another worker can run
+/// the next round while this one wakes them (waking dozens of blocked threads one by one took
+/// 45% of a commit thread's time at 64 appenders; see `docs/benchmarks.md`). A log that stopped
+/// or closed loses its writer here, before it is let go: `close`, `heal` and `delete` wait for
+/// that (`Shared::wait_writer_free`).
+pub(crate) fn run_round(shared: &Arc<Shared>) {
     let (mut engine, wakers) = {
         let mut state = shared.lock();
         debug_assert!(state.scheduled, "a worker runs only scheduled logs");
         let Some(mut engine) = state.engine.take() else {
             // Stopped or closed since it was queued: `stop_log` answered what was queued.
             release(shared, state);
-            return false;
+            return;
         };
         if state.pending.items.is_empty() {
             state.engine = Some(engine);
             release(shared, state);
-            return false;
+            return;
         }
         std::mem::swap(&mut state.pending, &mut engine.work);
         (engine, state.room_wakers.take())
     };
     shared.wake_room_waiters(wakers);
-    let flow = engine.writer.process(shared, &mut engine.work);
+    // The answers of the round's last group, sent once the worker has let go of the log.
+    let mut answers = AnswerBatch::new();
+    let flow = engine
+        .writer
+        .process(shared, &mut engine.work, &mut answers);
     engine.work.clear();
     shrink_retained(&mut engine.work.payloads);
     match flow {
         Ok(Flow::Continue) => {
             let mut state = shared.lock();
             let more = !state.pending.items.is_empty();
+            let deferred = !answers.is_empty();
+            if deferred {
+                state.answering += 1;
+            }
             state.engine = Some(engine);
             if more {
-                return true;
+                drop(state);
+                shared.workers.push(shared.clone(), deferred);
+            } else {
+                release(shared, state);
             }
-            release(shared, state);
+            if deferred {
+                answer(answers);
+                let mut state = shared.lock();
+                state.answering -= 1;
+                if state.answering == 0 {
+                    drop(state);
+                    shared.writer_free.notify_all();
+                }
+            }
         }
         Ok(Flow::Exit) | Err(_) => {
             if let Err(error) = flow {
                 stop_log(shared, error);
             }
-            // Every other answer went out already (the round's, and `stop_log`'s to what was
-            // still queued): the close is answered last.
+            // Every other answer goes out first (the round's, earlier rounds' still being sent
+            // by other workers, and `stop_log`'s to what was still queued): the close is
+            // answered last.
             if let Some((reply, result)) = engine.writer.close_reply.take() {
+                let mut state = shared.lock();
+                while state.answering > 0 {
+                    state = shared
+                        .writer_free
+                        .wait(state)
+                        .unwrap_or_else(|e| e.into_inner());
+                }
+                drop(state);
                 reply.send(result);
             }
             drop(engine);
             release(shared, shared.lock());
         }
     }
-    false
+}
+
+/// A round panicked (a bug of ours): stop the log, so that everything queued is answered and a
+/// heal can build a new writer, and let go of it. The worker serves the other logs on.
+pub(crate) fn abandon_round(shared: &Shared) {
+    tracing::error!(dir = %shared.dir.display(), "a commit round panicked");
+    // The round's writer was dropped by the unwinding (or never taken): the log has none.
+    shared.lock().engine = None;
+    stop_log(
+        shared,
+        LogError::Stopped {
+            dir: shared.dir.clone(),
+            op: "commit round (panicked)",
+            source: IoError::Os(rustix::io::Errno::IO),
+        },
+    );
+    release(shared, shared.lock());
 }
 
 /// The worker lets go of the log: it is neither queued nor run any more.

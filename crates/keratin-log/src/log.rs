@@ -226,6 +226,9 @@ pub(crate) struct State {
     pub(crate) scheduled: bool,
     /// `append_async` calls waiting for room under `max_pending_bytes`.
     pub(crate) room_wakers: RoomWakers,
+    /// Workers answering an earlier round of this log after letting go of it; the answer to
+    /// `close` waits until none is.
+    pub(crate) answering: usize,
 }
 
 /// Wakers of `append_async` calls waiting for room, each under the id its future holds (so a
@@ -311,7 +314,7 @@ impl Shared {
     /// log's lock.
     fn schedule(self: &Arc<Self>, claimed: bool) {
         if claimed {
-            self.workers.push(self.clone(), false);
+            self.workers.push(self.clone(), true);
         }
     }
 
@@ -434,6 +437,7 @@ impl Log {
                 engine: None,
                 scheduled: false,
                 room_wakers: RoomWakers::default(),
+                answering: 0,
             }),
             workers,
             writer_free: Condvar::new(),

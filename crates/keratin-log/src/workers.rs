@@ -5,7 +5,8 @@
 //! processed by one worker (`State::scheduled`, under the log's lock, makes sure of both). A
 //! worker takes the log at the front, runs one round of group commit for it
 //! (`commit::run_round`: everything queued at that moment, one write and one sync) and puts it
-//! at the back if more arrived meanwhile. So a log still gets group commit (what arrives during
+//! at the back if more arrived meanwhile, then answers the round's appenders while another
+//! worker may already run the log's next round. So a log still gets group commit (what arrives during
 //! its sync is the next group), logs on one file system sync in parallel up to the worker
 //! count, and a busy log gets one round per turn and never starves the others. The queue holds
 //! each log at most once: it is bounded by the number of logs.
@@ -14,10 +15,12 @@
 //! stay until the pool's last handle goes; then they exit.
 
 use std::collections::{HashMap, VecDeque};
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
+use crate::commit::{abandon_round, run_round};
 use crate::error::{LogError, LogResult};
 use crate::log::Shared;
 
@@ -119,15 +122,16 @@ impl Drop for CommitWorkers {
 
 impl WorkerSet {
     /// Put a log that has work on the ready queue (the caller marked it scheduled) and wake a
-    /// worker, starting one more if none is idle and the set is not full. `requeue`: a worker
-    /// puts back a log it just served; it takes the next log itself, so no thread is started.
-    pub(crate) fn push(self: &Arc<Self>, log: Arc<Shared>, requeue: bool) {
+    /// worker, starting one more if none is idle, `may_start` and the set is not full. A worker
+    /// that puts back a log it just served and goes straight back to the queue passes false: it
+    /// takes the next log itself.
+    pub(crate) fn push(self: &Arc<Self>, log: Arc<Shared>, may_start: bool) {
         let mut queue = lock(&self.queue);
         queue.logs.push_back(log);
         if queue.idle > 0 {
             drop(queue);
             self.ready.notify_one();
-        } else if !requeue && queue.threads < self.max_threads && !queue.shutdown {
+        } else if may_start && queue.threads < self.max_threads && !queue.shutdown {
             // Failing to start a further worker only costs parallelism: the set has one.
             if let Err(error) = self.spawn(&mut queue) {
                 tracing::warn!(device = self.device, %error, "starting a commit worker failed");
@@ -165,8 +169,8 @@ impl WorkerSet {
                     queue.idle -= 1;
                 }
             };
-            if crate::commit::run_round(&log) {
-                self.push(log, true);
+            if std::panic::catch_unwind(AssertUnwindSafe(|| run_round(&log))).is_err() {
+                abandon_round(&log);
             }
         }
     }

@@ -10,7 +10,7 @@ mod common;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::pin::pin;
+use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::task::{Context, Poll, Wake, Waker};
@@ -723,4 +723,43 @@ fn a_busy_log_does_not_starve_another_on_one_worker() {
         "the busy log synced {busy_syncs} times while the quiet log made 20 appends"
     );
     quiet.close().expect("close");
+}
+
+#[test]
+fn close_returns_after_every_earlier_append_is_answered() {
+    let _serial = serial();
+    // Several workers: a round's answers go out after its worker let go of the log, possibly
+    // while another worker already runs the round with the close.
+    let node = node(4, Duration::from_millis(1));
+    let log = node.open("closing", small_options());
+    let tickets: Vec<_> = std::thread::scope(|scope| {
+        let appenders: Vec<_> = (0..16u32)
+            .map(|a| {
+                let log = &log;
+                scope.spawn(move || {
+                    (0..50u32)
+                        .map(|i| {
+                            log.append(&[record(&payload(0, a * 1000 + i, 100))])
+                                .expect("append")
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        appenders
+            .into_iter()
+            .flat_map(|h| h.join().expect("appender"))
+            .collect()
+    });
+    log.close().expect("close");
+    let waker = Waker::from(Arc::new(CountingWaker::default()));
+    let mut cx = Context::from_waker(&waker);
+    for mut ticket in tickets {
+        match Pin::new(&mut ticket).poll(&mut cx) {
+            Poll::Ready(result) => {
+                result.expect("durable before the close");
+            }
+            Poll::Pending => panic!("close returned before an earlier append was answered"),
+        }
+    }
 }
