@@ -28,9 +28,16 @@ fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The process's threads that the log started (`keratin-commit`, `keratin-pool`), from
+/// `/proc/self/task`: the test harness starts and ends threads of its own meanwhile.
 fn threads_now() -> usize {
     std::fs::read_dir("/proc/self/task")
         .expect("/proc/self/task")
+        .filter_map(|task| {
+            let comm = task.ok()?.path().join("comm");
+            std::fs::read_to_string(comm).ok()
+        })
+        .filter(|name| name.starts_with("keratin-"))
         .count()
 }
 
@@ -762,4 +769,21 @@ fn close_returns_after_every_earlier_append_is_answered() {
             Poll::Pending => panic!("close returned before an earlier append was answered"),
         }
     }
+}
+
+/// Partition owners run `append_async` inside tasks a multi-threaded runtime may move between
+/// threads: the future must be `Send`.
+#[test]
+fn the_append_async_future_is_send() {
+    fn assert_send<T: Send>(_: &T) {}
+    let _serial = serial();
+    let node = node(1, Duration::ZERO);
+    let log = node.open("send", small_options());
+    let bytes = payload(0, 0, 10);
+    let batch = [record(&bytes)];
+    let future = log.append_async(&batch);
+    assert_send(&future);
+    drop(future);
+    assert_eq!(log.next_offset(), 0, "a future never polled queues nothing");
+    log.close().expect("close");
 }
