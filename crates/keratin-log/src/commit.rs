@@ -239,9 +239,17 @@ impl Writer {
                     self.encode(shared, first_offset, metas, &work.payloads, &mut payload_at)
                         .map(|()| Flow::Continue)
                 }
-                op => self
-                    .commit_group(shared, &mut group)
-                    .and_then(|()| self.run_op(shared, op)),
+                op => match self.commit_group(shared, &mut group) {
+                    Ok(()) => self.run_op(shared, op),
+                    Err(error) => {
+                        // The request never ran: answer it with the stop, not a dropped reply
+                        // (`Closed`), like the requests after it (found by crash_every_step:
+                        // EIO at the sync of the appends queued just before a hand-back).
+                        let error = fail(shared, error);
+                        fail_items([op], &error);
+                        Err(error)
+                    }
+                },
             };
             match step {
                 Ok(Flow::Continue) => {}

@@ -641,6 +641,12 @@ impl Log {
         self.shared.space_ready.notify_all();
         let result = ticket.map_or(Ok(()), Ticket::wait);
         self.join_thread();
+        if self.shared.pool.is_private() {
+            // Segments this log handed to its private pool are still being prepared on the
+            // pool's thread: a reopen's new private pool would adopt the same files while that
+            // thread renames them (found by tests/idle.rs: hand back, close, reopen, append).
+            self.shared.pool.flush();
+        }
         result
     }
 

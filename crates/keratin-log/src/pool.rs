@@ -256,6 +256,11 @@ impl SegmentPool {
         self.open_group(device, &dir.join(SPARES_DIR_NAME))
     }
 
+    /// True for a pool private to one log (spares beside the log).
+    pub(crate) fn is_private(&self) -> bool {
+        self.inner.private
+    }
+
     /// The options the pool was made with.
     pub fn options(&self) -> &PoolOptions {
         &self.inner.options
