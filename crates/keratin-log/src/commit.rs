@@ -144,9 +144,10 @@ fn stop<'a>(shared: &'a Shared, op: &'static str) -> impl Fn(IoError) -> LogErro
 }
 
 impl Writer {
-    /// Take over the recovered segments (creating the first one of a new log) and publish them.
-    /// `unproven_from`: where the last segment's bytes stop being proven durable (recovery's
-    /// `Recovered::unproven_from`).
+    /// Take over the recovered segments and publish them. A log without segments starts with
+    /// none, at the anchor's offset (or 0), and writes nothing: its first append creates the
+    /// first segment. `Recovered::unproven_from` says where the last segment's bytes stop being
+    /// proven durable.
     pub(crate) fn start(shared: &Shared, recovered: Recovered) -> LogResult<Writer> {
         let Recovered {
             segments,
