@@ -9,7 +9,10 @@
 //! Ordering rules the recovery relies on (docs/storage-format.md, "Ordering"):
 //! - a segment's records are synced before the header of the segment after it is written;
 //! - a record claims durable only what a completed sync covered (`durable_distance`);
-//! - truncation removes later segments before it zeroes the cut segment's tail.
+//! - truncation removes later segments before it zeroes the cut segment's tail;
+//! - a segment file grows by preallocation steps before the write that needs the room, and its
+//!   new length is made durable by the batch's sync;
+//! - a hand-back makes its anchor durable before it removes any segment.
 //!
 //! Any failed write or sync stops the log: nothing is retried in place.
 
@@ -19,14 +22,17 @@ use std::time::Instant;
 
 use crate::error::{LogError, LogResult};
 use crate::format::{
-    encode_record, HeaderKind, RecordFields, SegmentHeader, FLAG_SEAL, RECORD_HEADER_SIZE,
-    SEGMENT_HEADER_SIZE,
+    encode_anchor, encode_record, HeaderKind, RecordFields, SegmentHeader, FLAG_SEAL,
+    RECORD_HEADER_SIZE, SEGMENT_HEADER_SIZE,
 };
 use crate::io::{IoError, IoFile, OpenMode};
 use crate::log::{Item, Pending, PrefixRemoval, RecordMeta, Shared};
 use crate::reader::locate;
-use crate::recovery::zero_range;
-use crate::segment::{scratch_file_name, segment_file_name, IndexBuilder, IndexEntry, Segment};
+use crate::recovery::{zero_range, Recovered};
+use crate::segment::{
+    preallocation_target, scratch_file_name, segment_file_name, IndexBuilder, IndexEntry, Segment,
+    ANCHOR_FILE_NAME, ANCHOR_SCRATCH_FILE_NAME,
+};
 use crate::ticket::Reply;
 
 /// The segment appends go to.
@@ -36,6 +42,8 @@ struct Active {
     generation: u16,
     file: Arc<dyn IoFile>,
     size_bytes: u64,
+    /// The file's length: writes below it need no new blocks.
+    allocated: u64,
     /// One past the last byte written.
     position: u64,
     next_offset: u64,
@@ -56,6 +64,7 @@ impl Active {
             generation: segment.generation,
             file: segment.file.clone(),
             size_bytes: segment.size_bytes,
+            allocated: segment.allocated_bytes,
             position,
             next_offset,
             index: IndexBuilder::new(segment.base, last),
@@ -68,6 +77,7 @@ impl Active {
 #[derive(Debug)]
 struct Update {
     base: u64,
+    allocated_bytes: u64,
     end_position: u64,
     next_offset: u64,
     entries: Vec<IndexEntry>,
@@ -81,7 +91,11 @@ pub(crate) enum Flow {
 /// The write side of a log, used by one commit worker at a time.
 #[derive(Debug)]
 pub(crate) struct Writer {
-    active: Active,
+    /// The segment appends go to; `None` while the log holds no segment (a new log before its
+    /// first append, or after a hand-back): the next append creates one at `durable_next`.
+    active: Option<Active>,
+    /// Whether the log directory exists (it is created with the first segment).
+    dir_exists: bool,
     durable_next: u64,
     /// Encoded records not yet written; they start at `buf_position` of the active segment.
     buf: Vec<u8>,
@@ -138,22 +152,29 @@ fn stop<'a>(shared: &'a Shared, op: &'static str) -> impl Fn(IoError) -> LogErro
 }
 
 impl Writer {
-    /// Take over the recovered segments (creating the first one of a new log) and publish them.
-    /// `unproven_from`: where the last segment's bytes stop being proven durable (recovery's
-    /// `Recovered::unproven_from`).
-    pub(crate) fn start(
-        shared: &Shared,
-        mut segments: std::collections::BTreeMap<u64, Segment>,
-        unproven_from: Option<u64>,
-    ) -> LogResult<Writer> {
-        if segments.is_empty() {
-            let segment = new_segment(shared, 0)?;
-            segments.insert(0, segment);
-        }
-        let last = segments
-            .values()
-            .next_back()
-            .ok_or_else(|| LogError::Invalid("no segment".into()))?;
+    /// Take over the recovered segments and publish them. A log without segments starts with
+    /// none, at the anchor's offset (or 0), and writes nothing: its first append creates the
+    /// first segment. `Recovered::unproven_from` says where the last segment's bytes stop being
+    /// proven durable.
+    pub(crate) fn start(shared: &Shared, recovered: Recovered) -> LogResult<Writer> {
+        let Recovered {
+            segments,
+            unproven_from,
+            empty_next_offset,
+            dir_exists,
+            ..
+        } = recovered;
+        let Some(last) = segments.values().next_back() else {
+            // Nothing to make durable and nothing to create: the first append creates the first
+            // segment (and the directory), on the commit path, as a roll does.
+            {
+                let mut state = shared.lock();
+                state.segments = segments;
+                state.next_offset = empty_next_offset;
+                state.durable_next = empty_next_offset;
+            }
+            return Ok(Writer::new(None, empty_next_offset, dir_exists));
+        };
         // What no record proves durable may be in the page cache only, with a failed sync
         // behind it (in an earlier process, or before a heal): Linux reported that failure once
         // and marked the pages clean, so the sync below would succeed without writing them.
@@ -182,21 +203,28 @@ impl Writer {
             state.next_offset = next_offset;
             state.durable_next = next_offset;
         }
-        Ok(Writer {
-            buf_position: active.position,
+        Ok(Writer::new(Some(active), next_offset, true))
+    }
+
+    fn new(active: Option<Active>, durable_next: u64, dir_exists: bool) -> Writer {
+        Writer {
+            buf_position: active.as_ref().map_or(0, |a| a.position),
             active,
-            durable_next: next_offset,
+            dir_exists,
+            durable_next,
             buf: Vec::new(),
             updates: Vec::new(),
             created: Vec::new(),
             dirty: Vec::new(),
             dir_dirty: false,
             close_reply: None,
-        })
+        }
     }
 
     pub(crate) fn next_offset(&self) -> u64 {
-        self.active.next_offset
+        self.active
+            .as_ref()
+            .map_or(self.durable_next, |a| a.next_offset)
     }
 
     /// Carry out one round of queued requests, in order. On error every request of the round
@@ -226,9 +254,17 @@ impl Writer {
                     self.encode(shared, first_offset, metas, &work.payloads, &mut payload_at)
                         .map(|()| Flow::Continue)
                 }
-                op => self
-                    .commit_group(shared, &mut group, true)
-                    .and_then(|()| self.run_op(shared, op)),
+                op => match self.commit_group(shared, &mut group, true) {
+                    Ok(()) => self.run_op(shared, op),
+                    Err(error) => {
+                        // The request never ran: answer it with the stop, not a dropped reply
+                        // (`Closed`), like the requests after it (found by crash_every_step:
+                        // EIO at the sync of the appends queued just before a hand-back).
+                        let error = fail(shared, error);
+                        fail_items([op], &error);
+                        Err(error)
+                    }
+                },
             };
             match step {
                 Ok(Flow::Continue) => {}
@@ -264,20 +300,29 @@ impl Writer {
         payload_at: &mut usize,
     ) -> StepResult<()> {
         assert_eq!(
-            first_offset, self.active.next_offset,
+            first_offset,
+            self.next_offset(),
             "appends reach the writer in offset order"
         );
         for meta in metas {
             let size = RECORD_HEADER_SIZE as u64 + u64::from(meta.length);
-            if self.active.position + size > self.active.size_bytes {
-                self.roll(shared, self.active.next_offset)?;
+            let fits = self
+                .active
+                .as_ref()
+                .is_some_and(|a| a.position + size <= a.size_bytes);
+            if !fits {
+                self.roll(shared, self.next_offset())?;
             }
+            let active = self
+                .active
+                .as_mut()
+                .expect("a roll leaves an active segment");
             let payload = &payloads[*payload_at..*payload_at + meta.length as usize];
             *payload_at += meta.length as usize;
-            let offset = self.active.next_offset;
+            let offset = active.next_offset;
             let fields = RecordFields {
                 offset,
-                generation: self.active.generation,
+                generation: active.generation,
                 record_type: meta.record_type,
                 flags: meta.flags,
                 timestamp_ms: meta.timestamp_ms,
@@ -285,19 +330,26 @@ impl Writer {
                     .unwrap_or(crate::format::NO_DURABILITY_CLAIM),
             };
             encode_record(&mut self.buf, &fields, payload);
-            if let Some(entry) = self.active.index.record(offset, self.active.position) {
-                self.active.new_entries.push(entry);
+            if let Some(entry) = active.index.record(offset, active.position) {
+                active.new_entries.push(entry);
             }
-            self.active.position += size;
-            self.active.next_offset += 1;
+            active.position += size;
+            active.next_offset += 1;
         }
         Ok(())
     }
 
     /// Write the buffer to the active segment (not synced yet) and note the segment's new end.
     fn flush(&mut self, shared: &Shared) -> StepResult<()> {
+        let Some(active) = self.active.as_mut() else {
+            debug_assert!(self.buf.is_empty());
+            return Ok(());
+        };
         if !self.buf.is_empty() {
-            self.active
+            // Room for the idle seal too, so that it never needs an allocation of its own.
+            let needed = active.position + RECORD_HEADER_SIZE as u64;
+            allocate_for(shared, active, needed)?;
+            active
                 .file
                 .write_all_at(&self.buf, self.buf_position)
                 .map_err(stop(shared, "write"))?;
@@ -305,19 +357,26 @@ impl Writer {
             shrink_retained(&mut self.buf);
             self.mark_dirty();
         }
-        self.buf_position = self.active.position;
+        let Some(active) = self.active.as_mut() else {
+            return Ok(());
+        };
+        self.buf_position = active.position;
         self.updates.push(Update {
-            base: self.active.base,
-            end_position: self.active.position,
-            next_offset: self.active.next_offset,
-            entries: std::mem::take(&mut self.active.new_entries),
+            base: active.base,
+            allocated_bytes: active.allocated,
+            end_position: active.position,
+            next_offset: active.next_offset,
+            entries: std::mem::take(&mut active.new_entries),
         });
         Ok(())
     }
 
     fn mark_dirty(&mut self) {
-        if !self.dirty.iter().any(|f| Arc::ptr_eq(f, &self.active.file)) {
-            self.dirty.push(self.active.file.clone());
+        let Some(active) = &self.active else {
+            return;
+        };
+        if !self.dirty.iter().any(|f| Arc::ptr_eq(f, &active.file)) {
+            self.dirty.push(active.file.clone());
         }
     }
 
@@ -346,7 +405,7 @@ impl Writer {
         }
         self.flush(shared)?;
         self.sync_dirty(shared)?;
-        self.durable_next = self.active.next_offset;
+        self.durable_next = self.next_offset();
         self.publish(shared);
         // Sealing before answering keeps the sequence of disk calls a function of the requests
         // alone (the crash tests replay it call by call); the seal is one small unsynced write.
@@ -376,6 +435,7 @@ impl Writer {
         }
         for update in self.updates.drain(..) {
             if let Some(segment) = state.segments.get_mut(&update.base) {
+                segment.allocated_bytes = update.allocated_bytes;
                 segment.end_position = update.end_position;
                 segment.next_offset = update.next_offset;
                 segment.index.extend(update.entries);
@@ -384,19 +444,25 @@ impl Writer {
         state.durable_next = self.durable_next;
     }
 
-    /// Seal the active segment and continue in a new one whose first offset is `base`.
+    /// Seal the active segment and continue in a new one whose first offset is `base`; with no
+    /// active segment (a new log, or one that handed its segments back), create the first one
+    /// (and the log directory, the first time).
     fn roll(&mut self, shared: &Shared, base: u64) -> StepResult<()> {
         self.flush(shared)?;
         // The records before `base` are durable before the next header exists: recovery reads a
         // valid next segment as proof that this one is whole.
         self.sync_dirty(shared)?;
+        if !self.dir_exists {
+            create_log_dir(shared).map_err(|e| as_stop(shared, e))?;
+            self.dir_exists = true;
+        }
         let segment = new_segment(shared, base).map_err(|e| as_stop(shared, e))?;
         // The new name (a rename from the scratch name or from the pool) is synced with the
         // batch, before any of its records is reported durable.
         self.dir_dirty = true;
         let new = Active::from_segment(&segment, SEGMENT_HEADER_SIZE as u64, base);
-        self.active = new;
-        self.buf_position = self.active.position;
+        self.buf_position = new.position;
+        self.active = Some(new);
         self.mark_dirty();
         self.created.push(segment);
         Ok(())
@@ -422,6 +488,11 @@ impl Writer {
                 reply.send(result.clone());
                 result.map(|()| Flow::Continue)
             }
+            Item::HandBack { reply } => {
+                let result = self.hand_back(shared).map_err(|e| fail(shared, e));
+                reply.send(result.clone());
+                result.map(|_| Flow::Continue)
+            }
             Item::Close { reply } => {
                 let result = self.write_seal(shared, true).map_err(|e| fail(shared, e));
                 // Answered after every earlier answer is out (see `run_round`).
@@ -432,10 +503,10 @@ impl Writer {
     }
 
     fn explicit_roll(&mut self, shared: &Shared) -> StepResult<()> {
-        if self.active.next_offset == self.active.base {
+        if self.active.as_ref().is_none_or(|a| a.next_offset == a.base) {
             return Ok(());
         }
-        self.roll(shared, self.active.next_offset)?;
+        self.roll(shared, self.next_offset())?;
         self.flush(shared)?;
         self.sync_dirty(shared)?;
         self.publish(shared);
@@ -446,25 +517,30 @@ impl Writer {
     /// durable, which holds because it is written only after a sync. `sync` at close.
     pub(crate) fn write_seal(&mut self, shared: &Shared, sync: bool) -> StepResult<()> {
         debug_assert!(self.buf.is_empty());
-        if self.active.position + RECORD_HEADER_SIZE as u64 > self.active.size_bytes {
+        let Some(active) = &self.active else {
+            return Ok(());
+        };
+        // A seal never allocates: batches leave room for it where the segment has room
+        // (`flush`); a file a spare or an older layout left shorter simply gets none.
+        if active.position + RECORD_HEADER_SIZE as u64 > active.size_bytes.min(active.allocated) {
             return Ok(());
         }
         let mut seal = Vec::with_capacity(RECORD_HEADER_SIZE);
         let fields = RecordFields {
-            offset: self.active.next_offset,
-            generation: self.active.generation,
+            offset: active.next_offset,
+            generation: active.generation,
             record_type: 0,
             flags: FLAG_SEAL,
             timestamp_ms: 0,
             durable_distance: 0,
         };
         encode_record(&mut seal, &fields, &[]);
-        self.active
+        active
             .file
-            .write_all_at(&seal, self.active.position)
+            .write_all_at(&seal, active.position)
             .map_err(stop(shared, "write seal"))?;
         if sync {
-            timed_sync(shared, || self.active.file.sync_data()).map_err(stop(shared, "sync"))?;
+            timed_sync(shared, || active.file.sync_data()).map_err(stop(shared, "sync"))?;
         }
         Ok(())
     }
@@ -472,7 +548,7 @@ impl Writer {
     /// Cut the log at `offset` (see [`crate::Log::truncate_suffix`]). Everything before it is
     /// durable: the writer wrote and synced it before taking this request.
     pub(crate) fn truncate(&mut self, shared: &Shared, offset: u64) -> StepResult<()> {
-        if offset == self.active.next_offset {
+        if offset == self.next_offset() {
             return Ok(());
         }
         let (victims, target) = {
@@ -499,13 +575,15 @@ impl Writer {
         } else {
             locate(&target, offset)?
         };
-        let old_end = if target.base == self.active.base {
-            self.active.position
-        } else {
-            target.end_position
+        let (old_end, allocated) = match &self.active {
+            Some(active) if active.base == target.base => (active.position, active.allocated),
+            _ => (target.end_position, target.allocated_bytes),
         };
-        // The seal record, if one was written, lies just past the old end.
-        let zero_end = (old_end + RECORD_HEADER_SIZE as u64).min(target.size_bytes);
+        // The seal record, if one was written, lies just past the old end; nothing lies past
+        // the end of the file (writing there would allocate).
+        let zero_end = (old_end + RECORD_HEADER_SIZE as u64)
+            .min(target.size_bytes)
+            .min(allocated);
         // The records from the cut on were durable, and each claims the ones before it: a crash
         // or a failed write part way through the zeroing leaves holes followed by intact
         // claiming records, which recovery would rightly call corruption (found by
@@ -520,7 +598,9 @@ impl Writer {
         if destroys_records {
             write_cut_mark(shared, &target, None)?;
         }
-        self.active = Active::from_segment(&target, position, offset);
+        let mut active = Active::from_segment(&target, position, offset);
+        active.allocated = active.allocated.max(allocated);
+        self.active = Some(active);
         self.buf_position = position;
         self.durable_next = offset;
         let mut state = shared.lock();
@@ -535,19 +615,52 @@ impl Writer {
 
     /// Hand whole segments below `before` to the pool; never the active one.
     fn remove_prefix(&mut self, shared: &Shared, before: u64) -> StepResult<PrefixRemoval> {
+        let active_base = self.active.as_ref().map(|a| a.base);
         let victims: Vec<Segment> = {
             let state = shared.lock();
             let bases: Vec<u64> = state.segments.keys().copied().collect();
             bases
                 .windows(2)
-                .filter(|pair| pair[1] <= before && pair[0] != self.active.base)
+                .filter(|pair| pair[1] <= before && Some(pair[0]) != active_base)
                 .filter_map(|pair| state.segments.get(&pair[0]).cloned())
                 .collect()
         };
         self.retire(shared, &victims)?;
         Ok(PrefixRemoval {
             segments: victims.len(),
-            bytes: victims.iter().map(|s| s.size_bytes).sum(),
+            bytes: victims.iter().map(|s| s.allocated_bytes).sum(),
+        })
+    }
+
+    /// Hand every segment, the active one too, to the pool, after making the next offset durable
+    /// in the anchor (see [`crate::Log::hand_back`]). Everything queued before is durable: the
+    /// group before this request was committed first.
+    fn hand_back(&mut self, shared: &Shared) -> StepResult<PrefixRemoval> {
+        let Some(active) = self.active.take() else {
+            // No segment: the anchor (or offset 0 of a log never written) holds the offset.
+            return Ok(PrefixRemoval::default());
+        };
+        // Put it back until the hand-back is through: a failure stops the log with its state
+        // as it is on disk (the segments win over the anchor at recovery).
+        let next_offset = active.next_offset;
+        let allocated = active.allocated;
+        self.active = Some(active);
+        debug_assert_eq!(next_offset, self.durable_next);
+        write_anchor(shared, next_offset)?;
+        let mut victims: Vec<Segment> = shared.lock().segments.values().cloned().collect();
+        if let Some(last) = victims.last_mut() {
+            // The writer knows the tail's length better than readers do (an allocation after
+            // the last publish).
+            last.allocated_bytes = last.allocated_bytes.max(allocated);
+        }
+        // Lowest first (as `retire` is called with them in order): a crash part way leaves a
+        // suffix of the log, which still ends at the anchor's offset.
+        self.retire(shared, &victims)?;
+        self.active = None;
+        self.buf_position = 0;
+        Ok(PrefixRemoval {
+            segments: victims.len(),
+            bytes: victims.iter().map(|s| s.allocated_bytes).sum(),
         })
     }
 
@@ -559,7 +672,12 @@ impl Writer {
         for victim in victims {
             shared
                 .pool
-                .enter(&victim.path, shared.options.size_class, victim.generation)
+                .enter(
+                    &victim.path,
+                    shared.options.size_class,
+                    victim.generation,
+                    victim.allocated_bytes,
+                )
                 .map_err(|e| as_stop(shared, e))?;
         }
         timed_sync(shared, || shared.io.sync_dir(&shared.dir))
@@ -658,7 +776,9 @@ pub(crate) fn fail_items(items: impl IntoIterator<Item = Item>, error: &LogError
             Item::Truncate { reply, .. } | Item::Roll { reply } | Item::Close { reply } => {
                 reply.send(Err(error.clone()))
             }
-            Item::RemovePrefix { reply, .. } => reply.send(Err(error.clone())),
+            Item::RemovePrefix { reply, .. } | Item::HandBack { reply } => {
+                reply.send(Err(error.clone()))
+            }
         }
     }
 }
@@ -686,7 +806,15 @@ fn new_segment(shared: &Shared, base: u64) -> LogResult<Segment> {
             .map_err(|e| LogError::io("open segment", &path, e))?;
         file.write_all_at(&header(spare.generation).encode(), 0)
             .map_err(|e| LogError::io("write segment header", &path, e))?;
-        return Ok(Segment::new(path, file, base, spare.generation, size));
+        // A spare keeps the length it had in its log (it grows like any segment from there).
+        return Ok(Segment::new(
+            path,
+            file,
+            base,
+            spare.generation,
+            size,
+            spare.size_bytes,
+        ));
     }
     let scratch = shared.dir.join(scratch_file_name(base));
     if io
@@ -700,7 +828,9 @@ fn new_segment(shared: &Shared, base: u64) -> LogResult<Segment> {
         .open(&scratch, OpenMode::CreateNew)
         .map_err(|e| LogError::io("create segment", &scratch, e))?;
     let generation = 1;
-    file.allocate(size)
+    // The first preallocation step only: the file grows ahead of the writer (`allocate_for`).
+    let allocated = preallocation_target(0, SEGMENT_HEADER_SIZE as u64, size);
+    file.allocate(allocated)
         .map_err(|e| LogError::io("preallocate segment", &scratch, e))?;
     file.write_all_at(&header(generation).encode(), 0)
         .map_err(|e| LogError::io("write segment header", &scratch, e))?;
@@ -708,7 +838,64 @@ fn new_segment(shared: &Shared, base: u64) -> LogResult<Segment> {
         .map_err(|e| LogError::io("sync segment", &scratch, e))?;
     io.rename(&scratch, &path)
         .map_err(|e| LogError::io("rename segment into place", &path, e))?;
-    Ok(Segment::new(path, file, base, generation, size))
+    Ok(Segment::new(path, file, base, generation, size, allocated))
+}
+
+/// Grow the active segment's file by preallocation steps until `needed` bytes fit (never past
+/// the segment size). Runs before the write that needs the room; the batch's sync makes the new
+/// length durable with the data. A failure (`ENOSPC`) stops the log like a failed write.
+fn allocate_for(shared: &Shared, active: &mut Active, needed: u64) -> StepResult<()> {
+    let target = preallocation_target(active.allocated, needed, active.size_bytes);
+    if target <= active.allocated {
+        return Ok(());
+    }
+    active
+        .file
+        .allocate(target)
+        .map_err(stop(shared, "preallocate"))?;
+    active.allocated = target;
+    Ok(())
+}
+
+/// Create the log directory (the first segment's creation does it: logs are created lazily) and
+/// make its entry durable before anything in it is.
+fn create_log_dir(shared: &Shared) -> LogResult<()> {
+    let io = shared.io.as_ref();
+    let dir = &shared.dir;
+    if io
+        .exists(dir)
+        .map_err(|e| LogError::io("stat log directory", dir, e))?
+    {
+        return Ok(());
+    }
+    io.create_dir_all(dir)
+        .map_err(|e| LogError::io("create log directory", dir, e))?;
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        timed_sync(shared, || io.sync_dir(parent))
+            .map_err(|e| LogError::io("sync parent directory", parent, e))?;
+    }
+    Ok(())
+}
+
+/// Write the anchor: under a scratch name, synced, renamed into place, directory synced. Once
+/// this returns, a recovery that finds no segment starts at `next_offset`.
+fn write_anchor(shared: &Shared, next_offset: u64) -> StepResult<()> {
+    let io = shared.io.as_ref();
+    let scratch = shared.dir.join(ANCHOR_SCRATCH_FILE_NAME);
+    let path = shared.dir.join(ANCHOR_FILE_NAME);
+    let step = |op: &'static str| stop(shared, op);
+    if io.exists(&scratch).map_err(step("stat anchor"))? {
+        io.remove_file(&scratch)
+            .map_err(step("remove scratch anchor"))?;
+    }
+    let file = io
+        .open(&scratch, OpenMode::CreateNew)
+        .map_err(step("create anchor"))?;
+    file.write_all_at(&encode_anchor(next_offset), 0)
+        .map_err(step("write anchor"))?;
+    timed_sync(shared, || file.sync_data()).map_err(step("sync anchor"))?;
+    io.rename(&scratch, &path).map_err(step("rename anchor"))?;
+    timed_sync(shared, || io.sync_dir(&shared.dir)).map_err(step("sync directory"))
 }
 
 fn answer(batch: AnswerBatch) {

@@ -4,9 +4,11 @@
 //! - [`format`]: segment header and record layout, byte by byte (`docs/storage-format.md`).
 //! - [`io`]: the `Io` seam — every file operation — with the real file system ([`RealIo`]) and a
 //!   simulated disk that can fail or crash at any call ([`SimIo`]).
-//! - `segment`: one segment file in memory (extent, sparse index) and buffered reads.
-//! - `recovery`: from the files in a directory back to a log, cutting torn tails and reporting
-//!   damage to durable data.
+//! - `segment`: one segment file in memory (extent, allocated length, sparse index), the
+//!   preallocation steps, file names (segments, anchor) and buffered reads.
+//! - `recovery`: from the files in a directory (or none: logs are created lazily) back to a log,
+//!   cutting torn tails, reading the anchor of a handed-back log and reporting damage to durable
+//!   data.
 //! - `commit`: the `Writer`, sole writer of a log's files (group commit, rolls, truncation,
 //!   prefix removal), and the round a commit worker runs with it.
 //! - `workers`: the commit workers, a bounded set per file system shared by every log of a

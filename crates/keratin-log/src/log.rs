@@ -123,7 +123,8 @@ pub struct SegmentStats {
     pub next_offset: u64,
     /// Generation of the file (how many times it has been used).
     pub generation: u16,
-    /// Size of the file on disk (preallocated).
+    /// Size of the file on disk: what is preallocated so far (a segment file grows in steps
+    /// ahead of its records, up to the segment size).
     pub size_bytes: u64,
     /// Bytes holding the header and durable records.
     pub used_bytes: u64,
@@ -142,18 +143,18 @@ pub struct LogStats {
     pub next_offset: u64,
     /// The segments, oldest first.
     pub segments: Vec<SegmentStats>,
-    /// Sum of the segment files' sizes.
+    /// Sum of the segment files' sizes (allocated bytes; 0 for a log without segments).
     pub disk_bytes: u64,
     /// Whether the log is stopped (see [`Log::heal`]).
     pub stopped: bool,
 }
 
-/// What [`Log::remove_prefix`] removed.
+/// What [`Log::remove_prefix`] or [`Log::hand_back`] removed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct PrefixRemoval {
     /// Segments handed to the pool.
     pub segments: usize,
-    /// Their size on disk.
+    /// Their size on disk (allocated bytes).
     pub bytes: u64,
 }
 
@@ -182,6 +183,9 @@ pub(crate) enum Item {
     },
     Roll {
         reply: Reply<()>,
+    },
+    HandBack {
+        reply: Reply<PrefixRemoval>,
     },
     Close {
         reply: Reply<()>,
@@ -277,9 +281,11 @@ pub(crate) fn wake_all(wakers: Vec<Waker>) {
 
 impl State {
     pub(crate) fn start_offset(&self) -> u64 {
+        // Without segments nothing is held: the start is the durable end (appends queued after
+        // a hand-back have offsets already, but no segment yet).
         self.segments
             .first_key_value()
-            .map_or(self.next_offset, |(base, _)| *base)
+            .map_or(self.durable_next, |(base, _)| *base)
     }
 }
 
@@ -388,8 +394,12 @@ pub struct Log {
 }
 
 impl Log {
-    /// Open the log in `dir` (created if missing), recovering what is there. `pool` is the node's
-    /// segment pool, or `None` for a private one.
+    /// Open the log in `dir`, recovering what is there. `pool` is the node's segment pool, or
+    /// `None` for a private one.
+    ///
+    /// Opening a missing or empty directory writes nothing: the directory and the first segment
+    /// are created by the first append, on the commit path (`docs/storage-format.md`, "Files of
+    /// a log"). Such a log holds no segment and [`Log::disk_bytes`] is 0 until then.
     pub fn open(
         io: Arc<dyn Io>,
         dir: &Path,
@@ -397,7 +407,6 @@ impl Log {
         pool: Option<SegmentPool>,
     ) -> LogResult<Log> {
         options.validate()?;
-        create_log_dir(io.as_ref(), dir)?;
         let pool = match pool {
             Some(pool) => {
                 let pool_size = pool.options().full_segment_size_bytes;
@@ -444,7 +453,7 @@ impl Log {
             space_ready: Condvar::new(),
             heal_lock: Mutex::new(()),
         });
-        let writer = Writer::start(&shared, recovered.segments, recovered.unproven_from)?;
+        let writer = Writer::start(&shared, recovered)?;
         shared.lock().engine = Some(Engine::new(writer));
         Ok(Log { shared })
     }
@@ -582,6 +591,18 @@ impl Log {
         self.submit(|_, reply| Ok(Item::Roll { reply }))
     }
 
+    /// Hand every segment, the tail too, to the pool (an idle log gives its disk space back).
+    /// Runs after every append queued before it is durable: it writes and syncs an anchor
+    /// holding the next offset, hands the segments over (spare budget and release rules apply)
+    /// and syncs the directory. Afterwards the log holds no segment, `start_offset()`,
+    /// `durable_offset()` and `next_offset()` are what they were, and the next append creates a
+    /// segment at that offset. A crash at any step recovers the state before (or a suffix of
+    /// its segments) or after, never a lower next offset. The records are gone for readers:
+    /// call it only when nothing needs them. A failure stops the log (heal as usual).
+    pub fn hand_back(&self) -> LogResult<Ticket<PrefixRemoval>> {
+        self.submit(|_, reply| Ok(Item::HandBack { reply }))
+    }
+
     /// Read one durable record.
     pub fn read(&self, offset: u64) -> LogResult<ReadRecord> {
         let mut reader = LogReader::new(self.shared.clone(), offset, 16 << 10);
@@ -630,10 +651,22 @@ impl Log {
         self.shared.lock().stopped.clone()
     }
 
-    /// Bytes of the log's segment files on disk (cheaper than [`Log::stats`]).
+    /// Bytes of the log's segment files on disk, as allocated (cheaper than [`Log::stats`]).
     pub fn disk_bytes(&self) -> u64 {
         let state = self.shared.lock();
-        state.segments.values().map(|s| s.size_bytes).sum()
+        state.segments.values().map(|s| s.allocated_bytes).sum()
+    }
+
+    /// Bytes an append can still write into the tail segment without allocating (as of the
+    /// last durable batch): 0 when the log holds no segment. Records that do not fit either
+    /// grow the file by a preallocation step or roll to a new segment, both of which need space.
+    pub fn tail_room_bytes(&self) -> u64 {
+        let state = self.shared.lock();
+        state.segments.values().next_back().map_or(0, |s| {
+            s.allocated_bytes
+                .min(s.size_bytes)
+                .saturating_sub(s.end_position)
+        })
     }
 
     /// Size and per-segment figures.
@@ -646,7 +679,7 @@ impl Log {
                 base_offset: s.base,
                 next_offset: s.next_offset,
                 generation: s.generation,
-                size_bytes: s.size_bytes,
+                size_bytes: s.allocated_bytes,
                 used_bytes: s.used_bytes(),
                 path: s.path.clone(),
             })
@@ -708,7 +741,7 @@ impl Log {
             &shared.pool,
             Trust::NothingPastTheEnd,
         )?;
-        let mut writer = Writer::start(shared, recovered.segments, recovered.unproven_from)?;
+        let mut writer = Writer::start(shared, recovered)?;
         if writer.next_offset() > durable_next {
             writer.truncate(shared, durable_next)?;
         }
@@ -751,6 +784,12 @@ impl Log {
         let result = ticket.map_or(Ok(()), Ticket::wait);
         // The worker drops the writer (closing the files) before it lets go of the log.
         self.shared.wait_writer_free();
+        if self.shared.pool.is_private() {
+            // Segments this log handed to its private pool are still being prepared on the
+            // pool's thread: a reopen's new private pool would adopt the same files while that
+            // thread renames them (found by tests/idle.rs: hand back, close, reopen, append).
+            self.shared.pool.flush();
+        }
         result
     }
 
@@ -762,13 +801,33 @@ impl Log {
             let mut state = shared.lock();
             std::mem::take(&mut state.segments).into_values().collect()
         };
+        let io = shared.io.as_ref();
+        if !io
+            .exists(&shared.dir)
+            .map_err(|e| LogError::io("stat log directory", &shared.dir, e))?
+        {
+            // Never written: the directory was never created (see `Log::open`).
+            return Ok(());
+        }
+        let anchor = shared.dir.join(crate::segment::ANCHOR_FILE_NAME);
+        if io
+            .exists(&anchor)
+            .map_err(|e| LogError::io("stat", &anchor, e))?
+        {
+            // First: once segments go, highest first, the ones left end below the anchor,
+            // which a recovery would rightly call damage.
+            io.remove_file(&anchor)
+                .map_err(|e| LogError::io("remove anchor", &anchor, e))?;
+        }
         // Highest first: a crash part way leaves a shorter log, never one with a gap.
         for segment in segments.iter().rev() {
-            shared
-                .pool
-                .enter(&segment.path, shared.options.size_class, segment.generation)?;
+            shared.pool.enter(
+                &segment.path,
+                shared.options.size_class,
+                segment.generation,
+                segment.allocated_bytes,
+            )?;
         }
-        let io = shared.io.as_ref();
         io.sync_dir(&shared.dir)
             .map_err(|e| LogError::io("sync log directory", &shared.dir, e))?;
         let spares = shared.dir.join(crate::pool::SPARES_DIR_NAME);
@@ -858,21 +917,4 @@ impl Drop for Log {
             tracing::warn!(dir = %self.shared.dir.display(), error = %e, "closing log on drop");
         }
     }
-}
-
-fn create_log_dir(io: &dyn Io, dir: &Path) -> LogResult<()> {
-    if io
-        .exists(dir)
-        .map_err(|e| LogError::io("stat log directory", dir, e))?
-    {
-        return Ok(());
-    }
-    io.create_dir_all(dir)
-        .map_err(|e| LogError::io("create log directory", dir, e))?;
-    let parent = dir.parent().filter(|p| !p.as_os_str().is_empty());
-    if let Some(parent) = parent {
-        io.sync_dir(parent)
-            .map_err(|e| LogError::io("sync parent directory", parent, e))?;
-    }
-    Ok(())
 }

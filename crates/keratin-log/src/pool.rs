@@ -12,8 +12,10 @@
 //!   syncs it and renames it to `*.spare`. A file whose generation would wrap is deleted instead;
 //! - **take**: a log that rolls takes a `*.spare` of its class on its file system, renames it into
 //!   its directory and writes the real header (same generation, its base), synced with its batch;
-//! - a spare is adopted (at start, from `*.spare` or `*.incoming`) only if its size is exactly its
-//!   class's and its header is valid, and always with the next generation (a take interrupted by
+//! - a spare keeps the length it had in its log (segment files grow by preallocation steps), and
+//!   the pool counts real file lengths; a log that takes one grows it from there;
+//! - a spare is adopted (at start, from `*.spare` or `*.incoming`) only if its length is at most
+//!   its class's size (and holds a header) and its header is valid, and always with the next generation (a take interrupted by
 //!   a power loss can leave records of the spare's own generation in it); anything else in
 //!   `spares/` is deleted;
 //! - a per-file-system byte budget; `release` deletes spares down to a target (the limits call
@@ -78,6 +80,8 @@ impl Default for PoolOptions {
 pub(crate) struct Spare {
     pub(crate) path: PathBuf,
     pub(crate) generation: u16,
+    /// The file's length.
+    pub(crate) size_bytes: u64,
 }
 
 /// Figures of one file system's spares, for metrics.
@@ -91,7 +95,7 @@ pub struct FilesystemSpares {
     pub full_count: u64,
     /// Spare files of the small class.
     pub small_count: u64,
-    /// Bytes in spare files (ready and being prepared).
+    /// Bytes in spare files (ready and being prepared; real file lengths).
     pub spare_bytes: u64,
     /// The budget in force.
     pub budget_bytes: u64,
@@ -137,6 +141,8 @@ struct Counters {
 struct ReadySpare {
     path: PathBuf,
     generation: u16,
+    /// The file's length (a spare keeps the length it had in its log).
+    size_bytes: u64,
 }
 
 /// The spares of one file system.
@@ -160,9 +166,12 @@ impl Group {
         }
     }
 
-    fn spare_bytes(&self, full_size: u64) -> u64 {
-        self.full.len() as u64 * full_size
-            + self.small.len() as u64 * SizeClass::Small.segment_size_bytes(full_size)
+    fn spare_bytes(&self) -> u64 {
+        self.full
+            .iter()
+            .chain(&self.small)
+            .map(|spare| spare.size_bytes)
+            .sum::<u64>()
             + self.incoming_bytes
     }
 
@@ -182,6 +191,8 @@ struct Job {
     path: PathBuf,
     class: SizeClass,
     generation: u16,
+    /// The length counted in `incoming_bytes` for it.
+    size_bytes: u64,
 }
 
 #[derive(Debug)]
@@ -263,6 +274,11 @@ impl SegmentPool {
         self.open_group(device, &dir.join(SPARES_DIR_NAME))
     }
 
+    /// True for a pool private to one log (spares beside the log).
+    pub(crate) fn is_private(&self) -> bool {
+        self.inner.private
+    }
+
     /// The options the pool was made with.
     pub fn options(&self) -> &PoolOptions {
         &self.inner.options
@@ -307,8 +323,11 @@ impl SegmentPool {
         }
         groups.insert(device, group);
         drop(groups);
-        for (path, class, generation) in incoming {
-            self.prepare_spare(device, &path, class, generation)?;
+        for (path, class, generation, size) in incoming {
+            if let Some(group) = lock(&self.inner.groups).get_mut(&device) {
+                group.incoming_bytes += size;
+            }
+            self.prepare_spare(device, &path, class, generation, size)?;
         }
         Ok(())
     }
@@ -333,7 +352,7 @@ impl SegmentPool {
     /// Scan a spares directory: queue valid `*.spare` and `*.incoming` files for their header
     /// rewrite with the next generation, delete everything else (a half-made file is never
     /// adopted).
-    fn adopt(&self, group: &mut Group) -> LogResult<Vec<(PathBuf, SizeClass, u16)>> {
+    fn adopt(&self, group: &mut Group) -> LogResult<Vec<(PathBuf, SizeClass, u16, u64)>> {
         let io = self.inner.io.as_ref();
         let names = io
             .read_dir(&group.dir)
@@ -360,14 +379,14 @@ impl SegmentPool {
                 // not. Those records carry the spare's generation; the next log to take it would
                 // write the same one and could adopt them, or see their claims as damage
                 // (issue 12, item 6; found by tests/power_loss.rs, taking spares).
-                Some(h) if name.ends_with(".spare") && h.kind == HeaderKind::Spare => {
-                    incoming.push((path, h.size_class, h.generation));
+                Some((h, len)) if name.ends_with(".spare") && h.kind == HeaderKind::Spare => {
+                    incoming.push((path, h.size_class, h.generation, len));
                 }
-                Some(h) if name.ends_with(".incoming") => {
+                Some((h, len)) if name.ends_with(".incoming") => {
                     // Bump past every generation the file may hold records of: a segment
                     // header's own generation, or a spare header that may have been taken and
                     // written to before the crash.
-                    incoming.push((path, h.size_class, h.generation));
+                    incoming.push((path, h.size_class, h.generation, len));
                 }
                 _ => {
                     tracing::warn!(path = %path.display(), "deleting an unusable file in the spares directory");
@@ -384,9 +403,10 @@ impl SegmentPool {
         Ok(incoming)
     }
 
-    /// The header of a would-be spare, if the file has exactly its class's size and a valid
-    /// header.
-    fn read_header(&self, path: &Path) -> LogResult<Option<SegmentHeader>> {
+    /// The header and length of a would-be spare, if the file has a valid header, the header
+    /// states its class's size and the file is no longer than that (files grow by preallocation
+    /// steps, so a shorter one is a segment that was handed back early in its life).
+    fn read_header(&self, path: &Path) -> LogResult<Option<(SegmentHeader, u64)>> {
         let io = self.inner.io.as_ref();
         let file = match io.open(path, OpenMode::Existing) {
             Ok(file) => file,
@@ -408,10 +428,10 @@ impl SegmentPool {
         let len = file
             .len()
             .map_err(|e| LogError::io("stat spare", path, e))?;
-        if header.segment_size_bytes != class_size || len != class_size {
+        if header.segment_size_bytes != class_size || len > class_size {
             return Ok(None);
         }
-        Ok(Some(header))
+        Ok(Some((header, len)))
     }
 
     /// A spare of `class` on the file system of `log_dir`, if the pool has one. The caller renames
@@ -419,9 +439,13 @@ impl SegmentPool {
     pub(crate) fn take(&self, log_dir: &Path, class: SizeClass) -> LogResult<Option<Spare>> {
         let device = self.device_of(log_dir)?;
         let mut groups = lock(&self.inner.groups);
-        let spare = groups
-            .get_mut(&device)
-            .and_then(|group| group.ready(class).pop());
+        // The longest spare first: a log that takes a spare is about to write, and a longer file
+        // spares it preallocation steps (and keeps busy logs on whole-size files).
+        let spare = groups.get_mut(&device).and_then(|group| {
+            let ready = group.ready(class);
+            let longest = (0..ready.len()).max_by_key(|&i| ready[i].size_bytes)?;
+            Some(ready.swap_remove(longest))
+        });
         drop(groups);
         let counter = match spare {
             Some(_) => &self.inner.counters.takes_from_pool,
@@ -431,20 +455,26 @@ impl SegmentPool {
         Ok(spare.map(|s| Spare {
             path: s.path,
             generation: s.generation,
+            size_bytes: s.size_bytes,
         }))
     }
 
-    /// A segment file at `path` that its log no longer needs, whose records carry `generation`.
-    /// It leaves the log's directory now (the caller syncs that directory afterwards); its header
-    /// is rewritten later, off the write path.
-    pub(crate) fn enter(&self, path: &Path, class: SizeClass, generation: u16) -> LogResult<()> {
+    /// A segment file at `path` that its log no longer needs, whose records carry `generation`
+    /// and whose length is `size` as far as the log knows (the spare is counted with its real
+    /// length once prepared). It leaves the log's directory now (the caller syncs that directory
+    /// afterwards); its header is rewritten later, off the write path.
+    pub(crate) fn enter(
+        &self,
+        path: &Path,
+        class: SizeClass,
+        generation: u16,
+        size: u64,
+    ) -> LogResult<()> {
         let log_dir = path.parent().unwrap_or(Path::new("."));
         let device = self.device_of(log_dir)?;
         let io = self.inner.io.as_ref();
-        let size = class.segment_size_bytes(self.inner.options.full_segment_size_bytes);
         let destination = {
             let mut groups = lock(&self.inner.groups);
-            let full = self.inner.options.full_segment_size_bytes;
             let group = groups
                 .get_mut(&device)
                 .ok_or_else(|| LogError::Invalid("pool group vanished".into()))?;
@@ -454,7 +484,7 @@ impl SegmentPool {
                     .retired_generation
                     .fetch_add(1, Ordering::Relaxed);
                 None
-            } else if group.spare_bytes(full) + size > group.budget_bytes {
+            } else if group.spare_bytes() + size > group.budget_bytes {
                 self.inner
                     .counters
                     .deleted_over_budget
@@ -479,6 +509,7 @@ impl SegmentPool {
             path: destination,
             class,
             generation,
+            size_bytes: size,
         })
     }
 
@@ -489,7 +520,9 @@ impl SegmentPool {
         let header = self.read_header(path)?;
         let log_dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
         match header {
-            Some(h) if h.size_class == class => self.enter(path, class, h.generation)?,
+            Some((h, len)) if h.size_class == class => {
+                self.enter(path, class, h.generation, len)?
+            }
             _ => self
                 .inner
                 .io
@@ -510,7 +543,13 @@ impl SegmentPool {
 
     fn submit(&self, job: Job) -> LogResult<()> {
         if !self.inner.options.background {
-            return self.prepare_spare(job.device, &job.path, job.class, job.generation);
+            return self.prepare_spare(
+                job.device,
+                &job.path,
+                job.class,
+                job.generation,
+                job.size_bytes,
+            );
         }
         lock(&self.inner.jobs).push(job);
         self.inner.jobs_ready.notify_one();
@@ -539,10 +578,11 @@ impl SegmentPool {
         path: &Path,
         class: SizeClass,
         generation: u16,
+        incoming_size: u64,
     ) -> LogResult<()> {
         let size = class.segment_size_bytes(self.inner.options.full_segment_size_bytes);
         let result = self.rewrite_header(device, path, class, generation, size);
-        self.forget_incoming(device, size);
+        self.forget_incoming(device, incoming_size);
         match result {
             Ok(ready) => {
                 let mut groups = lock(&self.inner.groups);
@@ -594,6 +634,10 @@ impl SegmentPool {
             .map_err(|e| LogError::io("write spare header", path, e))?;
         file.sync_data()
             .map_err(|e| LogError::io("sync spare", path, e))?;
+        // The real length, whatever the log thought: budgets and `release` count it.
+        let size_bytes = file
+            .len()
+            .map_err(|e| LogError::io("stat spare", path, e))?;
         let ready_path = {
             let mut groups = lock(&self.inner.groups);
             let group = groups
@@ -609,6 +653,7 @@ impl SegmentPool {
         Ok(ReadySpare {
             path: ready_path,
             generation: next_generation,
+            size_bytes,
         })
     }
 
@@ -633,19 +678,18 @@ impl SegmentPool {
     /// Delete spares on the file system `device` until at most `target_bytes` remain; returns the
     /// bytes deleted. Spares being prepared are not counted and not touched.
     pub fn release(&self, device: u64, target_bytes: u64) -> LogResult<u64> {
-        let full = self.inner.options.full_segment_size_bytes;
         let mut victims = Vec::new();
         let dir = {
             let mut groups = lock(&self.inner.groups);
             let Some(group) = groups.get_mut(&device) else {
                 return Ok(0);
             };
-            while group.spare_bytes(full) > target_bytes {
+            while group.spare_bytes() > target_bytes {
                 // Full spares first: they free the most per file.
                 if let Some(spare) = group.full.pop() {
-                    victims.push((spare.path, full));
+                    victims.push((spare.path, spare.size_bytes));
                 } else if let Some(spare) = group.small.pop() {
-                    victims.push((spare.path, SizeClass::Small.segment_size_bytes(full)));
+                    victims.push((spare.path, spare.size_bytes));
                 } else {
                     break;
                 }
@@ -676,10 +720,9 @@ impl SegmentPool {
     /// Spare bytes on the file system `device` (they count as free space: they can be deleted at
     /// once).
     pub fn spare_bytes(&self, device: u64) -> u64 {
-        let full = self.inner.options.full_segment_size_bytes;
         lock(&self.inner.groups)
             .get(&device)
-            .map_or(0, |group| group.spare_bytes(full))
+            .map_or(0, Group::spare_bytes)
     }
 
     /// Change the budget of every file system (`None`: the default rule). Spares above a lowered
@@ -704,7 +747,6 @@ impl SegmentPool {
 
     /// Per-file-system figures.
     pub fn filesystems(&self) -> Vec<FilesystemSpares> {
-        let full = self.inner.options.full_segment_size_bytes;
         let mut out: Vec<FilesystemSpares> = lock(&self.inner.groups)
             .values()
             .map(|group| FilesystemSpares {
@@ -712,7 +754,7 @@ impl SegmentPool {
                 spares_dir: group.dir.clone(),
                 full_count: group.full.len() as u64,
                 small_count: group.small.len() as u64,
-                spare_bytes: group.spare_bytes(full),
+                spare_bytes: group.spare_bytes(),
                 budget_bytes: group.budget_bytes,
             })
             .collect();
@@ -815,7 +857,13 @@ fn worker(inner: Weak<Inner>) {
             let pool = SegmentPool {
                 inner: strong.clone(),
             };
-            let _ = pool.prepare_spare(job.device, &job.path, job.class, job.generation);
+            let _ = pool.prepare_spare(
+                job.device,
+                &job.path,
+                job.class,
+                job.generation,
+                job.size_bytes,
+            );
             // Through the jobs lock: `flush` checks under it and then waits, so a notice sent
             // between its check and its wait would be lost and it would wait for ever.
             drop(lock(&strong.jobs));
