@@ -5,9 +5,10 @@
 //!
 //! The owner never waits for the disk on the async worker it runs on: appends wait for room in
 //! the log's queue asynchronously (`append`), and every call that reads or syncs files (payload
-//! reads for deliveries, relocation and dead-lettering, heals and the rebuild after them, the
-//! debug state check, log close, delete and reset) runs as a job on tokio's blocking pool
-//! (`disk`), whose answer comes back as a command. The state machine stays deterministic:
+//! reads for deliveries, relocation and dead-lettering, heals and the rebuild after them, log
+//! close, delete and reset) runs as a job on tokio's blocking pool (`disk`), whose answer comes
+//! back as a command. (Debug builds' state check and the tests' `CheckState` still read the log
+//! in place, see `Owner::run_checks`.) The state machine stays deterministic:
 //! records are applied in log order, and a payload read ahead is delivered only if its message
 //! is still the next ready one when the read returns.
 //!
@@ -231,7 +232,7 @@ struct Owner {
     purging_count: u64,
     purging_bytes: u64,
     /// Records were applied or the state rebuilt since the last debug check of the state
-    /// against its log (see [`Owner::debug_check_state`]).
+    /// against its log (see [`Owner::run_checks`]).
     state_check_due: bool,
     /// Rounds that had a debug check due, to space out checks of long logs.
     state_check_rounds: u64,
@@ -251,8 +252,8 @@ struct Owner {
     log_job: Option<tokio::task::JoinHandle<()>>,
     /// Purges waiting for `log_job` to end.
     deferred_purges: Vec<oneshot::Sender<BrokerResult<u64>>>,
-    /// State checks asked for while `log_job` ran, or by the running check.
-    check_replies: Vec<oneshot::Sender<BrokerResult<(PartitionState, PartitionState)>>>,
+    /// State checks asked for, answered at the end of the round (see `run_checks`).
+    check_requests: Vec<oneshot::Sender<BrokerResult<(PartitionState, PartitionState)>>>,
     /// A delivery read job is out (it holds `reader`).
     reading: bool,
     /// Payloads read ahead for delivery, in delivery order.
@@ -347,7 +348,7 @@ pub(crate) fn spawn(ctx: OwnerContext, log: Log, state: PartitionState) -> Parti
         handed_back: false,
         log_job: None,
         deferred_purges: Vec::new(),
-        check_replies: Vec::new(),
+        check_requests: Vec::new(),
         reading: false,
         prefetched: VecDeque::new(),
         read_retry_at: None,
@@ -418,9 +419,7 @@ impl Owner {
             self.maybe_reclaim();
             self.maybe_hand_back();
             self.publish_figures();
-            if cfg!(debug_assertions) && self.state_check_due {
-                self.debug_check_state();
-            }
+            self.run_checks();
         };
         if let Some(exit) = exit {
             self.finish(exit).await;
@@ -428,29 +427,21 @@ impl Owner {
     }
 
     /// Debug builds: the state equals the state rebuilt from the log, after every round that
-    /// applied records or rebuilt the state (checked by a job on the blocking pool, against a
-    /// copy of the state as it is now). Rebuilding reads the whole log, so a round checks only
-    /// while the log holds at most `STATE_CHECK_RECORDS_MAX` records; beyond, one due round in
-    /// `STATE_CHECK_INTERVAL` per `STATE_CHECK_RECORDS_MAX` records checks (else long tests
-    /// would turn quadratic).
-    fn debug_check_state(&mut self) {
-        // A check already running (or another job holding the log): the next round checks.
-        if self.log_job.is_some() {
-            return;
-        }
+    /// applied records or rebuilt the state (see [`Owner::run_checks`]). Rebuilding reads the
+    /// whole log, so a round checks only while the log holds at most `STATE_CHECK_RECORDS_MAX`
+    /// records; beyond, one due round in `STATE_CHECK_INTERVAL` per `STATE_CHECK_RECORDS_MAX`
+    /// records checks (else long tests would turn quadratic).
+    fn debug_check_wanted(&mut self) -> bool {
         self.state_check_due = false;
         self.state_check_rounds += 1;
         let Some(log) = &self.log else {
-            return;
+            return false;
         };
         let records = log.durable_offset().saturating_sub(log.start_offset());
         // Beyond the small-log bound, the interval grows with the log: a check then costs at
         // most 1,024 / 64 = 16 record reads per round, amortized.
         let interval = (records / STATE_CHECK_RECORDS_MAX).max(1) * STATE_CHECK_INTERVAL;
-        if records > STATE_CHECK_RECORDS_MAX && !self.state_check_rounds.is_multiple_of(interval) {
-            return;
-        }
-        self.start_check(true);
+        records <= STATE_CHECK_RECORDS_MAX || self.state_check_rounds.is_multiple_of(interval)
     }
 
     /// When the loop must wake without a command: the first delayed publish, the next heal
@@ -519,10 +510,7 @@ impl Owner {
             Command::DeliveryRead(batch) => self.delivery_read(batch),
             Command::RelocationRead(read) => self.relocation_read(read),
             Command::JobDone(done) => self.job_done(done),
-            Command::CheckState { reply } => {
-                self.check_replies.push(reply);
-                self.start_check(false);
-            }
+            Command::CheckState { reply } => self.check_requests.push(reply),
             Command::Close { reply } => return Some(Exit::Close(reply)),
             Command::Delete { reply } => return Some(Exit::Delete(reply)),
         }

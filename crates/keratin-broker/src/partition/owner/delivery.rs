@@ -240,15 +240,13 @@ impl Owner {
         ids
     }
 
-    /// Whether a consumer could take a delivery now (a count credit is free).
+    /// Whether a consumer could take a delivery now (a count credit is free). Only looks: a
+    /// credit taken and given back here could make another partition of the queue find the
+    /// consumer full and wait for a kick that never comes.
     fn some_consumer_has_credit(&self) -> bool {
-        self.consumers.iter().any(|link| {
-            let free = !link.sender.is_closed() && link.credit.try_acquire();
-            if free {
-                link.credit.release(1);
-            }
-            free
-        })
+        self.consumers
+            .iter()
+            .any(|link| !link.sender.is_closed() && link.credit.has_credit())
     }
 
     /// The next consumer (round robin) with count credit and, for a message of `known` size

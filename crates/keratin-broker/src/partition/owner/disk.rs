@@ -44,8 +44,6 @@ pub(crate) enum JobDone {
         count: u64,
         reply: oneshot::Sender<BrokerResult<u64>>,
     },
-    /// A state check: the live state as it was, and the state rebuilt from the log.
-    Checked(BrokerResult<(PartitionState, PartitionState)>),
 }
 
 pub(super) fn corrupt(at: u64, reason: String) -> BrokerError {
@@ -239,28 +237,47 @@ impl Owner {
         true
     }
 
-    /// Compare the live state with the state rebuilt from the log, on the blocking pool. A
-    /// debug check asserts they are equal; the requesters in `check_replies` get both.
-    pub(super) fn start_check(&mut self, debug: bool) {
-        if self.log.is_none() {
-            let error = BrokerError::Closed(format!("queue {:?}", self.ctx.queue));
-            for reply in self.check_replies.drain(..) {
-                let _ = reply.send(Err(error.clone()));
-            }
+    /// Compare the live state with the state rebuilt from the log, for the debug check (due
+    /// after rounds that applied records) and for `CheckState` requests (tests). This reads the
+    /// log on the owner's thread, before the next command: the one disk read left on the async
+    /// worker, and only in debug builds and tests (release builds never run the debug check).
+    /// Running it in place keeps the order of disk calls a function of the commands, as the
+    /// fault-injection tests need. Not while a job holds the log (a heal or reset changes it):
+    /// a later round checks.
+    pub(super) fn run_checks(&mut self) {
+        if self.log_job.is_some() {
             return;
         }
-        let live = self.state.clone();
-        let started = self.start_log_job(move |log| JobDone::Checked(check_state(&log, live)));
-        if !started && debug {
-            // Another job holds the log: a later round checks.
-            self.state_check_due = true;
+        let debug = cfg!(debug_assertions) && self.state_check_due && self.debug_check_wanted();
+        if !debug && self.check_requests.is_empty() {
+            return;
+        }
+        let result = match &self.log {
+            None => Err(BrokerError::Closed(format!("queue {:?}", self.ctx.queue))),
+            Some(log) => check_state(log, self.state.clone()),
+        };
+        if debug {
+            match &result {
+                Ok((live, rebuilt)) => assert_eq!(
+                    live, rebuilt,
+                    "queue {:?} partition {}: the state differs from the state rebuilt from its \
+                     log",
+                    self.ctx.queue, self.ctx.index
+                ),
+                // A failed read (a fault a test injected) gives no verdict.
+                Err(error) => {
+                    tracing::debug!(queue = %self.ctx.queue, %error, "state check skipped");
+                }
+            }
+        }
+        for reply in self.check_requests.drain(..) {
+            let _ = reply.send(result.clone());
         }
     }
 
     /// A job holding the log ended.
     pub(super) fn job_done(&mut self, done: JobDone) {
         self.log_job = None;
-        let healed_now = matches!(done, JobDone::Healed(_) | JobDone::Reset { .. });
         match done {
             JobDone::Healed(result) => self.heal_done(result),
             JobDone::Reset {
@@ -269,34 +286,11 @@ impl Owner {
                 count,
                 reply,
             } => self.reset_done(log, result, count, reply),
-            JobDone::Checked(result) => {
-                if cfg!(debug_assertions) {
-                    match &result {
-                        Ok((live, rebuilt)) => assert_eq!(
-                            live, rebuilt,
-                            "queue {:?} partition {}: the state differs from the state rebuilt \
-                             from its log",
-                            self.ctx.queue, self.ctx.index
-                        ),
-                        // A failed read (a fault a test injected) gives no verdict.
-                        Err(error) => {
-                            tracing::debug!(queue = %self.ctx.queue, %error, "state check skipped");
-                        }
-                    }
-                }
-                for reply in self.check_replies.drain(..) {
-                    let _ = reply.send(result.clone());
-                }
-            }
-        }
-        // Requests that waited for the log.
-        if !self.check_replies.is_empty() {
-            self.start_check(false);
         }
         for reply in std::mem::take(&mut self.deferred_purges) {
             match &self.stopped {
                 // A heal or reset was just tried: it did not help.
-                Some(stop) if healed_now => {
+                Some(stop) => {
                     let error = self.unavailable(stop.clone());
                     let _ = reply.send(Err(error));
                 }
