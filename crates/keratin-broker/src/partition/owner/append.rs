@@ -237,13 +237,17 @@ impl Owner {
                 timeout_ms: self.ctx.publish_timeout.as_millis() as u64,
             };
             tracing::warn!(queue = %self.ctx.queue, partition = self.ctx.index, "a publish was not confirmed within the publish timeout");
+            // Answered now: the appends before it may wait for the disk much longer.
+            if let Done::Publish(reply) =
+                std::mem::replace(&mut self.pending[index].done, Done::Internal)
+            {
+                let _ = reply.send(Err(error.clone()));
+            }
+            // Not in the log's queue yet: withdrawn. Its entry still waits for its turn, so
+            // that its reservation is given back in order.
             if let Some(at) = self.backlog.iter().position(|b| b.sequence == sequence) {
                 self.backlog.remove(at);
                 self.resolve(sequence, AppendOutcome::Refused(error));
-            } else if let Done::Publish(reply) =
-                std::mem::replace(&mut self.pending[index].done, Done::Internal)
-            {
-                let _ = reply.send(Err(error));
             }
         }
     }
