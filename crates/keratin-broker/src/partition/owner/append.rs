@@ -212,6 +212,15 @@ impl Owner {
                 None => {}
             }
         }
+        // Deadlines of answered appends go now: kept to their time, a busy partition would
+        // hold one per append of the last `publish_timeout`.
+        let next = self
+            .pending
+            .front()
+            .map_or(self.next_sequence, |p| p.sequence);
+        while self.deadlines.front().is_some_and(|(_, s)| *s < next) {
+            self.deadlines.pop_front();
+        }
     }
 
     /// Answer the publishes whose timeout passed: one still waiting for room in the log's queue
