@@ -304,6 +304,7 @@ impl Broker {
                 full_segment_size_bytes: config.segment_size_bytes,
                 budget_bytes: config.spare_budget_bytes,
                 background: config.pool_background,
+                ..PoolOptions::default()
             },
         );
         for dir in &config.dirs {
@@ -710,8 +711,9 @@ impl BrokerInner {
             };
             let log = Log::open(io.clone(), &dir, options, Some(self.pool.clone()))?;
             let state = rebuild(&log, None)?;
+            // The storage directory's: a log creates its own directory at its first append.
             let device = io
-                .device_id(&dir)
+                .device_id(storage)
                 .map_err(|e| keratin_log::LogError::Invalid(format!("{}: {e}", dir.display())))?;
             let ctx = OwnerContext {
                 device,
