@@ -183,3 +183,94 @@ fn a_stalled_disk_blocks_neither_other_queues_nor_timers_and_its_publishers_time
         });
     });
 }
+
+/// More than `max_pending_bytes` (64 MiB) published to a stalled log: the log's queue fills
+/// and appends must wait for room. The owner waits for it beside its other work, so the
+/// runtime goes on (the other queue, timers), and every stalled publisher is answered with the
+/// timeout; none hangs. Before appends waited asynchronously, the owner blocked its worker on
+/// the log's condition variable here and the current-thread runtime froze.
+#[test]
+fn a_full_log_queue_blocks_neither_the_runtime_nor_the_publishers() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let fast_dir = tmp.path().join("fast");
+    let slow_dir = tmp.path().join("slow");
+    let io = StallIo::new(slow_dir.clone());
+    let mut config: BrokerConfig =
+        config_on(Arc::new(io.clone()), vec![fast_dir.clone(), slow_dir]);
+    config.publish_timeout = PUBLISH_TIMEOUT;
+    run_with_deadline(Duration::from_secs(90), move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async move {
+            let broker = Broker::open(config).await.expect("open");
+            let (fast, slow) = queues_on_each_dir(&broker, &io, &fast_dir).await;
+            broker.check_states(&slow).await.expect("check");
+            io.stall();
+            // 320 publishes of 230 kB: 73.6 MB, past the log's 64 MiB queue.
+            let mut publishers = Vec::new();
+            for seq in 0..320u64 {
+                let broker = broker.clone();
+                let slow = slow.clone();
+                publishers.push(tokio::spawn(async move {
+                    broker
+                        .publish(&slow, vec![Message::new(body(seq, 230_000))])
+                        .await
+                        .remove(0)
+                }));
+            }
+            let mut fast_consumer = broker.subscribe(&fast, 100).expect("subscribe fast");
+            let started = tokio::time::Instant::now();
+            for round in 0..10u64 {
+                publish_seq(&broker, &fast, round * 10..round * 10 + 10, 100).await;
+                for _ in 0..10 {
+                    let delivery =
+                        tokio::time::timeout(Duration::from_secs(5), fast_consumer.recv())
+                            .await
+                            .expect("a delivery from the fast queue while the other log is full")
+                            .expect("consumer open");
+                    fast_consumer.ack(&[delivery.tag]);
+                }
+            }
+            let late = started.elapsed();
+            assert!(
+                late < Duration::from_secs(10),
+                "the fast queue took {late:?}"
+            );
+            for publisher in publishers {
+                let result = tokio::time::timeout(Duration::from_secs(10), publisher)
+                    .await
+                    .expect("a stalled publisher was answered")
+                    .expect("publisher task");
+                assert!(
+                    matches!(result, Err(BrokerError::TimedOut { .. })),
+                    "a stalled publish got {result:?}"
+                );
+            }
+            io.release();
+            // The log's 64 MiB queue drains first: publish until one is confirmed in time.
+            let mut confirmed = false;
+            for seq in 1_000..1_100 {
+                let result = broker
+                    .publish(&slow, vec![Message::new(body(seq, 100))])
+                    .await
+                    .remove(0);
+                match result {
+                    Ok(_) => {
+                        confirmed = true;
+                        break;
+                    }
+                    Err(BrokerError::TimedOut { .. }) => {}
+                    Err(other) => panic!("publish after the stall: {other}"),
+                }
+            }
+            assert!(
+                confirmed,
+                "the stalled queue took no publish after the stall"
+            );
+            drop(fast_consumer);
+            broker.shutdown().await.expect("shutdown");
+        });
+    });
+}

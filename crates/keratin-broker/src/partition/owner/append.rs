@@ -48,15 +48,8 @@ async fn submit(log: Arc<Log>, batch: Batch) -> Submitted {
             payload,
         })
         .collect();
-    let result = append_async(&log, &records).await;
+    let result = log.append_async(&records).await;
     (batch.sequence, result)
-}
-
-/// `Log::append_async` of the plan for issue 13 (helper l1): waits for room without blocking
-/// a thread. Until it is on `main`, this stands in with the blocking `Log::append`, which
-/// blocks only while `max_pending_bytes` wait for the disk.
-async fn append_async(log: &Log, records: &[Record<'_>]) -> LogResult<Ticket<Range<u64>>> {
-    log.append(records)
 }
 
 impl Owner {

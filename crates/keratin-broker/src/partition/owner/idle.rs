@@ -14,14 +14,6 @@
 
 use super::*;
 
-/// `Log::hand_back` of the plan for issue 13 (helper l2): queued after pending appends, hands
-/// every segment (the tail too) to the pool, keeping the next offset in a durable anchor.
-/// Until it is on `main`, this stands in with a prefix removal below the next offset, which
-/// hands back every segment but the tail.
-fn hand_back(log: &Log) -> LogResult<keratin_log::Ticket<PrefixRemoval>> {
-    log.remove_prefix(log.next_offset())
-}
-
 impl Owner {
     /// True when the partition holds nothing that needs its log's records, and nothing is on
     /// its way to or from the log.
@@ -69,7 +61,7 @@ impl Owner {
             self.handed_back = true;
             return;
         }
-        match hand_back(log) {
+        match log.hand_back() {
             Ok(ticket) => {
                 tracing::debug!(queue = %self.ctx.queue, partition = self.ctx.index, "idle: handing the log's segments back to the pool");
                 self.handing_back = true;

@@ -2,12 +2,13 @@
 //! it may heal at reserve, and a purge that needs no write at all.
 //!
 //! Healing itself needs no free space: recovery reads, renames and removes, and the cut of the
-//! unsynced tail writes inside the tail segment, preallocated when it was made. What matters is
-//! what the partition writes after the heal. At reserve the gate refuses publishes, so that is
-//! acks, returns, purges and prefix removal: control records of at most
-//! [`CONTROL_RECORD_BYTES_MAX`] bytes. They fit if the tail segment still holds one control
-//! record, or if the file system holds a new segment (the reserve is the space kept for exactly
-//! these writes). Either way a heal at reserve ends in a running log or in a stop that leaves
+//! unsynced tail writes inside the tail segment's allocated part. What matters is what the
+//! partition writes after the heal. At reserve the gate refuses publishes, so that is acks,
+//! returns, purges and prefix removal: control records of at most [`CONTROL_RECORD_BYTES_MAX`]
+//! bytes. They fit if the tail segment's allocated room (`Log::tail_room_bytes`: segments grow
+//! in preallocation steps, and a step needs space as a new segment does) still holds one
+//! control record, or if the file system holds a new segment (the reserve is the space kept
+//! for exactly these writes). Either way a heal at reserve ends in a running log or in a stop that leaves
 //! less than that room, so it cannot turn into a stop-heal loop driven by control records.
 //! Relocation, which copies payloads and so needs space to free space, waits at reserve until a
 //! segment fits ([`Owner::relocation_fits`]).
@@ -45,15 +46,11 @@ impl Owner {
                 .is_some_and(|free| free >= self.ctx.segment_size_bytes)
     }
 
-    /// Free bytes left in the log's tail segment (its preallocated, unwritten part).
+    /// Bytes an append can still write into the log's tail segment without allocating (its
+    /// allocated, unwritten part: segments grow in preallocation steps, and a step needs
+    /// space like a new segment does).
     fn tail_room_bytes(&self) -> u64 {
-        let Some(log) = self.log.as_ref() else {
-            return 0;
-        };
-        log.stats()
-            .segments
-            .last()
-            .map_or(0, |s| s.size_bytes.saturating_sub(s.used_bytes))
+        self.log.as_ref().map_or(0, |log| log.tail_room_bytes())
     }
 
     /// A purge asked of a stopped log. Returns the reply when the ordinary purge (a PURGE
