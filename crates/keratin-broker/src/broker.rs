@@ -48,6 +48,12 @@ pub const DELIVERY_BYTES_DEFAULT: u64 = 64 << 20;
 /// declares queues in a loop meets a clear refusal instead of the thread limit.
 pub const PARTITIONS_MAX_DEFAULT: u32 = 4096;
 
+/// Default publish timeout: the Keratin client's default `publish_timeout` (30 s).
+pub const PUBLISH_TIMEOUT_DEFAULT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Default idle time after which an empty partition hands its log's segments back to the pool.
+pub const IDLE_RELEASE_AFTER_DEFAULT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// How a broker node is set up.
 #[derive(Clone)]
 pub struct BrokerConfig {
@@ -70,6 +76,12 @@ pub struct BrokerConfig {
     /// Most partitions over all queues ([`PARTITIONS_MAX_DEFAULT`]); a declare past it is
     /// refused.
     pub partitions_max: u32,
+    /// A publish not confirmed within this is answered [`BrokerError::TimedOut`] (outcome
+    /// unknown) instead of waiting for a stalled disk ([`PUBLISH_TIMEOUT_DEFAULT`]).
+    pub publish_timeout: std::time::Duration,
+    /// A partition that holds nothing and saw no append for this long hands its log's segments
+    /// back to the node's pool ([`IDLE_RELEASE_AFTER_DEFAULT`]).
+    pub idle_release_after: std::time::Duration,
 }
 
 impl std::fmt::Debug for BrokerConfig {
@@ -94,6 +106,8 @@ impl BrokerConfig {
             gate: Arc::new(OpenGate),
             delivery_bytes_max: DELIVERY_BYTES_DEFAULT,
             partitions_max: PARTITIONS_MAX_DEFAULT,
+            publish_timeout: PUBLISH_TIMEOUT_DEFAULT,
+            idle_release_after: IDLE_RELEASE_AFTER_DEFAULT,
         }
     }
 }
@@ -710,6 +724,8 @@ impl BrokerInner {
                 broker: Arc::downgrade(self),
                 clock: self.config.clock.clone(),
                 segment_size_bytes: self.config.segment_size_bytes,
+                publish_timeout: self.config.publish_timeout,
+                idle_release_after: self.config.idle_release_after,
             };
             partitions.push(owner::spawn(ctx, log, state));
         }

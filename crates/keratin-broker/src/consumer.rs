@@ -152,6 +152,11 @@ impl Credit {
         bytes > 0 && self.bytes_blocked.swap(false, Ordering::AcqRel)
     }
 
+    /// Whether a unit of credit is left (without taking it).
+    pub(crate) fn has_credit(&self) -> bool {
+        self.used.load(Ordering::Acquire) < self.prefetch
+    }
+
     /// Take one unit of credit if any is left.
     pub(crate) fn try_acquire(&self) -> bool {
         self.used

@@ -46,6 +46,18 @@ pub enum BrokerError {
         /// Why.
         source: LogError,
     },
+    /// The publish was not confirmed within the broker's publish timeout (the disk is slow or
+    /// stalled): it may or may not be stored, so a retry can duplicate it. Mapped like
+    /// [`BrokerError::OutcomeUnknown`].
+    #[error("queue {queue:?} partition {partition}: the publish was not confirmed within {timeout_ms} ms (the disk is slow or stalled); the outcome is unknown, a retry may store it twice")]
+    TimedOut {
+        /// The queue.
+        queue: String,
+        /// The partition.
+        partition: u32,
+        /// The publish timeout that passed.
+        timeout_ms: u64,
+    },
     /// A resource limit refused the publish; nothing was applied, so retrying is safe.
     #[error("{message}")]
     Limited {

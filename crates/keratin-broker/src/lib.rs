@@ -31,7 +31,8 @@ pub mod record;
 
 pub use broker::{
     system_clock, Broker, BrokerConfig, Clock, MetadataLogInfo, PartitionInfo, PendingPublish,
-    QueueInfo, Receipt, DELIVERY_BYTES_DEFAULT, MAX_PREFETCH, PARTITIONS_MAX_DEFAULT,
+    QueueInfo, Receipt, DELIVERY_BYTES_DEFAULT, IDLE_RELEASE_AFTER_DEFAULT, MAX_PREFETCH,
+    PARTITIONS_MAX_DEFAULT, PUBLISH_TIMEOUT_DEFAULT,
 };
 pub use byte_budget::{ByteBudget, BytePermit};
 pub use consumer::{Consumer, Delivery, DeliveryPermit, DeliveryTag, Settler, SubscribeOptions};

@@ -4,7 +4,9 @@
 //! open a broker, declare `dlq` and `q` (dead-lettering to `dlq`), publish three confirmed
 //! batches, consume them, ack some, reject one without requeue (to `dlq`), lose the consumer
 //! (its messages return), publish a batch that rolls the log, consume again, ack enough to free
-//! the first segment (prefix removal), reject two with requeue, publish once more, shut down.
+//! the first segment (prefix removal), reject two with requeue, publish once more, consume and
+//! ack everything left so that the idle partition hands its segments back to the pool
+//! (`idle_release_after` is 20 ms here), publish once more into the handed-back log, shut down.
 //! A reference run counts its `Io` calls; then for every call index `k` the workload runs on a
 //! fresh `SimIo` that loses power right after call `k`, stopping at the first error, and the
 //! broker is reopened on what the disk kept. It must open, and:
@@ -49,6 +51,8 @@ const BODY_BYTES: usize = 21_000;
 const BATCH: u64 = 4;
 /// How long a step may take without a crash before the test calls it a hang.
 const STEP_LIMIT: Duration = Duration::from_secs(10);
+/// The workload's idle time before a partition that holds nothing hands its log back.
+const IDLE: Duration = Duration::from_millis(20);
 
 fn dirs() -> Vec<PathBuf> {
     vec!["/node".into()]
@@ -189,7 +193,9 @@ impl Run<'_> {
 
     async fn run(&mut self) -> Step<()> {
         let sim = self.sim;
-        let broker = match Broker::open(config_on(Arc::new(sim.clone()), dirs())).await {
+        let mut config = config_on(Arc::new(sim.clone()), dirs());
+        config.idle_release_after = IDLE;
+        let broker = match Broker::open(config).await {
             Ok(broker) => broker,
             Err(e) => return self.fail("open", e),
         };
@@ -247,6 +253,20 @@ impl Run<'_> {
         drop(c2);
         self.quiet().await;
         self.publish(&broker, 16..18).await?;
+
+        // Third consumer: everything left, all acked. The partition then holds nothing and
+        // hands its segments back; it stays attached and gets the last publish.
+        let left = broker.info("q").map_or(0, |i| i.ready());
+        let mut c3 = subscribe(&broker, 64)?;
+        let held = self.receive(&mut c3, left as usize).await?;
+        let seqs: Vec<u64> = held.iter().map(|d| seq_of(&d.message.body)).collect();
+        self.ack(&broker, &c3, &held, &seqs).await?;
+        self.wait("hand-back", || {
+            broker.info("q").is_ok_and(|i| i.disk_bytes() == 0)
+        })
+        .await?;
+        self.publish(&broker, 18..20).await?;
+        self.receive(&mut c3, 2).await?;
         if let Err(e) = broker.shutdown().await {
             return self.fail("shutdown", e);
         }
@@ -415,7 +435,7 @@ fn crash_at_every_step_of_a_queue_workload() {
         .map(|_| {
             let (sim, out) = workload(seed, None);
             assert!(out.stopped.is_none(), "reference run: {:?}", out.stopped);
-            assert_eq!(out.confirmed.len(), 18);
+            assert_eq!(out.confirmed.len(), 20);
             sim.steps()
         })
         .collect();

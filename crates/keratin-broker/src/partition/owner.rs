@@ -3,11 +3,23 @@
 //! durable (in offset order), and keeps the volatile delivery bookkeeping: which messages are
 //! inflight to which consumer, which were returned, where the delivery cursor is.
 //!
+//! The owner never waits for the disk on the async worker it runs on: appends wait for room in
+//! the log's queue asynchronously (`append`), and every call that reads or syncs files (payload
+//! reads for deliveries, relocation and dead-lettering, heals and the rebuild after them, log
+//! close, delete and reset) runs as a job on tokio's blocking pool (`disk`), whose answer comes
+//! back as a command. (Debug builds' state check and the tests' `CheckState` still read the log
+//! in place, see `Owner::run_checks`.) The state machine stays deterministic:
+//! records are applied in log order, and a payload read ahead is delivered only if its message
+//! is still the next ready one when the read returns.
+//!
 //! Invariant: every live message below `cursor` is in exactly one of `inflight`, `limbo` (its
 //! settle, return or dead-lettering is being written) and `redeliver` (ready again).
 
 mod admission;
+mod append;
 mod delivery;
+mod disk;
+mod idle;
 mod reclaim;
 mod settle;
 mod stopped;
@@ -33,6 +45,10 @@ use crate::record::{
     Message, Outcome, PartitionRecord, Purge, Relocate, Returned, Settled, ENQUEUE, RELOCATE,
 };
 use crate::Clock;
+
+pub(crate) use append::Submission;
+pub(crate) use delivery::ReadBatch;
+pub(crate) use disk::{JobDone, RelocationRead};
 
 /// Relocation copies at most this many payload bytes per round, so that one round never holds
 /// up the partition for long: 4 MiB is a few milliseconds of disk bandwidth.
@@ -69,6 +85,8 @@ pub(crate) enum Command {
     DeadLettered {
         entries: Vec<(u64, u32)>,
         delivered: bool,
+        /// Messages whose payload could not be read: ready again.
+        unread: Vec<u64>,
     },
     AppendDone {
         sequence: u64,
@@ -77,6 +95,16 @@ pub(crate) enum Command {
     PrefixRemoved {
         result: LogResult<PrefixRemoval>,
     },
+    /// The idle hand-back of the log's segments finished.
+    HandedBack {
+        result: LogResult<PrefixRemoval>,
+    },
+    /// A delivery read job returned.
+    DeliveryRead(ReadBatch),
+    /// A relocation read job returned.
+    RelocationRead(RelocationRead),
+    /// A job holding the log (heal, reset, state check) returned.
+    JobDone(JobDone),
     CheckState {
         reply: oneshot::Sender<BrokerResult<(PartitionState, PartitionState)>>,
     },
@@ -99,8 +127,18 @@ enum Done {
 struct PendingAppend {
     sequence: u64,
     records: Vec<PartitionRecord>,
-    result: Option<LogResult<Range<u64>>>,
+    result: Option<AppendOutcome>,
     done: Done,
+}
+
+/// How an append ended, known out of order and acted on in order.
+enum AppendOutcome {
+    /// Durable at these offsets.
+    Durable(Range<u64>),
+    /// Queued in the log, which then failed: it may be durable or not.
+    Failed(LogError),
+    /// Never reached the log (refused by it, or withdrawn after its publish timed out).
+    Refused(BrokerError),
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -140,11 +178,18 @@ pub(crate) struct OwnerContext {
     pub(crate) broker: Weak<BrokerInner>,
     pub(crate) clock: Clock,
     pub(crate) segment_size_bytes: u64,
+    /// A publish not confirmed within this answers [`BrokerError::TimedOut`].
+    pub(crate) publish_timeout: Duration,
+    /// A partition that holds nothing and saw no append for this long hands its log's segments
+    /// back to the pool (see `idle.rs`).
+    pub(crate) idle_release_after: Duration,
 }
 
 struct Owner {
     ctx: OwnerContext,
-    log: Option<Log>,
+    /// Shared with the append in flight and the jobs that need the log itself; `None` once
+    /// closed, or while a reset replaces it.
+    log: Option<Arc<Log>>,
     state: PartitionState,
     commands: mpsc::UnboundedSender<Command>,
     figures: Arc<PartitionFigures>,
@@ -187,10 +232,37 @@ struct Owner {
     purging_count: u64,
     purging_bytes: u64,
     /// Records were applied or the state rebuilt since the last debug check of the state
-    /// against its log (see [`Owner::debug_check_state`]).
+    /// against its log (see [`Owner::run_checks`]).
     state_check_due: bool,
     /// Rounds that had a debug check due, to space out checks of long logs.
     state_check_rounds: u64,
+    /// Appends not yet handed to the log, in order, behind `appending`.
+    backlog: VecDeque<append::Batch>,
+    /// The append being handed to the log (waiting for room in its queue).
+    appending: Option<Submission>,
+    /// When each pending publish times out, in sequence order.
+    deadlines: VecDeque<(Instant, u64)>,
+    /// When the last append was made (the idle hand-back counts from it).
+    last_append: Instant,
+    /// A hand-back is in the log's queue.
+    handing_back: bool,
+    /// The log was handed back and nothing was appended since.
+    handed_back: bool,
+    /// The blocking job that holds the log (heal, reset, state check), at most one.
+    log_job: Option<tokio::task::JoinHandle<()>>,
+    /// Purges waiting for `log_job` to end.
+    deferred_purges: Vec<oneshot::Sender<BrokerResult<u64>>>,
+    /// State checks asked for, answered at the end of the round (see `run_checks`).
+    check_requests: Vec<oneshot::Sender<BrokerResult<(PartitionState, PartitionState)>>>,
+    /// A delivery read job is out (it holds `reader`).
+    reading: bool,
+    /// Payloads read ahead for delivery, in delivery order.
+    prefetched: VecDeque<delivery::Prefetched>,
+    /// After a failed read, no delivery read starts before this.
+    read_retry_at: Option<Instant>,
+    /// Bumped when the log's files may change under a reader (heal, reset, hand-back): a reader
+    /// coming back from a job of an older epoch is dropped.
+    reader_epoch: u64,
 }
 
 /// A publish waiting out its slowing delay. It holds no reservation: the gate and the queue
@@ -234,7 +306,7 @@ pub(crate) fn spawn(ctx: OwnerContext, log: Log, state: PartitionState) -> Parti
     let index = ctx.index;
     let mut owner = Owner {
         ctx,
-        log: Some(log),
+        log: Some(Arc::new(log)),
         state,
         commands: commands.clone(),
         figures: figures.clone(),
@@ -268,6 +340,19 @@ pub(crate) fn spawn(ctx: OwnerContext, log: Log, state: PartitionState) -> Parti
         purging_bytes: 0,
         state_check_due: false,
         state_check_rounds: 0,
+        backlog: VecDeque::new(),
+        appending: None,
+        deadlines: VecDeque::new(),
+        last_append: Instant::now(),
+        handing_back: false,
+        handed_back: false,
+        log_job: None,
+        deferred_purges: Vec::new(),
+        check_requests: Vec::new(),
+        reading: false,
+        prefetched: VecDeque::new(),
+        read_retry_at: None,
+        reader_epoch: 0,
     };
     owner.limits = owner.ctx.settings.partition_limits();
     // Figures are right from the start, before the task first runs.
@@ -280,89 +365,102 @@ pub(crate) fn spawn(ctx: OwnerContext, log: Log, state: PartitionState) -> Parti
     }
 }
 
+/// What ends the owner.
+enum Exit {
+    Close(oneshot::Sender<BrokerResult<()>>),
+    Delete(oneshot::Sender<BrokerResult<()>>),
+}
+
+/// What woke the owner.
+enum Event {
+    Command(Command),
+    /// The append in flight reached the log's queue (or was refused).
+    Submitted(append::Submitted),
+    Timer,
+}
+
 impl Owner {
     async fn run(mut self, mut receiver: mpsc::UnboundedReceiver<Command>) {
-        loop {
+        let exit = loop {
             let wake_at = self.wake_at();
-            let command = tokio::select! {
+            let event = tokio::select! {
                 command = receiver.recv() => match command {
-                    Some(command) => Some(command),
-                    None => break,
+                    Some(command) => Event::Command(command),
+                    None => break None,
                 },
-                () = sleep_until(wake_at) => None,
+                submitted = append::next_submitted(&mut self.appending) => Event::Submitted(submitted),
+                () = sleep_until(wake_at) => Event::Timer,
             };
-            let mut exit = match command {
-                Some(command) => self.handle(command),
-                None => false,
+            let mut exit = match event {
+                Event::Command(command) => self.handle(command),
+                Event::Submitted(submitted) => {
+                    self.appending = None;
+                    self.submitted(submitted);
+                    self.submit_backlog();
+                    None
+                }
+                Event::Timer => None,
             };
             // Take everything already queued before delivering: acks and confirms batch up.
-            while !exit {
+            while exit.is_none() {
                 match receiver.try_recv() {
                     Ok(command) => exit = self.handle(command),
                     Err(_) => break,
                 }
             }
-            if exit {
-                break;
+            if exit.is_some() {
+                break exit;
             }
             self.flush_acks();
             self.release_delayed();
+            self.expire_publishes();
             self.maybe_heal();
             self.deliver();
             self.maybe_reclaim();
+            self.maybe_hand_back();
             self.publish_figures();
-            if cfg!(debug_assertions) && self.state_check_due {
-                self.debug_check_state();
-            }
+            self.run_checks();
+        };
+        if let Some(exit) = exit {
+            self.finish(exit).await;
         }
     }
 
     /// Debug builds: the state equals the state rebuilt from the log, after every round that
-    /// applied records or rebuilt the state. Rebuilding reads the whole log, so a round checks
-    /// only while the log holds at most `STATE_CHECK_RECORDS_MAX` records; beyond, one due round
-    /// in `STATE_CHECK_INTERVAL` per `STATE_CHECK_RECORDS_MAX` records checks (else long tests
-    /// would turn quadratic).
-    fn debug_check_state(&mut self) {
+    /// applied records or rebuilt the state (see [`Owner::run_checks`]). Rebuilding reads the
+    /// whole log, so a round checks only while the log holds at most `STATE_CHECK_RECORDS_MAX`
+    /// records; beyond, one due round in `STATE_CHECK_INTERVAL` per `STATE_CHECK_RECORDS_MAX`
+    /// records checks (else long tests would turn quadratic).
+    fn debug_check_wanted(&mut self) -> bool {
         self.state_check_due = false;
         self.state_check_rounds += 1;
         let Some(log) = &self.log else {
-            return;
+            return false;
         };
         let records = log.durable_offset().saturating_sub(log.start_offset());
         // Beyond the small-log bound, the interval grows with the log: a check then costs at
         // most 1,024 / 64 = 16 record reads per round, amortized.
         let interval = (records / STATE_CHECK_RECORDS_MAX).max(1) * STATE_CHECK_INTERVAL;
-        if records > STATE_CHECK_RECORDS_MAX && !self.state_check_rounds.is_multiple_of(interval) {
-            return;
-        }
-        match self.check_state() {
-            Ok((live, rebuilt)) => assert_eq!(
-                live, rebuilt,
-                "queue {:?} partition {}: the state differs from the state rebuilt from its log",
-                self.ctx.queue, self.ctx.index
-            ),
-            // A failed read (a fault a test injected) gives no verdict.
-            Err(error) => {
-                tracing::debug!(queue = %self.ctx.queue, %error, "state check skipped");
-            }
-        }
+        records <= STATE_CHECK_RECORDS_MAX || self.state_check_rounds.is_multiple_of(interval)
     }
 
-    /// When the loop must wake without a command: the first delayed publish, or the next heal
-    /// attempt of a stopped log.
+    /// When the loop must wake without a command: the first delayed publish, the next heal
+    /// attempt of a stopped log, the first publish deadline, a delivery read retry, or the
+    /// idle hand-back.
     fn wake_at(&self) -> Option<Instant> {
         let delayed = self.delayed.front().map(|d| d.ready_at);
         let heal = self
             .stopped
             .as_ref()
             .map(|_| Instant::now() + HEAL_INTERVAL);
-        match (delayed, heal) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let deadline = self.deadlines.front().map(|(at, _)| *at);
+        [delayed, heal, deadline, self.read_retry_at, self.idle_at()]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
-    fn log(&self) -> BrokerResult<&Log> {
+    fn log(&self) -> BrokerResult<&Arc<Log>> {
         self.log
             .as_ref()
             .ok_or_else(|| BrokerError::Closed(format!("queue {:?}", self.ctx.queue)))
@@ -376,8 +474,8 @@ impl Owner {
         }
     }
 
-    /// Handle one command; true when the owner must exit.
-    fn handle(&mut self, command: Command) -> bool {
+    /// Handle one command; `Some` when the owner must exit.
+    fn handle(&mut self, command: Command) -> Option<Exit> {
         match command {
             Command::Publish {
                 payloads,
@@ -398,119 +496,25 @@ impl Owner {
                 let _ = reply.send(Ok(()));
             }
             Command::Purge { reply } => self.purge(reply),
-            Command::DeadLettered { entries, delivered } => self.dead_lettered(entries, delivered),
+            Command::DeadLettered {
+                entries,
+                delivered,
+                unread,
+            } => {
+                self.not_dead_lettered(unread);
+                self.dead_lettered(entries, delivered);
+            }
             Command::AppendDone { sequence, result } => self.append_done(sequence, result),
             Command::PrefixRemoved { result } => self.prefix_removed(result),
-            Command::CheckState { reply } => {
-                let _ = reply.send(self.check_state());
-            }
-            Command::Close { reply } => {
-                let _ = reply.send(self.close(false));
-                return true;
-            }
-            Command::Delete { reply } => {
-                let _ = reply.send(self.close(true));
-                return true;
-            }
+            Command::HandedBack { result } => self.handed_back(result),
+            Command::DeliveryRead(batch) => self.delivery_read(batch),
+            Command::RelocationRead(read) => self.relocation_read(read),
+            Command::JobDone(done) => self.job_done(done),
+            Command::CheckState { reply } => self.check_requests.push(reply),
+            Command::Close { reply } => return Some(Exit::Close(reply)),
+            Command::Delete { reply } => return Some(Exit::Delete(reply)),
         }
-        false
-    }
-
-    /// Append records and remember what to do once they are durable.
-    fn append(&mut self, records: Vec<PartitionRecord>, payloads: Vec<Vec<u8>>, done: Done) {
-        let timestamp_ms = (self.ctx.clock)();
-        self.append_at(records, payloads, done, timestamp_ms);
-    }
-
-    fn append_at(
-        &mut self,
-        records: Vec<PartitionRecord>,
-        payloads: Vec<Vec<u8>>,
-        done: Done,
-        timestamp_ms: u64,
-    ) {
-        // A stopped partition writes nothing: its state is rebuilt from the log when it heals,
-        // and nothing may be appended behind a gap between the two.
-        let result = match (self.log(), &self.stopped) {
-            (Ok(_), Some(stop)) => Err(self.unavailable(stop.clone())),
-            (Ok(log), None) => {
-                let log_records: Vec<Record<'_>> = records
-                    .iter()
-                    .zip(&payloads)
-                    .map(|(record, payload)| Record {
-                        record_type: record.record_type(),
-                        flags: 0,
-                        timestamp_ms,
-                        payload,
-                    })
-                    .collect();
-                log.append(&log_records).map_err(|e| match e {
-                    LogError::RecordTooLarge { .. } => BrokerError::TooLarge(e.to_string()),
-                    LogError::Invalid(_) => BrokerError::Invalid(e.to_string()),
-                    other => self.unavailable(other),
-                })
-            }
-            (Err(e), _) => Err(e),
-        };
-        let ticket = match result {
-            Ok(ticket) => ticket,
-            Err(error) => {
-                // Only a log that stopped stops the partition; a refused request does not.
-                if let BrokerError::Unavailable { source, .. } = &error {
-                    if source.is_stopped() {
-                        self.stop(source.clone());
-                    }
-                }
-                self.fail(records, done, error);
-                return;
-            }
-        };
-        let sequence = self.next_sequence;
-        self.next_sequence += 1;
-        self.pending.push_back(PendingAppend {
-            sequence,
-            records,
-            result: None,
-            done,
-        });
-        let commands = self.commands.clone();
-        tokio::spawn(async move {
-            let result = ticket.await;
-            let _ = commands.send(Command::AppendDone { sequence, result });
-        });
-    }
-
-    fn append_done(&mut self, sequence: u64, result: LogResult<Range<u64>>) {
-        let Some(front) = self.pending.front().map(|p| p.sequence) else {
-            return;
-        };
-        let Some(entry) = sequence
-            .checked_sub(front)
-            .and_then(|i| self.pending.get_mut(i as usize))
-        else {
-            return;
-        };
-        entry.result = Some(result);
-        while self.pending.front().is_some_and(|p| p.result.is_some()) {
-            let Some(entry) = self.pending.pop_front() else {
-                break;
-            };
-            match entry.result {
-                Some(Ok(range)) => self.apply(range, entry.records, entry.done),
-                Some(Err(error)) => {
-                    self.stop(error.clone());
-                    // The records reached the log's queue: a crash before the failure could
-                    // leave them durable, so the caller cannot know.
-                    let error = BrokerError::OutcomeUnknown {
-                        queue: self.ctx.queue.clone(),
-                        partition: self.ctx.index,
-                        source: error,
-                    };
-                    self.fail(entry.records, entry.done, error);
-                }
-                None => {}
-            }
-        }
+        None
     }
 
     /// The records of `range` are durable: apply them, then answer.
@@ -656,50 +660,6 @@ impl Owner {
             }
             Done::Internal => {}
         }
-    }
-
-    /// The live state, and the state rebuilt from the log's records up to the same point.
-    fn check_state(&mut self) -> BrokerResult<(PartitionState, PartitionState)> {
-        let log = self.log()?;
-        // A prefix removal running in the log's commit thread can take the records from under
-        // the rebuild (OutOfRange at the old start; found by the model test): read again from
-        // the new start. Removals only move the start forward, a few times per reclaim round.
-        let mut attempts = 0;
-        let rebuilt = loop {
-            let start = log.start_offset();
-            match rebuild(log, Some(self.state.head())) {
-                Err(BrokerError::Log(LogError::OutOfRange { .. }))
-                    if attempts < 8 && log.start_offset() != start =>
-                {
-                    attempts += 1;
-                }
-                result => break result?,
-            }
-        };
-        // A prefix removal can finish in the log before its `PrefixRemoved` reaches this task:
-        // the live state then still covers offsets the log no longer holds, and the two differ
-        // only in `start` and the forgotten part of `dead`. Compare from the log's start (the
-        // model test caught the spurious mismatch right after a flood of acks).
-        let mut live = self.state.clone();
-        live.forget_below(rebuilt.start());
-        Ok((live, rebuilt))
-    }
-
-    fn close(&mut self, delete: bool) -> BrokerResult<()> {
-        if !delete {
-            self.flush_acks();
-        }
-        self.consumers.clear();
-        self.reader = None;
-        let Some(log) = self.log.take() else {
-            return Ok(());
-        };
-        if delete {
-            log.delete()?;
-        } else {
-            log.close()?;
-        }
-        Ok(())
     }
 
     /// The log stopped with `error`: refuse appends until [`Owner::maybe_heal`] reopens it.

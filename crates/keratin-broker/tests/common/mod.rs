@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod stall_io;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;

@@ -202,8 +202,8 @@ impl Owner {
             let Some(m) = self.peek_ready() else {
                 break;
             };
-            let size = match self.read_payload(m) {
-                Ok(payload) => payload.len() as u32,
+            let size = match self.ready_size(m) {
+                Ok(size) => size,
                 Err(error) => {
                     // All or nothing: the messages picked so far are ready again (first in
                     // line), and the publish is refused.

@@ -16,25 +16,33 @@ impl Owner {
         self.heal_now();
     }
 
-    /// Heal the stopped log, then rebuild the state from the log, as at open. Healing cuts the
-    /// log back to its last durable offset; a group that was durable but answered as failed (a
-    /// write failed after its sync) stays in the log without having been applied, so only a
-    /// rebuild makes the state equal the log again (else every later record would be refused
-    /// as out of order). A partition stopped because its state fell out of step with a running
-    /// log heals the same way (`Log::heal` does nothing on a running log).
+    /// Heal the stopped log, then rebuild the state from the log, as at open (a job on the
+    /// blocking pool: both read and sync files). Healing cuts the log back to its last durable
+    /// offset; a group that was durable but answered as failed (a write failed after its sync)
+    /// stays in the log without having been applied, so only a rebuild makes the state equal
+    /// the log again (else every later record would be refused as out of order). A partition
+    /// stopped because its state fell out of step with a running log heals the same way
+    /// (`Log::heal` does nothing on a running log). The partition stays stopped (appends are
+    /// refused) until the job's answer is taken in `heal_done`.
     pub(super) fn heal_now(&mut self) {
-        let Some(log) = self.log.as_ref() else {
-            return;
-        };
-        let healed = log
-            .heal()
-            .map_err(BrokerError::from)
-            .and_then(|()| rebuild(log, None));
+        self.start_log_job(|log| {
+            let healed = log
+                .heal()
+                .map_err(BrokerError::from)
+                .and_then(|()| rebuild(&log, None));
+            JobDone::Healed(healed)
+        });
+    }
+
+    /// A heal job returned.
+    pub(super) fn heal_done(&mut self, healed: BrokerResult<PartitionState>) {
         match healed {
-            Ok(state) => {
+            // Nothing was appended while stopped, so nothing is pending.
+            Ok(state) if self.stopped.is_some() && self.pending.is_empty() => {
                 self.rebuilt(state);
                 self.healed();
             }
+            Ok(_) => {}
             Err(error) => {
                 tracing::warn!(queue = %self.ctx.queue, partition = self.ctx.index, %error, "heal failed; will retry");
             }
@@ -112,41 +120,11 @@ impl Owner {
         // (Acks waiting for this round's SETTLE record are in `limbo` too.)
         ids.retain(|id| !self.limbo.contains_key(id));
         ids.sort_unstable();
-        let mut records = Vec::new();
-        let mut payloads = Vec::new();
-        let mut bytes = 0usize;
-        for id in ids {
-            if bytes >= RELOCATE_BATCH_BYTES {
-                break;
-            }
-            let payload = match self.read_payload(id) {
-                Ok(payload) => payload,
-                Err(error) => {
-                    tracing::error!(queue = %self.ctx.queue, message = id, %error, "cannot read a message to relocate it");
-                    return;
-                }
-            };
-            // The durable count travels with the copy: the RETURN records that set it may lie
-            // in the segments about to be removed. A RETURN written and not yet applied lies
-            // before the copy too, so its count travels as well.
-            let pending = self.counts_pending.get(&id).copied().unwrap_or(0);
-            let record = PartitionRecord::Relocate(Relocate {
-                message: id,
-                delivery_count: self.state.delivery_count(id).max(pending),
-                payload,
-            });
-            let encoded = record.encode();
-            bytes += encoded.len();
-            records.push(record);
-            payloads.push(encoded);
-        }
-        if records.is_empty() {
-            return;
-        }
-        tracing::debug!(queue = %self.ctx.queue, partition = self.ctx.index, count = records.len(), bytes, "relocating old live messages");
-        // Reclaim waits until the copies are applied (or failed); then it runs again.
-        self.reclaim_busy = true;
-        self.append(records, payloads, Done::Internal);
+        let wanted: Vec<(u64, u64)> = ids
+            .into_iter()
+            .map(|id| (id, self.state.payload_offset(id)))
+            .collect();
+        self.start_relocation_read(wanted);
     }
 
     pub(super) fn prefix_removed(&mut self, result: LogResult<PrefixRemoval>) {

@@ -142,45 +142,90 @@ impl Owner {
             self.dead_lettered(settled, false);
             return;
         };
-        let mut messages = Vec::with_capacity(entries.len());
-        let mut settled = Vec::with_capacity(entries.len());
-        for (m, entry, reason) in entries {
-            match self.read_message(m) {
-                Ok((mut message, _)) => {
-                    message
-                        .headers
-                        .push(("x-death-reason".into(), reason.as_str().into()));
-                    message
-                        .headers
-                        .push(("x-death-queue".into(), self.ctx.queue.clone()));
-                    message
-                        .headers
-                        .push(("x-death-count".into(), entry.delivery_count.to_string()));
-                    messages.push(message);
-                    settled.push((m, entry.size_bytes));
-                }
-                Err(error) => {
-                    tracing::error!(queue = %self.ctx.queue, message = m, %error, "cannot read a message to dead-letter it");
-                    self.limbo.remove(&m);
-                    self.redeliver.insert(m);
-                }
-            }
-        }
+        // The messages are in `limbo`: their payloads stay where they are (relocation, purge
+        // and prefix removal leave them) until their SETTLE is applied, so the task reads them
+        // on the blocking pool while the owner goes on.
+        let wanted: Vec<(u64, u64)> = entries
+            .iter()
+            .map(|(m, _, _)| (*m, self.state.payload_offset(*m)))
+            .collect();
+        let runs = self.plan_runs(&wanted);
         let commands = self.commands.clone();
         let queue = self.ctx.queue.clone();
         let figures = self.figures.clone();
         tokio::spawn(async move {
-            let results = broker.publish_internal(&target, messages).await;
-            figures.count_dead_letter_failures(&results);
-            let delivered = results.iter().all(Result::is_ok);
-            if !delivered {
-                tracing::warn!(%queue, dead_letter = %target, "dead-lettering failed; the messages are dropped");
+            let read = match runs {
+                Some(runs) => {
+                    tokio::task::spawn_blocking(move || disk::read_runs(runs, usize::MAX)).await
+                }
+                None => Ok(disk::RunsRead {
+                    reader: None,
+                    payloads: Vec::new(),
+                    error: Some(BrokerError::Closed("log".into())),
+                }),
+            };
+            let mut messages = Vec::with_capacity(entries.len());
+            let mut settled = Vec::with_capacity(entries.len());
+            let mut unread = Vec::new();
+            let mut payloads = match read {
+                Ok(read) => {
+                    if let Some(error) = &read.error {
+                        tracing::error!(%queue, %error, "cannot read messages to dead-letter them");
+                    }
+                    read.payloads.into_iter()
+                }
+                Err(error) => {
+                    tracing::error!(%queue, %error, "cannot read messages to dead-letter them");
+                    Vec::new().into_iter()
+                }
+            };
+            for (m, entry, reason) in entries {
+                let message = payloads
+                    .next()
+                    .filter(|(id, _, _)| *id == m)
+                    .and_then(|(_, _, payload)| Message::decode(&payload, m).ok());
+                let Some(mut message) = message else {
+                    unread.push(m);
+                    continue;
+                };
+                message
+                    .headers
+                    .push(("x-death-reason".into(), reason.as_str().into()));
+                message
+                    .headers
+                    .push(("x-death-queue".into(), queue.clone()));
+                message
+                    .headers
+                    .push(("x-death-count".into(), entry.delivery_count.to_string()));
+                messages.push(message);
+                settled.push((m, entry.size_bytes));
             }
+            let delivered = if messages.is_empty() {
+                true
+            } else {
+                let results = broker.publish_internal(&target, messages).await;
+                figures.count_dead_letter_failures(&results);
+                let delivered = results.iter().all(Result::is_ok);
+                if !delivered {
+                    tracing::warn!(%queue, dead_letter = %target, "dead-lettering failed; the messages are dropped");
+                }
+                delivered
+            };
             let _ = commands.send(Command::DeadLettered {
                 entries: settled,
                 delivered,
+                unread,
             });
         });
+    }
+
+    /// Messages whose payload could not be read for dead-lettering are ready again.
+    pub(super) fn not_dead_lettered(&mut self, unread: Vec<u64>) {
+        for m in unread {
+            self.limbo.remove(&m);
+            self.undrop(m);
+            self.redeliver.insert(m);
+        }
     }
 
     pub(super) fn dead_lettered(&mut self, entries: Vec<(u64, u32)>, delivered: bool) {

@@ -2,12 +2,13 @@
 //! it may heal at reserve, and a purge that needs no write at all.
 //!
 //! Healing itself needs no free space: recovery reads, renames and removes, and the cut of the
-//! unsynced tail writes inside the tail segment, preallocated when it was made. What matters is
-//! what the partition writes after the heal. At reserve the gate refuses publishes, so that is
-//! acks, returns, purges and prefix removal: control records of at most
-//! [`CONTROL_RECORD_BYTES_MAX`] bytes. They fit if the tail segment still holds one control
-//! record, or if the file system holds a new segment (the reserve is the space kept for exactly
-//! these writes). Either way a heal at reserve ends in a running log or in a stop that leaves
+//! unsynced tail writes inside the tail segment's allocated part. What matters is what the
+//! partition writes after the heal. At reserve the gate refuses publishes, so that is acks,
+//! returns, purges and prefix removal: control records of at most [`CONTROL_RECORD_BYTES_MAX`]
+//! bytes. They fit if the tail segment's allocated room (`Log::tail_room_bytes`: segments grow
+//! in preallocation steps, and a step needs space as a new segment does) still holds one
+//! control record, or if the file system holds a new segment (the reserve is the space kept
+//! for exactly these writes). Either way a heal at reserve ends in a running log or in a stop that leaves
 //! less than that room, so it cannot turn into a stop-heal loop driven by control records.
 //! Relocation, which copies payloads and so needs space to free space, waits at reserve until a
 //! segment fits ([`Owner::relocation_fits`]).
@@ -45,25 +46,22 @@ impl Owner {
                 .is_some_and(|free| free >= self.ctx.segment_size_bytes)
     }
 
-    /// Free bytes left in the log's tail segment (its preallocated, unwritten part).
+    /// Bytes an append can still write into the log's tail segment without allocating (its
+    /// allocated, unwritten part: segments grow in preallocation steps, and a step needs
+    /// space like a new segment does).
     fn tail_room_bytes(&self) -> u64 {
-        let Some(log) = self.log.as_ref() else {
-            return 0;
-        };
-        log.stats()
-            .segments
-            .last()
-            .map_or(0, |s| s.size_bytes.saturating_sub(s.used_bytes))
+        self.log.as_ref().map_or(0, |log| log.tail_room_bytes())
     }
 
     /// A purge asked of a stopped log. Returns the reply when the ordinary purge (a PURGE
-    /// record) must go on: the log healed. Otherwise answers it here:
+    /// record) must go on: the log healed. Otherwise answers it, now or after a job:
+    /// - a job holds the log (a heal, a state check): the purge waits for it;
     /// - every live message is ready (none is delivered or being settled): the purge leaves
     ///   nothing, so the log is deleted whole and a fresh one starts, with no record written
     ///   (see [`Owner::purge_by_reset`]);
-    /// - else the log is healed at once, whatever the level (a heal needs no space); the PURGE
-    ///   record then fits unless the tail segment is full and the file system too, in which
-    ///   case the purge fails as unavailable.
+    /// - else the log is healed at once, whatever the level (a heal needs no space), and the
+    ///   purge runs again after it; the PURGE record then fits unless the tail segment is full
+    ///   and the file system too, in which case the purge fails as unavailable.
     pub(super) fn purge_stopped(
         &mut self,
         reply: oneshot::Sender<BrokerResult<u64>>,
@@ -73,19 +71,18 @@ impl Owner {
             let _ = reply.send(Err(self.unavailable(stop)));
             return None;
         }
+        if self.log_job.is_some() {
+            self.deferred_purges.push(reply);
+            return None;
+        }
         if self.inflight.is_empty() && self.limbo.is_empty() && self.acks.is_empty() {
             self.purge_by_reset(reply);
             return None;
         }
         // A heal needs no space: heal whatever the level.
         self.heal_now();
-        match self.stopped.clone() {
-            None => Some(reply),
-            Some(stop) => {
-                let _ = reply.send(Err(self.unavailable(stop)));
-                None
-            }
-        }
+        self.deferred_purges.push(reply);
+        None
     }
 
     /// The log healed: appends resume, readers start over, reclaim looks again.
@@ -94,6 +91,8 @@ impl Owner {
         self.stopped = None;
         self.figures.heals.fetch_add(1, Ordering::Relaxed);
         self.reader = None;
+        self.reader_epoch += 1;
+        self.prefetched.clear();
         self.reclaim_busy = false;
         self.reclaim_due = true;
     }
@@ -101,14 +100,60 @@ impl Owner {
     /// Purge a stopped log that holds no delivered message: delete the log (its segments go to
     /// the pool, or are removed over its budget; no write needs new space) and open a fresh,
     /// empty one in the same directory, which takes a spare the deletion just made (or the
-    /// space it freed). Message ids start again at 0: nothing refers to the old ones, since no
-    /// message was delivered and unsettled. A crash part way leaves a shorter log (segments go
-    /// highest first) or an empty one: at worst some purged messages come back, as when a
-    /// crash interrupts a purge written as several records; nothing is answered before the
-    /// fresh log is open.
+    /// space it freed), as a job on the blocking pool. Message ids start again at 0: nothing
+    /// refers to the old ones, since no message was delivered and unsettled. A crash part way
+    /// leaves a shorter log (segments go highest first) or an empty one: at worst some purged
+    /// messages come back, as when a crash interrupts a purge written as several records;
+    /// nothing is answered before the fresh log is open. Until then the partition has no log:
+    /// its requests fail as closed or unavailable.
     fn purge_by_reset(&mut self, reply: oneshot::Sender<BrokerResult<u64>>) {
         let count = self.state.live_count();
-        let result = self.reset_log();
+        let Some(broker) = self.ctx.broker.upgrade() else {
+            let _ = reply.send(Err(BrokerError::Closed(format!(
+                "queue {:?}",
+                self.ctx.queue
+            ))));
+            return;
+        };
+        let Some(log) = self.log.take() else {
+            let _ = reply.send(Err(BrokerError::Closed(format!(
+                "queue {:?}",
+                self.ctx.queue
+            ))));
+            return;
+        };
+        self.reader = None;
+        self.reader_epoch += 1;
+        self.prefetched.clear();
+        let io = broker.io();
+        let segment_size_bytes = self.ctx.segment_size_bytes;
+        let commands = self.commands.clone();
+        self.log_job = Some(tokio::task::spawn_blocking(move || {
+            let (log, result) = match Arc::try_unwrap(log) {
+                Ok(log) => reset_log(io, log, segment_size_bytes),
+                Err(log) => (
+                    Some(log),
+                    Err(BrokerError::Closed("the log is still in use".into())),
+                ),
+            };
+            let _ = commands.send(Command::JobDone(JobDone::Reset {
+                log,
+                result,
+                count,
+                reply,
+            }));
+        }));
+    }
+
+    /// A reset job returned.
+    pub(super) fn reset_done(
+        &mut self,
+        log: Option<Arc<Log>>,
+        result: BrokerResult<()>,
+        count: u64,
+        reply: oneshot::Sender<BrokerResult<u64>>,
+    ) {
+        self.log = log;
         match result {
             Ok(()) => {
                 self.state = PartitionState::new(0);
@@ -130,39 +175,35 @@ impl Owner {
             }
         }
     }
+}
 
-    fn reset_log(&mut self) -> BrokerResult<()> {
-        let broker = self
-            .ctx
-            .broker
-            .upgrade()
-            .ok_or_else(|| BrokerError::Closed(format!("queue {:?}", self.ctx.queue)))?;
-        let log = self
-            .log
-            .take()
-            .ok_or_else(|| BrokerError::Closed(format!("queue {:?}", self.ctx.queue)))?;
-        self.reader = None;
-        let dir = log.dir().to_path_buf();
-        let pool = log.pool().clone();
-        // Until the fresh log opens, the partition has none: its requests fail as closed,
-        // and a failure here leaves it so until a restart, which opens the directory again.
-        let io = broker.io();
-        if let Err(error) = log.delete() {
-            // A log stopped at a roll can hold the scratch file of the segment it could not
-            // allocate, which `Log::delete` does not know: the directory stays, without
-            // segments. Anything else is a real failure.
-            if !crate::broker::remove_if_no_segments(io.as_ref(), &dir)? {
-                return Err(error.into());
-            }
+/// Delete `log` and open a fresh one in its directory (blocking). Returns the fresh log, or
+/// none when that failed (until a restart, which opens the directory again).
+fn reset_log(
+    io: Arc<dyn keratin_log::Io>,
+    log: Log,
+    segment_size_bytes: u64,
+) -> (Option<Arc<Log>>, BrokerResult<()>) {
+    let dir = log.dir().to_path_buf();
+    let pool = log.pool().clone();
+    if let Err(error) = log.delete() {
+        // A log stopped at a roll can hold the scratch file of the segment it could not
+        // allocate, which `Log::delete` does not know: the directory stays, without
+        // segments. Anything else is a real failure.
+        match crate::broker::remove_if_no_segments(io.as_ref(), &dir) {
+            Ok(true) => {}
+            Ok(false) => return (None, Err(error.into())),
+            Err(error) => return (None, Err(error)),
         }
-        // Spares being prepared from the deleted segments become ready first.
-        pool.flush();
-        let options = keratin_log::LogOptions {
-            full_segment_size_bytes: self.ctx.segment_size_bytes,
-            ..keratin_log::LogOptions::default()
-        };
-        let log = Log::open(io, &dir, options, Some(pool))?;
-        self.log = Some(log);
-        Ok(())
+    }
+    // Spares being prepared from the deleted segments become ready first.
+    pool.flush();
+    let options = keratin_log::LogOptions {
+        full_segment_size_bytes: segment_size_bytes,
+        ..keratin_log::LogOptions::default()
+    };
+    match Log::open(io, &dir, options, Some(pool)) {
+        Ok(log) => (Some(Arc::new(log)), Ok(())),
+        Err(error) => (None, Err(error.into())),
     }
 }

@@ -1,0 +1,256 @@
+//! Writing records: each append gets a sequence number and a `PendingAppend` at once, and is
+//! handed to the log in sequence order, one at a time, without blocking the owner: the log's
+//! queue may have no room (`max_pending_bytes`), and waiting for room is a future the owner
+//! polls beside its commands. Tickets are awaited by small tasks that answer `AppendDone`; the
+//! owner applies answers in sequence order. A publish not confirmed within the publish timeout
+//! is answered [`BrokerError::TimedOut`]; one still waiting for room is withdrawn (never
+//! written), so a stalled disk holds no more publishes in memory than arrive in one timeout.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+
+use keratin_log::Ticket;
+
+use super::*;
+
+/// Records waiting to be handed to the log.
+pub(crate) struct Batch {
+    pub(super) sequence: u64,
+    types: Vec<u8>,
+    payloads: Vec<Vec<u8>>,
+    timestamp_ms: u64,
+}
+
+/// What handing a batch to the log gave: its sequence and the ticket (or the refusal).
+pub(crate) type Submitted = (u64, LogResult<Ticket<Range<u64>>>);
+
+/// An append waiting for room in the log's queue.
+pub(crate) type Submission = Pin<Box<dyn Future<Output = Submitted> + Send>>;
+
+/// The append in flight, if any; never resolves without one.
+pub(super) async fn next_submitted(appending: &mut Option<Submission>) -> Submitted {
+    match appending {
+        Some(submission) => submission.as_mut().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn submit(log: Arc<Log>, batch: Batch) -> Submitted {
+    let records: Vec<Record<'_>> = batch
+        .types
+        .iter()
+        .zip(&batch.payloads)
+        .map(|(record_type, payload)| Record {
+            record_type: *record_type,
+            flags: 0,
+            timestamp_ms: batch.timestamp_ms,
+            payload,
+        })
+        .collect();
+    let result = log.append_async(&records).await;
+    (batch.sequence, result)
+}
+
+impl Owner {
+    /// Append records and remember what to do once they are durable.
+    pub(super) fn append(
+        &mut self,
+        records: Vec<PartitionRecord>,
+        payloads: Vec<Vec<u8>>,
+        done: Done,
+    ) {
+        let timestamp_ms = (self.ctx.clock)();
+        self.append_at(records, payloads, done, timestamp_ms);
+    }
+
+    pub(super) fn append_at(
+        &mut self,
+        records: Vec<PartitionRecord>,
+        payloads: Vec<Vec<u8>>,
+        done: Done,
+        timestamp_ms: u64,
+    ) {
+        // A stopped partition writes nothing: its state is rebuilt from the log when it heals,
+        // and nothing may be appended behind a gap between the two.
+        let refused = match (self.log(), &self.stopped) {
+            (Ok(_), Some(stop)) => Some(self.unavailable(stop.clone())),
+            (Ok(_), None) => None,
+            (Err(e), _) => Some(e),
+        };
+        if let Some(error) = refused {
+            self.fail(records, done, error);
+            return;
+        }
+        let sequence = self.next_sequence;
+        self.next_sequence += 1;
+        let now = Instant::now();
+        if matches!(done, Done::Publish(_)) {
+            self.deadlines
+                .push_back((now + self.ctx.publish_timeout, sequence));
+        }
+        let types = records.iter().map(PartitionRecord::record_type).collect();
+        self.pending.push_back(PendingAppend {
+            sequence,
+            records,
+            result: None,
+            done,
+        });
+        self.last_append = now;
+        self.handed_back = false;
+        let batch = Batch {
+            sequence,
+            types,
+            payloads,
+            timestamp_ms,
+        };
+        if self.appending.is_none() && self.backlog.is_empty() {
+            self.start_submission(batch);
+        } else {
+            self.backlog.push_back(batch);
+        }
+    }
+
+    /// Hand a batch to the log. It usually has room: the first poll queues the records and
+    /// the answer is handled at once; otherwise the owner polls it beside its commands.
+    fn start_submission(&mut self, batch: Batch) {
+        let Some(log) = self.log.clone() else {
+            let error = BrokerError::Closed(format!("queue {:?}", self.ctx.queue));
+            self.resolve(batch.sequence, AppendOutcome::Refused(error));
+            return;
+        };
+        let mut submission: Submission = Box::pin(submit(log, batch));
+        let mut cx = Context::from_waker(Waker::noop());
+        match submission.as_mut().poll(&mut cx) {
+            Poll::Ready(submitted) => self.submitted(submitted),
+            // Polled again (with the task's waker) as the loop's next `select!`.
+            Poll::Pending => self.appending = Some(submission),
+        }
+    }
+
+    /// Hand the backlog to the log, in order, until one has to wait for room.
+    pub(super) fn submit_backlog(&mut self) {
+        while self.appending.is_none() {
+            let Some(batch) = self.backlog.pop_front() else {
+                break;
+            };
+            self.start_submission(batch);
+        }
+    }
+
+    /// A batch reached the log's queue (await its ticket) or was refused by it.
+    pub(super) fn submitted(&mut self, (sequence, result): Submitted) {
+        match result {
+            Ok(ticket) => {
+                let commands = self.commands.clone();
+                tokio::spawn(async move {
+                    let result = ticket.await;
+                    let _ = commands.send(Command::AppendDone { sequence, result });
+                });
+            }
+            Err(error) => {
+                // Only a log that stopped stops the partition; a refused request does not.
+                if error.is_stopped() {
+                    self.stop(error.clone());
+                }
+                let error = match error {
+                    LogError::RecordTooLarge { .. } => BrokerError::TooLarge(error.to_string()),
+                    LogError::Invalid(_) => BrokerError::Invalid(error.to_string()),
+                    other => self.unavailable(other),
+                };
+                self.resolve(sequence, AppendOutcome::Refused(error));
+            }
+        }
+    }
+
+    pub(super) fn append_done(&mut self, sequence: u64, result: LogResult<Range<u64>>) {
+        let outcome = match result {
+            Ok(range) => AppendOutcome::Durable(range),
+            Err(error) => AppendOutcome::Failed(error),
+        };
+        self.resolve(sequence, outcome);
+    }
+
+    fn pending_index(&self, sequence: u64) -> Option<usize> {
+        let front = self.pending.front()?.sequence;
+        let index = usize::try_from(sequence.checked_sub(front)?).ok()?;
+        (index < self.pending.len()).then_some(index)
+    }
+
+    /// Record how append `sequence` ended, then act on every answered append at the front, in
+    /// order.
+    fn resolve(&mut self, sequence: u64, outcome: AppendOutcome) {
+        let Some(index) = self.pending_index(sequence) else {
+            return;
+        };
+        self.pending[index].result = Some(outcome);
+        while self.pending.front().is_some_and(|p| p.result.is_some()) {
+            let Some(entry) = self.pending.pop_front() else {
+                break;
+            };
+            match entry.result {
+                Some(AppendOutcome::Durable(range)) => self.apply(range, entry.records, entry.done),
+                Some(AppendOutcome::Failed(error)) => {
+                    self.stop(error.clone());
+                    // The records reached the log's queue: a crash before the failure could
+                    // leave them durable, so the caller cannot know.
+                    let error = BrokerError::OutcomeUnknown {
+                        queue: self.ctx.queue.clone(),
+                        partition: self.ctx.index,
+                        source: error,
+                    };
+                    self.fail(entry.records, entry.done, error);
+                }
+                Some(AppendOutcome::Refused(error)) => self.fail(entry.records, entry.done, error),
+                None => {}
+            }
+        }
+        // Deadlines of answered appends go now: kept to their time, a busy partition would
+        // hold one per append of the last `publish_timeout`.
+        let next = self
+            .pending
+            .front()
+            .map_or(self.next_sequence, |p| p.sequence);
+        while self.deadlines.front().is_some_and(|(_, s)| *s < next) {
+            self.deadlines.pop_front();
+        }
+    }
+
+    /// Answer the publishes whose timeout passed: one still waiting for room in the log's queue
+    /// is withdrawn; one in the log's queue stays there (it may yet become durable, and is then
+    /// applied like any record), its publisher told the outcome is unknown.
+    pub(super) fn expire_publishes(&mut self) {
+        let now = Instant::now();
+        while let Some(&(at, sequence)) = self.deadlines.front() {
+            if at > now {
+                break;
+            }
+            self.deadlines.pop_front();
+            let Some(index) = self.pending_index(sequence) else {
+                continue;
+            };
+            if self.pending[index].result.is_some() {
+                // Answered, waiting only for an earlier append's answer.
+                continue;
+            }
+            let error = BrokerError::TimedOut {
+                queue: self.ctx.queue.clone(),
+                partition: self.ctx.index,
+                timeout_ms: self.ctx.publish_timeout.as_millis() as u64,
+            };
+            tracing::warn!(queue = %self.ctx.queue, partition = self.ctx.index, "a publish was not confirmed within the publish timeout");
+            // Answered now: the appends before it may wait for the disk much longer.
+            if let Done::Publish(reply) =
+                std::mem::replace(&mut self.pending[index].done, Done::Internal)
+            {
+                let _ = reply.send(Err(error.clone()));
+            }
+            // Not in the log's queue yet: withdrawn. Its entry still waits for its turn, so
+            // that its reservation is given back in order.
+            if let Some(at) = self.backlog.iter().position(|b| b.sequence == sequence) {
+                self.backlog.remove(at);
+                self.resolve(sequence, AppendOutcome::Refused(error));
+            }
+        }
+    }
+}
