@@ -619,9 +619,15 @@ async fn consumers_and_connections_are_bounded() {
     match ServerHello::decode(&mut answer).expect("server hello") {
         Some(ServerHello::Refused { error, .. }) => {
             assert_eq!(error.code().0, 429, "{error}");
-            assert_eq!(error.reason(), Some(&keratin_proto::LimitReason::Connections));
+            assert_eq!(
+                error.reason(),
+                Some(&keratin_proto::LimitReason::Connections)
+            );
             assert!(error.retry_after_ms().is_some_and(|ms| ms > 0), "{error}");
-            assert!(error.message().contains("server.connections_max"), "{error}");
+            assert!(
+                error.message().contains("server.connections_max"),
+                "{error}"
+            );
         }
         other => panic!("expected a refusal, got {other:?}"),
     }

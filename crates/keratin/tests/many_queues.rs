@@ -268,3 +268,65 @@ async fn many_queues_declared_used_deleted_and_restarted() {
         .unwrap_or(0);
     assert_eq!(left, 0, "every queue's files are gone");
 }
+
+fn resident_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmRSS")
+}
+
+/// Resident memory after the node settled (the sampler returns freed heap every second).
+async fn settled_resident_kib(pid: u32) -> u64 {
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    resident_kib(pid)
+}
+
+/// The memory figures of docs/configuration.md ("What clients create, and what it costs"):
+/// resident memory per idle queue, per idle connection and per idle consumer. Run on demand.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: KERATIN_MEASURE=1 ... -- --ignored measure_costs --nocapture"]
+async fn measure_costs() {
+    const QUEUES: u64 = 1_000;
+    const CONNECTIONS: u64 = 200;
+    const CONSUMERS: u64 = 1_000;
+    let tmp = tempfile::tempdir().expect("tmp");
+    // Small segments while logs preallocate their first segment at open (64 MiB each would
+    // fill the disk); the figure is memory, which the segment size does not change.
+    let server = start(
+        &tmp.path().join("data"),
+        &[("KERATIN_STORAGE__SEGMENT_BYTES", "262144")],
+    );
+    let client = connect(server.protocol).await;
+    declare_all(&client, 0..10).await;
+    let before = settled_resident_kib(server.pid).await;
+    declare_all(&client, 10..10 + QUEUES).await;
+    let after_queues = settled_resident_kib(server.pid).await;
+    let mut connections = Vec::new();
+    for _ in 0..CONNECTIONS {
+        connections.push(connect(server.protocol).await);
+    }
+    let after_connections = settled_resident_kib(server.pid).await;
+    let mut consumers = Vec::new();
+    for i in 0..CONSUMERS {
+        let on = &connections[(i % 4) as usize];
+        consumers.push(
+            on.subscribe(&format!("q{}", 10 + i), 1)
+                .await
+                .expect("subscribe"),
+        );
+    }
+    let after_consumers = settled_resident_kib(server.pid).await;
+    let per = |delta: u64, n: u64| delta as f64 / n as f64;
+    eprintln!(
+        "resident: {before} KiB with 10 queues; per idle queue {:.1} KiB; per idle connection \
+         {:.1} KiB; per idle consumer {:.1} KiB; {} threads",
+        per(after_queues.saturating_sub(before), QUEUES),
+        per(after_connections.saturating_sub(after_queues), CONNECTIONS),
+        per(after_consumers.saturating_sub(after_connections), CONSUMERS),
+        threads(server.pid),
+    );
+}
