@@ -250,6 +250,17 @@ impl QueueInfo {
     }
 }
 
+/// What a node holds against its bounds, each as (count, bound).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeBounds {
+    /// Declared queues and `queues_max`.
+    pub queues: (u64, u64),
+    /// Partitions over all queues and `partitions_max`.
+    pub partitions: (u64, u64),
+    /// Consumers and `consumers_max`.
+    pub consumers: (u64, u64),
+}
+
 /// The metadata log's state, for metrics and attention items.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MetadataLogInfo {
@@ -739,6 +750,24 @@ impl Broker {
             out.push(partition.state().await?);
         }
         Ok(out)
+    }
+
+    /// The node's bounds with what they count now: (queues, queues_max), (partitions,
+    /// partitions_max), (consumers, consumers_max). Declares in flight are not counted yet.
+    pub fn bounds(&self) -> NodeBounds {
+        let (queues, partitions) = {
+            let state = self.inner.meta_state();
+            (
+                state.catalog.queues.len() as u64,
+                state.catalog.partitions(),
+            )
+        };
+        let config = &self.inner.config;
+        NodeBounds {
+            queues: (queues, u64::from(config.queues_max)),
+            partitions: (partitions, u64::from(config.partitions_max)),
+            consumers: (self.consumer_count(), u64::from(config.consumers_max)),
+        }
     }
 
     /// Consumers alive over all queues (against `consumers_max`).

@@ -34,9 +34,9 @@ pub mod range_set;
 pub mod record;
 
 pub use broker::{
-    system_clock, Broker, BrokerConfig, Clock, MetadataLogInfo, PartitionInfo, PendingPublish,
-    QueueInfo, Receipt, CONSUMERS_MAX_DEFAULT, DELIVERY_BYTES_DEFAULT, MAX_PREFETCH,
-    PARTITIONS_MAX_DEFAULT, QUEUES_MAX_DEFAULT,
+    system_clock, Broker, BrokerConfig, Clock, MetadataLogInfo, NodeBounds, PartitionInfo,
+    PendingPublish, QueueInfo, Receipt, CONSUMERS_MAX_DEFAULT, DELIVERY_BYTES_DEFAULT,
+    MAX_PREFETCH, PARTITIONS_MAX_DEFAULT, QUEUES_MAX_DEFAULT,
 };
 pub use byte_budget::{ByteBudget, BytePermit};
 pub use consumer::{Consumer, Delivery, DeliveryPermit, DeliveryTag, Settler, SubscribeOptions};
