@@ -471,6 +471,16 @@ impl Broker {
     /// any log exists, so a crash leaves either no queue or a declared one whose logs the next
     /// start opens.
     pub async fn declare(&self, name: &str, settings: QueueSettings) -> BrokerResult<QueueInfo> {
+        // On a task of its own: a caller that goes away (a closed connection) does not cut the
+        // declare between its durable record and the start of its queue.
+        let broker = self.clone();
+        let name = name.to_string();
+        tokio::spawn(async move { broker.declare_here(&name, settings).await })
+            .await
+            .map_err(|e| BrokerError::Closed(format!("declare: {e}")))?
+    }
+
+    async fn declare_here(&self, name: &str, settings: QueueSettings) -> BrokerResult<QueueInfo> {
         validate_queue_name(name)?;
         settings.validate(name)?;
         let inner = &self.inner;
@@ -616,6 +626,15 @@ impl Broker {
     /// deletion record is durable before any file goes (a crash part way leaves files that the
     /// next start removes); no lock is held across the disk.
     pub async fn delete(&self, name: &str) -> BrokerResult<()> {
+        // On a task of its own, like `declare`: the deletion, once durable, always finishes.
+        let broker = self.clone();
+        let name = name.to_string();
+        tokio::spawn(async move { broker.delete_here(&name).await })
+            .await
+            .map_err(|e| BrokerError::Closed(format!("delete: {e}")))?
+    }
+
+    async fn delete_here(&self, name: &str) -> BrokerResult<()> {
         let inner = &self.inner;
         let claim = inner.claim(name).await?;
         let id = inner
