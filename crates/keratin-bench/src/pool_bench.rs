@@ -198,6 +198,7 @@ fn prewarm(config: &PoolBenchConfig, spares: usize) -> BenchResult<Fixtures> {
             full_segment_size_bytes: config.segment_bytes,
             budget_bytes: Some(config.segment_bytes * (spares as u64 + 2)),
             background: true,
+            ..PoolOptions::default()
         },
     );
     node_pool.add_storage_dir(&node_dir)?;
@@ -286,6 +287,7 @@ fn run_case(
                     full_segment_size_bytes: config.segment_bytes,
                     budget_bytes: Some(0),
                     background: true,
+                    ..PoolOptions::default()
                 },
             );
             pool.add_storage_dir(&pool_dir)?;
@@ -342,6 +344,7 @@ fn churn(config: &PoolBenchConfig, dir: &Path, node_pool: bool) -> BenchResult<C
                 full_segment_size_bytes: config.churn_segment_bytes,
                 budget_bytes: None,
                 background: true,
+                ..PoolOptions::default()
             },
         );
         pool.add_storage_dir(dir)?;

@@ -396,6 +396,7 @@ impl Broker {
                     full_segment_size_bytes: setup.segment_size_bytes,
                     budget_bytes: setup.spare_budget_bytes,
                     background: setup.pool_background,
+                    ..PoolOptions::default()
                 },
             );
             for dir in &setup.dirs {
@@ -992,8 +993,9 @@ impl BrokerInner {
             };
             let log = Log::open(io.clone(), &dir, options, Some(self.pool.clone()))?;
             let state = rebuild(&log, None)?;
+            // The storage directory's: a log creates its own directory at its first append.
             let device = io
-                .device_id(&dir)
+                .device_id(storage)
                 .map_err(|e| keratin_log::LogError::Invalid(format!("{}: {e}", dir.display())))?;
             opened.push((log, state, device));
         }

@@ -132,8 +132,9 @@ impl MetaLog {
             ..LogOptions::default()
         };
         let log = Log::open(io.clone(), dir, options, Some(pool))?;
+        // The parent's: a log creates its own directory at its first append.
         let device = io
-            .device_id(dir)
+            .device_id(dir.parent().unwrap_or(dir))
             .map_err(|e| keratin_log::LogError::Invalid(format!("{}: {e}", dir.display())))?;
         let meta = MetaLog {
             log,

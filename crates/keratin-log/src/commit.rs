@@ -1,32 +1,38 @@
-//! The commit thread and its `Writer`: the only code that writes a log's files.
+//! The `Writer`, the only code that writes a log's files, and the round a commit worker runs
+//! with it (`run_round`; the workers themselves are `workers.rs`'s).
 //!
-//! Appenders only queue requests (`log.rs`); the commit thread takes everything queued at once,
-//! encodes the records into one buffer, writes it with one `write_all_at` per segment and
-//! covers it with one `sync_data`, then publishes the new durable end and resolves the tickets.
-//! While it syncs, new appends queue up for the next round: that is the group commit.
+//! Appenders only queue requests (`log.rs`); a round takes everything queued at once, encodes
+//! the records into one buffer, writes it with one `write_all_at` per segment and covers it with
+//! one `sync_data`, then publishes the new durable end and resolves the tickets. While it syncs,
+//! new appends queue up for the next round: that is the group commit.
 //!
 //! Ordering rules the recovery relies on (docs/storage-format.md, "Ordering"):
 //! - a segment's records are synced before the header of the segment after it is written;
 //! - a record claims durable only what a completed sync covered (`durable_distance`);
-//! - truncation removes later segments before it zeroes the cut segment's tail.
+//! - truncation removes later segments before it zeroes the cut segment's tail;
+//! - a segment file grows by preallocation steps before the write that needs the room, and its
+//!   new length is made durable by the batch's sync;
+//! - a hand-back makes its anchor durable before it removes any segment.
 //!
 //! Any failed write or sync stops the log: nothing is retried in place.
 
 use std::ops::Range;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crate::error::{LogError, LogResult};
 use crate::format::{
-    encode_record, HeaderKind, RecordFields, SegmentHeader, FLAG_SEAL, RECORD_HEADER_SIZE,
-    SEGMENT_HEADER_SIZE,
+    encode_anchor, encode_record, HeaderKind, RecordFields, SegmentHeader, FLAG_SEAL,
+    RECORD_HEADER_SIZE, SEGMENT_HEADER_SIZE,
 };
 use crate::io::{IoError, IoFile, OpenMode};
 use crate::log::{Item, Pending, PrefixRemoval, RecordMeta, Shared};
 use crate::reader::locate;
-use crate::recovery::zero_range;
-use crate::segment::{scratch_file_name, segment_file_name, IndexBuilder, IndexEntry, Segment};
+use crate::recovery::{zero_range, Recovered};
+use crate::segment::{
+    preallocation_target, scratch_file_name, segment_file_name, IndexBuilder, IndexEntry, Segment,
+    ANCHOR_FILE_NAME, ANCHOR_SCRATCH_FILE_NAME,
+};
 use crate::ticket::Reply;
 
 /// The segment appends go to.
@@ -36,6 +42,8 @@ struct Active {
     generation: u16,
     file: Arc<dyn IoFile>,
     size_bytes: u64,
+    /// The file's length: writes below it need no new blocks.
+    allocated: u64,
     /// One past the last byte written.
     position: u64,
     next_offset: u64,
@@ -56,6 +64,7 @@ impl Active {
             generation: segment.generation,
             file: segment.file.clone(),
             size_bytes: segment.size_bytes,
+            allocated: segment.allocated_bytes,
             position,
             next_offset,
             index: IndexBuilder::new(segment.base, last),
@@ -68,6 +77,7 @@ impl Active {
 #[derive(Debug)]
 struct Update {
     base: u64,
+    allocated_bytes: u64,
     end_position: u64,
     next_offset: u64,
     entries: Vec<IndexEntry>,
@@ -78,10 +88,14 @@ pub(crate) enum Flow {
     Exit,
 }
 
-/// The write side of a log, owned by its commit thread.
+/// The write side of a log, used by one commit worker at a time.
 #[derive(Debug)]
 pub(crate) struct Writer {
-    active: Active,
+    /// The segment appends go to; `None` while the log holds no segment (a new log before its
+    /// first append, or after a hand-back): the next append creates one at `durable_next`.
+    active: Option<Active>,
+    /// Whether the log directory exists (it is created with the first segment).
+    dir_exists: bool,
     durable_next: u64,
     /// Encoded records not yet written; they start at `buf_position` of the active segment.
     buf: Vec<u8>,
@@ -90,8 +104,6 @@ pub(crate) struct Writer {
     created: Vec<Segment>,
     dirty: Vec<Arc<dyn IoFile>>,
     dir_dirty: bool,
-    /// Hands large groups of answers to the notifier thread (see `commit_group`).
-    notifier: Option<std::sync::mpsc::Sender<AnswerBatch>>,
     /// The answer to `close`, sent once every earlier answer has been delivered.
     close_reply: Option<(Reply<()>, LogResult<()>)>,
 }
@@ -99,14 +111,24 @@ pub(crate) struct Writer {
 /// Answers of one group commit: every ticket of it resolves with its offsets.
 type AnswerBatch = Vec<(Reply<Range<u64>>, Range<u64>)>;
 
-/// Groups up to this many appenders are answered by the commit thread itself; larger ones by
-/// the notifier thread, so that the commit thread goes straight back to writing and syncing
-/// instead of waking dozens of threads one by one (at 64 appenders the commit thread spent
-/// 45% of its time there; measured by the storage benchmark). A lone appender keeps the
-/// shorter path: one wake-up fewer per commit.
-const INLINE_ANSWERS_MAX: usize = 4;
+/// A log's writer and the buffer its rounds swap the pending requests into, kept between rounds
+/// in the log's state (`State::engine`).
+#[derive(Debug)]
+pub(crate) struct Engine {
+    writer: Writer,
+    work: Pending,
+}
 
-/// Capacity the commit thread keeps in its buffers between groups. A burst of large records can
+impl Engine {
+    pub(crate) fn new(writer: Writer) -> Box<Engine> {
+        Box::new(Engine {
+            writer,
+            work: Pending::default(),
+        })
+    }
+}
+
+/// Capacity a log keeps in its buffers between groups. A burst of large records can
 /// grow them to the pending bound (64 MiB by default, three buffers per log); keeping that after
 /// the burst would hold memory the node's memory level counts, long after the load is gone. A
 /// group larger than this pays one reallocation, small next to writing it.
@@ -130,22 +152,29 @@ fn stop<'a>(shared: &'a Shared, op: &'static str) -> impl Fn(IoError) -> LogErro
 }
 
 impl Writer {
-    /// Take over the recovered segments (creating the first one of a new log) and publish them.
-    /// `unproven_from`: where the last segment's bytes stop being proven durable (recovery's
-    /// `Recovered::unproven_from`).
-    pub(crate) fn start(
-        shared: &Shared,
-        mut segments: std::collections::BTreeMap<u64, Segment>,
-        unproven_from: Option<u64>,
-    ) -> LogResult<Writer> {
-        if segments.is_empty() {
-            let segment = new_segment(shared, 0)?;
-            segments.insert(0, segment);
-        }
-        let last = segments
-            .values()
-            .next_back()
-            .ok_or_else(|| LogError::Invalid("no segment".into()))?;
+    /// Take over the recovered segments and publish them. A log without segments starts with
+    /// none, at the anchor's offset (or 0), and writes nothing: its first append creates the
+    /// first segment. `Recovered::unproven_from` says where the last segment's bytes stop being
+    /// proven durable.
+    pub(crate) fn start(shared: &Shared, recovered: Recovered) -> LogResult<Writer> {
+        let Recovered {
+            segments,
+            unproven_from,
+            empty_next_offset,
+            dir_exists,
+            ..
+        } = recovered;
+        let Some(last) = segments.values().next_back() else {
+            // Nothing to make durable and nothing to create: the first append creates the first
+            // segment (and the directory), on the commit path, as a roll does.
+            {
+                let mut state = shared.lock();
+                state.segments = segments;
+                state.next_offset = empty_next_offset;
+                state.durable_next = empty_next_offset;
+            }
+            return Ok(Writer::new(None, empty_next_offset, dir_exists));
+        };
         // What no record proves durable may be in the page cache only, with a failed sync
         // behind it (in an earlier process, or before a heal): Linux reported that failure once
         // and marked the pages clean, so the sync below would succeed without writing them.
@@ -174,27 +203,40 @@ impl Writer {
             state.next_offset = next_offset;
             state.durable_next = next_offset;
         }
-        Ok(Writer {
-            buf_position: active.position,
+        Ok(Writer::new(Some(active), next_offset, true))
+    }
+
+    fn new(active: Option<Active>, durable_next: u64, dir_exists: bool) -> Writer {
+        Writer {
+            buf_position: active.as_ref().map_or(0, |a| a.position),
             active,
-            durable_next: next_offset,
+            dir_exists,
+            durable_next,
             buf: Vec::new(),
             updates: Vec::new(),
             created: Vec::new(),
             dirty: Vec::new(),
             dir_dirty: false,
-            notifier: None,
             close_reply: None,
-        })
+        }
     }
 
     pub(crate) fn next_offset(&self) -> u64 {
-        self.active.next_offset
+        self.active
+            .as_ref()
+            .map_or(self.durable_next, |a| a.next_offset)
     }
 
     /// Carry out one round of queued requests, in order. On error every request of the round
-    /// not yet answered gets the error, and the caller stops the log.
-    pub(crate) fn process(&mut self, shared: &Shared, work: &mut Pending) -> StepResult<Flow> {
+    /// not yet answered gets the error, and the caller stops the log. The answers of the
+    /// round's last group (durable already) are left in `answers`: the caller sends them after
+    /// it has let go of the log, so that another worker can run the next round meanwhile.
+    pub(crate) fn process(
+        &mut self,
+        shared: &Shared,
+        work: &mut Pending,
+        answers: &mut AnswerBatch,
+    ) -> StepResult<Flow> {
         let mut group: Vec<(Reply<Range<u64>>, Range<u64>)> = Vec::new();
         let mut meta_at = 0usize;
         let mut payload_at = 0usize;
@@ -212,9 +254,17 @@ impl Writer {
                     self.encode(shared, first_offset, metas, &work.payloads, &mut payload_at)
                         .map(|()| Flow::Continue)
                 }
-                op => self
-                    .commit_group(shared, &mut group)
-                    .and_then(|()| self.run_op(shared, op)),
+                op => match self.commit_group(shared, &mut group, true) {
+                    Ok(()) => self.run_op(shared, op),
+                    Err(error) => {
+                        // The request never ran: answer it with the stop, not a dropped reply
+                        // (`Closed`), like the requests after it (found by crash_every_step:
+                        // EIO at the sync of the appends queued just before a hand-back).
+                        let error = fail(shared, error);
+                        fail_items([op], &error);
+                        Err(error)
+                    }
+                },
             };
             match step {
                 Ok(Flow::Continue) => {}
@@ -229,13 +279,14 @@ impl Writer {
                 }
             }
         }
-        if let Err(error) = self.commit_group(shared, &mut group) {
+        if let Err(error) = self.commit_group(shared, &mut group, false) {
             let error = fail(shared, error);
             for (reply, _) in group.drain(..) {
                 reply.send(Err(error.clone()));
             }
             return Err(error);
         }
+        answers.append(&mut group);
         Ok(Flow::Continue)
     }
 
@@ -249,20 +300,29 @@ impl Writer {
         payload_at: &mut usize,
     ) -> StepResult<()> {
         assert_eq!(
-            first_offset, self.active.next_offset,
-            "appends reach the commit thread in offset order"
+            first_offset,
+            self.next_offset(),
+            "appends reach the writer in offset order"
         );
         for meta in metas {
             let size = RECORD_HEADER_SIZE as u64 + u64::from(meta.length);
-            if self.active.position + size > self.active.size_bytes {
-                self.roll(shared, self.active.next_offset)?;
+            let fits = self
+                .active
+                .as_ref()
+                .is_some_and(|a| a.position + size <= a.size_bytes);
+            if !fits {
+                self.roll(shared, self.next_offset())?;
             }
+            let active = self
+                .active
+                .as_mut()
+                .expect("a roll leaves an active segment");
             let payload = &payloads[*payload_at..*payload_at + meta.length as usize];
             *payload_at += meta.length as usize;
-            let offset = self.active.next_offset;
+            let offset = active.next_offset;
             let fields = RecordFields {
                 offset,
-                generation: self.active.generation,
+                generation: active.generation,
                 record_type: meta.record_type,
                 flags: meta.flags,
                 timestamp_ms: meta.timestamp_ms,
@@ -270,19 +330,26 @@ impl Writer {
                     .unwrap_or(crate::format::NO_DURABILITY_CLAIM),
             };
             encode_record(&mut self.buf, &fields, payload);
-            if let Some(entry) = self.active.index.record(offset, self.active.position) {
-                self.active.new_entries.push(entry);
+            if let Some(entry) = active.index.record(offset, active.position) {
+                active.new_entries.push(entry);
             }
-            self.active.position += size;
-            self.active.next_offset += 1;
+            active.position += size;
+            active.next_offset += 1;
         }
         Ok(())
     }
 
     /// Write the buffer to the active segment (not synced yet) and note the segment's new end.
     fn flush(&mut self, shared: &Shared) -> StepResult<()> {
+        let Some(active) = self.active.as_mut() else {
+            debug_assert!(self.buf.is_empty());
+            return Ok(());
+        };
         if !self.buf.is_empty() {
-            self.active
+            // Room for the idle seal too, so that it never needs an allocation of its own.
+            let needed = active.position + RECORD_HEADER_SIZE as u64;
+            allocate_for(shared, active, needed)?;
+            active
                 .file
                 .write_all_at(&self.buf, self.buf_position)
                 .map_err(stop(shared, "write"))?;
@@ -290,19 +357,26 @@ impl Writer {
             shrink_retained(&mut self.buf);
             self.mark_dirty();
         }
-        self.buf_position = self.active.position;
+        let Some(active) = self.active.as_mut() else {
+            return Ok(());
+        };
+        self.buf_position = active.position;
         self.updates.push(Update {
-            base: self.active.base,
-            end_position: self.active.position,
-            next_offset: self.active.next_offset,
-            entries: std::mem::take(&mut self.active.new_entries),
+            base: active.base,
+            allocated_bytes: active.allocated,
+            end_position: active.position,
+            next_offset: active.next_offset,
+            entries: std::mem::take(&mut active.new_entries),
         });
         Ok(())
     }
 
     fn mark_dirty(&mut self) {
-        if !self.dirty.iter().any(|f| Arc::ptr_eq(f, &self.active.file)) {
-            self.dirty.push(self.active.file.clone());
+        let Some(active) = &self.active else {
+            return;
+        };
+        if !self.dirty.iter().any(|f| Arc::ptr_eq(f, &active.file)) {
+            self.dirty.push(active.file.clone());
         }
     }
 
@@ -318,18 +392,20 @@ impl Writer {
         Ok(())
     }
 
-    /// Write, sync and publish what the group encoded, then answer its appenders.
+    /// Write, sync and publish what the group encoded, then answer its appenders (or, without
+    /// `answer_now`, leave the answers in `group` for the caller).
     fn commit_group(
         &mut self,
         shared: &Shared,
         group: &mut Vec<(Reply<Range<u64>>, Range<u64>)>,
+        answer_now: bool,
     ) -> StepResult<()> {
         if group.is_empty() && self.buf.is_empty() && self.created.is_empty() {
             return Ok(());
         }
         self.flush(shared)?;
         self.sync_dirty(shared)?;
-        self.durable_next = self.active.next_offset;
+        self.durable_next = self.next_offset();
         self.publish(shared);
         // Sealing before answering keeps the sequence of disk calls a function of the requests
         // alone (the crash tests replay it call by call); the seal is one small unsynced write.
@@ -345,16 +421,9 @@ impl Writer {
                 return Err(error);
             }
         }
-        if group.len() > INLINE_ANSWERS_MAX {
-            if let Some(notifier) = &self.notifier {
-                // Durable already: the notifier only delivers the news.
-                if let Err(returned) = notifier.send(std::mem::take(group)) {
-                    answer(returned.0);
-                }
-                return Ok(());
-            }
+        if answer_now {
+            answer(std::mem::take(group));
         }
-        answer(std::mem::take(group));
         Ok(())
     }
 
@@ -366,6 +435,7 @@ impl Writer {
         }
         for update in self.updates.drain(..) {
             if let Some(segment) = state.segments.get_mut(&update.base) {
+                segment.allocated_bytes = update.allocated_bytes;
                 segment.end_position = update.end_position;
                 segment.next_offset = update.next_offset;
                 segment.index.extend(update.entries);
@@ -374,19 +444,25 @@ impl Writer {
         state.durable_next = self.durable_next;
     }
 
-    /// Seal the active segment and continue in a new one whose first offset is `base`.
+    /// Seal the active segment and continue in a new one whose first offset is `base`; with no
+    /// active segment (a new log, or one that handed its segments back), create the first one
+    /// (and the log directory, the first time).
     fn roll(&mut self, shared: &Shared, base: u64) -> StepResult<()> {
         self.flush(shared)?;
         // The records before `base` are durable before the next header exists: recovery reads a
         // valid next segment as proof that this one is whole.
         self.sync_dirty(shared)?;
+        if !self.dir_exists {
+            create_log_dir(shared).map_err(|e| as_stop(shared, e))?;
+            self.dir_exists = true;
+        }
         let segment = new_segment(shared, base).map_err(|e| as_stop(shared, e))?;
         // The new name (a rename from the scratch name or from the pool) is synced with the
         // batch, before any of its records is reported durable.
         self.dir_dirty = true;
         let new = Active::from_segment(&segment, SEGMENT_HEADER_SIZE as u64, base);
-        self.active = new;
-        self.buf_position = self.active.position;
+        self.buf_position = new.position;
+        self.active = Some(new);
         self.mark_dirty();
         self.created.push(segment);
         Ok(())
@@ -412,9 +488,14 @@ impl Writer {
                 reply.send(result.clone());
                 result.map(|()| Flow::Continue)
             }
+            Item::HandBack { reply } => {
+                let result = self.hand_back(shared).map_err(|e| fail(shared, e));
+                reply.send(result.clone());
+                result.map(|_| Flow::Continue)
+            }
             Item::Close { reply } => {
                 let result = self.write_seal(shared, true).map_err(|e| fail(shared, e));
-                // Answered after every earlier answer is out (see `run`).
+                // Answered after every earlier answer is out (see `run_round`).
                 self.close_reply = Some((reply, result.clone()));
                 result.map(|()| Flow::Exit)
             }
@@ -422,10 +503,10 @@ impl Writer {
     }
 
     fn explicit_roll(&mut self, shared: &Shared) -> StepResult<()> {
-        if self.active.next_offset == self.active.base {
+        if self.active.as_ref().is_none_or(|a| a.next_offset == a.base) {
             return Ok(());
         }
-        self.roll(shared, self.active.next_offset)?;
+        self.roll(shared, self.next_offset())?;
         self.flush(shared)?;
         self.sync_dirty(shared)?;
         self.publish(shared);
@@ -436,33 +517,38 @@ impl Writer {
     /// durable, which holds because it is written only after a sync. `sync` at close.
     pub(crate) fn write_seal(&mut self, shared: &Shared, sync: bool) -> StepResult<()> {
         debug_assert!(self.buf.is_empty());
-        if self.active.position + RECORD_HEADER_SIZE as u64 > self.active.size_bytes {
+        let Some(active) = &self.active else {
+            return Ok(());
+        };
+        // A seal never allocates: batches leave room for it where the segment has room
+        // (`flush`); a file a spare or an older layout left shorter simply gets none.
+        if active.position + RECORD_HEADER_SIZE as u64 > active.size_bytes.min(active.allocated) {
             return Ok(());
         }
         let mut seal = Vec::with_capacity(RECORD_HEADER_SIZE);
         let fields = RecordFields {
-            offset: self.active.next_offset,
-            generation: self.active.generation,
+            offset: active.next_offset,
+            generation: active.generation,
             record_type: 0,
             flags: FLAG_SEAL,
             timestamp_ms: 0,
             durable_distance: 0,
         };
         encode_record(&mut seal, &fields, &[]);
-        self.active
+        active
             .file
-            .write_all_at(&seal, self.active.position)
+            .write_all_at(&seal, active.position)
             .map_err(stop(shared, "write seal"))?;
         if sync {
-            timed_sync(shared, || self.active.file.sync_data()).map_err(stop(shared, "sync"))?;
+            timed_sync(shared, || active.file.sync_data()).map_err(stop(shared, "sync"))?;
         }
         Ok(())
     }
 
     /// Cut the log at `offset` (see [`crate::Log::truncate_suffix`]). Everything before it is
-    /// durable: the commit thread wrote and synced it before taking this request.
+    /// durable: the writer wrote and synced it before taking this request.
     pub(crate) fn truncate(&mut self, shared: &Shared, offset: u64) -> StepResult<()> {
-        if offset == self.active.next_offset {
+        if offset == self.next_offset() {
             return Ok(());
         }
         let (victims, target) = {
@@ -489,13 +575,15 @@ impl Writer {
         } else {
             locate(&target, offset)?
         };
-        let old_end = if target.base == self.active.base {
-            self.active.position
-        } else {
-            target.end_position
+        let (old_end, allocated) = match &self.active {
+            Some(active) if active.base == target.base => (active.position, active.allocated),
+            _ => (target.end_position, target.allocated_bytes),
         };
-        // The seal record, if one was written, lies just past the old end.
-        let zero_end = (old_end + RECORD_HEADER_SIZE as u64).min(target.size_bytes);
+        // The seal record, if one was written, lies just past the old end; nothing lies past
+        // the end of the file (writing there would allocate).
+        let zero_end = (old_end + RECORD_HEADER_SIZE as u64)
+            .min(target.size_bytes)
+            .min(allocated);
         // The records from the cut on were durable, and each claims the ones before it: a crash
         // or a failed write part way through the zeroing leaves holes followed by intact
         // claiming records, which recovery would rightly call corruption (found by
@@ -510,7 +598,9 @@ impl Writer {
         if destroys_records {
             write_cut_mark(shared, &target, None)?;
         }
-        self.active = Active::from_segment(&target, position, offset);
+        let mut active = Active::from_segment(&target, position, offset);
+        active.allocated = active.allocated.max(allocated);
+        self.active = Some(active);
         self.buf_position = position;
         self.durable_next = offset;
         let mut state = shared.lock();
@@ -525,19 +615,52 @@ impl Writer {
 
     /// Hand whole segments below `before` to the pool; never the active one.
     fn remove_prefix(&mut self, shared: &Shared, before: u64) -> StepResult<PrefixRemoval> {
+        let active_base = self.active.as_ref().map(|a| a.base);
         let victims: Vec<Segment> = {
             let state = shared.lock();
             let bases: Vec<u64> = state.segments.keys().copied().collect();
             bases
                 .windows(2)
-                .filter(|pair| pair[1] <= before && pair[0] != self.active.base)
+                .filter(|pair| pair[1] <= before && Some(pair[0]) != active_base)
                 .filter_map(|pair| state.segments.get(&pair[0]).cloned())
                 .collect()
         };
         self.retire(shared, &victims)?;
         Ok(PrefixRemoval {
             segments: victims.len(),
-            bytes: victims.iter().map(|s| s.size_bytes).sum(),
+            bytes: victims.iter().map(|s| s.allocated_bytes).sum(),
+        })
+    }
+
+    /// Hand every segment, the active one too, to the pool, after making the next offset durable
+    /// in the anchor (see [`crate::Log::hand_back`]). Everything queued before is durable: the
+    /// group before this request was committed first.
+    fn hand_back(&mut self, shared: &Shared) -> StepResult<PrefixRemoval> {
+        let Some(active) = self.active.take() else {
+            // No segment: the anchor (or offset 0 of a log never written) holds the offset.
+            return Ok(PrefixRemoval::default());
+        };
+        // Put it back until the hand-back is through: a failure stops the log with its state
+        // as it is on disk (the segments win over the anchor at recovery).
+        let next_offset = active.next_offset;
+        let allocated = active.allocated;
+        self.active = Some(active);
+        debug_assert_eq!(next_offset, self.durable_next);
+        write_anchor(shared, next_offset)?;
+        let mut victims: Vec<Segment> = shared.lock().segments.values().cloned().collect();
+        if let Some(last) = victims.last_mut() {
+            // The writer knows the tail's length better than readers do (an allocation after
+            // the last publish).
+            last.allocated_bytes = last.allocated_bytes.max(allocated);
+        }
+        // Lowest first (as `retire` is called with them in order): a crash part way leaves a
+        // suffix of the log, which still ends at the anchor's offset.
+        self.retire(shared, &victims)?;
+        self.active = None;
+        self.buf_position = 0;
+        Ok(PrefixRemoval {
+            segments: victims.len(),
+            bytes: victims.iter().map(|s| s.allocated_bytes).sum(),
         })
     }
 
@@ -549,7 +672,12 @@ impl Writer {
         for victim in victims {
             shared
                 .pool
-                .enter(&victim.path, shared.options.size_class, victim.generation)
+                .enter(
+                    &victim.path,
+                    shared.options.size_class,
+                    victim.generation,
+                    victim.allocated_bytes,
+                )
                 .map_err(|e| as_stop(shared, e))?;
         }
         timed_sync(shared, || shared.io.sync_dir(&shared.dir))
@@ -603,7 +731,7 @@ fn rewrite(segment: &Segment, from: u64, to: u64) -> LogResult<()> {
     Ok(())
 }
 
-/// Run one sync of the commit thread (`sync_data` or `sync_dir`) and count its time in the
+/// Run one sync of a commit worker (`sync_data` or `sync_dir`) and count its time in the
 /// pool's histogram, failed or not.
 fn timed_sync(shared: &Shared, sync: impl FnOnce() -> Result<(), IoError>) -> Result<(), IoError> {
     let start = Instant::now();
@@ -648,7 +776,9 @@ pub(crate) fn fail_items(items: impl IntoIterator<Item = Item>, error: &LogError
             Item::Truncate { reply, .. } | Item::Roll { reply } | Item::Close { reply } => {
                 reply.send(Err(error.clone()))
             }
-            Item::RemovePrefix { reply, .. } => reply.send(Err(error.clone())),
+            Item::RemovePrefix { reply, .. } | Item::HandBack { reply } => {
+                reply.send(Err(error.clone()))
+            }
         }
     }
 }
@@ -676,7 +806,15 @@ fn new_segment(shared: &Shared, base: u64) -> LogResult<Segment> {
             .map_err(|e| LogError::io("open segment", &path, e))?;
         file.write_all_at(&header(spare.generation).encode(), 0)
             .map_err(|e| LogError::io("write segment header", &path, e))?;
-        return Ok(Segment::new(path, file, base, spare.generation, size));
+        // A spare keeps the length it had in its log (it grows like any segment from there).
+        return Ok(Segment::new(
+            path,
+            file,
+            base,
+            spare.generation,
+            size,
+            spare.size_bytes,
+        ));
     }
     let scratch = shared.dir.join(scratch_file_name(base));
     if io
@@ -690,7 +828,9 @@ fn new_segment(shared: &Shared, base: u64) -> LogResult<Segment> {
         .open(&scratch, OpenMode::CreateNew)
         .map_err(|e| LogError::io("create segment", &scratch, e))?;
     let generation = 1;
-    file.allocate(size)
+    // The first preallocation step only: the file grows ahead of the writer (`allocate_for`).
+    let allocated = preallocation_target(0, SEGMENT_HEADER_SIZE as u64, size);
+    file.allocate(allocated)
         .map_err(|e| LogError::io("preallocate segment", &scratch, e))?;
     file.write_all_at(&header(generation).encode(), 0)
         .map_err(|e| LogError::io("write segment header", &scratch, e))?;
@@ -698,16 +838,64 @@ fn new_segment(shared: &Shared, base: u64) -> LogResult<Segment> {
         .map_err(|e| LogError::io("sync segment", &scratch, e))?;
     io.rename(&scratch, &path)
         .map_err(|e| LogError::io("rename segment into place", &path, e))?;
-    Ok(Segment::new(path, file, base, generation, size))
+    Ok(Segment::new(path, file, base, generation, size, allocated))
 }
 
-/// Start the commit thread of a log.
-pub(crate) fn spawn(shared: Arc<Shared>, writer: Writer) -> LogResult<JoinHandle<()>> {
-    let dir = shared.dir.clone();
-    std::thread::Builder::new()
-        .name("keratin-commit".into())
-        .spawn(move || run(shared, writer))
-        .map_err(|e| LogError::io("spawn commit thread", dir, e.into()))
+/// Grow the active segment's file by preallocation steps until `needed` bytes fit (never past
+/// the segment size). Runs before the write that needs the room; the batch's sync makes the new
+/// length durable with the data. A failure (`ENOSPC`) stops the log like a failed write.
+fn allocate_for(shared: &Shared, active: &mut Active, needed: u64) -> StepResult<()> {
+    let target = preallocation_target(active.allocated, needed, active.size_bytes);
+    if target <= active.allocated {
+        return Ok(());
+    }
+    active
+        .file
+        .allocate(target)
+        .map_err(stop(shared, "preallocate"))?;
+    active.allocated = target;
+    Ok(())
+}
+
+/// Create the log directory (the first segment's creation does it: logs are created lazily) and
+/// make its entry durable before anything in it is.
+fn create_log_dir(shared: &Shared) -> LogResult<()> {
+    let io = shared.io.as_ref();
+    let dir = &shared.dir;
+    if io
+        .exists(dir)
+        .map_err(|e| LogError::io("stat log directory", dir, e))?
+    {
+        return Ok(());
+    }
+    io.create_dir_all(dir)
+        .map_err(|e| LogError::io("create log directory", dir, e))?;
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        timed_sync(shared, || io.sync_dir(parent))
+            .map_err(|e| LogError::io("sync parent directory", parent, e))?;
+    }
+    Ok(())
+}
+
+/// Write the anchor: under a scratch name, synced, renamed into place, directory synced. Once
+/// this returns, a recovery that finds no segment starts at `next_offset`.
+fn write_anchor(shared: &Shared, next_offset: u64) -> StepResult<()> {
+    let io = shared.io.as_ref();
+    let scratch = shared.dir.join(ANCHOR_SCRATCH_FILE_NAME);
+    let path = shared.dir.join(ANCHOR_FILE_NAME);
+    let step = |op: &'static str| stop(shared, op);
+    if io.exists(&scratch).map_err(step("stat anchor"))? {
+        io.remove_file(&scratch)
+            .map_err(step("remove scratch anchor"))?;
+    }
+    let file = io
+        .open(&scratch, OpenMode::CreateNew)
+        .map_err(step("create anchor"))?;
+    file.write_all_at(&encode_anchor(next_offset), 0)
+        .map_err(step("write anchor"))?;
+    timed_sync(shared, || file.sync_data()).map_err(step("sync anchor"))?;
+    io.rename(&scratch, &path).map_err(step("rename anchor"))?;
+    timed_sync(shared, || io.sync_dir(&shared.dir)).map_err(step("sync directory"))
 }
 
 fn answer(batch: AnswerBatch) {
@@ -716,60 +904,110 @@ fn answer(batch: AnswerBatch) {
     }
 }
 
-fn run(shared: Arc<Shared>, mut writer: Writer) {
-    let (sender, receiver) = std::sync::mpsc::channel::<AnswerBatch>();
-    let notifier = std::thread::Builder::new()
-        .name("keratin-notify".into())
-        .spawn(move || {
-            for batch in receiver {
-                answer(batch);
-            }
-        });
-    if notifier.is_ok() {
-        writer.notifier = Some(sender);
-    }
-    commit_loop(&shared, &mut writer);
-    // Deliver every answer still queued before the thread ends (and before `close` returns).
-    writer.notifier = None;
-    if let Ok(notifier) = notifier {
-        if notifier.join().is_err() {
-            tracing::error!(dir = %shared.dir.display(), "log notifier thread panicked");
+/// One turn of a commit worker with a scheduled log: take everything queued, run it as one round
+/// (`Writer::process`), and let go of the log. If requests arrived during the round, the log
+/// stays scheduled and goes back to the end of its ready queue (every log with work gets one
+/// round per turn) *before* this worker answers the round's appenders: another worker can run
+/// the next round while this one wakes them (waking dozens of blocked threads one by one took
+/// 45% of a commit thread's time at 64 appenders; see `docs/benchmarks.md`). A log that stopped
+/// or closed loses its writer here, before it is let go: `close`, `heal` and `delete` wait for
+/// that (`Shared::wait_writer_free`).
+pub(crate) fn run_round(shared: &Arc<Shared>) {
+    let (mut engine, wakers) = {
+        let mut state = shared.lock();
+        debug_assert!(state.scheduled, "a worker runs only scheduled logs");
+        let Some(mut engine) = state.engine.take() else {
+            // Stopped or closed since it was queued: `stop_log` answered what was queued.
+            release(shared, state);
+            return;
+        };
+        if state.pending.items.is_empty() {
+            state.engine = Some(engine);
+            release(shared, state);
+            return;
         }
-    }
-    if let Some((reply, result)) = writer.close_reply.take() {
-        reply.send(result);
+        std::mem::swap(&mut state.pending, &mut engine.work);
+        (engine, state.room_wakers.take())
+    };
+    shared.wake_room_waiters(wakers);
+    // The answers of the round's last group, sent once the worker has let go of the log.
+    let mut answers = AnswerBatch::new();
+    let flow = engine
+        .writer
+        .process(shared, &mut engine.work, &mut answers);
+    engine.work.clear();
+    shrink_retained(&mut engine.work.payloads);
+    match flow {
+        Ok(Flow::Continue) => {
+            let mut state = shared.lock();
+            let more = !state.pending.items.is_empty();
+            let deferred = !answers.is_empty();
+            if deferred {
+                state.answering += 1;
+            }
+            state.engine = Some(engine);
+            if more {
+                drop(state);
+                shared.workers.push(shared.clone(), deferred);
+            } else {
+                release(shared, state);
+            }
+            if deferred {
+                answer(answers);
+                let mut state = shared.lock();
+                state.answering -= 1;
+                if state.answering == 0 {
+                    drop(state);
+                    shared.writer_free.notify_all();
+                }
+            }
+        }
+        Ok(Flow::Exit) | Err(_) => {
+            if let Err(error) = flow {
+                stop_log(shared, error);
+            }
+            // Every other answer goes out first (the round's, earlier rounds' still being sent
+            // by other workers, and `stop_log`'s to what was still queued): the close is
+            // answered last.
+            if let Some((reply, result)) = engine.writer.close_reply.take() {
+                let mut state = shared.lock();
+                while state.answering > 0 {
+                    state = shared
+                        .writer_free
+                        .wait(state)
+                        .unwrap_or_else(|e| e.into_inner());
+                }
+                drop(state);
+                reply.send(result);
+            }
+            drop(engine);
+            release(shared, shared.lock());
+        }
     }
 }
 
-fn commit_loop(shared: &Arc<Shared>, writer: &mut Writer) {
-    let mut work = Pending::default();
-    loop {
-        {
-            let mut state = shared.lock();
-            while state.pending.items.is_empty() {
-                if state.closing || state.stopped.is_some() {
-                    return;
-                }
-                state = shared
-                    .work_ready
-                    .wait(state)
-                    .unwrap_or_else(|e| e.into_inner());
-            }
-            std::mem::swap(&mut state.pending, &mut work);
-        }
-        shared.space_ready.notify_all();
-        let flow = writer.process(shared, &mut work);
-        work.clear();
-        shrink_retained(&mut work.payloads);
-        match flow {
-            Ok(Flow::Continue) => {}
-            Ok(Flow::Exit) => return,
-            Err(error) => {
-                stop_log(shared, error);
-                return;
-            }
-        }
-    }
+/// A round panicked (a bug of ours): stop the log, so that everything queued is answered and a
+/// heal can build a new writer, and let go of it. The worker serves the other logs on.
+pub(crate) fn abandon_round(shared: &Shared) {
+    tracing::error!(dir = %shared.dir.display(), "a commit round panicked");
+    // The round's writer was dropped by the unwinding (or never taken): the log has none.
+    shared.lock().engine = None;
+    stop_log(
+        shared,
+        LogError::Stopped {
+            dir: shared.dir.clone(),
+            op: "commit round (panicked)",
+            source: IoError::Os(rustix::io::Errno::IO),
+        },
+    );
+    release(shared, shared.lock());
+}
+
+/// The worker lets go of the log: it is neither queued nor run any more.
+fn release(shared: &Shared, mut state: std::sync::MutexGuard<'_, crate::log::State>) {
+    state.scheduled = false;
+    drop(state);
+    shared.writer_free.notify_all();
 }
 
 /// Mark the log stopped and answer everything still queued with the error.
@@ -784,8 +1022,12 @@ fn stop_log(shared: &Shared, error: LogError) {
         state.pending.bytes = 0;
         state.pending.metas.clear();
         state.pending.payloads.clear();
-        std::mem::take(&mut state.pending.items)
+        (
+            std::mem::take(&mut state.pending.items),
+            state.room_wakers.take(),
+        )
     };
+    let (items, wakers) = items;
     fail_items(items, &error);
-    shared.space_ready.notify_all();
+    shared.wake_room_waiters(wakers);
 }

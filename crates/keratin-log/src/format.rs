@@ -121,7 +121,8 @@ pub struct SegmentHeader {
     pub generation: u16,
     /// First offset of the segment ([`SPARE_BASE`] for a spare).
     pub base_offset: u64,
-    /// The file's size in bytes (it is preallocated to this size).
+    /// The segment's size in bytes: records never pass it. The file itself may be shorter (it
+    /// grows by preallocation steps up to this size; bytes past its end read as zeros).
     pub segment_size_bytes: u64,
 }
 
@@ -387,6 +388,89 @@ pub fn check_record(buf: &[u8], generation: u16) -> Result<RecordHeader, RecordF
     Ok(header)
 }
 
+/// The first eight bytes of an anchor file.
+pub const ANCHOR_MAGIC: [u8; 8] = *b"KRTNANC\0";
+
+/// Version of the anchor layout written by this code (`docs/storage-format.md`, "Anchor").
+pub const ANCHOR_VERSION: u16 = 1;
+
+// Anchor fields (docs/storage-format.md, "Anchor").
+const ANCHOR_MAGIC_OFFSET: usize = 0;
+const ANCHOR_VERSION_OFFSET: usize = ANCHOR_MAGIC_OFFSET + 8;
+const ANCHOR_RESERVED_OFFSET: usize = ANCHOR_VERSION_OFFSET + 2;
+const ANCHOR_NEXT_OFFSET_OFFSET: usize = ANCHOR_RESERVED_OFFSET + 6;
+const ANCHOR_CRC_OFFSET: usize = ANCHOR_NEXT_OFFSET_OFFSET + 8;
+
+/// Size of an anchor file: the whole file is this one structure.
+pub const ANCHOR_SIZE: usize = ANCHOR_CRC_OFFSET + 4;
+const _: () = assert!(ANCHOR_SIZE == 28);
+
+/// Why an anchor file was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnchorError {
+    /// The file is not exactly [`ANCHOR_SIZE`] bytes long.
+    Length(usize),
+    /// The magic bytes are wrong.
+    Magic,
+    /// The checksum does not hold.
+    Checksum,
+    /// An anchor version this code does not read.
+    Version(u16),
+    /// A reserved byte is not zero.
+    Reserved,
+}
+
+impl std::fmt::Display for AnchorError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AnchorError::Length(len) => write!(f, "anchor of {len} bytes (expected {ANCHOR_SIZE})"),
+            AnchorError::Magic => write!(f, "bad anchor magic"),
+            AnchorError::Checksum => write!(f, "anchor checksum mismatch"),
+            AnchorError::Version(v) => {
+                write!(f, "anchor version {v} (this build reads {ANCHOR_VERSION})")
+            }
+            AnchorError::Reserved => write!(f, "anchor reserved bytes are not zero"),
+        }
+    }
+}
+
+/// Encode an anchor: the next offset of a log that holds no segment.
+pub fn encode_anchor(next_offset: u64) -> [u8; ANCHOR_SIZE] {
+    let mut buf = [0u8; ANCHOR_SIZE];
+    buf[ANCHOR_MAGIC_OFFSET..ANCHOR_VERSION_OFFSET].copy_from_slice(&ANCHOR_MAGIC);
+    buf[ANCHOR_VERSION_OFFSET..ANCHOR_RESERVED_OFFSET]
+        .copy_from_slice(&ANCHOR_VERSION.to_le_bytes());
+    buf[ANCHOR_NEXT_OFFSET_OFFSET..ANCHOR_CRC_OFFSET].copy_from_slice(&next_offset.to_le_bytes());
+    let crc = crc32c::crc32c(&buf[..ANCHOR_CRC_OFFSET]);
+    buf[ANCHOR_CRC_OFFSET..].copy_from_slice(&crc.to_le_bytes());
+    buf
+}
+
+/// Decode and verify an anchor file's bytes (the whole file); returns its next offset.
+pub fn decode_anchor(bytes: &[u8]) -> Result<u64, AnchorError> {
+    let buf: &[u8; ANCHOR_SIZE] = bytes
+        .try_into()
+        .map_err(|_| AnchorError::Length(bytes.len()))?;
+    if buf[ANCHOR_MAGIC_OFFSET..ANCHOR_VERSION_OFFSET] != ANCHOR_MAGIC {
+        return Err(AnchorError::Magic);
+    }
+    let crc = u32::from_le_bytes(le4(buf, ANCHOR_CRC_OFFSET));
+    if crc != crc32c::crc32c(&buf[..ANCHOR_CRC_OFFSET]) {
+        return Err(AnchorError::Checksum);
+    }
+    let version = u16::from_le_bytes(le2(buf, ANCHOR_VERSION_OFFSET));
+    if version != ANCHOR_VERSION {
+        return Err(AnchorError::Version(version));
+    }
+    if buf[ANCHOR_RESERVED_OFFSET..ANCHOR_NEXT_OFFSET_OFFSET]
+        .iter()
+        .any(|b| *b != 0)
+    {
+        return Err(AnchorError::Reserved);
+    }
+    Ok(u64::from_le_bytes(le8(buf, ANCHOR_NEXT_OFFSET_OFFSET)))
+}
+
 fn le2(buf: &[u8], at: usize) -> [u8; 2] {
     [buf[at], buf[at + 1]]
 }
@@ -470,6 +554,23 @@ mod tests {
         assert_eq!(check_record(&flipped, 5), Err(RecordFault::Checksum));
         // Zeroed space (a preallocated, never written region) is never a record.
         assert_eq!(check_record(&[0u8; 64], 0), Err(RecordFault::Checksum));
+    }
+
+    #[test]
+    fn anchor_roundtrip_and_damage() {
+        let bytes = encode_anchor(1 << 40);
+        assert_eq!(decode_anchor(&bytes), Ok(1 << 40));
+        assert_eq!(decode_anchor(&bytes[..20]), Err(AnchorError::Length(20)));
+        assert_eq!(decode_anchor(&[0u8; ANCHOR_SIZE]), Err(AnchorError::Magic));
+        for at in ANCHOR_VERSION_OFFSET..ANCHOR_SIZE {
+            let mut flipped = bytes;
+            flipped[at] ^= 0x04;
+            assert_eq!(
+                decode_anchor(&flipped),
+                Err(AnchorError::Checksum),
+                "byte {at}"
+            );
+        }
     }
 
     #[test]

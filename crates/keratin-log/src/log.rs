@@ -1,14 +1,17 @@
 //! `Log`: the public face of one log. It owns the shared state that appenders, readers and the
-//! commit thread meet in; the writing itself is the commit thread's (`commit.rs`), the reading is
-//! `reader.rs`'s and the opening is `recovery.rs`'s.
+//! commit workers meet in; the writing itself is the `Writer`'s (`commit.rs`), run by the pool's
+//! commit workers (`workers.rs`), the reading is `reader.rs`'s and the opening is
+//! `recovery.rs`'s.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
+use std::task::{Context, Poll, Waker};
 
-use crate::commit::{self, Writer};
+use crate::commit::{Engine, Writer};
 use crate::error::{LogError, LogResult};
 use crate::format::{SizeClass, FLAGS_USER_MASK, RECORD_HEADER_SIZE, SEGMENT_HEADER_SIZE};
 use crate::io::Io;
@@ -17,6 +20,7 @@ use crate::reader::LogReader;
 use crate::recovery::{recover, Trust};
 use crate::segment::Segment;
 use crate::ticket::{Reply, Ticket};
+use crate::workers::WorkerSet;
 
 /// The default size of a full segment: 64 MiB. Large enough that rolling (one file creation
 /// and two syncs) is rare at any throughput, small enough that recovery's scan of the last
@@ -30,7 +34,7 @@ pub const MIN_SEGMENT_SIZE_BYTES: u64 = 256 << 10;
 /// Largest configurable full segment size: byte positions in the sparse index are `u32`.
 pub const MAX_SEGMENT_SIZE_BYTES: u64 = 1 << 32;
 
-/// Appends block once this many bytes wait for the commit thread: at 64 MiB and a disk that
+/// Appends wait once this many bytes wait for a commit worker: at 64 MiB and a disk that
 /// writes 100 MB/s, an appender waits at most about a second for room.
 pub const DEFAULT_MAX_PENDING_BYTES: usize = 64 << 20;
 
@@ -119,7 +123,8 @@ pub struct SegmentStats {
     pub next_offset: u64,
     /// Generation of the file (how many times it has been used).
     pub generation: u16,
-    /// Size of the file on disk (preallocated).
+    /// Size of the file on disk: what is preallocated so far (a segment file grows in steps
+    /// ahead of its records, up to the segment size).
     pub size_bytes: u64,
     /// Bytes holding the header and durable records.
     pub used_bytes: u64,
@@ -138,18 +143,18 @@ pub struct LogStats {
     pub next_offset: u64,
     /// The segments, oldest first.
     pub segments: Vec<SegmentStats>,
-    /// Sum of the segment files' sizes.
+    /// Sum of the segment files' sizes (allocated bytes; 0 for a log without segments).
     pub disk_bytes: u64,
     /// Whether the log is stopped (see [`Log::heal`]).
     pub stopped: bool,
 }
 
-/// What [`Log::remove_prefix`] removed.
+/// What [`Log::remove_prefix`] or [`Log::hand_back`] removed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct PrefixRemoval {
     /// Segments handed to the pool.
     pub segments: usize,
-    /// Their size on disk.
+    /// Their size on disk (allocated bytes).
     pub bytes: u64,
 }
 
@@ -179,12 +184,15 @@ pub(crate) enum Item {
     Roll {
         reply: Reply<()>,
     },
+    HandBack {
+        reply: Reply<PrefixRemoval>,
+    },
     Close {
         reply: Reply<()>,
     },
 }
 
-/// Requests waiting for the commit thread, in arrival order. Record payloads are copied into
+/// Requests waiting for a commit worker, in arrival order. Record payloads are copied into
 /// one buffer so that an append costs one copy and no allocation per record.
 #[derive(Debug, Default)]
 pub(crate) struct Pending {
@@ -214,17 +222,74 @@ pub(crate) struct State {
     pub(crate) pending: Pending,
     pub(crate) stopped: Option<LogError>,
     pub(crate) closing: bool,
+    /// The write side. Taken out by the worker running a round; `None` for good once the log
+    /// stopped (until a heal) or closed.
+    pub(crate) engine: Option<Box<Engine>>,
+    /// On its file system's ready queue or being run by a worker: one worker at a time holds
+    /// the log, and the queue holds it at most once (`workers.rs`).
+    pub(crate) scheduled: bool,
+    /// `append_async` calls waiting for room under `max_pending_bytes`.
+    pub(crate) room_wakers: RoomWakers,
+    /// Workers answering an earlier round of this log after letting go of it; the answer to
+    /// `close` waits until none is.
+    pub(crate) answering: usize,
+}
+
+/// Wakers of `append_async` calls waiting for room, each under the id its future holds (so a
+/// dropped future removes its own). All are woken when a round takes the pending bytes, and on
+/// stop and close; each woken call looks again and registers again if still too large.
+#[derive(Debug, Default)]
+pub(crate) struct RoomWakers {
+    next_id: u64,
+    waiting: Vec<(u64, Waker)>,
+}
+
+impl RoomWakers {
+    fn register(&mut self, id: &mut Option<u64>, waker: &Waker) {
+        if let Some(id) = *id {
+            if let Some((_, known)) = self.waiting.iter_mut().find(|(i, _)| *i == id) {
+                if !known.will_wake(waker) {
+                    known.clone_from(waker);
+                }
+                return;
+            }
+        }
+        self.next_id += 1;
+        *id = Some(self.next_id);
+        self.waiting.push((self.next_id, waker.clone()));
+    }
+
+    fn remove(&mut self, id: u64) {
+        self.waiting.retain(|(i, _)| *i != id);
+    }
+
+    /// Every waiting waker, to wake once the log's lock is released.
+    pub(crate) fn take(&mut self) -> Vec<Waker> {
+        std::mem::take(&mut self.waiting)
+            .into_iter()
+            .map(|(_, waker)| waker)
+            .collect()
+    }
+}
+
+/// Wake what [`RoomWakers::take`] returned.
+pub(crate) fn wake_all(wakers: Vec<Waker>) {
+    for waker in wakers {
+        waker.wake();
+    }
 }
 
 impl State {
     pub(crate) fn start_offset(&self) -> u64 {
+        // Without segments nothing is held: the start is the durable end (appends queued after
+        // a hand-back have offsets already, but no segment yet).
         self.segments
             .first_key_value()
-            .map_or(self.next_offset, |(base, _)| *base)
+            .map_or(self.durable_next, |(base, _)| *base)
     }
 }
 
-/// What the commit thread, appenders and readers share.
+/// What the commit workers, appenders and readers share.
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) dir: PathBuf,
@@ -232,10 +297,16 @@ pub(crate) struct Shared {
     pub(crate) options: LogOptions,
     pub(crate) pool: SegmentPool,
     pub(crate) state: Mutex<State>,
-    /// Signalled when work is pending (the commit thread waits on it).
-    pub(crate) work_ready: Condvar,
-    /// Signalled when pending bytes drop (appenders over the bound wait on it).
+    /// The commit workers of the log's file system.
+    pub(crate) workers: Arc<WorkerSet>,
+    /// Signalled when a worker lets go of the log (`scheduled` turns false): close, heal and
+    /// delete wait on it.
+    pub(crate) writer_free: Condvar,
+    /// Signalled when pending bytes drop (blocking appenders over the bound wait on it;
+    /// `append_async` waits with `State::room_wakers`).
     pub(crate) space_ready: Condvar,
+    /// One heal at a time.
+    heal_lock: Mutex<()>,
 }
 
 impl Shared {
@@ -243,6 +314,72 @@ impl Shared {
         // A panic while holding the lock is a bug of ours; the state is still consistent at
         // every unlock point, so keep serving rather than poisoning every later call.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Put the log on its ready queue if `claimed` (see [`State::claim`]); call without the
+    /// log's lock.
+    fn schedule(self: &Arc<Self>, claimed: bool) {
+        if claimed {
+            self.workers.push(self.clone(), true);
+        }
+    }
+
+    /// Wait until no worker holds the log (nothing queued for it either).
+    fn wait_writer_free(&self) {
+        let mut state = self.lock();
+        while state.scheduled {
+            state = self
+                .writer_free
+                .wait(state)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Wake every appender waiting for room (blocking or async).
+    pub(crate) fn wake_room_waiters(&self, wakers: Vec<Waker>) {
+        self.space_ready.notify_all();
+        wake_all(wakers);
+    }
+}
+
+impl State {
+    /// After queueing a request: mark the log scheduled if it is not; true if the caller must
+    /// then put it on the ready queue ([`Shared::schedule`]).
+    fn claim(&mut self) -> bool {
+        !std::mem::replace(&mut self.scheduled, true)
+    }
+
+    fn has_room(&self, batch_bytes: usize, max_pending_bytes: usize) -> bool {
+        let pending = self.pending.bytes;
+        pending == 0 || pending + batch_bytes <= max_pending_bytes
+    }
+
+    /// Assign offsets to an append and queue it; true if the log must be put on its queue.
+    fn enqueue_append(
+        &mut self,
+        records: &[Record<'_>],
+        batch_bytes: usize,
+        reply: Reply<Range<u64>>,
+    ) -> bool {
+        let first_offset = self.next_offset;
+        self.next_offset += records.len() as u64;
+        let pending = &mut self.pending;
+        for record in records {
+            pending.metas.push(RecordMeta {
+                record_type: record.record_type,
+                flags: record.flags,
+                timestamp_ms: record.timestamp_ms,
+                length: record.payload.len() as u32,
+            });
+            pending.payloads.extend_from_slice(record.payload);
+        }
+        pending.bytes += batch_bytes;
+        pending.items.push(Item::Append {
+            first_offset,
+            count: records.len(),
+            reply,
+        });
+        self.claim()
     }
 }
 
@@ -254,12 +391,15 @@ impl Shared {
 #[derive(Debug)]
 pub struct Log {
     shared: Arc<Shared>,
-    thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Log {
-    /// Open the log in `dir` (created if missing), recovering what is there. `pool` is the node's
-    /// segment pool, or `None` for a private one.
+    /// Open the log in `dir`, recovering what is there. `pool` is the node's segment pool, or
+    /// `None` for a private one.
+    ///
+    /// Opening a missing or empty directory writes nothing: the directory and the first segment
+    /// are created by the first append, on the commit path (`docs/storage-format.md`, "Files of
+    /// a log"). Such a log holds no segment and [`Log::disk_bytes`] is 0 until then.
     pub fn open(
         io: Arc<dyn Io>,
         dir: &Path,
@@ -267,7 +407,6 @@ impl Log {
         pool: Option<SegmentPool>,
     ) -> LogResult<Log> {
         options.validate()?;
-        create_log_dir(io.as_ref(), dir)?;
         let pool = match pool {
             Some(pool) => {
                 let pool_size = pool.options().full_segment_size_bytes;
@@ -287,6 +426,7 @@ impl Log {
                 },
             ),
         };
+        let workers = pool.commit_set(dir)?;
         let recovered = recover(io.as_ref(), dir, &options, &pool, Trust::Reads)?;
         if recovered.zeroed_bytes > 0 {
             tracing::info!(dir = %dir.display(), bytes = recovered.zeroed_bytes, "recovery zeroed a torn tail");
@@ -303,16 +443,19 @@ impl Log {
                 pending: Pending::default(),
                 stopped: None,
                 closing: false,
+                engine: None,
+                scheduled: false,
+                room_wakers: RoomWakers::default(),
+                answering: 0,
             }),
-            work_ready: Condvar::new(),
+            workers,
+            writer_free: Condvar::new(),
             space_ready: Condvar::new(),
+            heal_lock: Mutex::new(()),
         });
-        let writer = Writer::start(&shared, recovered.segments, recovered.unproven_from)?;
-        let thread = commit::spawn(shared.clone(), writer)?;
-        Ok(Log {
-            shared,
-            thread: Mutex::new(Some(thread)),
-        })
+        let writer = Writer::start(&shared, recovered)?;
+        shared.lock().engine = Some(Engine::new(writer));
+        Ok(Log { shared })
     }
 
     /// The log's directory.
@@ -322,15 +465,15 @@ impl Log {
 
     /// Append a batch of records. Offsets are assigned at once (see [`Ticket`]); the ticket
     /// resolves with them once a sync covers every record of the batch, or with the error that
-    /// stopped the log. Blocks while more than `max_pending_bytes` wait for the disk.
+    /// stopped the log. Blocks the calling thread while more than `max_pending_bytes` wait for
+    /// the disk (in async code use [`Log::append_async`]).
     pub fn append(&self, records: &[Record<'_>]) -> LogResult<Ticket<Range<u64>>> {
         let batch_bytes = self.check_batch(records)?;
         let (reply, ticket) = Ticket::new(self.shared.dir.clone());
         let mut state = self.shared.lock();
         loop {
             Self::check_open(&self.shared, &state)?;
-            let pending = state.pending.bytes;
-            if pending == 0 || pending + batch_bytes <= self.shared.options.max_pending_bytes {
+            if state.has_room(batch_bytes, self.shared.options.max_pending_bytes) {
                 break;
             }
             state = self
@@ -339,27 +482,25 @@ impl Log {
                 .wait(state)
                 .unwrap_or_else(|e| e.into_inner());
         }
-        let first_offset = state.next_offset;
-        state.next_offset += records.len() as u64;
-        let pending = &mut state.pending;
-        for record in records {
-            pending.metas.push(RecordMeta {
-                record_type: record.record_type,
-                flags: record.flags,
-                timestamp_ms: record.timestamp_ms,
-                length: record.payload.len() as u32,
-            });
-            pending.payloads.extend_from_slice(record.payload);
-        }
-        pending.bytes += batch_bytes;
-        pending.items.push(Item::Append {
-            first_offset,
-            count: records.len(),
-            reply,
-        });
+        let claimed = state.enqueue_append(records, batch_bytes, reply);
         drop(state);
-        self.shared.work_ready.notify_one();
+        self.shared.schedule(claimed);
         Ok(ticket)
+    }
+
+    /// [`Log::append`] for async code: waits for room under `max_pending_bytes` without
+    /// blocking a thread, then queues the batch and returns its ticket (await that for
+    /// durability). Cancellation-safe: a future dropped before it completes has assigned no
+    /// offset and queued nothing; once it completes, the batch is queued.
+    pub async fn append_async(&self, records: &[Record<'_>]) -> LogResult<Ticket<Range<u64>>> {
+        let batch_bytes = self.check_batch(records)?;
+        AppendWhenRoom {
+            shared: &self.shared,
+            records,
+            batch_bytes,
+            waker_id: None,
+        }
+        .await
     }
 
     /// Append and wait until durable (blocking; see [`Ticket::wait`]).
@@ -415,8 +556,9 @@ impl Log {
         Self::check_open(&self.shared, &state)?;
         let item = make(&mut state, reply)?;
         state.pending.items.push(item);
+        let claimed = state.claim();
         drop(state);
-        self.shared.work_ready.notify_one();
+        self.shared.schedule(claimed);
         Ok(ticket)
     }
 
@@ -447,6 +589,18 @@ impl Log {
     /// current one is empty.
     pub fn roll(&self) -> LogResult<Ticket<()>> {
         self.submit(|_, reply| Ok(Item::Roll { reply }))
+    }
+
+    /// Hand every segment, the tail too, to the pool (an idle log gives its disk space back).
+    /// Runs after every append queued before it is durable: it writes and syncs an anchor
+    /// holding the next offset, hands the segments over (spare budget and release rules apply)
+    /// and syncs the directory. Afterwards the log holds no segment, `start_offset()`,
+    /// `durable_offset()` and `next_offset()` are what they were, and the next append creates a
+    /// segment at that offset. A crash at any step recovers the state before (or a suffix of
+    /// its segments) or after, never a lower next offset. The records are gone for readers:
+    /// call it only when nothing needs them. A failure stops the log (heal as usual).
+    pub fn hand_back(&self) -> LogResult<Ticket<PrefixRemoval>> {
+        self.submit(|_, reply| Ok(Item::HandBack { reply }))
     }
 
     /// Read one durable record.
@@ -497,10 +651,22 @@ impl Log {
         self.shared.lock().stopped.clone()
     }
 
-    /// Bytes of the log's segment files on disk (cheaper than [`Log::stats`]).
+    /// Bytes of the log's segment files on disk, as allocated (cheaper than [`Log::stats`]).
     pub fn disk_bytes(&self) -> u64 {
         let state = self.shared.lock();
-        state.segments.values().map(|s| s.size_bytes).sum()
+        state.segments.values().map(|s| s.allocated_bytes).sum()
+    }
+
+    /// Bytes an append can still write into the tail segment without allocating (as of the
+    /// last durable batch): 0 when the log holds no segment. Records that do not fit either
+    /// grow the file by a preallocation step or roll to a new segment, both of which need space.
+    pub fn tail_room_bytes(&self) -> u64 {
+        let state = self.shared.lock();
+        state.segments.values().next_back().map_or(0, |s| {
+            s.allocated_bytes
+                .min(s.size_bytes)
+                .saturating_sub(s.end_position)
+        })
     }
 
     /// Size and per-segment figures.
@@ -513,7 +679,7 @@ impl Log {
                 base_offset: s.base,
                 next_offset: s.next_offset,
                 generation: s.generation,
-                size_bytes: s.size_bytes,
+                size_bytes: s.allocated_bytes,
                 used_bytes: s.used_bytes(),
                 path: s.path.clone(),
             })
@@ -551,6 +717,11 @@ impl Log {
     /// Records past the last durable offset (answered `Stopped`, including the part of a group
     /// that a roll's sync covered before a later write failed) are cut by the heal.
     pub fn heal(&self) -> LogResult<()> {
+        let _one_heal = self
+            .shared
+            .heal_lock
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         let durable_next = {
             let state = self.shared.lock();
             if state.stopped.is_none() {
@@ -558,7 +729,10 @@ impl Log {
             }
             state.durable_next
         };
-        self.join_thread();
+        // The worker that stopped the log may still be finishing its round; once it lets go,
+        // the stopped log's writer is gone and nothing schedules the log again (every request
+        // is refused while it is stopped).
+        self.shared.wait_writer_free();
         let shared = &self.shared;
         let recovered = recover(
             shared.io.as_ref(),
@@ -567,47 +741,55 @@ impl Log {
             &shared.pool,
             Trust::NothingPastTheEnd,
         )?;
-        let mut writer = Writer::start(shared, recovered.segments, recovered.unproven_from)?;
+        let mut writer = Writer::start(shared, recovered)?;
         if writer.next_offset() > durable_next {
             writer.truncate(shared, durable_next)?;
         }
         {
             let mut state = shared.lock();
+            debug_assert!(!state.scheduled && state.pending.items.is_empty());
             state.next_offset = writer.next_offset();
+            state.engine = Some(Engine::new(writer));
             state.stopped = None;
         }
-        let thread = commit::spawn(shared.clone(), writer)?;
-        *self.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(thread);
         shared.pool.note_log_healed();
         tracing::info!(dir = %shared.dir.display(), durable_offset = durable_next, "log healed");
         Ok(())
     }
 
     /// Close the log: pending appends are completed, a seal record is written and synced, and
-    /// the commit thread exits.
+    /// the log's files are closed.
     pub fn close(self) -> LogResult<()> {
         self.close_inner()
     }
 
     fn close_inner(&self) -> LogResult<()> {
-        let ticket = {
+        let (ticket, claimed, wakers) = {
             let (reply, ticket) = Ticket::new(self.shared.dir.clone());
             let mut state = self.shared.lock();
             if state.closing {
                 return Ok(());
             }
             state.closing = true;
+            let wakers = state.room_wakers.take();
             if state.stopped.is_some() {
-                None
+                (None, false, wakers)
             } else {
                 state.pending.items.push(Item::Close { reply });
-                Some(ticket)
+                (Some(ticket), state.claim(), wakers)
             }
         };
-        self.shared.work_ready.notify_one();
-        self.shared.space_ready.notify_all();
+        self.shared.schedule(claimed);
+        self.shared.wake_room_waiters(wakers);
         let result = ticket.map_or(Ok(()), Ticket::wait);
-        self.join_thread();
+        // The worker drops the writer (closing the files) before it lets go of the log.
+        self.shared.wait_writer_free();
+        if self.shared.pool.is_private() {
+            // Segments this log handed to its private pool are still being prepared on the
+            // pool's thread: a reopen's new private pool would adopt the same files while that
+            // thread renames them (found by tests/idle.rs: hand back, close, reopen, append).
+            self.shared.pool.flush();
+        }
         result
     }
 
@@ -619,13 +801,33 @@ impl Log {
             let mut state = shared.lock();
             std::mem::take(&mut state.segments).into_values().collect()
         };
+        let io = shared.io.as_ref();
+        if !io
+            .exists(&shared.dir)
+            .map_err(|e| LogError::io("stat log directory", &shared.dir, e))?
+        {
+            // Never written: the directory was never created (see `Log::open`).
+            return Ok(());
+        }
+        let anchor = shared.dir.join(crate::segment::ANCHOR_FILE_NAME);
+        if io
+            .exists(&anchor)
+            .map_err(|e| LogError::io("stat", &anchor, e))?
+        {
+            // First: once segments go, highest first, the ones left end below the anchor,
+            // which a recovery would rightly call damage.
+            io.remove_file(&anchor)
+                .map_err(|e| LogError::io("remove anchor", &anchor, e))?;
+        }
         // Highest first: a crash part way leaves a shorter log, never one with a gap.
         for segment in segments.iter().rev() {
-            shared
-                .pool
-                .enter(&segment.path, shared.options.size_class, segment.generation)?;
+            shared.pool.enter(
+                &segment.path,
+                shared.options.size_class,
+                segment.generation,
+                segment.allocated_bytes,
+            )?;
         }
-        let io = shared.io.as_ref();
         io.sync_dir(&shared.dir)
             .map_err(|e| LogError::io("sync log directory", &shared.dir, e))?;
         let spares = shared.dir.join(crate::pool::SPARES_DIR_NAME);
@@ -661,13 +863,50 @@ impl Log {
     pub fn pool(&self) -> &SegmentPool {
         &self.shared.pool
     }
+}
 
-    fn join_thread(&self) {
-        let handle = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(handle) = handle {
-            if handle.join().is_err() {
-                tracing::error!(dir = %self.shared.dir.display(), "log commit thread panicked");
+/// The future of [`Log::append_async`]: queues the batch the first time it finds room (under the
+/// log's lock, so offsets are assigned only together with the queued item), otherwise leaves
+/// its waker in `State::room_wakers` and removes it when dropped.
+struct AppendWhenRoom<'a, 'r> {
+    shared: &'a Arc<Shared>,
+    records: &'a [Record<'r>],
+    batch_bytes: usize,
+    waker_id: Option<u64>,
+}
+
+impl Future for AppendWhenRoom<'_, '_> {
+    type Output = LogResult<Ticket<Range<u64>>>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let shared = this.shared;
+        let mut state = shared.lock();
+        if let Err(error) = Log::check_open(shared, &state) {
+            if let Some(id) = this.waker_id.take() {
+                state.room_wakers.remove(id);
             }
+            return Poll::Ready(Err(error));
+        }
+        if !state.has_room(this.batch_bytes, shared.options.max_pending_bytes) {
+            state.room_wakers.register(&mut this.waker_id, cx.waker());
+            return Poll::Pending;
+        }
+        if let Some(id) = this.waker_id.take() {
+            state.room_wakers.remove(id);
+        }
+        let (reply, ticket) = Ticket::new(shared.dir.clone());
+        let claimed = state.enqueue_append(this.records, this.batch_bytes, reply);
+        drop(state);
+        shared.schedule(claimed);
+        Poll::Ready(Ok(ticket))
+    }
+}
+
+impl Drop for AppendWhenRoom<'_, '_> {
+    fn drop(&mut self) {
+        if let Some(id) = self.waker_id.take() {
+            self.shared.lock().room_wakers.remove(id);
         }
     }
 }
@@ -678,21 +917,4 @@ impl Drop for Log {
             tracing::warn!(dir = %self.shared.dir.display(), error = %e, "closing log on drop");
         }
     }
-}
-
-fn create_log_dir(io: &dyn Io, dir: &Path) -> LogResult<()> {
-    if io
-        .exists(dir)
-        .map_err(|e| LogError::io("stat log directory", dir, e))?
-    {
-        return Ok(());
-    }
-    io.create_dir_all(dir)
-        .map_err(|e| LogError::io("create log directory", dir, e))?;
-    let parent = dir.parent().filter(|p| !p.as_os_str().is_empty());
-    if let Some(parent) = parent {
-        io.sync_dir(parent)
-            .map_err(|e| LogError::io("sync parent directory", parent, e))?;
-    }
-    Ok(())
 }

@@ -12,8 +12,10 @@
 //!   syncs it and renames it to `*.spare`. A file whose generation would wrap is deleted instead;
 //! - **take**: a log that rolls takes a `*.spare` of its class on its file system, renames it into
 //!   its directory and writes the real header (same generation, its base), synced with its batch;
-//! - a spare is adopted (at start, from `*.spare` or `*.incoming`) only if its size is exactly its
-//!   class's and its header is valid, and always with the next generation (a take interrupted by
+//! - a spare keeps the length it had in its log (segment files grow by preallocation steps), and
+//!   the pool counts real file lengths; a log that takes one grows it from there;
+//! - a spare is adopted (at start, from `*.spare` or `*.incoming`) only if its length is at most
+//!   its class's size (and holds a header) and its header is valid, and always with the next generation (a take interrupted by
 //!   a power loss can leave records of the spare's own generation in it); anything else in
 //!   `spares/` is deleted;
 //! - a per-file-system byte budget; `release` deletes spares down to a target (the limits call
@@ -29,6 +31,7 @@ use crate::format::{HeaderKind, SegmentHeader, SizeClass, SEGMENT_HEADER_SIZE, S
 use crate::io::{Io, IoError, OpenMode};
 use crate::log::DEFAULT_SEGMENT_SIZE_BYTES;
 use crate::sync_stats::{SyncHistogram, SyncHistogramSnapshot};
+use crate::workers::{CommitWorkers, WorkerSet};
 
 /// Spares kept by the private pool of a log opened without a node pool.
 pub const PRIVATE_POOL_SPARES: u64 = 4;
@@ -51,7 +54,15 @@ pub struct PoolOptions {
     /// Rewrite the headers of entering files on a background thread (the default), or inline
     /// in the caller (deterministic, for tests).
     pub background: bool,
+    /// Commit workers per file system: the threads that write and sync the logs of the pool
+    /// (see `docs/ARCHITECTURE.md`, "Threads"). Syncs of different logs on one file system
+    /// overlap up to this many; each log still commits in groups. At least 1; a private pool
+    /// always has 1.
+    pub commit_workers_per_filesystem: usize,
 }
+
+/// The default of [`PoolOptions::commit_workers_per_filesystem`].
+pub const DEFAULT_COMMIT_WORKERS_PER_FILESYSTEM: usize = 4;
 
 impl Default for PoolOptions {
     fn default() -> Self {
@@ -59,6 +70,7 @@ impl Default for PoolOptions {
             full_segment_size_bytes: DEFAULT_SEGMENT_SIZE_BYTES,
             budget_bytes: None,
             background: true,
+            commit_workers_per_filesystem: DEFAULT_COMMIT_WORKERS_PER_FILESYSTEM,
         }
     }
 }
@@ -68,6 +80,8 @@ impl Default for PoolOptions {
 pub(crate) struct Spare {
     pub(crate) path: PathBuf,
     pub(crate) generation: u16,
+    /// The file's length.
+    pub(crate) size_bytes: u64,
 }
 
 /// Figures of one file system's spares, for metrics.
@@ -81,7 +95,7 @@ pub struct FilesystemSpares {
     pub full_count: u64,
     /// Spare files of the small class.
     pub small_count: u64,
-    /// Bytes in spare files (ready and being prepared).
+    /// Bytes in spare files (ready and being prepared; real file lengths).
     pub spare_bytes: u64,
     /// The budget in force.
     pub budget_bytes: u64,
@@ -127,6 +141,8 @@ struct Counters {
 struct ReadySpare {
     path: PathBuf,
     generation: u16,
+    /// The file's length (a spare keeps the length it had in its log).
+    size_bytes: u64,
 }
 
 /// The spares of one file system.
@@ -150,9 +166,12 @@ impl Group {
         }
     }
 
-    fn spare_bytes(&self, full_size: u64) -> u64 {
-        self.full.len() as u64 * full_size
-            + self.small.len() as u64 * SizeClass::Small.segment_size_bytes(full_size)
+    fn spare_bytes(&self) -> u64 {
+        self.full
+            .iter()
+            .chain(&self.small)
+            .map(|spare| spare.size_bytes)
+            .sum::<u64>()
             + self.incoming_bytes
     }
 
@@ -172,6 +191,8 @@ struct Job {
     path: PathBuf,
     class: SizeClass,
     generation: u16,
+    /// The length counted in `incoming_bytes` for it.
+    size_bytes: u64,
 }
 
 #[derive(Debug)]
@@ -187,6 +208,8 @@ struct Inner {
     worker_started: Mutex<bool>,
     counters: Counters,
     syncs: SyncHistogram,
+    /// Last field: dropped after everything else of the pool, it stops the commit workers.
+    commit: CommitWorkers,
 }
 
 /// Spare segment files of one node. Cheap to clone: clones share the pool.
@@ -216,6 +239,11 @@ impl SegmentPool {
     }
 
     fn build(io: Arc<dyn Io>, options: PoolOptions, private: bool) -> SegmentPool {
+        let workers = if private {
+            1
+        } else {
+            options.commit_workers_per_filesystem
+        };
         SegmentPool {
             inner: Arc::new(Inner {
                 io,
@@ -228,6 +256,7 @@ impl SegmentPool {
                 worker_started: Mutex::new(false),
                 counters: Counters::default(),
                 syncs: SyncHistogram::default(),
+                commit: CommitWorkers::new(workers),
             }),
         }
     }
@@ -243,6 +272,11 @@ impl SegmentPool {
             return Ok(());
         }
         self.open_group(device, &dir.join(SPARES_DIR_NAME))
+    }
+
+    /// True for a pool private to one log (spares beside the log).
+    pub(crate) fn is_private(&self) -> bool {
+        self.inner.private
     }
 
     /// The options the pool was made with.
@@ -289,8 +323,11 @@ impl SegmentPool {
         }
         groups.insert(device, group);
         drop(groups);
-        for (path, class, generation) in incoming {
-            self.prepare_spare(device, &path, class, generation)?;
+        for (path, class, generation, size) in incoming {
+            if let Some(group) = lock(&self.inner.groups).get_mut(&device) {
+                group.incoming_bytes += size;
+            }
+            self.prepare_spare(device, &path, class, generation, size)?;
         }
         Ok(())
     }
@@ -315,7 +352,7 @@ impl SegmentPool {
     /// Scan a spares directory: queue valid `*.spare` and `*.incoming` files for their header
     /// rewrite with the next generation, delete everything else (a half-made file is never
     /// adopted).
-    fn adopt(&self, group: &mut Group) -> LogResult<Vec<(PathBuf, SizeClass, u16)>> {
+    fn adopt(&self, group: &mut Group) -> LogResult<Vec<(PathBuf, SizeClass, u16, u64)>> {
         let io = self.inner.io.as_ref();
         let names = io
             .read_dir(&group.dir)
@@ -342,14 +379,14 @@ impl SegmentPool {
                 // not. Those records carry the spare's generation; the next log to take it would
                 // write the same one and could adopt them, or see their claims as damage
                 // (issue 12, item 6; found by tests/power_loss.rs, taking spares).
-                Some(h) if name.ends_with(".spare") && h.kind == HeaderKind::Spare => {
-                    incoming.push((path, h.size_class, h.generation));
+                Some((h, len)) if name.ends_with(".spare") && h.kind == HeaderKind::Spare => {
+                    incoming.push((path, h.size_class, h.generation, len));
                 }
-                Some(h) if name.ends_with(".incoming") => {
+                Some((h, len)) if name.ends_with(".incoming") => {
                     // Bump past every generation the file may hold records of: a segment
                     // header's own generation, or a spare header that may have been taken and
                     // written to before the crash.
-                    incoming.push((path, h.size_class, h.generation));
+                    incoming.push((path, h.size_class, h.generation, len));
                 }
                 _ => {
                     tracing::warn!(path = %path.display(), "deleting an unusable file in the spares directory");
@@ -366,9 +403,10 @@ impl SegmentPool {
         Ok(incoming)
     }
 
-    /// The header of a would-be spare, if the file has exactly its class's size and a valid
-    /// header.
-    fn read_header(&self, path: &Path) -> LogResult<Option<SegmentHeader>> {
+    /// The header and length of a would-be spare, if the file has a valid header, the header
+    /// states its class's size and the file is no longer than that (files grow by preallocation
+    /// steps, so a shorter one is a segment that was handed back early in its life).
+    fn read_header(&self, path: &Path) -> LogResult<Option<(SegmentHeader, u64)>> {
         let io = self.inner.io.as_ref();
         let file = match io.open(path, OpenMode::Existing) {
             Ok(file) => file,
@@ -390,10 +428,10 @@ impl SegmentPool {
         let len = file
             .len()
             .map_err(|e| LogError::io("stat spare", path, e))?;
-        if header.segment_size_bytes != class_size || len != class_size {
+        if header.segment_size_bytes != class_size || len > class_size {
             return Ok(None);
         }
-        Ok(Some(header))
+        Ok(Some((header, len)))
     }
 
     /// A spare of `class` on the file system of `log_dir`, if the pool has one. The caller renames
@@ -401,9 +439,13 @@ impl SegmentPool {
     pub(crate) fn take(&self, log_dir: &Path, class: SizeClass) -> LogResult<Option<Spare>> {
         let device = self.device_of(log_dir)?;
         let mut groups = lock(&self.inner.groups);
-        let spare = groups
-            .get_mut(&device)
-            .and_then(|group| group.ready(class).pop());
+        // The longest spare first: a log that takes a spare is about to write, and a longer file
+        // spares it preallocation steps (and keeps busy logs on whole-size files).
+        let spare = groups.get_mut(&device).and_then(|group| {
+            let ready = group.ready(class);
+            let longest = (0..ready.len()).max_by_key(|&i| ready[i].size_bytes)?;
+            Some(ready.swap_remove(longest))
+        });
         drop(groups);
         let counter = match spare {
             Some(_) => &self.inner.counters.takes_from_pool,
@@ -413,20 +455,26 @@ impl SegmentPool {
         Ok(spare.map(|s| Spare {
             path: s.path,
             generation: s.generation,
+            size_bytes: s.size_bytes,
         }))
     }
 
-    /// A segment file at `path` that its log no longer needs, whose records carry `generation`.
-    /// It leaves the log's directory now (the caller syncs that directory afterwards); its header
-    /// is rewritten later, off the write path.
-    pub(crate) fn enter(&self, path: &Path, class: SizeClass, generation: u16) -> LogResult<()> {
+    /// A segment file at `path` that its log no longer needs, whose records carry `generation`
+    /// and whose length is `size` as far as the log knows (the spare is counted with its real
+    /// length once prepared). It leaves the log's directory now (the caller syncs that directory
+    /// afterwards); its header is rewritten later, off the write path.
+    pub(crate) fn enter(
+        &self,
+        path: &Path,
+        class: SizeClass,
+        generation: u16,
+        size: u64,
+    ) -> LogResult<()> {
         let log_dir = path.parent().unwrap_or(Path::new("."));
         let device = self.device_of(log_dir)?;
         let io = self.inner.io.as_ref();
-        let size = class.segment_size_bytes(self.inner.options.full_segment_size_bytes);
         let destination = {
             let mut groups = lock(&self.inner.groups);
-            let full = self.inner.options.full_segment_size_bytes;
             let group = groups
                 .get_mut(&device)
                 .ok_or_else(|| LogError::Invalid("pool group vanished".into()))?;
@@ -436,7 +484,7 @@ impl SegmentPool {
                     .retired_generation
                     .fetch_add(1, Ordering::Relaxed);
                 None
-            } else if group.spare_bytes(full) + size > group.budget_bytes {
+            } else if group.spare_bytes() + size > group.budget_bytes {
                 self.inner
                     .counters
                     .deleted_over_budget
@@ -461,6 +509,7 @@ impl SegmentPool {
             path: destination,
             class,
             generation,
+            size_bytes: size,
         })
     }
 
@@ -471,7 +520,9 @@ impl SegmentPool {
         let header = self.read_header(path)?;
         let log_dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
         match header {
-            Some(h) if h.size_class == class => self.enter(path, class, h.generation)?,
+            Some((h, len)) if h.size_class == class => {
+                self.enter(path, class, h.generation, len)?
+            }
             _ => self
                 .inner
                 .io
@@ -492,7 +543,13 @@ impl SegmentPool {
 
     fn submit(&self, job: Job) -> LogResult<()> {
         if !self.inner.options.background {
-            return self.prepare_spare(job.device, &job.path, job.class, job.generation);
+            return self.prepare_spare(
+                job.device,
+                &job.path,
+                job.class,
+                job.generation,
+                job.size_bytes,
+            );
         }
         lock(&self.inner.jobs).push(job);
         self.inner.jobs_ready.notify_one();
@@ -521,10 +578,11 @@ impl SegmentPool {
         path: &Path,
         class: SizeClass,
         generation: u16,
+        incoming_size: u64,
     ) -> LogResult<()> {
         let size = class.segment_size_bytes(self.inner.options.full_segment_size_bytes);
         let result = self.rewrite_header(device, path, class, generation, size);
-        self.forget_incoming(device, size);
+        self.forget_incoming(device, incoming_size);
         match result {
             Ok(ready) => {
                 let mut groups = lock(&self.inner.groups);
@@ -576,6 +634,10 @@ impl SegmentPool {
             .map_err(|e| LogError::io("write spare header", path, e))?;
         file.sync_data()
             .map_err(|e| LogError::io("sync spare", path, e))?;
+        // The real length, whatever the log thought: budgets and `release` count it.
+        let size_bytes = file
+            .len()
+            .map_err(|e| LogError::io("stat spare", path, e))?;
         let ready_path = {
             let mut groups = lock(&self.inner.groups);
             let group = groups
@@ -591,6 +653,7 @@ impl SegmentPool {
         Ok(ReadySpare {
             path: ready_path,
             generation: next_generation,
+            size_bytes,
         })
     }
 
@@ -615,19 +678,18 @@ impl SegmentPool {
     /// Delete spares on the file system `device` until at most `target_bytes` remain; returns the
     /// bytes deleted. Spares being prepared are not counted and not touched.
     pub fn release(&self, device: u64, target_bytes: u64) -> LogResult<u64> {
-        let full = self.inner.options.full_segment_size_bytes;
         let mut victims = Vec::new();
         let dir = {
             let mut groups = lock(&self.inner.groups);
             let Some(group) = groups.get_mut(&device) else {
                 return Ok(0);
             };
-            while group.spare_bytes(full) > target_bytes {
+            while group.spare_bytes() > target_bytes {
                 // Full spares first: they free the most per file.
                 if let Some(spare) = group.full.pop() {
-                    victims.push((spare.path, full));
+                    victims.push((spare.path, spare.size_bytes));
                 } else if let Some(spare) = group.small.pop() {
-                    victims.push((spare.path, SizeClass::Small.segment_size_bytes(full)));
+                    victims.push((spare.path, spare.size_bytes));
                 } else {
                     break;
                 }
@@ -658,10 +720,9 @@ impl SegmentPool {
     /// Spare bytes on the file system `device` (they count as free space: they can be deleted at
     /// once).
     pub fn spare_bytes(&self, device: u64) -> u64 {
-        let full = self.inner.options.full_segment_size_bytes;
         lock(&self.inner.groups)
             .get(&device)
-            .map_or(0, |group| group.spare_bytes(full))
+            .map_or(0, Group::spare_bytes)
     }
 
     /// Change the budget of every file system (`None`: the default rule). Spares above a lowered
@@ -686,7 +747,6 @@ impl SegmentPool {
 
     /// Per-file-system figures.
     pub fn filesystems(&self) -> Vec<FilesystemSpares> {
-        let full = self.inner.options.full_segment_size_bytes;
         let mut out: Vec<FilesystemSpares> = lock(&self.inner.groups)
             .values()
             .map(|group| FilesystemSpares {
@@ -694,7 +754,7 @@ impl SegmentPool {
                 spares_dir: group.dir.clone(),
                 full_count: group.full.len() as u64,
                 small_count: group.small.len() as u64,
-                spare_bytes: group.spare_bytes(full),
+                spare_bytes: group.spare_bytes(),
                 budget_bytes: group.budget_bytes,
             })
             .collect();
@@ -718,13 +778,38 @@ impl SegmentPool {
         }
     }
 
-    /// How long the commit threads of this pool's logs took for each sync since the pool was
+    /// Commit worker threads running for this pool's logs: at most
+    /// `commit_workers_per_filesystem` per file system the logs are on, however many logs there
+    /// are (started when needed, kept until the pool's last handle goes).
+    pub fn commit_threads(&self) -> usize {
+        self.inner.commit.threads()
+    }
+
+    /// The commit workers of the file system holding `log_dir` (or, while it does not exist
+    /// yet, its nearest existing ancestor), with one worker started at least.
+    pub(crate) fn commit_set(&self, log_dir: &Path) -> LogResult<Arc<WorkerSet>> {
+        let io = self.inner.io.as_ref();
+        let mut dir = log_dir;
+        let device = loop {
+            match io.device_id(dir) {
+                Ok(device) => break device,
+                Err(e) if e.is_not_found() => match dir.parent() {
+                    Some(parent) if !parent.as_os_str().is_empty() => dir = parent,
+                    _ => return Err(LogError::io("stat log directory", log_dir, e)),
+                },
+                Err(e) => return Err(LogError::io("stat log directory", log_dir, e)),
+            }
+        };
+        self.inner.commit.set_for(device)
+    }
+
+    /// How long the commit workers of this pool's logs took for each sync since the pool was
     /// created.
     pub fn sync_histogram(&self) -> SyncHistogramSnapshot {
         self.inner.syncs.snapshot()
     }
 
-    /// Count one sync of a log's commit thread.
+    /// Count one sync of a commit worker.
     pub(crate) fn record_sync(&self, elapsed: std::time::Duration) {
         self.inner.syncs.record(elapsed);
     }
@@ -772,7 +857,13 @@ fn worker(inner: Weak<Inner>) {
             let pool = SegmentPool {
                 inner: strong.clone(),
             };
-            let _ = pool.prepare_spare(job.device, &job.path, job.class, job.generation);
+            let _ = pool.prepare_spare(
+                job.device,
+                &job.path,
+                job.class,
+                job.generation,
+                job.size_bytes,
+            );
             // Through the jobs lock: `flush` checks under it and then waits, so a notice sent
             // between its check and its wait would be lost and it would wait for ever.
             drop(lock(&strong.jobs));

@@ -1,7 +1,13 @@
 //! Recovery: turning the files in a log directory back into a log when it is opened.
 //!
 //! The rules (docs/storage-format.md, "Recovery"):
-//! - scratch files (`*.seg.tmp`) are leftovers of a segment creation that never finished: removed;
+//! - a missing or empty directory is an empty log at offset 0 (logs create their directory and
+//!   first segment lazily, at the first append);
+//! - scratch files (`*.seg.tmp`, `anchor.tmp`) are leftovers of a creation that never finished:
+//!   removed;
+//! - an anchor (written by a hand-back) gives the next offset of a log without segments; with
+//!   segments, the segments win, and they must reach the anchor's offset (a hand-back
+//!   interrupted part way leaves a suffix of its segments, which still ends there);
 //! - a trailing segment whose valid header does not name its own base (a spare header, or another
 //!   log's base) was being taken from a pool when the node stopped: it is handed back to the pool;
 //! - every segment but the last is sealed: its records must run without a gap up to the next
@@ -10,7 +16,9 @@
 //!   offset mismatch), unless a later record in it shows that the data there had been reported
 //!   durable: that is corruption, reported with its location and never skipped.
 //!   Same-generation leftovers past the cut are zeroed, so that they can never line up with
-//!   records appended later.
+//!   records appended later;
+//! - a segment file may be shorter than its header's size (it grows by preallocation steps):
+//!   records end at the end of the file, and recovery never writes past it.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -18,13 +26,14 @@ use std::sync::Arc;
 
 use crate::error::{LogError, LogResult};
 use crate::format::{
-    check_record, HeaderKind, RecordFault, RecordHeader, SegmentHeader, FLAG_SEAL,
-    RECORD_GENERATION_OFFSET, RECORD_HEADER_SIZE, SEGMENT_HEADER_SIZE,
+    check_record, decode_anchor, HeaderKind, RecordFault, RecordHeader, SegmentHeader, ANCHOR_SIZE,
+    FLAG_SEAL, RECORD_GENERATION_OFFSET, RECORD_HEADER_SIZE, SEGMENT_HEADER_SIZE,
 };
 use crate::io::{Io, IoError, IoFile, OpenMode};
 use crate::pool::SegmentPool;
 use crate::segment::{
-    parse_segment_file_name, ChunkReader, IndexBuilder, Segment, READ_CHUNK_BYTES,
+    parse_segment_file_name, ChunkReader, IndexBuilder, Segment, ANCHOR_FILE_NAME,
+    ANCHOR_SCRATCH_FILE_NAME, READ_CHUNK_BYTES,
 };
 use crate::LogOptions;
 
@@ -39,6 +48,10 @@ pub(crate) struct Recovered {
     /// (see `Writer::start`). 0 when even the header is unproven; `None` when there is no
     /// segment.
     pub(crate) unproven_from: Option<u64>,
+    /// Where appends continue when there is no segment: the anchor's offset, or 0.
+    pub(crate) empty_next_offset: u64,
+    /// Whether the log directory exists (a log creates it with its first segment).
+    pub(crate) dir_exists: bool,
 }
 
 /// Why a segment scan stopped.
@@ -79,7 +92,16 @@ pub(crate) fn recover(
     pool: &SegmentPool,
     trust: Trust,
 ) -> LogResult<Recovered> {
-    let bases = list_segments(io, dir)?;
+    let Some(listing) = list_dir(io, dir)? else {
+        return Ok(Recovered {
+            segments: BTreeMap::new(),
+            zeroed_bytes: 0,
+            unproven_from: None,
+            empty_next_offset: 0,
+            dir_exists: false,
+        });
+    };
+    let bases = listing.bases;
     let mut opened: Vec<OpenedSegment> = Vec::new();
     // From the last segment back: trailing segments with a foreign header are handed back one
     // at a time; a foreign header anywhere else is corruption.
@@ -87,7 +109,9 @@ pub(crate) fn recover(
         let path = dir.join(crate::segment::segment_file_name(base));
         let trailing = opened.is_empty();
         match open_segment(io, &path, base, options)? {
-            Opened::Valid(file, header, cut) => opened.push((file, header, cut, path)),
+            Opened::Valid(file, header, cut, allocated) => {
+                opened.push((file, header, cut, allocated, path))
+            }
             Opened::Foreign(reason) if trailing => {
                 tracing::warn!(path = %path.display(), %reason, "returning a trailing segment that does not belong to this log");
                 pool.enter_foreign(&path, options.size_class)?;
@@ -100,13 +124,14 @@ pub(crate) fn recover(
     let mut zeroed_bytes = 0;
     let mut unproven_from = None;
     let count = opened.len();
-    for (i, (file, header, cut, path)) in opened.into_iter().enumerate() {
+    for (i, (file, header, cut, allocated, path)) in opened.into_iter().enumerate() {
         let mut segment = Segment::new(
             path,
             file,
             header.base_offset,
             header.generation,
             header.segment_size_bytes,
+            allocated,
         );
         let scan = scan_segment(&mut segment)?;
         // A segment that is not the last is sealed: whatever stopped its scan, the next
@@ -131,11 +156,43 @@ pub(crate) fn recover(
         }
         segments.insert(segment.base, segment);
     }
+    let empty_next_offset = match listing.anchor {
+        Some(anchor) => {
+            check_anchor(&dir.join(ANCHOR_FILE_NAME), anchor, &segments)?;
+            anchor
+        }
+        None => 0,
+    };
     Ok(Recovered {
         segments,
         zeroed_bytes,
         unproven_from,
+        empty_next_offset,
+        dir_exists: true,
     })
+}
+
+/// A hand-back makes its anchor durable before it removes any segment, lowest first: segments
+/// that survive it are a suffix of the log, which ends at the anchor's offset. Segments that end
+/// below it lost durable records.
+fn check_anchor(path: &Path, anchor: u64, segments: &BTreeMap<u64, Segment>) -> LogResult<()> {
+    let Some((_, last)) = segments.last_key_value() else {
+        return Ok(());
+    };
+    if last.next_offset >= anchor {
+        return Ok(());
+    }
+    Err(corrupt(
+        &last.path,
+        last.end_position,
+        last.next_offset,
+        format!(
+            "the log's records end at offset {} but its anchor ({}) says offsets below {anchor} \
+             were written: durable records are missing",
+            last.next_offset,
+            path.display()
+        ),
+    ))
 }
 
 /// The first byte of the last segment that no record's claim proves durable. A claim is written
@@ -154,17 +211,31 @@ fn unproven_position(segment: &Segment, claim: Option<u64>) -> LogResult<u64> {
     crate::reader::locate(segment, claim)
 }
 
-/// The base offsets of the segment files in `dir`, sorted; scratch files are removed.
-fn list_segments(io: &dyn Io, dir: &Path) -> LogResult<Vec<u64>> {
-    let names = io
-        .read_dir(dir)
-        .map_err(|e| LogError::io("list log directory", dir, e))?;
+/// What a log directory holds.
+struct Listing {
+    /// The base offsets of its segment files, sorted.
+    bases: Vec<u64>,
+    /// The next offset its anchor names, if it has one.
+    anchor: Option<u64>,
+}
+
+/// The segment files and the anchor in `dir`, or `None` if `dir` does not exist; scratch files
+/// are removed.
+fn list_dir(io: &dyn Io, dir: &Path) -> LogResult<Option<Listing>> {
+    let names = match io.read_dir(dir) {
+        Ok(names) => names,
+        Err(e) if e.is_not_found() => return Ok(None),
+        Err(e) => return Err(LogError::io("list log directory", dir, e)),
+    };
     let mut bases = Vec::new();
+    let mut anchor = None;
     let mut removed_scratch = false;
     for name in names {
         if let Some(base) = parse_segment_file_name(&name) {
             bases.push(base);
-        } else if name.ends_with(".seg.tmp") {
+        } else if name == ANCHOR_FILE_NAME {
+            anchor = Some(read_anchor(io, &dir.join(&name))?);
+        } else if name.ends_with(".seg.tmp") || name == ANCHOR_SCRATCH_FILE_NAME {
             let path = dir.join(&name);
             io.remove_file(&path)
                 .map_err(|e| LogError::io("remove scratch segment", &path, e))?;
@@ -176,15 +247,30 @@ fn list_segments(io: &dyn Io, dir: &Path) -> LogResult<Vec<u64>> {
             .map_err(|e| LogError::io("sync log directory", dir, e))?;
     }
     bases.sort_unstable();
-    Ok(bases)
+    Ok(Some(Listing { bases, anchor }))
 }
 
-/// A segment recovery keeps: its file, header, truncation mark and path.
-type OpenedSegment = (Arc<dyn IoFile>, SegmentHeader, Option<u64>, PathBuf);
+/// The next offset an anchor file names. A damaged anchor is an error: its offset cannot be
+/// guessed, and starting again at 0 would hand out offsets the log's readers have seen.
+fn read_anchor(io: &dyn Io, path: &Path) -> LogResult<u64> {
+    let file = io
+        .open(path, OpenMode::Existing)
+        .map_err(|e| LogError::io("open anchor", path, e))?;
+    let len = file
+        .len()
+        .map_err(|e| LogError::io("stat anchor", path, e))?;
+    let mut bytes = vec![0u8; usize::try_from(len.min(ANCHOR_SIZE as u64 + 1)).unwrap_or(0)];
+    file.read_exact_at(&mut bytes, 0)
+        .map_err(|e| LogError::io("read anchor", path, e))?;
+    decode_anchor(&bytes).map_err(|e| corrupt(path, 0, 0, format!("anchor: {e}")))
+}
+
+/// A segment recovery keeps: its file, header, truncation mark, file length and path.
+type OpenedSegment = (Arc<dyn IoFile>, SegmentHeader, Option<u64>, u64, PathBuf);
 
 enum Opened {
-    /// A segment of this log, with the truncation mark of its header.
-    Valid(Arc<dyn IoFile>, SegmentHeader, Option<u64>),
+    /// A segment of this log, with the truncation mark of its header and the file's length.
+    Valid(Arc<dyn IoFile>, SegmentHeader, Option<u64>, u64),
     /// A file that holds no record of this log: a spare header, another base, or too short to
     /// hold a header (a creation that never finished).
     Foreign(String),
@@ -219,7 +305,9 @@ fn open_segment(io: &dyn Io, path: &Path, base: u64, options: &LogOptions) -> Lo
     let file_len = file
         .len()
         .map_err(|e| LogError::io("stat segment", path, e))?;
-    if header.segment_size_bytes != expected_size || file_len < header.segment_size_bytes {
+    // The file may be shorter than the segment (preallocation steps; rule change 1.2) or, written
+    // by nothing this code does, longer: records never pass the segment size either way.
+    if header.segment_size_bytes != expected_size {
         return Err(corrupt(
             path,
             0,
@@ -231,18 +319,24 @@ fn open_segment(io: &dyn Io, path: &Path, base: u64, options: &LogOptions) -> Lo
             ),
         ));
     }
-    Ok(Opened::Valid(file, header, SegmentHeader::cut_mark(&bytes)))
+    Ok(Opened::Valid(
+        file,
+        header,
+        SegmentHeader::cut_mark(&bytes),
+        file_len,
+    ))
 }
 
 /// Walk the records of a segment from its start, filling in its extent and index.
 fn scan_segment(segment: &mut Segment) -> LogResult<Scan> {
-    let mut reader = ChunkReader::new(segment.file.clone(), segment.size_bytes, READ_CHUNK_BYTES);
+    let limit = segment.record_limit();
+    let mut reader = ChunkReader::new(segment.file.clone(), limit, READ_CHUNK_BYTES);
     let mut position = SEGMENT_HEADER_SIZE as u64;
     let mut expected = segment.base;
     let mut index = IndexBuilder::new(segment.base, None);
     let mut claim: Option<u64> = None;
     let stop = loop {
-        if position + RECORD_HEADER_SIZE as u64 > segment.size_bytes {
+        if position + RECORD_HEADER_SIZE as u64 > limit {
             break ScanStop::End;
         }
         let read_error = |e| LogError::io("read segment", segment.path.clone(), e);
@@ -253,7 +347,7 @@ fn scan_segment(segment: &mut Segment) -> LogResult<Scan> {
             window[4], window[5], window[6], window[7],
         ]));
         let total = RECORD_HEADER_SIZE as u64 + length;
-        if position + total > segment.size_bytes {
+        if position + total > limit {
             break ScanStop::Fault(RecordFault::TornLength);
         }
         let window = reader
@@ -344,7 +438,9 @@ fn settle_tail(
     // heal, append, crash: the old records were back behind the new one, and claimed).
     let zero_end = match trust {
         Trust::Reads => ahead.extent,
-        Trust::NothingPastTheEnd => segment.size_bytes.max(ahead.extent),
+        // Never past the end of the file: a segment never shrinks, so the disk holds nothing
+        // there, and writing there would allocate (and could fail for want of space).
+        Trust::NothingPastTheEnd => segment.record_limit().max(ahead.extent),
     };
     if zero_end <= look_from {
         return Ok(0);
@@ -390,7 +486,8 @@ struct LookAhead {
 /// Scan every byte position past the cut for valid records of this segment's generation. The
 /// generation comparison filters nearly every position before any checksum is computed.
 fn look_ahead(segment: &Segment, from: u64) -> LogResult<LookAhead> {
-    let mut reader = ChunkReader::new(segment.file.clone(), segment.size_bytes, READ_CHUNK_BYTES);
+    let limit = segment.record_limit();
+    let mut reader = ChunkReader::new(segment.file.clone(), limit, READ_CHUNK_BYTES);
     let mut ahead = LookAhead {
         claim: None,
         extent: from,
@@ -398,7 +495,7 @@ fn look_ahead(segment: &Segment, from: u64) -> LogResult<LookAhead> {
     let read_error = |e| LogError::io("read segment", segment.path.clone(), e);
     let generation = segment.generation.to_le_bytes();
     let mut position = from;
-    while position + RECORD_HEADER_SIZE as u64 <= segment.size_bytes {
+    while position + RECORD_HEADER_SIZE as u64 <= limit {
         let window = reader
             .window(position, RECORD_HEADER_SIZE)
             .map_err(read_error)?;
@@ -427,7 +524,7 @@ fn look_ahead(segment: &Segment, from: u64) -> LogResult<LookAhead> {
             .map_err(|_| corrupt(&segment.path, position, 0, "short window".into()))?;
         let header = RecordHeader::parse(header_bytes);
         let total = header.encoded_size();
-        if position + total > segment.size_bytes {
+        if position + total > limit {
             position += 1;
             continue;
         }

@@ -1,6 +1,7 @@
-//! `Segment`: what the log knows of one segment file in memory (its durable extent and a sparse
-//! index from offsets to byte positions), and `ChunkReader`, the buffered positional reader that
-//! recovery and readers use to walk a segment's records.
+//! `Segment`: what the log knows of one segment file in memory (its durable extent, its allocated
+//! length and a sparse index from offsets to byte positions), the preallocation steps a segment
+//! file grows by, and `ChunkReader`, the buffered positional reader that recovery and readers use
+//! to walk a segment's records.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -27,6 +28,49 @@ pub(crate) fn parse_segment_file_name(name: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
+/// The anchor of a log that handed its segments back: the next offset (`docs/storage-format.md`,
+/// "Anchor").
+pub(crate) const ANCHOR_FILE_NAME: &str = "anchor";
+
+/// The name an anchor has while it is being written; recovery deletes it.
+pub(crate) const ANCHOR_SCRATCH_FILE_NAME: &str = "anchor.tmp";
+
+/// The first preallocation step of a fresh segment file: an idle or small queue holds 64 KiB,
+/// not a whole segment (issue 13: 200 empty queues held 12.8 GB with 64 MiB preallocated each).
+pub(crate) const PREALLOCATION_FIRST_STEP_BYTES: u64 = 64 << 10;
+
+/// The largest preallocation step (see [`preallocation_step_max_bytes`]).
+pub(crate) const PREALLOCATION_STEP_MAX_BYTES: u64 = 4 << 20;
+
+/// The largest step for segments of `segment_size_bytes`: 4 MiB, or 1/16 of the segment if that
+/// is smaller, but never below the first step. Steps double up to it, so a small log wastes at
+/// most half of its file, and a busy one holds at most one step (4 MiB) ahead of its writer
+/// while a 64 MiB segment takes 22 `fallocate` calls: 64 KiB .. 4 MiB doubling (7), then 4 MiB
+/// at a time (15). The 1/16 keeps small segments (the metadata class, 8 MiB) growing in more than
+/// a couple of steps.
+pub(crate) fn preallocation_step_max_bytes(segment_size_bytes: u64) -> u64 {
+    PREALLOCATION_STEP_MAX_BYTES
+        .min(segment_size_bytes / 16)
+        .max(PREALLOCATION_FIRST_STEP_BYTES)
+}
+
+/// The length to preallocate a segment file to so that `needed` bytes fit, when it holds
+/// `allocated` now: the next step past `needed` (steps double from the first up to the maximum),
+/// never past the segment size. Returns `allocated` when `needed` fits already.
+pub(crate) fn preallocation_target(allocated: u64, needed: u64, segment_size_bytes: u64) -> u64 {
+    let needed = needed.min(segment_size_bytes);
+    if needed <= allocated {
+        return allocated;
+    }
+    let step_max = preallocation_step_max_bytes(segment_size_bytes);
+    let mut target = allocated;
+    while target < needed {
+        let step = target.clamp(PREALLOCATION_FIRST_STEP_BYTES, step_max);
+        target = target.saturating_add(step);
+    }
+    target.min(segment_size_bytes)
+}
+
 /// The name a fresh segment file has while it is being prepared; recovery deletes such files.
 pub(crate) fn scratch_file_name(base: u64) -> String {
     format!("{base:020}.seg.tmp")
@@ -46,7 +90,11 @@ pub(crate) struct Segment {
     pub(crate) file: Arc<dyn IoFile>,
     pub(crate) base: u64,
     pub(crate) generation: u16,
+    /// The segment's size from its header: records never pass it.
     pub(crate) size_bytes: u64,
+    /// The file's length: what it holds on disk (preallocated ahead of the records, at most
+    /// `size_bytes` for files this code writes; older files are `size_bytes` long).
+    pub(crate) allocated_bytes: u64,
     /// One past the last byte of the last durable record.
     pub(crate) end_position: u64,
     /// One past the offset of the last durable record (`base` when empty).
@@ -61,6 +109,7 @@ impl Segment {
         base: u64,
         generation: u16,
         size_bytes: u64,
+        allocated_bytes: u64,
     ) -> Segment {
         Segment {
             path,
@@ -68,6 +117,7 @@ impl Segment {
             base,
             generation,
             size_bytes,
+            allocated_bytes,
             end_position: SEGMENT_HEADER_SIZE as u64,
             next_offset: base,
             index: Vec::new(),
@@ -103,6 +153,12 @@ impl Segment {
 
     pub(crate) fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Where records of this segment can lie: the end of the file or the segment size, whichever
+    /// is smaller (bytes past the end of the file read as zeros: no record).
+    pub(crate) fn record_limit(&self) -> u64 {
+        self.allocated_bytes.min(self.size_bytes)
     }
 }
 
@@ -209,6 +265,28 @@ mod tests {
         );
         assert_eq!(parse_segment_file_name("42.seg"), None);
         assert_eq!(parse_segment_file_name(&scratch_file_name(1)), None);
+    }
+
+    #[test]
+    fn preallocation_steps_double_to_the_cap_and_stop_at_the_segment_size() {
+        let size = 64 << 20;
+        let mut allocated = 0;
+        let mut steps = Vec::new();
+        while allocated < size {
+            allocated = preallocation_target(allocated, allocated + 1, size);
+            steps.push(allocated);
+        }
+        assert_eq!(steps[..3], [64 << 10, 128 << 10, 256 << 10]);
+        assert_eq!(steps.len(), 22, "{steps:?}");
+        assert!(steps.windows(2).all(|w| w[1] - w[0] <= 4 << 20));
+        assert_eq!(preallocation_target(100, 50, size), 100);
+        // A large need skips steps; the segment size caps it.
+        assert_eq!(preallocation_target(64 << 10, 300 << 10, size), 512 << 10);
+        assert_eq!(preallocation_target(0, 1, 32 << 10), 32 << 10);
+        assert_eq!(preallocation_target(0, size + 1, size), size);
+        // Small segments: steps of at most 1/16, never below the first step.
+        assert_eq!(preallocation_step_max_bytes(8 << 20), 512 << 10);
+        assert_eq!(preallocation_step_max_bytes(256 << 10), 64 << 10);
     }
 
     #[test]

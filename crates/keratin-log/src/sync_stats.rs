@@ -1,4 +1,4 @@
-//! `SyncHistogram`: how long the commit threads' syncs (`sync_data` of segments, `sync_dir` of
+//! `SyncHistogram`: how long the commit workers' syncs (`sync_data` of segments, `sync_dir` of
 //! log directories) take, in fixed power-of-two buckets of atomics. Recording one sync is a few
 //! relaxed atomic adds and no allocation, so every sync is measured. The [`crate::SegmentPool`]
 //! holds one, shared by every log of a node; metrics read it with

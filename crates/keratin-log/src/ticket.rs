@@ -1,9 +1,10 @@
-//! `Ticket`: the answer to a request handed to the commit thread, waited for by blocking or by
+//! `Ticket`: the answer to a request handed to the commit workers, waited for by blocking or by
 //! `.await`.
 //!
-//! A small one-shot slot of our own rather than an async runtime's channel: the commit thread is
-//! a plain thread, and `Ticket::wait` must work anywhere — including inside an async runtime's
-//! worker (as `Log::close` and `Drop` do), where a runtime's blocking receive would panic.
+//! A small one-shot slot of our own rather than an async runtime's channel: a commit worker is a
+//! plain thread that answers directly (waking a task is cheap), and `Ticket::wait` must work
+//! anywhere — including inside an async runtime's worker (as `Log::close` and `Drop` do), where
+//! a runtime's blocking receive would panic.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -17,7 +18,7 @@ use crate::error::{LogError, LogResult};
 enum Slot<T> {
     Waiting(Option<Waker>),
     Ready(LogResult<T>),
-    /// The sender went away without answering (the commit thread exited).
+    /// The sender went away without answering (the log's writer is gone).
     Dropped,
     Taken,
 }
@@ -52,7 +53,7 @@ impl<T> Shared<T> {
     }
 }
 
-/// The sending half, held by the commit thread.
+/// The sending half, queued with the request.
 #[derive(Debug)]
 pub(crate) struct Reply<T> {
     shared: Option<Arc<Shared<T>>>,
@@ -75,7 +76,7 @@ impl<T> Drop for Reply<T> {
     }
 }
 
-/// A request's outcome, delivered by the commit thread once the disk has answered. For an
+/// A request's outcome, delivered by a commit worker once the disk has answered. For an
 /// append it resolves only after the `fdatasync` that covers the records.
 #[derive(Debug)]
 pub struct Ticket<T> {

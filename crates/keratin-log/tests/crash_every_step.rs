@@ -1,13 +1,18 @@
 //! Crash at every step, fail at every step: one appender runs a fixed workload (appends of varied
 //! sizes and multi-record batches, automatic and explicit rolls, a truncation inside a segment
-//! and one at a segment boundary, a prefix removal, a clean close) on the simulated disk. Its
+//! and one at a segment boundary, a prefix removal, hand-backs of every segment, one with
+//! appends queued before and after it, and a clean close) on the simulated disk. The log starts
+//! without a directory (lazy creation at the first append); its segment files grow by
+//! preallocation steps (64, 128, 192, 256 KiB) and roll; after a hand-back the next append
+//! creates a segment at the anchor's offset, and the workload ends handed back. Its
 //! sequence of `Io` calls is deterministic, so the test first counts the calls, then replays the
 //! workload once per call index `k`:
 //!
 //! - with a power loss right after call `k`: the log must reopen, every acknowledged record that
 //!   no acknowledged truncation or prefix removal took away must read back byte for byte, every
 //!   record that reads back must be one that was written at that offset (and not removed by an
-//!   acknowledged truncation), the offsets must run without a gap, and the log must take a new
+//!   acknowledged truncation), the offsets must run without a gap, the next offset must not be
+//!   below the end of what was acknowledged (a hand-back keeps it), and the log must take a new
 //!   append and reopen again;
 //! - with call `k` failing with `EIO`: the log stops (every later append gets `Stopped`, durable
 //!   records still read), `heal()` (or a reopen when `open` itself failed) brings back every
@@ -25,8 +30,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
+use common::gate::{Gate, GatedIo};
 use common::{payload, read_all, record, small_options};
-use keratin_log::{Io, Log, LogError, PoolOptions, SegmentPool, SimFault, SimIo};
+use keratin_log::{Io, Log, LogError, PoolOptions, SegmentPool, SimFault, SimIo, Ticket};
 
 const DIR: &str = "/sim/log";
 
@@ -43,6 +49,11 @@ enum Step {
     TruncateAtBoundary,
     /// Remove the first segment (cut just past the second segment's base).
     RemovePrefix,
+    /// Hand every segment back to the pool.
+    HandBack,
+    /// One append held in its sync, then two appends, a hand-back and one more append queued
+    /// behind it: the commit path takes the last four in one round.
+    HandBackWithPending,
     /// Close the log.
     Close,
 }
@@ -77,6 +88,11 @@ fn workload() -> Vec<Step> {
     steps.extend(appends(116, 4));
     steps.push(Step::RemovePrefix);
     steps.extend(appends(120, 4));
+    steps.push(Step::HandBack);
+    steps.extend(appends(124, 3));
+    steps.push(Step::HandBackWithPending);
+    steps.extend(appends(127, 2));
+    steps.push(Step::HandBack);
     steps.push(Step::Close);
     steps
 }
@@ -86,6 +102,8 @@ fn workload() -> Vec<Step> {
 enum InFlight {
     Truncate(u64),
     RemovePrefix(u64),
+    /// A hand-back: a crash may leave its segments, a suffix of them, or none.
+    HandBack,
 }
 
 /// What the appender knows: what must read back, and what may.
@@ -98,6 +116,9 @@ struct Tracker {
     /// The start offset after the last acknowledged prefix removal: removed segments must not
     /// come back.
     start_floor: u64,
+    /// One past the last acknowledged offset (an acknowledged truncation lowers it): the next
+    /// offset of a recovered log is never below it.
+    next_floor: u64,
     /// Version stamped into the next payloads, so that rewrites of an offset differ.
     version: u32,
     in_flight: Option<InFlight>,
@@ -112,14 +133,31 @@ impl Tracker {
         match self.in_flight {
             Some(InFlight::Truncate(offset)) => required.retain(|o, _| *o < offset),
             Some(InFlight::RemovePrefix(before)) => required.retain(|o, _| *o >= before),
+            Some(InFlight::HandBack) => required.clear(),
             None => {}
         }
         required
     }
 
+    /// The lowest next offset a recovered log may have.
+    fn next_floor(&self) -> u64 {
+        match self.in_flight {
+            Some(InFlight::Truncate(offset)) => self.next_floor.min(offset),
+            _ => self.next_floor,
+        }
+    }
+
     fn truncated(&mut self, offset: u64) {
         self.acked.retain(|o, _| *o < offset);
         self.allowed.retain(|o, _| *o < offset);
+        self.next_floor = offset;
+    }
+
+    /// An acknowledged hand-back: nothing is held, the offsets go on.
+    fn handed_back(&mut self, log: &Log) {
+        self.acked.clear();
+        self.start_floor = log.start_offset();
+        self.in_flight = None;
     }
 
     /// After a recovery, exactly what the log holds is durable: it becomes the new truth.
@@ -134,11 +172,18 @@ impl Tracker {
             .map(|r| (r.offset, vec![r.payload]))
             .collect();
         self.start_floor = log.start_offset();
+        self.next_floor = log.next_offset();
         self.in_flight = None;
     }
 
     /// Append one batch and wait; the acknowledged records become required.
     fn append(&mut self, log: &Log, lengths: &[usize]) -> Result<(), LogError> {
+        let submitted = self.submit(log, lengths)?;
+        self.confirm(submitted)
+    }
+
+    /// Submit one batch without waiting.
+    fn submit(&mut self, log: &Log, lengths: &[usize]) -> Result<Submitted, LogError> {
         self.version += 1;
         let first = log.next_offset();
         let bodies: Vec<Vec<u8>> = lengths
@@ -151,13 +196,65 @@ impl Tracker {
             allowed.push(body.clone());
         }
         let records: Vec<_> = bodies.iter().map(|b| record(b)).collect();
-        let offsets = log.append(&records)?.wait()?;
+        let ticket = log.append(&records)?;
+        Ok(Submitted {
+            ticket,
+            first,
+            bodies,
+        })
+    }
+
+    /// Wait for a submitted batch; once acknowledged, its records are required.
+    fn confirm(&mut self, submitted: Submitted) -> Result<(), LogError> {
+        let Submitted {
+            ticket,
+            first,
+            bodies,
+        } = submitted;
+        let offsets = ticket.wait()?;
         assert_eq!(offsets, first..first + bodies.len() as u64);
+        self.next_floor = self.next_floor.max(offsets.end);
         for (i, body) in bodies.into_iter().enumerate() {
             self.acked.insert(first + i as u64, body);
         }
         Ok(())
     }
+
+    /// A hand-back with appends queued before and after it (see [`Step::HandBackWithPending`]).
+    fn hand_back_with_pending(&mut self, log: &Log, gate: &Gate) -> Result<(), LogError> {
+        gate.close();
+        let result = self.hand_back_with_pending_gated(log, gate);
+        gate.open();
+        result
+    }
+
+    fn hand_back_with_pending_gated(&mut self, log: &Log, gate: &Gate) -> Result<(), LogError> {
+        let held = self.submit(log, &[900])?;
+        // A failure before the sync stops the log instead: nothing is held then.
+        let limit = std::time::Duration::from_secs(10);
+        if !gate.wait_for_held_sync(limit, || log.stopped().is_some()) {
+            gate.open();
+            return self.confirm(held).and(Err(log.stopped().expect("stopped")));
+        }
+        let before = self.submit(log, &[1_500, 20]);
+        let hand_back = log.hand_back();
+        let after = self.submit(log, &[700]);
+        gate.open();
+        self.confirm(held)?;
+        self.confirm(before?)?;
+        let hand_back = hand_back?;
+        self.in_flight = Some(InFlight::HandBack);
+        hand_back.wait()?;
+        self.handed_back(log);
+        self.confirm(after?)
+    }
+}
+
+/// A batch submitted and not yet acknowledged.
+struct Submitted {
+    ticket: Ticket<std::ops::Range<u64>>,
+    first: u64,
+    bodies: Vec<Vec<u8>>,
 }
 
 /// How a run of the workload ended.
@@ -171,7 +268,14 @@ struct Run {
 /// Open the log with a pool that rewrites spare headers inline: a background worker would make
 /// the sequence of `Io` calls depend on thread timing.
 fn open(io: &SimIo) -> Result<Log, LogError> {
-    let io: Arc<dyn Io> = Arc::new(io.clone());
+    open_gated(io, Arc::new(Gate::default()))
+}
+
+fn open_gated(io: &SimIo, gate: Arc<Gate>) -> Result<Log, LogError> {
+    let io: Arc<dyn Io> = Arc::new(GatedIo {
+        inner: io.clone(),
+        gate,
+    });
     let options = small_options();
     let pool = SegmentPool::new(
         io.clone(),
@@ -179,6 +283,7 @@ fn open(io: &SimIo) -> Result<Log, LogError> {
             full_segment_size_bytes: options.full_segment_size_bytes,
             budget_bytes: Some(4 * options.full_segment_size_bytes),
             background: false,
+            ..PoolOptions::default()
         },
     );
     Log::open(io, Path::new(DIR), options, Some(pool))
@@ -186,7 +291,8 @@ fn open(io: &SimIo) -> Result<Log, LogError> {
 
 /// Run the workload until its first error.
 fn run(io: &SimIo, tracker: &mut Tracker) -> Run {
-    let log = match open(io) {
+    let gate = Arc::new(Gate::default());
+    let log = match open_gated(io, gate.clone()) {
         Ok(log) => log,
         Err(e) => {
             return Run {
@@ -239,6 +345,20 @@ fn run(io: &SimIo, tracker: &mut Tracker) -> Run {
                 }
                 result.map(|_| ())
             }
+            Step::HandBack => {
+                tracker.in_flight = Some(InFlight::HandBack);
+                let result = log.hand_back().and_then(|t| t.wait());
+                if let Ok(removed) = &result {
+                    assert!(
+                        removed.segments >= 1,
+                        "the workload hands back a written log"
+                    );
+                    assert_eq!(log.disk_bytes(), 0);
+                    tracker.handed_back(&log);
+                }
+                result.map(|_| ())
+            }
+            Step::HandBackWithPending => tracker.hand_back_with_pending(&log, &gate),
             Step::Close => {
                 // A failed idle-seal write after the last group stops the log while that group
                 // is answered as durable (it is): the stop shows in `stopped()`, and closing a
@@ -279,6 +399,12 @@ fn verify(log: &Log, tracker: &Tracker, context: &str) {
         start >= tracker.start_floor,
         "{context}: start {start} is below {}: removed segments came back",
         tracker.start_floor
+    );
+    assert!(
+        log.next_offset() >= tracker.next_floor(),
+        "{context}: next offset {} is below {}: acknowledged offsets would be handed out again",
+        log.next_offset(),
+        tracker.next_floor()
     );
     let records = read_all(log, context);
     for record in &records {
@@ -431,6 +557,17 @@ fn crash_after_every_call_and_reopen() {
 
 #[test]
 fn fail_every_call_with_eio_then_heal() {
+    fail_every_call_then_heal(SimFault::Eio, "EIO");
+}
+
+/// `ENOSPC` at every call: at a preallocation step, a segment creation, an anchor, a rename...
+/// The log stops as for `EIO` (nothing retried in place) and heals once space is back.
+#[test]
+fn fail_every_call_with_no_space_then_heal() {
+    fail_every_call_then_heal(SimFault::NoSpace, "ENOSPC");
+}
+
+fn fail_every_call_then_heal(fault: SimFault, name: &str) {
     let started = Instant::now();
     let base = base_seed();
     let total = count_steps(base);
@@ -439,10 +576,10 @@ fn fail_every_call_with_eio_then_heal() {
     for k in steps_to_try(total) {
         let seed = sim_seed(base, k);
         let io = SimIo::new(seed);
-        io.fail_at(k, SimFault::Eio);
+        io.fail_at(k, fault);
         let mut tracker = Tracker::default();
         let run = run(&io, &mut tracker);
-        let context = context("EIO", k, base, &run.error);
+        let context = context(name, k, base, &run.error);
         let error = run.error.as_ref().map(|(_, e)| e.clone());
         let log = match (run.log, error) {
             (Some(log), Some(error)) => {
@@ -467,7 +604,10 @@ fn fail_every_call_with_eio_then_heal() {
         let log = open(&io).unwrap_or_else(|e| panic!("{context}: open after heal+crash: {e}"));
         verify(&log, &tracker, &format!("{context}, healed then crashed"));
     }
-    eprintln!("healed {healed} stopped logs in {:?}", started.elapsed());
+    eprintln!(
+        "{name}: healed {healed} stopped logs in {:?}",
+        started.elapsed()
+    );
     assert!(healed > 0);
 }
 

@@ -518,6 +518,7 @@ fn pool_segment_whose_first_sync_failed_keeps_later_acknowledged_records() {
             full_segment_size_bytes: small_options().full_segment_size_bytes,
             budget_bytes: None,
             background: false,
+            ..keratin_log::PoolOptions::default()
         },
     );
     pool.add_storage_dir(&root).expect("pool");
@@ -554,6 +555,7 @@ fn pool_segment_whose_first_sync_failed_keeps_later_acknowledged_records() {
             full_segment_size_bytes: small_options().full_segment_size_bytes,
             budget_bytes: None,
             background: false,
+            ..keratin_log::PoolOptions::default()
         },
     );
     pool.add_storage_dir(&root)

@@ -231,6 +231,8 @@ enum Op {
     /// Remove the prefix below an offset picked from the log's range.
     RemovePrefix(u64),
     Roll,
+    /// Hand every segment back to the pool: the model keeps its end and holds nothing.
+    HandBack,
     Reopen,
 }
 
@@ -242,6 +244,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<u64>().prop_map(Op::Truncate),
         1 => any::<u64>().prop_map(Op::RemovePrefix),
         1 => Just(Op::Roll),
+        1 => Just(Op::HandBack),
         1 => Just(Op::Reopen),
     ]
 }
@@ -314,6 +317,12 @@ fn apply(log: &Log, model: &mut Model, op: &Op) {
             let bases: Vec<u64> = log.stats().segments.iter().map(|s| s.base_offset).collect();
             // Whole segments whose successor starts at or below `before`; never the last.
             let removed = bases.windows(2).filter(|w| w[1] <= before).count();
+            if bases.is_empty() {
+                // A log that was never written holds no segment: nothing to remove.
+                let done = log.remove_prefix(before).expect("submit").wait();
+                assert_eq!(done.expect("remove prefix").segments, 0);
+                return;
+            }
             let done = log
                 .remove_prefix(before)
                 .expect("submit")
@@ -325,6 +334,15 @@ fn apply(log: &Log, model: &mut Model, op: &Op) {
             model.start = new_start;
         }
         Op::Roll => log.roll().expect("submit").wait().expect("roll"),
+        Op::HandBack => {
+            let segments = log.stats().segments.len();
+            let done = log.hand_back().expect("submit").wait().expect("hand back");
+            assert_eq!(done.segments, segments);
+            assert_eq!(log.disk_bytes(), 0);
+            assert_eq!(log.tail_room_bytes(), 0);
+            model.start = model.end();
+            model.records.clear();
+        }
         // The caller closes and reopens the log.
         Op::Reopen => {}
     }

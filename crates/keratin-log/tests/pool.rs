@@ -27,6 +27,7 @@ fn pool_options(budget_bytes: Option<u64>) -> PoolOptions {
         full_segment_size_bytes: SEGMENT,
         budget_bytes,
         background: false,
+        ..PoolOptions::default()
     }
 }
 
@@ -66,6 +67,12 @@ fn reused_file_with_exactly_continuing_offsets_is_never_accepted() {
     // Log B's first segment (base 0) is A's old file: its leftovers are offsets 0, 1, 2, ...
     // with valid checksums, exactly continuing B's base.
     let b = Log::open(io.clone(), &root.join("b"), options(), Some(pool.clone())).expect("open b");
+    assert_eq!(
+        b.stats().segments.len(),
+        0,
+        "a log takes its first segment lazily"
+    );
+    fill(&b, 0, 3, 9, 10);
     assert!(
         pool.counters().takes_from_pool >= 1,
         "{:?}",
@@ -76,8 +83,7 @@ fn reused_file_with_exactly_continuing_offsets_is_never_accepted() {
         stats.segments[0].generation, 2,
         "a reused file has the next generation"
     );
-    assert_eq!(b.next_offset(), 0, "no leftover record of A is part of B");
-    fill(&b, 0, 3, 9, 10);
+    assert_eq!(b.next_offset(), 3, "no leftover record of A is part of B");
     drop(b);
     // Crash: B reopens from what is durable; A's leftovers after B's three records stay out.
     let sim = sim.restart();
@@ -136,6 +142,7 @@ fn default_budget_is_two_percent_capped_at_one_gib() {
             full_segment_size_bytes: SEGMENT,
             budget_bytes: None,
             background: false,
+            ..PoolOptions::default()
         },
     );
     pool.add_storage_dir(&root).expect("add");
@@ -269,11 +276,12 @@ fn generation_is_retired_before_it_wraps_and_bad_spares_are_never_adopted() {
         SEGMENT,
     );
     write_spare(&io, &spares.join("full-0000000000000002.spare"), 5, 0);
+    // Longer than its class's size: never written by a log (files grow up to the size).
     write_spare(
         &io,
         &spares.join("full-0000000000000003.spare"),
         5,
-        SEGMENT - 4096,
+        SEGMENT + 4096,
     );
     write_spare(&io, &spares.join("junk.tmp"), 5, SEGMENT);
     let pool = SegmentPool::new(io.clone(), pool_options(None));
@@ -285,14 +293,14 @@ fn generation_is_retired_before_it_wraps_and_bad_spares_are_never_adopted() {
     );
     // Use 65,534: the log takes the spare.
     let log = Log::open(io.clone(), &root.join("q"), options(), Some(pool.clone())).expect("open");
-    assert_eq!(log.stats().segments[0].generation, 65_534);
     fill(&log, 0, 300, 0, 1000);
+    assert_eq!(log.stats().segments[0].generation, 65_534);
     log.remove_prefix(u64::MAX).expect("rm").wait().expect("rm");
     // Use 65,535: it comes back once more...
     let log2 = Log::open(io.clone(), &root.join("r"), options(), Some(pool.clone())).expect("open");
+    fill(&log2, 0, 300, 0, 1000);
     assert_eq!(log2.stats().segments[0].generation, 65_535);
     assert_eq!(pool.counters().retired_generation, 0);
-    fill(&log2, 0, 300, 0, 1000);
     log2.remove_prefix(u64::MAX)
         .expect("rm")
         .wait()
@@ -346,6 +354,7 @@ fn background_worker_prepares_spares() {
             full_segment_size_bytes: SEGMENT,
             budget_bytes: None,
             background: true,
+            ..PoolOptions::default()
         },
     );
     pool.add_storage_dir(Path::new("/bg")).expect("add");

@@ -1,7 +1,9 @@
 //! Crash at every step with power loss, over the moments where fsync ordering matters most:
 //! taking spares after segments have entered the pool, rolls (fresh files and spares, on their own
-//! mid-batch and explicit), a failed sync followed by a heal or a process restart, and a second
-//! power loss at every step of the recovery that follows a first one.
+//! mid-batch and explicit), hand-backs (anchor, segments to the pool, the next append at the
+//! anchor's offset from a short spare, a reopen after a hand-back), a failed sync followed by a
+//! heal or a process restart, and a second power loss at every step of the recovery that follows
+//! a first one.
 //!
 //! `SimIo` crashes are power losses: every write, create and rename not covered by a completed
 //! sync (`sync_data` for data, `sync_dir` for names) may be lost, torn by sector, and a failed
@@ -11,6 +13,7 @@
 //!
 //! - every acknowledged record not removed by an acknowledged request reads back byte for byte;
 //! - every record that reads back is one that was written at its offset, in that log;
+//! - the next offset is not below the end of what was acknowledged (a hand-back keeps it);
 //! - the log takes a new append and reopens with it;
 //! - no ready spare holds a valid record of its own generation (the next log to take it could
 //!   adopt it, or see a false `Corrupt`).
@@ -60,6 +63,7 @@ fn node_pool(io: &Arc<dyn Io>) -> Result<SegmentPool, LogError> {
             full_segment_size_bytes: SEGMENT,
             budget_bytes: Some(8 * SEGMENT),
             background: false,
+            ..PoolOptions::default()
         },
     );
     pool.add_storage_dir(root)?;
@@ -83,6 +87,8 @@ struct Model {
     required: BTreeMap<String, BTreeMap<u64, Vec<u8>>>,
     /// Log name → versions whose payloads may appear.
     versions: BTreeMap<String, Vec<u32>>,
+    /// Log name → one past its last acknowledged offset: its next offset never goes below.
+    next_floor: BTreeMap<String, u64>,
 }
 
 impl Model {
@@ -108,10 +114,22 @@ impl Model {
         let records: Vec<_> = bodies.iter().map(|b| record(b)).collect();
         let offsets = log.append(&records)?.wait()?;
         assert_eq!(offsets, first..first + bodies.len() as u64);
+        let floor = self.next_floor.entry(name.into()).or_default();
+        *floor = (*floor).max(offsets.end);
         let required = self.required.entry(name.into()).or_default();
         for (i, body) in bodies.into_iter().enumerate() {
             required.insert(first + i as u64, body);
         }
+        Ok(())
+    }
+
+    /// Hand every segment of `log` back: its records may go from the moment it is asked for;
+    /// its offsets stay.
+    fn hand_back(&mut self, log: &Log, name: &str) -> Result<(), LogError> {
+        self.removing_prefix(name, u64::MAX);
+        let removed = log.hand_back()?.wait()?;
+        assert!(removed.segments >= 1);
+        assert_eq!(log.disk_bytes(), 0);
         Ok(())
     }
 
@@ -127,6 +145,12 @@ impl Model {
 /// that was written there, and offsets run without a gap.
 fn verify_log(log: &Log, model: &Model, name: &str, context: &str) {
     assert!(log.stopped().is_none(), "{context}: {name} is stopped");
+    let floor = model.next_floor.get(name).copied().unwrap_or(0);
+    assert!(
+        log.next_offset() >= floor,
+        "{context}: {name}: next offset {} is below the acknowledged end {floor}",
+        log.next_offset()
+    );
     let start = log.start_offset();
     let mut held = BTreeMap::new();
     for (i, result) in log.reader(start).enumerate() {
@@ -385,6 +409,58 @@ fn rolls_workload(sim: &SimIo, model: &mut Model, logs: &mut OpenLogs) -> Result
 #[test]
 fn power_loss_at_every_step_of_rolls() {
     crash_sweep("rolls", 0x726f_6c6c, 2, rolls_workload, &["r"]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hand-backs: lazy creation, growth through every preallocation step and a roll, a hand-back
+// (anchor, then every segment to the pool), the next append at the anchor's offset (a short
+// spare taken from the pool), a hand-back then a reopen, a second hand-back replacing the anchor.
+
+fn hand_back_workload(sim: &SimIo, model: &mut Model, logs: &mut OpenLogs) -> Result<(), LogError> {
+    let io: Arc<dyn Io> = Arc::new(sim.clone());
+    let pool = node_pool(&io)?;
+    logs.push(("h".into(), open_log(&io, &pool, "h")?));
+    logs.push(("k".into(), open_log(&io, &pool, "k")?));
+    let h = log_of(logs, "h");
+    for _ in 0..10 {
+        // 64, 128, 192, 256 KiB, then a roll into a fresh file.
+        model.append(h, "h", 1, &[30_000])?;
+    }
+    model.hand_back(h, "h")?;
+    model.append(h, "h", 2, &[5_000, 40])?;
+    let k = log_of(logs, "k");
+    model.append(k, "k", 3, &[20_000])?;
+    model.hand_back(k, "k")?;
+    close_log(logs, "k")?;
+    logs.push(("k".into(), open_log(&io, &pool, "k")?));
+    let k = log_of(logs, "k");
+    model.append(k, "k", 4, &[300])?;
+    let h = log_of(logs, "h");
+    model.hand_back(h, "h")?;
+    close_log(logs, "h")?;
+    close_log(logs, "k")?;
+    Ok(())
+}
+
+#[test]
+fn power_loss_at_every_step_of_hand_backs() {
+    crash_sweep(
+        "hand-backs",
+        0x6861_6e64,
+        2,
+        hand_back_workload,
+        &["h", "k"],
+    );
+}
+
+#[test]
+fn eio_at_every_step_of_hand_backs_then_heal_or_restart_then_power_loss() {
+    eio_sweep(
+        "hand-backs, EIO, heal, reopen",
+        0x6b65_6570,
+        hand_back_workload,
+        &["h", "k"],
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 //! Deleting and purging work at every disk level, reserve included, against the real binary on
 //! a 128 MiB tmpfs (root only; see `support::privileged`): another program fills the file system
-//! to 100% while a queue is being published to, its partition's log stops at a roll, the node
+//! to 100% while a queue is being published to, its partition's log stops at a roll or a
+//! preallocation step (or at its first segment, which it creates lazily), the node
 //! goes to reserve; then a purge of that stopped queue and the deletion of it and of another
 //! queue must succeed, and free the space they held. A failure means an operation that frees
 //! space was refused because the disk was full.
@@ -109,11 +110,14 @@ async fn purge_and_delete_work_at_reserve_after_an_outside_fill() {
     // free can lift the level before the next line runs (CI saw `soft`).
     let queues = client.list().await.expect("list");
     assert!(queues.is_empty(), "{queues:?}");
-    // The deleted segments went to the pool; at reserve the sampler deletes spares.
+    // The deleted segments went to the pool; at reserve the sampler deletes spares. Segment
+    // files grow by preallocation steps and a log creates its first segment at its first
+    // append (issue 13): `other` holds its 100 records of 16 KiB (about 1.6 MiB allocated) and
+    // `full` nothing (its first segment could not be allocated), so at least 1 MiB comes back.
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let (free, _) = free_and_total(&data);
-        if free >= free_before + (4 << 20) {
+        if free >= free_before + (1 << 20) {
             break;
         }
         assert!(
