@@ -294,8 +294,8 @@ async fn measure_costs() {
     const CONNECTIONS: u64 = 200;
     const CONSUMERS: u64 = 1_000;
     let tmp = tempfile::tempdir().expect("tmp");
-    // Small segments while logs preallocate their first segment at open (64 MiB each would
-    // fill the disk); the figure is memory, which the segment size does not change.
+    // Small segments: the figure is memory, which the segment size does not change, and a
+    // log that did preallocate at open would not fill the disk.
     let server = start(
         &tmp.path().join("data"),
         &[("KERATIN_STORAGE__SEGMENT_BYTES", "262144")],
