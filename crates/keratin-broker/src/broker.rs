@@ -10,10 +10,11 @@ use keratin_log::{Io, Log, LogOptions, PoolOptions, RealIo, SegmentPool};
 use tokio::sync::{mpsc, Mutex};
 
 use crate::byte_budget::ByteBudget;
-use crate::consumer::{Consumer, ConsumerLink, Credit, SubscribeOptions};
+use crate::claims::{Claim, Claims};
+use crate::consumer::{Consumer, ConsumerLink, ConsumerSlot, Credit, SubscribeOptions};
 use crate::error::{BrokerError, BrokerResult};
 use crate::gate::{OpenGate, PublishGate};
-use crate::meta::{Meta, MetaFigures, MetaRecord, QueueDecl};
+use crate::meta::{Catalog, MetaFigures, MetaLog, MetaRecord, QueueDecl};
 use crate::partition::owner::{self, rebuild, Command, OwnerContext};
 use crate::partition::state::PartitionState;
 use crate::queue::{validate_queue_name, DeadLetterFailure, Queue, QueueSettings};
@@ -41,12 +42,29 @@ pub const MAX_PREFETCH: u32 = 65_535;
 /// to keep every consumer busy; a server lowers it to fit its memory limit.
 pub const DELIVERY_BYTES_DEFAULT: u64 = 64 << 20;
 
-/// Default bound on the partitions of all queues of a node. Each partition has an owner task, a
-/// log with its own commit thread and segment files, and while busy up to about 4 MiB of
-/// buffers (three commit buffers kept at 1 MiB, a 1 MiB read chunk while delivering): 4,096
-/// partitions are 4,096 threads, well inside a process's usual thread limit, and a client that
-/// declares queues in a loop meets a clear refusal instead of the thread limit.
-pub const PARTITIONS_MAX_DEFAULT: u32 = 4096;
+/// Default bound on the partitions of all queues of a node (`server.partitions_max`): 10,000
+/// single-partition queues fit with room for some partitioned ones. An idle partition costs an
+/// owner task, its log's in-memory index and, once it holds messages, an open segment file
+/// (`docs/configuration.md` has the measured memory per queue); a client that declares queues
+/// in a loop meets a clear refusal (409) instead of the memory or descriptor limit.
+pub const PARTITIONS_MAX_DEFAULT: u32 = 16_384;
+
+/// Default bound on the queues of a node (`server.queues_max`): RabbitMQ and NATS users run
+/// thousands to tens of thousands per node; past 10,000 the declare is refused with 409.
+pub const QUEUES_MAX_DEFAULT: u32 = 10_000;
+
+/// Default bound on the consumers of a node over all connections (`server.consumers_max`):
+/// each holds a delivery channel, a link in every partition of its queue and, on a connection,
+/// a forwarding task; past it a subscribe is refused with 429 `consumers`.
+pub const CONSUMERS_MAX_DEFAULT: u32 = 16_384;
+
+/// How long a client refused by `consumers_max` is told to wait: consumers come and go with
+/// connections, so a second is a fair first retry.
+const CONSUMERS_RETRY_AFTER_MS: u32 = 1_000;
+
+/// Queue logs opened at once when a node starts: opening is disk-bound (reads of each log's
+/// tail), so a few in parallel keep the disk busy without taking the whole blocking pool.
+const OPEN_PARALLEL: usize = 8;
 
 /// Default publish timeout: the Keratin client's default `publish_timeout` (30 s).
 pub const PUBLISH_TIMEOUT_DEFAULT: std::time::Duration = std::time::Duration::from_secs(30);
@@ -74,7 +92,7 @@ pub struct BrokerConfig {
     /// Node-wide bound on delivery bytes held in memory ([`DELIVERY_BYTES_DEFAULT`]).
     pub delivery_bytes_max: u64,
     /// Most partitions over all queues ([`PARTITIONS_MAX_DEFAULT`]); a declare past it is
-    /// refused.
+    /// refused ([`BrokerError::NodeFull`]).
     pub partitions_max: u32,
     /// A publish not confirmed within this is answered [`BrokerError::TimedOut`] (outcome
     /// unknown) instead of waiting for a stalled disk ([`PUBLISH_TIMEOUT_DEFAULT`]).
@@ -82,6 +100,12 @@ pub struct BrokerConfig {
     /// A partition that holds nothing and saw no append for this long hands its log's segments
     /// back to the node's pool ([`IDLE_RELEASE_AFTER_DEFAULT`]).
     pub idle_release_after: std::time::Duration,
+    /// Most queues ([`QUEUES_MAX_DEFAULT`]); a declare past it is refused
+    /// ([`BrokerError::NodeFull`]).
+    pub queues_max: u32,
+    /// Most consumers over all queues ([`CONSUMERS_MAX_DEFAULT`]); a subscribe past it is
+    /// refused ([`BrokerError::Limited`], reason `consumers`).
+    pub consumers_max: u32,
 }
 
 impl std::fmt::Debug for BrokerConfig {
@@ -108,6 +132,8 @@ impl BrokerConfig {
             partitions_max: PARTITIONS_MAX_DEFAULT,
             publish_timeout: PUBLISH_TIMEOUT_DEFAULT,
             idle_release_after: IDLE_RELEASE_AFTER_DEFAULT,
+            queues_max: QUEUES_MAX_DEFAULT,
+            consumers_max: CONSUMERS_MAX_DEFAULT,
         }
     }
 }
@@ -238,6 +264,17 @@ impl QueueInfo {
     }
 }
 
+/// What a node holds against its bounds, each as (count, bound).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeBounds {
+    /// Declared queues and `queues_max`.
+    pub queues: (u64, u64),
+    /// Partitions over all queues and `partitions_max`.
+    pub partitions: (u64, u64),
+    /// Consumers and `consumers_max`.
+    pub consumers: (u64, u64),
+}
+
 /// The metadata log's state, for metrics and attention items.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MetadataLogInfo {
@@ -258,13 +295,70 @@ const METADATA_HEAL_INTERVAL: std::time::Duration = std::time::Duration::from_mi
 pub(crate) struct BrokerInner {
     config: BrokerConfig,
     pool: SegmentPool,
-    meta: Mutex<Option<Meta>>,
+    /// The metadata log; `None` once shut down. Cloned out for each write, never held locked
+    /// across one.
+    meta_log: std::sync::RwLock<Option<Arc<MetaLog>>>,
     meta_figures: Arc<MetaFigures>,
+    /// What the metadata says, the names being changed and the reservations of declares in
+    /// flight (see `claims.rs`). A `std` mutex: held for a few map operations, never across an
+    /// `await` or a disk call.
+    meta_state: std::sync::Mutex<MetaState>,
+    /// Orders writes of the node setting overrides (each record holds all of them).
+    node_settings_write: Mutex<()>,
     queues: RwLock<BTreeMap<String, Arc<Queue>>>,
     placements: RwLock<BTreeMap<String, Vec<PathBuf>>>,
     next_consumer: AtomicU64,
+    /// Consumers alive over all queues, against `consumers_max`.
+    consumers: Arc<AtomicU64>,
     delivery_budget: Arc<ByteBudget>,
 }
+
+#[derive(Debug, Default)]
+struct MetaState {
+    catalog: Catalog,
+    claims: Claims,
+    /// Set by `shutdown`: no new metadata operation starts.
+    closed: bool,
+}
+
+/// A claimed queue name (see `claims.rs`); given back when dropped.
+struct NameClaim<'a> {
+    inner: &'a BrokerInner,
+    name: String,
+}
+
+impl Drop for NameClaim<'_> {
+    fn drop(&mut self) {
+        self.inner.meta_state().claims.release(&self.name);
+    }
+}
+
+/// A declare's reservation against the node's bounds; dropped when the declare fails, or
+/// turned into a catalog entry by [`Reservation::applied`] under the same lock.
+struct Reservation<'a> {
+    inner: &'a BrokerInner,
+    partitions: u32,
+    done: bool,
+}
+
+impl Reservation<'_> {
+    fn applied(mut self, state: &mut MetaState, record: MetaRecord) {
+        state.catalog.apply(record);
+        state.claims.unreserve(self.partitions);
+        self.done = true;
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.inner.meta_state().claims.unreserve(self.partitions);
+        }
+    }
+}
+
+/// One node's partition logs as opened (blocking) before their owners start.
+type OpenedPartitions = Vec<(Log, PartitionState, u64)>;
 
 /// One broker node.
 #[derive(Clone)]
@@ -288,54 +382,75 @@ fn partition_dir(storage: &Path, id: u64, index: u32) -> PathBuf {
     queue_dir(storage, id).join(index.to_string())
 }
 
+/// Run blocking disk work on the blocking pool and wait for it without holding a worker.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> BrokerResult<T> + Send + 'static,
+) -> BrokerResult<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| BrokerError::Closed(format!("blocking task: {e}")))?
+}
+
 impl Broker {
     /// Open a node: its pool, its metadata log, and every declared queue's partitions, whose
-    /// state is rebuilt from their logs. Must run inside a tokio runtime.
+    /// state is rebuilt from their logs. Must run inside a tokio runtime; the disk work runs on
+    /// its blocking pool, queue logs [`OPEN_PARALLEL`] at a time.
     pub async fn open(config: BrokerConfig) -> BrokerResult<Broker> {
         if config.dirs.is_empty() {
             return Err(BrokerError::Invalid(
                 "at least one storage directory".into(),
             ));
         }
-        let io = config.io.clone();
-        let pool = SegmentPool::new(
-            io.clone(),
-            PoolOptions {
-                full_segment_size_bytes: config.segment_size_bytes,
-                budget_bytes: config.spare_budget_bytes,
-                background: config.pool_background,
-                ..PoolOptions::default()
-            },
-        );
-        for dir in &config.dirs {
-            io.create_dir_all(dir)
-                .map_err(|e| keratin_log::LogError::Invalid(format!("{}: {e}", dir.display())))?;
-            pool.add_storage_dir(dir)?;
-        }
-        let meta = Meta::open(
-            io.clone(),
-            &config.dirs[0].join("meta"),
-            config.segment_size_bytes,
-            pool.clone(),
-            config.gate.clone(),
-        )?;
+        let setup = config.clone();
+        let (pool, meta, catalog) = blocking(move || {
+            let io = setup.io.clone();
+            let pool = SegmentPool::new(
+                io.clone(),
+                PoolOptions {
+                    full_segment_size_bytes: setup.segment_size_bytes,
+                    budget_bytes: setup.spare_budget_bytes,
+                    background: setup.pool_background,
+                    ..PoolOptions::default()
+                },
+            );
+            for dir in &setup.dirs {
+                io.create_dir_all(dir).map_err(|e| {
+                    keratin_log::LogError::Invalid(format!("{}: {e}", dir.display()))
+                })?;
+                pool.add_storage_dir(dir)?;
+            }
+            let (meta, catalog) = MetaLog::open(
+                io,
+                &setup.dirs[0].join("meta"),
+                setup.segment_size_bytes,
+                pool.clone(),
+                setup.gate.clone(),
+            )?;
+            Ok((pool, meta, catalog))
+        })
+        .await?;
         let delivery_budget = ByteBudget::new(config.delivery_bytes_max);
+        let decls: Vec<QueueDecl> = catalog.queues.values().cloned().collect();
         let inner = Arc::new(BrokerInner {
             config,
             pool,
-            meta: Mutex::new(None),
             meta_figures: meta.figures.clone(),
+            meta_log: std::sync::RwLock::new(Some(Arc::new(meta))),
+            meta_state: std::sync::Mutex::new(MetaState {
+                catalog,
+                ..MetaState::default()
+            }),
+            node_settings_write: Mutex::new(()),
             queues: RwLock::new(BTreeMap::new()),
             placements: RwLock::new(BTreeMap::new()),
             next_consumer: AtomicU64::new(1),
+            consumers: Arc::new(AtomicU64::new(0)),
             delivery_budget,
         });
-        let decls: Vec<QueueDecl> = meta.queues.values().cloned().collect();
-        inner.remove_orphans(&meta)?;
-        for decl in decls {
-            inner.start_queue(&decl)?;
-        }
-        *inner.meta.lock().await = Some(meta);
+        let ids: std::collections::BTreeSet<u64> = decls.iter().map(|d| d.id).collect();
+        let orphans = inner.clone();
+        blocking(move || orphans.remove_orphans(&ids)).await?;
+        inner.open_queues(decls).await?;
         spawn_metadata_healer(Arc::downgrade(&inner));
         Ok(Broker { inner })
     }
@@ -362,50 +477,74 @@ impl Broker {
     }
 
     /// Declare a queue. Declaring an existing queue with identical settings is a no-op; with
-    /// other settings it is a conflict.
+    /// other settings it is a conflict; past the node's `queues_max` or `partitions_max` it is
+    /// refused ([`BrokerError::NodeFull`]).
+    ///
+    /// No lock is held across the disk: the name and the room are reserved under a short lock,
+    /// the metadata record is written (group-committed with other declares) and the logs are
+    /// opened on the blocking pool, then the queue is published. The record is durable before
+    /// any log exists, so a crash leaves either no queue or a declared one whose logs the next
+    /// start opens.
     pub async fn declare(&self, name: &str, settings: QueueSettings) -> BrokerResult<QueueInfo> {
+        // On a task of its own: a caller that goes away (a closed connection) does not cut the
+        // declare between its durable record and the start of its queue.
+        let broker = self.clone();
+        let name = name.to_string();
+        tokio::spawn(async move { broker.declare_here(&name, settings).await })
+            .await
+            .map_err(|e| BrokerError::Closed(format!("declare: {e}")))?
+    }
+
+    async fn declare_here(&self, name: &str, settings: QueueSettings) -> BrokerResult<QueueInfo> {
         validate_queue_name(name)?;
         settings.validate(name)?;
-        let mut guard = self.inner.meta.lock().await;
-        let meta = guard
-            .as_mut()
-            .ok_or_else(|| BrokerError::Closed("broker".into()))?;
-        if let Some(existing) = meta.by_name(name) {
-            if existing.settings != settings {
-                return Err(BrokerError::Conflict {
-                    name: name.into(),
-                    existing: existing.settings.to_string(),
-                });
+        let inner = &self.inner;
+        let claim = inner.claim(name).await?;
+        let (id, reservation) = {
+            let mut state = inner.meta_state();
+            if let Some(existing) = state.catalog.by_name(name) {
+                if existing.settings != settings {
+                    return Err(BrokerError::Conflict {
+                        name: name.into(),
+                        existing: existing.settings.to_string(),
+                    });
+                }
+                drop(state);
+                drop(claim);
+                return self.info(name);
             }
-            drop(guard);
-            return self.info(name);
-        }
-        let partitions: u64 = meta
-            .queues
-            .values()
-            .map(|q| u64::from(q.settings.partitions))
-            .sum();
-        let partitions_max = self.inner.config.partitions_max;
-        if partitions + u64::from(settings.partitions) > u64::from(partitions_max) {
-            return Err(BrokerError::Invalid(format!(
-                "queue {name:?} with {} partitions: the node has {partitions} of its \
-                 {partitions_max} partitions; delete a queue or declare fewer partitions",
-                settings.partitions
-            )));
-        }
+            inner.check_room(&state, name, &settings)?;
+            let id = state.catalog.next_id;
+            state.catalog.next_id += 1;
+            state.claims.reserve(settings.partitions);
+            let reservation = Reservation {
+                inner,
+                partitions: settings.partitions,
+                done: false,
+            };
+            (id, reservation)
+        };
+        let placer = inner.clone();
+        let partitions = settings.partitions;
+        let placement = blocking(move || placer.place(partitions)).await?;
         let decl = QueueDecl {
-            id: meta.next_id,
+            id,
             name: name.into(),
-            placement: self.inner.place(settings.partitions)?,
+            placement,
             settings,
         };
-        meta.write(
-            MetaRecord::QueueDeclared(decl.clone()),
-            (self.inner.config.clock)(),
-        )
-        .await?;
-        self.inner.start_queue(&decl)?;
-        drop(guard);
+        let record = MetaRecord::QueueDeclared(decl.clone());
+        inner
+            .meta_log()?
+            .write(&record, (inner.config.clock)())
+            .await?;
+        reservation.applied(&mut inner.meta_state(), record);
+        if let Err(error) = inner.start_queue(&decl).await {
+            tracing::warn!(queue = name, %error, "opening a declared queue's logs failed; undoing the declaration");
+            inner.undo_declare(&decl).await;
+            return Err(error);
+        }
+        drop(claim);
         self.info(name)
     }
 
@@ -431,11 +570,11 @@ impl Broker {
         name: &str,
         update: impl FnOnce(&QueueSettings) -> BrokerResult<QueueSettings>,
     ) -> BrokerResult<QueueInfo> {
-        let mut guard = self.inner.meta.lock().await;
-        let meta = guard
-            .as_mut()
-            .ok_or_else(|| BrokerError::Closed("broker".into()))?;
-        let decl = meta
+        let inner = &self.inner;
+        let claim = inner.claim(name).await?;
+        let decl = inner
+            .meta_state()
+            .catalog
             .by_name(name)
             .cloned()
             .ok_or_else(|| BrokerError::NotFound(name.into()))?;
@@ -447,35 +586,36 @@ impl Broker {
                 decl.settings.partitions
             )));
         }
-        let queue = self.inner.queue(name)?;
-        meta.write(
-            MetaRecord::QueueSettingsChanged {
-                id: decl.id,
-                settings: settings.clone(),
-            },
-            (self.inner.config.clock)(),
-        )
-        .await?;
+        let queue = inner.queue(name)?;
+        let record = MetaRecord::QueueSettingsChanged {
+            id: decl.id,
+            settings: settings.clone(),
+        };
+        inner
+            .meta_log()?
+            .write(&record, (inner.config.clock)())
+            .await?;
+        inner.meta_state().catalog.apply(record);
         *queue.settings.write().unwrap_or_else(|e| e.into_inner()) = settings.clone();
-        // Still under the lock: a later change reaches each partition after this one.
+        // Still claimed: a later change reaches each partition after this one.
         for partition in &queue.partitions {
             let settings = settings.clone();
             partition
                 .request(|reply| Command::SetSettings { settings, reply })
                 .await?;
         }
-        drop(guard);
+        drop(claim);
         self.info(name)
     }
 
     /// The node's runtime setting overrides as the metadata log last stored them (dotted key to
     /// value; empty when none were ever set).
     pub async fn node_settings(&self) -> BrokerResult<BTreeMap<String, serde_json::Value>> {
-        let guard = self.inner.meta.lock().await;
-        let meta = guard
-            .as_ref()
-            .ok_or_else(|| BrokerError::Closed("broker".into()))?;
-        Ok(meta.node_settings.clone())
+        let state = self.inner.meta_state();
+        if state.closed {
+            return Err(BrokerError::Closed("broker".into()));
+        }
+        Ok(state.catalog.node_settings.clone())
     }
 
     /// Replace the node's runtime setting overrides, durably: when this returns `Ok` they are
@@ -485,37 +625,48 @@ impl Broker {
         &self,
         overrides: BTreeMap<String, serde_json::Value>,
     ) -> BrokerResult<()> {
-        let mut guard = self.inner.meta.lock().await;
-        let meta = guard
-            .as_mut()
-            .ok_or_else(|| BrokerError::Closed("broker".into()))?;
-        meta.write(
-            MetaRecord::NodeSettingsChanged { overrides },
-            (self.inner.config.clock)(),
-        )
-        .await
+        let inner = &self.inner;
+        // Each record holds every override: two writers must apply in the order they wrote.
+        let _ordered = inner.node_settings_write.lock().await;
+        let record = MetaRecord::NodeSettingsChanged { overrides };
+        inner
+            .meta_log()?
+            .write(&record, (inner.config.clock)())
+            .await?;
+        inner.meta_state().catalog.apply(record);
+        Ok(())
     }
 
-    /// Delete a queue with its messages; its consumers see the end of their stream.
+    /// Delete a queue with its messages; its consumers see the end of their stream. The
+    /// deletion record is durable before any file goes (a crash part way leaves files that the
+    /// next start removes); no lock is held across the disk.
     pub async fn delete(&self, name: &str) -> BrokerResult<()> {
-        let mut guard = self.inner.meta.lock().await;
-        let meta = guard
-            .as_mut()
-            .ok_or_else(|| BrokerError::Closed("broker".into()))?;
-        let id = meta
+        // On a task of its own, like `declare`: the deletion, once durable, always finishes.
+        let broker = self.clone();
+        let name = name.to_string();
+        tokio::spawn(async move { broker.delete_here(&name).await })
+            .await
+            .map_err(|e| BrokerError::Closed(format!("delete: {e}")))?
+    }
+
+    async fn delete_here(&self, name: &str) -> BrokerResult<()> {
+        let inner = &self.inner;
+        let claim = inner.claim(name).await?;
+        let id = inner
+            .meta_state()
+            .catalog
             .by_name(name)
             .map(|d| d.id)
             .ok_or_else(|| BrokerError::NotFound(name.into()))?;
-        let queue = self.inner.queue(name)?;
-        meta.write(MetaRecord::QueueDeleted { id }, (self.inner.config.clock)())
+        let queue = inner.queue(name)?;
+        let record = MetaRecord::QueueDeleted { id };
+        inner
+            .meta_log()?
+            .write(&record, (inner.config.clock)())
             .await?;
-        self.inner.queues_write().remove(name);
-        self.inner
-            .placements
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(name);
-        drop(guard);
+        inner.meta_state().catalog.apply(record);
+        inner.unpublish(name);
+        drop(claim);
         // The deletion is durable: whatever a partition's log fails at (a stopped log can hold
         // the scratch file of a segment it could not allocate), its files go below.
         for partition in &queue.partitions {
@@ -523,7 +674,8 @@ impl Broker {
                 tracing::warn!(queue = name, partition = partition.index, %error, "deleting a partition's log failed; removing its files");
             }
         }
-        self.inner.remove_queue_dirs(id)
+        let remover = inner.clone();
+        blocking(move || remover.remove_queue_dirs(id)).await
     }
 
     /// Remove every ready message; inflight ones stay until settled. Returns how many went.
@@ -598,14 +750,15 @@ impl Broker {
                 "prefetch {prefetch}: expected 1 to {MAX_PREFETCH}"
             )));
         }
-        let queue = self.inner.queue(name)?;
-        let id = self.inner.next_consumer.fetch_add(1, Ordering::Relaxed);
-        let (sender, receiver) = mpsc::channel(prefetch as usize);
         if options.prefetch_bytes == Some(0) {
             return Err(BrokerError::Invalid(
                 "prefetch_bytes 0: expected at least 1 (or none for no byte bound)".into(),
             ));
         }
+        let queue = self.inner.queue(name)?;
+        let slot = self.inner.consumer_slot()?;
+        let id = self.inner.next_consumer.fetch_add(1, Ordering::Relaxed);
+        let (sender, receiver) = mpsc::channel(prefetch as usize);
         let credit = Arc::new(Credit::new(prefetch, options.prefetch_bytes));
         let link = Arc::new(ConsumerLink {
             id,
@@ -617,7 +770,7 @@ impl Broker {
         for partition in &queue.partitions {
             partition.subscribe(link.clone());
         }
-        Ok(Consumer::new(id, queue, receiver))
+        Ok(Consumer::new(id, queue, receiver, slot))
     }
 
     /// For tests: each partition's live state beside the state rebuilt from its log.
@@ -633,8 +786,40 @@ impl Broker {
         Ok(out)
     }
 
-    /// Close every log cleanly: pending appends finish, seals are synced.
+    /// The node's bounds with what they count now: (queues, queues_max), (partitions,
+    /// partitions_max), (consumers, consumers_max). Declares in flight are not counted yet.
+    pub fn bounds(&self) -> NodeBounds {
+        let (queues, partitions) = {
+            let state = self.inner.meta_state();
+            (
+                state.catalog.queues.len() as u64,
+                state.catalog.partitions(),
+            )
+        };
+        let config = &self.inner.config;
+        NodeBounds {
+            queues: (queues, u64::from(config.queues_max)),
+            partitions: (partitions, u64::from(config.partitions_max)),
+            consumers: (self.consumer_count(), u64::from(config.consumers_max)),
+        }
+    }
+
+    /// Consumers alive over all queues (against `consumers_max`).
+    pub fn consumer_count(&self) -> u64 {
+        self.inner.consumers.load(Ordering::Relaxed)
+    }
+
+    /// Close every log cleanly: pending appends finish, seals are synced. Metadata operations
+    /// in flight finish first; later ones are refused as closed.
     pub async fn shutdown(&self) -> BrokerResult<()> {
+        self.inner.meta_state().closed = true;
+        // Bounded: a metadata write waits for its sync, which a stalled disk can hold up.
+        let deadline = tokio::time::Instant::now() + SHUTDOWN_WAIT;
+        while self.inner.meta_state().claims.busy_count() > 0
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
         let queues: Vec<Arc<Queue>> = {
             let mut map = self.inner.queues_write();
             std::mem::take(&mut *map).into_values().collect()
@@ -644,12 +829,34 @@ impl Broker {
                 partition.request(|reply| Command::Close { reply }).await?;
             }
         }
-        if let Some(meta) = self.inner.meta.lock().await.take() {
-            meta.close()?;
+        let meta = self
+            .inner
+            .meta_log
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(mut meta) = meta {
+            // A writer still holding it (past the deadline) closes it when it lets go.
+            while Arc::strong_count(&meta) > 1 && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            loop {
+                match Arc::try_unwrap(meta) {
+                    Ok(meta) => return blocking(move || meta.close()).await,
+                    Err(shared) if tokio::time::Instant::now() < deadline => {
+                        meta = shared;
+                        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                    }
+                    Err(_) => break,
+                }
+            }
         }
         Ok(())
     }
 }
+
+/// How long `shutdown` waits for metadata operations in flight.
+const SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl BrokerInner {
     pub(crate) fn delivery_budget(&self) -> Arc<ByteBudget> {
@@ -676,6 +883,94 @@ impl BrokerInner {
             .ok_or_else(|| BrokerError::NotFound(name.into()))
     }
 
+    fn meta_state(&self) -> std::sync::MutexGuard<'_, MetaState> {
+        self.meta_state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The metadata log, for one write.
+    fn meta_log(&self) -> BrokerResult<Arc<MetaLog>> {
+        self.meta_log
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or_else(|| BrokerError::Closed("broker".into()))
+    }
+
+    /// Claim `name` for one metadata operation, waiting while another holds it.
+    async fn claim(&self, name: &str) -> BrokerResult<NameClaim<'_>> {
+        loop {
+            let claim = {
+                let mut state = self.meta_state();
+                if state.closed {
+                    return Err(BrokerError::Closed("broker".into()));
+                }
+                state.claims.claim(name)
+            };
+            match claim {
+                Claim::Taken => {
+                    return Ok(NameClaim {
+                        inner: self,
+                        name: name.to_string(),
+                    })
+                }
+                // Errs once the holder gives the claim back: then try again.
+                Claim::Wait(mut released) => while released.changed().await.is_ok() {},
+            }
+        }
+    }
+
+    /// Whether one more queue with `settings` fits the node's bounds, counting declares in
+    /// flight.
+    fn check_room(
+        &self,
+        state: &MetaState,
+        name: &str,
+        settings: &QueueSettings,
+    ) -> BrokerResult<()> {
+        let queues = state.catalog.queues.len() as u64 + state.claims.reserved_queues;
+        let queues_max = self.config.queues_max;
+        if queues + 1 > u64::from(queues_max) {
+            return Err(BrokerError::NodeFull(format!(
+                "queue {name:?}: the node has {queues} queues, its most (server.queues_max = \
+                 {queues_max}); delete a queue or raise server.queues_max"
+            )));
+        }
+        let partitions = state.catalog.partitions() + state.claims.reserved_partitions;
+        let partitions_max = self.config.partitions_max;
+        if partitions + u64::from(settings.partitions) > u64::from(partitions_max) {
+            return Err(BrokerError::NodeFull(format!(
+                "queue {name:?} with {} partitions: the node has {partitions} of its \
+                 {partitions_max} partitions (server.partitions_max); delete a queue, declare \
+                 fewer partitions or raise server.partitions_max",
+                settings.partitions
+            )));
+        }
+        Ok(())
+    }
+
+    /// A consumer's place under `consumers_max`, given back when the consumer goes.
+    fn consumer_slot(&self) -> BrokerResult<ConsumerSlot> {
+        let max = u64::from(self.config.consumers_max);
+        let taken = self
+            .consumers
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .is_ok();
+        if !taken {
+            return Err(BrokerError::Limited {
+                reason: "consumers".into(),
+                retry_after_ms: CONSUMERS_RETRY_AFTER_MS,
+                message: format!(
+                    "the node has {max} consumers, its most (server.consumers_max); cancel \
+                     consumers or raise server.consumers_max; retry after \
+                     {CONSUMERS_RETRY_AFTER_MS} ms"
+                ),
+            });
+        }
+        Ok(ConsumerSlot::new(self.consumers.clone()))
+    }
+
     /// Choose a storage directory per partition: most free space first, spreading ties.
     fn place(&self, partitions: u32) -> BrokerResult<Vec<PathBuf>> {
         let io = self.config.io.as_ref();
@@ -700,9 +995,10 @@ impl BrokerInner {
         Ok(placement)
     }
 
-    fn start_queue(self: &Arc<Self>, decl: &QueueDecl) -> BrokerResult<()> {
+    /// Open a queue's partition logs and rebuild their states (blocking).
+    fn open_partitions(&self, decl: &QueueDecl) -> BrokerResult<OpenedPartitions> {
         let io = self.config.io.clone();
-        let mut partitions = Vec::with_capacity(decl.placement.len());
+        let mut opened = Vec::with_capacity(decl.placement.len());
         for (index, storage) in decl.placement.iter().enumerate() {
             let dir = partition_dir(storage, decl.id, index as u32);
             let options = LogOptions {
@@ -715,6 +1011,25 @@ impl BrokerInner {
             let device = io
                 .device_id(storage)
                 .map_err(|e| keratin_log::LogError::Invalid(format!("{}: {e}", dir.display())))?;
+            opened.push((log, state, device));
+        }
+        Ok(opened)
+    }
+
+    /// Start a declared queue: open its logs on the blocking pool, then spawn its owners and
+    /// publish it.
+    async fn start_queue(self: &Arc<Self>, decl: &QueueDecl) -> BrokerResult<()> {
+        let opener = self.clone();
+        let owned = decl.clone();
+        let opened = blocking(move || opener.open_partitions(&owned)).await?;
+        self.spawn_queue(decl, opened);
+        Ok(())
+    }
+
+    /// Spawn the owners of a queue's opened partitions and publish the queue.
+    fn spawn_queue(self: &Arc<Self>, decl: &QueueDecl, opened: OpenedPartitions) {
+        let mut partitions = Vec::with_capacity(opened.len());
+        for (index, (log, state, device)) in opened.into_iter().enumerate() {
             let ctx = OwnerContext {
                 device,
                 gate: self.config.gate.clone(),
@@ -740,7 +1055,58 @@ impl BrokerInner {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .insert(decl.name.clone(), decl.placement.clone());
-        Ok(())
+    }
+
+    /// Open every declared queue at start, [`OPEN_PARALLEL`] at a time.
+    async fn open_queues(self: &Arc<Self>, decls: Vec<QueueDecl>) -> BrokerResult<()> {
+        let mut opening = tokio::task::JoinSet::new();
+        let mut decls = decls.into_iter();
+        loop {
+            while opening.len() < OPEN_PARALLEL {
+                let Some(decl) = decls.next() else { break };
+                let opener = self.clone();
+                opening.spawn_blocking(move || {
+                    let opened = opener.open_partitions(&decl);
+                    (decl, opened)
+                });
+            }
+            let Some(joined) = opening.join_next().await else {
+                return Ok(());
+            };
+            let (decl, opened) =
+                joined.map_err(|e| BrokerError::Closed(format!("opening queues: {e}")))?;
+            self.spawn_queue(&decl, opened?);
+        }
+    }
+
+    /// A declared queue whose logs could not be opened: write its deletion and remove what was
+    /// created, so that the metadata and the queues agree again (best effort: if this fails
+    /// too, the next start opens or removes it).
+    async fn undo_declare(self: &Arc<Self>, decl: &QueueDecl) {
+        let record = MetaRecord::QueueDeleted { id: decl.id };
+        let written = match self.meta_log() {
+            Ok(meta) => meta.write(&record, (self.config.clock)()).await,
+            Err(e) => Err(e),
+        };
+        if let Err(error) = written {
+            tracing::warn!(queue = decl.name, %error, "undoing a failed declare failed; the next start retries");
+            return;
+        }
+        self.meta_state().catalog.apply(record);
+        let remover = self.clone();
+        let id = decl.id;
+        if let Err(error) = blocking(move || remover.remove_queue_dirs(id)).await {
+            tracing::warn!(queue = decl.name, %error, "removing a failed declare's files failed; the next start retries");
+        }
+    }
+
+    /// Take a queue out of the maps readers and publishers use.
+    fn unpublish(&self, name: &str) {
+        self.queues_write().remove(name);
+        self.placements
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name);
     }
 
     fn info_of(&self, queue: &Queue) -> QueueInfo {
@@ -876,7 +1242,7 @@ impl BrokerInner {
 
     /// Queue directories whose queue the metadata no longer names (a delete that did not
     /// finish) go back to the pool.
-    fn remove_orphans(&self, meta: &Meta) -> BrokerResult<()> {
+    fn remove_orphans(&self, declared: &std::collections::BTreeSet<u64>) -> BrokerResult<()> {
         let io = self.config.io.as_ref();
         for storage in &self.config.dirs {
             let queues = storage.join("queues");
@@ -890,7 +1256,7 @@ impl BrokerInner {
                 let Ok(id) = name.parse::<u64>() else {
                     continue;
                 };
-                if meta.queues.contains_key(&id) {
+                if declared.contains(&id) {
                     continue;
                 }
                 tracing::info!(queue_id = id, "removing the files of a deleted queue");
@@ -951,7 +1317,7 @@ pub(crate) fn remove_if_no_segments(io: &dyn Io, dir: &Path) -> BrokerResult<boo
 }
 
 /// Offer a stopped metadata log a heal every `METADATA_HEAL_INTERVAL` until the broker is
-/// dropped or shut down.
+/// dropped or shut down. The heal (recovery reads) runs on the blocking pool.
 fn spawn_metadata_healer(inner: std::sync::Weak<BrokerInner>) {
     tokio::spawn(async move {
         loop {
@@ -962,11 +1328,11 @@ fn spawn_metadata_healer(inner: std::sync::Weak<BrokerInner>) {
             if inner.meta_figures.stopped.load(Ordering::Relaxed) == 0 {
                 continue;
             }
-            let mut guard = inner.meta.lock().await;
-            let Some(meta) = guard.as_mut() else {
+            let Ok(meta) = inner.meta_log() else {
                 return;
             };
-            meta.maybe_heal();
+            drop(inner);
+            let _ = tokio::task::spawn_blocking(move || meta.maybe_heal()).await;
         }
     });
 }

@@ -211,20 +211,48 @@ impl Settler {
     }
 }
 
+/// A consumer's place under the node's `consumers_max`: taken at subscribe, given back when
+/// the consumer is dropped.
+#[derive(Debug)]
+pub(crate) struct ConsumerSlot {
+    alive: Arc<AtomicU64>,
+}
+
+impl ConsumerSlot {
+    /// A slot already counted in `alive`.
+    pub(crate) fn new(alive: Arc<AtomicU64>) -> ConsumerSlot {
+        ConsumerSlot { alive }
+    }
+}
+
+impl Drop for ConsumerSlot {
+    fn drop(&mut self) {
+        let before = self.alive.fetch_sub(1, Ordering::AcqRel);
+        assert!(before > 0, "a consumer slot given back twice");
+    }
+}
+
 /// A subscription to a queue.
 #[derive(Debug)]
 pub struct Consumer {
     id: u64,
     queue: Arc<Queue>,
     receiver: mpsc::Receiver<Delivery>,
+    _slot: ConsumerSlot,
 }
 
 impl Consumer {
-    pub(crate) fn new(id: u64, queue: Arc<Queue>, receiver: mpsc::Receiver<Delivery>) -> Consumer {
+    pub(crate) fn new(
+        id: u64,
+        queue: Arc<Queue>,
+        receiver: mpsc::Receiver<Delivery>,
+        slot: ConsumerSlot,
+    ) -> Consumer {
         Consumer {
             id,
             queue,
             receiver,
+            _slot: slot,
         }
     }
 

@@ -18,6 +18,10 @@ pub enum BrokerError {
         /// Its current settings, as text.
         existing: String,
     },
+    /// The node holds as many queues or partitions as it may (`queues_max`,
+    /// `partitions_max`); a declare succeeds once queues are deleted or the bound is raised.
+    #[error("node full: {0}")]
+    NodeFull(String),
     /// A request that can never succeed as sent.
     #[error("invalid request: {0}")]
     Invalid(String),
@@ -58,10 +62,11 @@ pub enum BrokerError {
         /// The publish timeout that passed.
         timeout_ms: u64,
     },
-    /// A resource limit refused the publish; nothing was applied, so retrying is safe.
+    /// A resource limit refused the request (a publish: disk, memory, a full queue; a
+    /// subscribe: the node's consumers); nothing was applied, so retrying is safe.
     #[error("{message}")]
     Limited {
-        /// `disk`, `memory` or `queue_full`.
+        /// `disk`, `memory`, `queue_full` or `consumers`.
         reason: String,
         /// When a retry may succeed.
         retry_after_ms: u32,

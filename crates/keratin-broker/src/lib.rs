@@ -4,7 +4,10 @@
 //! # Layout
 //! - `broker`: [`Broker`], one node: storage directories, the segment pool, the metadata log,
 //!   placement, publish routing, consumers.
-//! - `meta`: the node metadata log (queue declarations and deletions).
+//! - `meta`: the node metadata log (queue declarations and deletions) and the catalog it
+//!   replays to.
+//! - `claims`: queue names with a metadata operation in flight, and the room declares in
+//!   flight reserve (no lock across disk I/O).
 //! - `queue`: [`Queue`] and [`QueueSettings`]; handles of the partitions' owner tasks.
 //! - `partition::state`: [`PartitionState`], the durable state applied from log records.
 //! - `partition::owner`: the task that owns a partition: commands to records, records to state;
@@ -20,6 +23,7 @@
 
 mod broker;
 mod byte_budget;
+mod claims;
 mod consumer;
 pub mod error;
 pub mod gate;
@@ -30,9 +34,10 @@ pub mod range_set;
 pub mod record;
 
 pub use broker::{
-    system_clock, Broker, BrokerConfig, Clock, MetadataLogInfo, PartitionInfo, PendingPublish,
-    QueueInfo, Receipt, DELIVERY_BYTES_DEFAULT, IDLE_RELEASE_AFTER_DEFAULT, MAX_PREFETCH,
-    PARTITIONS_MAX_DEFAULT, PUBLISH_TIMEOUT_DEFAULT,
+    system_clock, Broker, BrokerConfig, Clock, MetadataLogInfo, NodeBounds, PartitionInfo,
+    PendingPublish, QueueInfo, Receipt, CONSUMERS_MAX_DEFAULT, DELIVERY_BYTES_DEFAULT,
+    IDLE_RELEASE_AFTER_DEFAULT, MAX_PREFETCH, PARTITIONS_MAX_DEFAULT, PUBLISH_TIMEOUT_DEFAULT,
+    QUEUES_MAX_DEFAULT,
 };
 pub use byte_budget::{ByteBudget, BytePermit};
 pub use consumer::{Consumer, Delivery, DeliveryPermit, DeliveryTag, Settler, SubscribeOptions};

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use keratin_log::{Io, Log, LogOptions, Record, SegmentPool, SizeClass};
 use serde::{Deserialize, Serialize};
@@ -47,28 +47,85 @@ pub(crate) enum MetaRecord {
     },
 }
 
-/// The metadata log and what it says.
-#[derive(Debug)]
-pub(crate) struct Meta {
-    log: Log,
-    /// The file system holding the log, as the gate knows it.
-    device: u64,
-    gate: Arc<dyn PublishGate>,
-    /// Stop and heal figures, read without the metadata lock (metrics, attention items).
-    pub(crate) figures: Arc<MetaFigures>,
+/// What the metadata log says: the declared queues, the next queue id and the node's setting
+/// overrides. Plain data, changed only by [`Catalog::apply`] of a record that is durable, in log
+/// order for records of one queue (the broker orders operations per queue name).
+#[derive(Debug, Default)]
+pub(crate) struct Catalog {
     pub(crate) queues: BTreeMap<u64, QueueDecl>,
+    by_name: BTreeMap<String, u64>,
     pub(crate) next_id: u64,
     pub(crate) node_settings: BTreeMap<String, serde_json::Value>,
 }
 
-impl Meta {
+impl Catalog {
+    pub(crate) fn apply(&mut self, record: MetaRecord) {
+        match record {
+            MetaRecord::QueueDeclared(decl) => {
+                self.next_id = self.next_id.max(decl.id + 1);
+                // A name declared again under a new id (a declare whose write failed after it
+                // was durable, then declared again) keeps the newest declaration.
+                if let Some(old) = self.by_name.insert(decl.name.clone(), decl.id) {
+                    self.queues.remove(&old);
+                }
+                self.queues.insert(decl.id, decl);
+            }
+            MetaRecord::QueueDeleted { id } => {
+                if let Some(decl) = self.queues.remove(&id) {
+                    if self.by_name.get(&decl.name) == Some(&id) {
+                        self.by_name.remove(&decl.name);
+                    }
+                }
+            }
+            MetaRecord::QueueSettingsChanged { id, settings } => {
+                if let Some(decl) = self.queues.get_mut(&id) {
+                    decl.settings = settings;
+                }
+            }
+            MetaRecord::NodeSettingsChanged { overrides } => {
+                self.node_settings = overrides;
+            }
+        }
+    }
+
+    pub(crate) fn by_name(&self, name: &str) -> Option<&QueueDecl> {
+        self.by_name.get(name).and_then(|id| self.queues.get(id))
+    }
+
+    /// Partitions over every declared queue.
+    pub(crate) fn partitions(&self) -> u64 {
+        self.queues
+            .values()
+            .map(|q| u64::from(q.settings.partitions))
+            .sum()
+    }
+}
+
+/// The metadata log. Its methods block on disk I/O or wait for it: the broker calls the blocking
+/// ones (`open`, `heal`, `close`) off the async workers, and [`MetaLog::write`] moves its own
+/// blocking part there. Holds no catalog: concurrent writes append side by side, so the log's
+/// group commit covers them with one sync.
+#[derive(Debug)]
+pub(crate) struct MetaLog {
+    log: Log,
+    /// The file system holding the log, as the gate knows it.
+    device: u64,
+    gate: Arc<dyn PublishGate>,
+    /// Held while healing: two writers that find the log stopped heal it once.
+    healing: Mutex<()>,
+    /// Stop and heal figures, read without any lock (metrics, attention items).
+    pub(crate) figures: Arc<MetaFigures>,
+}
+
+impl MetaLog {
+    /// Open the log and replay it (blocking).
     pub(crate) fn open(
         io: Arc<dyn Io>,
         dir: &Path,
         full_segment_size_bytes: u64,
         pool: SegmentPool,
         gate: Arc<dyn PublishGate>,
-    ) -> BrokerResult<Meta> {
+    ) -> BrokerResult<(MetaLog, Catalog)> {
         let options = LogOptions {
             full_segment_size_bytes,
             size_class: SizeClass::Small,
@@ -79,20 +136,21 @@ impl Meta {
         let device = io
             .device_id(dir.parent().unwrap_or(dir))
             .map_err(|e| keratin_log::LogError::Invalid(format!("{}: {e}", dir.display())))?;
-        let mut meta = Meta {
+        let meta = MetaLog {
             log,
             device,
             gate,
+            healing: Mutex::new(()),
             figures: Arc::new(MetaFigures {
                 dir: dir.to_path_buf(),
                 ..MetaFigures::default()
             }),
-            queues: BTreeMap::new(),
-            next_id: 1,
-            node_settings: BTreeMap::new(),
         };
-        let records: Vec<_> = meta.log.reader(meta.log.start_offset()).collect();
-        for record in records {
+        let mut catalog = Catalog {
+            next_id: 1,
+            ..Catalog::default()
+        };
+        for record in meta.log.reader(meta.log.start_offset()) {
             let record = record?;
             if record.record_type != META_JSON_V1 {
                 return Err(BrokerError::Corrupt {
@@ -107,65 +165,50 @@ impl Meta {
                     offset: record.offset,
                     reason: e.to_string(),
                 })?;
-            meta.apply(decoded);
+            catalog.apply(decoded);
         }
-        Ok(meta)
+        Ok((meta, catalog))
     }
 
-    fn apply(&mut self, record: MetaRecord) {
-        match record {
-            MetaRecord::QueueDeclared(decl) => {
-                self.next_id = self.next_id.max(decl.id + 1);
-                self.queues.insert(decl.id, decl);
-            }
-            MetaRecord::QueueDeleted { id } => {
-                self.queues.remove(&id);
-            }
-            MetaRecord::QueueSettingsChanged { id, settings } => {
-                if let Some(decl) = self.queues.get_mut(&id) {
-                    decl.settings = settings;
-                }
-            }
-            MetaRecord::NodeSettingsChanged { overrides } => {
-                self.node_settings = overrides;
-            }
-        }
-    }
-
-    /// Append a record, wait until it is durable, then apply it. A log stopped by an earlier
-    /// write error is healed first (see [`Meta::heal_for`]).
+    /// Append a record and wait until it is durable; the caller then applies it to the catalog.
+    /// A log stopped by an earlier write error is healed first (see [`MetaLog::heal_for`]). The
+    /// heal and the append (which may wait for room) run on the blocking pool; the sync is the
+    /// log's commit worker's; this task only awaits the ticket.
     pub(crate) async fn write(
-        &mut self,
-        record: MetaRecord,
+        self: &Arc<Self>,
+        record: &MetaRecord,
         timestamp_ms: u64,
     ) -> BrokerResult<()> {
-        self.heal_for(&record)?;
-        let payload = serde_json::to_vec(&record)
+        let payload = serde_json::to_vec(record)
             .map_err(|e| BrokerError::Invalid(format!("metadata encoding: {e}")))?;
-        let result = self.append(&payload, timestamp_ms).await;
+        let frees_space = matches!(record, MetaRecord::QueueDeleted { .. });
+        let meta = self.clone();
+        let ticket = tokio::task::spawn_blocking(move || {
+            meta.heal_for(frees_space)?;
+            let ticket = meta.log.append(&[Record {
+                record_type: META_JSON_V1,
+                flags: 0,
+                timestamp_ms,
+                payload: &payload,
+            }])?;
+            Ok::<_, BrokerError>(ticket)
+        })
+        .await
+        .map_err(|e| BrokerError::Closed(format!("metadata write: {e}")))?;
+        let result = match ticket {
+            Ok(ticket) => ticket.await.map(|_| ()).map_err(BrokerError::from),
+            Err(e) => Err(e),
+        };
         if result.is_err() && self.log.stopped().is_some() {
             self.figures.stopped(true);
         }
-        result?;
-        self.apply(record);
-        Ok(())
-    }
-
-    async fn append(&self, payload: &[u8], timestamp_ms: u64) -> BrokerResult<()> {
-        let ticket = self.log.append(&[Record {
-            record_type: META_JSON_V1,
-            flags: 0,
-            timestamp_ms,
-            payload,
-        }])?;
-        ticket.await?;
-        Ok(())
+        result
     }
 
     /// Heal a stopped log if the gate says its file system is back above reserve (called
     /// every `METADATA_HEAL_INTERVAL`, so that the log heals like a partition's even when no
-    /// metadata write comes).
-    pub(crate) fn maybe_heal(&mut self) {
+    /// metadata write comes). Blocking.
+    pub(crate) fn maybe_heal(&self) {
         if self.log.stopped().is_none() || !self.gate.may_heal(self.device) {
             return;
         }
@@ -174,35 +217,35 @@ impl Meta {
         }
     }
 
-    fn heal(&mut self) -> BrokerResult<()> {
+    fn heal(&self) -> BrokerResult<()> {
+        let _healing = self.healing.lock().unwrap_or_else(|e| e.into_inner());
+        if self.log.stopped().is_none() {
+            return Ok(());
+        }
         self.log.heal()?;
         self.figures.stopped(false);
         tracing::info!("metadata log healed; metadata writes resume");
         Ok(())
     }
 
-    /// Heal the log if a write error stopped it, before writing `record`. Like a partition's
+    /// Heal the log if a write error stopped it, before writing a record. Like a partition's
     /// log, it heals once the gate says its file system is back above reserve; a queue deletion
-    /// heals it at every level, reserve included, because deleting frees space and must never
-    /// wait for it. Healing itself needs no free space: recovery only reads, renames and
-    /// removes, and the cut of the unsynced tail writes inside the tail segment, which was
-    /// preallocated when it was created. The deletion record then fits in that same segment
-    /// unless the segment is full (a metadata segment holds thousands of such records).
-    fn heal_for(&mut self, record: &MetaRecord) -> BrokerResult<()> {
+    /// (`frees_space`) heals it at every level, reserve included, because deleting frees space
+    /// and must never wait for it. Healing itself needs no free space: recovery only reads,
+    /// renames and removes, and the cut of the unsynced tail writes inside the tail segment,
+    /// which was allocated when it was created. The deletion record then fits in that same
+    /// segment unless the segment is full (a metadata segment holds thousands of such records).
+    fn heal_for(&self, frees_space: bool) -> BrokerResult<()> {
         let Some(stopped) = self.log.stopped() else {
             return Ok(());
         };
-        let frees_space = matches!(record, MetaRecord::QueueDeleted { .. });
         if !frees_space && !self.gate.may_heal(self.device) {
             return Err(BrokerError::Log(stopped));
         }
         self.heal()
     }
 
-    pub(crate) fn by_name(&self, name: &str) -> Option<&QueueDecl> {
-        self.queues.values().find(|d| d.name == name)
-    }
-
+    /// Close the log (blocking: the seal is synced).
     pub(crate) fn close(self) -> BrokerResult<()> {
         self.log.close()?;
         Ok(())

@@ -261,7 +261,7 @@ async fn declared_partitions_are_bounded_per_node() {
         .expect("redeclaring takes nothing");
     let refused = broker.declare("c", settings(1)).await;
     assert!(
-        matches!(&refused, Err(keratin_broker::BrokerError::Invalid(m)) if m.contains("5 partitions")),
+        matches!(&refused, Err(keratin_broker::BrokerError::NodeFull(m)) if m.contains("5 of its 5 partitions")),
         "{refused:?}"
     );
     broker.delete("a").await.expect("delete");

@@ -123,18 +123,25 @@ pub enum LimitReason {
     Memory,
     /// The queue reached its `max_messages` or `max_bytes` with overflow `reject`.
     QueueFull,
+    /// The node holds `server.connections_max` connections (a refused handshake).
+    Connections,
+    /// The node holds `server.consumers_max` consumers (a refused subscribe).
+    Consumers,
     /// A reason this version does not know, kept verbatim. Never holds one of the known names:
     /// [`LimitReason::from_name`] maps those to their variants.
     Unknown(String),
 }
 
 impl LimitReason {
-    /// The stable wire name: `disk`, `memory`, `queue_full`, or the unknown name verbatim.
+    /// The stable wire name: `disk`, `memory`, `queue_full`, `connections`, `consumers`, or the
+    /// unknown name verbatim.
     pub fn name(&self) -> &str {
         match self {
             LimitReason::Disk => "disk",
             LimitReason::Memory => "memory",
             LimitReason::QueueFull => "queue_full",
+            LimitReason::Connections => "connections",
+            LimitReason::Consumers => "consumers",
             LimitReason::Unknown(name) => name,
         }
     }
@@ -145,6 +152,8 @@ impl LimitReason {
             "disk" => LimitReason::Disk,
             "memory" => LimitReason::Memory,
             "queue_full" => LimitReason::QueueFull,
+            "connections" => LimitReason::Connections,
+            "consumers" => LimitReason::Consumers,
             other => LimitReason::Unknown(other.to_owned()),
         }
     }
@@ -183,11 +192,13 @@ mod tests {
             LimitReason::Disk,
             LimitReason::Memory,
             LimitReason::QueueFull,
+            LimitReason::Connections,
+            LimitReason::Consumers,
         ] {
             assert_eq!(LimitReason::from_name(reason.name()), reason);
         }
-        let future = LimitReason::from_name("connections");
-        assert_eq!(future, LimitReason::Unknown("connections".to_owned()));
-        assert_eq!(future.to_string(), "connections");
+        let future = LimitReason::from_name("tenants");
+        assert_eq!(future, LimitReason::Unknown("tenants".to_owned()));
+        assert_eq!(future.to_string(), "tenants");
     }
 }

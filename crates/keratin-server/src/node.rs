@@ -88,6 +88,10 @@ impl Node {
         broker_config.gate = limits.clone();
         let budgets = DeliveryBudgets::of(config, limits.memory_limit_bytes());
         broker_config.delivery_bytes_max = budgets.node_bytes;
+        let count = |value: u64| u32::try_from(value).unwrap_or(u32::MAX);
+        broker_config.queues_max = count(config.server.queues_max);
+        broker_config.partitions_max = count(config.server.partitions_max);
+        broker_config.consumers_max = count(config.server.consumers_max);
         let broker = Broker::open(broker_config).await?;
         limits.attach(&broker);
         let settings = Arc::new(NodeSettings::new(config.clone(), origins));

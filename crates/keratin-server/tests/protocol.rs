@@ -609,13 +609,28 @@ async fn consumers_and_connections_are_bounded() {
         Frame::Error(e) => assert!(e.error.message().contains("1024 consumers"), "{}", e.error),
         other => panic!("{other:?}"),
     }
-    // A third connection is closed at once; the first two are still served.
+    // A third connection is refused in the handshake (429 `connections`) and closed; the first
+    // two are still served.
     let mut third = TcpStream::connect(addr).await.expect("connect");
     let mut out = BytesMut::new();
     ClientHello::new("third").encode(&mut out).expect("hello");
     let _ = third.write_all(&out).await;
-    let closed = read_until_closed(&mut third).await;
-    assert!(closed.is_empty(), "no answer, closed: {closed:?}");
+    let mut answer = BytesMut::from(&read_until_closed(&mut third).await[..]);
+    match ServerHello::decode(&mut answer).expect("server hello") {
+        Some(ServerHello::Refused { error, .. }) => {
+            assert_eq!(error.code().0, 429, "{error}");
+            assert_eq!(
+                error.reason(),
+                Some(&keratin_proto::LimitReason::Connections)
+            );
+            assert!(error.retry_after_ms().is_some_and(|ms| ms > 0), "{error}");
+            assert!(
+                error.message().contains("server.connections_max"),
+                "{error}"
+            );
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
     small
         .send(Frame::QueueList(QueueList { request_id: 9 }))
         .await

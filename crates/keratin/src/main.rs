@@ -83,27 +83,10 @@ impl Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let json = cli.command.json();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("keratin: cannot start the async runtime: {error}");
-            return ExitCode::FAILURE;
-        }
+    let result = match cli.command {
+        Command::Serve(args) => serve_main(args),
+        verb => run_verb(verb),
     };
-    let result = runtime.block_on(async {
-        match cli.command {
-            Command::Serve(args) => serve::run(args).await.map_err(Failure::from),
-            Command::Queue(args) => queue::run(args).await,
-            Command::Publish(args) => publish::run(args).await,
-            Command::Consume(args) => consume::run(args).await,
-            Command::Status(args) => status::run(args),
-            Command::Settings(args) => settings::run(args),
-            Command::Attention(args) => attention::run(args),
-        }
-    });
     match result {
         Ok(code) => code,
         Err(failure) => {
@@ -114,4 +97,38 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `keratin serve`: the configuration first, then a runtime sized by it.
+fn serve_main(args: serve::ServeArgs) -> Result<ExitCode, Failure> {
+    let loaded = match serve::prepare(args).map_err(Failure::from)? {
+        serve::Prepared::Print(text) => {
+            print!("{text}");
+            return Ok(ExitCode::SUCCESS);
+        }
+        serve::Prepared::Serve(loaded) => loaded,
+    };
+    let runtime = serve::runtime(&loaded)
+        .map_err(|e| Failure::from(format!("cannot start the async runtime: {e}")))?;
+    runtime.block_on(serve::run(*loaded)).map_err(Failure::from)
+}
+
+/// A CLI verb: a client, on a small runtime.
+fn run_verb(verb: Command) -> Result<ExitCode, Failure> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::from(format!("cannot start the async runtime: {e}")))?;
+    runtime.block_on(async {
+        match verb {
+            Command::Serve(_) => Err(Failure::new("serve runs on its own runtime")),
+            Command::Queue(args) => queue::run(args).await,
+            Command::Publish(args) => publish::run(args).await,
+            Command::Consume(args) => consume::run(args).await,
+            Command::Status(args) => status::run(args),
+            Command::Settings(args) => settings::run(args),
+            Command::Attention(args) => attention::run(args),
+        }
+    })
 }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
-use keratin_server::config::{load_from_process_env, CliOverrides};
+use keratin_server::config::{load_from_process_env, CliOverrides, LoadedConfig};
 use keratin_server::Node;
 
 /// Flags of `keratin serve`.
@@ -29,7 +29,17 @@ pub struct ServeArgs {
     print_config: bool,
 }
 
-pub async fn run(args: ServeArgs) -> Result<ExitCode, String> {
+/// What `keratin serve` does once its flags are read.
+pub enum Prepared {
+    /// `--print-config`: print this and exit.
+    Print(String),
+    /// Serve with this configuration.
+    Serve(Box<LoadedConfig>),
+}
+
+/// Read the configuration from its four sources, before the async runtime exists: the runtime's
+/// thread counts come from it.
+pub fn prepare(args: ServeArgs) -> Result<Prepared, String> {
     let cli = CliOverrides {
         config: args.config,
         data_dirs: args.data_dirs,
@@ -38,10 +48,27 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode, String> {
     };
     let loaded = load_from_process_env(&cli).map_err(|e| e.to_string())?;
     if args.print_config {
-        print!("{}", loaded.print());
-        return Ok(ExitCode::SUCCESS);
+        return Ok(Prepared::Print(loaded.print()));
     }
+    Ok(Prepared::Serve(Box::new(loaded)))
+}
+
+/// The async runtime of a node: `server.worker_threads` workers and at most
+/// `server.blocking_threads_max` blocking threads (docs/ARCHITECTURE.md, "Threads").
+pub fn runtime(loaded: &LoadedConfig) -> std::io::Result<tokio::runtime::Runtime> {
+    let server = &loaded.config().server;
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(server.worker_threads_effective())
+        .max_blocking_threads(usize::try_from(server.blocking_threads_max).unwrap_or(64))
+        .thread_name("keratin-worker")
+        .enable_all()
+        .build()
+}
+
+/// Run a node until SIGTERM or SIGINT, then stop it gracefully.
+pub async fn run(loaded: LoadedConfig) -> Result<ExitCode, String> {
     init_logging();
+    raise_open_files_limit(&loaded);
     let node = Node::start_loaded(&loaded)
         .await
         .map_err(|e| e.to_string())?;
@@ -56,6 +83,53 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode, String> {
     node.shutdown().await.map_err(|e| e.to_string())?;
     tracing::info!("stopped cleanly");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Descriptors a node may need at its bounds: one per connection, one per partition holding a
+/// segment (an idle empty log holds none), a few per storage directory and listener.
+fn open_files_wanted(loaded: &LoadedConfig) -> u64 {
+    let server = &loaded.config().server;
+    server
+        .connections_max
+        .saturating_add(server.partitions_max)
+        .saturating_add(256)
+}
+
+/// Raise the soft limit on open files to the hard limit, as Go programs (NATS) and the JVM
+/// (Kafka) do at start: the soft default (often 1,024) is far below what many queues with
+/// messages and many connections need, and the hard limit is what the operator allowed. Warn
+/// when even the hard limit is below what the configured bounds may need.
+fn raise_open_files_limit(loaded: &LoadedConfig) {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit only read and write the struct passed.
+    let got = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+    if got != 0 {
+        tracing::warn!(error = %std::io::Error::last_os_error(), "cannot read the open files limit");
+        return;
+    }
+    let before = limit.rlim_cur;
+    if limit.rlim_cur < limit.rlim_max {
+        limit.rlim_cur = limit.rlim_max;
+        // SAFETY: as above.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } != 0 {
+            tracing::warn!(error = %std::io::Error::last_os_error(), "cannot raise the open files limit");
+            limit.rlim_cur = before;
+        }
+    }
+    let wanted = open_files_wanted(loaded);
+    let now: u64 = limit.rlim_cur;
+    if now < wanted {
+        tracing::warn!(open_files_max = now, wanted, "the open files limit is below what server.connections_max + server.partitions_max may need; raise it (ulimit -n, LimitNOFILE=) or lower those bounds");
+    } else {
+        tracing::info!(
+            open_files_max = now,
+            raised_from = before,
+            "open files limit"
+        );
+    }
 }
 
 fn init_logging() {

@@ -72,6 +72,22 @@ fn status_text(document: &Value) -> String {
         text_field(memory, "limit_source"),
         text_field(memory, "level"),
     ));
+    let bounds = &document["bounds"];
+    if bounds.is_object() {
+        let pair = |name: &str| {
+            let bound = &bounds[name];
+            match (bound["count"].as_u64(), bound["max"].as_u64()) {
+                (Some(count), Some(max)) => format!("{count} of {max}"),
+                _ => "?".to_owned(),
+            }
+        };
+        out.push_str(&format!(
+            "bounds  queues {}, partitions {}, consumers {}\n",
+            pair("queues"),
+            pair("partitions"),
+            pair("consumers"),
+        ));
+    }
     out
 }
 
@@ -87,12 +103,19 @@ mod tests {
                              "total_bytes": 1048576, "spare_bytes": 0}],
             "memory": {"resident_bytes": 1024, "limit_bytes": 4096,
                        "limit_source": "cgroup v2", "level": "normal"},
+            "bounds": {"queues": {"count": 3, "max": 10000},
+                       "partitions": {"count": 4, "max": 16384},
+                       "consumers": {"count": 0, "max": 16384}},
         });
         let text = status_text(&document);
         assert!(text.contains("/data   soft"), "{text}");
         assert!(text.contains("2.0 KiB"), "{text}");
         assert!(
             text.contains("1.0 KiB resident of 4.0 KiB limit (cgroup v2), level normal"),
+            "{text}"
+        );
+        assert!(
+            text.contains("bounds  queues 3 of 10000, partitions 4 of 16384, consumers 0 of 16384"),
             "{text}"
         );
     }

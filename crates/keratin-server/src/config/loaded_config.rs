@@ -40,6 +40,7 @@ impl LoadedConfig {
             ConfigError::invalid(&self.figment, error.key, error.value, error.expected)
         };
         self.config.node.validate().map_err(key_error)?;
+        self.config.server.validate().map_err(key_error)?;
         self.config.storage.validate().map_err(key_error)?;
         self.config.limits.validate().map_err(|error| match error {
             LimitsError::InvalidSetting {

@@ -58,6 +58,11 @@ pub fn startup_fields() -> &'static [&'static str] {
         "server.delivery_bytes_max",
         "server.outbound_bytes_max",
         "server.connections_max",
+        "server.queues_max",
+        "server.partitions_max",
+        "server.consumers_max",
+        "server.worker_threads",
+        "server.blocking_threads_max",
         "storage.dirs",
         "storage.segment_bytes",
         "limits.memory.limit_bytes",
@@ -102,9 +107,34 @@ pub struct ServerSection {
     /// Bound on one connection's delivery bytes not yet flushed to its socket; 0 = a
     /// sixteenth of the node's delivery budget, at most 16 MiB. Startup field.
     pub outbound_bytes_max: u64,
-    /// Most open protocol connections; past it new ones are closed. Startup field.
+    /// Most open protocol connections; past it a new one is refused (429 `connections` in the
+    /// handshake) and closed. Startup field.
     pub connections_max: u64,
+    /// Most queues of the node; past it a declare is refused with 409. Startup field.
+    pub queues_max: u64,
+    /// Most partitions over all queues of the node; past it a declare is refused with 409.
+    /// Startup field.
+    pub partitions_max: u64,
+    /// Most consumers over all connections of the node; past it a subscribe is refused with
+    /// 429 `consumers`. Startup field.
+    pub consumers_max: u64,
+    /// Threads of the async runtime (connections, HTTP, partition owners); 0 = one per CPU
+    /// the process may use. Startup field.
+    pub worker_threads: u64,
+    /// Most threads of the runtime's blocking pool (log opens, reads for deliveries, heals,
+    /// metadata appends, samples); work past it waits in the pool's queue. Startup field.
+    pub blocking_threads_max: u64,
 }
+
+/// Default `server.blocking_threads_max`: blocking work is disk work, which a few threads keep
+/// busy; 64 covers a burst of log opens and delivery reads on several disks while a stalled
+/// disk holds some of them, and bounds the threads (each has a 2 MiB stack reserved, mostly
+/// not resident).
+pub const BLOCKING_THREADS_MAX_DEFAULT: u64 = 64;
+
+/// Largest `server.worker_threads` and `server.blocking_threads_max`: far above any useful
+/// value, and below the kernel's usual per-process thread limits.
+pub const THREADS_MAX: u64 = 4096;
 
 /// The `[storage]` section.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -131,6 +161,11 @@ impl Default for ServerSection {
             delivery_bytes_max: 0,
             outbound_bytes_max: 0,
             connections_max: crate::tcp::CONNECTIONS_MAX_DEFAULT as u64,
+            queues_max: u64::from(keratin_broker::QUEUES_MAX_DEFAULT),
+            partitions_max: u64::from(keratin_broker::PARTITIONS_MAX_DEFAULT),
+            consumers_max: u64::from(keratin_broker::CONSUMERS_MAX_DEFAULT),
+            worker_threads: 0,
+            blocking_threads_max: BLOCKING_THREADS_MAX_DEFAULT,
         }
     }
 }
@@ -164,6 +199,48 @@ impl NodeSection {
                 expected: "a non-empty name, or no key at all to let the server choose",
             }),
             _ => Ok(()),
+        }
+    }
+}
+
+impl ServerSection {
+    pub(crate) fn validate(&self) -> Result<(), KeyError> {
+        let counts: [(&'static str, u64); 3] = [
+            ("server.queues_max", self.queues_max),
+            ("server.partitions_max", self.partitions_max),
+            ("server.consumers_max", self.consumers_max),
+        ];
+        for (key, value) in counts {
+            if value == 0 || value > u64::from(u32::MAX) {
+                return Err(KeyError {
+                    key,
+                    value: value.to_string(),
+                    expected: "a count from 1 to 4294967295",
+                });
+            }
+        }
+        if self.worker_threads > THREADS_MAX {
+            return Err(KeyError {
+                key: "server.worker_threads",
+                value: self.worker_threads.to_string(),
+                expected: "0 (one per CPU) or a count up to 4096",
+            });
+        }
+        if self.blocking_threads_max == 0 || self.blocking_threads_max > THREADS_MAX {
+            return Err(KeyError {
+                key: "server.blocking_threads_max",
+                value: self.blocking_threads_max.to_string(),
+                expected: "a count from 1 to 4096",
+            });
+        }
+        Ok(())
+    }
+
+    /// The runtime's worker threads: `worker_threads`, or one per CPU the process may use.
+    pub fn worker_threads_effective(&self) -> usize {
+        match self.worker_threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => usize::try_from(n).unwrap_or(1),
         }
     }
 }
@@ -217,6 +294,7 @@ mod tests {
     fn defaults_are_valid() {
         let config = Config::default();
         config.node.validate().expect("node defaults");
+        config.server.validate().expect("server defaults");
         config.storage.validate().expect("storage defaults");
         config.limits.validate().expect("limits defaults");
     }
@@ -242,6 +320,38 @@ mod tests {
             assert_eq!(error.key, "storage.segment_bytes");
             assert_eq!(error.value, bad.to_string());
         }
+    }
+
+    #[test]
+    fn server_bounds_are_counts() {
+        let mut server = ServerSection {
+            queues_max: 0,
+            ..ServerSection::default()
+        };
+        assert_eq!(server.validate().expect_err("0").key, "server.queues_max");
+        server = ServerSection {
+            consumers_max: 1 << 40,
+            ..ServerSection::default()
+        };
+        assert_eq!(
+            server.validate().expect_err("big").key,
+            "server.consumers_max"
+        );
+        server = ServerSection {
+            blocking_threads_max: 0,
+            ..ServerSection::default()
+        };
+        assert_eq!(
+            server.validate().expect_err("0").key,
+            "server.blocking_threads_max"
+        );
+        server = ServerSection {
+            worker_threads: 3,
+            ..ServerSection::default()
+        };
+        assert_eq!(server.worker_threads_effective(), 3);
+        server.worker_threads = 0;
+        assert!(server.worker_threads_effective() >= 1);
     }
 
     #[test]

@@ -118,7 +118,15 @@ async fn put_node_settings(State(admin): State<Admin>, Json(body): Json<Value>) 
 }
 
 async fn status(State(admin): State<Admin>) -> Json<Value> {
-    Json(admin.limits.status(&admin.node_id))
+    let mut document = admin.limits.status(&admin.node_id);
+    let bounds = admin.broker.bounds();
+    let pair = |(count, max): (u64, u64)| json!({ "count": count, "max": max });
+    document["bounds"] = json!({
+        "queues": pair(bounds.queues),
+        "partitions": pair(bounds.partitions),
+        "consumers": pair(bounds.consumers),
+    });
+    Json(document)
 }
 
 async fn metrics(State(admin): State<Admin>) -> Response {

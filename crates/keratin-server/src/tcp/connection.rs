@@ -158,25 +158,7 @@ async fn handshake(
     options: &TcpOptions,
 ) -> Option<(TcpStream, BytesMut, u16)> {
     let mut buf = BytesMut::with_capacity(256);
-    let hello = tokio::time::timeout(options.handshake_timeout, async {
-        loop {
-            match ClientHello::decode(&mut buf) {
-                Ok(Some(hello)) => return Some(hello),
-                Ok(None) => {}
-                // Bad magic or a malformed hello: not our protocol, close without answering.
-                Err(_) => return None,
-            }
-            if buf.len() > keratin_proto::handshake::CLIENT_HELLO_SIZE_MAX {
-                return None;
-            }
-            match stream.read_buf(&mut buf).await {
-                Ok(0) | Err(_) => return None,
-                Ok(_) => {}
-            }
-        }
-    })
-    .await
-    .ok()??;
+    let hello = read_hello(&mut stream, &mut buf, options.handshake_timeout).await?;
     let answer = ServerHello::answer(&hello, options.node_id.clone());
     let accepted = match &answer {
         ServerHello::Accepted { version, .. } => Some(*version),
@@ -186,6 +168,54 @@ async fn handshake(
     answer.encode(&mut out).ok()?;
     stream.write_all(&out).await.ok()?;
     accepted.map(|version| (stream, buf, version))
+}
+
+/// The client's hello, or `None` for a peer that is not speaking the protocol, closes, or is
+/// too slow.
+async fn read_hello(
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+    timeout: std::time::Duration,
+) -> Option<ClientHello> {
+    tokio::time::timeout(timeout, async {
+        loop {
+            match ClientHello::decode(buf) {
+                Ok(Some(hello)) => return Some(hello),
+                Ok(None) => {}
+                // Bad magic or a malformed hello: not our protocol, close without answering.
+                Err(_) => return None,
+            }
+            if buf.len() > keratin_proto::handshake::CLIENT_HELLO_SIZE_MAX {
+                return None;
+            }
+            match stream.read_buf(buf).await {
+                Ok(0) | Err(_) => return None,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .ok()?
+}
+
+/// Refuse a connection the node has no room for: read its hello, answer it refused with
+/// `error` (the client shows it, for example 429 `connections`), and close.
+pub(super) async fn refuse(mut stream: TcpStream, options: Arc<TcpOptions>, error: ErrorBody) {
+    let mut buf = BytesMut::with_capacity(256);
+    if read_hello(&mut stream, &mut buf, options.handshake_timeout)
+        .await
+        .is_none()
+    {
+        return;
+    }
+    let answer = ServerHello::Refused {
+        version: keratin_proto::PROTOCOL_VERSION,
+        error,
+    };
+    let mut out = BytesMut::new();
+    if answer.encode(&mut out).is_ok() {
+        let _ = stream.write_all(&out).await;
+    }
 }
 
 /// The writer task: sends queued frames, flushing when the queue runs dry, and a heartbeat when

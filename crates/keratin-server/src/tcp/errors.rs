@@ -24,7 +24,9 @@ pub fn error_body(error: &BrokerError) -> ErrorBody {
     }
     let code = match error {
         BrokerError::NotFound(_) => ERR_NOT_FOUND,
-        BrokerError::Conflict { .. } => ERR_CONFLICT,
+        // The node holds as many queues or partitions as it may: a state conflict, not a
+        // malformed request; it succeeds once queues are deleted.
+        BrokerError::Conflict { .. } | BrokerError::NodeFull(_) => ERR_CONFLICT,
         BrokerError::Invalid(_) => ERR_BAD_REQUEST,
         BrokerError::TooLarge(_) => ERR_TOO_LARGE,
         // Refused before anything was written: not applied, safe to retry later.

@@ -30,6 +30,14 @@ pub const OUTBOUND_BYTES_DEFAULT: usize = 16 << 20;
 /// 1,024 is the usual descriptor limit of a process.
 pub const CONNECTIONS_MAX_DEFAULT: usize = 1024;
 
+/// Refusals of connections past `connections_max` being answered at once: each waits for the
+/// client's hello (at most `handshake_timeout`) to answer it 429 `connections`. Past this,
+/// new connections are closed without an answer, so a flood costs at most 64 small tasks.
+const REFUSALS_MAX: usize = 64;
+
+/// The retry hint of a connection refused at `connections_max`: connections come and go.
+const CONNECTIONS_RETRY_AFTER_MS: u32 = 1_000;
+
 /// The publish byte budget is counted in KiB permits (a semaphore counts in `u32`).
 pub(crate) const PUBLISH_PERMIT_BYTES: usize = 1024;
 
@@ -99,6 +107,7 @@ pub async fn serve(
     let options = Arc::new(options);
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut connections = JoinSet::new();
+    let mut refusals = JoinSet::new();
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -113,8 +122,11 @@ pub async fn serve(
                     }
                 };
                 if connections.len() >= options.connections_max {
-                    tracing::warn!(%peer, connections_max = options.connections_max, "too many connections; closing the new one");
-                    drop(stream);
+                    tracing::warn!(%peer, connections_max = options.connections_max, "too many connections; refusing the new one");
+                    if refusals.len() < REFUSALS_MAX {
+                        let error = connections_refusal(options.connections_max);
+                        refusals.spawn(connection::refuse(stream, options.clone(), error));
+                    }
                     continue;
                 }
                 let broker = broker.clone();
@@ -126,10 +138,12 @@ pub async fn serve(
                 });
             }
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            Some(_) = refusals.join_next(), if !refusals.is_empty() => {}
             () = &mut shutdown => break,
         }
     }
     drop(listener);
+    refusals.abort_all();
     let _ = stop_tx.send(true);
     let drain = async { while connections.join_next().await.is_some() {} };
     if tokio::time::timeout(options.drain_timeout + Duration::from_secs(1), drain)
@@ -140,4 +154,17 @@ pub async fn serve(
         connections.abort_all();
     }
     Ok(())
+}
+
+/// The answer to a connection past `connections_max`: 429 `connections`, not applied, retry.
+fn connections_refusal(connections_max: usize) -> keratin_proto::ErrorBody {
+    keratin_proto::ErrorBody::limited(
+        keratin_proto::LimitReason::Connections,
+        CONNECTIONS_RETRY_AFTER_MS,
+        format!(
+            "the node has {connections_max} connections, its most (server.connections_max); \
+             close idle connections or raise server.connections_max; retry after \
+             {CONNECTIONS_RETRY_AFTER_MS} ms"
+        ),
+    )
 }
