@@ -85,6 +85,9 @@ pub struct BrokerConfig {
     pub spare_budget_bytes: Option<u64>,
     /// Prepare spares on a background thread (off for deterministic tests).
     pub pool_background: bool,
+    /// Commit workers per file system, shared by every log on it
+    /// ([`keratin_log::PoolOptions::commit_workers_per_filesystem`]).
+    pub commit_workers_per_filesystem: usize,
     /// Time source.
     pub clock: Clock,
     /// The resource limits publishes pass through.
@@ -126,6 +129,8 @@ impl BrokerConfig {
             io: Arc::new(RealIo::new()),
             spare_budget_bytes: None,
             pool_background: true,
+            commit_workers_per_filesystem: keratin_log::PoolOptions::default()
+                .commit_workers_per_filesystem,
             clock: system_clock(),
             gate: Arc::new(OpenGate),
             delivery_bytes_max: DELIVERY_BYTES_DEFAULT,
@@ -410,7 +415,7 @@ impl Broker {
                     full_segment_size_bytes: setup.segment_size_bytes,
                     budget_bytes: setup.spare_budget_bytes,
                     background: setup.pool_background,
-                    ..PoolOptions::default()
+                    commit_workers_per_filesystem: setup.commit_workers_per_filesystem,
                 },
             );
             for dir in &setup.dirs {

@@ -92,6 +92,11 @@ impl Node {
         broker_config.queues_max = count(config.server.queues_max);
         broker_config.partitions_max = count(config.server.partitions_max);
         broker_config.consumers_max = count(config.server.consumers_max);
+        broker_config.publish_timeout =
+            std::time::Duration::from_millis(config.server.publish_timeout_ms);
+        broker_config.idle_release_after =
+            std::time::Duration::from_millis(config.storage.idle_release_after_ms);
+        broker_config.commit_workers_per_filesystem = config.storage.commit_workers as usize;
         let broker = Broker::open(broker_config).await?;
         limits.attach(&broker);
         let settings = Arc::new(NodeSettings::new(config.clone(), origins));

@@ -64,7 +64,10 @@ pub fn startup_fields() -> &'static [&'static str] {
         "server.worker_threads",
         "server.blocking_threads_max",
         "storage.dirs",
+        "server.publish_timeout_ms",
         "storage.segment_bytes",
+        "storage.commit_workers",
+        "storage.idle_release_after_ms",
         "limits.memory.limit_bytes",
     ]
 }
@@ -124,6 +127,9 @@ pub struct ServerSection {
     /// Most threads of the runtime's blocking pool (log opens, reads for deliveries, heals,
     /// metadata appends, samples); work past it waits in the pool's queue. Startup field.
     pub blocking_threads_max: u64,
+    /// A publish not confirmed within this many milliseconds is answered 504 (outcome
+    /// unknown) instead of waiting on for a stalled disk. Startup field.
+    pub publish_timeout_ms: u64,
 }
 
 /// Default `server.blocking_threads_max`: blocking work is disk work, which a few threads keep
@@ -135,6 +141,12 @@ pub const BLOCKING_THREADS_MAX_DEFAULT: u64 = 64;
 /// Largest `server.worker_threads` and `server.blocking_threads_max`: far above any useful
 /// value, and below the kernel's usual per-process thread limits.
 pub const THREADS_MAX: u64 = 4096;
+
+/// Largest `server.publish_timeout_ms`: an hour.
+pub const PUBLISH_TIMEOUT_MAX_MS: u64 = 3_600_000;
+
+/// Largest `storage.commit_workers`: each is a thread that mostly waits in `fdatasync`.
+pub const COMMIT_WORKERS_MAX: u64 = 256;
 
 /// The `[storage]` section.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -150,6 +162,12 @@ pub struct StorageSection {
     /// default (2% of the filesystem, at most 1 GiB).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub spare_budget_bytes: Option<u64>,
+    /// Commit workers (threads that write and sync the logs) per file system the storage
+    /// directories are on, shared by all its logs. Startup field.
+    pub commit_workers: u64,
+    /// A partition that holds nothing and saw no append for this many milliseconds hands its
+    /// segment back to the node's pool. Startup field.
+    pub idle_release_after_ms: u64,
 }
 
 impl Default for ServerSection {
@@ -166,6 +184,7 @@ impl Default for ServerSection {
             consumers_max: u64::from(keratin_broker::CONSUMERS_MAX_DEFAULT),
             worker_threads: 0,
             blocking_threads_max: BLOCKING_THREADS_MAX_DEFAULT,
+            publish_timeout_ms: keratin_broker::PUBLISH_TIMEOUT_DEFAULT.as_millis() as u64,
         }
     }
 }
@@ -177,6 +196,9 @@ impl Default for StorageSection {
             max_bytes: 0,
             segment_bytes: SEGMENT_BYTES_DEFAULT,
             spare_budget_bytes: None,
+            commit_workers: keratin_log::PoolOptions::default().commit_workers_per_filesystem
+                as u64,
+            idle_release_after_ms: keratin_broker::IDLE_RELEASE_AFTER_DEFAULT.as_millis() as u64,
         }
     }
 }
@@ -226,6 +248,13 @@ impl ServerSection {
                 expected: "0 (one per CPU) or a count up to 4096",
             });
         }
+        if self.publish_timeout_ms == 0 || self.publish_timeout_ms > PUBLISH_TIMEOUT_MAX_MS {
+            return Err(KeyError {
+                key: "server.publish_timeout_ms",
+                value: self.publish_timeout_ms.to_string(),
+                expected: "milliseconds from 1 to 3600000 (an hour)",
+            });
+        }
         if self.blocking_threads_max == 0 || self.blocking_threads_max > THREADS_MAX {
             return Err(KeyError {
                 key: "server.blocking_threads_max",
@@ -255,6 +284,20 @@ impl StorageSection {
                 value: self.segment_bytes.to_string(),
                 expected:
                     "a multiple of 32768 (32 KiB) from 262144 (256 KiB) to 4294967296 (4 GiB)",
+            });
+        }
+        if self.commit_workers == 0 || self.commit_workers > COMMIT_WORKERS_MAX {
+            return Err(KeyError {
+                key: "storage.commit_workers",
+                value: self.commit_workers.to_string(),
+                expected: "a count from 1 to 256",
+            });
+        }
+        if self.idle_release_after_ms == 0 {
+            return Err(KeyError {
+                key: "storage.idle_release_after_ms",
+                value: "0".to_string(),
+                expected: "milliseconds, at least 1",
             });
         }
         if self.dirs.is_empty() {
@@ -289,6 +332,44 @@ impl StorageSection {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn commit_workers_idle_release_and_publish_timeout_are_checked() {
+        let mut storage = StorageSection {
+            commit_workers: 0,
+            ..StorageSection::default()
+        };
+        assert_eq!(
+            storage.validate().expect_err("0 workers").key,
+            "storage.commit_workers"
+        );
+        storage.commit_workers = COMMIT_WORKERS_MAX + 1;
+        assert_eq!(
+            storage.validate().expect_err("too many").key,
+            "storage.commit_workers"
+        );
+        storage.commit_workers = 16;
+        storage.idle_release_after_ms = 0;
+        assert_eq!(
+            storage.validate().expect_err("0 ms").key,
+            "storage.idle_release_after_ms"
+        );
+        storage.idle_release_after_ms = 1;
+        storage.validate().expect("valid");
+        let mut server = ServerSection {
+            publish_timeout_ms: 0,
+            ..ServerSection::default()
+        };
+        assert_eq!(
+            server.validate().expect_err("0 ms").key,
+            "server.publish_timeout_ms"
+        );
+        server.publish_timeout_ms = PUBLISH_TIMEOUT_MAX_MS + 1;
+        assert_eq!(
+            server.validate().expect_err("too long").key,
+            "server.publish_timeout_ms"
+        );
+    }
 
     #[test]
     fn defaults_are_valid() {
