@@ -198,7 +198,10 @@ async fn spawn_stalled(
     };
     let before = inflight().await.unwrap_or(0);
     let child = ConsumeChild::spawn(server, queue, 200, dir, name);
-    let deadline = Instant::now() + Duration::from_secs(2);
+    // Stop it only once it has subscribed: a child stopped in its handshake finds its connect
+    // timeout passed when it is resumed and exits with nothing received (CI hit that with a
+    // 2 s wait on a loaded machine: "connecting to the broker timed out after 5000 ms").
+    let deadline = Instant::now() + Duration::from_secs(60);
     while Instant::now() < deadline {
         match inflight().await {
             Some(now) if now <= before => {}
