@@ -187,23 +187,32 @@ async fn watch(server: &mut Server, duration: Duration) -> (u64, bool) {
 /// seconds pass: with the budget taken by others it may get nothing yet), then stop it.
 async fn spawn_stalled(
     server: &Server,
-    client: &Client,
+    _client: &Client,
     queue: &str,
     dir: &Path,
     name: &str,
 ) -> ConsumeChild {
-    let inflight = || async {
-        let info = client.info(queue).await.ok()?;
-        Some(info.partitions.iter().map(|p| p.inflight).sum::<u64>())
+    let http = server.http;
+    // The node's consumer count (`/api/v1/status` `bounds`); `None` once the broker is gone.
+    let consumers = move || async move {
+        tokio::task::spawn_blocking(move || {
+            let body =
+                std::panic::catch_unwind(|| support::http_get(http, "/api/v1/status")).ok()?;
+            let status: serde_json::Value = serde_json::from_str(&body).ok()?;
+            status["bounds"]["consumers"]["count"].as_u64()
+        })
+        .await
+        .ok()
+        .flatten()
     };
-    let before = inflight().await.unwrap_or(0);
+    let before = consumers().await.unwrap_or(0);
     let child = ConsumeChild::spawn(server, queue, 200, dir, name);
     // Stop it only once it has subscribed: a child stopped in its handshake finds its connect
     // timeout passed when it is resumed and exits with nothing received (CI hit that with a
     // 2 s wait on a loaded machine: "connecting to the broker timed out after 5000 ms").
     let deadline = Instant::now() + Duration::from_secs(60);
     while Instant::now() < deadline {
-        match inflight().await {
+        match consumers().await {
             Some(now) if now <= before => {}
             // Subscribed, or the broker is gone (the caller's checks say which).
             _ => break,
