@@ -155,10 +155,17 @@ impl Run<'_> {
 
     async fn receive(&self, consumer: &mut Consumer, count: usize) -> Step<Vec<Delivery>> {
         let mut out = Vec::with_capacity(count);
+        let started = Instant::now();
         while out.len() < count {
-            match tokio::time::timeout(STEP_LIMIT, consumer.recv()).await {
+            // After a crash no delivery may come: look at the crash every 100 ms, not only
+            // after STEP_LIMIT.
+            match tokio::time::timeout(Duration::from_millis(100), consumer.recv()).await {
                 Ok(Some(d)) => out.push(d),
-                _ => return self.fail("receive", "no delivery"),
+                Ok(None) => return self.fail("receive", "the consumer ended"),
+                Err(_) if self.crashed() || started.elapsed() >= STEP_LIMIT => {
+                    return self.fail("receive", "no delivery");
+                }
+                Err(_) => {}
             }
         }
         Ok(out)
@@ -452,6 +459,7 @@ fn crash_at_every_step_of_a_queue_workload() {
     };
     let mut stops = std::collections::BTreeMap::<String, u64>::new();
     for &k in &steps {
+        let step_started = Instant::now();
         let (sim, out) = workload(seed, Some(k));
         let stage = out
             .stopped
@@ -460,6 +468,13 @@ fn crash_at_every_step_of_a_queue_workload() {
             .to_string();
         *stops.entry(stage).or_default() += 1;
         check(k, seed, sim.restart(), &out);
+        if step_started.elapsed() > Duration::from_secs(2) {
+            eprintln!(
+                "slow crash point k={k} ({:?}): {:.1?}",
+                out.stopped,
+                step_started.elapsed()
+            );
+        }
     }
     eprintln!(
         "{} crash points over {totals:?} Io calls in {:.1?}; stopped at: {stops:?}",

@@ -118,3 +118,40 @@ async fn a_stopped_partition_heals_itself_when_space_returns() {
     }
     broker.shutdown().await.expect("shutdown");
 }
+
+/// A log whose heal keeps failing (the disk refuses every call) retries once per heal
+/// interval, not in a loop. Found by the crash sweep: the heal ran as a job whose answer woke
+/// the owner, which started the next heal at once, so a dead disk spun a core and filled the
+/// blocking pool with heal jobs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heal_that_keeps_failing_waits_between_attempts() {
+    let sim = SimIo::new(seed(7));
+    let broker = Broker::open(config_on(
+        Arc::new(sim.clone()),
+        vec![PathBuf::from("/node")],
+    ))
+    .await
+    .expect("open");
+    broker
+        .declare("q", QueueSettings::default())
+        .await
+        .expect("declare");
+    publish_seq(&broker, "q", 0..4, 100).await;
+    sim.crash_now();
+    let failed = broker
+        .publish("q", vec![Message::new(body(4, 100))])
+        .await
+        .remove(0);
+    assert!(failed.is_err(), "a publish on a dead disk: {failed:?}");
+    assert!(broker.info("q").expect("info").partitions[0].stopped);
+    // Each heal attempt makes a few refused calls; over 2 s at one attempt per 500 ms that is
+    // a handful of attempts. A loop makes thousands.
+    let before = sim.steps();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let calls = sim.steps() - before;
+    assert!(
+        calls <= 60,
+        "{calls} Io calls in 2 s on a dead disk: the heal retries without a pause"
+    );
+    assert!(broker.info("q").expect("info").partitions[0].stopped);
+}

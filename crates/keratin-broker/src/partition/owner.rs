@@ -250,6 +250,8 @@ struct Owner {
     handed_back: bool,
     /// The blocking job that holds the log (heal, reset, state check), at most one.
     log_job: Option<tokio::task::JoinHandle<()>>,
+    /// After a failed heal, the next one starts no sooner than this.
+    heal_retry_at: Option<Instant>,
     /// Purges waiting for `log_job` to end.
     deferred_purges: Vec<oneshot::Sender<BrokerResult<u64>>>,
     /// State checks asked for, answered at the end of the round (see `run_checks`).
@@ -347,6 +349,7 @@ pub(crate) fn spawn(ctx: OwnerContext, log: Log, state: PartitionState) -> Parti
         handing_back: false,
         handed_back: false,
         log_job: None,
+        heal_retry_at: None,
         deferred_purges: Vec::new(),
         check_requests: Vec::new(),
         reading: false,
@@ -449,10 +452,13 @@ impl Owner {
     /// idle hand-back.
     fn wake_at(&self) -> Option<Instant> {
         let delayed = self.delayed.front().map(|d| d.ready_at);
-        let heal = self
-            .stopped
-            .as_ref()
-            .map(|_| Instant::now() + HEAL_INTERVAL);
+        // A stopped log waits for a failed heal's pause, else polls the gate.
+        let now = Instant::now();
+        let heal = self.stopped.as_ref().map(|_| {
+            self.heal_retry_at
+                .filter(|at| *at > now)
+                .unwrap_or(now + HEAL_INTERVAL)
+        });
         let deadline = self.deadlines.front().map(|(at, _)| *at);
         [delayed, heal, deadline, self.read_retry_at, self.idle_at()]
             .into_iter()

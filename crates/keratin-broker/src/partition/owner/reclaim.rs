@@ -10,7 +10,7 @@ impl Owner {
         if self.stopped.is_none() || !self.pending.is_empty() {
             return;
         }
-        if !self.may_heal_now() {
+        if self.heal_retry_at.is_some_and(|at| Instant::now() < at) || !self.may_heal_now() {
             return;
         }
         self.heal_now();
@@ -44,6 +44,8 @@ impl Owner {
             }
             Ok(_) => {}
             Err(error) => {
+                // Its answer woke the owner: without a pause the next heal would start at once.
+                self.heal_retry_at = Some(Instant::now() + HEAL_INTERVAL);
                 tracing::warn!(queue = %self.ctx.queue, partition = self.ctx.index, %error, "heal failed; will retry");
             }
         }

@@ -89,6 +89,7 @@ impl Owner {
     pub(super) fn healed(&mut self) {
         tracing::info!(queue = %self.ctx.queue, partition = self.ctx.index, "log healed; writes resume");
         self.stopped = None;
+        self.heal_retry_at = None;
         self.figures.heals.fetch_add(1, Ordering::Relaxed);
         self.reader = None;
         self.reader_epoch += 1;
