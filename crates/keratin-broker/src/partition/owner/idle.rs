@@ -80,6 +80,9 @@ impl Owner {
                 if error.is_stopped() {
                     self.stop(error);
                 } else {
+                    // Try again after another idle period, not on the next round (the timer
+                    // would fire at once and spin).
+                    self.last_append = Instant::now();
                     tracing::warn!(queue = %self.ctx.queue, partition = self.ctx.index, %error, "idle hand-back refused");
                 }
             }
