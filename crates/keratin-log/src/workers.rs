@@ -128,14 +128,19 @@ impl WorkerSet {
     pub(crate) fn push(self: &Arc<Self>, log: Arc<Shared>, may_start: bool) {
         let mut queue = lock(&self.queue);
         queue.logs.push_back(log);
-        if queue.idle > 0 {
-            drop(queue);
-            self.ready.notify_one();
-        } else if may_start && queue.threads < self.max_threads && !queue.shutdown {
+        // `idle` counts sleepers until they wake and take the lock: a sleeper already woken
+        // for an earlier push is still counted. So start a worker whenever the queued logs
+        // outnumber the sleepers, else a log can wait behind another's stalled sync.
+        let short = queue.logs.len() > queue.idle;
+        if short && may_start && queue.threads < self.max_threads && !queue.shutdown {
             // Failing to start a further worker only costs parallelism: the set has one.
             if let Err(error) = self.spawn(&mut queue) {
                 tracing::warn!(device = self.device, %error, "starting a commit worker failed");
             }
+        }
+        if queue.idle > 0 {
+            drop(queue);
+            self.ready.notify_one();
         }
     }
 

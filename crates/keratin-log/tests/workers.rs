@@ -787,3 +787,56 @@ fn the_append_async_future_is_send() {
     assert_eq!(log.next_offset(), 0, "a future never polled queues nothing");
     log.close().expect("close");
 }
+
+/// Logs queued for the sleeping workers, one more than there are: the woken workers take the
+/// first ones, whose syncs stall, and a further worker must start for the last. The set used
+/// to start a worker only when none was idle at the push, so pushes made before the sleepers
+/// woke saw them as idle and the last log waited behind the stalled syncs (found by the
+/// broker's stalled-disk test under CPU load). Pushing from one thread, back to back, hits that
+/// window in most rounds.
+#[test]
+fn logs_queued_beyond_the_idle_workers_start_another() {
+    let _serial = serial();
+    for round in 0..20 {
+        let node = node(4, Duration::ZERO);
+        let stalled: Vec<Log> = (0..3)
+            .map(|i| node.open(&format!("stalled/{i}"), small_options()))
+            .collect();
+        let other = node.open("other", small_options());
+        // Every log holds a segment already, and the workers sleep.
+        for log in stalled.iter().chain([&other]) {
+            log.append_sync(&[record(&payload(0, 0, 100))])
+                .expect("first append");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        let sleeping = node.pool.commit_threads();
+        assert!(sleeping < 4, "round {round}: {sleeping} workers already");
+        node.gate.close(&Path::new(ROOT).join("stalled"));
+        let stuck: Vec<_> = stalled[..sleeping.min(3)]
+            .iter()
+            .map(|log| log.append(&[record(&payload(1, 0, 100))]).expect("append"))
+            .collect();
+        let served = other
+            .append(&[record(&payload(1, 0, 100))])
+            .expect("append");
+        let (done, finished) = std::sync::mpsc::channel();
+        let waiter = std::thread::spawn(move || {
+            let _ = done.send(served.wait());
+        });
+        let result = finished.recv_timeout(Duration::from_secs(5));
+        node.gate.open();
+        waiter.join().expect("waiter");
+        assert!(
+            matches!(result, Ok(Ok(_))),
+            "round {round}: with {sleeping} workers asleep, the other log waited behind the \
+             stalled syncs: {result:?}"
+        );
+        for ticket in stuck {
+            assert_eq!(ticket.wait().expect("durable after the stall"), 1..2);
+        }
+        for log in stalled {
+            log.close().expect("close");
+        }
+        other.close().expect("close");
+    }
+}
