@@ -35,8 +35,6 @@ const GOAL_DISK_PER_QUEUE: u64 = 64 * 1024;
 const GOAL_RESTART: Duration = Duration::from_secs(5);
 /// Spread over many queues: at least this share of the 4-queue rate (issue 13).
 const GOAL_SPREAD: f64 = 0.8;
-/// A queue not usable this long after the restart began fails the phase.
-const RESTART_TIMEOUT: Duration = Duration::from_secs(1200);
 /// One connect, declare or check taking longer than this counts as failed (RabbitMQ accepts
 /// TCP connections long before it answers them while it recovers quorum queues).
 const OPERATION_TIMEOUT: Duration = Duration::from_secs(30);
@@ -64,6 +62,9 @@ pub struct IdleConfig {
     pub settle: Duration,
     /// When the restart began (ns since the Unix epoch).
     pub since_ns: Option<u128>,
+    /// A queue not usable this long after the restart began fails the restart phase (and the
+    /// declares of the declare phase).
+    pub restart_timeout: Duration,
     /// Queues of the spread publish case (Keratin; 0 skips it).
     pub spread: usize,
     /// Producers of the spread case.
@@ -427,7 +428,7 @@ fn declare_phase(config: &IdleConfig) -> BenchResult<()> {
         config.queues,
         config.concurrency,
         false,
-        began + RESTART_TIMEOUT,
+        began + config.restart_timeout,
     ))?;
     let declare = began.elapsed();
     std::thread::sleep(config.settle);
@@ -469,7 +470,7 @@ fn restart_phase(config: &IdleConfig) -> BenchResult<()> {
         .as_u64()
         .map_or(config.queues, |q| q as usize);
     let rt = runtime()?;
-    let deadline = Instant::now() + RESTART_TIMEOUT;
+    let deadline = Instant::now() + config.restart_timeout;
     let checked = rt.block_on(declare_all(
         system,
         &config.endpoints,

@@ -224,6 +224,10 @@ struct IdleArgs {
     /// When the restart began, in ns since the Unix epoch (`date +%s%N`).
     #[arg(long)]
     since_ns: Option<u128>,
+    /// Seconds after the restart began until every queue must answer (else the phase fails
+    /// and says so in the figures).
+    #[arg(long, default_value_t = 1200.0)]
+    restart_timeout: f64,
     /// Queues the spread case publishes over (Keratin, restart phase; 0 skips it).
     #[arg(long, default_value_t = 1000)]
     spread: usize,
@@ -554,6 +558,7 @@ fn idle_config(args: &IdleArgs) -> BenchResult<idle_bench::IdleConfig> {
         concurrency: args.concurrency.max(1),
         settle: Duration::from_secs_f64(args.settle.max(0.0)),
         since_ns: args.since_ns,
+        restart_timeout: Duration::from_secs_f64(args.restart_timeout.max(1.0)),
         spread: args.spread,
         producers: args.producers.max(1),
         in_flight: args.in_flight.max(1),

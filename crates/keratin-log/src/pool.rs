@@ -62,7 +62,10 @@ pub struct PoolOptions {
 }
 
 /// The default of [`PoolOptions::commit_workers_per_filesystem`].
-pub const DEFAULT_COMMIT_WORKERS_PER_FILESYSTEM: usize = 4;
+/// Measured on a 2-core VM's virtio disk with 1,000 busy queues (4 producers, 1,000 confirmed
+/// publishes in flight each; docs/benchmarks.md, issue 13): 4 workers 20-23 k msg/s, 8 about
+/// 29 k, 16 about 31-39 k, 32 about 21-26 k, 64 about 19 k; 4 busy queues alike with all of them.
+pub const DEFAULT_COMMIT_WORKERS_PER_FILESYSTEM: usize = 16;
 
 impl Default for PoolOptions {
     fn default() -> Self {

@@ -28,7 +28,7 @@ const IN_FLIGHT: usize = 64;
 const WORKER_THREADS: u64 = 2;
 const BLOCKING_THREADS_MAX: u64 = 16;
 /// `keratin_log`'s default commit workers per file system (docs/ARCHITECTURE.md, "Threads").
-const COMMIT_WORKERS_PER_FILESYSTEM: u64 = 4;
+const COMMIT_WORKERS_PER_FILESYSTEM: u64 = 16;
 
 /// The thread formula for one file system: the main thread, the runtime's workers, its
 /// blocking pool at most, the commit workers of the file system and the segment pool's worker.
