@@ -279,7 +279,7 @@ if [ "$MODE" = idle ]; then
         since=$(date +%s%N)
         start_system "$sys" "$dir"
         "$BENCH" idle --phase restart --system "$sys" --concurrency "$CONCURRENCY" \
-            --pid "$SYS_PID" --since-ns "$since" --restart-timeout "$RESTART_TIMEOUT_S" \
+            --pid "$SYS_PID" --data-dir "$dir" --since-ns "$since" --restart-timeout "$RESTART_TIMEOUT_S" \
             --file "$file" "${IDLE_PEERS[@]}" \
             --spread "$SPREAD" --rounds "$ROUNDS" --seconds "$SECONDS_PER_RUN"
         stop_all

@@ -514,8 +514,96 @@ fn restart_phase(config: &IdleConfig) -> BenchResult<()> {
         value["spread_four"] = json!(four);
         value["spread_many"] = json!(many);
         value["spread_ratios"] = json!(ratios);
+        // The disk's own ceiling for it, in the same run: one write and one sync per file.
+        let dir = config
+            .data_dir
+            .as_deref()
+            .and_then(Path::parent)
+            .unwrap_or(Path::new("/var/tmp"))
+            .join("raw-syncs");
+        let mut raw = Vec::new();
+        for threads in RAW_SYNC_THREADS {
+            let rate = raw_syncs(&dir, spread, threads, config.duration, config.body_bytes)?;
+            eprintln!(
+                "  raw disk: {rate:.0} write+fdatasync/s of {} bytes over {spread} files, \
+                 {threads} threads",
+                config.body_bytes
+            );
+            raw.push(json!({"threads": threads, "syncs_per_s": rate}));
+        }
+        value["spread_raw_syncs"] = json!(raw);
     }
     write_json(file, &value)
+}
+
+/// Thread counts of the raw many-file sync reference.
+const RAW_SYNC_THREADS: [usize; 2] = [4, 16];
+
+/// The raw reference of the spread case: `files` files preallocated like a fresh segment's first
+/// step (64 KiB), and `threads` threads each writing `bytes` at the next offset of one of its
+/// files in turn and `fdatasync`ing it, for `duration`: syncs per second. Each log of the
+/// spread case syncs on its own, so this bounds its rounds per second.
+fn raw_syncs(
+    dir: &Path,
+    files: usize,
+    threads: usize,
+    duration: Duration,
+    bytes: usize,
+) -> BenchResult<f64> {
+    use std::os::unix::fs::FileExt;
+    const ALLOCATED: u64 = 64 << 10;
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir)?;
+    let mut opened = Vec::with_capacity(files);
+    for i in 0..files {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(dir.join(format!("raw-{i:05}")))?;
+        rustix::fs::fallocate(&file, rustix::fs::FallocateFlags::empty(), 0, ALLOCATED)?;
+        file.sync_all()?;
+        opened.push(file);
+    }
+    let done = AtomicUsize::new(0);
+    let deadline = Instant::now() + duration;
+    let began = Instant::now();
+    let failed = std::thread::scope(|scope| {
+        let runs: Vec<_> = (0..threads.max(1))
+            .map(|t| {
+                let (opened, done) = (&opened, &done);
+                scope.spawn(move || -> std::io::Result<()> {
+                    let buf = vec![0x6b_u8; bytes.max(1)];
+                    let mine: Vec<&std::fs::File> =
+                        opened.iter().skip(t).step_by(threads.max(1)).collect();
+                    let mut offsets = vec![0u64; mine.len()];
+                    let mut next = 0;
+                    while !mine.is_empty() && Instant::now() < deadline {
+                        let i = next % mine.len();
+                        next += 1;
+                        if offsets[i] + buf.len() as u64 > ALLOCATED {
+                            offsets[i] = 0;
+                        }
+                        mine[i].write_all_at(&buf, offsets[i])?;
+                        mine[i].sync_data()?;
+                        offsets[i] += buf.len() as u64;
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        runs.into_iter()
+            .filter_map(|r| r.join().ok().and_then(Result::err))
+            .next()
+    });
+    let elapsed = began.elapsed().as_secs_f64();
+    drop(opened);
+    let _ = std::fs::remove_dir_all(dir);
+    if let Some(error) = failed {
+        return Err(format!("raw syncs in {}: {error}", dir.display()).into());
+    }
+    Ok(done.load(Ordering::Relaxed) as f64 / elapsed)
 }
 
 /// One producer: up to `in_flight` confirmed publishes, round robin over `queues`, for
@@ -836,6 +924,20 @@ fn report(config: &IdleConfig) -> BenchResult<()> {
                 show(&four),
                 show(&many)
             ));
+            for raw in k["spread_raw_syncs"].as_array().into_iter().flatten() {
+                if let (Some(threads), Some(rate)) =
+                    (raw["threads"].as_u64(), raw["syncs_per_s"].as_f64())
+                {
+                    md.push_str(&format!(
+                        "  - raw disk, same run: {rate:.0} write+fdatasync/s over {spread} files \
+                         with {threads} threads; the spread's {:.0} msg/s are {:.1} messages \
+                         per such sync, the 4-queue rate would need {:.1}\n",
+                        median(&many),
+                        median(&many) / rate,
+                        median(&four) * GOAL_SPREAD / rate
+                    ));
+                }
+            }
         }
     }
     print!("{md}");

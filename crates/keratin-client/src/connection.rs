@@ -33,6 +33,10 @@ use crate::error::ClientError;
 use crate::options::ClientOptions;
 use crate::publisher::BufferedEntry;
 
+/// Capacity of a connection's read buffer: deliveries are read this much at a time at most, and
+/// their bodies (slices of it) keep a block of this size alive until the last is dropped.
+const READ_BUFFER_BYTES: usize = 64 << 10;
+
 /// Commands taken from the command channel in one turn of the loop before the writes are
 /// flushed. 256 one-message publishes of 1 KiB are a 256 KiB write: large enough to batch
 /// syscalls under load, small enough that reading is never starved for long.
@@ -252,9 +256,14 @@ async fn handshake(
     };
     match answer {
         ServerHello::Accepted { node_id, .. } => {
-            // Frames the broker pipelined behind its hello stay in `read_buf`.
+            // Frames the broker pipelined behind its hello stay in the read buffer. A fresh
+            // one of READ_BUFFER_BYTES, not the handshake's: once frames are split off a buffer,
+            // `BytesMut` regrows it to the capacity it started with, so the handshake's 256
+            // bytes meant a reallocation and a short read every few deliveries.
             let mut parts = FramedParts::new::<Frame>(stream, keratin_proto::FrameCodec::new());
-            parts.read_buf = read_buf;
+            let mut frames_buf = BytesMut::with_capacity(READ_BUFFER_BYTES.max(read_buf.len()));
+            frames_buf.extend_from_slice(&read_buf);
+            parts.read_buf = frames_buf;
             Ok((Framed::from_parts(parts), node_id))
         }
         ServerHello::Refused { version, error } => Err(ClientError::Refused {
