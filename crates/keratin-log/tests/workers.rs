@@ -471,6 +471,17 @@ fn a_stalled_sync_of_one_log_does_not_hold_up_another() {
 #[derive(Debug, Default)]
 struct CountingWaker(AtomicUsize);
 
+impl CountingWaker {
+    /// Wait (up to 10 s) until woken at least once; else fail with `what`.
+    fn wait_woken(&self, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.0.load(Ordering::SeqCst) == 0 {
+            assert!(Instant::now() < deadline, "{what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
 impl Wake for CountingWaker {
     fn wake(self: Arc<Self>) {
         self.0.fetch_add(1, Ordering::SeqCst);
@@ -552,14 +563,7 @@ fn a_waiting_append_async_is_woken_by_room_and_by_a_stop() {
     assert!(future.as_mut().poll(&mut cx).is_pending());
     node.gate.open();
     // The round that takes the second batch makes room and wakes the waiting append.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while counter.0.load(Ordering::SeqCst) == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the waiting append was not woken"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    counter.wait_woken("the waiting append was not woken");
     let ticket = match future.as_mut().poll(&mut cx) {
         Poll::Ready(result) => result.expect("queued"),
         Poll::Pending => panic!("woken, and room now, but still waiting"),
@@ -579,14 +583,7 @@ fn a_waiting_append_async_is_woken_by_room_and_by_a_stop() {
     let mut future = Box::pin(log.append_async(&batch));
     assert!(future.as_mut().poll(&mut cx).is_pending());
     node.gate.fail();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while counter.0.load(Ordering::SeqCst) == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the stop did not wake the waiting append"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    counter.wait_woken("the stop did not wake the waiting append");
     match future.as_mut().poll(&mut cx) {
         Poll::Ready(Err(error)) => assert!(error.is_stopped(), "{error}"),
         other => panic!("expected the stop, got {other:?}"),
