@@ -273,3 +273,61 @@ fn a_full_log_queue_blocks_neither_the_runtime_nor_the_publishers() {
         broker.shutdown().await.expect("shutdown");
     });
 }
+
+/// A message returned twice (a reject with requeue, then its consumer goes) while the first
+/// RETURN record is still being synced: when that first RETURN is applied, the second's count
+/// must survive, so the third delivery counts 3 (and `max_deliveries` 3 dead-letters it then). The owner used to drop the pending
+/// count of the message whenever any RETURN of it was applied, so the third delivery counted 2
+/// (`queues.rs max_deliveries_dead_letters` failed about 1 run in 30, in CI too). The slow
+/// disk here orders the syncs: the first RETURN's sync is let through alone.
+#[test]
+fn a_second_return_keeps_its_count_when_the_first_is_applied() {
+    let (_tmp, _fast_dir, io, config) = two_dirs_one_stallable();
+    on_current_thread_with_deadline(Duration::from_secs(60), move || async move {
+        let broker = Broker::open(config).await.expect("open");
+        io.favour_stalled(true);
+        broker
+            .declare("dlq", QueueSettings::default())
+            .await
+            .expect("declare");
+        let settings = QueueSettings {
+            dead_letter: Some("dlq".into()),
+            max_deliveries: Some(3),
+            ..QueueSettings::default()
+        };
+        let info = broker.declare("q", settings).await.expect("declare");
+        assert!(info.partitions[0].dir.ends_with("slow"));
+        publish_seq(&broker, "q", 0..1, 100).await;
+        let mut consumer = broker.subscribe("q", 1).expect("subscribe");
+        let first = recv(&mut consumer).await;
+        assert_eq!(first.delivery_count, 1);
+
+        io.stall_syncs();
+        let blocked = io.blocked_calls();
+        consumer.reject(&[first.tag], true);
+        let second = recv(&mut consumer).await;
+        assert_eq!(second.delivery_count, 2, "returned while its RETURN syncs");
+        // The first RETURN's round is held in its sync; the second queues behind it.
+        let held = wait_until(Duration::from_secs(10), || io.blocked_calls() > blocked).await;
+        assert!(held, "the first RETURN reached the disk");
+        // The consumer goes: its message returns again (a second RETURN, count 2) and waits,
+        // with no consumer, while that RETURN queues behind the first.
+        drop(consumer);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // The first RETURN completes and is applied; the second's sync stays held.
+        io.let_waiting_through();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut consumer = broker.subscribe("q", 1).expect("subscribe again");
+        let third = recv(&mut consumer).await;
+        assert_eq!(
+            third.delivery_count, 3,
+            "the second return's count was lost"
+        );
+        io.release();
+        consumer.reject(&[third.tag], true);
+        let mut dead = broker.subscribe("dlq", 1).expect("subscribe dlq");
+        let d = recv(&mut dead).await;
+        assert_eq!(seq_of(&d.message.body), 0);
+        broker.shutdown().await.expect("shutdown");
+    });
+}

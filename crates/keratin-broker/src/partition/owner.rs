@@ -603,8 +603,14 @@ impl Owner {
             Applied::Settings => {}
             Applied::Settled(_) => self.reclaim_due = true,
             Applied::Returned(messages) => {
+                // A later return of the same message may still be on its way to the log: its
+                // count stays pending until the state has caught up with it.
                 for m in messages {
-                    self.counts_pending.remove(&m);
+                    let durable = self.state.delivery_count(m);
+                    let caught_up = self.counts_pending.get(&m).is_some_and(|&c| c <= durable);
+                    if caught_up || !self.state.is_live(m) {
+                        self.counts_pending.remove(&m);
+                    }
                 }
             }
             Applied::Purged(ranges) => {

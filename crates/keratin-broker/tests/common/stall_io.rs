@@ -11,6 +11,10 @@ use keratin_log::{FsStats, Io, IoFile, OpenMode, RealIo};
 #[derive(Debug, Default)]
 struct Gate {
     stalled: Mutex<bool>,
+    /// Bumped by [`StallIo::let_waiting_through`]: a call waiting since an older round passes.
+    round: std::sync::atomic::AtomicU64,
+    /// Reads pass even while stalled (only syncs stall).
+    reads_free: std::sync::atomic::AtomicBool,
     released: Condvar,
     /// Calls that blocked so far.
     blocked: Mutex<u64>,
@@ -19,12 +23,14 @@ struct Gate {
 impl Gate {
     /// Block while stalled; at most a minute, so a broken test cannot hang for good.
     fn pass(&self) {
+        use std::sync::atomic::Ordering::SeqCst;
         let mut stalled = self.stalled.lock().unwrap_or_else(|e| e.into_inner());
+        let round = self.round.load(SeqCst);
         if *stalled {
             *self.blocked.lock().unwrap_or_else(|e| e.into_inner()) += 1;
         }
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        while *stalled && std::time::Instant::now() < deadline {
+        while *stalled && self.round.load(SeqCst) == round && std::time::Instant::now() < deadline {
             stalled = self
                 .released
                 .wait_timeout(stalled, Duration::from_millis(100))
@@ -68,6 +74,26 @@ impl StallIo {
 
     pub fn release(&self) {
         *self.gate.stalled.lock().unwrap_or_else(|e| e.into_inner()) = false;
+        self.gate
+            .reads_free
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        self.gate.released.notify_all();
+    }
+
+    /// Stall syncs only; reads go on.
+    pub fn stall_syncs(&self) {
+        self.gate
+            .reads_free
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.stall();
+    }
+
+    /// Let the calls waiting now through; later ones still stall.
+    pub fn let_waiting_through(&self) {
+        let _stalled = self.gate.stalled.lock().unwrap_or_else(|e| e.into_inner());
+        self.gate
+            .round
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.gate.released.notify_all();
     }
 
@@ -97,7 +123,13 @@ impl StallFile {
 
 impl IoFile for StallFile {
     fn read_exact_at(&self, buf: &mut [u8], position: u64) -> IoResult<()> {
-        self.pass();
+        if !self
+            .gate
+            .as_ref()
+            .is_some_and(|g| g.reads_free.load(std::sync::atomic::Ordering::SeqCst))
+        {
+            self.pass();
+        }
         self.inner.read_exact_at(buf, position)
     }
 
