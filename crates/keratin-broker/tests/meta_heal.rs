@@ -52,9 +52,22 @@ fn overrides(value: u64) -> BTreeMap<String, serde_json::Value> {
     BTreeMap::from([("limits.sample_interval_ms".to_string(), value.into())])
 }
 
-/// Make the next write of the metadata log fail with EIO: the broker is idle, so the next `Io`
-/// call is the metadata commit thread's write of the node settings record.
+/// Make the next write of the metadata log fail with EIO: once the disk has been quiet for a
+/// while (a confirmed publish's log can still be finishing its round), the broker is idle, so
+/// the next `Io` call is the metadata commit worker's write of the node settings record.
 async fn fail_one_metadata_write(sim: &SimIo, broker: &Broker) -> BrokerError {
+    let mut last = sim.steps();
+    let mut still = 0;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while still < 10 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let now = sim.steps();
+        (last, still) = if now == last {
+            (last, still + 1)
+        } else {
+            (now, 0)
+        };
+    }
     sim.fail_at(sim.steps(), SimFault::Eio);
     broker
         .set_node_settings(overrides(1))
