@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use keratin_proto::{
     Declare, Frame, QueueInfoReply, QueueList, QueueRequest, QueueSettings, QueueSettingsUpdate,
-    QueueSummary, SetQueueSettings,
+    QueueSummary, ServerInfo, SetQueueSettings,
 };
 use tokio::net::ToSocketAddrs;
 use tokio::sync::{mpsc, oneshot};
@@ -60,6 +60,18 @@ impl Client {
     /// The broker node's name, from its handshake.
     pub fn node_id(&self) -> &str {
         &self.inner.handle.node_id
+    }
+
+    /// Where the node says it and its cluster can be reached: its HTTP admin address and the
+    /// cluster's nodes (protocol version 3 on; empty when the node is older).
+    pub fn server_info(&self) -> &ServerInfo {
+        &self.inner.handle.info
+    }
+
+    /// The protocol version agreed in the handshake ([`keratin_proto::PROTOCOL_VERSION`], or an
+    /// older one the node speaks).
+    pub fn protocol_version(&self) -> u16 {
+        self.inner.handle.version
     }
 
     /// The options this client was connected with.

@@ -12,15 +12,17 @@
 //! socket, and `server_silence_timeout` does not fire while frames keep arriving.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::BytesMut;
 use futures_util::{SinkExt, StreamExt};
+use keratin_proto::codes::ERR_BAD_REQUEST;
 use keratin_proto::{
     Ack, Cancel, ClientHello, Close, Frame, Message, ProtoError, Publish, PublishMode, QueueList,
-    Reject, ServerHello,
+    Reject, ServerHello, ServerInfo, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, ToSocketAddrs};
@@ -178,6 +180,18 @@ pub(crate) struct Handle {
     pub(crate) ids: Arc<Ids>,
     pub(crate) lost: LostReason,
     pub(crate) node_id: String,
+    /// Where the node says it and its cluster are (empty from a node older than version 3).
+    pub(crate) info: ServerInfo,
+    /// The protocol version agreed in the handshake.
+    pub(crate) version: u16,
+}
+
+/// What an accepted handshake gives.
+struct Accepted {
+    framed: Framed<TcpStream, keratin_proto::FrameCodec>,
+    node_id: String,
+    info: ServerInfo,
+    version: u16,
 }
 
 /// Connects, shakes hands and spawns the task. Must be called inside a tokio runtime.
@@ -186,7 +200,12 @@ pub(crate) async fn open(
     options: &ClientOptions,
 ) -> Result<Handle, ClientError> {
     let timeout_ms = duration_ms(options.connect_timeout);
-    let (framed, node_id) = tokio::time::timeout(options.connect_timeout, handshake(addr, options))
+    let Accepted {
+        framed,
+        node_id,
+        info,
+        version,
+    } = tokio::time::timeout(options.connect_timeout, negotiate(addr, options))
         .await
         .map_err(|_| ClientError::ConnectTimeout { timeout_ms })??;
     let (commands_tx, commands) = mpsc::channel(COMMAND_QUEUE_MAX);
@@ -220,21 +239,55 @@ pub(crate) async fn open(
         ids,
         lost,
         node_id,
+        info,
+        version,
     })
 }
 
-async fn handshake(
+/// Shakes hands in [`PROTOCOL_VERSION`]; a node that refuses it (400) because it speaks an older
+/// version it still shares with us (a rolling upgrade) gets a second connection in that version.
+async fn negotiate(
     addr: impl ToSocketAddrs,
     options: &ClientOptions,
-) -> Result<(Framed<TcpStream, keratin_proto::FrameCodec>, String), ClientError> {
-    let mut stream = TcpStream::connect(addr)
+) -> Result<Accepted, ClientError> {
+    let addrs: Vec<SocketAddr> = tokio::net::lookup_host(addr)
+        .await
+        .map_err(|error| ClientError::io("resolve the broker's address", error))?
+        .collect();
+    match handshake(&addrs, options, PROTOCOL_VERSION).await {
+        Err(ClientError::Refused {
+            server_version,
+            error,
+        }) if error.code() == ERR_BAD_REQUEST
+            && (PROTOCOL_VERSION_MIN..PROTOCOL_VERSION).contains(&server_version) =>
+        {
+            tracing::debug!(
+                server_version,
+                "the broker speaks an older protocol; using it"
+            );
+            handshake(&addrs, options, server_version).await
+        }
+        result => result,
+    }
+}
+
+async fn handshake(
+    addrs: &[SocketAddr],
+    options: &ClientOptions,
+    version: u16,
+) -> Result<Accepted, ClientError> {
+    let mut stream = TcpStream::connect(addrs)
         .await
         .map_err(|error| ClientError::io("connect to the broker", error))?;
     stream
         .set_nodelay(true)
         .map_err(|error| ClientError::io("set TCP_NODELAY", error))?;
     let mut hello = BytesMut::new();
-    ClientHello::new(options.name.clone()).encode(&mut hello)?;
+    ClientHello {
+        version,
+        client_name: options.name.clone(),
+    }
+    .encode(&mut hello)?;
     stream
         .write_all(&hello)
         .await
@@ -255,16 +308,26 @@ async fn handshake(
         }
     };
     match answer {
-        ServerHello::Accepted { node_id, .. } => {
+        ServerHello::Accepted {
+            node_id,
+            info,
+            version: agreed,
+        } => {
             // Frames the broker pipelined behind its hello stay in the read buffer. A fresh
             // one of READ_BUFFER_BYTES, not the handshake's: once frames are split off a buffer,
             // `BytesMut` regrows it to the capacity it started with, so the handshake's 256
             // bytes meant a reallocation and a short read every few deliveries.
-            let mut parts = FramedParts::new::<Frame>(stream, keratin_proto::FrameCodec::new());
+            let codec = keratin_proto::FrameCodec::new().with_version(agreed);
+            let mut parts = FramedParts::new::<Frame>(stream, codec);
             let mut frames_buf = BytesMut::with_capacity(READ_BUFFER_BYTES.max(read_buf.len()));
             frames_buf.extend_from_slice(&read_buf);
             parts.read_buf = frames_buf;
-            Ok((Framed::from_parts(parts), node_id))
+            Ok(Accepted {
+                framed: Framed::from_parts(parts),
+                node_id,
+                info,
+                version: agreed,
+            })
         }
         ServerHello::Refused { version, error } => Err(ClientError::Refused {
             server_version: version,

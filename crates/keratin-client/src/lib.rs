@@ -79,6 +79,6 @@ pub use publisher::{
 /// The wire protocol crate, for anything not re-exported here.
 pub use keratin_proto as proto;
 pub use keratin_proto::{
-    Code, ErrorBody, Header, LimitReason, Overflow, PartitionInfo, QueueInfoReply, QueueSettings,
-    QueueSettingsUpdate, QueueSummary, Update,
+    Code, ErrorBody, Header, LimitReason, NodeAddress, Overflow, PartitionInfo, QueueInfoReply,
+    QueueSettings, QueueSettingsUpdate, QueueSummary, ServerInfo, Update,
 };

@@ -15,14 +15,43 @@ use keratin_proto::{ErrorBody, Frame, SubscribeOk};
 
 #[tokio::test]
 async fn a_refused_handshake_shows_the_brokers_message() {
-    let error = ErrorBody::new(ERR_BAD_REQUEST, "protocol version 1 is not supported here");
+    let error = ErrorBody::new(ERR_BAD_REQUEST, "protocol version 3 is not supported here");
     let addr = fake::start_refusing(error).await;
     let error = Client::connect(addr, fake::options()).await.unwrap_err();
     assert!(matches!(error, ClientError::Refused { .. }));
     assert_eq!(error.code(), Some(400));
     assert!(error
         .to_string()
-        .contains("protocol version 1 is not supported here"));
+        .contains("protocol version 3 is not supported here"));
+}
+
+/// A node of an older protocol version (a rolling upgrade) refuses our version naming its own;
+/// the client connects again in that version and works.
+#[tokio::test]
+async fn a_node_of_an_older_version_is_spoken_to_in_its_version() {
+    let (addr, accepted) = fake::start_old(2).await;
+    let client = fake::connect(addr, fake::options()).await;
+    assert_eq!(client.protocol_version(), 2);
+    assert_eq!(client.node_id(), "old-node");
+    assert_eq!(*client.server_info(), keratin_proto::ServerInfo::default());
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 2);
+    assert!(client.is_connected());
+    client.close().await;
+
+    // Version 0 is older than any this client speaks: refused, no second attempt.
+    let (addr, accepted) = fake::start_old(0).await;
+    let error = Client::connect(addr, fake::options()).await.unwrap_err();
+    assert!(
+        matches!(
+            error,
+            ClientError::Refused {
+                server_version: 0,
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
 
 #[tokio::test]

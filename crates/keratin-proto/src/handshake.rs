@@ -14,14 +14,25 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use crate::body::{put_error_body, read_error_body};
 use crate::error::{Problem, ProtoError};
 use crate::error_body::ErrorBody;
-use crate::wire::{put_string, Reader};
+use crate::wire::{put_count_u16, put_option, put_string, Reader};
 
 /// The protocol version this crate speaks. See `docs/protocol.md`, "Version changes".
-pub const PROTOCOL_VERSION: u16 = 2;
+pub const PROTOCOL_VERSION: u16 = 3;
 
 /// The oldest protocol version a server still accepts: version 1 differs only in `Subscribe`,
-/// which has no `prefetch_bytes` (see `docs/protocol.md`, "Version changes").
+/// which has no `prefetch_bytes`, and version 2 only in the accepted `ServerHello`, which has no
+/// [`ServerInfo`] (see `docs/protocol.md`, "Version changes").
 pub const PROTOCOL_VERSION_MIN: u16 = 1;
+
+/// The first version whose accepted `ServerHello` carries a [`ServerInfo`].
+pub const SERVER_INFO_VERSION: u16 = 3;
+
+/// Most nodes a [`ServerInfo`] lists: more than any cluster Keratin runs (metadata voters are at
+/// most 5), few enough that a hello stays small.
+pub const SERVER_INFO_NODES_MAX: usize = 64;
+
+/// Longest address or node name inside a [`ServerInfo`] (a host name and port fit in 255 bytes).
+pub const SERVER_INFO_FIELD_BYTES_MAX: usize = 255;
 
 /// The four bytes that open both hello messages.
 pub const MAGIC: [u8; 4] = *b"KRTN";
@@ -45,10 +56,29 @@ pub const SERVER_DETAIL_OFFSET: usize = STATUS_OFFSET + STATUS_SIZE;
 
 /// Largest `ClientHello`: magic, version and a name of 65,535 bytes behind its u16 length.
 pub const CLIENT_HELLO_SIZE_MAX: usize = CLIENT_NAME_OFFSET + 2 + u16::MAX as usize;
-/// Largest `ServerHello`: a refusal whose error body has a reason and a message of 65,535 bytes
+/// Largest refused `ServerHello`: an error body with a reason and a message of 65,535 bytes
 /// each: code 2, reason 1 + 2 + 65,535, retry hint 1 + 4, message 2 + 65,535.
-pub const SERVER_HELLO_SIZE_MAX: usize =
+const SERVER_HELLO_REFUSED_SIZE_MAX: usize =
     SERVER_DETAIL_OFFSET + 2 + (1 + 2 + u16::MAX as usize) + (1 + 4) + (2 + u16::MAX as usize);
+
+/// Largest field of a [`ServerInfo`] on the wire: a u16 length and 255 bytes.
+const INFO_FIELD_SIZE_MAX: usize = 2 + SERVER_INFO_FIELD_BYTES_MAX;
+
+/// Largest accepted `ServerHello`: a node id of 65,535 bytes, then the [`ServerInfo`] with an
+/// admin address and [`SERVER_INFO_NODES_MAX`] nodes whose fields are all at their longest.
+const SERVER_HELLO_ACCEPTED_SIZE_MAX: usize = SERVER_DETAIL_OFFSET
+    + (2 + u16::MAX as usize)
+    + (1 + INFO_FIELD_SIZE_MAX)
+    + 2
+    + SERVER_INFO_NODES_MAX * (INFO_FIELD_SIZE_MAX + INFO_FIELD_SIZE_MAX + 1 + INFO_FIELD_SIZE_MAX);
+
+/// Largest `ServerHello`, accepted or refused.
+pub const SERVER_HELLO_SIZE_MAX: usize =
+    if SERVER_HELLO_REFUSED_SIZE_MAX > SERVER_HELLO_ACCEPTED_SIZE_MAX {
+        SERVER_HELLO_REFUSED_SIZE_MAX
+    } else {
+        SERVER_HELLO_ACCEPTED_SIZE_MAX
+    };
 
 const STATUS_ACCEPTED: u8 = 0;
 const STATUS_REFUSED: u8 = 1;
@@ -63,6 +93,28 @@ pub struct ClientHello {
     pub client_name: String,
 }
 
+/// What a node tells a client about where to reach it and the other nodes of its cluster
+/// (protocol version 3 on). A client given one address learns the rest from it: the CLI reads
+/// the admin address here instead of needing `--http`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServerInfo {
+    /// This node's HTTP admin address as this client can reach it (`host:port`), if it serves one.
+    pub admin: Option<String>,
+    /// The nodes of the cluster this node knows, itself included; a single node lists itself.
+    pub nodes: Vec<NodeAddress>,
+}
+
+/// One node of a cluster as a client reaches it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeAddress {
+    /// The node's name (its `node_id` in its own hello).
+    pub node_id: String,
+    /// Its protocol address, `host:port`.
+    pub server: String,
+    /// Its HTTP admin address, `host:port`, if it serves one.
+    pub admin: Option<String>,
+}
+
 /// The server's answer to a [`ClientHello`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ServerHello {
@@ -72,6 +124,8 @@ pub enum ServerHello {
         version: u16,
         /// Names the server node, for example in logs and metrics.
         node_id: String,
+        /// Where to reach this node and its cluster; sent from version 3 on, empty below.
+        info: ServerInfo,
     },
     /// The server closes the connection after this answer.
     Refused {
@@ -115,11 +169,22 @@ impl ServerHello {
     /// The server's answer to `hello`: accepted in the client's version if it is from
     /// [`PROTOCOL_VERSION_MIN`] to [`PROTOCOL_VERSION`], else refused with a 400 that names
     /// both versions.
-    pub fn answer(hello: &ClientHello, node_id: impl Into<String>) -> ServerHello {
+    /// `info` goes out only to a client of version 3 or later.
+    pub fn answer(
+        hello: &ClientHello,
+        node_id: impl Into<String>,
+        info: ServerInfo,
+    ) -> ServerHello {
         if (PROTOCOL_VERSION_MIN..=PROTOCOL_VERSION).contains(&hello.version) {
+            let info = if hello.version >= SERVER_INFO_VERSION {
+                info
+            } else {
+                ServerInfo::default()
+            };
             return ServerHello::Accepted {
                 version: hello.version,
                 node_id: node_id.into(),
+                info,
             };
         }
         let error = ProtoError::UnsupportedVersion {
@@ -137,10 +202,20 @@ impl ServerHello {
         let start = dst.len();
         dst.put_slice(&MAGIC);
         let result = match self {
-            ServerHello::Accepted { version, node_id } => {
+            ServerHello::Accepted {
+                version,
+                node_id,
+                info,
+            } => {
                 dst.put_u16_le(*version);
                 dst.put_u8(STATUS_ACCEPTED);
-                put_string(dst, "node_id", node_id)
+                put_string(dst, "node_id", node_id).and_then(|()| {
+                    if *version >= SERVER_INFO_VERSION {
+                        put_server_info(dst, info)
+                    } else {
+                        Ok(())
+                    }
+                })
             }
             ServerHello::Refused { version, error } => {
                 dst.put_u16_le(*version);
@@ -159,6 +234,11 @@ impl ServerHello {
                 STATUS_ACCEPTED => Ok(ServerHello::Accepted {
                     version,
                     node_id: r.string("node_id")?,
+                    info: if version >= SERVER_INFO_VERSION {
+                        read_server_info(r)?
+                    } else {
+                        ServerInfo::default()
+                    },
                 }),
                 _ => Ok(ServerHello::Refused {
                     version,
@@ -167,6 +247,63 @@ impl ServerHello {
             }
         })
     }
+}
+
+fn put_server_info(dst: &mut BytesMut, info: &ServerInfo) -> Result<(), ProtoError> {
+    if info.nodes.len() > SERVER_INFO_NODES_MAX {
+        return Err(ProtoError::FieldTooLong {
+            field: "nodes",
+            size: info.nodes.len(),
+            limit: SERVER_INFO_NODES_MAX,
+        });
+    }
+    put_option(dst, info.admin.as_ref(), |dst, admin| {
+        put_info_field(dst, "admin", admin)
+    })?;
+    put_count_u16(dst, "nodes", info.nodes.len())?;
+    for node in &info.nodes {
+        put_info_field(dst, "nodes.node_id", &node.node_id)?;
+        put_info_field(dst, "nodes.server", &node.server)?;
+        put_option(dst, node.admin.as_ref(), |dst, admin| {
+            put_info_field(dst, "nodes.admin", admin)
+        })?;
+    }
+    Ok(())
+}
+
+fn put_info_field(dst: &mut BytesMut, field: &'static str, text: &str) -> Result<(), ProtoError> {
+    if text.len() > SERVER_INFO_FIELD_BYTES_MAX {
+        return Err(ProtoError::FieldTooLong {
+            field,
+            size: text.len(),
+            limit: SERVER_INFO_FIELD_BYTES_MAX,
+        });
+    }
+    put_string(dst, field, text)
+}
+
+fn read_server_info(r: &mut Reader) -> Result<ServerInfo, ProtoError> {
+    let admin = r.option("admin", |r| read_info_field(r, "admin"))?;
+    // Smallest node: two empty strings and an absent admin address.
+    let nodes = r.list_u16("nodes", 2 + 2 + 1, |r| {
+        Ok(NodeAddress {
+            node_id: read_info_field(r, "nodes.node_id")?,
+            server: read_info_field(r, "nodes.server")?,
+            admin: r.option("nodes.admin", |r| read_info_field(r, "nodes.admin"))?,
+        })
+    })?;
+    if nodes.len() > SERVER_INFO_NODES_MAX {
+        return Err(r.error("nodes", Problem::InvalidValue("more than 64 nodes")));
+    }
+    Ok(ServerInfo { admin, nodes })
+}
+
+fn read_info_field(r: &mut Reader, field: &'static str) -> Result<String, ProtoError> {
+    let text = r.string(field)?;
+    if text.len() > SERVER_INFO_FIELD_BYTES_MAX {
+        return Err(r.error(field, Problem::InvalidValue("longer than 255 bytes")));
+    }
+    Ok(text)
 }
 
 fn read_magic_and_version(r: &mut Reader) -> Result<u16, ProtoError> {
@@ -220,7 +357,7 @@ mod tests {
     fn client_hello_layout_and_roundtrip() {
         let mut dst = BytesMut::new();
         ClientHello::new("cli").encode(&mut dst).unwrap();
-        assert_eq!(&dst[..], b"KRTN\x02\x00\x03\x00cli");
+        assert_eq!(&dst[..], b"KRTN\x03\x00\x03\x00cli");
         for cut in 0..dst.len() {
             let mut partial = BytesMut::from(&dst[..cut]);
             assert_eq!(ClientHello::decode(&mut partial).unwrap(), None);
@@ -246,7 +383,7 @@ mod tests {
             version: 9,
             client_name: "future".into(),
         };
-        let answer = ServerHello::answer(&hello, "node-1");
+        let answer = ServerHello::answer(&hello, "node-1", ServerInfo::default());
         let ServerHello::Refused { version, error } = &answer else {
             panic!("expected a refusal, got {answer:?}");
         };
@@ -256,6 +393,61 @@ mod tests {
         answer.encode(&mut dst).unwrap();
         assert_eq!(ServerHello::decode(&mut dst).unwrap(), Some(answer));
         assert!(dst.is_empty());
+    }
+
+    #[test]
+    fn server_info_bounds_are_enforced_both_ways() {
+        let node = NodeAddress {
+            node_id: "n".repeat(SERVER_INFO_FIELD_BYTES_MAX),
+            server: "s".repeat(SERVER_INFO_FIELD_BYTES_MAX),
+            admin: Some("a".repeat(SERVER_INFO_FIELD_BYTES_MAX)),
+        };
+        let largest = ServerHello::Accepted {
+            version: PROTOCOL_VERSION,
+            node_id: "i".repeat(usize::from(u16::MAX)),
+            info: ServerInfo {
+                admin: Some("a".repeat(SERVER_INFO_FIELD_BYTES_MAX)),
+                nodes: vec![node.clone(); SERVER_INFO_NODES_MAX],
+            },
+        };
+        let mut dst = BytesMut::new();
+        largest.encode(&mut dst).unwrap();
+        assert_eq!(dst.len(), SERVER_HELLO_ACCEPTED_SIZE_MAX);
+        assert!(dst.len() <= SERVER_HELLO_SIZE_MAX);
+        assert_eq!(ServerHello::decode(&mut dst).unwrap(), Some(largest));
+
+        let too_many = ServerHello::Accepted {
+            version: PROTOCOL_VERSION,
+            node_id: "n".into(),
+            info: ServerInfo {
+                admin: None,
+                nodes: vec![node.clone(); SERVER_INFO_NODES_MAX + 1],
+            },
+        };
+        assert!(too_many.encode(&mut BytesMut::new()).is_err());
+        let too_long = ServerInfo {
+            admin: Some("a".repeat(SERVER_INFO_FIELD_BYTES_MAX + 1)),
+            nodes: Vec::new(),
+        };
+        let mut dst = BytesMut::new();
+        assert!(ServerHello::answer(&ClientHello::new("c"), "n", too_long)
+            .encode(&mut dst)
+            .is_err());
+        assert!(dst.is_empty(), "a failed encode leaves dst as it was");
+
+        // A server that sends a field over 255 bytes (by hand: the encoder refuses) is refused.
+        let mut dst = BytesMut::from(&b"KRTN\x03\x00\x00\x01\x00n\x01"[..]);
+        dst.put_u16_le(256);
+        dst.put_slice(&[b'a'; 256]);
+        dst.put_u16_le(0);
+        assert!(ServerHello::decode(&mut dst).is_err());
+        // And one that lists 65 nodes.
+        let mut dst = BytesMut::from(&b"KRTN\x03\x00\x00\x01\x00n\x00"[..]);
+        dst.put_u16_le(65);
+        for _ in 0..65 {
+            dst.put_slice(b"\x00\x00\x00\x00\x00");
+        }
+        assert!(ServerHello::decode(&mut dst).is_err());
     }
 
     #[test]
@@ -269,16 +461,55 @@ mod tests {
         let answer = ServerHello::Refused { version: 1, error };
         let mut dst = BytesMut::new();
         answer.encode(&mut dst).unwrap();
-        assert_eq!(dst.len(), SERVER_HELLO_SIZE_MAX);
+        assert_eq!(dst.len(), SERVER_HELLO_REFUSED_SIZE_MAX);
+        assert!(dst.len() <= SERVER_HELLO_SIZE_MAX);
+        assert_eq!(ServerHello::decode(&mut dst).unwrap(), Some(answer));
+    }
+
+    fn one_node_info() -> ServerInfo {
+        ServerInfo {
+            admin: Some("h:2".into()),
+            nodes: vec![NodeAddress {
+                node_id: "n".into(),
+                server: "h:1".into(),
+                admin: None,
+            }],
+        }
+    }
+
+    #[test]
+    fn server_accepts_its_version_and_tells_where_it_is() {
+        let answer = ServerHello::answer(&ClientHello::new("cli"), "node-1", one_node_info());
+        let mut dst = BytesMut::new();
+        answer.encode(&mut dst).unwrap();
+        let expected: &[u8] = b"KRTN\x03\x00\x00\x06\x00node-1\
+            \x01\x03\x00h:2\
+            \x01\x00\x01\x00n\x03\x00h:1\x00";
+        assert_eq!(&dst[..], expected);
+        for cut in 0..dst.len() {
+            let mut partial = BytesMut::from(&dst[..cut]);
+            assert_eq!(ServerHello::decode(&mut partial).unwrap(), None);
+        }
         assert_eq!(ServerHello::decode(&mut dst).unwrap(), Some(answer));
     }
 
     #[test]
-    fn server_accepts_its_version() {
-        let answer = ServerHello::answer(&ClientHello::new("cli"), "node-1");
-        let mut dst = BytesMut::new();
-        answer.encode(&mut dst).unwrap();
-        assert_eq!(&dst[..], b"KRTN\x02\x00\x00\x06\x00node-1");
-        assert_eq!(ServerHello::decode(&mut dst).unwrap(), Some(answer));
+    fn older_clients_get_the_hello_of_their_version() {
+        for version in [1, 2] {
+            let hello = ClientHello {
+                version,
+                client_name: "old".into(),
+            };
+            let answer = ServerHello::answer(&hello, "node-1", one_node_info());
+            let mut dst = BytesMut::new();
+            answer.encode(&mut dst).unwrap();
+            let mut expected = vec![version as u8, 0, 0, 6, 0];
+            expected.extend_from_slice(b"node-1");
+            assert_eq!(&dst[4..], &expected[..], "no server info below version 3");
+            let decoded = ServerHello::decode(&mut dst).unwrap().unwrap();
+            assert!(
+                matches!(&decoded, ServerHello::Accepted { info, .. } if *info == ServerInfo::default())
+            );
+        }
     }
 }

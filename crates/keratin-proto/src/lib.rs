@@ -38,4 +38,6 @@ pub use codes::{Code, LimitReason, Retry};
 pub use error::{Problem, ProtoError};
 pub use error_body::ErrorBody;
 pub use frame::*;
-pub use handshake::{ClientHello, ServerHello, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN};
+pub use handshake::{
+    ClientHello, NodeAddress, ServerHello, ServerInfo, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
+};

@@ -572,7 +572,15 @@ fn hellos_roundtrip_split_anywhere() {
                 ClientHello::decode(&mut src).ok(),
                 Some(Some(hello.clone()))
             );
-            let answer = ServerHello::answer(&hello, node_id);
+            let info = ServerInfo {
+                admin: Some("127.0.0.1:5681".into()),
+                nodes: vec![NodeAddress {
+                    node_id: node_id.chars().take(64).collect(),
+                    server: "127.0.0.1:5680".into(),
+                    admin: None,
+                }],
+            };
+            let answer = ServerHello::answer(&hello, node_id, info);
             let mut bytes = BytesMut::new();
             answer
                 .encode(&mut bytes)
@@ -643,7 +651,7 @@ fn assert_example(name: &str, encoded: &[u8]) {
 #[test]
 fn spec_examples_match_the_encoder() {
     let examples = SPEC.matches("<!-- example: ").count();
-    assert_eq!(examples, 6, "every example in the spec is checked here");
+    assert_eq!(examples, 7, "every example in the spec is checked here");
 
     assert_example("heartbeat", &encode(&Frame::Heartbeat));
     assert_example(
@@ -683,6 +691,19 @@ fn spec_examples_match_the_encoder() {
         .encode(&mut hello)
         .expect("short name");
     assert_example("client_hello", &hello);
+    let info = ServerInfo {
+        admin: Some("h:2".into()),
+        nodes: vec![NodeAddress {
+            node_id: "n".into(),
+            server: "h:1".into(),
+            admin: Some("h:2".into()),
+        }],
+    };
+    let mut hello = BytesMut::new();
+    ServerHello::answer(&ClientHello::new("cli"), "n", info)
+        .encode(&mut hello)
+        .expect("short fields");
+    assert_example("server_hello", &hello);
 
     // And the spec's bytes decode back to the same values.
     let decoded = decode_stream(&[&spec_example("publish_error")]).expect("spec bytes decode");
@@ -739,7 +760,7 @@ fn subscribe_prefetch_bytes_exists_from_version_2() {
         client_name: "old".into(),
     };
     assert!(matches!(
-        ServerHello::answer(&hello, "n"),
+        ServerHello::answer(&hello, "n", ServerInfo::default()),
         ServerHello::Accepted { version: 1, .. }
     ));
 }

@@ -136,6 +136,8 @@ impl Node {
                 .id
                 .clone()
                 .unwrap_or_else(|| format!("keratin@{protocol_addr}")),
+            server_addr: Some(protocol_addr),
+            admin_addr: Some(http_addr),
             ..TcpOptions::default()
         };
         let node_id = options.node_id.clone();

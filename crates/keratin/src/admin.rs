@@ -1,7 +1,11 @@
-//! The HTTP admin port from the command line: one plain HTTP/1.1 request per call (a blocking
-//! `TcpStream`, `Connection: close`, bounded by timeouts and a size cap), JSON in and out.
-//! `keratin status`, `keratin settings` and `keratin attention` use it; the documents are the
-//! server's (`keratin-server` `http`).
+//! The HTTP admin port from the command line: finding it, then one plain HTTP/1.1 request per
+//! call (a blocking `TcpStream`, `Connection: close`, bounded by timeouts and a size cap), JSON
+//! in and out. `keratin status`, `keratin settings` and `keratin attention` use it; the
+//! documents are the server's (`keratin-server` `http`).
+//!
+//! The admin address is `--http` (env `KERATIN_HTTP`) when given; otherwise the CLI asks the
+//! node at `--server`, whose handshake names its admin address (protocol version 3), so one
+//! address of a node is enough for every verb.
 
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -9,6 +13,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::connect::{self, CommonArgs, SERVER_DEFAULT};
 use crate::output::Failure;
 
 /// The HTTP admin port's default address, as `keratin serve` binds it.
@@ -18,6 +23,39 @@ const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bound on the response: admin documents are kilobytes, so 4 MiB means something other than
 /// a Keratin node answered.
 const RESPONSE_SIZE_BYTES_MAX: u64 = 4 * 1024 * 1024;
+
+/// The admin address to use: `http` when given, else the one the node at `--server` names in
+/// its handshake. A node that cannot be reached at the default `--server` is looked for at the
+/// default admin address (the same machine's node may refuse protocol connections at its bound
+/// and still answer `status`); elsewhere the failure says to pass `--http`.
+pub async fn address(common: &CommonArgs, http: Option<&str>) -> Result<String, Failure> {
+    if let Some(http) = http {
+        return Ok(http.to_owned());
+    }
+    let server = common.server.as_str();
+    let client = match connect::connect(common, None).await {
+        Ok(client) => client,
+        Err(_) if server == SERVER_DEFAULT => return Ok(HTTP_DEFAULT.to_owned()),
+        Err(failure) => {
+            return Err(Failure {
+                message: format!(
+                    "{}; the admin address is learned from the node, or pass --http ADDR",
+                    failure.message
+                ),
+                code: failure.code,
+            })
+        }
+    };
+    let admin = client.server_info().admin.clone();
+    client.close().await;
+    admin.ok_or_else(|| {
+        Failure::new(format!(
+            "the node at {server} did not name its HTTP admin address (it speaks protocol \
+             version {}, older than 3): pass --http ADDR",
+            client.protocol_version()
+        ))
+    })
+}
 
 /// `method path` on the admin port at `http`, with an optional JSON body; the parsed JSON
 /// answer, or a failure naming the request and the server's message.

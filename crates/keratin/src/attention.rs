@@ -11,7 +11,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use clap::Args;
 use serde_json::Value;
 
-use crate::admin::{self, HTTP_DEFAULT};
+use crate::admin;
 use crate::connect::CommonArgs;
 use crate::output::{print_json, Failure, Table};
 
@@ -20,15 +20,15 @@ const ATTENTION_PATH: &str = "/api/v1/attention";
 /// Cleared items shown without `--all`: the recent history that explains the active ones.
 const RECENT_CLEARED_SHOWN: usize = 10;
 
-/// Flags of `keratin attention`. `--server` is accepted like on every verb but not used: the
-/// items come from the HTTP admin port.
+/// Flags of `keratin attention`: the items come from the HTTP admin port, found through
+/// `--server` unless `--http` names it.
 #[derive(Debug, Args)]
 pub struct AttentionArgs {
     #[command(flatten)]
     pub common: CommonArgs,
-    /// The HTTP admin address.
-    #[arg(long, env = "KERATIN_HTTP", default_value = HTTP_DEFAULT, value_name = "ADDR")]
-    http: String,
+    /// The HTTP admin address (default: the one the node at --server names).
+    #[arg(long, env = "KERATIN_HTTP", value_name = "ADDR")]
+    http: Option<String>,
     /// Show every item kept, cleared ones included (the server keeps at most 256).
     #[arg(long, conflicts_with = "active")]
     all: bool,
@@ -38,17 +38,18 @@ pub struct AttentionArgs {
 }
 
 /// Runs `keratin attention`.
-pub fn run(args: AttentionArgs) -> Result<ExitCode, Failure> {
+pub async fn run(args: AttentionArgs) -> Result<ExitCode, Failure> {
     let path = if args.active {
         format!("{ATTENTION_PATH}?active=true")
     } else {
         ATTENTION_PATH.to_owned()
     };
-    let document = admin::request(&args.http, "GET", &path, None)?;
+    let http = admin::address(&args.common, args.http.as_deref()).await?;
+    let document = admin::request(&http, "GET", &path, None)?;
     let Some(items) = document["items"].as_array() else {
         return Err(Failure::new(format!(
             "GET http://{}{path}: the document has no \"items\" list: {document}",
-            args.http
+            http
         )));
     };
     let shown = if args.all || args.active {

@@ -126,9 +126,9 @@ fn run_verb(verb: Command) -> Result<ExitCode, Failure> {
             Command::Queue(args) => queue::run(args).await,
             Command::Publish(args) => publish::run(args).await,
             Command::Consume(args) => consume::run(args).await,
-            Command::Status(args) => status::run(args),
-            Command::Settings(args) => settings::run(args),
-            Command::Attention(args) => attention::run(args),
+            Command::Status(args) => status::run(args).await,
+            Command::Settings(args) => settings::run(args).await,
+            Command::Attention(args) => attention::run(args).await,
         }
     })
 }

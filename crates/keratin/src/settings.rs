@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 use serde_json::{Map, Value};
 
-use crate::admin::{self, HTTP_DEFAULT};
+use crate::admin;
 use crate::connect::CommonArgs;
 use crate::output::{print_json, Failure, Table};
 
@@ -20,9 +20,9 @@ const SETTINGS_PATH: &str = "/api/v1/settings";
 pub struct SettingsArgs {
     #[command(flatten)]
     pub common: CommonArgs,
-    /// The HTTP admin address.
-    #[arg(long, env = "KERATIN_HTTP", default_value = HTTP_DEFAULT, value_name = "ADDR", global = true)]
-    http: String,
+    /// The HTTP admin address (default: the one the node at --server names).
+    #[arg(long, env = "KERATIN_HTTP", value_name = "ADDR", global = true)]
+    http: Option<String>,
     #[command(subcommand)]
     verb: SettingsVerb,
 }
@@ -55,10 +55,11 @@ enum SettingsVerb {
 }
 
 /// Runs `keratin settings`.
-pub fn run(args: SettingsArgs) -> Result<ExitCode, Failure> {
+pub async fn run(args: SettingsArgs) -> Result<ExitCode, Failure> {
+    let http = admin::address(&args.common, args.http.as_deref()).await?;
     let (document, shown) = match args.verb {
         SettingsVerb::Get { keys, all } => {
-            let document = admin::request(&args.http, "GET", SETTINGS_PATH, None)?;
+            let document = admin::request(&http, "GET", SETTINGS_PATH, None)?;
             for key in &keys {
                 if find(&document, key).is_none() {
                     return Err(Failure::new(format!(
@@ -71,23 +72,15 @@ pub fn run(args: SettingsArgs) -> Result<ExitCode, Failure> {
         SettingsVerb::Set { pairs } => {
             let changes = parse_pairs(&pairs)?;
             let keys = changes.keys().cloned().collect();
-            let document = admin::request(
-                &args.http,
-                "PUT",
-                SETTINGS_PATH,
-                Some(&Value::Object(changes)),
-            )?;
+            let document =
+                admin::request(&http, "PUT", SETTINGS_PATH, Some(&Value::Object(changes)))?;
             (document, Shown { keys, all: false })
         }
         SettingsVerb::Reset { keys } => {
             let changes: Map<String, Value> =
                 keys.iter().map(|k| (k.clone(), Value::Null)).collect();
-            let document = admin::request(
-                &args.http,
-                "PUT",
-                SETTINGS_PATH,
-                Some(&Value::Object(changes)),
-            )?;
+            let document =
+                admin::request(&http, "PUT", SETTINGS_PATH, Some(&Value::Object(changes)))?;
             (document, Shown { keys, all: false })
         }
     };

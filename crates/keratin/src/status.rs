@@ -9,26 +9,27 @@ use std::process::ExitCode;
 use clap::Args;
 use serde_json::Value;
 
-use crate::admin::{self, HTTP_DEFAULT};
+use crate::admin;
 use crate::connect::CommonArgs;
 use crate::output::{format_bytes, print_json, Failure, Table};
 
 const STATUS_PATH: &str = "/api/v1/status";
 
-/// Flags of `keratin status`. `--server` is accepted like on every verb but not used: the
-/// status comes from the HTTP admin port.
+/// Flags of `keratin status`: the status comes from the HTTP admin port, found through
+/// `--server` unless `--http` names it.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     #[command(flatten)]
     pub common: CommonArgs,
-    /// The HTTP admin address.
-    #[arg(long, env = "KERATIN_HTTP", default_value = HTTP_DEFAULT, value_name = "ADDR")]
-    http: String,
+    /// The HTTP admin address (default: the one the node at --server names).
+    #[arg(long, env = "KERATIN_HTTP", value_name = "ADDR")]
+    http: Option<String>,
 }
 
 /// Runs `keratin status`.
-pub fn run(args: StatusArgs) -> Result<ExitCode, Failure> {
-    let document = admin::request(&args.http, "GET", STATUS_PATH, None)?;
+pub async fn run(args: StatusArgs) -> Result<ExitCode, Failure> {
+    let http = admin::address(&args.common, args.http.as_deref()).await?;
+    let document = admin::request(&http, "GET", STATUS_PATH, None)?;
     if args.common.json {
         print_json(&document);
     } else {

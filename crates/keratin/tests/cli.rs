@@ -95,10 +95,19 @@ impl Server {
 
     /// Runs `keratin ARGS --server <protocol>` (and `KERATIN_HTTP` for `status`), bounded.
     fn run(&self, args: &[&str]) -> Output {
-        let child = Command::new(BIN)
+        self.run_with(args, Some(&self.http))
+    }
+
+    /// Runs `keratin ARGS --server <protocol>` with `KERATIN_HTTP` set to `http`, or unset.
+    fn run_with(&self, args: &[&str], http: Option<&str>) -> Output {
+        let mut command = Command::new(BIN);
+        match http {
+            Some(http) => command.env("KERATIN_HTTP", http),
+            None => command.env_remove("KERATIN_HTTP"),
+        };
+        let child = command
             .args(args)
             .args(["--server", &self.protocol])
-            .env("KERATIN_HTTP", &self.http)
             .env_remove("KERATIN_SERVER")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -565,4 +574,64 @@ fn failures_exit_non_zero_with_the_brokers_message() {
     // Nobody listens on the HTTP port once it is closed; a bad --http fails cleanly.
     let status = server.run(&["status", "--http", "127.0.0.1:1"]);
     assert!(!status.status.success(), "{}", describe(&status));
+}
+
+/// Issue 14: one address of a node is enough for every verb. `status`, `settings` and
+/// `attention` read the HTTP admin port, whose address the node names in its handshake; before
+/// protocol version 3 they needed `--http` and, without it, went to the default admin address.
+#[test]
+fn every_verb_works_given_only_the_protocol_address() {
+    let server = Server::start();
+    let run = |args: &[&str]| {
+        let output = server.run_with(&[args, &["--json"]].concat(), None);
+        assert!(
+            output.status.success(),
+            "keratin {args:?} with --server only: {}",
+            describe(&output)
+        );
+        parse(&output)
+    };
+    let status = run(&["status"]);
+    assert!(status["filesystems"].is_array(), "{status}");
+    let settings = run(&["settings", "get", "limits.disk.soft_fraction"]);
+    assert!(
+        settings.to_string().contains("limits.disk.soft_fraction"),
+        "{settings}"
+    );
+    run(&["settings", "set", "limits.sample_interval_ms=750"]);
+    let changed = run(&["settings", "get", "limits.sample_interval_ms"]);
+    assert!(changed.to_string().contains("750"), "{changed}");
+    let attention = run(&["attention"]);
+    assert!(attention["items"].is_array(), "{attention}");
+    run(&["queue", "declare", "one-address"]);
+    run(&["queue", "info", "one-address"]);
+
+    // --http still wins over what the node says: a wrong one fails, naming it.
+    let wrong = server.run_with(&["status", "--http", "127.0.0.1:1"], None);
+    assert!(!wrong.status.success(), "{}", describe(&wrong));
+    assert!(
+        String::from_utf8_lossy(&wrong.stderr).contains("127.0.0.1:1"),
+        "{}",
+        describe(&wrong)
+    );
+}
+
+/// A `--server` where no node listens, without `--http`: a clear failure that says how to name
+/// the admin port, not a guess at another address.
+#[test]
+fn status_without_a_reachable_node_says_to_pass_http() {
+    let output = Command::new(BIN)
+        .args(["status", "--server", "127.0.0.1:1"])
+        .env_remove("KERATIN_HTTP")
+        .env_remove("KERATIN_SERVER")
+        .stdin(Stdio::null())
+        .output()
+        .expect("the keratin CLI runs");
+    assert!(!output.status.success(), "{}", describe(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("127.0.0.1:1") && stderr.contains("--http"),
+        "{}",
+        describe(&output)
+    );
 }

@@ -238,6 +238,7 @@ fn subscribe_bytes() -> Vec<u8> {
     body.put_u32_le(100);
     body.put_u16_le(2);
     body.put_slice(b"c1");
+    body.put_u64_le(0); // prefetch_bytes (protocol version 2 on): no byte bound
     let mut out = (body.len() as u32).to_le_bytes().to_vec();
     out.extend_from_slice(&body);
     if Frame::decode(Bytes::from(out.clone())).is_err() {
@@ -268,13 +269,21 @@ fn handshake_seeds(out: &Path) {
     // A client that pipelines its first frame behind the hello.
     bytes.extend_from_slice(&encode(&Frame::Heartbeat));
     write(out, "handshake", "client_hello_and_frame", &bytes);
+    let info = ServerInfo {
+        admin: Some("127.0.0.1:5681".into()),
+        nodes: vec![NodeAddress {
+            node_id: "node-1".into(),
+            server: "127.0.0.1:5680".into(),
+            admin: Some("127.0.0.1:5681".into()),
+        }],
+    };
     let other = ClientHello {
-        version: 2,
+        version: 9,
         client_name: "future".into(),
     };
     for (name, answer) in [
-        ("server_accepted", ServerHello::answer(&hello, "node-1")),
-        ("server_refused", ServerHello::answer(&other, "node-1")),
+        ("server_accepted", ServerHello::answer(&hello, "node-1", info)),
+        ("server_refused", ServerHello::answer(&other, "node-1", ServerInfo::default())),
     ] {
         let mut bytes = BytesMut::new();
         answer.encode(&mut bytes).expect("encode");

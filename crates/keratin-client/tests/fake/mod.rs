@@ -9,12 +9,17 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
 use futures_util::{SinkExt, StreamExt};
 use keratin_client::{Client, ClientOptions};
-use keratin_proto::{ClientHello, ErrorBody, Frame, FrameCodec, PublishIdRange, ServerHello};
+use keratin_proto::codes::ERR_BAD_REQUEST;
+use keratin_proto::{
+    ClientHello, ErrorBody, Frame, FrameCodec, PublishIdRange, ServerHello, ServerInfo,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
@@ -46,7 +51,7 @@ where
         let hello = read_client_hello(&mut stream).await;
         assert_eq!(hello.client_name, "test-client");
         let mut answer = BytesMut::new();
-        ServerHello::answer(&hello, "fake-node")
+        ServerHello::answer(&hello, "fake-node", ServerInfo::default())
             .encode(&mut answer)
             .expect("fake broker I/O");
         stream.write_all(&answer).await.expect("fake broker I/O");
@@ -60,7 +65,60 @@ where
     (addr, task)
 }
 
-/// A fake broker that refuses the handshake with `error`.
+/// A fake broker speaking protocol `version` only, as a node older than this client would:
+/// it refuses any other version with a 400 naming its own, and accepts `version`, answering
+/// `Heartbeat` and `Close` in kind. Returns its address and how many connections it accepted.
+pub async fn start_old(version: u16) -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("fake broker I/O");
+    let addr = listener.local_addr().expect("fake broker I/O");
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&accepted);
+    tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = listener.accept().await.expect("fake broker I/O");
+            count.fetch_add(1, Ordering::SeqCst);
+            let hello = read_client_hello(&mut stream).await;
+            let mut answer = BytesMut::new();
+            if hello.version != version {
+                let error = ErrorBody::new(
+                    ERR_BAD_REQUEST,
+                    format!("protocol version {} is not supported", hello.version),
+                );
+                ServerHello::Refused { version, error }
+                    .encode(&mut answer)
+                    .expect("fake broker I/O");
+                stream.write_all(&answer).await.expect("fake broker I/O");
+                continue;
+            }
+            ServerHello::answer(&hello, "old-node", ServerInfo::default())
+                .encode(&mut answer)
+                .expect("fake broker I/O");
+            stream.write_all(&answer).await.expect("fake broker I/O");
+            let codec = FrameCodec::new().with_version(version);
+            let mut framed = Framed::from_parts(FramedParts::new::<Frame>(stream, codec));
+            tokio::spawn(async move {
+                while let Some(Ok(frame)) = framed.next().await {
+                    match frame {
+                        Frame::Heartbeat => {
+                            let _ = framed.send(Frame::Heartbeat).await;
+                        }
+                        Frame::Close(close) => {
+                            let _ = framed.send(Frame::Close(close)).await;
+                            break;
+                        }
+                        _ => {}
+                    }
+                }
+            });
+        }
+    });
+    (addr, accepted)
+}
+
+/// A fake broker that refuses the handshake with `error`, naming a protocol version newer
+/// than this client's (so the client has no older version to fall back to).
 pub async fn start_refusing(error: ErrorBody) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
@@ -70,9 +128,12 @@ pub async fn start_refusing(error: ErrorBody) -> SocketAddr {
         let (mut stream, _) = listener.accept().await.expect("fake broker I/O");
         let _ = read_client_hello(&mut stream).await;
         let mut answer = BytesMut::new();
-        ServerHello::Refused { version: 1, error }
-            .encode(&mut answer)
-            .expect("fake broker I/O");
+        ServerHello::Refused {
+            version: keratin_proto::PROTOCOL_VERSION + 1,
+            error,
+        }
+        .encode(&mut answer)
+        .expect("fake broker I/O");
         stream.write_all(&answer).await.expect("fake broker I/O");
     });
     addr

@@ -25,7 +25,7 @@ use keratin_proto::frame::{
     PartitionInfo, Publish, PublishError, PublishIdRange, PublishMode, QueueInfoReply,
     QueueListReply, QueueSummary, Reject, SubscribeOk,
 };
-use keratin_proto::{ClientHello, ErrorBody, FrameCodec, ServerHello};
+use keratin_proto::{ClientHello, ErrorBody, FrameCodec, NodeAddress, ServerHello, ServerInfo};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
@@ -159,7 +159,8 @@ async fn handshake(
 ) -> Option<(TcpStream, BytesMut, u16)> {
     let mut buf = BytesMut::with_capacity(256);
     let hello = read_hello(&mut stream, &mut buf, options.handshake_timeout).await?;
-    let answer = ServerHello::answer(&hello, options.node_id.clone());
+    let info = server_info(options, stream.local_addr().ok());
+    let answer = ServerHello::answer(&hello, options.node_id.clone(), info);
     let accepted = match &answer {
         ServerHello::Accepted { version, .. } => Some(*version),
         ServerHello::Refused { .. } => None,
@@ -168,6 +169,35 @@ async fn handshake(
     answer.encode(&mut out).ok()?;
     stream.write_all(&out).await.ok()?;
     accepted.map(|version| (stream, buf, version))
+}
+
+/// What the handshake tells a client about where to reach this node: its admin address and the
+/// cluster's nodes (this node alone until the node is part of a cluster). A bound address on an
+/// unspecified IP (`0.0.0.0`, `::`) is told as the IP the client reached (`local`) with the
+/// bound port: an address the client can reach, unlike the wildcard.
+fn server_info(options: &TcpOptions, local: Option<SocketAddr>) -> ServerInfo {
+    let reachable = |bound: SocketAddr| match local {
+        Some(local) if bound.ip().is_unspecified() => {
+            SocketAddr::new(local.ip(), bound.port()).to_string()
+        }
+        _ => bound.to_string(),
+    };
+    let admin = options.admin_addr.map(reachable);
+    let server = options
+        .server_addr
+        .map(reachable)
+        .or(local.map(|a| a.to_string()));
+    ServerInfo {
+        admin: admin.clone(),
+        nodes: server
+            .map(|server| NodeAddress {
+                node_id: options.node_id.clone(),
+                server,
+                admin,
+            })
+            .into_iter()
+            .collect(),
+    }
 }
 
 /// The client's hello, or `None` for a peer that is not speaking the protocol, closes, or is
@@ -720,5 +750,42 @@ mod tests {
             r.iter().map(|r| (r.first, r.last)).collect::<Vec<_>>(),
             vec![(1, 3), (7, 8), (10, 10)]
         );
+    }
+
+    #[test]
+    fn server_info_names_addresses_the_client_can_reach() {
+        let addr = |text: &str| text.parse::<SocketAddr>().unwrap();
+        let options = TcpOptions {
+            node_id: "n1".into(),
+            server_addr: Some(addr("0.0.0.0:5680")),
+            admin_addr: Some(addr("0.0.0.0:5681")),
+            ..TcpOptions::default()
+        };
+        // A wildcard bind is told as the address the client reached, with the bound port.
+        let info = server_info(&options, Some(addr("10.1.2.3:5680")));
+        assert_eq!(info.admin.as_deref(), Some("10.1.2.3:5681"));
+        assert_eq!(
+            info.nodes,
+            vec![NodeAddress {
+                node_id: "n1".into(),
+                server: "10.1.2.3:5680".into(),
+                admin: Some("10.1.2.3:5681".into()),
+            }]
+        );
+        // A specific bind is told as bound.
+        let options = TcpOptions {
+            server_addr: Some(addr("127.0.0.2:7000")),
+            admin_addr: Some(addr("127.0.0.3:7001")),
+            ..options
+        };
+        let info = server_info(&options, Some(addr("127.0.0.2:7000")));
+        assert_eq!(info.admin.as_deref(), Some("127.0.0.3:7001"));
+        assert_eq!(info.nodes[0].server, "127.0.0.2:7000");
+        // No admin port: none advertised.
+        let options = TcpOptions {
+            admin_addr: None,
+            ..options
+        };
+        assert_eq!(server_info(&options, None).admin, None);
     }
 }

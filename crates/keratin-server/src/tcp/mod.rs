@@ -4,6 +4,7 @@ mod connection;
 pub mod errors;
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -46,6 +47,12 @@ pub(crate) const PUBLISH_PERMIT_BYTES: usize = 1024;
 pub struct TcpOptions {
     /// Sent to clients in the handshake.
     pub node_id: String,
+    /// The protocol listener's bound address, told to clients in the handshake (`None`: the
+    /// handshake names the address the client connected to).
+    pub server_addr: Option<SocketAddr>,
+    /// The HTTP admin listener's bound address, told to clients in the handshake so that the
+    /// CLI needs only the protocol address (`None`: no admin port is advertised).
+    pub admin_addr: Option<SocketAddr>,
     /// Largest frame accepted or sent.
     pub frame_size_bytes_max: u32,
     /// Publish frames of one connection whose outcome is awaited at once; past it the server
@@ -79,6 +86,8 @@ impl Default for TcpOptions {
     fn default() -> Self {
         TcpOptions {
             node_id: "keratin".into(),
+            server_addr: None,
+            admin_addr: None,
             frame_size_bytes_max: keratin_proto::FRAME_SIZE_BYTES_MAX,
             publish_frames_inflight_max: 256,
             publish_bytes_inflight_max: PUBLISH_BYTES_INFLIGHT_DEFAULT,
