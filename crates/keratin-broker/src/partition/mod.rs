@@ -2,3 +2,4 @@
 
 pub(crate) mod owner;
 pub mod state;
+pub mod producers;
