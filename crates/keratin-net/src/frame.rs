@@ -480,6 +480,31 @@ mod tests {
     }
 
     #[test]
+    fn heartbeat_batch_bytes_match_the_spec_example() {
+        // docs/cluster-protocol.md, "Examples": batch 9, group 3 -> "a", group 4 -> empty.
+        let frame = Frame::HeartbeatBatch {
+            batch_id: 9,
+            entries: vec![
+                (GroupId(3), Bytes::from_static(b"a")),
+                (GroupId(4), Bytes::new()),
+            ],
+        };
+        let encoded = frame.encode();
+        assert!(encoded.tail.is_empty());
+        let expected: Vec<u8> = vec![
+            0x26, 0, 0, 0,    // length 38
+            0x10, // HeartbeatBatch
+            9, 0, 0, 0, 0, 0, 0, 0, // batch_id
+            2, 0, 0, 0, // count
+            3, 0, 0, 0, 0, 0, 0, 0, // group 3
+            1, 0, 0, 0, b'a', // payload
+            4, 0, 0, 0, 0, 0, 0, 0, // group 4
+            0, 0, 0, 0, // empty payload
+        ];
+        assert_eq!(&encoded.head[..], &expected[..]);
+    }
+
+    #[test]
     fn oversize_length_is_refused_from_the_prefix_alone() {
         let prefix = (FRAME_SIZE_BYTES_MAX + 1).to_le_bytes();
         assert!(matches!(

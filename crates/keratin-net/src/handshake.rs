@@ -205,6 +205,25 @@ mod tests {
         }
     }
 
+    #[test]
+    fn hello_bytes_match_the_spec_example() {
+        // docs/cluster-protocol.md, "Examples": node 1 to node 2 of cluster "prod".
+        let hello = Hello {
+            version: 1,
+            from: 1,
+            to: 2,
+            cluster: "prod".to_string(),
+        };
+        let expected: Vec<u8> = vec![
+            0x4b, 0x52, 0x43, 0x4c, // KRCL
+            1, 0, // version
+            1, 0, 0, 0, 0, 0, 0, 0, // from
+            2, 0, 0, 0, 0, 0, 0, 0, // to
+            4, 0, b'p', b'r', b'o', b'd', // cluster
+        ];
+        assert_eq!(&hello.encode()[..], &expected[..]);
+    }
+
     #[tokio::test]
     async fn wrong_magic_is_refused_after_four_bytes() {
         let mut bytes: &[u8] = b"GET / HTTP/1.1\r\n";
