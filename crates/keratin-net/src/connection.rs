@@ -38,10 +38,34 @@ pub(crate) enum CloseMode {
     Now,
 }
 
-/// One frame in the write queue, holding its share of the byte budget until written.
+/// One frame in the write queue, holding its share of the byte budget until written. It counts
+/// itself in the peer's `write_queue_bytes` from creation to drop, so a frame dropped unwritten
+/// (a cancelled send, a closed connection) is uncounted as surely as a written one.
 pub(crate) struct Outgoing {
     pub(crate) frame: Encoded,
     _budget: OwnedSemaphorePermit,
+    liveness: Arc<Liveness>,
+}
+
+impl Outgoing {
+    fn new(frame: Encoded, budget: OwnedSemaphorePermit, liveness: &Arc<Liveness>) -> Outgoing {
+        liveness
+            .write_queue_bytes
+            .fetch_add(frame.size_bytes(), Ordering::Relaxed);
+        Outgoing {
+            frame,
+            _budget: budget,
+            liveness: Arc::clone(liveness),
+        }
+    }
+}
+
+impl Drop for Outgoing {
+    fn drop(&mut self) {
+        self.liveness
+            .write_queue_bytes
+            .fetch_sub(self.frame.size_bytes(), Ordering::Relaxed);
+    }
 }
 
 /// The shared handle of one established connection.
@@ -136,46 +160,21 @@ impl Connection {
                 return Err(NetError::Backlogged { to: self.peer })
             }
         };
-        let bytes = frame.size_bytes();
-        let outgoing = Outgoing {
-            frame,
-            _budget: budget,
-        };
-        match self.out.try_send(outgoing) {
-            Ok(()) => {
-                self.queued(bytes);
-                Ok(())
-            }
+        match self
+            .out
+            .try_send(Outgoing::new(frame, budget, &self.liveness))
+        {
+            Ok(()) => Ok(()),
             Err(mpsc::error::TrySendError::Full(_)) => Err(NetError::Backlogged { to: self.peer }),
             Err(mpsc::error::TrySendError::Closed(_)) => Err(self.closed_error()),
         }
     }
 
     async fn enqueue(&self, frame: Encoded, budget: OwnedSemaphorePermit) -> Result<(), NetError> {
-        let bytes = frame.size_bytes();
-        let outgoing = Outgoing {
-            frame,
-            _budget: budget,
-        };
         self.out
-            .send(outgoing)
+            .send(Outgoing::new(frame, budget, &self.liveness))
             .await
-            .map_err(|_| self.closed_error())?;
-        self.queued(bytes);
-        Ok(())
-    }
-
-    fn queued(&self, bytes: usize) {
-        self.liveness
-            .write_queue_bytes
-            .fetch_add(bytes, Ordering::Relaxed);
-    }
-
-    /// The writer reports a frame written.
-    pub(crate) fn written(&self, bytes: usize) {
-        self.liveness
-            .write_queue_bytes
-            .fetch_sub(bytes, Ordering::Relaxed);
+            .map_err(|_| self.closed_error())
     }
 
     /// One call: a request id, a slot among `calls_in_flight_max`, the request queued, the reply

@@ -33,7 +33,7 @@ pub(crate) async fn run_writer(
             biased;
             mode = wait_close(&mut close_signal) => {
                 if mode == CloseMode::Drain {
-                    drain(&connection, &mut queue, &mut socket, &stats).await?;
+                    drain(&mut queue, &mut socket, &stats).await?;
                     let _ = socket.shutdown().await;
                 }
                 return Ok(());
@@ -44,24 +44,23 @@ pub(crate) async fn run_writer(
         let batch = tokio::select! {
             biased;
             _ = wait_now(&mut close_signal) => return Ok(()),
-            batch = write_batch(&connection, first, &mut queue, &mut socket, &stats) => batch,
+            batch = write_batch(first, &mut queue, &mut socket, &stats) => batch,
         };
         batch.map_err(|error| format!("write failed: {error}"))?;
     }
 }
 
 async fn write_batch(
-    connection: &Connection,
     first: Outgoing,
     queue: &mut mpsc::Receiver<Outgoing>,
     socket: &mut BufWriter<OwnedWriteHalf>,
     stats: &Stats,
 ) -> std::io::Result<()> {
-    write_one(connection, first, socket).await?;
+    write_one(first, socket).await?;
     let mut frames = 1;
     while frames < WRITE_BATCH_FRAMES_MAX {
         let Ok(next) = queue.try_recv() else { break };
-        write_one(connection, next, socket).await?;
+        write_one(next, socket).await?;
         frames += 1;
     }
     socket.flush().await?;
@@ -71,7 +70,6 @@ async fn write_batch(
 }
 
 async fn write_one(
-    connection: &Connection,
     outgoing: Outgoing,
     socket: &mut BufWriter<OwnedWriteHalf>,
 ) -> std::io::Result<()> {
@@ -79,19 +77,17 @@ async fn write_one(
     if !outgoing.frame.tail.is_empty() {
         socket.write_all(&outgoing.frame.tail).await?;
     }
-    connection.written(outgoing.frame.size_bytes());
     Ok(())
 }
 
 /// Writes whatever is queued now, bounded by one batch: the `Error` frame before a close.
 async fn drain(
-    connection: &Connection,
     queue: &mut mpsc::Receiver<Outgoing>,
     socket: &mut BufWriter<OwnedWriteHalf>,
     stats: &Stats,
 ) -> Result<(), String> {
     if let Ok(first) = queue.try_recv() {
-        write_batch(connection, first, queue, socket, stats)
+        write_batch(first, queue, socket, stats)
             .await
             .map_err(|error| format!("write failed: {error}"))?;
     }

@@ -99,7 +99,13 @@ async fn a_peer_that_stops_reading_costs_bounded_memory() {
             ),
             "{beat:?}"
         );
+        // When the stuck peer goes away, its queued frames are dropped and uncounted.
         drop(stream);
+        assert!(
+            eventually(5 * SECOND, || t1.peer_status(2).unwrap().write_queue_bytes
+                == 0)
+            .await
+        );
     })
     .await;
 }

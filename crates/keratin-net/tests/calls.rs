@@ -51,6 +51,9 @@ async fn both_directions_share_one_connection() {
             "{status:?}"
         );
         assert_eq!(status.connections_count, 1);
+        // The first ping leaves when the connection starts; its pong gives the estimate.
+        assert!(eventually(5 * SECOND, || t1.peer_status(2).unwrap().rtt.is_some()).await);
+        assert!(t1.peer_status(2).unwrap().rtt.unwrap() < SECOND);
         assert!(matches!(
             t1.call(3, GroupId(1), 0, Bytes::new(), SECOND).await,
             Err(NetError::UnknownPeer { to: 3 })
