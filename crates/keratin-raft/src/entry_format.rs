@@ -127,8 +127,9 @@ pub(crate) fn encode_gap() -> EncodedEntry {
     }
 }
 
-/// Decode the record at `record.offset`: `None` for a gap filler.
-pub(crate) fn decode_entry(record: &ReadRecord) -> Result<Option<Entry>, RaftError> {
+/// Decode a record of an entry log (as `keratin_log::Log::read` returns it) into the entry at
+/// index `record.offset`; `None` for a gap record.
+pub fn decode_entry(record: &ReadRecord) -> Result<Option<Entry>, RaftError> {
     let offset = record.offset;
     let bad = |reason: String| RaftError::Format { offset, reason };
     if record.flags != FLAG_REPLICATED {

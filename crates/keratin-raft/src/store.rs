@@ -82,6 +82,33 @@ impl GroupLogs {
         &self.entries
     }
 
+    /// Close both logs once nothing else holds them: the store of a shut-down `Raft`, its
+    /// readers and its flush waiters let go as their tasks end. While something still does, the
+    /// logs come back as `Err` (try again later; never open the directory twice).
+    pub fn try_close(self) -> Result<Result<(), RaftError>, GroupLogs> {
+        let GroupLogs { entries, state } = self;
+        let entries = match Arc::try_unwrap(entries) {
+            Ok(entries) => entries,
+            Err(entries) => return Err(GroupLogs { entries, state }),
+        };
+        let state = match Arc::try_unwrap(state) {
+            Ok(state) => state,
+            Err(state) => {
+                return Err(GroupLogs {
+                    entries: Arc::new(entries),
+                    state,
+                })
+            }
+        };
+        let closed = entries
+            .close()
+            .map_err(|e| RaftError::log("close the entry log", e));
+        let state_closed = state
+            .close()
+            .map_err(|e| RaftError::log("close the raft state log", e));
+        Ok(closed.and(state_closed))
+    }
+
     /// Heal both logs after a stop (see `keratin_log::Log::heal`). Call it after the group's
     /// `Raft` is shut down, then build a new store.
     pub fn heal(&self) -> Result<(), RaftError> {
