@@ -1,0 +1,233 @@
+//! [`Transport`]: the public face of the crate. Starting one binds (or takes) the cluster
+//! listener and spawns the listener, one dialer per peer with a higher id, and the heartbeat
+//! ticker; its methods make calls, leave heartbeats and read liveness. Every task stops when the
+//! last `Transport` handle is dropped or [`Transport::shutdown`] is called.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::net::TcpListener;
+use tokio::sync::{oneshot, watch};
+
+use crate::config::ResolvedCluster;
+use crate::context::Context;
+use crate::dialer::run_dialer;
+use crate::frame::Frame;
+use crate::handler::Handler;
+use crate::heartbeat::{enqueue, run_heartbeats, ENTRY_FIXED_SIZE};
+use crate::listener::run_listener;
+use crate::liveness::{Liveness, PeerStatus};
+use crate::options::TransportOptions;
+use crate::peer::Peer;
+use crate::stats::TransportStats;
+use crate::{GroupId, NetError, NodeId};
+
+/// The node-to-node transport of one node. Cheap to clone; all clones share one set of
+/// connections.
+#[derive(Clone)]
+pub struct Transport {
+    context: Arc<Context>,
+    local_addr: SocketAddr,
+    _guard: Arc<ShutdownGuard>,
+}
+
+impl std::fmt::Debug for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transport")
+            .field("node_id", &self.context.node_id)
+            .field("local_addr", &self.local_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Signals shutdown when the last `Transport` handle is dropped.
+struct ShutdownGuard(watch::Sender<bool>);
+
+impl Drop for ShutdownGuard {
+    fn drop(&mut self) {
+        self.0.send_replace(true);
+    }
+}
+
+impl Transport {
+    /// Binds `cluster.listen` and starts the transport. Must run inside a tokio runtime.
+    pub async fn start(
+        cluster: ResolvedCluster,
+        options: TransportOptions,
+        handler: Arc<dyn Handler>,
+    ) -> Result<Transport, NetError> {
+        let listener = TcpListener::bind(cluster.listen)
+            .await
+            .map_err(|error| NetError::bind(cluster.listen, &error))?;
+        Transport::start_on(listener, cluster, options, handler)
+    }
+
+    /// Starts the transport on a listener the caller bound (tests bind `127.0.0.1:0` first so
+    /// that every node's address is known before any starts). `cluster.listen` is not used.
+    pub fn start_on(
+        listener: TcpListener,
+        cluster: ResolvedCluster,
+        options: TransportOptions,
+        handler: Arc<dyn Handler>,
+    ) -> Result<Transport, NetError> {
+        options.assert_valid();
+        let local_addr = listener
+            .local_addr()
+            .map_err(|error| NetError::bind(cluster.listen, &error))?;
+        let epoch = Instant::now();
+        let peers: BTreeMap<NodeId, Arc<Peer>> = cluster
+            .peers
+            .iter()
+            .filter(|(id, _)| **id != cluster.node_id)
+            .map(|(&id, &addr)| (id, Arc::new(Peer::new(id, addr, Liveness::new(epoch)))))
+            .collect();
+        let (shutdown, shutdown_signal) = watch::channel(false);
+        let context = Arc::new(Context::new(
+            cluster.node_id,
+            cluster.name,
+            options,
+            handler,
+            peers,
+            shutdown_signal,
+        ));
+        tokio::spawn(run_listener(Arc::clone(&context), listener));
+        tokio::spawn(run_heartbeats(Arc::clone(&context)));
+        for peer in context.peers.values() {
+            if context.node_id < peer.id {
+                tokio::spawn(run_dialer(Arc::clone(&context), Arc::clone(peer)));
+            }
+        }
+        Ok(Transport {
+            context,
+            local_addr,
+            _guard: Arc::new(ShutdownGuard(shutdown)),
+        })
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> NodeId {
+        self.context.node_id
+    }
+
+    /// The address the cluster listener is bound to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Calls `to`'s handler for `group` with `kind` and `body` and waits for its reply, for at
+    /// most `timeout` (including the wait for a call slot and for room in the write queue).
+    ///
+    /// Fails fast with [`NetError::Unreachable`] when no connection is up; the transport keeps
+    /// reconnecting in the background. A [`NetError::TimedOut`] or [`NetError::Closed`] call may
+    /// still have run on the peer.
+    pub async fn call(
+        &self,
+        to: NodeId,
+        group: GroupId,
+        kind: u8,
+        body: Bytes,
+        timeout: Duration,
+    ) -> Result<Bytes, NetError> {
+        let peer = self.peer(to)?;
+        let size_bytes = Frame::Request {
+            request_id: 0,
+            group,
+            kind,
+            body: Bytes::new(),
+        }
+        .size_bytes()
+            + body.len();
+        self.check_size(size_bytes)?;
+        let connection = peer.current().ok_or_else(|| peer.unreachable())?;
+        match tokio::time::timeout(timeout, connection.call(group, kind, body)).await {
+            Ok(result) => result,
+            Err(_) => Err(timed_out(to, timeout)),
+        }
+    }
+
+    /// Sends a heartbeat for `group` to `to`, coalesced with every other group's heartbeat to
+    /// `to` into one frame at the next tick, and waits for the group's reply (from the peer's
+    /// [`Handler::heartbeats`]) for at most `timeout`. A newer heartbeat for the same group
+    /// before the tick replaces this one ([`NetError::Superseded`]).
+    pub async fn heartbeat(
+        &self,
+        to: NodeId,
+        group: GroupId,
+        payload: Bytes,
+        timeout: Duration,
+    ) -> Result<Bytes, NetError> {
+        let peer = self.peer(to)?;
+        self.check_size(crate::frame::HEADER_SIZE + 8 + 4 + ENTRY_FIXED_SIZE + payload.len())?;
+        if peer.current().is_none() {
+            return Err(peer.unreachable());
+        }
+        let (waiter, reply) = oneshot::channel();
+        enqueue(&peer, group, payload, waiter)?;
+        match tokio::time::timeout(timeout, reply).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(NetError::Closed { to }),
+            Err(_) => Err(timed_out(to, timeout)),
+        }
+    }
+
+    /// Waits up to `timeout` until a connection to `to` is up.
+    pub async fn wait_connected(&self, to: NodeId, timeout: Duration) -> Result<(), NetError> {
+        self.peer(to)?.wait_connected(timeout).await
+    }
+
+    /// The liveness of one peer; `None` for an id that is not a peer.
+    pub fn peer_status(&self, to: NodeId) -> Option<PeerStatus> {
+        let peer = self.context.peers.get(&to)?;
+        Some(peer.liveness.status(peer.id, peer.addr))
+    }
+
+    /// The liveness of every peer, by id.
+    pub fn peers_status(&self) -> Vec<PeerStatus> {
+        self.context
+            .peers
+            .values()
+            .map(|peer| peer.liveness.status(peer.id, peer.addr))
+            .collect()
+    }
+
+    /// The transport's counters since start.
+    pub fn stats(&self) -> TransportStats {
+        self.context.stats.snapshot()
+    }
+
+    /// Stops every task and closes every connection (outstanding calls get
+    /// [`NetError::Closed`]). Dropping the last handle does the same.
+    pub fn shutdown(&self) {
+        self._guard.0.send_replace(true);
+    }
+
+    fn peer(&self, to: NodeId) -> Result<Arc<Peer>, NetError> {
+        self.context
+            .peers
+            .get(&to)
+            .cloned()
+            .ok_or(NetError::UnknownPeer { to })
+    }
+
+    fn check_size(&self, size_bytes: usize) -> Result<(), NetError> {
+        let limit_bytes = self.context.options.frame_size_bytes_max;
+        let length = size_bytes.saturating_sub(crate::frame::LENGTH_SIZE);
+        if length > limit_bytes as usize {
+            return Err(NetError::TooLarge {
+                size_bytes: length as u64,
+                limit_bytes,
+            });
+        }
+        Ok(())
+    }
+}
+
+fn timed_out(to: NodeId, timeout: Duration) -> NetError {
+    NetError::TimedOut {
+        to,
+        timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+    }
+}
