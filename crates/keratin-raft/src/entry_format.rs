@@ -187,7 +187,7 @@ fn read_u64(bytes: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b)
 }
 
-fn encode_membership(membership: &Membership) -> Result<Vec<u8>, RaftError> {
+pub(crate) fn encode_membership(membership: &Membership) -> Result<Vec<u8>, RaftError> {
     let too_big = |what: &str| RaftError::Invalid(format!("membership: too many {what}"));
     let configs = membership.get_joint_config();
     let mut body = Vec::new();
@@ -261,7 +261,7 @@ impl Cursor<'_> {
     }
 }
 
-fn decode_membership(body: &[u8]) -> Result<Membership, String> {
+pub(crate) fn decode_membership(body: &[u8]) -> Result<Membership, String> {
     let mut cursor = Cursor { rest: body };
     let config_count = cursor.count(MEMBERSHIP_CONFIGS_MAX, "configurations")?;
     let mut configs = Vec::new();

@@ -15,6 +15,8 @@
 //! - `fence`: [`Fence`], how a failed log is surfaced instead of a `StorageError`.
 //! - `state_machine`: [`RecordStateMachine`], an in-memory state machine of records by offset,
 //!   with snapshots.
+//! - [`network`]: the groups' network over `keratin-net` (one connection per node pair,
+//!   coalesced heartbeats): openraft's sending side and the node's request handler.
 //! - `error`: [`RaftError`].
 //!
 //! # Index and offset
@@ -50,13 +52,16 @@
 //!
 //! # What is left
 //! Snapshot *transfer* of a partition (segment files plus queue state), restarting a log at a
-//! higher offset after a large snapshot install (needs a keratin-log operation), shared
-//! connections (`openraft-multi`) and coalesced heartbeats, and a network.
+//! higher offset after a large snapshot install (needs a keratin-log operation), leadership
+//! transfer over the network, and snapshots larger than one `keratin-net` frame. (Connections
+//! are shared per node pair and heartbeats coalesced by `keratin-net`, see [`network`], so
+//! `openraft-multi` is not needed.)
 #![deny(missing_docs)]
 
 pub mod entry_format;
 mod error;
 mod fence;
+pub mod network;
 mod raft_state;
 mod state_machine;
 mod store;
