@@ -17,6 +17,8 @@
 //!   with snapshots.
 //! - [`network`]: the groups' network over `keratin-net` (one connection per node pair,
 //!   coalesced heartbeats): openraft's sending side and the node's request handler.
+//! - [`replica`]: [`replica::Replica`], one node's member of a partition group in the broker's
+//!   terms (propose, committed offset, committed reader), over the network below.
 //! - `error`: [`RaftError`].
 //!
 //! # Index and offset
@@ -63,6 +65,7 @@ mod error;
 mod fence;
 pub mod network;
 mod raft_state;
+pub mod replica;
 mod state_machine;
 mod store;
 mod types;

@@ -382,6 +382,20 @@ fn index_range(range: &impl RangeBounds<u64>) -> (u64, u64) {
     (lo, hi)
 }
 
+impl LogStoreReader {
+    /// The entries in `lo..hi` that exist, in order, the in-memory tail of entries not yet
+    /// durable included; with an error (the fence trips too), those before the failure. For
+    /// the partition's committed reader (`crate::replica`): a committed entry need not be
+    /// durable on this node yet (a majority elsewhere committed it).
+    pub(crate) fn read_entries(&self, lo: u64, hi: u64) -> (Vec<Entry>, Option<RaftError>) {
+        let (entries, failure) = self.shared.read_range(lo, hi);
+        if let Some(error) = &failure {
+            self.shared.fence.trip(error.clone());
+        }
+        (entries, failure)
+    }
+}
+
 impl RaftLogReader<TypeConfig> for LogStoreReader {
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
         &mut self,
