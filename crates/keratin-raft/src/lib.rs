@@ -37,6 +37,10 @@
 //! - answers every storage call `Ok` but takes no further effect on disk: appends stay in the
 //!   in-memory view and are never reported flushed (openraft waits), votes, committed ids,
 //!   truncations and purges change only the view;
+//! - a failed read returns the entries before the failure: replication takes a short read as a
+//!   heartbeat and retries; the stream the state machine applies from stays open without an
+//!   error while the instance runs (it ends with an error only once the store is dropped, so
+//!   that openraft's state machine task lets go of the logs);
 //! - the group's network must refuse to carry anything for a fenced group — requests it sends
 //!   and replies to requests it received — with a transient `Unreachable` error, because
 //!   openraft may have acted on a vote or entry that is not on disk. Peers see the node as

@@ -172,6 +172,7 @@ impl GroupLogs {
                 entries: self.entries.clone(),
                 fence: Fence::new(),
                 view: Mutex::new(view),
+                store_dropped: tokio::sync::watch::Sender::new(false),
             }),
             state_log: StateLog::new(self.state.clone()),
         })
@@ -220,6 +221,8 @@ struct Shared {
     entries: Arc<Log>,
     fence: Fence,
     view: Mutex<View>,
+    /// Set when the `LogStore` is dropped (its `Raft` is shut down).
+    store_dropped: tokio::sync::watch::Sender<bool>,
 }
 
 impl Shared {
@@ -300,6 +303,12 @@ impl Shared {
 pub struct LogStore {
     shared: Arc<Shared>,
     state_log: StateLog,
+}
+
+impl Drop for LogStore {
+    fn drop(&mut self) {
+        self.shared.store_dropped.send_replace(true);
+    }
 }
 
 /// A reader of a [`LogStore`]'s view (cheap to clone).
@@ -414,11 +423,22 @@ impl RaftLogReader<TypeConfig> for LogStoreReader {
         match failure {
             None => items.boxed(),
             Some(error) => {
-                // The state machine applies what this stream yields and counts on all of it:
-                // after a read failure the stream stays open, without an error, until the
-                // owner shuts the group down.
-                self.shared.fence.trip(error);
-                items.chain(stream::pending()).boxed()
+                // The state machine applies what this stream yields and counts on all of it
+                // (openraft asserts it in debug builds): after a read failure the stream stays
+                // open, without an error, while this instance runs. Once its store is dropped
+                // (the owner shut the `Raft` down) it ends with the error, which no running
+                // instance sees, so that the state machine task ends and lets go of the logs.
+                self.shared.fence.trip(error.clone());
+                let mut dropped = self.shared.store_dropped.subscribe();
+                let end = stream::once(async move {
+                    // The sender lives in `Shared`, which this stream does not hold: a closed
+                    // channel also means the store is gone.
+                    let _ = dropped.wait_for(|dropped| *dropped).await;
+                    Err(io::Error::other(format!(
+                        "entries read after the store was shut down: {error}"
+                    )))
+                });
+                items.chain(end).boxed()
             }
         }
     }
