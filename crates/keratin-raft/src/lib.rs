@@ -27,8 +27,9 @@
 //! An append is reported flushed to openraft (`IOFlushed`) only when the entry log's ticket
 //! resolves, after the group commit's `fdatasync`: then the entries survive a process crash and
 //! a power loss. A vote and a purge point are durable when `save_vote`/`purge` return; the
-//! committed id is written without waiting (openraft treats it as a lower bound; opening clamps
-//! it to the durable entries). Truncations are durable when `truncate_after` returns.
+//! committed id is written without waiting, on its own only every
+//! [`COMMITTED_WRITE_EVERY_ENTRIES`] entries (openraft treats it as a lower bound; opening
+//! clamps it to the durable entries). Truncations are durable when `truncate_after` returns.
 //!
 //! # Failures
 //! openraft's maintainers treat a storage error as fatal for the node (openraft#1795, #185), so
@@ -68,7 +69,7 @@ mod types;
 
 pub use error::RaftError;
 pub use fence::Fence;
-pub use raft_state::RaftState;
+pub use raft_state::{RaftState, COMMITTED_WRITE_EVERY_ENTRIES};
 pub use state_machine::{
     RecordSnapshot, RecordSnapshotBuilder, RecordStateMachine, RecordsImage, SnapshotMeta,
     StoredMembership,

@@ -159,6 +159,7 @@ impl GroupLogs {
         if state.committed.as_ref().map(|c| c.index) > last_log_id.as_ref().map(|l| l.index) {
             state.committed = last_log_id;
         }
+        let state_log = StateLog::new(self.state.clone(), &state);
         let view = View {
             tail: BTreeMap::new(),
             next_index: end,
@@ -174,7 +175,7 @@ impl GroupLogs {
                 view: Mutex::new(view),
                 store_dropped: tokio::sync::watch::Sender::new(false),
             }),
-            state_log: StateLog::new(self.state.clone()),
+            state_log,
         })
     }
 }
@@ -479,7 +480,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             view.state.committed = committed;
             view.state.clone()
         };
-        if !self.shared.fence.is_tripped() {
+        if !self.shared.fence.is_tripped()
+            && self.state_log.committed_is_due(state.committed.as_ref())
+        {
             if let Err(e) = self.state_log.write(&state, false).await {
                 self.trip(RaftError::log("save the committed log id", e));
             }
