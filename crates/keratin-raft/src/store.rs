@@ -242,13 +242,32 @@ impl Shared {
     }
 
     /// The entries in `lo..hi` that exist, in order; with an error, those before the failure.
-    fn read_range(&self, lo: u64, hi: u64) -> (Vec<Entry>, Option<RaftError>) {
-        let (lo, hi, disk_limit, mut found) = {
+    /// Disk reads (of entries that left the tail) run on the blocking pool.
+    async fn read_range(self: &Arc<Self>, lo: u64, hi: u64) -> (Vec<Entry>, Option<RaftError>) {
+        let plan = self.read_plan(lo, hi);
+        if plan.disk.is_none() {
+            return self.read_disk(plan);
+        }
+        let shared = self.clone();
+        match tokio::task::spawn_blocking(move || shared.read_disk(plan)).await {
+            Ok(read) => read,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // The runtime is shutting down: nobody waits for the answer.
+            Err(_) => (Vec::new(), None),
+        }
+    }
+
+    /// What the view holds of `lo..hi`, and the range left to read from the disk.
+    fn read_plan(&self, lo: u64, hi: u64) -> ReadPlan {
+        let (lo, hi, disk_limit, found) = {
             let view = self.view();
             let lo = lo.max(view.purged_next());
             let hi = hi.min(view.next_index);
             if lo >= hi {
-                return (Vec::new(), None);
+                return ReadPlan {
+                    found: BTreeMap::new(),
+                    disk: None,
+                };
             }
             let found: BTreeMap<u64, Entry> = view
                 .tail
@@ -259,8 +278,16 @@ impl Shared {
         };
         let disk_lo = lo.max(self.entries.start_offset());
         let disk_hi = hi.min(disk_limit).min(self.entries.durable_offset());
+        let disk =
+            (disk_lo < disk_hi && (found.len() as u64) < hi - lo).then_some((disk_lo, disk_hi));
+        ReadPlan { found, disk }
+    }
+
+    /// Carry out a plan: read its disk range (blocking), merge, keep the entries consecutive.
+    fn read_disk(&self, plan: ReadPlan) -> (Vec<Entry>, Option<RaftError>) {
+        let ReadPlan { mut found, disk } = plan;
         let mut failure = None;
-        if disk_lo < disk_hi && (found.len() as u64) < hi - lo {
+        if let Some((disk_lo, disk_hi)) = disk {
             for result in self.entries.reader(disk_lo) {
                 let record = match result {
                     Ok(record) => record,
@@ -297,6 +324,13 @@ impl Shared {
         }
         (entries, failure)
     }
+}
+
+/// A read of `lo..hi`: the entries the view's tail holds, and the range to read from disk.
+#[derive(Debug)]
+struct ReadPlan {
+    found: BTreeMap<u64, Entry>,
+    disk: Option<(u64, u64)>,
 }
 
 /// The openraft log storage of one group instance (see [`GroupLogs::store`]).
@@ -398,7 +432,7 @@ impl RaftLogReader<TypeConfig> for LogStoreReader {
         range: RB,
     ) -> Result<Vec<Entry>, io::Error> {
         let (lo, hi) = index_range(&range);
-        let (entries, failure) = self.shared.read_range(lo, hi);
+        let (entries, failure) = self.shared.read_range(lo, hi).await;
         if let Some(error) = failure {
             // Fewer entries than asked: replication treats a short read as a heartbeat and
             // retries; the owner rebuilds the group.
@@ -419,7 +453,7 @@ impl RaftLogReader<TypeConfig> for LogStoreReader {
         RB: RangeBounds<u64> + Clone + Debug + OptionalSend,
     {
         let (lo, hi) = index_range(&range);
-        let (entries, failure) = self.shared.read_range(lo, hi);
+        let (entries, failure) = self.shared.read_range(lo, hi).await;
         let items = stream::iter(entries.into_iter().map(Ok));
         match failure {
             None => items.boxed(),
