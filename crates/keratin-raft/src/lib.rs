@@ -31,8 +31,9 @@
 //! An append is reported flushed to openraft (`IOFlushed`) only when the entry log's ticket
 //! resolves, after the group commit's `fdatasync`: then the entries survive a process crash and
 //! a power loss. A vote and a purge point are durable when `save_vote`/`purge` return; the
-//! committed id is written without waiting (openraft treats it as a lower bound; opening clamps
-//! it to the durable entries). Truncations are durable when `truncate_after` returns.
+//! committed id is written without waiting, on its own only every
+//! [`COMMITTED_WRITE_EVERY_ENTRIES`] entries (openraft treats it as a lower bound; opening
+//! clamps it to the durable entries). Truncations are durable when `truncate_after` returns.
 //!
 //! # Failures
 //! openraft's maintainers treat a storage error as fatal for the node (openraft#1795, #185), so
@@ -41,6 +42,10 @@
 //! - answers every storage call `Ok` but takes no further effect on disk: appends stay in the
 //!   in-memory view and are never reported flushed (openraft waits), votes, committed ids,
 //!   truncations and purges change only the view;
+//! - a failed read returns the entries before the failure: replication takes a short read as a
+//!   heartbeat and retries; the stream the state machine applies from stays open without an
+//!   error while the instance runs (it ends with an error only once the store is dropped, so
+//!   that openraft's state machine task lets go of the logs);
 //! - the group's network must refuse to carry anything for a fenced group — requests it sends
 //!   and replies to requests it received — with a transient `Unreachable` error, because
 //!   openraft may have acted on a vote or entry that is not on disk. Peers see the node as
@@ -72,7 +77,7 @@ mod types;
 
 pub use error::RaftError;
 pub use fence::Fence;
-pub use raft_state::RaftState;
+pub use raft_state::{RaftState, COMMITTED_WRITE_EVERY_ENTRIES};
 pub use state_machine::{
     RecordSnapshot, RecordSnapshotBuilder, RecordStateMachine, RecordsImage, SnapshotMeta,
     StoredMembership,

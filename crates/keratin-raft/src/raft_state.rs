@@ -3,9 +3,10 @@
 //! holds the whole state, so the last durable record is the state and older segments can go.
 //!
 //! Durability: a vote and a purge point are durable (process crash and power loss) when
-//! [`StateLog::write`] returns `Ok`; the committed log id is written without waiting (it is a
-//! lower bound: openraft only re-applies up to it at start, and [`crate::GroupLogs::store`]
-//! clamps it to the durable entries).
+//! [`StateLog::write`] returns `Ok`; the committed log id is written without waiting, and on its
+//! own only every [`COMMITTED_WRITE_EVERY_ENTRIES`] entries (it is a lower bound: openraft only
+//! re-applies up to it at start, and [`crate::GroupLogs::store`] clamps it to the durable
+//! entries).
 
 use std::sync::Arc;
 
@@ -42,6 +43,14 @@ const PRESENT_ALL: u8 = PRESENT_VOTE | PRESENT_VOTE_COMMITTED | PRESENT_COMMITTE
 /// A state record takes 104 bytes with the log's header, so a small segment (8 MiB by default,
 /// 32 KiB at least) holds over 300 of them: 4,096 writes reclaim at most a few segments per pass.
 const COMPACT_EVERY_WRITES: u64 = 4096;
+
+/// The committed id alone is written once it has moved this many entries past the last one
+/// written (votes and purges write it too, as every record holds the whole state). Writing it on
+/// every commit would cost the state log one record and one `fdatasync` per commit, as many
+/// syncs as the entry log itself; this way it costs one per 256 entries, and a restart re-applies
+/// at most 256 entries fewer before it hears the cluster's commit (openraft needs only a lower
+/// bound).
+pub const COMMITTED_WRITE_EVERY_ENTRIES: u64 = 256;
 
 /// What openraft persists besides the entries.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -153,11 +162,28 @@ fn get_log_id(bytes: &[u8], at: usize) -> LogId {
 pub(crate) struct StateLog {
     log: Arc<Log>,
     writes: u64,
+    /// The index of the committed id in the last record written.
+    committed_written: Option<u64>,
 }
 
 impl StateLog {
-    pub(crate) fn new(log: Arc<Log>) -> StateLog {
-        StateLog { log, writes: 0 }
+    pub(crate) fn new(log: Arc<Log>, state: &RaftState) -> StateLog {
+        StateLog {
+            log,
+            writes: 0,
+            committed_written: state.committed.map(|c| c.index),
+        }
+    }
+
+    /// Whether `committed` has moved far enough to be written on its own.
+    pub(crate) fn committed_is_due(&self, committed: Option<&LogId>) -> bool {
+        match (committed, self.committed_written) {
+            (None, _) => false,
+            (Some(_), None) => true,
+            (Some(c), Some(written)) => {
+                c.index >= written.saturating_add(COMMITTED_WRITE_EVERY_ENTRIES)
+            }
+        }
     }
 
     /// The state as the last durable record holds it.
@@ -183,6 +209,7 @@ impl StateLog {
         };
         let ticket = self.log.append_async(&[record]).await?;
         self.writes += 1;
+        self.committed_written = state.committed.map(|c| c.index);
         if self.writes.is_multiple_of(COMPACT_EVERY_WRITES) {
             self.compact()?;
         }

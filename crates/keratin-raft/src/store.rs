@@ -159,6 +159,7 @@ impl GroupLogs {
         if state.committed.as_ref().map(|c| c.index) > last_log_id.as_ref().map(|l| l.index) {
             state.committed = last_log_id;
         }
+        let state_log = StateLog::new(self.state.clone(), &state);
         let view = View {
             tail: BTreeMap::new(),
             next_index: end,
@@ -172,8 +173,9 @@ impl GroupLogs {
                 entries: self.entries.clone(),
                 fence: Fence::new(),
                 view: Mutex::new(view),
+                store_dropped: tokio::sync::watch::Sender::new(false),
             }),
-            state_log: StateLog::new(self.state.clone()),
+            state_log,
         })
     }
 }
@@ -220,6 +222,8 @@ struct Shared {
     entries: Arc<Log>,
     fence: Fence,
     view: Mutex<View>,
+    /// Set when the `LogStore` is dropped (its `Raft` is shut down).
+    store_dropped: tokio::sync::watch::Sender<bool>,
 }
 
 impl Shared {
@@ -238,13 +242,32 @@ impl Shared {
     }
 
     /// The entries in `lo..hi` that exist, in order; with an error, those before the failure.
-    fn read_range(&self, lo: u64, hi: u64) -> (Vec<Entry>, Option<RaftError>) {
-        let (lo, hi, disk_limit, mut found) = {
+    /// Disk reads (of entries that left the tail) run on the blocking pool.
+    async fn read_range(self: &Arc<Self>, lo: u64, hi: u64) -> (Vec<Entry>, Option<RaftError>) {
+        let plan = self.read_plan(lo, hi);
+        if plan.disk.is_none() {
+            return self.read_disk(plan);
+        }
+        let shared = self.clone();
+        match tokio::task::spawn_blocking(move || shared.read_disk(plan)).await {
+            Ok(read) => read,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // The runtime is shutting down: nobody waits for the answer.
+            Err(_) => (Vec::new(), None),
+        }
+    }
+
+    /// What the view holds of `lo..hi`, and the range left to read from the disk.
+    fn read_plan(&self, lo: u64, hi: u64) -> ReadPlan {
+        let (lo, hi, disk_limit, found) = {
             let view = self.view();
             let lo = lo.max(view.purged_next());
             let hi = hi.min(view.next_index);
             if lo >= hi {
-                return (Vec::new(), None);
+                return ReadPlan {
+                    found: BTreeMap::new(),
+                    disk: None,
+                };
             }
             let found: BTreeMap<u64, Entry> = view
                 .tail
@@ -255,8 +278,16 @@ impl Shared {
         };
         let disk_lo = lo.max(self.entries.start_offset());
         let disk_hi = hi.min(disk_limit).min(self.entries.durable_offset());
+        let disk =
+            (disk_lo < disk_hi && (found.len() as u64) < hi - lo).then_some((disk_lo, disk_hi));
+        ReadPlan { found, disk }
+    }
+
+    /// Carry out a plan: read its disk range (blocking), merge, keep the entries consecutive.
+    fn read_disk(&self, plan: ReadPlan) -> (Vec<Entry>, Option<RaftError>) {
+        let ReadPlan { mut found, disk } = plan;
         let mut failure = None;
-        if disk_lo < disk_hi && (found.len() as u64) < hi - lo {
+        if let Some((disk_lo, disk_hi)) = disk {
             for result in self.entries.reader(disk_lo) {
                 let record = match result {
                     Ok(record) => record,
@@ -295,11 +326,24 @@ impl Shared {
     }
 }
 
+/// A read of `lo..hi`: the entries the view's tail holds, and the range to read from disk.
+#[derive(Debug)]
+struct ReadPlan {
+    found: BTreeMap<u64, Entry>,
+    disk: Option<(u64, u64)>,
+}
+
 /// The openraft log storage of one group instance (see [`GroupLogs::store`]).
 #[derive(Debug)]
 pub struct LogStore {
     shared: Arc<Shared>,
     state_log: StateLog,
+}
+
+impl Drop for LogStore {
+    fn drop(&mut self) {
+        self.shared.store_dropped.send_replace(true);
+    }
 }
 
 /// A reader of a [`LogStore`]'s view (cheap to clone).
@@ -402,7 +446,7 @@ impl RaftLogReader<TypeConfig> for LogStoreReader {
         range: RB,
     ) -> Result<Vec<Entry>, io::Error> {
         let (lo, hi) = index_range(&range);
-        let (entries, failure) = self.shared.read_range(lo, hi);
+        let (entries, failure) = self.shared.read_range(lo, hi).await;
         if let Some(error) = failure {
             // Fewer entries than asked: replication treats a short read as a heartbeat and
             // retries; the owner rebuilds the group.
@@ -423,16 +467,27 @@ impl RaftLogReader<TypeConfig> for LogStoreReader {
         RB: RangeBounds<u64> + Clone + Debug + OptionalSend,
     {
         let (lo, hi) = index_range(&range);
-        let (entries, failure) = self.shared.read_range(lo, hi);
+        let (entries, failure) = self.shared.read_range(lo, hi).await;
         let items = stream::iter(entries.into_iter().map(Ok));
         match failure {
             None => items.boxed(),
             Some(error) => {
-                // The state machine applies what this stream yields and counts on all of it:
-                // after a read failure the stream stays open, without an error, until the
-                // owner shuts the group down.
-                self.shared.fence.trip(error);
-                items.chain(stream::pending()).boxed()
+                // The state machine applies what this stream yields and counts on all of it
+                // (openraft asserts it in debug builds): after a read failure the stream stays
+                // open, without an error, while this instance runs. Once its store is dropped
+                // (the owner shut the `Raft` down) it ends with the error, which no running
+                // instance sees, so that the state machine task ends and lets go of the logs.
+                self.shared.fence.trip(error.clone());
+                let mut dropped = self.shared.store_dropped.subscribe();
+                let end = stream::once(async move {
+                    // The sender lives in `Shared`, which this stream does not hold: a closed
+                    // channel also means the store is gone.
+                    let _ = dropped.wait_for(|dropped| *dropped).await;
+                    Err(io::Error::other(format!(
+                        "entries read after the store was shut down: {error}"
+                    )))
+                });
+                items.chain(end).boxed()
             }
         }
     }
@@ -473,7 +528,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             view.state.committed = committed;
             view.state.clone()
         };
-        if !self.shared.fence.is_tripped() {
+        if !self.shared.fence.is_tripped()
+            && self.state_log.committed_is_due(state.committed.as_ref())
+        {
             if let Err(e) = self.state_log.write(&state, false).await {
                 self.trip(RaftError::log("save the committed log id", e));
             }
