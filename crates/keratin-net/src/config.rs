@@ -10,15 +10,17 @@
 //! |---|---|---|---|
 //! | `node_id` | integer | required | this node's id, at least 1, unique in the cluster |
 //! | `listen` | `"IP:PORT"` | this node's entry in `peers` | the address peers dial (`--cluster-listen`) |
-//! | `peers` | list of `"ID=IP:PORT"` | `[]` | every node of the cluster (`--peer ID=ADDR`, repeatable); this node may be listed too |
+//! | `peers` | list of `"ID=IP:PORT"` (or one comma-separated string) | `[]` | every node of the cluster (`--peer ID=ADDR`, repeatable); this node may be listed too |
 //! | `name` | string | `"keratin"` | the cluster's name; nodes of another cluster are refused at the handshake |
 //!
 //! In TOML: `[cluster]` with `node_id = 1`, `listen = "10.0.0.1:5690"`,
 //! `peers = ["1=10.0.0.1:5690", "2=10.0.0.2:5690", "3=10.0.0.3:5690"]`, `name = "prod"`.
-//! From the environment: `KERATIN_CLUSTER__NODE_ID=1`,
-//! `KERATIN_CLUSTER__PEERS='["2=10.0.0.2:5690"]'`. Listing every node, this one included, lets
-//! every node share one `peers` list; this node's own entry must then match `listen`, or stands
-//! for it when `listen` is absent.
+//! From the environment: `KERATIN_CLUSTER__NODE_ID=1`, and
+//! `KERATIN_CLUSTER__PEERS='["2=10.0.0.2:5690"]'` or
+//! `KERATIN_CLUSTER__PEERS=2=10.0.0.2:5690,3=10.0.0.3:5690` (text that is not a TOML value is a
+//! string). Listing every node, this one included, lets every node share one `peers` list; this
+//! node's own entry must then match `listen`, or stands for it when `listen` is absent.
+//! [`parse_peer_list`] parses the comma-separated form for flags.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -42,8 +44,9 @@ pub struct ClusterConfig {
     /// The address to listen on for peers; defaults to this node's entry in `peers`.
     #[serde(default)]
     pub listen: Option<SocketAddr>,
-    /// The cluster's nodes, as `ID=ADDR` strings.
-    #[serde(default)]
+    /// The cluster's nodes, as a list of `ID=ADDR` strings, or one string of them separated by
+    /// commas (`"1=10.0.0.1:5690,2=10.0.0.2:5690"`, handy in an environment variable).
+    #[serde(default, deserialize_with = "deserialize_peers")]
     pub peers: Vec<PeerSpec>,
     /// The cluster's name, compared at every handshake.
     #[serde(default = "default_name")]
@@ -99,6 +102,33 @@ impl<'de> Deserialize<'de> for PeerSpec {
         let text = String::deserialize(deserializer)?;
         text.parse().map_err(serde::de::Error::custom)
     }
+}
+
+/// Parses `ID=ADDR,ID=ADDR,...` (spaces around entries allowed; empty entries skipped).
+pub fn parse_peer_list(text: &str) -> Result<Vec<PeerSpec>, ConfigError> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|entry| !entry.is_empty())
+        .map(str::parse)
+        .collect()
+}
+
+/// `peers` as a list of `ID=ADDR` strings or one comma-separated string.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum PeersInput {
+    List(Vec<String>),
+    Text(String),
+}
+
+fn deserialize_peers<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Vec<PeerSpec>, D::Error> {
+    let parsed = match PeersInput::deserialize(deserializer)? {
+        PeersInput::List(entries) => entries.iter().map(|entry| entry.parse()).collect(),
+        PeersInput::Text(text) => parse_peer_list(&text),
+    };
+    parsed.map_err(serde::de::Error::custom)
 }
 
 /// A checked cluster configuration: what [`crate::Transport`] runs on.
@@ -335,6 +365,11 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(error.contains("expected ID=ADDR"), "{error}");
+        let config: ClusterConfig =
+            toml::from_str("node_id = 1\npeers = \"1=127.0.0.1:1, 2=127.0.0.1:2\"").unwrap();
+        assert_eq!(config.resolve().unwrap().peers.len(), 1);
+        let error = parse_peer_list("1=127.0.0.1:1,x").unwrap_err().to_string();
+        assert!(error.contains("'x'"), "{error}");
         let config: ClusterConfig =
             toml::from_str("node_id = 1\nlisten = \"127.0.0.1:1\"").unwrap();
         assert_eq!(config.name, DEFAULT_CLUSTER_NAME);

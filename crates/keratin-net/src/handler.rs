@@ -14,10 +14,11 @@ use crate::{codes, GroupId, NodeId};
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 /// Serves peers' requests. Implementations are cheap to call: they hand the work to the group's
-/// task and return a future of its reply.
+/// task and return a future of its reply. The transport runs each returned future in its own
+/// task.
 ///
-/// A handler must not wait for a call to the same peer that sent the request it is serving only
-/// if that call could need this handler's reply first; calls to other peers are fine.
+/// The connection's reader never waits for a handler (beyond `served_in_flight_max` it refuses
+/// with `codes::BUSY`), so a handler may itself call any peer, the sender included.
 pub trait Handler: Send + Sync + 'static {
     /// Serves one request from node `from` for `group`. `Err` reaches the caller as
     /// [`crate::NetError::Refused`] with the same code and message.

@@ -64,7 +64,7 @@ pub mod transport;
 mod wire;
 mod writer;
 
-pub use config::{ClusterConfig, ConfigError, PeerSpec, ResolvedCluster};
+pub use config::{parse_peer_list, ClusterConfig, ConfigError, PeerSpec, ResolvedCluster};
 pub use error::{FrameError, NetError, RemoteError};
 pub use handler::{BoxFuture, Handler};
 pub use liveness::PeerStatus;

@@ -1,4 +1,4 @@
-//! [`Liveness`]: the per-peer view read by `cluster status` and attention items: connected or
+//! `Liveness`: the per-peer view read by `cluster status` and attention items: connected or
 //! not, last contact, round-trip estimate, the last connection error. Written by the peer's
 //! connection tasks with relaxed atomics, read as a [`PeerStatus`] snapshot without locks
 //! (except for the rare error text).

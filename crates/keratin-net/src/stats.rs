@@ -1,4 +1,4 @@
-//! [`Stats`]: transport-wide counters (connections, frames, write batches, heartbeats), for
+//! `Stats`: transport-wide counters (connections, frames, write batches, heartbeats), for
 //! metrics and for tests that prove coalescing. Relaxed atomics; read as a [`TransportStats`].
 
 use std::sync::atomic::{AtomicU64, Ordering};

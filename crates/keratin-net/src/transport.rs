@@ -53,7 +53,11 @@ impl Drop for ShutdownGuard {
 }
 
 impl Transport {
-    /// Binds `cluster.listen` and starts the transport. Must run inside a tokio runtime.
+    /// Binds `cluster.listen` and starts the transport.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime, or when `options` break their own relations (for example a
+    /// write queue smaller than one frame): both are the embedder's bugs, not runtime input.
     pub async fn start(
         cluster: ResolvedCluster,
         options: TransportOptions,
@@ -67,6 +71,9 @@ impl Transport {
 
     /// Starts the transport on a listener the caller bound (tests bind `127.0.0.1:0` first so
     /// that every node's address is known before any starts). `cluster.listen` is not used.
+    ///
+    /// # Panics
+    /// As [`Transport::start`].
     pub fn start_on(
         listener: TcpListener,
         cluster: ResolvedCluster,

@@ -248,3 +248,91 @@ async fn random_bytes_after_a_hello_never_panic_the_node() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_direction_and_wrong_node_are_refused() {
+    within(20 * SECOND, async {
+        // Node 2 of three; node 3 must not dial it (only the lower id of a pair dials), and a
+        // hello meant for node 5 reached the wrong address.
+        let (l1, l2, l3) = (bind().await, bind().await, bind().await);
+        let nodes = [
+            (1, l1.local_addr().unwrap()),
+            (2, l2.local_addr().unwrap()),
+            (3, l3.local_addr().unwrap()),
+        ];
+        let addr = nodes[1].1;
+        let t2 = Transport::start_on(l2, cluster(2, &nodes, "test"), fast_options(), Echo::new(2))
+            .unwrap();
+        let (_, reply) = hello_as(addr, 3, "test").await;
+        let error = reply.outcome.unwrap_err();
+        assert_eq!(error.code, codes::WRONG_DIRECTION);
+        assert!(
+            error.message.contains("only the lower id"),
+            "{}",
+            error.message
+        );
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        let hello = Hello {
+            version: PROTOCOL_VERSION,
+            from: 1,
+            to: 5,
+            cluster: "test".into(),
+        };
+        stream.write_all(&hello.encode()).await.unwrap();
+        let error = HelloReply::read(&mut stream)
+            .await
+            .unwrap()
+            .outcome
+            .unwrap_err();
+        assert_eq!(error.code, codes::WRONG_NODE);
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        let hello = Hello {
+            version: 9,
+            from: 1,
+            to: 2,
+            cluster: "test".into(),
+        };
+        stream.write_all(&hello.encode()).await.unwrap();
+        let error = HelloReply::read(&mut stream)
+            .await
+            .unwrap()
+            .outcome
+            .unwrap_err();
+        assert_eq!(error.code, codes::VERSION);
+        assert!(
+            error.message.contains("version 1") && error.message.contains("speaks 9"),
+            "{}",
+            error.message
+        );
+        assert_eq!(t2.stats().handshakes_refused, 3);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_peer_is_dropped_after_the_idle_timeout() {
+    within(20 * SECOND, async {
+        let (l1, l2) = (bind().await, bind().await);
+        let nodes = [(1, l1.local_addr().unwrap()), (2, l2.local_addr().unwrap())];
+        let options = keratin_net::TransportOptions {
+            ping_interval: std::time::Duration::from_millis(50),
+            idle_timeout: std::time::Duration::from_millis(300),
+            ..fast_options()
+        };
+        let t2 =
+            Transport::start_on(l2, cluster(2, &nodes, "test"), options, Echo::new(2)).unwrap();
+        // Node 1 is this socket: it handshakes, then never sends a byte (not even a pong).
+        let (mut stream, reply) = hello_as(nodes[1].1, 1, "test").await;
+        assert_eq!(reply.outcome, Ok(()));
+        assert!(eventually(5 * SECOND, || t2.peer_status(1).unwrap().connected).await);
+        let frames = frames_until_close(&mut stream).await;
+        assert!(
+            frames.iter().all(|f| matches!(f, Frame::Ping { .. })),
+            "{frames:?}"
+        );
+        let status = t2.peer_status(1).unwrap();
+        assert!(!status.connected, "{status:?}");
+        assert!(status.last_error.unwrap().contains("idle timeout"));
+    })
+    .await;
+}

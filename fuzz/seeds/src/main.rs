@@ -282,6 +282,86 @@ fn handshake_seeds(out: &Path) {
     }
 }
 
+/// One cluster frame of every type, a stream of them, and both hellos (`keratin-net`).
+fn cluster_seeds(out: &Path) {
+    use keratin_net::frame::Frame as ClusterFrame;
+    use keratin_net::handshake::{Hello, HelloReply};
+    use keratin_net::{GroupId, RemoteError};
+    let error = RemoteError::new(1000, "no room: disk at reserve");
+    let frames = [
+        (
+            "request",
+            ClusterFrame::Request {
+                request_id: 1,
+                group: GroupId(7),
+                kind: 2,
+                body: Bytes::from_static(b"append"),
+            },
+        ),
+        (
+            "response",
+            ClusterFrame::Response {
+                request_id: 1,
+                body: Bytes::from_static(b"ok"),
+            },
+        ),
+        (
+            "refusal",
+            ClusterFrame::Refusal {
+                request_id: 2,
+                error: error.clone(),
+            },
+        ),
+        (
+            "heartbeat_batch",
+            ClusterFrame::HeartbeatBatch {
+                batch_id: 3,
+                entries: vec![
+                    (GroupId(1), Bytes::from_static(b"term 4")),
+                    (GroupId(2), Bytes::new()),
+                ],
+            },
+        ),
+        (
+            "heartbeat_replies",
+            ClusterFrame::HeartbeatReplies {
+                batch_id: 3,
+                replies: vec![
+                    (GroupId(1), Ok(Bytes::from_static(b"ok"))),
+                    (GroupId(2), Err(error.clone())),
+                ],
+            },
+        ),
+        ("ping", ClusterFrame::Ping { nonce: 12345 }),
+        ("pong", ClusterFrame::Pong { nonce: 12345 }),
+        ("error", ClusterFrame::Error(error.clone())),
+    ];
+    let mut stream = Vec::new();
+    for (name, frame) in frames {
+        let encoded = frame.encode();
+        let mut bytes = encoded.head.to_vec();
+        bytes.extend_from_slice(&encoded.tail);
+        write(out, "cluster_frame", name, &bytes);
+        stream.extend_from_slice(&bytes);
+    }
+    write(out, "cluster_frame", "stream_of_every_type", &stream);
+    let hello = Hello {
+        version: 1,
+        from: 1,
+        to: 2,
+        cluster: "prod".into(),
+    };
+    write(out, "cluster_frame", "hello", &hello.encode());
+    for (name, outcome) in [("hello_accepted", Ok(())), ("hello_refused", Err(error))] {
+        let reply = HelloReply {
+            version: 1,
+            node_id: 2,
+            outcome,
+        };
+        write(out, "cluster_frame", name, &reply.encode());
+    }
+}
+
 fn record(payload: &[u8]) -> Record<'_> {
     Record {
         record_type: 1,
@@ -415,5 +495,6 @@ fn main() {
     handshake_seeds(&out);
     log_seeds(&out);
     config_seeds(&out, &repo);
+    cluster_seeds(&out);
     println!("seeds written under {}", out.display());
 }
