@@ -431,8 +431,9 @@ impl LogStoreReader {
     /// durable included; with an error (the fence trips too), those before the failure. For
     /// the partition's committed reader (`crate::replica`): a committed entry need not be
     /// durable on this node yet (a majority elsewhere committed it).
+    /// Blocking (it reads files): call it on the blocking pool.
     pub(crate) fn read_entries(&self, lo: u64, hi: u64) -> (Vec<Entry>, Option<RaftError>) {
-        let (entries, failure) = self.shared.read_range(lo, hi);
+        let (entries, failure) = self.shared.read_disk(self.shared.read_plan(lo, hi));
         if let Some(error) = &failure {
             self.shared.fence.trip(error.clone());
         }
