@@ -1,0 +1,46 @@
+//! `RaftError`, the one error type of the adapter.
+//!
+//! It never reaches openraft: storage methods trip the group's [`crate::Fence`] with it and
+//! answer openraft `Ok` (see the crate docs, "Failures"). It reaches the owner of the group
+//! through [`crate::Fence::reason`] and from the constructors.
+
+use keratin_log::LogError;
+
+/// An error of the replication adapter.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum RaftError {
+    /// The partition's entry log or the group's state log failed (a stopped log, a failed read).
+    #[error("{what}: {source}")]
+    Log {
+        /// What the adapter was doing.
+        what: &'static str,
+        /// The log's error; `LogError::Stopped` means: free space or fix the device, then
+        /// rebuild the group (see [`crate::Fence`]).
+        source: LogError,
+    },
+    /// A record of a replicated log does not decode (durable data that reads back valid but is
+    /// not an entry of the replicated log format, `docs/storage-format.md`).
+    #[error(
+        "record at offset {offset} is not a valid replicated-log record: {reason}; restore this \
+         replica from the others"
+    )]
+    Format {
+        /// The record's offset (its Raft log index).
+        offset: u64,
+        /// What is wrong.
+        reason: String,
+    },
+    /// openraft asked for something the adapter cannot do without a change to the segment log.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// Bad arguments (a reserved record type, an oversize membership).
+    #[error("invalid argument: {0}")]
+    Invalid(String),
+}
+
+impl RaftError {
+    pub(crate) fn log(what: &'static str, source: LogError) -> RaftError {
+        RaftError::Log { what, source }
+    }
+}

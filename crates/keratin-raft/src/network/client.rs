@@ -1,0 +1,187 @@
+//! The sending side: openraft's `RaftNetworkFactory` / `RaftNetworkV2` for one group over the
+//! node's `keratin-net` [`Transport`] (one connection per node pair, shared by every group).
+//!
+//! Heartbeats (openraft's heartbeat clients) go through [`Transport::heartbeat`], coalesced with
+//! every other group's heartbeats to the same node into one frame per tick; appends with
+//! entries, votes and snapshots are [`Transport::call`]s. Every transport failure — no
+//! connection, a timeout, a refusal (a follower fenced or without room) — reaches openraft as
+//! `Unreachable`, never as a storage error, and openraft backs off and retries. A fenced group
+//! sends nothing and drops replies that arrive after it tripped (`crate::Fence`).
+
+use std::future::Future;
+use std::marker::PhantomData;
+
+use bytes::Bytes;
+use keratin_net::{GroupId, NetError, Transport};
+use openraft::errors::{RPCError, ReplicationClosed, StreamingError, Unreachable};
+use openraft::network::{RPCOption, RaftNetworkFactory, RaftNetworkV2};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
+};
+use openraft::storage::Snapshot;
+use openraft::OptionalSend;
+
+use super::rpc::{self, SnapshotWire};
+use crate::error::RaftError;
+use crate::fence::Fence;
+use crate::types::{LeaderId, NodeAddr, TypeConfig, Vote};
+
+/// Builds the group's connections to its peers (one [`GroupNetwork`] per target; openraft
+/// asks for separate heartbeat and snapshot clients).
+#[derive(Debug)]
+pub struct NetworkFactory<D> {
+    transport: Transport,
+    group: GroupId,
+    fence: Fence,
+    _data: PhantomData<fn() -> D>,
+}
+
+impl<D> NetworkFactory<D> {
+    /// The network of `group` over `transport`; `fence` is the group's storage fence.
+    pub fn new(transport: Transport, group: GroupId, fence: Fence) -> NetworkFactory<D> {
+        NetworkFactory {
+            transport,
+            group,
+            fence,
+            _data: PhantomData,
+        }
+    }
+
+    fn client(&self, target: u64, heartbeats: bool) -> GroupNetwork<D> {
+        GroupNetwork {
+            transport: self.transport.clone(),
+            group: self.group,
+            target,
+            fence: self.fence.clone(),
+            heartbeats,
+            _data: PhantomData,
+        }
+    }
+}
+
+impl<D: SnapshotWire + Sync> RaftNetworkFactory<TypeConfig> for NetworkFactory<D> {
+    type Network = GroupNetwork<D>;
+
+    async fn new_client(&mut self, target: u64, _node: &NodeAddr) -> GroupNetwork<D> {
+        self.client(target, false)
+    }
+
+    async fn new_heartbeat_client(&mut self, target: u64, _node: &NodeAddr) -> GroupNetwork<D> {
+        self.client(target, true)
+    }
+}
+
+/// One group's connection to one peer.
+#[derive(Debug)]
+pub struct GroupNetwork<D> {
+    transport: Transport,
+    group: GroupId,
+    target: u64,
+    fence: Fence,
+    /// Empty appends go coalesced (openraft's heartbeat client).
+    heartbeats: bool,
+    _data: PhantomData<fn() -> D>,
+}
+
+fn unreachable(error: &(impl std::error::Error + 'static)) -> Unreachable<TypeConfig> {
+    Unreachable::new(error)
+}
+
+impl<D> GroupNetwork<D> {
+    fn check_fence(&self) -> Result<(), Unreachable<TypeConfig>> {
+        match self.fence.reason() {
+            Some(reason) => Err(unreachable(&reason)),
+            None => Ok(()),
+        }
+    }
+
+    /// Sends `body` as `kind` (or as a coalesced heartbeat) and returns the reply, unless the
+    /// group's fence tripped before the reply arrived.
+    async fn send(
+        &self,
+        kind: u8,
+        body: Vec<u8>,
+        option: &RPCOption,
+        coalesce: bool,
+    ) -> Result<Bytes, Unreachable<TypeConfig>> {
+        self.check_fence()?;
+        let ttl = option.hard_ttl();
+        let body = Bytes::from(body);
+        let reply = if coalesce {
+            self.transport
+                .heartbeat(self.target, self.group, body, ttl)
+                .await
+        } else {
+            self.transport
+                .call(self.target, self.group, kind, body, ttl)
+                .await
+        };
+        let reply = reply.map_err(|error: NetError| unreachable(&error))?;
+        self.check_fence()?;
+        Ok(reply)
+    }
+}
+
+fn decoded<T>(result: Result<T, RaftError>) -> Result<T, Unreachable<TypeConfig>> {
+    // A reply that does not decode comes from a node of another version or a broken one: treat
+    // it as unreachable (openraft retries later), never as a storage error.
+    result.map_err(|error| unreachable(&error))
+}
+
+impl<D: SnapshotWire + Sync> RaftNetworkV2<TypeConfig> for GroupNetwork<D> {
+    type SnapshotData = D;
+
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let coalesce = self.heartbeats && rpc.entries.is_empty();
+        let body = decoded(rpc::encode_append(&rpc))?;
+        let reply = self.send(rpc::KIND_APPEND, body, &option, coalesce).await?;
+        Ok(decoded(rpc::decode_append_reply(&reply))?)
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let reply = self
+            .send(rpc::KIND_VOTE, rpc::encode_vote(&rpc), &option, false)
+            .await?;
+        Ok(decoded(rpc::decode_vote_reply(&reply))?)
+    }
+
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let reply = self
+            .send(rpc::KIND_PRE_VOTE, rpc::encode_vote(&rpc), &option, false)
+            .await?;
+        Ok(decoded(rpc::decode_vote_reply(&reply))?)
+    }
+
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: Snapshot<LeaderId, u64, NodeAddr, D>,
+        cancel: impl Future<Output = ReplicationClosed> + OptionalSend + 'static,
+        option: RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        let body = decoded(rpc::encode_snapshot(
+            &vote,
+            &snapshot.meta,
+            &snapshot.snapshot,
+        ))?;
+        let send = self.send(rpc::KIND_SNAPSHOT, body, &option, false);
+        let reply = tokio::select! {
+            closed = cancel => return Err(StreamingError::Closed(closed)),
+            reply = send => reply?,
+        };
+        let vote = decoded(rpc::decode_snapshot_reply(&reply))?;
+        Ok(SnapshotResponse::new(vote))
+    }
+}

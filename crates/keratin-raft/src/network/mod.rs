@@ -1,0 +1,34 @@
+//! The groups' network over `keratin-net`: one connection per node pair shared by every group,
+//! heartbeats coalesced per node pair (openraft-multi shares connections but does not batch
+//! heartbeats, openraft#1959; the transport does both).
+//!
+//! - `rpc`: the bodies of the Raft requests and replies, byte by byte
+//!   (`docs/cluster-protocol.md`, "Raft bodies").
+//! - `client`: [`NetworkFactory`] and [`GroupNetwork`], openraft's sending side.
+//! - `server`: [`Groups`], the node's handler that routes requests to each group's `Raft`.
+//! - [`codes`]: the refusals a group answers with (application codes of `keratin-net`).
+
+mod client;
+pub mod rpc;
+mod server;
+
+pub use client::{GroupNetwork, NetworkFactory};
+pub use rpc::SnapshotWire;
+pub use server::{GroupEndpoint, Groups, RaftEndpoint};
+
+/// Refusals of the Raft handler; `keratin-net` application codes (from `APP_CODE_MIN`). The
+/// sender maps every one to `Unreachable`: openraft backs off and retries.
+pub mod codes {
+    use keratin_net::codes::APP_CODE_MIN;
+
+    /// The group is not served on this node (not created yet, or being rebuilt).
+    pub const NO_GROUP: u16 = APP_CODE_MIN;
+    /// The group's storage failed; it answers nothing until it is rebuilt.
+    pub const FENCED: u16 = APP_CODE_MIN + 1;
+    /// The body did not decode.
+    pub const BAD_BODY: u16 = APP_CODE_MIN + 2;
+    /// openraft refused (the group is shutting down, or a fatal error).
+    pub const RAFT: u16 = APP_CODE_MIN + 3;
+    /// A request kind this node does not know.
+    pub const UNKNOWN_KIND: u16 = APP_CODE_MIN + 4;
+}

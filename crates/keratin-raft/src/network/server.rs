@@ -1,0 +1,203 @@
+//! The receiving side: [`Groups`], the node's `keratin-net` [`Handler`], routes each request
+//! and each coalesced heartbeat to the `Raft` instance of its group.
+//!
+//! A group that is not here (not created yet on this node, or being rebuilt after its log
+//! failed) and a group whose fence tripped answer with a refusal the sender sees as
+//! `Unreachable`, so openraft retries; a reply computed while the fence tripped is dropped,
+//! because openraft may have acted on a vote or entry that is not on disk (`crate::Fence`).
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use bytes::Bytes;
+use futures_util::future::join_all;
+use keratin_net::handler::BoxFuture;
+use keratin_net::{GroupId, Handler, NodeId, RemoteError};
+use openraft::storage::{RaftStateMachine, Snapshot};
+
+use super::codes;
+use super::rpc::{self, SnapshotWire};
+use crate::error::RaftError;
+use crate::fence::Fence;
+use crate::types::TypeConfig;
+
+/// One group as the server reaches it: serve a request of `kind`.
+pub trait GroupEndpoint: Send + Sync + 'static {
+    /// Serves one request; the reply body or a refusal.
+    fn serve(&self, kind: u8, body: Bytes) -> BoxFuture<Result<Bytes, RemoteError>>;
+}
+
+/// A group's `Raft` and its fence, served over the network.
+pub struct RaftEndpoint<SM: RaftStateMachine<TypeConfig>> {
+    raft: openraft::Raft<TypeConfig, SM>,
+    fence: Fence,
+}
+
+impl<SM: RaftStateMachine<TypeConfig>> RaftEndpoint<SM> {
+    /// Serve `raft`, whose storage trips `fence`.
+    pub fn new(raft: openraft::Raft<TypeConfig, SM>, fence: Fence) -> RaftEndpoint<SM> {
+        RaftEndpoint { raft, fence }
+    }
+}
+
+fn bad_body(error: RaftError) -> RemoteError {
+    RemoteError::new(codes::BAD_BODY, error.to_string())
+}
+
+fn raft_refused(error: impl std::fmt::Display) -> RemoteError {
+    RemoteError::new(codes::RAFT, error.to_string())
+}
+
+impl<SM> GroupEndpoint for RaftEndpoint<SM>
+where
+    SM: RaftStateMachine<TypeConfig>,
+    SM::SnapshotData: SnapshotWire,
+{
+    fn serve(&self, kind: u8, body: Bytes) -> BoxFuture<Result<Bytes, RemoteError>> {
+        let raft = self.raft.clone();
+        let fence = self.fence.clone();
+        Box::pin(async move {
+            if let Some(reason) = fence.reason() {
+                return Err(RemoteError::new(codes::FENCED, reason.to_string()));
+            }
+            let reply = serve_kind(&raft, kind, &body).await?;
+            // Acted on while the storage failed: the reply may rest on a vote or entry that is
+            // not durable. Drop it.
+            if let Some(reason) = fence.reason() {
+                return Err(RemoteError::new(codes::FENCED, reason.to_string()));
+            }
+            Ok(Bytes::from(reply))
+        })
+    }
+}
+
+async fn serve_kind<SM>(
+    raft: &openraft::Raft<TypeConfig, SM>,
+    kind: u8,
+    body: &[u8],
+) -> Result<Vec<u8>, RemoteError>
+where
+    SM: RaftStateMachine<TypeConfig>,
+    SM::SnapshotData: SnapshotWire,
+{
+    match kind {
+        rpc::KIND_APPEND => {
+            let request = rpc::decode_append(body).map_err(bad_body)?;
+            let reply = raft.append_entries(request).await.map_err(raft_refused)?;
+            Ok(rpc::encode_append_reply(&reply))
+        }
+        rpc::KIND_VOTE => {
+            let request = rpc::decode_vote(body).map_err(bad_body)?;
+            let reply = raft.vote(request).await.map_err(raft_refused)?;
+            Ok(rpc::encode_vote_reply(&reply))
+        }
+        rpc::KIND_PRE_VOTE => {
+            let request = rpc::decode_vote(body).map_err(bad_body)?;
+            let reply = raft.pre_vote(request).await.map_err(raft_refused)?;
+            Ok(rpc::encode_vote_reply(&reply))
+        }
+        rpc::KIND_SNAPSHOT => {
+            let (vote, meta, data) =
+                rpc::decode_snapshot::<SM::SnapshotData>(body).map_err(bad_body)?;
+            let snapshot = Snapshot {
+                meta,
+                snapshot: data,
+            };
+            let reply = raft
+                .install_full_snapshot(vote, snapshot)
+                .await
+                .map_err(raft_refused)?;
+            Ok(rpc::encode_snapshot_reply(&reply.vote))
+        }
+        other => Err(RemoteError::new(
+            codes::UNKNOWN_KIND,
+            format!("request kind {other} is not a Raft request this node knows"),
+        )),
+    }
+}
+
+/// The groups this node serves, by id: the node's [`Handler`] for `keratin-net`.
+#[derive(Default)]
+pub struct Groups {
+    groups: RwLock<HashMap<u64, Arc<dyn GroupEndpoint>>>,
+}
+
+impl std::fmt::Debug for Groups {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Groups")
+            .field("count", &self.read().len())
+            .finish()
+    }
+}
+
+impl Groups {
+    /// No group yet.
+    pub fn new() -> Groups {
+        Groups::default()
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<u64, Arc<dyn GroupEndpoint>>> {
+        self.groups.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Serve `group` with `endpoint` from now on (replacing a previous one: a rebuilt group).
+    pub fn insert(&self, group: GroupId, endpoint: Arc<dyn GroupEndpoint>) {
+        self.groups
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(group.0, endpoint);
+    }
+
+    /// Stop serving `group` (it is being rebuilt, or was deleted).
+    pub fn remove(&self, group: GroupId) {
+        self.groups
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&group.0);
+    }
+
+    fn get(&self, group: GroupId) -> Result<Arc<dyn GroupEndpoint>, RemoteError> {
+        self.read().get(&group.0).cloned().ok_or_else(|| {
+            RemoteError::new(
+                codes::NO_GROUP,
+                format!("group {} is not served on this node (yet)", group.0),
+            )
+        })
+    }
+}
+
+impl Handler for Groups {
+    fn call(
+        &self,
+        _from: NodeId,
+        group: GroupId,
+        kind: u8,
+        body: Bytes,
+    ) -> BoxFuture<Result<Bytes, RemoteError>> {
+        match self.get(group) {
+            Ok(endpoint) => endpoint.serve(kind, body),
+            Err(error) => Box::pin(std::future::ready(Err(error))),
+        }
+    }
+
+    fn heartbeats(
+        &self,
+        _from: NodeId,
+        batch: Vec<(GroupId, Bytes)>,
+    ) -> BoxFuture<Vec<(GroupId, Result<Bytes, RemoteError>)>> {
+        let served: Vec<_> = batch
+            .into_iter()
+            .map(|(group, body)| {
+                let endpoint = self.get(group);
+                async move {
+                    let reply = match endpoint {
+                        Ok(endpoint) => endpoint.serve(rpc::KIND_APPEND, body).await,
+                        Err(error) => Err(error),
+                    };
+                    (group, reply)
+                }
+            })
+            .collect();
+        Box::pin(join_all(served))
+    }
+}

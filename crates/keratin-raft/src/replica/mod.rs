@@ -1,0 +1,239 @@
+//! [`Replica`]: one node's member of one partition group, in the broker's terms: propose
+//! records and learn their committed offsets, watch the committed offset move (records another
+//! leader proposed included), read committed records in offset order. openraft stays inside:
+//! the broker's partition log (`keratin-broker` `partition/log.rs`) is built on this.
+//!
+//! - `notifier`: [`CommitNotifier`], the Raft state machine that only tells how far the log is
+//!   committed.
+//! - `reader`: [`CommittedReader`], the partition's records below the committed offset, read
+//!   from the group's log view (entry log and the tail not yet durable here) with the
+//!   adapter's own entries (blank, membership) skipped.
+//!
+//! A proposal refused because this node is not the leader is [`ProposeError::NotLeader`] with
+//! the leader openraft knows of, so the broker can answer "not the leader" with its address.
+
+mod notifier;
+mod reader;
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use keratin_net::{GroupId, Transport};
+use openraft::errors::{ClientWriteError, Fatal};
+use openraft::{Config, SnapshotPolicy};
+use tokio::sync::watch;
+
+pub use notifier::{AppliedImage, CommitNotifier, NotifierSnapshotBuilder};
+pub use reader::CommittedReader;
+
+use crate::error::RaftError;
+use crate::fence::Fence;
+use crate::network::{Groups, NetworkFactory, RaftEndpoint};
+use crate::store::{GroupLogs, LogStoreReader};
+use crate::types::{NodeAddr, PartitionRecord, TypeConfig};
+
+/// The openraft instance of a replica.
+pub type ReplicaRaft = openraft::Raft<TypeConfig, CommitNotifier>;
+
+/// Heartbeats every 100 ms and elections after 500–1,000 ms without one: a lost leader is
+/// replaced within about a second (the failover goal is 2 s), while a leader on a loaded node
+/// (a full `fdatasync` queue, a busy core) is not voted out for a pause under half a second.
+pub const HEARTBEAT_INTERVAL_MS: u64 = 100;
+/// See [`HEARTBEAT_INTERVAL_MS`].
+pub const ELECTION_TIMEOUT_MIN_MS: u64 = 500;
+/// See [`HEARTBEAT_INTERVAL_MS`].
+pub const ELECTION_TIMEOUT_MAX_MS: u64 = 1_000;
+
+/// The openraft configuration of partition replicas: the timers above, and no snapshots
+/// (so openraft never purges entries: see `notifier`).
+pub fn replica_config(cluster_name: &str) -> Result<Arc<Config>, RaftError> {
+    let config = Config {
+        cluster_name: cluster_name.to_string(),
+        heartbeat_interval: HEARTBEAT_INTERVAL_MS,
+        election_timeout_min: ELECTION_TIMEOUT_MIN_MS,
+        election_timeout_max: ELECTION_TIMEOUT_MAX_MS,
+        snapshot_policy: SnapshotPolicy::Never,
+        ..Config::default()
+    };
+    config
+        .validate()
+        .map(Arc::new)
+        .map_err(|e| RaftError::Invalid(format!("raft configuration: {e}")))
+}
+
+/// Why a proposal was not committed.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProposeError {
+    /// This replica does not lead the group; `leader` is the one it knows of, if any.
+    #[error("this node does not lead the partition{}", match (.leader, .addr) {
+        (Some(id), Some(addr)) => format!(" (node {id} at {addr} does)"),
+        (Some(id), None) => format!(" (node {id} does)"),
+        _ => " (no leader is known yet)".to_string(),
+    })]
+    NotLeader {
+        /// The leader's node id.
+        leader: Option<u64>,
+        /// The leader's cluster address.
+        addr: Option<String>,
+    },
+    /// The group's storage failed on this node; it is being rebuilt. The records may or may not
+    /// be committed.
+    #[error("the partition's storage failed on this node: {0}")]
+    Fenced(RaftError),
+    /// The group is shutting down. The records may or may not be committed.
+    #[error("the partition group stopped: {0}")]
+    Stopped(String),
+}
+
+/// See the module docs.
+pub struct Replica {
+    raft: ReplicaRaft,
+    logs: GroupLogs,
+    view: LogStoreReader,
+    notifier: CommitNotifier,
+    fence: Fence,
+    group: GroupId,
+}
+
+impl std::fmt::Debug for Replica {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Replica")
+            .field("group", &self.group)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Replica {
+    /// Starts node `id`'s replica of `group` over `logs`, reachable through `transport` and
+    /// served by `groups` (the node's handler). Blocks while it reads the logs.
+    pub async fn start(
+        id: u64,
+        group: GroupId,
+        logs: GroupLogs,
+        config: Arc<Config>,
+        transport: Transport,
+        groups: &Groups,
+    ) -> Result<Replica, RaftError> {
+        let store = logs.store()?;
+        let fence = store.fence();
+        let view = store.reader();
+        let notifier = CommitNotifier::new(fence.clone());
+        let network = NetworkFactory::<AppliedImage>::new(transport, group, fence.clone());
+        let raft = ReplicaRaft::new(id, config, network, store, notifier.clone())
+            .await
+            .map_err(|e| RaftError::Invalid(format!("start group {}: {e}", group.0)))?;
+        groups.insert(
+            group,
+            Arc::new(RaftEndpoint::new(raft.clone(), fence.clone())),
+        );
+        Ok(Replica {
+            raft,
+            logs,
+            view,
+            notifier,
+            fence,
+            group,
+        })
+    }
+
+    /// The openraft instance, for membership changes and metrics (`keratin-raft` only: the
+    /// broker uses the methods below).
+    pub fn raft(&self) -> &ReplicaRaft {
+        &self.raft
+    }
+
+    /// The group's storage fence: it trips when this node's copy fails.
+    pub fn fence(&self) -> &Fence {
+        &self.fence
+    }
+
+    /// Propose `records` (one entry each, consecutive offsets); their offsets once committed on
+    /// a majority and applied here.
+    pub async fn propose(&self, records: Vec<PartitionRecord>) -> Result<Range<u64>, ProposeError> {
+        if let Some(reason) = self.fence.reason() {
+            return Err(ProposeError::Fenced(reason));
+        }
+        let count = records.len() as u64;
+        let mut results = self
+            .raft
+            .client_write_many(records)
+            .await
+            .map_err(|e| self.stopped(e))?;
+        let mut offsets: Option<Range<u64>> = None;
+        while let Some(result) = results.next().await {
+            let written = result.map_err(|e| self.stopped(e))?.map_err(not_leader)?;
+            let index = written.log_id.index;
+            offsets = Some(match offsets {
+                None => index..index + 1,
+                Some(range) => {
+                    // One batch is appended at once: its entries are consecutive.
+                    assert_eq!(range.end, index, "a proposal's entries are consecutive");
+                    range.start..index + 1
+                }
+            });
+        }
+        let offsets = offsets.unwrap_or(0..0);
+        assert_eq!(offsets.end - offsets.start, count, "one offset per record");
+        Ok(offsets)
+    }
+
+    fn stopped(&self, error: Fatal<TypeConfig>) -> ProposeError {
+        match self.fence.reason() {
+            Some(reason) => ProposeError::Fenced(reason),
+            None => ProposeError::Stopped(error.to_string()),
+        }
+    }
+
+    /// One past the last committed record, as it moves.
+    pub fn committed(&self) -> watch::Receiver<u64> {
+        self.notifier.committed()
+    }
+
+    /// The partition's committed records from `offset` on (blocking iteration: run it on the
+    /// blocking pool).
+    pub fn reader(&self, offset: u64) -> CommittedReader {
+        CommittedReader::new(self.view.clone(), offset, self.committed())
+    }
+
+    /// The leader this replica knows of.
+    pub async fn leader(&self) -> Option<u64> {
+        self.raft.current_leader().await
+    }
+
+    /// Waits up to `timeout` until this replica is the leader (or knows another one is).
+    pub async fn wait_leader(&self, timeout: Duration) -> Option<u64> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Some(leader) = self.leader().await {
+                return Some(leader);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Stops serving the group and shuts its `Raft` down; the logs are returned, to close (or
+    /// heal and start again).
+    pub async fn shutdown(self, groups: &Groups) -> GroupLogs {
+        groups.remove(self.group);
+        if let Err(error) = self.raft.shutdown().await {
+            tracing::warn!(group = self.group.0, %error, "raft shutdown");
+        }
+        self.logs
+    }
+}
+
+fn not_leader(error: ClientWriteError<TypeConfig>) -> ProposeError {
+    match error {
+        ClientWriteError::ForwardToLeader(forward) => ProposeError::NotLeader {
+            leader: forward.leader_id,
+            addr: forward.leader_node.map(|node: NodeAddr| node.addr),
+        },
+        other => ProposeError::Stopped(other.to_string()),
+    }
+}

@@ -1,0 +1,102 @@
+//! [`CommittedReader`]: a partition's committed records in offset order. They come from the
+//! group's log view (`crate::store`): the entry log (the Raft log is the partition log) plus
+//! the in-memory tail of entries appended but not yet durable here, because an entry is
+//! committed once a majority has it, which need not include this node. The adapter's own
+//! entries (blank, membership) take offsets but are not partition records: they are skipped,
+//! so a reader sees gaps in the offsets, never a record that is not the broker's. It stops at
+//! the committed offset of the moment (records past it may still be cut by a new leader);
+//! reading again later continues where it stopped.
+
+use std::collections::VecDeque;
+
+use keratin_log::ReadRecord;
+use tokio::sync::watch;
+
+use crate::error::RaftError;
+use crate::store::LogStoreReader;
+use crate::types::{Entry, Payload};
+
+/// Entries read from the view at a time.
+const READ_BATCH: u64 = 256;
+
+/// See the module docs. Iterating blocks on file reads: run it on the blocking pool.
+#[derive(Debug)]
+pub struct CommittedReader {
+    view: LogStoreReader,
+    /// The offset of the next entry to read from the view.
+    next: u64,
+    /// Entries read and not yet returned.
+    buffered: VecDeque<Entry>,
+    committed: watch::Receiver<u64>,
+}
+
+impl CommittedReader {
+    pub(crate) fn new(view: LogStoreReader, offset: u64, committed: watch::Receiver<u64>) -> Self {
+        CommittedReader {
+            view,
+            next: offset,
+            buffered: VecDeque::new(),
+            committed,
+        }
+    }
+
+    /// The offset of the next entry it returns or skips.
+    pub fn next_offset(&self) -> u64 {
+        self.buffered
+            .front()
+            .map_or(self.next, |entry| entry.log_id.index)
+    }
+
+    fn fill(&mut self) -> Result<(), RaftError> {
+        let committed = *self.committed.borrow();
+        if self.next >= committed {
+            return Ok(());
+        }
+        let hi = committed.min(self.next + READ_BATCH);
+        let (entries, failure) = self.view.read_entries(self.next, hi);
+        if let Some(error) = failure {
+            return Err(error);
+        }
+        let Some(first) = entries.first() else {
+            return Err(RaftError::Unsupported(format!(
+                "committed entries {}..{hi} are no longer in this replica's log",
+                self.next
+            )));
+        };
+        if first.log_id.index != self.next {
+            return Err(RaftError::Unsupported(format!(
+                "committed entry {} is no longer in this replica's log (it starts at {})",
+                self.next, first.log_id.index
+            )));
+        }
+        self.next += entries.len() as u64;
+        self.buffered.extend(entries);
+        Ok(())
+    }
+}
+
+impl Iterator for CommittedReader {
+    /// A partition record as written by the broker: its type, timestamp and payload, at its
+    /// offset; `flags` is 0.
+    type Item = Result<ReadRecord, RaftError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if self.buffered.is_empty() {
+                if let Err(error) = self.fill() {
+                    return Some(Err(error));
+                }
+            }
+            let entry = self.buffered.pop_front()?;
+            if let Payload::Normal(record) = entry.payload {
+                return Some(Ok(ReadRecord {
+                    offset: entry.log_id.index,
+                    record_type: record.record_type,
+                    flags: 0,
+                    timestamp_ms: record.timestamp_ms,
+                    payload: record.payload,
+                }));
+            }
+        }
+    }
+}

@@ -1,0 +1,654 @@
+//! `GroupLogs` (the two logs of a group, kept across rebuilds of its `Raft`) and `LogStore`, the
+//! openraft log storage over them, with its reader `LogStoreReader`.
+//!
+//! The view: openraft sees the durable entries of the entry log plus an in-memory tail of the
+//! entries appended since and not yet durable (openraft reads what it just appended, before the
+//! flush; keratin-log readers only see durable records). A batch leaves the tail when its append
+//! ticket resolves, after the sync, and only then is openraft told it is flushed.
+//!
+//! Raft index == log offset. Offsets below a purge point that lies past the log's end are taken
+//! by gap records, so the next entry still lands at its index.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::io;
+use std::ops::{Bound, RangeBounds};
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use futures_util::{stream, Stream, StreamExt};
+use keratin_log::{Io, Log, LogOptions, SegmentPool, SizeClass};
+use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
+use openraft::OptionalSend;
+
+use crate::entry_format::{decode_entry, encode_entry, encode_gap, EncodedEntry};
+use crate::error::RaftError;
+use crate::fence::Fence;
+use crate::raft_state::{RaftState, StateLog};
+use crate::types::{Entry, LogId, TypeConfig, Vote};
+
+/// The entry log's directory inside a group's directory.
+pub const ENTRIES_DIR_NAME: &str = "entries";
+/// The state log's directory inside a group's directory.
+pub const STATE_DIR_NAME: &str = "raft-state";
+
+/// At most this many gap records fill offsets up to an entry whose index lies past the log's
+/// end (after a purge past the end, which follows a snapshot install). 65,536 records of 52
+/// bytes are 3.3 MiB; a larger jump needs a segment-log operation that restarts a log at a
+/// higher offset (crate docs, "What is left").
+pub const GAP_FILL_MAX: u64 = 65_536;
+
+/// The two logs of one partition group: the entry log (the partition's segment log: record
+/// offset == Raft index) and the small state log (vote, committed, purge point). They outlive
+/// the group's `Raft` instances: after a failure the owner heals them and builds a new
+/// [`LogStore`] with [`GroupLogs::store`].
+#[derive(Debug, Clone)]
+pub struct GroupLogs {
+    entries: Arc<Log>,
+    state: Arc<Log>,
+}
+
+impl GroupLogs {
+    /// Open (recover) the logs in `dir/entries` and `dir/raft-state`. `options` are the entry
+    /// log's; the state log uses the same full segment size in the small class.
+    pub fn open(
+        io: Arc<dyn Io>,
+        dir: &Path,
+        options: LogOptions,
+        pool: Option<SegmentPool>,
+    ) -> Result<GroupLogs, RaftError> {
+        let state_options = LogOptions {
+            size_class: SizeClass::Small,
+            ..options.clone()
+        };
+        let entries = Log::open(
+            io.clone(),
+            &dir.join(ENTRIES_DIR_NAME),
+            options,
+            pool.clone(),
+        )
+        .map_err(|e| RaftError::log("open the entry log", e))?;
+        let state = Log::open(io, &dir.join(STATE_DIR_NAME), state_options, pool)
+            .map_err(|e| RaftError::log("open the raft state log", e))?;
+        Ok(GroupLogs {
+            entries: Arc::new(entries),
+            state: Arc::new(state),
+        })
+    }
+
+    /// The entry log (for readers of the partition: record offset == Raft index; the format of
+    /// its records is in `docs/storage-format.md`, "Replicated log records").
+    pub fn entries(&self) -> &Log {
+        &self.entries
+    }
+
+    /// Close both logs once nothing else holds them: the store of a shut-down `Raft`, its
+    /// readers and its flush waiters let go as their tasks end. While something still does, the
+    /// logs come back as `Err` (try again later; never open the directory twice).
+    pub fn try_close(self) -> Result<Result<(), RaftError>, GroupLogs> {
+        let GroupLogs { entries, state } = self;
+        let entries = match Arc::try_unwrap(entries) {
+            Ok(entries) => entries,
+            Err(entries) => return Err(GroupLogs { entries, state }),
+        };
+        let state = match Arc::try_unwrap(state) {
+            Ok(state) => state,
+            Err(state) => {
+                return Err(GroupLogs {
+                    entries: Arc::new(entries),
+                    state,
+                })
+            }
+        };
+        let closed = entries
+            .close()
+            .map_err(|e| RaftError::log("close the entry log", e));
+        let state_closed = state
+            .close()
+            .map_err(|e| RaftError::log("close the raft state log", e));
+        Ok(closed.and(state_closed))
+    }
+
+    /// Heal both logs after a stop (see `keratin_log::Log::heal`). Call it after the group's
+    /// `Raft` is shut down, then build a new store.
+    pub fn heal(&self) -> Result<(), RaftError> {
+        self.entries
+            .heal()
+            .map_err(|e| RaftError::log("heal the entry log", e))?;
+        self.state
+            .heal()
+            .map_err(|e| RaftError::log("heal the raft state log", e))
+    }
+
+    /// A log storage for a new `Raft` instance, with a new fence, its view read from what is
+    /// durable. Cuts gap records left at the end by a torn batch. Blocks while it reads.
+    pub fn store(&self) -> Result<LogStore, RaftError> {
+        for log in [&self.entries, &self.state] {
+            if let Some(stop) = log.stopped() {
+                return Err(RaftError::log("build a store", stop));
+            }
+        }
+        let mut state = StateLog::read(&self.state)?;
+        let entries = &self.entries;
+        let purged_next = state.purged.as_ref().map_or(0, |p| p.index + 1);
+        let floor = entries.start_offset().max(purged_next);
+        let mut end = entries.durable_offset();
+        let mut last = None;
+        while end > floor {
+            let record = entries
+                .read(end - 1)
+                .map_err(|e| RaftError::log("read the last entry", e))?;
+            match decode_entry(&record)? {
+                Some(entry) => {
+                    last = Some(entry.log_id);
+                    break;
+                }
+                None => end -= 1,
+            }
+        }
+        if end < entries.next_offset() {
+            entries
+                .truncate_suffix(end)
+                .and_then(|ticket| ticket.wait())
+                .map_err(|e| RaftError::log("cut trailing gap records", e))?;
+        }
+        let last_log_id = last.or(state.purged);
+        // The committed id is written without waiting for the sync and the entries it names may
+        // not be durable here yet: the entries present are a prefix of the log as it was, so
+        // the last one present is committed if a later one was.
+        if state.committed.as_ref().map(|c| c.index) > last_log_id.as_ref().map(|l| l.index) {
+            state.committed = last_log_id;
+        }
+        let state_log = StateLog::new(self.state.clone(), &state);
+        let view = View {
+            tail: BTreeMap::new(),
+            next_index: end,
+            disk_limit: u64::MAX,
+            last_log_id,
+            state,
+            next_batch: 0,
+        };
+        Ok(LogStore {
+            shared: Arc::new(Shared {
+                entries: self.entries.clone(),
+                fence: Fence::new(),
+                view: Mutex::new(view),
+                store_dropped: tokio::sync::watch::Sender::new(false),
+            }),
+            state_log,
+        })
+    }
+}
+
+/// What openraft sees of the log.
+#[derive(Debug)]
+struct View {
+    /// Entries appended and not yet reported durable, by index, with their batch number.
+    tail: BTreeMap<u64, (u64, Entry)>,
+    /// One past the last entry. Unless fenced, also the entry log's next offset.
+    next_index: u64,
+    /// Disk records from here on are stale: a truncation made while fenced never reached the
+    /// disk.
+    disk_limit: u64,
+    last_log_id: Option<LogId>,
+    /// As openraft saved it (while fenced: possibly not on disk).
+    state: RaftState,
+    next_batch: u64,
+}
+
+impl View {
+    /// Put `entries` (consecutive, from `first`) at the end of the view; returns their batch.
+    fn put(&mut self, first: u64, entries: Vec<Entry>) -> u64 {
+        let batch = self.next_batch;
+        self.next_batch += 1;
+        drop(self.tail.split_off(&first));
+        if let Some(last) = entries.last() {
+            self.next_index = last.log_id.index + 1;
+            self.last_log_id = Some(last.log_id);
+        }
+        for entry in entries {
+            self.tail.insert(entry.log_id.index, (batch, entry));
+        }
+        batch
+    }
+
+    fn purged_next(&self) -> u64 {
+        self.state.purged.as_ref().map_or(0, |p| p.index + 1)
+    }
+}
+
+#[derive(Debug)]
+struct Shared {
+    entries: Arc<Log>,
+    fence: Fence,
+    view: Mutex<View>,
+    /// Set when the `LogStore` is dropped (its `Raft` is shut down).
+    store_dropped: tokio::sync::watch::Sender<bool>,
+}
+
+impl Shared {
+    fn view(&self) -> MutexGuard<'_, View> {
+        self.view.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A batch is durable: drop it from the tail (unless truncated and replaced meanwhile).
+    fn flushed(&self, batch: u64, range: std::ops::Range<u64>) {
+        let mut view = self.view();
+        for index in range {
+            if view.tail.get(&index).is_some_and(|(b, _)| *b == batch) {
+                view.tail.remove(&index);
+            }
+        }
+    }
+
+    /// The entries in `lo..hi` that exist, in order; with an error, those before the failure.
+    /// Disk reads (of entries that left the tail) run on the blocking pool.
+    async fn read_range(self: &Arc<Self>, lo: u64, hi: u64) -> (Vec<Entry>, Option<RaftError>) {
+        let plan = self.read_plan(lo, hi);
+        if plan.disk.is_none() {
+            return self.read_disk(plan);
+        }
+        let shared = self.clone();
+        match tokio::task::spawn_blocking(move || shared.read_disk(plan)).await {
+            Ok(read) => read,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // The runtime is shutting down: nobody waits for the answer.
+            Err(_) => (Vec::new(), None),
+        }
+    }
+
+    /// What the view holds of `lo..hi`, and the range left to read from the disk.
+    fn read_plan(&self, lo: u64, hi: u64) -> ReadPlan {
+        let (lo, hi, disk_limit, found) = {
+            let view = self.view();
+            let lo = lo.max(view.purged_next());
+            let hi = hi.min(view.next_index);
+            if lo >= hi {
+                return ReadPlan {
+                    found: BTreeMap::new(),
+                    disk: None,
+                };
+            }
+            let found: BTreeMap<u64, Entry> = view
+                .tail
+                .range(lo..hi)
+                .map(|(index, (_, entry))| (*index, entry.clone()))
+                .collect();
+            (lo, hi, view.disk_limit, found)
+        };
+        let disk_lo = lo.max(self.entries.start_offset());
+        let disk_hi = hi.min(disk_limit).min(self.entries.durable_offset());
+        let disk =
+            (disk_lo < disk_hi && (found.len() as u64) < hi - lo).then_some((disk_lo, disk_hi));
+        ReadPlan { found, disk }
+    }
+
+    /// Carry out a plan: read its disk range (blocking), merge, keep the entries consecutive.
+    fn read_disk(&self, plan: ReadPlan) -> (Vec<Entry>, Option<RaftError>) {
+        let ReadPlan { mut found, disk } = plan;
+        let mut failure = None;
+        if let Some((disk_lo, disk_hi)) = disk {
+            for result in self.entries.reader(disk_lo) {
+                let record = match result {
+                    Ok(record) => record,
+                    Err(e) => {
+                        failure = Some(RaftError::log("read entries", e));
+                        break;
+                    }
+                };
+                if record.offset >= disk_hi {
+                    break;
+                }
+                if found.contains_key(&record.offset) {
+                    continue;
+                }
+                match decode_entry(&record) {
+                    Ok(Some(entry)) => {
+                        found.insert(record.offset, entry);
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        failure = Some(e);
+                        break;
+                    }
+                }
+            }
+        }
+        // Entries must come consecutive: after a failure, keep the run from the first one.
+        let mut entries: Vec<Entry> = Vec::with_capacity(found.len());
+        for (index, entry) in found {
+            if failure.is_some() && entries.last().is_some_and(|e| e.log_id.index + 1 != index) {
+                break;
+            }
+            entries.push(entry);
+        }
+        (entries, failure)
+    }
+}
+
+/// A read of `lo..hi`: the entries the view's tail holds, and the range to read from disk.
+#[derive(Debug)]
+struct ReadPlan {
+    found: BTreeMap<u64, Entry>,
+    disk: Option<(u64, u64)>,
+}
+
+/// The openraft log storage of one group instance (see [`GroupLogs::store`]).
+#[derive(Debug)]
+pub struct LogStore {
+    shared: Arc<Shared>,
+    state_log: StateLog,
+}
+
+impl Drop for LogStore {
+    fn drop(&mut self) {
+        self.shared.store_dropped.send_replace(true);
+    }
+}
+
+/// A reader of a [`LogStore`]'s view (cheap to clone).
+#[derive(Debug, Clone)]
+pub struct LogStoreReader {
+    shared: Arc<Shared>,
+}
+
+impl LogStore {
+    /// This instance's fence: tripped at the first failure of either log.
+    pub fn fence(&self) -> Fence {
+        self.shared.fence.clone()
+    }
+
+    /// A reader of the view.
+    pub fn reader(&self) -> LogStoreReader {
+        LogStoreReader {
+            shared: self.shared.clone(),
+        }
+    }
+
+    fn trip(&self, error: RaftError) {
+        self.shared.fence.trip(error);
+    }
+
+    /// Queue the records of `entries` (from `first`) on the entry log, gap records first if
+    /// `first` lies past its end.
+    async fn append_to_log(
+        &self,
+        first: u64,
+        entries: &[Entry],
+    ) -> Result<keratin_log::Ticket<std::ops::Range<u64>>, RaftError> {
+        let log = &self.shared.entries;
+        let next = self.shared.view().next_index;
+        debug_assert_eq!(next, log.next_offset(), "an unfenced view matches the log");
+        let mut encoded: Vec<EncodedEntry> = Vec::with_capacity(entries.len());
+        if first > next {
+            let gap = first - next;
+            if gap > GAP_FILL_MAX {
+                return Err(RaftError::Unsupported(format!(
+                    "entry {first} lies {gap} offsets past the log's end {next} (at most \
+                     {GAP_FILL_MAX} gap records)"
+                )));
+            }
+            encoded.extend(std::iter::repeat_n(encode_gap(), gap as usize));
+        } else if first < next {
+            // openraft truncates before it overwrites; should it not, the log's order of
+            // requests keeps this cut before the append.
+            drop(
+                log.truncate_suffix(first)
+                    .map_err(|e| RaftError::log("truncate before an overwrite", e))?,
+            );
+        }
+        for (entry, index) in entries.iter().zip(first..) {
+            assert_eq!(
+                entry.log_id.index, index,
+                "openraft appends consecutive entries"
+            );
+            encoded.push(encode_entry(entry)?);
+        }
+        let records: Vec<keratin_log::Record<'_>> =
+            encoded.iter().map(EncodedEntry::record).collect();
+        log.append_async(&records)
+            .await
+            .map_err(|e| RaftError::log("append entries", e))
+    }
+}
+
+fn index_range(range: &impl RangeBounds<u64>) -> (u64, u64) {
+    let lo = match range.start_bound() {
+        Bound::Included(x) => *x,
+        Bound::Excluded(x) => x.saturating_add(1),
+        Bound::Unbounded => 0,
+    };
+    let hi = match range.end_bound() {
+        Bound::Included(x) => x.saturating_add(1),
+        Bound::Excluded(x) => *x,
+        Bound::Unbounded => u64::MAX,
+    };
+    (lo, hi)
+}
+
+impl LogStoreReader {
+    /// The entries in `lo..hi` that exist, in order, the in-memory tail of entries not yet
+    /// durable included; with an error (the fence trips too), those before the failure. For
+    /// the partition's committed reader (`crate::replica`): a committed entry need not be
+    /// durable on this node yet (a majority elsewhere committed it).
+    /// Blocking (it reads files): call it on the blocking pool.
+    pub(crate) fn read_entries(&self, lo: u64, hi: u64) -> (Vec<Entry>, Option<RaftError>) {
+        let (entries, failure) = self.shared.read_disk(self.shared.read_plan(lo, hi));
+        if let Some(error) = &failure {
+            self.shared.fence.trip(error.clone());
+        }
+        (entries, failure)
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStoreReader {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry>, io::Error> {
+        let (lo, hi) = index_range(&range);
+        let (entries, failure) = self.shared.read_range(lo, hi).await;
+        if let Some(error) = failure {
+            // Fewer entries than asked: replication treats a short read as a heartbeat and
+            // retries; the owner rebuilds the group.
+            self.shared.fence.trip(error);
+        }
+        Ok(entries)
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, io::Error> {
+        Ok(self.shared.view().state.vote)
+    }
+
+    async fn entries_stream<RB>(
+        &mut self,
+        range: RB,
+    ) -> impl Stream<Item = Result<Entry, io::Error>> + OptionalSend
+    where
+        RB: RangeBounds<u64> + Clone + Debug + OptionalSend,
+    {
+        let (lo, hi) = index_range(&range);
+        let (entries, failure) = self.shared.read_range(lo, hi).await;
+        let items = stream::iter(entries.into_iter().map(Ok));
+        match failure {
+            None => items.boxed(),
+            Some(error) => {
+                // The state machine applies what this stream yields and counts on all of it
+                // (openraft asserts it in debug builds): after a read failure the stream stays
+                // open, without an error, while this instance runs. Once its store is dropped
+                // (the owner shut the `Raft` down) it ends with the error, which no running
+                // instance sees, so that the state machine task ends and lets go of the logs.
+                self.shared.fence.trip(error.clone());
+                let mut dropped = self.shared.store_dropped.subscribe();
+                let end = stream::once(async move {
+                    // The sender lives in `Shared`, which this stream does not hold: a closed
+                    // channel also means the store is gone.
+                    let _ = dropped.wait_for(|dropped| *dropped).await;
+                    Err(io::Error::other(format!(
+                        "entries read after the store was shut down: {error}"
+                    )))
+                });
+                items.chain(end).boxed()
+            }
+        }
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogStoreReader;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, io::Error> {
+        let view = self.shared.view();
+        Ok(LogState {
+            last_purged_log_id: view.state.purged,
+            last_log_id: view.last_log_id,
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.reader()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote) -> Result<(), io::Error> {
+        let state = {
+            let mut view = self.shared.view();
+            view.state.vote = Some(*vote);
+            view.state.clone()
+        };
+        if !self.shared.fence.is_tripped() {
+            if let Err(e) = self.state_log.write(&state, true).await {
+                self.trip(RaftError::log("save the vote", e));
+            }
+        }
+        Ok(())
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), io::Error> {
+        let state = {
+            let mut view = self.shared.view();
+            view.state.committed = committed;
+            view.state.clone()
+        };
+        if !self.shared.fence.is_tripped()
+            && self.state_log.committed_is_due(state.committed.as_ref())
+        {
+            if let Err(e) = self.state_log.write(&state, false).await {
+                self.trip(RaftError::log("save the committed log id", e));
+            }
+        }
+        Ok(())
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId>, io::Error> {
+        Ok(self.shared.view().state.committed)
+    }
+
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: IOFlushed<TypeConfig>,
+    ) -> Result<(), io::Error>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let entries: Vec<Entry> = entries.into_iter().collect();
+        let Some(first) = entries.first().map(|e| e.log_id.index) else {
+            callback.io_completed(Ok(()));
+            return Ok(());
+        };
+        let ticket = if self.shared.fence.is_tripped() {
+            None
+        } else {
+            match self.append_to_log(first, &entries).await {
+                Ok(ticket) => Some(ticket),
+                Err(error) => {
+                    self.trip(error);
+                    None
+                }
+            }
+        };
+        let batch = {
+            let mut view = self.shared.view();
+            if ticket.is_none() {
+                view.disk_limit = view.disk_limit.min(first);
+            }
+            view.put(first, entries)
+        };
+        let Some(ticket) = ticket else {
+            // Never flushed: openraft waits for this callback, which is dropped.
+            return Ok(());
+        };
+        let shared = self.shared.clone();
+        tokio::spawn(async move {
+            match ticket.await {
+                Ok(range) => {
+                    shared.flushed(batch, range);
+                    callback.io_completed(Ok(()));
+                }
+                Err(e) => shared.fence.trip(RaftError::log("append entries", e)),
+            }
+        });
+        Ok(())
+    }
+
+    async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> Result<(), io::Error> {
+        let cut = last_log_id.as_ref().map_or(0, |l| l.index + 1);
+        let fenced = self.shared.fence.is_tripped();
+        {
+            let mut view = self.shared.view();
+            if cut >= view.next_index {
+                return Ok(());
+            }
+            drop(view.tail.split_off(&cut));
+            view.next_index = cut;
+            view.last_log_id = last_log_id.or_else(|| view.state.purged);
+            if fenced {
+                view.disk_limit = view.disk_limit.min(cut);
+                return Ok(());
+            }
+        }
+        let result = match self.shared.entries.truncate_suffix(cut) {
+            Ok(ticket) => ticket.await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = result {
+            self.shared.view().disk_limit = cut;
+            self.trip(RaftError::log("truncate entries", e));
+        }
+        Ok(())
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> Result<(), io::Error> {
+        let state = {
+            let mut view = self.shared.view();
+            if view.state.purged.as_ref() >= Some(&log_id) {
+                return Ok(());
+            }
+            if view.last_log_id.as_ref() < Some(&log_id) {
+                view.last_log_id = Some(log_id);
+            }
+            view.state.purged = Some(log_id);
+            let kept = view.tail.split_off(&(log_id.index + 1));
+            view.tail = kept;
+            view.state.clone()
+        };
+        if self.shared.fence.is_tripped() {
+            return Ok(());
+        }
+        // The purge point first: once it is durable, a crash during the prefix removal leaves
+        // segments below it, which no one reads.
+        if let Err(e) = self.state_log.write(&state, true).await {
+            self.trip(RaftError::log("save the purge point", e));
+            return Ok(());
+        }
+        let result = match self.shared.entries.remove_prefix(log_id.index + 1) {
+            Ok(ticket) => ticket.await.map(drop),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = result {
+            self.trip(RaftError::log("remove purged segments", e));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,105 @@
+//! The openraft type configuration of a partition group ([`TypeConfig`]) and the types it names:
+//! [`NodeAddr`], the application data [`PartitionRecord`] and the response [`CommittedOffsets`].
+
+use std::fmt;
+use std::ops::Range;
+
+use crate::entry_format::RECORD_TYPE_RESERVED_MIN;
+use crate::error::RaftError;
+
+openraft::declare_raft_types!(
+    /// The type configuration of every partition group: node ids are `u64`, leader ids are
+    /// (term, node) (`leader_id_adv`, several candidates per term), entries are openraft's
+    /// `Entry` carrying a [`PartitionRecord`].
+    pub TypeConfig:
+        D = PartitionRecord,
+        R = CommittedOffsets,
+        NodeId = u64,
+        Node = NodeAddr,
+        Term = u64,
+        AsyncRuntime = openraft::impls::TokioRuntime,
+);
+
+/// A node of the cluster: where its peers reach it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NodeAddr {
+    /// `host:port` of the node's cluster listener.
+    pub addr: String,
+}
+
+/// The application data of one Raft entry: one record of the partition log, opaque to the
+/// adapter (the broker may encode a batch in it). Its offset in the partition log is the
+/// entry's Raft index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionRecord {
+    /// Below [`RECORD_TYPE_RESERVED_MIN`] (checked by [`PartitionRecord::new`]).
+    pub(crate) record_type: u8,
+    pub(crate) timestamp_ms: u64,
+    pub(crate) payload: Vec<u8>,
+}
+
+impl PartitionRecord {
+    /// A record, refused if its type is in the adapter's reserved range.
+    pub fn new(record_type: u8, timestamp_ms: u64, payload: Vec<u8>) -> Result<Self, RaftError> {
+        if record_type >= RECORD_TYPE_RESERVED_MIN {
+            return Err(RaftError::Invalid(format!(
+                "record type {record_type:#04x}: types from {RECORD_TYPE_RESERVED_MIN:#04x} on \
+                 are reserved for the replicated log"
+            )));
+        }
+        Ok(PartitionRecord {
+            record_type,
+            timestamp_ms,
+            payload,
+        })
+    }
+
+    /// The broker's record type (`ENQUEUE`, `SETTLE`, ...); below [`RECORD_TYPE_RESERVED_MIN`],
+    /// whose range is the adapter's.
+    pub fn record_type(&self) -> u8 {
+        self.record_type
+    }
+
+    /// Milliseconds since the Unix epoch, chosen by the leader when it proposes the record, so
+    /// that every replica stores and applies the same time.
+    pub fn timestamp_ms(&self) -> u64 {
+        self.timestamp_ms
+    }
+
+    /// The record's payload.
+    pub fn payload(&self) -> &[u8] {
+        &self.payload
+    }
+}
+
+impl fmt::Display for PartitionRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "record(type {}, {} bytes)",
+            self.record_type,
+            self.payload.len()
+        )
+    }
+}
+
+/// The answer to a write once it is committed and applied: the partition-log offsets its
+/// records got (one record per entry today: `index..index + 1`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommittedOffsets {
+    /// The offsets.
+    pub offsets: Range<u64>,
+}
+
+/// The leader id inside a vote and a log id: (term, node).
+pub type LeaderId = openraft::impls::leader_id_adv::LeaderId<u64, u64>;
+/// A vote as openraft persists it.
+pub type Vote = openraft::impls::Vote<LeaderId>;
+/// A log id: the leader that proposed the entry and its index.
+pub type LogId = openraft::LogId<LeaderId>;
+/// One entry of the Raft log.
+pub type Entry = openraft::Entry<LeaderId, Payload>;
+/// The payload of an entry.
+pub type Payload = openraft::EntryPayload<PartitionRecord, u64, NodeAddr>;
+/// A membership configuration.
+pub type Membership = openraft::Membership<u64, NodeAddr>;
