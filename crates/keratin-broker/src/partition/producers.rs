@@ -167,7 +167,11 @@ mod tests {
         assert_eq!(windows.verdict(7, 1), Verdict::Duplicate);
         assert_eq!(windows.verdict(7, 3), Verdict::Duplicate);
         assert_eq!(windows.verdict(7, 2), Verdict::New, "never stored: new");
-        assert_eq!(windows.verdict(8, 1), Verdict::New, "windows are per producer");
+        assert_eq!(
+            windows.verdict(8, 1),
+            Verdict::New,
+            "windows are per producer"
+        );
         assert!(!windows.record(7, 3, 102), "a duplicate that raced prepare");
     }
 
@@ -195,7 +199,11 @@ mod tests {
         windows.record(u64::MAX, 1, PRODUCERS_MAX as u64 + 1);
         assert_eq!(windows.len(), PRODUCERS_MAX);
         assert_eq!(windows.verdict(0, 1), Verdict::Duplicate);
-        assert_eq!(windows.verdict(1, 1), Verdict::New, "producer 1 was the oldest");
+        assert_eq!(
+            windows.verdict(1, 1),
+            Verdict::New,
+            "producer 1 was the oldest"
+        );
         assert_eq!(windows.verdict(2, 1), Verdict::Duplicate);
     }
 
