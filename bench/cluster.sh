@@ -270,7 +270,8 @@ run() {
     nats_cluster_up
     rabbit_cluster_up
 
-    local out=$CLUSTER_BASE/cluster.md
+    local out=$CLUSTER_BASE/cluster.md load_before
+    load_before=$(cut -d' ' -f1-3 /proc/loadavg)
     say "running $cases on $systems, $rounds rounds of $seconds s"
     "$bench" compare-cluster --systems "$systems" --cases "$cases" --rounds "$rounds" \
         --seconds "$seconds" --backlog "$backlog" \
@@ -290,7 +291,7 @@ run() {
             echo "Machine: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')),"
             echo "$(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo), kernel $(uname -r), data on"
             echo "$(df -T "$bench_dir" | awk 'NR == 2 {print $2 " (" $1 ")"}'); the 3 nodes of each cluster, the load generator"
-            echo "and other engineers' builds shared the cores (load average at the start: $(cut -d' ' -f1-3 /proc/loadavg))."
+            echo "and other engineers' builds shared the cores (load average before: $load_before; after: $(cut -d' ' -f1-3 /proc/loadavg))."
             echo "Peers: RabbitMQ $(dpkg-query -W -f '${Version}' rabbitmq-server 2>/dev/null || echo unknown) (Debian),"
             echo "$(nats-server --version 2>/dev/null || echo 'nats-server unknown') (Debian); clients lapin 2, async-nats 0.38."
             echo
