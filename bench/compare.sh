@@ -21,6 +21,14 @@
 # flight), RESTART_TIMEOUT_S (1200: how long a restarted broker gets until every queue
 # answers). Written into docs/benchmarks.md between the issue 13 markers.
 #
+# MODE=cluster runs the replicated comparison of issue 14 instead: bench/cluster.sh starts a
+# 3-node RabbitMQ cluster (quorum queue) and a 3-node NATS cluster (R3 stream) on loopback, on
+# ports of their own, and runs `keratin-bench compare-cluster` (confirmed publish, consume + ack,
+# confirm latency at 5,000/s, leader failover by kill -9); keratin-cluster is reserved until the
+# Keratin cluster exists. SECONDS_PER_RUN defaults to 3 there, CLUSTER_BACKLOG (50000),
+# CLUSTER_SYSTEMS, CLUSTER_CASES: see bench/cluster.sh. Written into docs/benchmarks.md between
+# the issue 14 cluster markers.
+#
 # Settings (environment): ROUNDS (2), SECONDS_PER_RUN (5), RSS_MESSAGES (1000000),
 # BACKLOG (200000), CASES (publish,producers,consume,latency), RSS (1; 0 skips the memory
 # case), FILL (1; 0 skips it),
@@ -30,6 +38,8 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 ROUNDS=${ROUNDS:-2}
+# The cluster run's cases are shorter by default: 3 brokers each, on the same cores.
+CLUSTER_SECONDS=${SECONDS_PER_RUN:-3}
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-5}
 RSS_MESSAGES=${RSS_MESSAGES:-1000000}
 BACKLOG=${BACKLOG:-200000}
@@ -85,6 +95,12 @@ KERATIN_BIN=$TARGET/release/keratin
 # The commit the benchmark was built from, read now: edits made while it runs are not in it.
 COMMIT=$(git -C "$ROOT" rev-parse --short HEAD)
 git -C "$ROOT" diff --quiet HEAD -- crates || COMMIT="$COMMIT (with uncommitted changes)"
+
+if [ "$MODE" = cluster ]; then
+    # Its own nodes, ports, state and clean-up (bench/cluster.sh); nothing below applies.
+    export BENCH COMMIT BENCH_DIR WRITE_DOCS ROUNDS
+    SECONDS_PER_RUN=$CLUSTER_SECONDS exec bash "$ROOT/bench/cluster.sh" run
+fi
 
 # --- what we start, and how it is stopped -----------------------------------------------------
 WORK=$(mktemp -d "$BENCH_DIR/keratin-compare.XXXXXX")

@@ -315,7 +315,7 @@ fn batches_of(counters: &NodeCounters, messages: u64) -> Vec<u32> {
 
 /// One producer keeps up to `in_flight` confirmed publishes in flight until `duration` has
 /// passed or `limit` are confirmed: (confirmed, elapsed).
-async fn publish_window(
+pub(crate) async fn publish_window(
     peer: &Peer,
     body: &Bytes,
     in_flight: usize,
@@ -345,7 +345,7 @@ async fn publish_window(
 }
 
 /// Publish-to-confirm latencies (µs) of single publishes started at a fixed `rate`.
-async fn fixed_rate(
+pub(crate) async fn fixed_rate(
     peer: &Peer,
     body: &Bytes,
     rate: u32,

@@ -20,9 +20,17 @@
 //! - `idle_bench`: the `idle` benchmark (issue 13): many idle queues (declare rate, disk,
 //!   memory, threads, restart) against RabbitMQ and NATS, and confirmed publish spread over many
 //!   queues; driven by `bench/compare.sh` with `MODE=idle`.
+//! - `cluster_bench`, `cluster_ctl`, `cluster_failover`: the `compare-cluster` benchmark (issue 14): three-node
+//!   RabbitMQ (quorum queue) and NATS (R3 stream) clusters started by `bench/cluster.sh`
+//!   (`MODE=cluster`): confirmed publish, consume + ack, paced confirm latency and leader
+//!   failover (kill -9 by pid, restart through the script's `ctl` verbs); `keratin-cluster` is
+//!   reserved until the Keratin cluster exists.
 //! - `report`: the table, its JSON form, medians and percentiles.
 
 mod broker_bench;
+mod cluster_bench;
+mod cluster_ctl;
+mod cluster_failover;
 mod compare;
 mod contender;
 mod counting_io;
@@ -86,6 +94,11 @@ enum Command {
     /// declare rate, disk, memory, threads and restart time against RabbitMQ and NATS, and
     /// confirmed publish spread over many queues vs 4.
     Idle(Box<IdleArgs>),
+    /// Three-node clusters (issue 14), started by bench/cluster.sh (MODE=cluster bash
+    /// bench/compare.sh): RabbitMQ quorum queue and NATS R3 stream (keratin-cluster reserved):
+    /// confirmed publish, consume + ack, paced confirm latency and leader failover, as one table
+    /// with ratios between systems.
+    CompareCluster(Box<CompareClusterArgs>),
     /// The Keratin node of `compare`, as a child process.
     #[command(hide = true)]
     CompareNode {
@@ -182,6 +195,71 @@ struct CompareArgs {
     /// Messages queued for the memory figure.
     #[arg(long, default_value_t = 1_000_000)]
     rss_messages: u64,
+    /// Also write the markdown section to this file.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+struct CompareClusterArgs {
+    /// Systems, comma-separated: keratin-cluster (not built yet: skipped), rabbitmq-quorum,
+    /// nats-r3.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "keratin-cluster,rabbitmq-quorum,nats-r3"
+    )]
+    systems: Vec<String>,
+    /// Cases, comma-separated: publish, consume, latency, failover.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "publish,consume,latency,failover"
+    )]
+    cases: Vec<String>,
+    /// AMQP URIs of the 3 RabbitMQ nodes, node 1 first (bench/cluster.sh's ports by default).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "amqp://guest:guest@127.0.0.1:25701/%2f,amqp://guest:guest@127.0.0.1:25702/%2f,amqp://guest:guest@127.0.0.1:25703/%2f"
+    )]
+    amqp_nodes: Vec<String>,
+    /// URLs of the 3 NATS servers, n1 first.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "nats://127.0.0.1:24231,nats://127.0.0.1:24232,nats://127.0.0.1:24233"
+    )]
+    nats_nodes: Vec<String>,
+    /// The node control command, words separated by spaces, e.g. "bash bench/cluster.sh ctl"
+    /// (verbs pid, restart, leader); needed by the failover case and to find a RabbitMQ
+    /// queue's leader.
+    #[arg(long)]
+    ctl: Option<String>,
+    /// Seconds of each publish and latency run.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    /// Rounds; the systems alternate within them (A B, then B A).
+    #[arg(long, default_value_t = 2)]
+    rounds: usize,
+    /// Body bytes.
+    #[arg(long, default_value_t = 1024)]
+    body_bytes: usize,
+    /// Most confirmed publishes in flight.
+    #[arg(long, default_value_t = 1000)]
+    in_flight: usize,
+    /// Messages queued before each consume run.
+    #[arg(long, default_value_t = 50_000)]
+    backlog: u64,
+    /// Unacked deliveries at most.
+    #[arg(long, default_value_t = 1000)]
+    prefetch: u32,
+    /// Messages per second of the latency case.
+    #[arg(long, default_value_t = 5000)]
+    latency_rate: u32,
+    /// Messages per second of the failover producer.
+    #[arg(long, default_value_t = 1000)]
+    failover_rate: u32,
     /// Also write the markdown section to this file.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -465,6 +543,7 @@ fn main() -> ExitCode {
         } => broker_bench::rss(&dir, messages, body_bytes),
         Command::Compare(args) => compare_config(&args).and_then(|c| compare::run(&c)),
         Command::Idle(args) => idle_config(&args).and_then(|c| idle_bench::run(&c)),
+        Command::CompareCluster(args) => cluster_config(&args).and_then(|c| cluster_bench::run(&c)),
         Command::CompareNode { dir, config } => compare::node_main(&dir, config.as_deref()),
         Command::Smoke { json } => run_smoke(json),
     };
@@ -534,6 +613,43 @@ fn compare_config(args: &CompareArgs) -> BenchResult<compare::CompareConfig> {
         prefetch: args.prefetch.max(1),
         latency_rate: args.latency_rate.max(1),
         rss_messages: args.rss_messages,
+        out: args.out.clone(),
+    })
+}
+
+fn cluster_config(args: &CompareClusterArgs) -> BenchResult<cluster_bench::ClusterConfig> {
+    if args.rounds == 0 || args.body_bytes < 8 || args.in_flight == 0 {
+        return Err("--rounds and --in-flight must be at least 1, --body-bytes at least 8".into());
+    }
+    let systems = args
+        .systems
+        .iter()
+        .map(|s| cluster_bench::ClusterSystem::parse(s))
+        .collect::<Result<Vec<_>, _>>()?;
+    let cases = args
+        .cases
+        .iter()
+        .map(|c| cluster_bench::ClusterCase::parse(c))
+        .collect::<Result<Vec<_>, _>>()?;
+    let ctl = args
+        .ctl
+        .as_deref()
+        .map(cluster_ctl::NodeCtl::parse)
+        .transpose()?;
+    Ok(cluster_bench::ClusterConfig {
+        systems,
+        cases,
+        amqp_nodes: args.amqp_nodes.clone(),
+        nats_nodes: args.nats_nodes.clone(),
+        ctl,
+        duration: Duration::from_secs_f64(args.seconds),
+        rounds: args.rounds,
+        body_bytes: args.body_bytes,
+        in_flight: args.in_flight,
+        backlog: args.backlog,
+        prefetch: args.prefetch.max(1),
+        latency_rate: args.latency_rate.max(1),
+        failover_rate: args.failover_rate.max(1),
         out: args.out.clone(),
     })
 }
@@ -954,7 +1070,7 @@ fn load_average() -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_bytes;
+    use super::*;
 
     #[test]
     fn byte_sizes_parse_with_binary_suffixes() {
@@ -963,5 +1079,33 @@ mod tests {
         assert_eq!(parse_bytes("4096"), Ok(4096));
         assert!(parse_bytes("1T").is_err());
         assert!(parse_bytes("x").is_err());
+    }
+
+    #[test]
+    fn compare_cluster_defaults_to_bench_cluster_sh_ports_and_every_case() {
+        let cli = Cli::try_parse_from(["keratin-bench", "compare-cluster"]).unwrap();
+        let Command::CompareCluster(args) = cli.command else {
+            panic!("not compare-cluster");
+        };
+        let config = cluster_config(&args).unwrap();
+        assert_eq!(config.systems.len(), 3);
+        assert_eq!(config.cases.len(), 4);
+        assert_eq!(
+            config.amqp_nodes[2],
+            "amqp://guest:guest@127.0.0.1:25703/%2f"
+        );
+        assert_eq!(config.nats_nodes[0], "nats://127.0.0.1:24231");
+        assert!(config.ctl.is_none());
+        let cli = Cli::try_parse_from([
+            "keratin-bench",
+            "compare-cluster",
+            "--systems",
+            "nats-r3,kafka",
+        ])
+        .unwrap();
+        let Command::CompareCluster(args) = cli.command else {
+            panic!("not compare-cluster");
+        };
+        assert!(cluster_config(&args).is_err());
     }
 }

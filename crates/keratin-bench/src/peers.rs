@@ -185,6 +185,18 @@ impl Peer {
     /// Creates the queue (stream) fresh; `max_bytes` caps a NATS stream (the fill case), with
     /// discard policy `new` so that a full stream refuses publishes instead of dropping.
     pub async fn declare(&self, system: System, max_bytes: Option<i64>) -> BenchResult<()> {
+        self.declare_replicated(system, max_bytes, None).await
+    }
+
+    /// [`Peer::declare`] on a cluster: `replicas` members (RabbitMQ quorum queue
+    /// `x-quorum-initial-group-size`, NATS stream `num_replicas`); `None` keeps the broker's
+    /// default (one node's stream; a quorum queue on every cluster node).
+    pub async fn declare_replicated(
+        &self,
+        system: System,
+        max_bytes: Option<i64>,
+        replicas: Option<usize>,
+    ) -> BenchResult<()> {
         match self {
             Peer::Keratin { client, queue } => {
                 client.declare(queue, QueueSettings::default()).await?;
@@ -200,6 +212,14 @@ impl Peer {
                     "x-queue-type".into(),
                     lapin::types::AMQPValue::LongString(kind.into()),
                 );
+                if let (Some(replicas), System::RabbitQuorum) = (replicas, system) {
+                    let size = i32::try_from(replicas)
+                        .map_err(|_| format!("{replicas} replicas is too many"))?;
+                    arguments.insert(
+                        "x-quorum-initial-group-size".into(),
+                        lapin::types::AMQPValue::LongInt(size),
+                    );
+                }
                 let options = lapin::options::QueueDeclareOptions {
                     durable: true,
                     ..Default::default()
@@ -216,6 +236,7 @@ impl Peer {
                     // Acked messages leave the stream, as they leave a queue.
                     retention: stream::RetentionPolicy::WorkQueue,
                     max_bytes: max_bytes.unwrap_or(-1),
+                    num_replicas: replicas.unwrap_or_default(),
                     ..Default::default()
                 };
                 context

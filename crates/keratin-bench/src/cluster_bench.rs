@@ -1,0 +1,1015 @@
+//! The `compare-cluster` benchmark (issue 14): three-node clusters on loopback, in one run, as
+//! one table of figures and ratios between systems. The peer clusters (a RabbitMQ quorum queue
+//! of 3 members, a NATS JetStream R3 file stream) are started by `bench/cluster.sh`
+//! (`MODE=cluster bash bench/compare.sh`) and reached by address; the harness calls the script
+//! back (`cluster_ctl::NodeCtl`) for the process ids it kills and to restart a killed node.
+//!
+//! Cases (1 KiB bodies, the client connected to the queue's leader):
+//! - `publish`: 1 producer, `in_flight` confirmed publishes in flight (msg/s);
+//! - `consume`: consume + ack a backlog of `backlog` (msg/s);
+//! - `latency`: publish-to-confirm p50 / p99 at a paced `latency_rate`;
+//! - `failover`: a producer publishes confirmed at a paced `failover_rate`; the leader's process
+//!   is killed (SIGKILL, by pid); the figure is the time from the kill to the first confirm of a
+//!   publish sent after it. The AMQP publisher reopens a connection to the next node on a nack,
+//!   an error or a confirm timeout (lapin does not reconnect); async-nats is given every server
+//!   and reconnects itself. Afterwards a consumer on a survivor counts what the queue holds
+//!   against what was confirmed, and the killed node is restarted and waited for until the queue
+//!   has every member online again, so that every round starts from 3 healthy nodes.
+//!
+//! Rounds interleave the systems (A B, then B A); figures are medians over rounds.
+//!
+//! # Adding the Keratin cluster
+//! `keratin-cluster` is a reserved system name: today every case skips it with
+//! [`KERATIN_NOT_BUILT`] and its columns stay empty. To make it a contender, give it
+//! - client addresses of its 3 nodes (`--keratin-nodes`, like `--amqp-nodes`), a driver in
+//!   `peers::Peer` that declares a queue with 3 replicas (`declare_replicated`), and the way to
+//!   find a queue's leader (`fresh_on_leader`, `leader_of`);
+//! - a failover publisher (`cluster_failover::FailoverPublisher`) that moves to a survivor,
+//!   and a counting consumer (`cluster_failover::count_messages`);
+//! - the `pid` and `restart` verbs of `bench/cluster.sh ctl` for `keratin-cluster` N, with the
+//!   restart returning once the node is back in its cluster;
+//! - for the goal "replicated publish >= 0.5x single node", a single-node Keratin column in the
+//!   same run (compare's `KeratinChild`).
+//!
+//! The table and the goals already carry its columns.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use crate::broker_bench::runtime;
+use crate::cluster_ctl::{alive, kill9, nats_node_number, rabbit_queue_status, NodeCtl};
+use crate::cluster_failover::{
+    count_messages, failover_publish, tally, FailoverOutcome, FailoverPublisher, FAILOVER_DEADLINE,
+};
+use crate::compare::{fixed_rate, publish_window};
+use crate::contender::{BenchError, BenchResult};
+use crate::net_bench::latency_line;
+use crate::peers::{Endpoints, Peer, System};
+use crate::report::{median, percentile};
+
+/// Confirmed publish: Keratin cluster / RabbitMQ quorum at least this (issue 14).
+const GOAL_PUBLISH_VS_QUORUM: f64 = 3.0;
+/// Confirmed publish: Keratin cluster / NATS R3 at least this.
+const GOAL_PUBLISH_VS_NATS: f64 = 1.0;
+/// Confirmed publish: Keratin cluster / Keratin single node (same run) at least this.
+const GOAL_PUBLISH_VS_SINGLE: f64 = 0.5;
+/// Failover: leader kill to the first confirm on the new leader at most this.
+const GOAL_FAILOVER: Duration = Duration::from_secs(2);
+/// Members of every replicated queue.
+pub const REPLICAS: usize = 3;
+/// A queue gets this long to have every member online and current (after a declare or a
+/// restart).
+const HEALTHY_DEADLINE: Duration = Duration::from_secs(90);
+
+/// Why `keratin-cluster` has no figures yet.
+pub const KERATIN_NOT_BUILT: &str =
+    "keratin-cluster: not built yet (issue 14 is replicating Keratin); skipped, no figures";
+
+/// A replicated broker under comparison.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ClusterSystem {
+    /// Three Keratin nodes, replicas 3 (reserved: not built yet).
+    KeratinCluster,
+    /// RabbitMQ, a quorum queue of 3 members on a 3-node cluster.
+    RabbitQuorum,
+    /// NATS JetStream, a file stream with 3 replicas on a 3-node cluster.
+    NatsR3,
+}
+
+impl ClusterSystem {
+    /// Every system, in the table's column order.
+    pub const ALL: [ClusterSystem; 3] = [
+        ClusterSystem::KeratinCluster,
+        ClusterSystem::RabbitQuorum,
+        ClusterSystem::NatsR3,
+    ];
+
+    /// The name on the command line, in `bench/cluster.sh ctl` and in the table.
+    pub fn name(self) -> &'static str {
+        match self {
+            ClusterSystem::KeratinCluster => "keratin-cluster",
+            ClusterSystem::RabbitQuorum => "rabbitmq-quorum",
+            ClusterSystem::NatsR3 => "nats-r3",
+        }
+    }
+
+    /// Parses a name of [`ClusterSystem::name`].
+    pub fn parse(text: &str) -> Result<ClusterSystem, String> {
+        ClusterSystem::ALL
+            .into_iter()
+            .find(|s| s.name() == text.trim())
+            .ok_or_else(|| {
+                format!("unknown system {text:?}; use keratin-cluster, rabbitmq-quorum or nats-r3")
+            })
+    }
+
+    /// Who fsyncs before a confirm, as far as it can be checked here (docs/benchmarks.md).
+    pub fn confirm_meaning(self) -> &'static str {
+        match self {
+            ClusterSystem::KeratinCluster => {
+                "to be stated with the cluster (the goal: fdatasync on a majority, leader included, \
+                 before each confirm)"
+            }
+            ClusterSystem::RabbitQuorum => {
+                "fsynced on a majority: a quorum queue confirms once the Raft entry is written on \
+                 a majority of its members (the leader and at least 1 of the 2 followers), and Ra \
+                 fsyncs an entry before it is actioned (Ra's log docs; the WAL fdatasyncs each \
+                 batch: the installed Ra 2.2.0 carries wal_sync_method with datasync, its \
+                 default); about 21,000 fdatasync calls in 11 s at 5,000/s across the 3 nodes \
+                 were measured on this machine kind (/work/shared/PEERS.md)"
+            }
+            ClusterSystem::NatsR3 => {
+                "NOT fsynced: NATS 2.9 acks once a majority of the stream's replicas hold the \
+                 message in their file store, written to the page cache; the store fsyncs every \
+                 sync_interval (2 min by default, docs.nats.io), no peer fsyncs before the ack \
+                 (0 fdatasync measured, PEERS.md), and 2.9.10 refuses `sync_interval: always` \
+                 (unknown field)"
+            }
+        }
+    }
+
+    /// The driver of `peers` that speaks this system's protocol.
+    fn peer_system(self) -> BenchResult<System> {
+        match self {
+            ClusterSystem::KeratinCluster => Err(KERATIN_NOT_BUILT.into()),
+            ClusterSystem::RabbitQuorum => Ok(System::RabbitQuorum),
+            ClusterSystem::NatsR3 => Ok(System::Nats),
+        }
+    }
+}
+
+/// A case of `compare-cluster`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ClusterCase {
+    /// 1 producer, `in_flight` confirmed publishes in flight.
+    Publish,
+    /// Consume + ack of a backlog.
+    Consume,
+    /// Publish-to-confirm latency at a paced rate.
+    Latency,
+    /// Kill -9 of the leader under a paced producer.
+    Failover,
+}
+
+impl ClusterCase {
+    /// Parses a case name.
+    pub fn parse(text: &str) -> Result<ClusterCase, String> {
+        Ok(match text.trim() {
+            "publish" => ClusterCase::Publish,
+            "consume" => ClusterCase::Consume,
+            "latency" => ClusterCase::Latency,
+            "failover" => ClusterCase::Failover,
+            other => {
+                return Err(format!(
+                    "unknown case {other:?}; use publish, consume, latency, failover"
+                ))
+            }
+        })
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            ClusterCase::Publish => "publish",
+            ClusterCase::Consume => "consume",
+            ClusterCase::Latency => "latency",
+            ClusterCase::Failover => "failover",
+        }
+    }
+}
+
+/// What `keratin-bench compare-cluster` runs.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// The systems, in column order.
+    pub systems: Vec<ClusterSystem>,
+    /// The cases.
+    pub cases: Vec<ClusterCase>,
+    /// AMQP URI of each RabbitMQ node, node 1 first.
+    pub amqp_nodes: Vec<String>,
+    /// URL of each NATS server, `n1` first.
+    pub nats_nodes: Vec<String>,
+    /// The node control hook (`bench/cluster.sh ctl`); the failover case needs it.
+    pub ctl: Option<NodeCtl>,
+    /// Length of each publish and latency run.
+    pub duration: Duration,
+    /// Rounds.
+    pub rounds: usize,
+    /// Body bytes.
+    pub body_bytes: usize,
+    /// Most confirmed publishes in flight (publish, backlog fill).
+    pub in_flight: usize,
+    /// Messages queued before a consume run.
+    pub backlog: u64,
+    /// Unacked deliveries at most.
+    pub prefetch: u32,
+    /// Messages per second of the latency case.
+    pub latency_rate: u32,
+    /// Messages per second of the failover producer.
+    pub failover_rate: u32,
+    /// Where to write the markdown section, besides stdout.
+    pub out: Option<PathBuf>,
+}
+
+impl ClusterConfig {
+    pub(crate) fn nodes(&self, system: ClusterSystem) -> BenchResult<&[String]> {
+        let nodes = match system {
+            ClusterSystem::KeratinCluster => return Err(KERATIN_NOT_BUILT.into()),
+            ClusterSystem::RabbitQuorum => &self.amqp_nodes,
+            ClusterSystem::NatsR3 => &self.nats_nodes,
+        };
+        if nodes.len() != REPLICAS {
+            return Err(format!(
+                "{}: {} node addresses given, {REPLICAS} needed",
+                system.name(),
+                nodes.len()
+            )
+            .into());
+        }
+        Ok(nodes)
+    }
+
+    fn endpoints(&self, system: ClusterSystem, node: usize) -> BenchResult<Endpoints> {
+        let url = self.nodes(system)?[node - 1].clone();
+        Ok(match system {
+            ClusterSystem::RabbitQuorum => Endpoints {
+                amqp: Some(url),
+                ..Endpoints::default()
+            },
+            _ => Endpoints {
+                nats: Some(url),
+                ..Endpoints::default()
+            },
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Leaders and health.
+
+/// Where a queue stands: its leader's node number, and members online and current.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Health {
+    leader: Option<usize>,
+    current: usize,
+}
+
+async fn nats_health(context: &async_nats::jetstream::Context, queue: &str) -> BenchResult<Health> {
+    let mut stream = context
+        .get_stream(queue)
+        .await
+        .map_err(|e| format!("stream {queue}: {e}"))?;
+    let info = stream
+        .info()
+        .await
+        .map_err(|e| format!("stream info {queue}: {e}"))?;
+    let Some(cluster) = info.cluster.as_ref() else {
+        return Ok(Health {
+            leader: None,
+            current: 0,
+        });
+    };
+    let leader = cluster.leader.as_deref().and_then(nats_node_number);
+    let followers = cluster
+        .replicas
+        .iter()
+        .filter(|p| p.current && !p.offline)
+        .count();
+    Ok(Health {
+        leader,
+        current: followers + usize::from(leader.is_some()),
+    })
+}
+
+fn rabbit_health(ctl: &NodeCtl, queue: &str) -> BenchResult<Health> {
+    let text = ctl.leader_text(ClusterSystem::RabbitQuorum.name(), queue)?;
+    Ok(rabbit_queue_status(&text, queue).map_or(
+        Health {
+            leader: None,
+            current: 0,
+        },
+        |s| Health {
+            leader: Some(s.leader),
+            current: if s.members == REPLICAS { s.online } else { 0 },
+        },
+    ))
+}
+
+/// Waits until `queue` has a leader and every member online (RabbitMQ) or current (NATS);
+/// returns its leader.
+async fn wait_healthy(
+    config: &ClusterConfig,
+    system: ClusterSystem,
+    queue: &str,
+) -> BenchResult<usize> {
+    let began = Instant::now();
+    let mut last = None;
+    while began.elapsed() < HEALTHY_DEADLINE {
+        let health = match system {
+            ClusterSystem::RabbitQuorum => {
+                let ctl = config
+                    .ctl
+                    .as_ref()
+                    .ok_or("rabbitmq-quorum: finding a leader needs --ctl")?;
+                rabbit_health(ctl, queue)
+            }
+            ClusterSystem::NatsR3 => {
+                let peer =
+                    Peer::connect(System::Nats, &config.endpoints(system, 1)?, queue).await?;
+                let health = match &peer {
+                    Peer::Nats { context, .. } => nats_health(context, queue).await,
+                    _ => Err("not a NATS connection".into()),
+                };
+                peer.close().await;
+                health
+            }
+            ClusterSystem::KeratinCluster => return Err(KERATIN_NOT_BUILT.into()),
+        };
+        match health {
+            Ok(Health {
+                leader: Some(leader),
+                current,
+            }) if current == REPLICAS => return Ok(leader),
+            other => last = Some(format!("{other:?}")),
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Err(format!(
+        "{} {queue}: not every member online within {} s (last seen: {})",
+        system.name(),
+        HEALTHY_DEADLINE.as_secs(),
+        last.unwrap_or_default()
+    )
+    .into())
+}
+
+/// A fresh replicated queue with every member online, and a connection to its leader: (the
+/// connection, the leader's node number).
+async fn fresh_on_leader(
+    config: &ClusterConfig,
+    system: ClusterSystem,
+    queue: &str,
+) -> BenchResult<(Peer, usize)> {
+    let driver = system.peer_system()?;
+    // A quorum queue's leader is the node its declaring client is connected to; a NATS
+    // stream's is chosen by the meta leader, and found in the stream's info.
+    let first = Peer::connect(driver, &config.endpoints(system, 1)?, queue).await?;
+    // A queue left by an earlier, interrupted run would hold its messages.
+    let _ = first.delete().await;
+    first
+        .declare_replicated(driver, None, Some(REPLICAS))
+        .await?;
+    let leader = wait_healthy(config, system, queue).await?;
+    if leader == 1 {
+        return Ok((first, 1));
+    }
+    first.close().await;
+    let peer = Peer::connect(driver, &config.endpoints(system, leader)?, queue).await?;
+    Ok((peer, leader))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The rounds.
+
+/// Everything measured, by case and system.
+#[derive(Debug, Default)]
+struct Results {
+    /// msg/s per round, by (case, system).
+    rates: BTreeMap<(ClusterCase, String), Vec<f64>>,
+    /// Latencies (µs) of every round, by system.
+    latencies: BTreeMap<String, Vec<u64>>,
+    /// Failover rounds, by system.
+    failovers: BTreeMap<String, Vec<FailoverOutcome>>,
+    /// Lines printed under the tables.
+    notes: Vec<String>,
+}
+
+struct Harness<'a> {
+    config: &'a ClusterConfig,
+    body: Bytes,
+    /// Makes queue names of this run unique: a quorum queue re-declared right after the
+    /// deletion of one of the same name can come up with a member offline.
+    nonce: u32,
+    results: Results,
+}
+
+impl Harness<'_> {
+    fn queue(&self, case: ClusterCase, round: usize) -> String {
+        format!("kbench-{}-{round}-{}", case.name(), self.nonce)
+    }
+
+    fn throughput(
+        &mut self,
+        rt: &tokio::runtime::Runtime,
+        case: ClusterCase,
+        system: ClusterSystem,
+        round: usize,
+    ) -> BenchResult<()> {
+        let (config, body, queue) = (self.config, self.body.clone(), self.queue(case, round));
+        let rate = rt.block_on(async {
+            let (peer, leader) = fresh_on_leader(config, system, &queue).await?;
+            let rate = if case == ClusterCase::Publish {
+                let warm = Duration::from_millis(200);
+                publish_window(&peer, &body, config.in_flight, warm, None).await?;
+                let (confirmed, elapsed) =
+                    publish_window(&peer, &body, config.in_flight, config.duration, None).await?;
+                confirmed as f64 / elapsed.as_secs_f64().max(1e-9)
+            } else {
+                let (queued, _) = publish_window(
+                    &peer,
+                    &body,
+                    config.in_flight,
+                    Duration::from_secs(3600),
+                    Some(config.backlog),
+                )
+                .await?;
+                let began = Instant::now();
+                let consumed = peer
+                    .consume(queued, config.prefetch, Duration::from_secs(10))
+                    .await?;
+                let elapsed = began.elapsed();
+                if consumed < queued {
+                    return Err(format!(
+                        "{}: consumed {consumed} of {queued} before 10 s without a delivery",
+                        system.name()
+                    )
+                    .into());
+                }
+                consumed as f64 / elapsed.as_secs_f64().max(1e-9)
+            };
+            eprintln!(
+                "  {} {}: {rate:.0} msg/s (leader n{leader})",
+                case.name(),
+                system.name()
+            );
+            peer.delete().await?;
+            peer.close().await;
+            Ok::<_, BenchError>(rate)
+        })?;
+        self.results
+            .rates
+            .entry((case, system.name().to_string()))
+            .or_default()
+            .push(rate);
+        Ok(())
+    }
+
+    fn latency(
+        &mut self,
+        rt: &tokio::runtime::Runtime,
+        system: ClusterSystem,
+        round: usize,
+    ) -> BenchResult<()> {
+        let (config, body, queue) = (
+            self.config,
+            self.body.clone(),
+            self.queue(ClusterCase::Latency, round),
+        );
+        let latencies = rt.block_on(async {
+            let (peer, _) = fresh_on_leader(config, system, &queue).await?;
+            let warm = Duration::from_millis(300);
+            fixed_rate(&peer, &body, config.latency_rate, warm).await?;
+            let latencies = fixed_rate(&peer, &body, config.latency_rate, config.duration).await?;
+            peer.delete().await?;
+            peer.close().await;
+            Ok::<_, BenchError>(latencies)
+        })?;
+        eprintln!("  latency {}: {}", system.name(), latency_line(&latencies));
+        self.results
+            .latencies
+            .entry(system.name().into())
+            .or_default()
+            .extend(latencies);
+        Ok(())
+    }
+
+    fn failover(
+        &mut self,
+        rt: &tokio::runtime::Runtime,
+        system: ClusterSystem,
+        round: usize,
+    ) -> BenchResult<()> {
+        let config = self.config;
+        let ctl = config
+            .ctl
+            .as_ref()
+            .ok_or("the failover case needs --ctl (bench/cluster.sh ctl)")?;
+        let queue = self.queue(ClusterCase::Failover, round);
+        let outcome = rt.block_on(async {
+            let (peer, leader) = fresh_on_leader(config, system, &queue).await?;
+            peer.close().await;
+            let pid = ctl.pid(system.name(), leader)?;
+            let survivor = leader % REPLICAS + 1;
+            let mut killed = false;
+            // Whatever happens after the kill, the node is started again below.
+            let measured = async {
+                let mut publisher =
+                    FailoverPublisher::connect(config, system, leader, &queue).await?;
+                let log = failover_publish(
+                    &mut publisher,
+                    config.body_bytes,
+                    config.failover_rate,
+                    || {
+                        eprintln!(
+                            "  failover {}: kill -9 {pid} (node {leader})",
+                            system.name()
+                        );
+                        killed = true;
+                        kill9(pid)
+                    },
+                )
+                .await;
+                let connections = publisher.connections();
+                publisher.close().await;
+                let log = log?;
+                let delivered = count_messages(config, system, survivor, &queue).await?;
+                let mut confirmed = log.confirmed.clone();
+                confirmed.sort_unstable();
+                confirmed.dedup();
+                Ok::<_, BenchError>(FailoverOutcome {
+                    leader,
+                    recovery: log.recovery,
+                    tally: tally(&confirmed, &delivered),
+                    failures: log.failures,
+                    first_failure: log.first_failure,
+                    connections,
+                    rejoin: None,
+                })
+            }
+            .await;
+            // Back to 3 healthy nodes for the next round.
+            let began = Instant::now();
+            let rejoin = if killed || !alive(pid) {
+                ctl.restart(system.name(), leader)?;
+                wait_healthy(config, system, &queue).await?;
+                Some(began.elapsed())
+            } else {
+                None
+            };
+            let mut outcome = measured?;
+            outcome.rejoin = rejoin;
+            let cleanup = Peer::connect(
+                system.peer_system()?,
+                &config.endpoints(system, survivor)?,
+                &queue,
+            )
+            .await?;
+            cleanup.delete().await?;
+            cleanup.close().await;
+            Ok::<_, BenchError>(outcome)
+        })?;
+        eprintln!("  failover {}: {outcome:?}", system.name());
+        self.results
+            .failovers
+            .entry(system.name().into())
+            .or_default()
+            .push(outcome);
+        Ok(())
+    }
+}
+
+/// Runs every case and prints (and writes) the markdown section.
+pub fn run(config: &ClusterConfig) -> BenchResult<()> {
+    if config.rounds == 0 {
+        return Err("--rounds must be at least 1".into());
+    }
+    let mut harness = Harness {
+        config,
+        body: Bytes::from(vec![0x5a_u8; config.body_bytes]),
+        nonce: std::process::id(),
+        results: Results::default(),
+    };
+    if config.systems.contains(&ClusterSystem::KeratinCluster) {
+        eprintln!("{KERATIN_NOT_BUILT}");
+        harness.results.notes.push(KERATIN_NOT_BUILT.into());
+    }
+    let rt = runtime()?;
+    for &case in &config.cases {
+        eprintln!("{}:", case.name());
+        for round in 0..config.rounds {
+            let mut order = config.systems.clone();
+            if round % 2 == 1 {
+                order.reverse();
+            }
+            for system in order {
+                if system == ClusterSystem::KeratinCluster {
+                    continue;
+                }
+                let result = match case {
+                    ClusterCase::Publish | ClusterCase::Consume => {
+                        harness.throughput(&rt, case, system, round)
+                    }
+                    ClusterCase::Latency => harness.latency(&rt, system, round),
+                    ClusterCase::Failover => harness.failover(&rt, system, round),
+                };
+                // One failed round is reported, not the end of the run: the others still
+                // measure, and the table says which figure misses a round.
+                if let Err(error) = result {
+                    let line = format!(
+                        "FAILED: {} round {} of {}: {error}",
+                        case.name(),
+                        round + 1,
+                        system.name()
+                    );
+                    eprintln!("  {line}");
+                    harness.results.notes.push(line);
+                }
+            }
+        }
+    }
+    drop(rt);
+    let text = markdown(config, &harness.results);
+    print!("{text}");
+    if let Some(out) = &config.out {
+        std::fs::write(out, &text).map_err(|e| format!("write {}: {e}", out.display()))?;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// The tables.
+
+fn ms(us: u64) -> String {
+    format!("{:.2}", us as f64 / 1000.0)
+}
+
+fn seconds(d: Duration) -> String {
+    format!("{:.2} s", d.as_secs_f64())
+}
+
+/// Median failover time of a system's rounds; a round without a confirm counts as the deadline.
+fn median_recovery(outcomes: &[FailoverOutcome]) -> Option<f64> {
+    if outcomes.is_empty() {
+        return None;
+    }
+    let values: Vec<f64> = outcomes
+        .iter()
+        .map(|o| o.recovery.unwrap_or(FAILOVER_DEADLINE).as_secs_f64())
+        .collect();
+    Some(median(&values))
+}
+
+/// The figure of `case` for `system`: msg/s, p99 µs or failover seconds (medians).
+fn figure(results: &Results, case: ClusterCase, system: &str) -> Option<f64> {
+    match case {
+        ClusterCase::Publish | ClusterCase::Consume => results
+            .rates
+            .get(&(case, system.to_string()))
+            .map(|v| median(v)),
+        ClusterCase::Latency => results
+            .latencies
+            .get(system)
+            .map(|l| percentile(l, 0.99) as f64),
+        ClusterCase::Failover => results
+            .failovers
+            .get(system)
+            .and_then(|o| median_recovery(o)),
+    }
+}
+
+fn cell(results: &Results, case: ClusterCase, system: ClusterSystem) -> String {
+    let name = system.name();
+    if system == ClusterSystem::KeratinCluster {
+        return "not built yet".into();
+    }
+    match case {
+        ClusterCase::Publish | ClusterCase::Consume => {
+            figure(results, case, name).map_or("-".into(), |v| format!("{v:.0}"))
+        }
+        ClusterCase::Latency => results.latencies.get(name).map_or("-".into(), |l| {
+            format!("{} / {}", ms(percentile(l, 0.5)), ms(percentile(l, 0.99)))
+        }),
+        ClusterCase::Failover => figure(results, case, name).map_or("-".into(), |v| {
+            let rounds: Vec<String> = results.failovers[name]
+                .iter()
+                .map(|o| {
+                    o.recovery
+                        .map_or("none".into(), |d| format!("{:.2}", d.as_secs_f64()))
+                })
+                .collect();
+            format!("{v:.2} s ({})", rounds.join(", "))
+        }),
+    }
+}
+
+fn markdown(config: &ClusterConfig, results: &Results) -> String {
+    let systems = &config.systems;
+    let mut pairs = Vec::new();
+    for (i, a) in systems.iter().enumerate() {
+        for b in &systems[i + 1..] {
+            pairs.push((*a, *b));
+        }
+    }
+    let mut header = vec!["case".to_string()];
+    header.extend(systems.iter().map(|s| s.name().to_string()));
+    header.extend(
+        pairs
+            .iter()
+            .map(|(a, b)| format!("{} / {}", a.name(), b.name())),
+    );
+    let rule: Vec<&str> = header.iter().map(|_| "---").collect();
+    let mut out = format!("| {} |\n| {} |\n", header.join(" | "), rule.join(" | "));
+    let names = [
+        (
+            ClusterCase::Publish,
+            format!(
+                "1. confirmed publish, 1 producer, {} in flight, {} B (msg/s)",
+                config.in_flight, config.body_bytes
+            ),
+        ),
+        (
+            ClusterCase::Consume,
+            format!(
+                "2. consume + ack, backlog {}, prefetch {} (msg/s)",
+                config.backlog, config.prefetch
+            ),
+        ),
+        (
+            ClusterCase::Latency,
+            format!(
+                "3. publish-to-confirm p50 / p99 at {} msg/s (ms)",
+                config.latency_rate
+            ),
+        ),
+        (
+            ClusterCase::Failover,
+            format!(
+                "4. failover: leader kill -9 to the first confirm of a new publish, at {} msg/s (median; rounds)",
+                config.failover_rate
+            ),
+        ),
+    ];
+    for (case, name) in names {
+        if !config.cases.contains(&case) {
+            continue;
+        }
+        let mut cells = vec![name];
+        cells.extend(systems.iter().map(|s| cell(results, case, *s)));
+        cells.extend(pairs.iter().map(|(a, b)| {
+            match (
+                figure(results, case, a.name()),
+                figure(results, case, b.name()),
+            ) {
+                (Some(x), Some(y)) if y > 0.0 => format!("{:.2}", x / y),
+                _ => "-".into(),
+            }
+        }));
+        out += &format!("| {} |\n", cells.join(" | "));
+    }
+    out +=
+        "\nRatios: throughput A / B above 1 means A is faster; latency (p99) and failover A / B \
+            below 1 means A is quicker.\n";
+    if config.cases.contains(&ClusterCase::Failover) && !results.failovers.is_empty() {
+        out += &failover_table(config, results);
+    }
+    out += "\nWho fsyncs before a confirm:\n";
+    for system in systems {
+        out += &format!("- {}: {}\n", system.name(), system.confirm_meaning());
+    }
+    out += &goals(config, results);
+    if config.rounds > 1 && !results.rates.is_empty() {
+        out += "\nPer-round msg/s:\n";
+        for ((case, system), v) in &results.rates {
+            let v: Vec<String> = v.iter().map(|r| format!("{r:.0}")).collect();
+            out += &format!("- {} {system}: {}\n", case.name(), v.join(" "));
+        }
+    }
+    for note in &results.notes {
+        out += &format!("- {note}\n");
+    }
+    out
+}
+
+fn failover_table(config: &ClusterConfig, results: &Results) -> String {
+    let mut out = String::from(
+        "\n| failover round | node killed | kill to first new confirm | confirmed | delivered once | \
+         more than once | missing | delivered, not confirmed | failed publishes | connections | \
+         node back, queue whole after |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+    );
+    // In the table's column order.
+    let ordered: Vec<(&str, &Vec<FailoverOutcome>)> = config
+        .systems
+        .iter()
+        .filter_map(|s| results.failovers.get_key_value(s.name()))
+        .map(|(name, outcomes)| (name.as_str(), outcomes))
+        .collect();
+    for &(system, outcomes) in &ordered {
+        for (round, o) in outcomes.iter().enumerate() {
+            let t = &o.tally;
+            out += &format!(
+                "| {system} {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                round + 1,
+                o.leader,
+                o.recovery.map_or(
+                    format!("none in {} s", FAILOVER_DEADLINE.as_secs()),
+                    seconds
+                ),
+                t.confirmed,
+                t.once,
+                t.repeated,
+                t.missing,
+                t.unconfirmed_present,
+                o.failures,
+                o.connections,
+                o.rejoin.map_or("not within the deadline".into(), seconds),
+            );
+        }
+    }
+    out += "\nConnections: those the producer opened, the first included (lapin does not reconnect: the \
+            harness opens the next node's on a nack, an error or a 1 s confirm timeout); async-nats \
+            reconnects by itself inside its one client.\n";
+    for &(system, outcomes) in &ordered {
+        if let Some(first) = outcomes.iter().find_map(|o| o.first_failure.as_deref()) {
+            out += &format!("\n{system}: the first failed publish said: {first}");
+        }
+    }
+    out + "\n"
+}
+
+fn goals(config: &ClusterConfig, results: &Results) -> String {
+    let keratin = config.systems.contains(&ClusterSystem::KeratinCluster);
+    let publish = |s: ClusterSystem| figure(results, ClusterCase::Publish, s.name());
+    let reference = |value: Option<f64>, unit: &str| {
+        value.map_or("not measured in this run".into(), |v| {
+            format!("{v:.0}{unit}")
+        })
+    };
+    let mut out = String::from("\nGoals (issue 14; Keratin's half comes with the cluster):\n");
+    let k = publish(ClusterSystem::KeratinCluster);
+    let mut goal = |what: String, have: Option<f64>, met: &dyn Fn(f64) -> bool| {
+        let verdict = match have {
+            Some(v) if met(v) => format!("{v:.2} met"),
+            Some(v) => format!("{v:.2} MISSED"),
+            None if keratin => "keratin-cluster not built yet".into(),
+            None => "keratin-cluster not in this run".into(),
+        };
+        out += &format!("- {what}: {verdict}\n");
+    };
+    let q = publish(ClusterSystem::RabbitQuorum);
+    let n = publish(ClusterSystem::NatsR3);
+    goal(
+        format!(
+            "publish keratin-cluster / rabbitmq-quorum >= {GOAL_PUBLISH_VS_QUORUM} (reference {})",
+            reference(q, " msg/s")
+        ),
+        k.zip(q).map(|(k, q)| k / q.max(1e-9)),
+        &|v| v >= GOAL_PUBLISH_VS_QUORUM,
+    );
+    goal(
+        format!(
+            "publish keratin-cluster / nats-r3 >= {GOAL_PUBLISH_VS_NATS} (reference {}; NATS does not fsync)",
+            reference(n, " msg/s")
+        ),
+        k.zip(n).map(|(k, n)| k / n.max(1e-9)),
+        &|v| v >= GOAL_PUBLISH_VS_NATS,
+    );
+    goal(
+        format!(
+            "publish keratin-cluster / keratin single node >= {GOAL_PUBLISH_VS_SINGLE} (single node in the same run: \
+             comes with the cluster)"
+        ),
+        None,
+        &|v| v >= GOAL_PUBLISH_VS_SINGLE,
+    );
+    goal(
+        format!(
+            "failover keratin-cluster <= {} s (rabbitmq-quorum {}, nats-r3 {})",
+            GOAL_FAILOVER.as_secs(),
+            reference(
+                figure(results, ClusterCase::Failover, "rabbitmq-quorum").map(|v| v * 1e3),
+                " ms"
+            ),
+            reference(
+                figure(results, ClusterCase::Failover, "nats-r3").map(|v| v * 1e3),
+                " ms"
+            ),
+        ),
+        figure(results, ClusterCase::Failover, "keratin-cluster"),
+        &|v| v <= GOAL_FAILOVER.as_secs_f64(),
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster_failover::Tally;
+
+    #[test]
+    fn systems_and_cases_parse_and_refuse_unknown_names() {
+        for system in ClusterSystem::ALL {
+            assert_eq!(ClusterSystem::parse(system.name()), Ok(system));
+        }
+        assert!(ClusterSystem::parse("nats")
+            .unwrap_err()
+            .contains("nats-r3"));
+        assert_eq!(ClusterCase::parse(" failover"), Ok(ClusterCase::Failover));
+        assert!(ClusterCase::parse("fill").is_err());
+        assert!(ClusterSystem::KeratinCluster.peer_system().is_err());
+    }
+
+    fn config() -> ClusterConfig {
+        ClusterConfig {
+            systems: ClusterSystem::ALL.to_vec(),
+            cases: vec![
+                ClusterCase::Publish,
+                ClusterCase::Latency,
+                ClusterCase::Failover,
+            ],
+            amqp_nodes: vec!["a".into(); 3],
+            nats_nodes: vec!["n".into(); 2],
+            ctl: None,
+            duration: Duration::from_secs(1),
+            rounds: 2,
+            body_bytes: 1024,
+            in_flight: 1000,
+            backlog: 10,
+            prefetch: 10,
+            latency_rate: 5000,
+            failover_rate: 1000,
+            out: None,
+        }
+    }
+
+    #[test]
+    fn the_table_has_ratios_between_peers_and_keeps_keratin_columns_empty() {
+        let mut results = Results::default();
+        results.rates.insert(
+            (ClusterCase::Publish, "rabbitmq-quorum".into()),
+            vec![10_000.0, 20_000.0],
+        );
+        results
+            .rates
+            .insert((ClusterCase::Publish, "nats-r3".into()), vec![30_000.0]);
+        results
+            .latencies
+            .insert("rabbitmq-quorum".into(), vec![3_000, 8_000]);
+        results.latencies.insert("nats-r3".into(), vec![500, 3_000]);
+        let outcome = |recovery_ms: Option<u64>| FailoverOutcome {
+            leader: 1,
+            recovery: recovery_ms.map(Duration::from_millis),
+            tally: Tally {
+                confirmed: 10,
+                once: 10,
+                ..Tally::default()
+            },
+            ..FailoverOutcome::default()
+        };
+        results.failovers.insert(
+            "rabbitmq-quorum".into(),
+            vec![outcome(Some(300)), outcome(Some(500))],
+        );
+        results
+            .failovers
+            .insert("nats-r3".into(), vec![outcome(Some(4_000)), outcome(None)]);
+        let text = markdown(&config(), &results);
+        assert!(
+            text.contains(
+                "| case | keratin-cluster | rabbitmq-quorum | nats-r3 | keratin-cluster / rabbitmq-quorum | keratin-cluster / nats-r3 | rabbitmq-quorum / nats-r3 |"
+            ),
+            "{text}"
+        );
+        // Median of 10,000 and 20,000 against 30,000.
+        assert!(
+            text.contains("| not built yet | 15000 | 30000 | - | - | 0.50 |"),
+            "{text}"
+        );
+        // p50 / p99 in ms (within the histogram's 0.1 %), and the ratio of the p99s.
+        assert!(
+            text.contains("| not built yet | 3.00 / 8.00 | 0.50 / 3.00 | - | - | 2.67 |"),
+            "{text}"
+        );
+        // A round without a confirm counts as the deadline in the median: (4 + 60) / 2.
+        assert!(
+            text.contains("| 0.40 s (0.30, 0.50) | 32.00 s (4.00, none) | - | - | 0.01 |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("| nats-r3 2 | 1 | none in 60 s | 10 | 10 | 0 | 0 |"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "publish keratin-cluster / rabbitmq-quorum >= 3 (reference 15000 msg/s): keratin-cluster not built yet"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("nats-r3: NOT fsynced"), "{text}");
+        assert!(
+            text.contains("rabbitmq-quorum: fsynced on a majority"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_cluster_needs_three_addresses() {
+        let config = config();
+        assert!(config.nodes(ClusterSystem::RabbitQuorum).is_ok());
+        let error = config.nodes(ClusterSystem::NatsR3).unwrap_err().to_string();
+        assert!(error.contains("2 node addresses"), "{error}");
+        assert!(config.endpoints(ClusterSystem::RabbitQuorum, 2).is_ok());
+        assert!(config.nodes(ClusterSystem::KeratinCluster).is_err());
+    }
+}
