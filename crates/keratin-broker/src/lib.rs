@@ -10,6 +10,8 @@
 //!   flight reserve (no lock across disk I/O).
 //! - `queue`: [`Queue`] and [`QueueSettings`]; handles of the partitions' owner tasks.
 //! - `partition::state`: [`PartitionState`], the durable state applied from log records.
+//! - `partition::prepare`: pure functions from commands to records (publish, settle and
+//!   return batching, purge, settings) and the queue limits' verdict; no I/O.
 //! - `partition::owner`: the task that owns a partition: commands to records, records to state;
 //!   its children own admission (queue limits, the gate, slowing), settling (acks, returns,
 //!   dead-lettering, purge), delivery, and reclaim (prefix removal, relocation, healing).

@@ -1,4 +1,6 @@
-//! A partition: its durable state machine (`state`) and the task that owns it (`owner`).
+//! A partition: its durable state machine (`state`), the pure step from commands to records
+//! (`prepare`), and the task that owns it (`owner`).
 
 pub(crate) mod owner;
+pub(crate) mod prepare;
 pub mod state;

@@ -39,10 +39,11 @@ use crate::broker::BrokerInner;
 use crate::consumer::{ConsumerLink, Delivery, DeliveryPermit, DeliveryTag};
 use crate::error::{BrokerError, BrokerResult};
 use crate::gate::{GateDecision, PublishGate};
+use crate::partition::prepare::{self, LimitVerdict, CONTROL_ENTRIES_MAX};
 use crate::partition::state::{Applied, PartitionState};
 use crate::queue::{Overflow, PartitionFigures, PartitionHandle, PartitionLimits, QueueSettings};
 use crate::record::{
-    Message, Outcome, PartitionRecord, Purge, Relocate, Returned, Settled, ENQUEUE, RELOCATE,
+    Message, Outcome, PartitionRecord, Relocate, Returned, Settled, ENQUEUE, RELOCATE,
 };
 use crate::Clock;
 
@@ -276,18 +277,9 @@ struct Delayed {
     reply: oneshot::Sender<BrokerResult<Range<u64>>>,
 }
 
-/// Most entries in one SETTLE, RETURN or PURGE record: 4,096 entries of at most 16 bytes are
-/// 64 KiB, well inside the smallest segment (256 KiB), so no round of acks is ever too large to
-/// write.
-const CONTROL_ENTRIES_MAX: usize = 4096;
-
 /// A delivery or drop reuses its reader across at most this many records in between (control
 /// records, settled messages) instead of opening a new one at the payload.
 const READER_SKIP_MAX: u64 = 256;
-
-/// The retry hint of `queue_full`: a consumer frees room at its own pace, so a second is a
-/// reasonable first wait; clients back off further on repeated refusals.
-const QUEUE_FULL_RETRY_AFTER_MS: u32 = 1000;
 
 /// Debug builds check the state against its log after every round while the log holds at most
 /// this many records: at about 1 µs per record read and applied, a millisecond per round.

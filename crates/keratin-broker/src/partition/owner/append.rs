@@ -64,6 +64,13 @@ impl Owner {
         self.append_at(records, payloads, done, timestamp_ms);
     }
 
+    /// Append one control record (settle, return, settings): its effects come from applying
+    /// it.
+    pub(super) fn append_control(&mut self, record: PartitionRecord) {
+        let payload = record.encode();
+        self.append(vec![record], vec![payload], Done::Internal);
+    }
+
     pub(super) fn append_at(
         &mut self,
         records: Vec<PartitionRecord>,

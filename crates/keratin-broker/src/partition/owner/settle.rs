@@ -58,13 +58,10 @@ impl Owner {
         self.write_settles(acks);
     }
 
-    /// Settles as records of at most `CONTROL_ENTRIES_MAX` entries each, so that a round of
-    /// many acks never makes a record larger than a segment.
+    /// Settles as records of at most `CONTROL_ENTRIES_MAX` entries each (`prepare::settles`).
     pub(super) fn write_settles(&mut self, settled: Vec<Settled>) {
-        for chunk in settled.chunks(CONTROL_ENTRIES_MAX) {
-            let record = PartitionRecord::Settle(chunk.to_vec());
-            let payload = record.encode();
-            self.append(vec![record], vec![payload], Done::Internal);
+        for record in prepare::settles(&settled) {
+            self.append_control(record);
         }
     }
 
@@ -101,10 +98,8 @@ impl Owner {
             self.redeliver.insert(r.message);
             self.counts_pending.insert(r.message, r.delivery_count);
         }
-        for chunk in returns.chunks(CONTROL_ENTRIES_MAX) {
-            let record = PartitionRecord::Return(chunk.to_vec());
-            let payload = record.encode();
-            self.append(vec![record], vec![payload], Done::Internal);
+        for record in prepare::returns(&returns) {
+            self.append_control(record);
         }
     }
 
@@ -274,42 +269,30 @@ impl Owner {
             .filter(|(m, _)| self.state.is_live(**m))
             .map(|(_, s)| u64::from(s))
             .sum();
-        let ranges = split_around(self.state.live_ranges(0, self.state.head()), &busy);
-        let count: u64 = ranges.iter().map(|(start, end)| end - start).sum();
+        let ready_bytes = self.state.live_bytes().saturating_sub(busy_bytes);
+        let live_ranges = self.state.live_ranges(0, self.state.head());
+        let plan = prepare::purge(live_ranges, &busy, ready_bytes);
         // The ranges are authoritative (a count taken from them cannot underflow); a live count
         // that disagrees is a bug in the state machine, caught in debug builds.
         debug_assert_eq!(
-            count + busy.len() as u64,
+            plan.count + busy.len() as u64,
             self.state.live_count(),
             "the live count disagrees with the live ranges"
         );
-        if count == 0 {
+        if plan.count == 0 {
             let _ = reply.send(Ok(0));
             return;
         }
-        let bytes = self.state.live_bytes().saturating_sub(busy_bytes);
-        self.purging_count += count;
-        self.purging_bytes += bytes;
-        // Totals ride on the first record (applying them is additive); the answer on the last.
-        let mut totals = Some((count, bytes));
-        let chunks: Vec<Vec<(u64, u64)>> = ranges
-            .chunks(CONTROL_ENTRIES_MAX)
-            .map(<[(u64, u64)]>::to_vec)
-            .collect();
-        let last = chunks.len().saturating_sub(1);
+        self.purging_count += plan.count;
+        self.purging_bytes += plan.bytes;
+        let last = plan.records.len().saturating_sub(1);
         let mut reply = Some(reply);
         // Counted once: the last record's answer (or failure) ends the purge.
         self.purges += 1;
-        for (i, ranges) in chunks.into_iter().enumerate() {
-            let (count_part, bytes_part) = totals.take().unwrap_or((0, 0));
-            let record = PartitionRecord::Purge(Purge {
-                ranges,
-                count: count_part,
-                bytes: bytes_part,
-            });
+        for (i, record) in plan.records.into_iter().enumerate() {
             let payload = record.encode();
             let done = match (i == last, reply.take()) {
-                (true, Some(reply)) => Done::Purge(reply, count),
+                (true, Some(reply)) => Done::Purge(reply, plan.count),
                 (_, other) => {
                     reply = other;
                     Done::Internal
@@ -317,37 +300,5 @@ impl Owner {
             };
             self.append(vec![record], vec![payload], done);
         }
-    }
-}
-
-/// Cut the message ids in `busy` out of `ranges`.
-fn split_around(ranges: Vec<(u64, u64)>, busy: &BTreeSet<u64>) -> Vec<(u64, u64)> {
-    let mut out = Vec::with_capacity(ranges.len());
-    for (start, end) in ranges {
-        let mut at = start;
-        for &b in busy.range(start..end) {
-            if at < b {
-                out.push((at, b));
-            }
-            at = b + 1;
-        }
-        if at < end {
-            out.push((at, end));
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn split_around_cuts_busy_ids_out() {
-        let busy: BTreeSet<u64> = [2, 3, 7].into_iter().collect();
-        assert_eq!(
-            split_around(vec![(0, 5), (6, 9)], &busy),
-            vec![(0, 2), (4, 5), (6, 7), (8, 9)]
-        );
     }
 }
