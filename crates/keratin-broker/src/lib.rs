@@ -12,6 +12,8 @@
 //! - `partition::state`: [`PartitionState`], the durable state applied from log records.
 //! - `partition::prepare`: pure functions from commands to records (publish, settle and
 //!   return batching, purge, settings) and the queue limits' verdict; no I/O.
+//! - `partition::delivery_state`: what only a leader has: consumers, inflight, returned
+//!   messages, the delivery cursor and read-ahead (volatile).
 //! - `partition::owner`: the task that owns a partition: commands to records, records to state;
 //!   its children own admission (queue limits, the gate, slowing), settling (acks, returns,
 //!   dead-lettering, purge), delivery, and reclaim (prefix removal, relocation, healing).

@@ -1,7 +1,8 @@
 //! The owner task of one partition: the only code that changes the partition. It turns
 //! commands into log records, applies records to the [`PartitionState`] once the log reports them
-//! durable (in offset order), and keeps the volatile delivery bookkeeping: which messages are
-//! inflight to which consumer, which were returned, where the delivery cursor is.
+//! durable (in offset order), and holds the leader-only delivery bookkeeping
+//! ([`DeliveryState`]: which messages are inflight to which consumer, which were returned, where
+//! the delivery cursor is). The records themselves come from the pure `prepare` step.
 //!
 //! The owner never waits for the disk on the async worker it runs on: appends wait for room in
 //! the log's queue asynchronously (`append`), and every call that reads or syncs files (payload
@@ -12,8 +13,9 @@
 //! records are applied in log order, and a payload read ahead is delivered only if its message
 //! is still the next ready one when the read returns.
 //!
-//! Invariant: every live message below `cursor` is in exactly one of `inflight`, `limbo` (its
-//! settle, return or dead-lettering is being written) and `redeliver` (ready again).
+//! Invariant (kept in `DeliveryState`): every live message below its cursor is in exactly one of
+//! `inflight`, `limbo` (its settle, return or dead-lettering is being written) and `redeliver`
+//! (ready again).
 
 mod admission;
 mod append;
@@ -39,6 +41,7 @@ use crate::broker::BrokerInner;
 use crate::consumer::{ConsumerLink, Delivery, DeliveryPermit, DeliveryTag};
 use crate::error::{BrokerError, BrokerResult};
 use crate::gate::{GateDecision, PublishGate};
+use crate::partition::delivery_state::{DeliveryState, Inflight, Prefetched};
 use crate::partition::prepare::{self, LimitVerdict, CONTROL_ENTRIES_MAX};
 use crate::partition::state::{Applied, PartitionState};
 use crate::queue::{Overflow, PartitionFigures, PartitionHandle, PartitionLimits, QueueSettings};
@@ -142,13 +145,6 @@ enum AppendOutcome {
     Refused(BrokerError),
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Inflight {
-    consumer: u64,
-    delivery_count: u32,
-    size_bytes: u32,
-}
-
 /// Why a message goes to the dead-letter queue; sent as the `x-death-reason` header.
 #[derive(Debug, Clone, Copy)]
 enum DeathReason {
@@ -197,15 +193,8 @@ struct Owner {
     pending: VecDeque<PendingAppend>,
     next_sequence: u64,
     stopped: Option<LogError>,
-    consumers: Vec<Arc<ConsumerLink>>,
-    round_robin: usize,
-    cursor: u64,
-    reader: Option<LogReader>,
-    inflight: HashMap<u64, Inflight>,
-    limbo: HashMap<u64, u32>,
-    redeliver: BTreeSet<u64>,
-    /// Delivery counts of returned messages whose RETURN record is not applied yet.
-    counts_pending: HashMap<u64, u32>,
+    /// What only a leader has: consumers, inflight, the cursor, read-ahead.
+    delivery: DeliveryState,
     reclaim_busy: bool,
     reclaim_due: bool,
     /// Publishes held back by slowing, in arrival order, each with when it may be written.
@@ -257,15 +246,6 @@ struct Owner {
     deferred_purges: Vec<oneshot::Sender<BrokerResult<u64>>>,
     /// State checks asked for, answered at the end of the round (see `run_checks`).
     check_requests: Vec<oneshot::Sender<BrokerResult<(PartitionState, PartitionState)>>>,
-    /// A delivery read job is out (it holds `reader`).
-    reading: bool,
-    /// Payloads read ahead for delivery, in delivery order.
-    prefetched: VecDeque<delivery::Prefetched>,
-    /// After a failed read, no delivery read starts before this.
-    read_retry_at: Option<Instant>,
-    /// Bumped when the log's files may change under a reader (heal, reset, hand-back): a reader
-    /// coming back from a job of an older epoch is dropped.
-    reader_epoch: u64,
 }
 
 /// A publish waiting out its slowing delay. It holds no reservation: the gate and the queue
@@ -307,14 +287,7 @@ pub(crate) fn spawn(ctx: OwnerContext, log: Log, state: PartitionState) -> Parti
         pending: VecDeque::new(),
         next_sequence: 0,
         stopped: None,
-        consumers: Vec::new(),
-        round_robin: 0,
-        cursor: 0,
-        reader: None,
-        inflight: HashMap::new(),
-        limbo: HashMap::new(),
-        redeliver: BTreeSet::new(),
-        counts_pending: HashMap::new(),
+        delivery: DeliveryState::default(),
         reclaim_busy: false,
         reclaim_due: true,
         delayed: VecDeque::new(),
@@ -344,10 +317,6 @@ pub(crate) fn spawn(ctx: OwnerContext, log: Log, state: PartitionState) -> Parti
         heal_retry_at: None,
         deferred_purges: Vec::new(),
         check_requests: Vec::new(),
-        reading: false,
-        prefetched: VecDeque::new(),
-        read_retry_at: None,
-        reader_epoch: 0,
     };
     owner.limits = owner.ctx.settings.partition_limits();
     // Figures are right from the start, before the task first runs.
@@ -452,10 +421,16 @@ impl Owner {
                 .unwrap_or(now + HEAL_INTERVAL)
         });
         let deadline = self.deadlines.front().map(|(at, _)| *at);
-        [delayed, heal, deadline, self.read_retry_at, self.idle_at()]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            delayed,
+            heal,
+            deadline,
+            self.delivery.read_retry_at,
+            self.idle_at(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     fn log(&self) -> BrokerResult<&Arc<Log>> {
@@ -481,7 +456,7 @@ impl Owner {
                 internal,
                 reply,
             } => self.publish(payloads, timestamp_ms, internal, reply),
-            Command::Subscribe { link } => self.consumers.push(link),
+            Command::Subscribe { link } => self.delivery.consumers.push(link),
             Command::Unsubscribe { consumer } => self.unsubscribe(consumer),
             Command::Settle {
                 consumer,
@@ -572,7 +547,7 @@ impl Owner {
             PartitionRecord::Enqueue { size_bytes } => self.unreserve(1, u64::from(*size_bytes)),
             PartitionRecord::Settle(entries) => {
                 for entry in entries {
-                    self.limbo.remove(&entry.message);
+                    self.delivery.limbo.remove(&entry.message);
                     self.undrop(entry.message);
                 }
             }
@@ -599,20 +574,18 @@ impl Owner {
                 // count stays pending until the state has caught up with it.
                 for m in messages {
                     let durable = self.state.delivery_count(m);
-                    let caught_up = self.counts_pending.get(&m).is_some_and(|&c| c <= durable);
+                    let caught_up = self
+                        .delivery
+                        .counts_pending
+                        .get(&m)
+                        .is_some_and(|&c| c <= durable);
                     if caught_up || !self.state.is_live(m) {
-                        self.counts_pending.remove(&m);
+                        self.delivery.counts_pending.remove(&m);
                     }
                 }
             }
             Applied::Purged(ranges) => {
-                for (start, end) in ranges {
-                    let gone: Vec<u64> = self.redeliver.range(start..end).copied().collect();
-                    for m in gone {
-                        self.redeliver.remove(&m);
-                        self.counts_pending.remove(&m);
-                    }
-                }
+                self.delivery.purged(&ranges);
                 self.reclaim_due = true;
             }
         }
@@ -641,8 +614,8 @@ impl Owner {
             };
             for m in messages {
                 self.undrop(m);
-                if self.limbo.remove(&m).is_some() {
-                    self.redeliver.insert(m);
+                if self.delivery.limbo.remove(&m).is_some() {
+                    self.delivery.redeliver.insert(m);
                 }
             }
         }
@@ -677,13 +650,13 @@ impl Owner {
 
     fn publish_figures(&mut self) {
         let f = &self.figures;
-        let busy = (self.inflight.len() + self.limbo.len()) as u64;
+        let busy = self.delivery.busy_count();
         f.ready.store(
             self.state.live_count().saturating_sub(busy),
             Ordering::Relaxed,
         );
         f.inflight
-            .store(self.inflight.len() as u64, Ordering::Relaxed);
+            .store(self.delivery.inflight.len() as u64, Ordering::Relaxed);
         f.live_bytes
             .store(self.state.live_bytes(), Ordering::Relaxed);
         if let Some(log) = &self.log {

@@ -147,13 +147,7 @@ impl Owner {
 
     /// The ready messages and their bytes: live ones not inflight or leaving.
     fn ready_amount(&self) -> prepare::Amount {
-        let busy_bytes: u64 = self
-            .inflight
-            .values()
-            .map(|e| u64::from(e.size_bytes))
-            .chain(self.limbo.values().map(|s| u64::from(*s)))
-            .sum();
-        let busy_count = (self.inflight.len() + self.limbo.len()) as u64;
+        let (busy_count, busy_bytes) = self.delivery.busy();
         (
             self.state.live_count().saturating_sub(busy_count),
             self.state.live_bytes().saturating_sub(busy_bytes),
@@ -172,7 +166,7 @@ impl Owner {
             if !self.over_limits(used_count + count, used_bytes + bytes) {
                 break;
             }
-            let Some(m) = self.peek_ready() else {
+            let Some(m) = self.delivery.peek_ready(&self.state) else {
                 break;
             };
             let size = match self.ready_size(m) {
@@ -181,15 +175,15 @@ impl Owner {
                     // All or nothing: the messages picked so far are ready again (first in
                     // line), and the publish is refused.
                     for (picked, _, _) in dropped {
-                        self.limbo.remove(&picked);
+                        self.delivery.limbo.remove(&picked);
                         self.undrop(picked);
-                        self.redeliver.insert(picked);
+                        self.delivery.redeliver.insert(picked);
                     }
                     return Err(error);
                 }
             };
-            self.take_ready(m);
-            self.limbo.insert(m, size);
+            self.delivery.take_ready(m);
+            self.delivery.limbo.insert(m, size);
             self.dropping.insert(m, size);
             self.dropping_bytes += u64::from(size);
             let delivery_count = self.state.delivery_count(m);
@@ -204,7 +198,7 @@ impl Owner {
             ));
         }
         for (m, _, _) in &dropped {
-            self.counts_pending.remove(m);
+            self.delivery.counts_pending.remove(m);
         }
         self.figures
             .overflowed

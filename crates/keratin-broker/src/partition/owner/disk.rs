@@ -122,7 +122,7 @@ impl Owner {
     pub(super) fn plan_runs(&mut self, wanted: &[(u64, u64)]) -> Option<Vec<Run>> {
         let log = self.log.clone()?;
         let mut runs: Vec<Run> = Vec::new();
-        let mut cached = self.reader.take();
+        let mut cached = self.delivery.reader.take();
         for &(id, at) in wanted {
             if let Some(run) = runs.last_mut() {
                 let last = run.items.last().map_or(0, |(_, at)| *at);
@@ -157,7 +157,7 @@ impl Owner {
         // The reader went into the job: reclaim waits until the copies are applied (or failed).
         self.reclaim_busy = true;
         let commands = self.commands.clone();
-        let epoch = self.reader_epoch;
+        let epoch = self.delivery.reader_epoch;
         let queue = self.ctx.queue.clone();
         tokio::task::spawn_blocking(move || {
             let read = read_runs(runs, RELOCATE_BATCH_BYTES);
@@ -177,7 +177,7 @@ impl Owner {
         self.reclaim_busy = false;
         // A purge written meanwhile may name these messages (a copy applied after it could
         // bring one back), a heal may have rebuilt the state: reclaim looks again later.
-        if read.epoch != self.reader_epoch || self.purges > 0 || self.stopped.is_some() {
+        if read.epoch != self.delivery.reader_epoch || self.purges > 0 || self.stopped.is_some() {
             self.reclaim_due = true;
             return;
         }
@@ -187,7 +187,7 @@ impl Owner {
         for (id, at, payload) in read.payloads {
             // Settled, being settled or dropped meanwhile, or moved: no copy.
             if !self.state.is_live(id)
-                || self.limbo.contains_key(&id)
+                || self.delivery.limbo.contains_key(&id)
                 || self.state.payload_offset(id) != at
             {
                 continue;
@@ -195,7 +195,7 @@ impl Owner {
             // The durable count travels with the copy: the RETURN records that set it may lie
             // in the segments about to be removed. A RETURN written and not yet applied lies
             // before the copy too, so its count travels as well.
-            let pending = self.counts_pending.get(&id).copied().unwrap_or(0);
+            let pending = self.delivery.counts_pending.get(&id).copied().unwrap_or(0);
             let record = PartitionRecord::Relocate(Relocate {
                 message: id,
                 delivery_count: self.state.delivery_count(id).max(pending),
@@ -303,9 +303,9 @@ impl Owner {
     /// log (its queue drains, a seal is synced); a delete drops them and deletes the log. The
     /// blocking part runs on the blocking pool; the owner waits for it without holding a worker.
     pub(super) async fn finish(mut self, exit: Exit) {
-        self.consumers.clear();
-        self.reader = None;
-        self.prefetched.clear();
+        self.delivery.consumers.clear();
+        self.delivery.reader = None;
+        self.delivery.prefetched.clear();
         let delete = matches!(exit, Exit::Delete(_));
         if delete {
             self.backlog.clear();

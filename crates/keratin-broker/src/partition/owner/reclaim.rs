@@ -64,9 +64,7 @@ impl Owner {
             "the healed log lost applied records"
         );
         self.state = state;
-        let live = &self.state;
-        self.redeliver.retain(|m| live.is_live(*m));
-        self.counts_pending.retain(|m, _| live.is_live(*m));
+        self.delivery.rebuilt(&self.state);
         self.state_check_due = true;
     }
 
@@ -120,7 +118,7 @@ impl Owner {
         // record would bring it back (found by the adversarial space test: acked messages were
         // delivered again).
         // (Acks waiting for this round's SETTLE record are in `limbo` too.)
-        ids.retain(|id| !self.limbo.contains_key(id));
+        ids.retain(|id| !self.delivery.limbo.contains_key(id));
         ids.sort_unstable();
         let wanted: Vec<(u64, u64)> = ids
             .into_iter()

@@ -11,14 +11,14 @@ impl Owner {
         let mut settled = 0u32;
         let mut settled_sizes = Vec::new();
         for m in messages {
-            let Some(entry) = self.inflight.get(&m).copied() else {
+            let Some(entry) = self.delivery.inflight.get(&m).copied() else {
                 continue;
             };
             if entry.consumer != consumer {
                 continue;
             }
-            self.inflight.remove(&m);
-            self.limbo.insert(m, entry.size_bytes);
+            self.delivery.inflight.remove(&m);
+            self.delivery.limbo.insert(m, entry.size_bytes);
             settled += 1;
             settled_sizes.push(entry.size_bytes);
             match reject {
@@ -37,7 +37,7 @@ impl Owner {
         self.dead_letter(dead);
         // The credit comes back only now, after returned messages are ready again: they go
         // out before newer ones. Other partitions of the queue are woken if they were waiting.
-        if let Some(link) = self.consumers.iter().find(|c| c.id == consumer) {
+        if let Some(link) = self.delivery.consumers.iter().find(|c| c.id == consumer) {
             let bytes = settled_sizes.iter().map(|s| link.credit.charge(*s)).sum();
             let bytes_freed = link.credit.release_bytes(bytes);
             if link.credit.release(settled) || bytes_freed {
@@ -94,9 +94,11 @@ impl Owner {
             return;
         }
         for r in &returns {
-            self.limbo.remove(&r.message);
-            self.redeliver.insert(r.message);
-            self.counts_pending.insert(r.message, r.delivery_count);
+            self.delivery.limbo.remove(&r.message);
+            self.delivery.redeliver.insert(r.message);
+            self.delivery
+                .counts_pending
+                .insert(r.message, r.delivery_count);
         }
         for record in prepare::returns(&returns) {
             self.append_control(record);
@@ -105,19 +107,11 @@ impl Owner {
 
     /// A consumer went away: its inflight messages are ready again, ahead of newer ones.
     pub(super) fn unsubscribe(&mut self, consumer: u64) {
-        self.consumers.retain(|c| c.id != consumer);
-        let mut theirs: Vec<(u64, Inflight)> = self
-            .inflight
-            .iter()
-            .filter(|(_, e)| e.consumer == consumer)
-            .map(|(&m, &e)| (m, e))
-            .collect();
-        theirs.sort_by_key(|(m, _)| *m);
+        let theirs = self.delivery.unsubscribe(consumer);
         let mut returns = Vec::new();
         let mut dead = Vec::new();
         for (m, entry) in theirs {
-            self.inflight.remove(&m);
-            self.limbo.insert(m, entry.size_bytes);
+            self.delivery.limbo.insert(m, entry.size_bytes);
             self.sort_return(m, entry, &mut returns, &mut dead);
         }
         self.write_returns(returns);
@@ -217,9 +211,9 @@ impl Owner {
     /// Messages whose payload could not be read for dead-lettering are ready again.
     pub(super) fn not_dead_lettered(&mut self, unread: Vec<u64>) {
         for m in unread {
-            self.limbo.remove(&m);
+            self.delivery.limbo.remove(&m);
             self.undrop(m);
-            self.redeliver.insert(m);
+            self.delivery.redeliver.insert(m);
         }
     }
 
@@ -255,17 +249,19 @@ impl Owner {
         // Inflight and leaving messages stay. Only live ones count: an entry of a message
         // that is no longer live would make the totals disagree with the ranges.
         let busy: BTreeSet<u64> = self
+            .delivery
             .inflight
             .keys()
-            .chain(self.limbo.keys())
+            .chain(self.delivery.limbo.keys())
             .copied()
             .filter(|m| self.state.is_live(*m))
             .collect();
         let busy_bytes: u64 = self
+            .delivery
             .inflight
             .iter()
             .map(|(m, e)| (m, e.size_bytes))
-            .chain(self.limbo.iter().map(|(m, s)| (m, *s)))
+            .chain(self.delivery.limbo.iter().map(|(m, s)| (m, *s)))
             .filter(|(m, _)| self.state.is_live(**m))
             .map(|(_, s)| u64::from(s))
             .sum();

@@ -75,7 +75,10 @@ impl Owner {
             self.deferred_purges.push(reply);
             return None;
         }
-        if self.inflight.is_empty() && self.limbo.is_empty() && self.acks.is_empty() {
+        if self.delivery.inflight.is_empty()
+            && self.delivery.limbo.is_empty()
+            && self.acks.is_empty()
+        {
             self.purge_by_reset(reply);
             return None;
         }
@@ -91,9 +94,7 @@ impl Owner {
         self.stopped = None;
         self.heal_retry_at = None;
         self.figures.heals.fetch_add(1, Ordering::Relaxed);
-        self.reader = None;
-        self.reader_epoch += 1;
-        self.prefetched.clear();
+        self.delivery.forget_reader();
         self.reclaim_busy = false;
         self.reclaim_due = true;
     }
@@ -123,9 +124,7 @@ impl Owner {
             ))));
             return;
         };
-        self.reader = None;
-        self.reader_epoch += 1;
-        self.prefetched.clear();
+        self.delivery.forget_reader();
         let io = broker.io();
         let segment_size_bytes = self.ctx.segment_size_bytes;
         let commands = self.commands.clone();
@@ -158,9 +157,7 @@ impl Owner {
         match result {
             Ok(()) => {
                 self.state = PartitionState::new(0);
-                self.cursor = 0;
-                self.redeliver.clear();
-                self.counts_pending.clear();
+                self.delivery.reset();
                 self.dropping.clear();
                 self.dropping_bytes = 0;
                 self.disk_bytes = 0;
