@@ -15,6 +15,8 @@ use crate::consumer::{Consumer, ConsumerLink, ConsumerSlot, Credit, SubscribeOpt
 use crate::error::{BrokerError, BrokerResult};
 use crate::gate::{OpenGate, PublishGate};
 use crate::meta::{Catalog, MetaFigures, MetaLog, MetaRecord, QueueDecl};
+use crate::partition::local_log::LocalLog;
+use crate::partition::log::PartitionLog;
 use crate::partition::owner::{self, rebuild, Command, OwnerContext};
 use crate::partition::state::PartitionState;
 use crate::queue::{validate_queue_name, DeadLetterFailure, Queue, QueueSettings};
@@ -363,7 +365,7 @@ impl Drop for Reservation<'_> {
 }
 
 /// One node's partition logs as opened (blocking) before their owners start.
-type OpenedPartitions = Vec<(Log, PartitionState, u64)>;
+type OpenedPartitions = Vec<(Arc<dyn PartitionLog>, PartitionState, u64)>;
 
 /// One broker node.
 #[derive(Clone)]
@@ -876,11 +878,6 @@ impl BrokerInner {
         self.queues.write().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The node's file system seam.
-    pub(crate) fn io(&self) -> Arc<dyn Io> {
-        self.config.io.clone()
-    }
-
     fn queue(&self, name: &str) -> BrokerResult<Arc<Queue>> {
         self.queues_read()
             .get(name)
@@ -1011,7 +1008,12 @@ impl BrokerInner {
                 ..LogOptions::default()
             };
             let log = Log::open(io.clone(), &dir, options, Some(self.pool.clone()))?;
-            let state = rebuild(&log, None)?;
+            let log: Arc<dyn PartitionLog> = Arc::new(LocalLog::new(
+                log,
+                io.clone(),
+                self.config.segment_size_bytes,
+            ));
+            let state = rebuild(log.as_ref(), None)?;
             // The storage directory's: a log creates its own directory at its first append.
             let device = io
                 .device_id(storage)

@@ -12,6 +12,10 @@
 //! - `partition::state`: [`PartitionState`], the durable state applied from log records.
 //! - `partition::prepare`: pure functions from commands to records (publish, settle and
 //!   return batching, purge, settings) and the queue limits' verdict; no I/O.
+//! - `partition::log`: [`PartitionLog`](partition::log::PartitionLog), the owner's view of its
+//!   log (propose, commit events, read committed records, storage upkeep): the seam where
+//!   replication slots in. `partition::local_log`: the single-node implementation over
+//!   `keratin_log::Log` (committed = durable).
 //! - `partition::delivery_state`: what only a leader has: consumers, inflight, returned
 //!   messages, the delivery cursor and read-ahead (volatile).
 //! - `partition::owner`: the task that owns a partition: commands to records, records to state;

@@ -13,10 +13,10 @@
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
-use keratin_log::LogReader;
 use tokio::time::Instant;
 
 use crate::consumer::ConsumerLink;
+use crate::partition::log::BoxReader;
 use crate::partition::state::PartitionState;
 use crate::record::Message;
 
@@ -57,7 +57,7 @@ pub(crate) struct DeliveryState {
     /// Delivery counts of returned messages whose RETURN record is not applied yet.
     pub(crate) counts_pending: HashMap<u64, u32>,
     /// The reader the last delivery read stopped at, to read on from there.
-    pub(crate) reader: Option<LogReader>,
+    pub(crate) reader: Option<BoxReader>,
     /// Bumped when the log's files may change under a reader (heal, reset, hand-back): a reader
     /// coming back from a job of an older epoch is dropped.
     pub(crate) reader_epoch: u64,

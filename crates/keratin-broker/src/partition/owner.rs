@@ -34,7 +34,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use keratin_log::{Log, LogError, LogReader, LogResult, PrefixRemoval, Record};
+use keratin_log::{LogError, LogResult, PrefixRemoval};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::broker::BrokerInner;
@@ -42,6 +42,7 @@ use crate::consumer::{ConsumerLink, Delivery, DeliveryPermit, DeliveryTag};
 use crate::error::{BrokerError, BrokerResult};
 use crate::gate::{GateDecision, PublishGate};
 use crate::partition::delivery_state::{DeliveryState, Inflight, Prefetched};
+use crate::partition::log::{BoxReader, LogEvent, LogEvents, PartitionLog, Proposal};
 use crate::partition::prepare::{self, LimitVerdict, CONTROL_ENTRIES_MAX};
 use crate::partition::state::{Applied, PartitionState};
 use crate::queue::{Overflow, PartitionFigures, PartitionHandle, PartitionLimits, QueueSettings};
@@ -92,10 +93,8 @@ pub(crate) enum Command {
         /// Messages whose payload could not be read: ready again.
         unread: Vec<u64>,
     },
-    AppendDone {
-        sequence: u64,
-        result: LogResult<Range<u64>>,
-    },
+    /// What the partition log reports: a proposal's outcome, or commits.
+    Log(LogEvent),
     PrefixRemoved {
         result: LogResult<PrefixRemoval>,
     },
@@ -186,7 +185,7 @@ struct Owner {
     ctx: OwnerContext,
     /// Shared with the append in flight and the jobs that need the log itself; `None` once
     /// closed, or while a reset replaces it.
-    log: Option<Arc<Log>>,
+    log: Option<Arc<dyn PartitionLog>>,
     state: PartitionState,
     commands: mpsc::UnboundedSender<Command>,
     figures: Arc<PartitionFigures>,
@@ -227,7 +226,7 @@ struct Owner {
     /// Rounds that had a debug check due, to space out checks of long logs.
     state_check_rounds: u64,
     /// Appends not yet handed to the log, in order, behind `appending`.
-    backlog: VecDeque<append::Batch>,
+    backlog: VecDeque<Proposal>,
     /// The append being handed to the log (waiting for room in its queue).
     appending: Option<Submission>,
     /// When each pending publish times out, in sequence order.
@@ -274,13 +273,21 @@ const STATE_CHECK_INTERVAL: u64 = 64;
 const HEAL_INTERVAL: Duration = Duration::from_millis(500);
 
 /// Start the owner task of a partition whose log was opened and whose state was rebuilt.
-pub(crate) fn spawn(ctx: OwnerContext, log: Log, state: PartitionState) -> PartitionHandle {
+pub(crate) fn spawn(
+    ctx: OwnerContext,
+    log: Arc<dyn PartitionLog>,
+    state: PartitionState,
+) -> PartitionHandle {
     let (commands, receiver) = mpsc::unbounded_channel();
+    let events = commands.clone();
+    log.start(LogEvents::new(move |event| {
+        let _ = events.send(Command::Log(event));
+    }));
     let figures = Arc::new(PartitionFigures::default());
     let index = ctx.index;
     let mut owner = Owner {
         ctx,
-        log: Some(Arc::new(log)),
+        log: Some(log),
         state,
         commands: commands.clone(),
         figures: figures.clone(),
@@ -401,7 +408,7 @@ impl Owner {
         let Some(log) = &self.log else {
             return false;
         };
-        let records = log.durable_offset().saturating_sub(log.start_offset());
+        let records = log.committed_offset().saturating_sub(log.start_offset());
         // Beyond the small-log bound, the interval grows with the log: a check then costs at
         // most 1,024 / 64 = 16 record reads per round, amortized.
         let interval = (records / STATE_CHECK_RECORDS_MAX).max(1) * STATE_CHECK_INTERVAL;
@@ -433,7 +440,7 @@ impl Owner {
         .min()
     }
 
-    fn log(&self) -> BrokerResult<&Arc<Log>> {
+    fn log(&self) -> BrokerResult<&Arc<dyn PartitionLog>> {
         self.log
             .as_ref()
             .ok_or_else(|| BrokerError::Closed(format!("queue {:?}", self.ctx.queue)))
@@ -477,7 +484,7 @@ impl Owner {
                 self.not_dead_lettered(unread);
                 self.dead_lettered(entries, delivered);
             }
-            Command::AppendDone { sequence, result } => self.append_done(sequence, result),
+            Command::Log(event) => self.log_event(event),
             Command::PrefixRemoved { result } => self.prefix_removed(result),
             Command::HandedBack { result } => self.handed_back(result),
             Command::DeliveryRead(batch) => self.delivery_read(batch),
@@ -683,10 +690,10 @@ async fn sleep_until(at: Option<Instant>) {
 }
 
 /// Rebuild a partition's state by applying its log's records from the start, up to `until`
-/// (exclusive) or the durable end.
-pub(crate) fn rebuild(log: &Log, until: Option<u64>) -> BrokerResult<PartitionState> {
+/// (exclusive) or the committed end (blocking: reads the log).
+pub(crate) fn rebuild(log: &dyn PartitionLog, until: Option<u64>) -> BrokerResult<PartitionState> {
     let start = log.start_offset();
-    let end = until.unwrap_or_else(|| log.durable_offset());
+    let end = until.unwrap_or_else(|| log.committed_offset());
     let mut state = PartitionState::new(start);
     for record in log.reader(start) {
         let record = record?;
@@ -705,7 +712,7 @@ pub(crate) fn rebuild(log: &Log, until: Option<u64>) -> BrokerResult<PartitionSt
 /// Count the live messages and their bytes from the records that hold their payloads: each
 /// live message's `ENQUEUE`, or its latest `RELOCATE` (the one `payload_offset` names). A second
 /// read of the log, needed only after a purge named messages below the log's start.
-fn recount(log: &Log, state: &mut PartitionState, end: u64) -> BrokerResult<()> {
+fn recount(log: &dyn PartitionLog, state: &mut PartitionState, end: u64) -> BrokerResult<()> {
     let mut count = 0u64;
     let mut bytes = 0u64;
     for record in log.reader(state.start()) {

@@ -16,7 +16,7 @@ const READ_RETRY_AFTER: Duration = Duration::from_millis(100);
 
 /// What a delivery read job returns.
 pub(crate) struct ReadBatch {
-    reader: Option<LogReader>,
+    reader: Option<BoxReader>,
     epoch: u64,
     messages: Vec<Prefetched>,
     failed: bool,

@@ -10,7 +10,7 @@ use super::*;
 
 /// One reader and the payloads it reads, in order, each at or a little past the previous one.
 pub(crate) struct Run {
-    reader: LogReader,
+    reader: BoxReader,
     /// (message id, offset of its payload record).
     items: Vec<(u64, u64)>,
 }
@@ -18,7 +18,7 @@ pub(crate) struct Run {
 /// What [`read_runs`] read.
 pub(crate) struct RunsRead {
     /// The last reader, to read on from where it stopped.
-    pub(super) reader: Option<LogReader>,
+    pub(super) reader: Option<BoxReader>,
     /// (message id, payload offset, payload), in the order asked.
     pub(super) payloads: Vec<(u64, u64, Vec<u8>)>,
     /// Why reading stopped before the end, if it did.
@@ -39,7 +39,7 @@ pub(crate) enum JobDone {
     /// A stopped log that held no delivered message was replaced by an empty one.
     Reset {
         /// The fresh log, or the old one if it could not be taken, or none.
-        log: Option<Arc<Log>>,
+        log: Option<Arc<dyn PartitionLog>>,
         result: BrokerResult<()>,
         count: u64,
         reply: oneshot::Sender<BrokerResult<u64>>,
@@ -97,15 +97,15 @@ pub(super) fn read_runs(runs: Vec<Run>, max_bytes: usize) -> RunsRead {
 }
 
 /// Step `reader` to `at` (at or after its position) and read the payload there.
-fn read_at(reader: &mut LogReader, at: u64) -> BrokerResult<Vec<u8>> {
-    while LogReader::position(reader) < at {
+fn read_at(reader: &mut BoxReader, at: u64) -> BrokerResult<Vec<u8>> {
+    while reader.next_offset() < at {
         match reader.next() {
             Some(Ok(_)) => {}
             Some(Err(e)) => return Err(BrokerError::Log(e)),
             None => return Err(corrupt(at, "live message past the durable end".into())),
         }
     }
-    if LogReader::position(reader) != at {
+    if reader.next_offset() != at {
         return Err(corrupt(at, "reader past the payload".into()));
     }
     match reader.next() {
@@ -134,7 +134,7 @@ impl Owner {
             let reader = match cached.take() {
                 Some(reader)
                     if at
-                        .checked_sub(reader.position())
+                        .checked_sub(reader.next_offset())
                         .is_some_and(|gap| gap <= READER_SKIP_MAX) =>
                 {
                     reader
@@ -221,7 +221,7 @@ impl Owner {
     /// Run `job` on the blocking pool with the log; its answer comes back as `JobDone`.
     pub(super) fn start_log_job(
         &mut self,
-        job: impl FnOnce(Arc<Log>) -> JobDone + Send + 'static,
+        job: impl FnOnce(Arc<dyn PartitionLog>) -> JobDone + Send + 'static,
     ) -> bool {
         if self.log_job.is_some() {
             return false;
@@ -254,7 +254,7 @@ impl Owner {
         }
         let result = match &self.log {
             None => Err(BrokerError::Closed(format!("queue {:?}", self.ctx.queue))),
-            Some(log) => check_state(log, self.state.clone()),
+            Some(log) => check_state(log.as_ref(), self.state.clone()),
         };
         if debug {
             match &result {
@@ -313,8 +313,8 @@ impl Owner {
         } else {
             self.flush_acks();
             loop {
-                if let Some(submission) = self.appending.as_mut() {
-                    let submitted = submission.as_mut().await;
+                if self.appending.is_some() {
+                    let submitted = append::next_submitted(&mut self.appending).await;
                     self.appending = None;
                     self.submitted(submitted);
                 }
@@ -327,32 +327,17 @@ impl Owner {
         if let Some(job) = self.log_job.take() {
             let _ = job.await;
         }
-        let result =
-            match self.log.take() {
-                None => Ok(()),
-                Some(log) => {
-                    match Arc::try_unwrap(log) {
-                        Ok(log) => tokio::task::spawn_blocking(move || {
-                            if delete {
-                                log.delete()
-                            } else {
-                                log.close()
-                            }
-                        })
-                        .await
-                        .map_err(|e| BrokerError::Closed(format!("closing the log: {e}")))
-                        .and_then(|r| r.map_err(BrokerError::from)),
-                        // Held elsewhere (a bug): the last holder's drop closes it.
-                        Err(log) => {
-                            tokio::task::spawn_blocking(move || drop(log));
-                            Err(BrokerError::Closed(format!(
-                                "queue {:?} partition {}: the log is still in use",
-                                self.ctx.queue, self.ctx.index
-                            )))
-                        }
-                    }
-                }
-            };
+        // Closing or deleting syncs and removes files: on the blocking pool. A log still
+        // shared elsewhere (a bug) fails the close; the last holder's drop closes it.
+        let result = match self.log.take() {
+            None => Ok(()),
+            Some(log) => {
+                tokio::task::spawn_blocking(move || if delete { log.delete() } else { log.close() })
+                    .await
+                    .map_err(|e| BrokerError::Closed(format!("closing the log: {e}")))
+                    .and_then(|r| r)
+            }
+        };
         let reply = match exit {
             Exit::Close(reply) | Exit::Delete(reply) => reply,
         };
@@ -363,7 +348,7 @@ impl Owner {
 /// The live state, and the state rebuilt from the log's records up to the same point
 /// (blocking: reads the log).
 fn check_state(
-    log: &Log,
+    log: &dyn PartitionLog,
     mut live: PartitionState,
 ) -> BrokerResult<(PartitionState, PartitionState)> {
     // A prefix removal or hand-back running in the log can take the records from under the

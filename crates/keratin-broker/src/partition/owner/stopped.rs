@@ -110,13 +110,14 @@ impl Owner {
     /// its requests fail as closed or unavailable.
     fn purge_by_reset(&mut self, reply: oneshot::Sender<BrokerResult<u64>>) {
         let count = self.state.live_count();
-        let Some(broker) = self.ctx.broker.upgrade() else {
+        // The broker is going away: no new log.
+        if self.ctx.broker.upgrade().is_none() {
             let _ = reply.send(Err(BrokerError::Closed(format!(
                 "queue {:?}",
                 self.ctx.queue
             ))));
             return;
-        };
+        }
         let Some(log) = self.log.take() else {
             let _ = reply.send(Err(BrokerError::Closed(format!(
                 "queue {:?}",
@@ -125,17 +126,9 @@ impl Owner {
             return;
         };
         self.delivery.forget_reader();
-        let io = broker.io();
-        let segment_size_bytes = self.ctx.segment_size_bytes;
         let commands = self.commands.clone();
         self.log_job = Some(tokio::task::spawn_blocking(move || {
-            let (log, result) = match Arc::try_unwrap(log) {
-                Ok(log) => reset_log(io, log, segment_size_bytes),
-                Err(log) => (
-                    Some(log),
-                    Err(BrokerError::Closed("the log is still in use".into())),
-                ),
-            };
+            let (log, result) = log.reset();
             let _ = commands.send(Command::JobDone(JobDone::Reset {
                 log,
                 result,
@@ -148,7 +141,7 @@ impl Owner {
     /// A reset job returned.
     pub(super) fn reset_done(
         &mut self,
-        log: Option<Arc<Log>>,
+        log: Option<Arc<dyn PartitionLog>>,
         result: BrokerResult<()>,
         count: u64,
         reply: oneshot::Sender<BrokerResult<u64>>,
@@ -172,36 +165,5 @@ impl Owner {
                 let _ = reply.send(Err(error));
             }
         }
-    }
-}
-
-/// Delete `log` and open a fresh one in its directory (blocking). Returns the fresh log, or
-/// none when that failed (until a restart, which opens the directory again).
-fn reset_log(
-    io: Arc<dyn keratin_log::Io>,
-    log: Log,
-    segment_size_bytes: u64,
-) -> (Option<Arc<Log>>, BrokerResult<()>) {
-    let dir = log.dir().to_path_buf();
-    let pool = log.pool().clone();
-    if let Err(error) = log.delete() {
-        // A log stopped at a roll can hold the scratch file of the segment it could not
-        // allocate, which `Log::delete` does not know: the directory stays, without
-        // segments. Anything else is a real failure.
-        match crate::broker::remove_if_no_segments(io.as_ref(), &dir) {
-            Ok(true) => {}
-            Ok(false) => return (None, Err(error.into())),
-            Err(error) => return (None, Err(error)),
-        }
-    }
-    // Spares being prepared from the deleted segments become ready first.
-    pool.flush();
-    let options = keratin_log::LogOptions {
-        full_segment_size_bytes: segment_size_bytes,
-        ..keratin_log::LogOptions::default()
-    };
-    match Log::open(io, &dir, options, Some(pool)) {
-        Ok(log) => (Some(Arc::new(log)), Ok(())),
-        Err(error) => (None, Err(error.into())),
     }
 }
