@@ -15,6 +15,7 @@ use crate::consumer::{Consumer, ConsumerLink, ConsumerSlot, Credit, SubscribeOpt
 use crate::error::{BrokerError, BrokerResult};
 use crate::gate::{OpenGate, PublishGate};
 use crate::meta::{Catalog, MetaFigures, MetaLog, MetaRecord, QueueDecl};
+use crate::partition::dead_letter::{DeadLetterSink, LocalDeadLetters};
 use crate::partition::local_log::LocalLog;
 use crate::partition::log::PartitionLog;
 use crate::partition::owner::{self, rebuild, Command, OwnerContext};
@@ -1036,6 +1037,8 @@ impl BrokerInner {
     /// Spawn the owners of a queue's opened partitions and publish the queue.
     fn spawn_queue(self: &Arc<Self>, decl: &QueueDecl, opened: OpenedPartitions) {
         let mut partitions = Vec::with_capacity(opened.len());
+        let dead_letters: Arc<dyn DeadLetterSink> =
+            Arc::new(LocalDeadLetters::new(Arc::downgrade(self)));
         for (index, (log, state, device)) in opened.into_iter().enumerate() {
             let ctx = OwnerContext {
                 device,
@@ -1044,6 +1047,7 @@ impl BrokerInner {
                 index: index as u32,
                 settings: decl.settings.clone(),
                 broker: Arc::downgrade(self),
+                dead_letters: dead_letters.clone(),
                 clock: self.config.clock.clone(),
                 segment_size_bytes: self.config.segment_size_bytes,
                 publish_timeout: self.config.publish_timeout,

@@ -41,6 +41,7 @@ use crate::broker::BrokerInner;
 use crate::consumer::{ConsumerLink, Delivery, DeliveryPermit, DeliveryTag};
 use crate::error::{BrokerError, BrokerResult};
 use crate::gate::{GateDecision, PublishGate};
+use crate::partition::dead_letter::DeadLetterSink;
 use crate::partition::delivery_state::{DeliveryState, Inflight, Prefetched};
 use crate::partition::log::{BoxReader, LogEvent, LogEvents, PartitionLog, Proposal};
 use crate::partition::prepare::{self, LimitVerdict, CONTROL_ENTRIES_MAX};
@@ -172,6 +173,8 @@ pub(crate) struct OwnerContext {
     pub(crate) index: u32,
     pub(crate) settings: QueueSettings,
     pub(crate) broker: Weak<BrokerInner>,
+    /// Where dead-lettered messages go (the dead-letter queue may be led by another node).
+    pub(crate) dead_letters: Arc<dyn DeadLetterSink>,
     pub(crate) clock: Clock,
     pub(crate) segment_size_bytes: u64,
     /// A publish not confirmed within this answers [`BrokerError::TimedOut`].

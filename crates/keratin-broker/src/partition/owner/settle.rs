@@ -118,15 +118,15 @@ impl Owner {
         self.dead_letter(dead);
     }
 
-    /// Send messages to the dead-letter queue (then settle them as dead-lettered), or drop them
-    /// when the queue has none.
+    /// Send messages to the dead-letter queue through the dead-letter sink (then settle them as
+    /// dead-lettered), or drop them when the queue has none.
     pub(super) fn dead_letter(&mut self, entries: Vec<(u64, Inflight, DeathReason)>) {
         if entries.is_empty() {
             return;
         }
         let target = self.ctx.settings.dead_letter.clone();
-        let broker = self.ctx.broker.upgrade();
-        let (Some(target), Some(broker)) = (target, broker) else {
+        let sink = self.ctx.dead_letters.clone();
+        let (Some(target), true) = (target, sink.is_open()) else {
             let settled = entries.iter().map(|(m, e, _)| (*m, e.size_bytes)).collect();
             self.dead_lettered(settled, false);
             return;
@@ -192,7 +192,7 @@ impl Owner {
             let delivered = if messages.is_empty() {
                 true
             } else {
-                let results = broker.publish_internal(&target, messages).await;
+                let results = sink.publish(&target, messages).await;
                 figures.count_dead_letter_failures(&results);
                 let delivered = results.iter().all(Result::is_ok);
                 if !delivered {
