@@ -15,8 +15,8 @@ use crate::consumer::{Consumer, ConsumerLink, ConsumerSlot, Credit, SubscribeOpt
 use crate::error::{BrokerError, BrokerResult};
 use crate::gate::{OpenGate, PublishGate};
 use crate::meta::{Catalog, MetaFigures, MetaLog, MetaRecord, QueueDecl};
-use crate::partition::dead_letter::{DeadLetterSink, LocalDeadLetters};
-use crate::partition::local_log::LocalLog;
+use crate::partition::dead_letter::{DeadLetterSink, DeadLettering};
+use crate::partition::local_log::{remove_if_no_segments, LocalLog};
 use crate::partition::log::PartitionLog;
 use crate::partition::owner::{self, rebuild, Command, OwnerContext};
 use crate::partition::state::PartitionState;
@@ -1311,20 +1311,38 @@ impl BrokerInner {
     }
 }
 
-/// Remove a log directory that holds no segment file (a deleted log whose directory stayed,
-/// with at most the scratch file of a segment it failed to create): opening it as a log would
-/// create a segment, which needs space a full disk does not have. True if it was removed.
-pub(crate) fn remove_if_no_segments(io: &dyn Io, dir: &Path) -> BrokerResult<bool> {
-    let io_error = |e| keratin_log::LogError::Invalid(format!("{}: {e}", dir.display()));
-    let names = io.read_dir(dir).map_err(io_error)?;
-    if names.iter().any(|name| name.ends_with(".seg")) {
-        return Ok(false);
+/// Dead-lettering into a queue of this node.
+pub(crate) struct LocalDeadLetters {
+    broker: std::sync::Weak<BrokerInner>,
+}
+
+impl LocalDeadLetters {
+    pub(crate) fn new(broker: std::sync::Weak<BrokerInner>) -> LocalDeadLetters {
+        LocalDeadLetters { broker }
     }
-    for name in names {
-        io.remove_file(&dir.join(name)).map_err(io_error)?;
+}
+
+impl DeadLetterSink for LocalDeadLetters {
+    fn is_open(&self) -> bool {
+        self.broker.strong_count() > 0
     }
-    io.remove_dir(dir).map_err(io_error)?;
-    Ok(true)
+
+    fn publish(&self, queue: &str, messages: Vec<Message>) -> DeadLettering {
+        let broker = self.broker.upgrade();
+        let queue = queue.to_string();
+        Box::pin(async move {
+            match broker {
+                Some(broker) => {
+                    let results = broker.publish_internal(&queue, messages).await;
+                    results.into_iter().map(|r| r.map(|_| ())).collect()
+                }
+                None => {
+                    let error = BrokerError::Closed("the broker".into());
+                    messages.iter().map(|_| Err(error.clone())).collect()
+                }
+            }
+        })
+    }
 }
 
 /// Offer a stopped metadata log a heal every `METADATA_HEAL_INTERVAL` until the broker is

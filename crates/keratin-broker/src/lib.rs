@@ -17,8 +17,8 @@
 //!   replication slots in. `partition::local_log`: the single-node implementation over
 //!   `keratin_log::Log` (committed = durable).
 //! - `partition::dead_letter`: `DeadLetterSink`, where dead-lettered messages go (the
-//!   dead-letter queue's leader may be another node); `LocalDeadLetters` publishes through
-//!   this node's broker.
+//!   dead-letter queue's leader may be another node); the broker's `LocalDeadLetters`
+//!   publishes through this node.
 //! - `partition::delivery_state`: what only a leader has: consumers, inflight, returned
 //!   messages, the delivery cursor and read-ahead (volatile).
 //! - `partition::owner`: the task that owns a partition: commands to records, records to state;

@@ -4,19 +4,18 @@
 //! payloads, adds the `x-death-*` headers, hands them here, and settles the originals as
 //! dead-lettered (all delivered) or dropped (any failed; each failure counted).
 //!
-//! [`LocalDeadLetters`] is the single-node path: an internal publish into the dead-letter queue
-//! through this node's broker (never held back by the publish gate, bound by the queue limits).
+//! `LocalDeadLetters` (in `broker.rs`, since it is the broker's own publish) is the single-node
+//! path: an internal publish into the dead-letter queue through this node's broker (never held
+//! back by the publish gate, bound by the queue limits).
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Weak;
 
-use crate::broker::{BrokerInner, Receipt};
-use crate::error::{BrokerError, BrokerResult};
+use crate::error::BrokerResult;
 use crate::record::Message;
 
 /// The outcomes of a dead-lettering publish, one per message, in order.
-pub type DeadLettering = Pin<Box<dyn Future<Output = Vec<BrokerResult<Receipt>>> + Send>>;
+pub type DeadLettering = Pin<Box<dyn Future<Output = Vec<BrokerResult<()>>> + Send>>;
 
 /// Where dead-lettered messages go.
 pub trait DeadLetterSink: Send + Sync + 'static {
@@ -30,40 +29,13 @@ pub trait DeadLetterSink: Send + Sync + 'static {
     fn publish(&self, queue: &str, messages: Vec<Message>) -> DeadLettering;
 }
 
-/// Dead-lettering into a queue of this node.
-pub(crate) struct LocalDeadLetters {
-    broker: Weak<BrokerInner>,
-}
-
-impl LocalDeadLetters {
-    pub(crate) fn new(broker: Weak<BrokerInner>) -> LocalDeadLetters {
-        LocalDeadLetters { broker }
-    }
-}
-
-impl DeadLetterSink for LocalDeadLetters {
-    fn is_open(&self) -> bool {
-        self.broker.strong_count() > 0
-    }
-
-    fn publish(&self, queue: &str, messages: Vec<Message>) -> DeadLettering {
-        let broker = self.broker.upgrade();
-        let queue = queue.to_string();
-        Box::pin(async move {
-            match broker {
-                Some(broker) => broker.publish_internal(&queue, messages).await,
-                None => {
-                    let error = BrokerError::Closed("the broker".into());
-                    messages.iter().map(|_| Err(error.clone())).collect()
-                }
-            }
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::sync::Weak;
+
     use super::*;
+    use crate::broker::LocalDeadLetters;
+    use crate::error::BrokerError;
 
     /// Without a broker nothing is tried: the owner drops at once, and a publish already on its
     /// way fails message by message (each failure is counted).

@@ -4,6 +4,7 @@
 //! covers it. Readers see only durable records. Every record is its owner's proposal, so it
 //! never sends [`LogEvent::Committed`].
 
+use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use keratin_log::{Io, Log, LogError, LogOptions, LogResult, Record};
@@ -173,7 +174,7 @@ fn reset_log(
         // A log stopped at a roll can hold the scratch file of the segment it could not
         // allocate, which `Log::delete` does not know: the directory stays, without
         // segments. Anything else is a real failure.
-        match crate::broker::remove_if_no_segments(io.as_ref(), &dir) {
+        match remove_if_no_segments(io.as_ref(), &dir) {
             Ok(true) => {}
             Ok(false) => return (None, Err(error.into())),
             Err(error) => return (None, Err(error)),
@@ -189,6 +190,22 @@ fn reset_log(
         Ok(log) => (Some(log), Ok(())),
         Err(error) => (None, Err(error.into())),
     }
+}
+
+/// Remove a log directory that holds no segment file (a deleted log whose directory stayed,
+/// with at most the scratch file of a segment it failed to create): opening it as a log would
+/// create a segment, which needs space a full disk does not have. True if it was removed.
+pub(crate) fn remove_if_no_segments(io: &dyn Io, dir: &Path) -> BrokerResult<bool> {
+    let io_error = |e| keratin_log::LogError::Invalid(format!("{}: {e}", dir.display()));
+    let names = io.read_dir(dir).map_err(io_error)?;
+    if names.iter().any(|name| name.ends_with(".seg")) {
+        return Ok(false);
+    }
+    for name in names {
+        io.remove_file(&dir.join(name)).map_err(io_error)?;
+    }
+    io.remove_dir(dir).map_err(io_error)?;
+    Ok(true)
 }
 
 #[cfg(test)]
