@@ -59,8 +59,11 @@ pub enum LogEvent {
     },
     /// Every record below `up_to` is committed, including records this owner did not propose
     /// (a follower's log, or a leader catching up on its predecessor's records): the owner
-    /// reads and applies those. A local log never sends it (every record of a local log is
-    /// its owner's proposal, reported by `Proposed`).
+    /// reads and applies those, in order, while none of its own proposals is pending. So a
+    /// log must fail the pending proposals of an owner that stops leading, and must not take
+    /// an owner's proposals as leader before that owner applied every record committed before
+    /// (its own proposals are applied at their offsets, after those). A local log never sends
+    /// it (every record of a local log is its owner's proposal, reported by `Proposed`).
     Committed {
         /// One past the last committed offset.
         up_to: u64,

@@ -21,6 +21,7 @@ mod admission;
 mod append;
 mod delivery;
 mod disk;
+mod follow;
 mod idle;
 mod reclaim;
 mod settle;
@@ -55,6 +56,7 @@ use crate::Clock;
 pub(crate) use append::Submission;
 pub(crate) use delivery::ReadBatch;
 pub(crate) use disk::{JobDone, RelocationRead};
+pub(crate) use follow::FollowRead;
 
 /// Relocation copies at most this many payload bytes per round, so that one round never holds
 /// up the partition for long: 4 MiB is a few milliseconds of disk bandwidth.
@@ -107,6 +109,8 @@ pub(crate) enum Command {
     DeliveryRead(ReadBatch),
     /// A relocation read job returned.
     RelocationRead(RelocationRead),
+    /// Records committed by another node were read for applying.
+    FollowRead(FollowRead),
     /// A job holding the log (heal, reset, state check) returned.
     JobDone(JobDone),
     CheckState {
@@ -236,6 +240,11 @@ struct Owner {
     deadlines: VecDeque<(Instant, u64)>,
     /// When the last append was made (the idle hand-back counts from it).
     last_append: Instant,
+    /// The log reported every record below this committed (only a replicated log reports
+    /// records this owner did not propose, see `follow.rs`).
+    committed_up_to: u64,
+    /// A read of records committed by another node is out.
+    following: bool,
     /// A hand-back is in the log's queue.
     handing_back: bool,
     /// The log was handed back and nothing was appended since.
@@ -321,6 +330,8 @@ pub(crate) fn spawn(
         appending: None,
         deadlines: VecDeque::new(),
         last_append: Instant::now(),
+        committed_up_to: 0,
+        following: false,
         handing_back: false,
         handed_back: false,
         log_job: None,
@@ -389,6 +400,7 @@ impl Owner {
             self.release_delayed();
             self.expire_publishes();
             self.maybe_heal();
+            self.maybe_follow();
             self.deliver();
             self.maybe_reclaim();
             self.maybe_hand_back();
@@ -492,6 +504,7 @@ impl Owner {
             Command::HandedBack { result } => self.handed_back(result),
             Command::DeliveryRead(batch) => self.delivery_read(batch),
             Command::RelocationRead(read) => self.relocation_read(read),
+            Command::FollowRead(read) => self.follow_read(read),
             Command::JobDone(done) => self.job_done(done),
             Command::CheckState { reply } => self.check_requests.push(reply),
             Command::Close { reply } => return Some(Exit::Close(reply)),

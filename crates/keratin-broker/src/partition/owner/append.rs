@@ -159,28 +159,8 @@ impl Owner {
                 };
                 self.resolve(sequence, outcome);
             }
-            LogEvent::Committed { up_to } => self.committed_elsewhere(up_to),
+            LogEvent::Committed { up_to } => self.committed(up_to),
         }
-    }
-
-    /// Records below `up_to` are committed. Those this owner proposed come as `Proposed`; any
-    /// beyond what it applied and has pending were proposed by another node (a replicated log).
-    /// Until the owner applies those in place, it treats them like a state out of step with
-    /// its log: it stops, and the heal rebuilds the state from the log (which reads them).
-    fn committed_elsewhere(&mut self, up_to: u64) {
-        let proposed = self
-            .pending
-            .iter()
-            .map(|p| p.records.len() as u64)
-            .sum::<u64>();
-        if up_to <= self.state.head() + proposed {
-            return;
-        }
-        tracing::info!(queue = %self.ctx.queue, partition = self.ctx.index, up_to, "records committed by another node; rebuilding the state from the log");
-        self.stop(LogError::Invalid(format!(
-            "records up to offset {up_to} were committed by another node; the state is rebuilt \
-             from the log at the next heal"
-        )));
     }
 
     fn pending_index(&self, sequence: u64) -> Option<usize> {

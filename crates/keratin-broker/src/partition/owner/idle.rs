@@ -31,6 +31,8 @@ impl Owner {
             && !self.reclaim_busy
             && self.stopped.is_none()
             && self.log_job.is_none()
+            && !self.following
+            && self.committed_up_to <= self.state.head()
     }
 
     /// When the idle hand-back is due, if the partition is idle and has not handed back yet.

@@ -150,6 +150,7 @@ impl Owner {
         match result {
             Ok(()) => {
                 self.state = PartitionState::new(0);
+                self.committed_up_to = 0;
                 self.delivery.reset();
                 self.dropping.clear();
                 self.dropping_bytes = 0;
