@@ -15,6 +15,9 @@ use crate::consumer::{Consumer, ConsumerLink, ConsumerSlot, Credit, SubscribeOpt
 use crate::error::{BrokerError, BrokerResult};
 use crate::gate::{OpenGate, PublishGate};
 use crate::meta::{Catalog, MetaFigures, MetaLog, MetaRecord, QueueDecl};
+use crate::partition::dead_letter::{DeadLetterSink, DeadLettering};
+use crate::partition::local_log::{remove_if_no_segments, LocalLog};
+use crate::partition::log::PartitionLog;
 use crate::partition::owner::{self, rebuild, Command, OwnerContext};
 use crate::partition::state::PartitionState;
 use crate::queue::{validate_queue_name, DeadLetterFailure, Queue, QueueSettings};
@@ -363,7 +366,7 @@ impl Drop for Reservation<'_> {
 }
 
 /// One node's partition logs as opened (blocking) before their owners start.
-type OpenedPartitions = Vec<(Log, PartitionState, u64)>;
+type OpenedPartitions = Vec<(Arc<dyn PartitionLog>, PartitionState, u64)>;
 
 /// One broker node.
 #[derive(Clone)]
@@ -876,11 +879,6 @@ impl BrokerInner {
         self.queues.write().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The node's file system seam.
-    pub(crate) fn io(&self) -> Arc<dyn Io> {
-        self.config.io.clone()
-    }
-
     fn queue(&self, name: &str) -> BrokerResult<Arc<Queue>> {
         self.queues_read()
             .get(name)
@@ -1011,7 +1009,12 @@ impl BrokerInner {
                 ..LogOptions::default()
             };
             let log = Log::open(io.clone(), &dir, options, Some(self.pool.clone()))?;
-            let state = rebuild(&log, None)?;
+            let log: Arc<dyn PartitionLog> = Arc::new(LocalLog::new(
+                log,
+                io.clone(),
+                self.config.segment_size_bytes,
+            ));
+            let state = rebuild(log.as_ref(), None)?;
             // The storage directory's: a log creates its own directory at its first append.
             let device = io
                 .device_id(storage)
@@ -1034,6 +1037,8 @@ impl BrokerInner {
     /// Spawn the owners of a queue's opened partitions and publish the queue.
     fn spawn_queue(self: &Arc<Self>, decl: &QueueDecl, opened: OpenedPartitions) {
         let mut partitions = Vec::with_capacity(opened.len());
+        let dead_letters: Arc<dyn DeadLetterSink> =
+            Arc::new(LocalDeadLetters::new(Arc::downgrade(self)));
         for (index, (log, state, device)) in opened.into_iter().enumerate() {
             let ctx = OwnerContext {
                 device,
@@ -1042,6 +1047,7 @@ impl BrokerInner {
                 index: index as u32,
                 settings: decl.settings.clone(),
                 broker: Arc::downgrade(self),
+                dead_letters: dead_letters.clone(),
                 clock: self.config.clock.clone(),
                 segment_size_bytes: self.config.segment_size_bytes,
                 publish_timeout: self.config.publish_timeout,
@@ -1305,20 +1311,38 @@ impl BrokerInner {
     }
 }
 
-/// Remove a log directory that holds no segment file (a deleted log whose directory stayed,
-/// with at most the scratch file of a segment it failed to create): opening it as a log would
-/// create a segment, which needs space a full disk does not have. True if it was removed.
-pub(crate) fn remove_if_no_segments(io: &dyn Io, dir: &Path) -> BrokerResult<bool> {
-    let io_error = |e| keratin_log::LogError::Invalid(format!("{}: {e}", dir.display()));
-    let names = io.read_dir(dir).map_err(io_error)?;
-    if names.iter().any(|name| name.ends_with(".seg")) {
-        return Ok(false);
+/// Dead-lettering into a queue of this node.
+pub(crate) struct LocalDeadLetters {
+    broker: std::sync::Weak<BrokerInner>,
+}
+
+impl LocalDeadLetters {
+    pub(crate) fn new(broker: std::sync::Weak<BrokerInner>) -> LocalDeadLetters {
+        LocalDeadLetters { broker }
     }
-    for name in names {
-        io.remove_file(&dir.join(name)).map_err(io_error)?;
+}
+
+impl DeadLetterSink for LocalDeadLetters {
+    fn is_open(&self) -> bool {
+        self.broker.strong_count() > 0
     }
-    io.remove_dir(dir).map_err(io_error)?;
-    Ok(true)
+
+    fn publish(&self, queue: &str, messages: Vec<Message>) -> DeadLettering {
+        let broker = self.broker.upgrade();
+        let queue = queue.to_string();
+        Box::pin(async move {
+            match broker {
+                Some(broker) => {
+                    let results = broker.publish_internal(&queue, messages).await;
+                    results.into_iter().map(|r| r.map(|_| ())).collect()
+                }
+                None => {
+                    let error = BrokerError::Closed("the broker".into());
+                    messages.iter().map(|_| Err(error.clone())).collect()
+                }
+            }
+        })
+    }
 }
 
 /// Offer a stopped metadata log a heal every `METADATA_HEAL_INTERVAL` until the broker is

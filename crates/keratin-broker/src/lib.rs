@@ -10,6 +10,17 @@
 //!   flight reserve (no lock across disk I/O).
 //! - `queue`: [`Queue`] and [`QueueSettings`]; handles of the partitions' owner tasks.
 //! - `partition::state`: [`PartitionState`], the durable state applied from log records.
+//! - `partition::prepare`: pure functions from commands to records (publish, settle and
+//!   return batching, purge, settings) and the queue limits' verdict; no I/O.
+//! - `partition::log`: [`PartitionLog`](partition::log::PartitionLog), the owner's view of its
+//!   log (propose, commit events, read committed records, storage upkeep): the seam where
+//!   replication slots in. `partition::local_log`: the single-node implementation over
+//!   `keratin_log::Log` (committed = durable).
+//! - `partition::dead_letter`: `DeadLetterSink`, where dead-lettered messages go (the
+//!   dead-letter queue's leader may be another node); the broker's `LocalDeadLetters`
+//!   publishes through this node.
+//! - `partition::delivery_state`: what only a leader has: consumers, inflight, returned
+//!   messages, the delivery cursor and read-ahead (volatile).
 //! - `partition::owner`: the task that owns a partition: commands to records, records to state;
 //!   its children own admission (queue limits, the gate, slowing), settling (acks, returns,
 //!   dead-lettering, purge), delivery, and reclaim (prefix removal, relocation, healing).

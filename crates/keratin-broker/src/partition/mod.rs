@@ -1,5 +1,14 @@
-//! A partition: its durable state machine (`state`) and the task that owns it (`owner`).
+//! A partition: its durable state machine (`state`), the pure step from commands to records
+//! (`prepare`), its log as the owner sees it (`log`, with the single-node `local_log`), the
+//! leader-only delivery state (`delivery_state`), where dead-lettered messages go
+//! (`dead_letter`), the task that owns it all (`owner`), and the idempotent producers'
+//! sequence windows (`producers`, applied with the state once idempotent publishing lands).
 
+pub mod dead_letter;
+pub(crate) mod delivery_state;
+pub mod local_log;
+pub mod log;
 pub(crate) mod owner;
+pub(crate) mod prepare;
 pub mod producers;
 pub mod state;

@@ -1,7 +1,8 @@
 //! The owner task of one partition: the only code that changes the partition. It turns
 //! commands into log records, applies records to the [`PartitionState`] once the log reports them
-//! durable (in offset order), and keeps the volatile delivery bookkeeping: which messages are
-//! inflight to which consumer, which were returned, where the delivery cursor is.
+//! durable (in offset order), and holds the leader-only delivery bookkeeping
+//! ([`DeliveryState`]: which messages are inflight to which consumer, which were returned, where
+//! the delivery cursor is). The records themselves come from the pure `prepare` step.
 //!
 //! The owner never waits for the disk on the async worker it runs on: appends wait for room in
 //! the log's queue asynchronously (`append`), and every call that reads or syncs files (payload
@@ -12,13 +13,15 @@
 //! records are applied in log order, and a payload read ahead is delivered only if its message
 //! is still the next ready one when the read returns.
 //!
-//! Invariant: every live message below `cursor` is in exactly one of `inflight`, `limbo` (its
-//! settle, return or dead-lettering is being written) and `redeliver` (ready again).
+//! Invariant (kept in `DeliveryState`): every live message below its cursor is in exactly one of
+//! `inflight`, `limbo` (its settle, return or dead-lettering is being written) and `redeliver`
+//! (ready again).
 
 mod admission;
 mod append;
 mod delivery;
 mod disk;
+mod follow;
 mod idle;
 mod reclaim;
 mod settle;
@@ -32,23 +35,28 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use keratin_log::{Log, LogError, LogReader, LogResult, PrefixRemoval, Record};
+use keratin_log::{LogError, LogResult, PrefixRemoval};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::broker::BrokerInner;
 use crate::consumer::{ConsumerLink, Delivery, DeliveryPermit, DeliveryTag};
 use crate::error::{BrokerError, BrokerResult};
 use crate::gate::{GateDecision, PublishGate};
+use crate::partition::dead_letter::DeadLetterSink;
+use crate::partition::delivery_state::{DeliveryState, Inflight, Prefetched};
+use crate::partition::log::{BoxReader, LogEvent, LogEvents, PartitionLog, Proposal};
+use crate::partition::prepare::{self, LimitVerdict, CONTROL_ENTRIES_MAX};
 use crate::partition::state::{Applied, PartitionState};
 use crate::queue::{Overflow, PartitionFigures, PartitionHandle, PartitionLimits, QueueSettings};
 use crate::record::{
-    Message, Outcome, PartitionRecord, Purge, Relocate, Returned, Settled, ENQUEUE, RELOCATE,
+    Message, Outcome, PartitionRecord, Relocate, Returned, Settled, ENQUEUE, RELOCATE,
 };
 use crate::Clock;
 
 pub(crate) use append::Submission;
 pub(crate) use delivery::ReadBatch;
 pub(crate) use disk::{JobDone, RelocationRead};
+pub(crate) use follow::FollowRead;
 
 /// Relocation copies at most this many payload bytes per round, so that one round never holds
 /// up the partition for long: 4 MiB is a few milliseconds of disk bandwidth.
@@ -88,10 +96,8 @@ pub(crate) enum Command {
         /// Messages whose payload could not be read: ready again.
         unread: Vec<u64>,
     },
-    AppendDone {
-        sequence: u64,
-        result: LogResult<Range<u64>>,
-    },
+    /// What the partition log reports: a proposal's outcome, or commits.
+    Log(LogEvent),
     PrefixRemoved {
         result: LogResult<PrefixRemoval>,
     },
@@ -103,6 +109,8 @@ pub(crate) enum Command {
     DeliveryRead(ReadBatch),
     /// A relocation read job returned.
     RelocationRead(RelocationRead),
+    /// Records committed by another node were read for applying.
+    FollowRead(FollowRead),
     /// A job holding the log (heal, reset, state check) returned.
     JobDone(JobDone),
     CheckState {
@@ -141,13 +149,6 @@ enum AppendOutcome {
     Refused(BrokerError),
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Inflight {
-    consumer: u64,
-    delivery_count: u32,
-    size_bytes: u32,
-}
-
 /// Why a message goes to the dead-letter queue; sent as the `x-death-reason` header.
 #[derive(Debug, Clone, Copy)]
 enum DeathReason {
@@ -176,6 +177,8 @@ pub(crate) struct OwnerContext {
     pub(crate) index: u32,
     pub(crate) settings: QueueSettings,
     pub(crate) broker: Weak<BrokerInner>,
+    /// Where dead-lettered messages go (the dead-letter queue may be led by another node).
+    pub(crate) dead_letters: Arc<dyn DeadLetterSink>,
     pub(crate) clock: Clock,
     pub(crate) segment_size_bytes: u64,
     /// A publish not confirmed within this answers [`BrokerError::TimedOut`].
@@ -189,22 +192,15 @@ struct Owner {
     ctx: OwnerContext,
     /// Shared with the append in flight and the jobs that need the log itself; `None` once
     /// closed, or while a reset replaces it.
-    log: Option<Arc<Log>>,
+    log: Option<Arc<dyn PartitionLog>>,
     state: PartitionState,
     commands: mpsc::UnboundedSender<Command>,
     figures: Arc<PartitionFigures>,
     pending: VecDeque<PendingAppend>,
     next_sequence: u64,
     stopped: Option<LogError>,
-    consumers: Vec<Arc<ConsumerLink>>,
-    round_robin: usize,
-    cursor: u64,
-    reader: Option<LogReader>,
-    inflight: HashMap<u64, Inflight>,
-    limbo: HashMap<u64, u32>,
-    redeliver: BTreeSet<u64>,
-    /// Delivery counts of returned messages whose RETURN record is not applied yet.
-    counts_pending: HashMap<u64, u32>,
+    /// What only a leader has: consumers, inflight, the cursor, read-ahead.
+    delivery: DeliveryState,
     reclaim_busy: bool,
     reclaim_due: bool,
     /// Publishes held back by slowing, in arrival order, each with when it may be written.
@@ -237,13 +233,18 @@ struct Owner {
     /// Rounds that had a debug check due, to space out checks of long logs.
     state_check_rounds: u64,
     /// Appends not yet handed to the log, in order, behind `appending`.
-    backlog: VecDeque<append::Batch>,
+    backlog: VecDeque<Proposal>,
     /// The append being handed to the log (waiting for room in its queue).
     appending: Option<Submission>,
     /// When each pending publish times out, in sequence order.
     deadlines: VecDeque<(Instant, u64)>,
     /// When the last append was made (the idle hand-back counts from it).
     last_append: Instant,
+    /// The log reported every record below this committed (only a replicated log reports
+    /// records this owner did not propose, see `follow.rs`).
+    committed_up_to: u64,
+    /// A read of records committed by another node is out.
+    following: bool,
     /// A hand-back is in the log's queue.
     handing_back: bool,
     /// The log was handed back and nothing was appended since.
@@ -256,15 +257,6 @@ struct Owner {
     deferred_purges: Vec<oneshot::Sender<BrokerResult<u64>>>,
     /// State checks asked for, answered at the end of the round (see `run_checks`).
     check_requests: Vec<oneshot::Sender<BrokerResult<(PartitionState, PartitionState)>>>,
-    /// A delivery read job is out (it holds `reader`).
-    reading: bool,
-    /// Payloads read ahead for delivery, in delivery order.
-    prefetched: VecDeque<delivery::Prefetched>,
-    /// After a failed read, no delivery read starts before this.
-    read_retry_at: Option<Instant>,
-    /// Bumped when the log's files may change under a reader (heal, reset, hand-back): a reader
-    /// coming back from a job of an older epoch is dropped.
-    reader_epoch: u64,
 }
 
 /// A publish waiting out its slowing delay. It holds no reservation: the gate and the queue
@@ -276,18 +268,9 @@ struct Delayed {
     reply: oneshot::Sender<BrokerResult<Range<u64>>>,
 }
 
-/// Most entries in one SETTLE, RETURN or PURGE record: 4,096 entries of at most 16 bytes are
-/// 64 KiB, well inside the smallest segment (256 KiB), so no round of acks is ever too large to
-/// write.
-const CONTROL_ENTRIES_MAX: usize = 4096;
-
 /// A delivery or drop reuses its reader across at most this many records in between (control
 /// records, settled messages) instead of opening a new one at the payload.
 const READER_SKIP_MAX: u64 = 256;
-
-/// The retry hint of `queue_full`: a consumer frees room at its own pace, so a second is a
-/// reasonable first wait; clients back off further on repeated refusals.
-const QUEUE_FULL_RETRY_AFTER_MS: u32 = 1000;
 
 /// Debug builds check the state against its log after every round while the log holds at most
 /// this many records: at about 1 µs per record read and applied, a millisecond per round.
@@ -302,27 +285,28 @@ const STATE_CHECK_INTERVAL: u64 = 64;
 const HEAL_INTERVAL: Duration = Duration::from_millis(500);
 
 /// Start the owner task of a partition whose log was opened and whose state was rebuilt.
-pub(crate) fn spawn(ctx: OwnerContext, log: Log, state: PartitionState) -> PartitionHandle {
+pub(crate) fn spawn(
+    ctx: OwnerContext,
+    log: Arc<dyn PartitionLog>,
+    state: PartitionState,
+) -> PartitionHandle {
     let (commands, receiver) = mpsc::unbounded_channel();
+    let events = commands.clone();
+    log.start(LogEvents::new(move |event| {
+        let _ = events.send(Command::Log(event));
+    }));
     let figures = Arc::new(PartitionFigures::default());
     let index = ctx.index;
     let mut owner = Owner {
         ctx,
-        log: Some(Arc::new(log)),
+        log: Some(log),
         state,
         commands: commands.clone(),
         figures: figures.clone(),
         pending: VecDeque::new(),
         next_sequence: 0,
         stopped: None,
-        consumers: Vec::new(),
-        round_robin: 0,
-        cursor: 0,
-        reader: None,
-        inflight: HashMap::new(),
-        limbo: HashMap::new(),
-        redeliver: BTreeSet::new(),
-        counts_pending: HashMap::new(),
+        delivery: DeliveryState::default(),
         reclaim_busy: false,
         reclaim_due: true,
         delayed: VecDeque::new(),
@@ -346,16 +330,14 @@ pub(crate) fn spawn(ctx: OwnerContext, log: Log, state: PartitionState) -> Parti
         appending: None,
         deadlines: VecDeque::new(),
         last_append: Instant::now(),
+        committed_up_to: 0,
+        following: false,
         handing_back: false,
         handed_back: false,
         log_job: None,
         heal_retry_at: None,
         deferred_purges: Vec::new(),
         check_requests: Vec::new(),
-        reading: false,
-        prefetched: VecDeque::new(),
-        read_retry_at: None,
-        reader_epoch: 0,
     };
     owner.limits = owner.ctx.settings.partition_limits();
     // Figures are right from the start, before the task first runs.
@@ -418,6 +400,7 @@ impl Owner {
             self.release_delayed();
             self.expire_publishes();
             self.maybe_heal();
+            self.maybe_follow();
             self.deliver();
             self.maybe_reclaim();
             self.maybe_hand_back();
@@ -440,7 +423,7 @@ impl Owner {
         let Some(log) = &self.log else {
             return false;
         };
-        let records = log.durable_offset().saturating_sub(log.start_offset());
+        let records = log.committed_offset().saturating_sub(log.start_offset());
         // Beyond the small-log bound, the interval grows with the log: a check then costs at
         // most 1,024 / 64 = 16 record reads per round, amortized.
         let interval = (records / STATE_CHECK_RECORDS_MAX).max(1) * STATE_CHECK_INTERVAL;
@@ -460,13 +443,19 @@ impl Owner {
                 .unwrap_or(now + HEAL_INTERVAL)
         });
         let deadline = self.deadlines.front().map(|(at, _)| *at);
-        [delayed, heal, deadline, self.read_retry_at, self.idle_at()]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            delayed,
+            heal,
+            deadline,
+            self.delivery.read_retry_at,
+            self.idle_at(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
-    fn log(&self) -> BrokerResult<&Arc<Log>> {
+    fn log(&self) -> BrokerResult<&Arc<dyn PartitionLog>> {
         self.log
             .as_ref()
             .ok_or_else(|| BrokerError::Closed(format!("queue {:?}", self.ctx.queue)))
@@ -489,7 +478,7 @@ impl Owner {
                 internal,
                 reply,
             } => self.publish(payloads, timestamp_ms, internal, reply),
-            Command::Subscribe { link } => self.consumers.push(link),
+            Command::Subscribe { link } => self.delivery.consumers.push(link),
             Command::Unsubscribe { consumer } => self.unsubscribe(consumer),
             Command::Settle {
                 consumer,
@@ -510,11 +499,12 @@ impl Owner {
                 self.not_dead_lettered(unread);
                 self.dead_lettered(entries, delivered);
             }
-            Command::AppendDone { sequence, result } => self.append_done(sequence, result),
+            Command::Log(event) => self.log_event(event),
             Command::PrefixRemoved { result } => self.prefix_removed(result),
             Command::HandedBack { result } => self.handed_back(result),
             Command::DeliveryRead(batch) => self.delivery_read(batch),
             Command::RelocationRead(read) => self.relocation_read(read),
+            Command::FollowRead(read) => self.follow_read(read),
             Command::JobDone(done) => self.job_done(done),
             Command::CheckState { reply } => self.check_requests.push(reply),
             Command::Close { reply } => return Some(Exit::Close(reply)),
@@ -580,7 +570,7 @@ impl Owner {
             PartitionRecord::Enqueue { size_bytes } => self.unreserve(1, u64::from(*size_bytes)),
             PartitionRecord::Settle(entries) => {
                 for entry in entries {
-                    self.limbo.remove(&entry.message);
+                    self.delivery.limbo.remove(&entry.message);
                     self.undrop(entry.message);
                 }
             }
@@ -607,20 +597,18 @@ impl Owner {
                 // count stays pending until the state has caught up with it.
                 for m in messages {
                     let durable = self.state.delivery_count(m);
-                    let caught_up = self.counts_pending.get(&m).is_some_and(|&c| c <= durable);
+                    let caught_up = self
+                        .delivery
+                        .counts_pending
+                        .get(&m)
+                        .is_some_and(|&c| c <= durable);
                     if caught_up || !self.state.is_live(m) {
-                        self.counts_pending.remove(&m);
+                        self.delivery.counts_pending.remove(&m);
                     }
                 }
             }
             Applied::Purged(ranges) => {
-                for (start, end) in ranges {
-                    let gone: Vec<u64> = self.redeliver.range(start..end).copied().collect();
-                    for m in gone {
-                        self.redeliver.remove(&m);
-                        self.counts_pending.remove(&m);
-                    }
-                }
+                self.delivery.purged(&ranges);
                 self.reclaim_due = true;
             }
         }
@@ -649,8 +637,8 @@ impl Owner {
             };
             for m in messages {
                 self.undrop(m);
-                if self.limbo.remove(&m).is_some() {
-                    self.redeliver.insert(m);
+                if self.delivery.limbo.remove(&m).is_some() {
+                    self.delivery.redeliver.insert(m);
                 }
             }
         }
@@ -685,13 +673,13 @@ impl Owner {
 
     fn publish_figures(&mut self) {
         let f = &self.figures;
-        let busy = (self.inflight.len() + self.limbo.len()) as u64;
+        let busy = self.delivery.busy_count();
         f.ready.store(
             self.state.live_count().saturating_sub(busy),
             Ordering::Relaxed,
         );
         f.inflight
-            .store(self.inflight.len() as u64, Ordering::Relaxed);
+            .store(self.delivery.inflight.len() as u64, Ordering::Relaxed);
         f.live_bytes
             .store(self.state.live_bytes(), Ordering::Relaxed);
         if let Some(log) = &self.log {
@@ -718,10 +706,10 @@ async fn sleep_until(at: Option<Instant>) {
 }
 
 /// Rebuild a partition's state by applying its log's records from the start, up to `until`
-/// (exclusive) or the durable end.
-pub(crate) fn rebuild(log: &Log, until: Option<u64>) -> BrokerResult<PartitionState> {
+/// (exclusive) or the committed end (blocking: reads the log).
+pub(crate) fn rebuild(log: &dyn PartitionLog, until: Option<u64>) -> BrokerResult<PartitionState> {
     let start = log.start_offset();
-    let end = until.unwrap_or_else(|| log.durable_offset());
+    let end = until.unwrap_or_else(|| log.committed_offset());
     let mut state = PartitionState::new(start);
     for record in log.reader(start) {
         let record = record?;
@@ -740,7 +728,7 @@ pub(crate) fn rebuild(log: &Log, until: Option<u64>) -> BrokerResult<PartitionSt
 /// Count the live messages and their bytes from the records that hold their payloads: each
 /// live message's `ENQUEUE`, or its latest `RELOCATE` (the one `payload_offset` names). A second
 /// read of the log, needed only after a purge named messages below the log's start.
-fn recount(log: &Log, state: &mut PartitionState, end: u64) -> BrokerResult<()> {
+fn recount(log: &dyn PartitionLog, state: &mut PartitionState, end: u64) -> BrokerResult<()> {
     let mut count = 0u64;
     let mut bytes = 0u64;
     for record in log.reader(state.start()) {

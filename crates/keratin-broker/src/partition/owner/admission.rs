@@ -103,88 +103,55 @@ impl Owner {
     }
 
     pub(super) fn over_limits(&self, count: u64, bytes: u64) -> bool {
-        self.limits.max_messages.is_some_and(|max| count > max)
-            || self.limits.max_bytes.is_some_and(|max| bytes > max)
+        prepare::over_limits(&self.limits, (count, bytes))
     }
 
     /// Below both limits: a small publish fits again. A partition marked full when it refused a
     /// publish stays full until then, so `full` means "refusing now", not "refused once".
     pub(super) fn has_room(&self) -> bool {
-        let (count, bytes) = self.queue_usage();
-        !(self.limits.max_messages.is_some_and(|max| count >= max)
-            || self.limits.max_bytes.is_some_and(|max| bytes >= max))
+        prepare::has_room(&self.limits, self.queue_usage())
     }
 
-    pub(super) fn queue_full_error(&self) -> BrokerError {
-        let what = match (self.limits.max_messages, self.limits.max_bytes) {
-            (Some(m), Some(b)) => format!("max_messages {m} or max_bytes {b} per partition"),
-            (Some(m), None) => format!("max_messages {m} per partition"),
-            (None, Some(b)) => format!("max_bytes {b} per partition"),
-            (None, None) => "its limit".into(),
-        };
-        BrokerError::Limited {
-            reason: "queue_full".into(),
-            retry_after_ms: QUEUE_FULL_RETRY_AFTER_MS,
-            message: format!(
-                "queue {:?} partition {} is full ({what}); consume messages or raise the limit; \
-                 retry after {QUEUE_FULL_RETRY_AFTER_MS} ms",
-                self.ctx.queue, self.ctx.index
-            ),
-        }
-    }
-
-    /// Admit a batch of `count` messages and `bytes` under the queue limits: all or nothing.
-    /// With `drop_oldest` the oldest ready messages make room (only when `drop` is set; without
-    /// it the call only checks that they could); inflight ones are never dropped, so when only
-    /// they remain it refuses like `reject`.
+    /// Admit a batch of `count` messages and `bytes` under the queue limits: all or nothing
+    /// (the verdict is `prepare::limit_verdict`). With `drop_oldest` the oldest ready messages
+    /// make room (only when `drop` is set; without it the call only checks that they could);
+    /// inflight ones are never dropped, so when only they remain it refuses like `reject`.
     pub(super) fn queue_limits(&mut self, count: u64, bytes: u64, drop: bool) -> BrokerResult<()> {
         if !self.limits.is_set() {
             return Ok(());
         }
-        let (used_count, used_bytes) = self.queue_usage();
-        if !self.over_limits(used_count + count, used_bytes + bytes) {
-            self.figures.full.store(0, Ordering::Relaxed);
-            return Ok(());
-        }
-        if self.over_limits(count, bytes) {
-            return Err(BrokerError::Invalid(format!(
-                "a batch of {count} messages and {bytes} bytes can never fit queue {:?}'s limits; \
-                 send smaller batches",
-                self.ctx.queue
-            )));
-        }
-        let refuse = |owner: &mut Owner| {
-            owner.figures.full.store(1, Ordering::Relaxed);
-            owner.figures.rejected_full.fetch_add(1, Ordering::Relaxed);
-            Err(owner.queue_full_error())
-        };
-        if self.limits.overflow == Overflow::Reject {
-            return refuse(self);
-        }
         // Everything not inflight or leaving is ready, and droppable; while a purge is pending
         // nothing is (the ready messages are leaving with it, and no longer count).
-        if self.purges > 0 {
-            return refuse(self);
+        let droppable = || (self.purges == 0).then(|| self.ready_amount());
+        match prepare::limit_verdict(&self.limits, self.queue_usage(), (count, bytes), droppable) {
+            LimitVerdict::Fits => {
+                self.figures.full.store(0, Ordering::Relaxed);
+                Ok(())
+            }
+            LimitVerdict::NeverFits => {
+                Err(prepare::never_fits_error((count, bytes), &self.ctx.queue))
+            }
+            LimitVerdict::Full => {
+                self.figures.full.store(1, Ordering::Relaxed);
+                self.figures.rejected_full.fetch_add(1, Ordering::Relaxed);
+                Err(prepare::queue_full_error(
+                    &self.limits,
+                    &self.ctx.queue,
+                    self.ctx.index,
+                ))
+            }
+            LimitVerdict::FitsAfterDrop if drop => self.drop_oldest(count, bytes),
+            LimitVerdict::FitsAfterDrop => Ok(()),
         }
-        let busy_bytes: u64 = self
-            .inflight
-            .values()
-            .map(|e| u64::from(e.size_bytes))
-            .chain(self.limbo.values().map(|s| u64::from(*s)))
-            .sum();
-        let busy_count = (self.inflight.len() + self.limbo.len()) as u64;
-        let ready_count = self.state.live_count().saturating_sub(busy_count);
-        let ready_bytes = self.state.live_bytes().saturating_sub(busy_bytes);
-        if self.over_limits(
-            used_count.saturating_sub(ready_count) + count,
-            used_bytes.saturating_sub(ready_bytes) + bytes,
-        ) {
-            return refuse(self);
-        }
-        if !drop {
-            return Ok(());
-        }
-        self.drop_oldest(count, bytes)
+    }
+
+    /// The ready messages and their bytes: live ones not inflight or leaving.
+    fn ready_amount(&self) -> prepare::Amount {
+        let (busy_count, busy_bytes) = self.delivery.busy();
+        (
+            self.state.live_count().saturating_sub(busy_count),
+            self.state.live_bytes().saturating_sub(busy_bytes),
+        )
     }
 
     /// Remove the oldest ready messages until `count` more messages and `bytes` fit.
@@ -199,7 +166,7 @@ impl Owner {
             if !self.over_limits(used_count + count, used_bytes + bytes) {
                 break;
             }
-            let Some(m) = self.peek_ready() else {
+            let Some(m) = self.delivery.peek_ready(&self.state) else {
                 break;
             };
             let size = match self.ready_size(m) {
@@ -208,15 +175,15 @@ impl Owner {
                     // All or nothing: the messages picked so far are ready again (first in
                     // line), and the publish is refused.
                     for (picked, _, _) in dropped {
-                        self.limbo.remove(&picked);
+                        self.delivery.limbo.remove(&picked);
                         self.undrop(picked);
-                        self.redeliver.insert(picked);
+                        self.delivery.redeliver.insert(picked);
                     }
                     return Err(error);
                 }
             };
-            self.take_ready(m);
-            self.limbo.insert(m, size);
+            self.delivery.take_ready(m);
+            self.delivery.limbo.insert(m, size);
             self.dropping.insert(m, size);
             self.dropping_bytes += u64::from(size);
             let delivery_count = self.state.delivery_count(m);
@@ -231,7 +198,7 @@ impl Owner {
             ));
         }
         for (m, _, _) in &dropped {
-            self.counts_pending.remove(m);
+            self.delivery.counts_pending.remove(m);
         }
         self.figures
             .overflowed
@@ -244,10 +211,8 @@ impl Owner {
     /// Lowering a `drop_oldest` limit below the current depth trims ready messages.
     pub(super) fn set_settings(&mut self, settings: QueueSettings) {
         self.limits = settings.partition_limits();
-        if let Ok(json) = serde_json::to_vec(&settings) {
-            let record = PartitionRecord::Settings(json);
-            let payload = record.encode();
-            self.append(vec![record], vec![payload], Done::Internal);
+        if let Some(record) = prepare::settings(&settings) {
+            self.append_control(record);
         }
         self.ctx.settings = settings;
         if self.limits.overflow == Overflow::DropOldest {
@@ -299,12 +264,7 @@ impl Owner {
         timestamp_ms: u64,
         reply: oneshot::Sender<BrokerResult<Range<u64>>>,
     ) {
-        let records = payloads
-            .iter()
-            .map(|p| PartitionRecord::Enqueue {
-                size_bytes: p.len() as u32,
-            })
-            .collect();
+        let records = prepare::enqueues(&payloads);
         self.append_at(records, payloads, Done::Publish(reply), timestamp_ms);
     }
 }

@@ -1,55 +1,33 @@
 //! Writing records: each append gets a sequence number and a `PendingAppend` at once, and is
 //! handed to the log in sequence order, one at a time, without blocking the owner: the log's
 //! queue may have no room (`max_pending_bytes`), and waiting for room is a future the owner
-//! polls beside its commands. Tickets are awaited by small tasks that answer `AppendDone`; the
-//! owner applies answers in sequence order. A publish not confirmed within the publish timeout
+//! polls beside its commands. The log reports each proposal's outcome as
+//! [`LogEvent::Proposed`] (for a local log, from a small task awaiting its ticket); the owner
+//! applies answers in sequence order. A publish not confirmed within the publish timeout
 //! is answered [`BrokerError::TimedOut`]; one still waiting for room is withdrawn (never
 //! written), so a stalled disk holds no more publishes in memory than arrive in one timeout.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
-use keratin_log::Ticket;
+use crate::partition::log::Proposing;
 
 use super::*;
 
-/// Records waiting to be handed to the log.
-pub(crate) struct Batch {
-    pub(super) sequence: u64,
-    types: Vec<u8>,
-    payloads: Vec<Vec<u8>>,
-    timestamp_ms: u64,
+/// The proposal being handed to the log (waiting for room in its queue), with its sequence.
+pub(crate) struct Submission {
+    sequence: u64,
+    proposing: Proposing,
 }
 
-/// What handing a batch to the log gave: its sequence and the ticket (or the refusal).
-pub(crate) type Submitted = (u64, LogResult<Ticket<Range<u64>>>);
+/// What handing a proposal to the log gave: its sequence and whether the log took it.
+pub(crate) type Submitted = (u64, LogResult<()>);
 
-/// An append waiting for room in the log's queue.
-pub(crate) type Submission = Pin<Box<dyn Future<Output = Submitted> + Send>>;
-
-/// The append in flight, if any; never resolves without one.
+/// The proposal in flight, if any; never resolves without one.
 pub(super) async fn next_submitted(appending: &mut Option<Submission>) -> Submitted {
     match appending {
-        Some(submission) => submission.as_mut().await,
+        Some(submission) => (submission.sequence, submission.proposing.as_mut().await),
         None => std::future::pending().await,
     }
-}
-
-async fn submit(log: Arc<Log>, batch: Batch) -> Submitted {
-    let records: Vec<Record<'_>> = batch
-        .types
-        .iter()
-        .zip(&batch.payloads)
-        .map(|(record_type, payload)| Record {
-            record_type: *record_type,
-            flags: 0,
-            timestamp_ms: batch.timestamp_ms,
-            payload,
-        })
-        .collect();
-    let result = log.append_async(&records).await;
-    (batch.sequence, result)
 }
 
 impl Owner {
@@ -62,6 +40,13 @@ impl Owner {
     ) {
         let timestamp_ms = (self.ctx.clock)();
         self.append_at(records, payloads, done, timestamp_ms);
+    }
+
+    /// Append one control record (settle, return, settings): its effects come from applying
+    /// it.
+    pub(super) fn append_control(&mut self, record: PartitionRecord) {
+        let payload = record.encode();
+        self.append(vec![record], vec![payload], Done::Internal);
     }
 
     pub(super) fn append_at(
@@ -98,7 +83,7 @@ impl Owner {
         });
         self.last_append = now;
         self.handed_back = false;
-        let batch = Batch {
+        let batch = Proposal {
             sequence,
             types,
             payloads,
@@ -113,18 +98,24 @@ impl Owner {
 
     /// Hand a batch to the log. It usually has room: the first poll queues the records and
     /// the answer is handled at once; otherwise the owner polls it beside its commands.
-    fn start_submission(&mut self, batch: Batch) {
+    fn start_submission(&mut self, batch: Proposal) {
         let Some(log) = self.log.clone() else {
             let error = BrokerError::Closed(format!("queue {:?}", self.ctx.queue));
             self.resolve(batch.sequence, AppendOutcome::Refused(error));
             return;
         };
-        let mut submission: Submission = Box::pin(submit(log, batch));
+        let sequence = batch.sequence;
+        let mut proposing = log.propose(batch);
         let mut cx = Context::from_waker(Waker::noop());
-        match submission.as_mut().poll(&mut cx) {
-            Poll::Ready(submitted) => self.submitted(submitted),
+        match proposing.as_mut().poll(&mut cx) {
+            Poll::Ready(result) => self.submitted((sequence, result)),
             // Polled again (with the task's waker) as the loop's next `select!`.
-            Poll::Pending => self.appending = Some(submission),
+            Poll::Pending => {
+                self.appending = Some(Submission {
+                    sequence,
+                    proposing,
+                })
+            }
         }
     }
 
@@ -138,16 +129,11 @@ impl Owner {
         }
     }
 
-    /// A batch reached the log's queue (await its ticket) or was refused by it.
+    /// A proposal reached the log's queue (its outcome comes as `LogEvent::Proposed`) or was
+    /// refused by it.
     pub(super) fn submitted(&mut self, (sequence, result): Submitted) {
         match result {
-            Ok(ticket) => {
-                let commands = self.commands.clone();
-                tokio::spawn(async move {
-                    let result = ticket.await;
-                    let _ = commands.send(Command::AppendDone { sequence, result });
-                });
-            }
+            Ok(()) => {}
             Err(error) => {
                 // Only a log that stopped stops the partition; a refused request does not.
                 if error.is_stopped() {
@@ -163,12 +149,18 @@ impl Owner {
         }
     }
 
-    pub(super) fn append_done(&mut self, sequence: u64, result: LogResult<Range<u64>>) {
-        let outcome = match result {
-            Ok(range) => AppendOutcome::Durable(range),
-            Err(error) => AppendOutcome::Failed(error),
-        };
-        self.resolve(sequence, outcome);
+    /// What the partition log reported.
+    pub(super) fn log_event(&mut self, event: LogEvent) {
+        match event {
+            LogEvent::Proposed { sequence, result } => {
+                let outcome = match result {
+                    Ok(range) => AppendOutcome::Durable(range),
+                    Err(error) => AppendOutcome::Failed(error),
+                };
+                self.resolve(sequence, outcome);
+            }
+            LogEvent::Committed { up_to } => self.committed(up_to),
+        }
     }
 
     fn pending_index(&self, sequence: u64) -> Option<usize> {

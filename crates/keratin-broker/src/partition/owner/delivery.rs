@@ -14,42 +14,15 @@ const READ_BATCH_BYTES: usize = 256 << 10;
 /// A failed delivery read is tried again after this long (or on the next command).
 const READ_RETRY_AFTER: Duration = Duration::from_millis(100);
 
-/// A message read ahead for delivery.
-pub(crate) struct Prefetched {
-    pub(super) id: u64,
-    message: Message,
-    pub(super) size_bytes: u32,
-}
-
 /// What a delivery read job returns.
 pub(crate) struct ReadBatch {
-    reader: Option<LogReader>,
+    reader: Option<BoxReader>,
     epoch: u64,
     messages: Vec<Prefetched>,
     failed: bool,
 }
 
 impl Owner {
-    /// The next ready message in delivery order, without taking it.
-    pub(super) fn peek_ready(&mut self) -> Option<u64> {
-        while let Some(&m) = self.redeliver.first() {
-            if self.state.is_live(m) {
-                return Some(m);
-            }
-            // Returned after its settle became durable but was answered as failed: the state
-            // rebuilt at the heal knows it is gone.
-            self.redeliver.remove(&m);
-            self.counts_pending.remove(&m);
-        }
-        self.state.next_live(self.cursor)
-    }
-
-    pub(super) fn take_ready(&mut self, m: u64) {
-        if !self.redeliver.remove(&m) {
-            self.cursor = m + 1;
-        }
-    }
-
     /// Hand ready messages to consumers with credit, round robin, while the delivery budgets
     /// have room: the node's (bytes read and not yet handed to a socket), the consumer's
     /// connection's, and the consumer's byte prefetch. A consumer without room is passed over
@@ -63,17 +36,17 @@ impl Owner {
     pub(super) fn deliver(&mut self) {
         // A pending purge names ready messages the state still shows live: delivering one would
         // hand out a message the purge answered as removed (and its segment may soon be gone).
-        if self.consumers.is_empty() || self.log.is_none() || self.purges > 0 {
+        if self.delivery.consumers.is_empty() || self.log.is_none() || self.purges > 0 {
             return;
         }
         let Some(budget) = self.ctx.broker.upgrade().map(|b| b.delivery_budget()) else {
             return;
         };
         let mut passed_over: Vec<u64> = Vec::new();
-        while let Some(front) = self.prefetched.front() {
+        while let Some(front) = self.delivery.prefetched.front() {
             let (m, size_bytes) = (front.id, front.size_bytes);
-            if self.peek_ready() != Some(m) {
-                self.prefetched.clear();
+            if self.delivery.peek_ready(&self.state) != Some(m) {
+                self.delivery.prefetched.clear();
                 break;
             }
             let size = u64::from(size_bytes);
@@ -103,14 +76,11 @@ impl Owner {
                 passed_over.push(link.id);
                 continue;
             }
-            let Some(front) = self.prefetched.pop_front() else {
+            let Some(front) = self.delivery.prefetched.pop_front() else {
                 return;
             };
-            self.take_ready(m);
-            let previous = self
-                .state
-                .delivery_count(m)
-                .max(self.counts_pending.get(&m).copied().unwrap_or(0));
+            self.delivery.take_ready(m);
+            let previous = self.delivery.delivery_count(&self.state, m);
             let delivery_count = previous + 1;
             let delivery = Delivery {
                 tag: DeliveryTag {
@@ -128,10 +98,10 @@ impl Owner {
             if link.sender.try_send(delivery).is_err() {
                 link.credit.release(1);
                 link.credit.release_bytes(link.credit.charge(size_bytes));
-                self.redeliver.insert(m);
+                self.delivery.redeliver.insert(m);
                 continue;
             }
-            self.inflight.insert(
+            self.delivery.inflight.insert(
                 m,
                 Inflight {
                     consumer: link.id,
@@ -140,7 +110,7 @@ impl Owner {
                 },
             );
         }
-        if self.prefetched.is_empty() {
+        if self.delivery.prefetched.is_empty() {
             self.start_delivery_read(&budget);
         }
     }
@@ -148,27 +118,35 @@ impl Owner {
     /// Read the next ready messages ahead, on the blocking pool, when a consumer could take
     /// one and the node's budget has room.
     fn start_delivery_read(&mut self, budget: &Arc<crate::ByteBudget>) {
-        if self.reading || self.read_retry_at.is_some_and(|at| at > Instant::now()) {
+        if self.delivery.reading
+            || self
+                .delivery
+                .read_retry_at
+                .is_some_and(|at| at > Instant::now())
+        {
             return;
         }
-        self.read_retry_at = None;
-        if self.peek_ready().is_none() || !self.some_consumer_has_credit() {
+        self.delivery.read_retry_at = None;
+        if self.delivery.peek_ready(&self.state).is_none()
+            || !self.delivery.some_consumer_has_credit()
+        {
             return;
         }
         if !budget.room_or_wait(1, &self.commands) {
             return;
         }
         let wanted: Vec<(u64, u64)> = self
-            .ready_ids(READ_BATCH_COUNT)
+            .delivery
+            .ready_ids(&self.state, READ_BATCH_COUNT)
             .into_iter()
             .map(|m| (m, self.state.payload_offset(m)))
             .collect();
         let Some(runs) = self.plan_runs(&wanted) else {
             return;
         };
-        self.reading = true;
+        self.delivery.reading = true;
         let commands = self.commands.clone();
-        let epoch = self.reader_epoch;
+        let epoch = self.delivery.reader_epoch;
         let queue = self.ctx.queue.clone();
         tokio::task::spawn_blocking(move || {
             let read = disk::read_runs(runs, READ_BATCH_BYTES);
@@ -202,51 +180,20 @@ impl Owner {
 
     /// A delivery read returned: its payloads wait in `prefetched` for the round's delivery.
     pub(super) fn delivery_read(&mut self, batch: ReadBatch) {
-        self.reading = false;
-        if batch.epoch == self.reader_epoch && self.reader.is_none() {
-            self.reader = batch.reader;
+        self.delivery.reading = false;
+        if batch.epoch == self.delivery.reader_epoch && self.delivery.reader.is_none() {
+            self.delivery.reader = batch.reader;
         }
         if batch.failed {
-            self.read_retry_at = Some(Instant::now() + READ_RETRY_AFTER);
+            self.delivery.read_retry_at = Some(Instant::now() + READ_RETRY_AFTER);
         }
         // Only a read that starts at the next ready message is of use (anything may have
         // changed while it ran); `deliver` checks each one again as it goes.
-        if batch.epoch == self.reader_epoch
-            && batch.messages.first().map(|p| p.id) == self.peek_ready()
+        if batch.epoch == self.delivery.reader_epoch
+            && batch.messages.first().map(|p| p.id) == self.delivery.peek_ready(&self.state)
         {
-            self.prefetched = batch.messages.into();
+            self.delivery.prefetched = batch.messages.into();
         }
-    }
-
-    /// The next `limit` ready messages in delivery order, without taking them.
-    fn ready_ids(&mut self, limit: usize) -> Vec<u64> {
-        let mut ids = Vec::with_capacity(limit.min(64));
-        let state = &self.state;
-        ids.extend(
-            self.redeliver
-                .iter()
-                .copied()
-                .filter(|m| state.is_live(*m))
-                .take(limit),
-        );
-        let mut from = self.cursor;
-        while ids.len() < limit {
-            let Some(m) = self.state.next_live(from) else {
-                break;
-            };
-            ids.push(m);
-            from = m + 1;
-        }
-        ids
-    }
-
-    /// Whether a consumer could take a delivery now (a count credit is free). Only looks: a
-    /// credit taken and given back here could make another partition of the queue find the
-    /// consumer full and wait for a kick that never comes.
-    fn some_consumer_has_credit(&self) -> bool {
-        self.consumers
-            .iter()
-            .any(|link| !link.sender.is_closed() && link.credit.has_credit())
     }
 
     /// The next consumer (round robin) with count credit and, for a message of `known` size
@@ -257,11 +204,11 @@ impl Owner {
         known: Option<u32>,
         passed_over: &[u64],
     ) -> Option<Arc<ConsumerLink>> {
-        let n = self.consumers.len();
+        let n = self.delivery.consumers.len();
         let size = known.unwrap_or(1);
         for i in 0..n {
-            let index = (self.round_robin + i) % n;
-            let link = &self.consumers[index];
+            let index = (self.delivery.round_robin + i) % n;
+            let link = &self.delivery.consumers[index];
             if link.sender.is_closed() || passed_over.contains(&link.id) {
                 continue;
             }
@@ -271,7 +218,7 @@ impl Owner {
                 .is_none_or(|o| o.room_or_wait(u64::from(size), &self.commands))
                 && link.credit.bytes_room(size);
             if room && link.credit.try_acquire() {
-                self.round_robin = index + 1;
+                self.delivery.round_robin = index + 1;
                 return Some(link.clone());
             }
         }
@@ -282,12 +229,12 @@ impl Owner {
     /// holds `m`, else read here, on the owner's thread. This is the one read left on the
     /// async worker: a queue with `drop_oldest` at its limit, and no consumer reading ahead.
     pub(super) fn ready_size(&mut self, m: u64) -> BrokerResult<u32> {
-        if let Some(front) = self.prefetched.front().filter(|p| p.id == m) {
+        if let Some(front) = self.delivery.prefetched.front().filter(|p| p.id == m) {
             let size = front.size_bytes;
-            self.prefetched.pop_front();
+            self.delivery.prefetched.pop_front();
             return Ok(size);
         }
-        self.prefetched.clear();
+        self.delivery.prefetched.clear();
         let at = self.state.payload_offset(m);
         let log = self.log()?;
         let mut reader = log.reader(at);

@@ -10,7 +10,7 @@ use super::*;
 
 /// One reader and the payloads it reads, in order, each at or a little past the previous one.
 pub(crate) struct Run {
-    reader: LogReader,
+    reader: BoxReader,
     /// (message id, offset of its payload record).
     items: Vec<(u64, u64)>,
 }
@@ -18,7 +18,7 @@ pub(crate) struct Run {
 /// What [`read_runs`] read.
 pub(crate) struct RunsRead {
     /// The last reader, to read on from where it stopped.
-    pub(super) reader: Option<LogReader>,
+    pub(super) reader: Option<BoxReader>,
     /// (message id, payload offset, payload), in the order asked.
     pub(super) payloads: Vec<(u64, u64, Vec<u8>)>,
     /// Why reading stopped before the end, if it did.
@@ -39,7 +39,7 @@ pub(crate) enum JobDone {
     /// A stopped log that held no delivered message was replaced by an empty one.
     Reset {
         /// The fresh log, or the old one if it could not be taken, or none.
-        log: Option<Arc<Log>>,
+        log: Option<Arc<dyn PartitionLog>>,
         result: BrokerResult<()>,
         count: u64,
         reply: oneshot::Sender<BrokerResult<u64>>,
@@ -97,15 +97,15 @@ pub(super) fn read_runs(runs: Vec<Run>, max_bytes: usize) -> RunsRead {
 }
 
 /// Step `reader` to `at` (at or after its position) and read the payload there.
-fn read_at(reader: &mut LogReader, at: u64) -> BrokerResult<Vec<u8>> {
-    while LogReader::position(reader) < at {
+fn read_at(reader: &mut BoxReader, at: u64) -> BrokerResult<Vec<u8>> {
+    while reader.next_offset() < at {
         match reader.next() {
             Some(Ok(_)) => {}
             Some(Err(e)) => return Err(BrokerError::Log(e)),
             None => return Err(corrupt(at, "live message past the durable end".into())),
         }
     }
-    if LogReader::position(reader) != at {
+    if reader.next_offset() != at {
         return Err(corrupt(at, "reader past the payload".into()));
     }
     match reader.next() {
@@ -122,7 +122,7 @@ impl Owner {
     pub(super) fn plan_runs(&mut self, wanted: &[(u64, u64)]) -> Option<Vec<Run>> {
         let log = self.log.clone()?;
         let mut runs: Vec<Run> = Vec::new();
-        let mut cached = self.reader.take();
+        let mut cached = self.delivery.reader.take();
         for &(id, at) in wanted {
             if let Some(run) = runs.last_mut() {
                 let last = run.items.last().map_or(0, |(_, at)| *at);
@@ -134,7 +134,7 @@ impl Owner {
             let reader = match cached.take() {
                 Some(reader)
                     if at
-                        .checked_sub(reader.position())
+                        .checked_sub(reader.next_offset())
                         .is_some_and(|gap| gap <= READER_SKIP_MAX) =>
                 {
                     reader
@@ -157,7 +157,7 @@ impl Owner {
         // The reader went into the job: reclaim waits until the copies are applied (or failed).
         self.reclaim_busy = true;
         let commands = self.commands.clone();
-        let epoch = self.reader_epoch;
+        let epoch = self.delivery.reader_epoch;
         let queue = self.ctx.queue.clone();
         tokio::task::spawn_blocking(move || {
             let read = read_runs(runs, RELOCATE_BATCH_BYTES);
@@ -177,7 +177,7 @@ impl Owner {
         self.reclaim_busy = false;
         // A purge written meanwhile may name these messages (a copy applied after it could
         // bring one back), a heal may have rebuilt the state: reclaim looks again later.
-        if read.epoch != self.reader_epoch || self.purges > 0 || self.stopped.is_some() {
+        if read.epoch != self.delivery.reader_epoch || self.purges > 0 || self.stopped.is_some() {
             self.reclaim_due = true;
             return;
         }
@@ -187,7 +187,7 @@ impl Owner {
         for (id, at, payload) in read.payloads {
             // Settled, being settled or dropped meanwhile, or moved: no copy.
             if !self.state.is_live(id)
-                || self.limbo.contains_key(&id)
+                || self.delivery.limbo.contains_key(&id)
                 || self.state.payload_offset(id) != at
             {
                 continue;
@@ -195,7 +195,7 @@ impl Owner {
             // The durable count travels with the copy: the RETURN records that set it may lie
             // in the segments about to be removed. A RETURN written and not yet applied lies
             // before the copy too, so its count travels as well.
-            let pending = self.counts_pending.get(&id).copied().unwrap_or(0);
+            let pending = self.delivery.counts_pending.get(&id).copied().unwrap_or(0);
             let record = PartitionRecord::Relocate(Relocate {
                 message: id,
                 delivery_count: self.state.delivery_count(id).max(pending),
@@ -221,7 +221,7 @@ impl Owner {
     /// Run `job` on the blocking pool with the log; its answer comes back as `JobDone`.
     pub(super) fn start_log_job(
         &mut self,
-        job: impl FnOnce(Arc<Log>) -> JobDone + Send + 'static,
+        job: impl FnOnce(Arc<dyn PartitionLog>) -> JobDone + Send + 'static,
     ) -> bool {
         if self.log_job.is_some() {
             return false;
@@ -254,7 +254,7 @@ impl Owner {
         }
         let result = match &self.log {
             None => Err(BrokerError::Closed(format!("queue {:?}", self.ctx.queue))),
-            Some(log) => check_state(log, self.state.clone()),
+            Some(log) => check_state(log.as_ref(), self.state.clone()),
         };
         if debug {
             match &result {
@@ -303,9 +303,9 @@ impl Owner {
     /// log (its queue drains, a seal is synced); a delete drops them and deletes the log. The
     /// blocking part runs on the blocking pool; the owner waits for it without holding a worker.
     pub(super) async fn finish(mut self, exit: Exit) {
-        self.consumers.clear();
-        self.reader = None;
-        self.prefetched.clear();
+        self.delivery.consumers.clear();
+        self.delivery.reader = None;
+        self.delivery.prefetched.clear();
         let delete = matches!(exit, Exit::Delete(_));
         if delete {
             self.backlog.clear();
@@ -313,8 +313,8 @@ impl Owner {
         } else {
             self.flush_acks();
             loop {
-                if let Some(submission) = self.appending.as_mut() {
-                    let submitted = submission.as_mut().await;
+                if self.appending.is_some() {
+                    let submitted = append::next_submitted(&mut self.appending).await;
                     self.appending = None;
                     self.submitted(submitted);
                 }
@@ -327,32 +327,17 @@ impl Owner {
         if let Some(job) = self.log_job.take() {
             let _ = job.await;
         }
-        let result =
-            match self.log.take() {
-                None => Ok(()),
-                Some(log) => {
-                    match Arc::try_unwrap(log) {
-                        Ok(log) => tokio::task::spawn_blocking(move || {
-                            if delete {
-                                log.delete()
-                            } else {
-                                log.close()
-                            }
-                        })
-                        .await
-                        .map_err(|e| BrokerError::Closed(format!("closing the log: {e}")))
-                        .and_then(|r| r.map_err(BrokerError::from)),
-                        // Held elsewhere (a bug): the last holder's drop closes it.
-                        Err(log) => {
-                            tokio::task::spawn_blocking(move || drop(log));
-                            Err(BrokerError::Closed(format!(
-                                "queue {:?} partition {}: the log is still in use",
-                                self.ctx.queue, self.ctx.index
-                            )))
-                        }
-                    }
-                }
-            };
+        // Closing or deleting syncs and removes files: on the blocking pool. A log still
+        // shared elsewhere (a bug) fails the close; the last holder's drop closes it.
+        let result = match self.log.take() {
+            None => Ok(()),
+            Some(log) => {
+                tokio::task::spawn_blocking(move || if delete { log.delete() } else { log.close() })
+                    .await
+                    .map_err(|e| BrokerError::Closed(format!("closing the log: {e}")))
+                    .and_then(|r| r)
+            }
+        };
         let reply = match exit {
             Exit::Close(reply) | Exit::Delete(reply) => reply,
         };
@@ -363,7 +348,7 @@ impl Owner {
 /// The live state, and the state rebuilt from the log's records up to the same point
 /// (blocking: reads the log).
 fn check_state(
-    log: &Log,
+    log: &dyn PartitionLog,
     mut live: PartitionState,
 ) -> BrokerResult<(PartitionState, PartitionState)> {
     // A prefix removal or hand-back running in the log can take the records from under the

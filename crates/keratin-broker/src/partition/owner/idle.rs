@@ -19,10 +19,7 @@ impl Owner {
     /// its way to or from the log.
     fn holds_nothing(&self) -> bool {
         self.state.live_count() == 0
-            && self.inflight.is_empty()
-            && self.limbo.is_empty()
-            && self.redeliver.is_empty()
-            && self.counts_pending.is_empty()
+            && self.delivery.is_quiet()
             && self.dropping.is_empty()
             && self.pending.is_empty()
             && self.backlog.is_empty()
@@ -34,7 +31,8 @@ impl Owner {
             && !self.reclaim_busy
             && self.stopped.is_none()
             && self.log_job.is_none()
-            && !self.reading
+            && !self.following
+            && self.committed_up_to <= self.state.head()
     }
 
     /// When the idle hand-back is due, if the partition is idle and has not handed back yet.
@@ -67,9 +65,7 @@ impl Owner {
                 self.handing_back = true;
                 self.handed_back = true;
                 // Readers hold the files being handed back.
-                self.reader = None;
-                self.reader_epoch += 1;
-                self.prefetched.clear();
+                self.delivery.forget_reader();
                 let commands = self.commands.clone();
                 tokio::spawn(async move {
                     let result = ticket.await;

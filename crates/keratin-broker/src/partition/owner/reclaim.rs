@@ -29,7 +29,7 @@ impl Owner {
             let healed = log
                 .heal()
                 .map_err(BrokerError::from)
-                .and_then(|()| rebuild(&log, None));
+                .and_then(|()| rebuild(log.as_ref(), None));
             JobDone::Healed(healed)
         });
     }
@@ -64,9 +64,7 @@ impl Owner {
             "the healed log lost applied records"
         );
         self.state = state;
-        let live = &self.state;
-        self.redeliver.retain(|m| live.is_live(*m));
-        self.counts_pending.retain(|m, _| live.is_live(*m));
+        self.delivery.rebuilt(&self.state);
         self.state_check_due = true;
     }
 
@@ -82,9 +80,10 @@ impl Owner {
         let Some(log) = self.log.as_ref() else {
             return;
         };
-        let stats = log.stats();
+        let space = log.space();
+        let bases = &space.segment_bases;
         let pin = self.state.pinned_offset();
-        if stats.segments.len() >= 2 && stats.segments[1].base_offset <= pin {
+        if bases.len() >= 2 && bases[1] <= pin {
             match log.remove_prefix(pin) {
                 Ok(ticket) => {
                     self.reclaim_busy = true;
@@ -99,8 +98,8 @@ impl Owner {
             return;
         }
         let bound = 2 * self.state.live_bytes() + 2 * self.ctx.segment_size_bytes;
-        if stats.disk_bytes > bound && stats.segments.len() > 2 && self.relocation_fits() {
-            let first = (stats.segments[0].base_offset, stats.segments[1].base_offset);
+        if space.disk_bytes > bound && bases.len() > 2 && self.relocation_fits() {
+            let first = (bases[0], bases[1]);
             self.relocate(first);
         }
     }
@@ -120,7 +119,7 @@ impl Owner {
         // record would bring it back (found by the adversarial space test: acked messages were
         // delivered again).
         // (Acks waiting for this round's SETTLE record are in `limbo` too.)
-        ids.retain(|id| !self.limbo.contains_key(id));
+        ids.retain(|id| !self.delivery.limbo.contains_key(id));
         ids.sort_unstable();
         let wanted: Vec<(u64, u64)> = ids
             .into_iter()

@@ -11,14 +11,14 @@ impl Owner {
         let mut settled = 0u32;
         let mut settled_sizes = Vec::new();
         for m in messages {
-            let Some(entry) = self.inflight.get(&m).copied() else {
+            let Some(entry) = self.delivery.inflight.get(&m).copied() else {
                 continue;
             };
             if entry.consumer != consumer {
                 continue;
             }
-            self.inflight.remove(&m);
-            self.limbo.insert(m, entry.size_bytes);
+            self.delivery.inflight.remove(&m);
+            self.delivery.limbo.insert(m, entry.size_bytes);
             settled += 1;
             settled_sizes.push(entry.size_bytes);
             match reject {
@@ -37,7 +37,7 @@ impl Owner {
         self.dead_letter(dead);
         // The credit comes back only now, after returned messages are ready again: they go
         // out before newer ones. Other partitions of the queue are woken if they were waiting.
-        if let Some(link) = self.consumers.iter().find(|c| c.id == consumer) {
+        if let Some(link) = self.delivery.consumers.iter().find(|c| c.id == consumer) {
             let bytes = settled_sizes.iter().map(|s| link.credit.charge(*s)).sum();
             let bytes_freed = link.credit.release_bytes(bytes);
             if link.credit.release(settled) || bytes_freed {
@@ -58,13 +58,10 @@ impl Owner {
         self.write_settles(acks);
     }
 
-    /// Settles as records of at most `CONTROL_ENTRIES_MAX` entries each, so that a round of
-    /// many acks never makes a record larger than a segment.
+    /// Settles as records of at most `CONTROL_ENTRIES_MAX` entries each (`prepare::settles`).
     pub(super) fn write_settles(&mut self, settled: Vec<Settled>) {
-        for chunk in settled.chunks(CONTROL_ENTRIES_MAX) {
-            let record = PartitionRecord::Settle(chunk.to_vec());
-            let payload = record.encode();
-            self.append(vec![record], vec![payload], Done::Internal);
+        for record in prepare::settles(&settled) {
+            self.append_control(record);
         }
     }
 
@@ -97,47 +94,39 @@ impl Owner {
             return;
         }
         for r in &returns {
-            self.limbo.remove(&r.message);
-            self.redeliver.insert(r.message);
-            self.counts_pending.insert(r.message, r.delivery_count);
+            self.delivery.limbo.remove(&r.message);
+            self.delivery.redeliver.insert(r.message);
+            self.delivery
+                .counts_pending
+                .insert(r.message, r.delivery_count);
         }
-        for chunk in returns.chunks(CONTROL_ENTRIES_MAX) {
-            let record = PartitionRecord::Return(chunk.to_vec());
-            let payload = record.encode();
-            self.append(vec![record], vec![payload], Done::Internal);
+        for record in prepare::returns(&returns) {
+            self.append_control(record);
         }
     }
 
     /// A consumer went away: its inflight messages are ready again, ahead of newer ones.
     pub(super) fn unsubscribe(&mut self, consumer: u64) {
-        self.consumers.retain(|c| c.id != consumer);
-        let mut theirs: Vec<(u64, Inflight)> = self
-            .inflight
-            .iter()
-            .filter(|(_, e)| e.consumer == consumer)
-            .map(|(&m, &e)| (m, e))
-            .collect();
-        theirs.sort_by_key(|(m, _)| *m);
+        let theirs = self.delivery.unsubscribe(consumer);
         let mut returns = Vec::new();
         let mut dead = Vec::new();
         for (m, entry) in theirs {
-            self.inflight.remove(&m);
-            self.limbo.insert(m, entry.size_bytes);
+            self.delivery.limbo.insert(m, entry.size_bytes);
             self.sort_return(m, entry, &mut returns, &mut dead);
         }
         self.write_returns(returns);
         self.dead_letter(dead);
     }
 
-    /// Send messages to the dead-letter queue (then settle them as dead-lettered), or drop them
-    /// when the queue has none.
+    /// Send messages to the dead-letter queue through the dead-letter sink (then settle them as
+    /// dead-lettered), or drop them when the queue has none.
     pub(super) fn dead_letter(&mut self, entries: Vec<(u64, Inflight, DeathReason)>) {
         if entries.is_empty() {
             return;
         }
         let target = self.ctx.settings.dead_letter.clone();
-        let broker = self.ctx.broker.upgrade();
-        let (Some(target), Some(broker)) = (target, broker) else {
+        let sink = self.ctx.dead_letters.clone();
+        let (Some(target), true) = (target, sink.is_open()) else {
             let settled = entries.iter().map(|(m, e, _)| (*m, e.size_bytes)).collect();
             self.dead_lettered(settled, false);
             return;
@@ -203,7 +192,7 @@ impl Owner {
             let delivered = if messages.is_empty() {
                 true
             } else {
-                let results = broker.publish_internal(&target, messages).await;
+                let results = sink.publish(&target, messages).await;
                 figures.count_dead_letter_failures(&results);
                 let delivered = results.iter().all(Result::is_ok);
                 if !delivered {
@@ -222,9 +211,9 @@ impl Owner {
     /// Messages whose payload could not be read for dead-lettering are ready again.
     pub(super) fn not_dead_lettered(&mut self, unread: Vec<u64>) {
         for m in unread {
-            self.limbo.remove(&m);
+            self.delivery.limbo.remove(&m);
             self.undrop(m);
-            self.redeliver.insert(m);
+            self.delivery.redeliver.insert(m);
         }
     }
 
@@ -260,56 +249,46 @@ impl Owner {
         // Inflight and leaving messages stay. Only live ones count: an entry of a message
         // that is no longer live would make the totals disagree with the ranges.
         let busy: BTreeSet<u64> = self
+            .delivery
             .inflight
             .keys()
-            .chain(self.limbo.keys())
+            .chain(self.delivery.limbo.keys())
             .copied()
             .filter(|m| self.state.is_live(*m))
             .collect();
         let busy_bytes: u64 = self
+            .delivery
             .inflight
             .iter()
             .map(|(m, e)| (m, e.size_bytes))
-            .chain(self.limbo.iter().map(|(m, s)| (m, *s)))
+            .chain(self.delivery.limbo.iter().map(|(m, s)| (m, *s)))
             .filter(|(m, _)| self.state.is_live(**m))
             .map(|(_, s)| u64::from(s))
             .sum();
-        let ranges = split_around(self.state.live_ranges(0, self.state.head()), &busy);
-        let count: u64 = ranges.iter().map(|(start, end)| end - start).sum();
+        let ready_bytes = self.state.live_bytes().saturating_sub(busy_bytes);
+        let live_ranges = self.state.live_ranges(0, self.state.head());
+        let plan = prepare::purge(live_ranges, &busy, ready_bytes);
         // The ranges are authoritative (a count taken from them cannot underflow); a live count
         // that disagrees is a bug in the state machine, caught in debug builds.
         debug_assert_eq!(
-            count + busy.len() as u64,
+            plan.count + busy.len() as u64,
             self.state.live_count(),
             "the live count disagrees with the live ranges"
         );
-        if count == 0 {
+        if plan.count == 0 {
             let _ = reply.send(Ok(0));
             return;
         }
-        let bytes = self.state.live_bytes().saturating_sub(busy_bytes);
-        self.purging_count += count;
-        self.purging_bytes += bytes;
-        // Totals ride on the first record (applying them is additive); the answer on the last.
-        let mut totals = Some((count, bytes));
-        let chunks: Vec<Vec<(u64, u64)>> = ranges
-            .chunks(CONTROL_ENTRIES_MAX)
-            .map(<[(u64, u64)]>::to_vec)
-            .collect();
-        let last = chunks.len().saturating_sub(1);
+        self.purging_count += plan.count;
+        self.purging_bytes += plan.bytes;
+        let last = plan.records.len().saturating_sub(1);
         let mut reply = Some(reply);
         // Counted once: the last record's answer (or failure) ends the purge.
         self.purges += 1;
-        for (i, ranges) in chunks.into_iter().enumerate() {
-            let (count_part, bytes_part) = totals.take().unwrap_or((0, 0));
-            let record = PartitionRecord::Purge(Purge {
-                ranges,
-                count: count_part,
-                bytes: bytes_part,
-            });
+        for (i, record) in plan.records.into_iter().enumerate() {
             let payload = record.encode();
             let done = match (i == last, reply.take()) {
-                (true, Some(reply)) => Done::Purge(reply, count),
+                (true, Some(reply)) => Done::Purge(reply, plan.count),
                 (_, other) => {
                     reply = other;
                     Done::Internal
@@ -317,37 +296,5 @@ impl Owner {
             };
             self.append(vec![record], vec![payload], done);
         }
-    }
-}
-
-/// Cut the message ids in `busy` out of `ranges`.
-fn split_around(ranges: Vec<(u64, u64)>, busy: &BTreeSet<u64>) -> Vec<(u64, u64)> {
-    let mut out = Vec::with_capacity(ranges.len());
-    for (start, end) in ranges {
-        let mut at = start;
-        for &b in busy.range(start..end) {
-            if at < b {
-                out.push((at, b));
-            }
-            at = b + 1;
-        }
-        if at < end {
-            out.push((at, end));
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn split_around_cuts_busy_ids_out() {
-        let busy: BTreeSet<u64> = [2, 3, 7].into_iter().collect();
-        assert_eq!(
-            split_around(vec![(0, 5), (6, 9)], &busy),
-            vec![(0, 2), (4, 5), (6, 7), (8, 9)]
-        );
     }
 }

@@ -75,7 +75,10 @@ impl Owner {
             self.deferred_purges.push(reply);
             return None;
         }
-        if self.inflight.is_empty() && self.limbo.is_empty() && self.acks.is_empty() {
+        if self.delivery.inflight.is_empty()
+            && self.delivery.limbo.is_empty()
+            && self.acks.is_empty()
+        {
             self.purge_by_reset(reply);
             return None;
         }
@@ -91,9 +94,7 @@ impl Owner {
         self.stopped = None;
         self.heal_retry_at = None;
         self.figures.heals.fetch_add(1, Ordering::Relaxed);
-        self.reader = None;
-        self.reader_epoch += 1;
-        self.prefetched.clear();
+        self.delivery.forget_reader();
         self.reclaim_busy = false;
         self.reclaim_due = true;
     }
@@ -109,13 +110,14 @@ impl Owner {
     /// its requests fail as closed or unavailable.
     fn purge_by_reset(&mut self, reply: oneshot::Sender<BrokerResult<u64>>) {
         let count = self.state.live_count();
-        let Some(broker) = self.ctx.broker.upgrade() else {
+        // The broker is going away: no new log.
+        if self.ctx.broker.upgrade().is_none() {
             let _ = reply.send(Err(BrokerError::Closed(format!(
                 "queue {:?}",
                 self.ctx.queue
             ))));
             return;
-        };
+        }
         let Some(log) = self.log.take() else {
             let _ = reply.send(Err(BrokerError::Closed(format!(
                 "queue {:?}",
@@ -123,20 +125,10 @@ impl Owner {
             ))));
             return;
         };
-        self.reader = None;
-        self.reader_epoch += 1;
-        self.prefetched.clear();
-        let io = broker.io();
-        let segment_size_bytes = self.ctx.segment_size_bytes;
+        self.delivery.forget_reader();
         let commands = self.commands.clone();
         self.log_job = Some(tokio::task::spawn_blocking(move || {
-            let (log, result) = match Arc::try_unwrap(log) {
-                Ok(log) => reset_log(io, log, segment_size_bytes),
-                Err(log) => (
-                    Some(log),
-                    Err(BrokerError::Closed("the log is still in use".into())),
-                ),
-            };
+            let (log, result) = log.reset();
             let _ = commands.send(Command::JobDone(JobDone::Reset {
                 log,
                 result,
@@ -149,7 +141,7 @@ impl Owner {
     /// A reset job returned.
     pub(super) fn reset_done(
         &mut self,
-        log: Option<Arc<Log>>,
+        log: Option<Arc<dyn PartitionLog>>,
         result: BrokerResult<()>,
         count: u64,
         reply: oneshot::Sender<BrokerResult<u64>>,
@@ -158,9 +150,8 @@ impl Owner {
         match result {
             Ok(()) => {
                 self.state = PartitionState::new(0);
-                self.cursor = 0;
-                self.redeliver.clear();
-                self.counts_pending.clear();
+                self.committed_up_to = 0;
+                self.delivery.reset();
                 self.dropping.clear();
                 self.dropping_bytes = 0;
                 self.disk_bytes = 0;
@@ -175,36 +166,5 @@ impl Owner {
                 let _ = reply.send(Err(error));
             }
         }
-    }
-}
-
-/// Delete `log` and open a fresh one in its directory (blocking). Returns the fresh log, or
-/// none when that failed (until a restart, which opens the directory again).
-fn reset_log(
-    io: Arc<dyn keratin_log::Io>,
-    log: Log,
-    segment_size_bytes: u64,
-) -> (Option<Arc<Log>>, BrokerResult<()>) {
-    let dir = log.dir().to_path_buf();
-    let pool = log.pool().clone();
-    if let Err(error) = log.delete() {
-        // A log stopped at a roll can hold the scratch file of the segment it could not
-        // allocate, which `Log::delete` does not know: the directory stays, without
-        // segments. Anything else is a real failure.
-        match crate::broker::remove_if_no_segments(io.as_ref(), &dir) {
-            Ok(true) => {}
-            Ok(false) => return (None, Err(error.into())),
-            Err(error) => return (None, Err(error)),
-        }
-    }
-    // Spares being prepared from the deleted segments become ready first.
-    pool.flush();
-    let options = keratin_log::LogOptions {
-        full_segment_size_bytes: segment_size_bytes,
-        ..keratin_log::LogOptions::default()
-    };
-    match Log::open(io, &dir, options, Some(pool)) {
-        Ok(log) => (Some(Arc::new(log)), Ok(())),
-        Err(error) => (None, Err(error.into())),
     }
 }

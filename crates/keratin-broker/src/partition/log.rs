@@ -1,0 +1,178 @@
+//! `PartitionLog`: the partition owner's view of its log, the seam where replication slots in.
+//! The owner proposes records and applies them once the log reports them **committed**, in
+//! offset order; it reads committed records back by offset; it never sees a record that is not
+//! committed. [`LocalLog`](super::local_log::LocalLog) is the single-node implementation over
+//! `keratin_log::Log` (committed = durable after the group commit's sync). A replicated
+//! implementation (the `keratin-raft` adapter crate) commits on a majority.
+//!
+//! The methods fall in two groups, both on this one trait because every node keeps its own
+//! copy of the log in its own storage, replicated or not:
+//! - **replication**: [`PartitionLog::propose`], the [`LogEvents`] of commits (including records
+//!   this owner did not propose), [`PartitionLog::reader`] of committed records,
+//!   [`PartitionLog::committed_offset`], [`PartitionLog::start_offset`],
+//!   [`PartitionLog::truncate_suffix`];
+//! - **storage upkeep** of this node's copy: heal after a write error, prefix removal below the
+//!   lowest live payload (space reclaim; on a replicated log, this node's compaction, never
+//!   above what it applied), hand-back of an idle log's segments, space figures, close,
+//!   delete, and the reset of a stopped log.
+//!
+//! Threads: the owner runs on an async worker and must never block it. `propose`,
+//! `remove_prefix` and `hand_back` return futures that never block; methods documented as
+//! blocking (`reader`'s iteration, `heal`, `truncate_suffix`, `close`, `delete`, `reset`) run on
+//! the blocking pool; the figures (`committed_offset`, `start_offset`, `disk_bytes`, `space`,
+//! `tail_room_bytes`) take a short lock.
+
+use std::future::Future;
+use std::ops::Range;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use keratin_log::{LogReader, LogResult, PrefixRemoval, ReadRecord};
+
+use crate::error::BrokerResult;
+
+/// Records the owner proposes, with its own sequence number: what the log reports back names
+/// it.
+pub struct Proposal {
+    /// The owner's sequence number of this proposal (increasing by one per proposal).
+    pub sequence: u64,
+    /// Each record's type byte (`record::ENQUEUE`...), one per payload.
+    pub types: Vec<u8>,
+    /// Each record's payload, as written.
+    pub payloads: Vec<Vec<u8>>,
+    /// The records' timestamp.
+    pub timestamp_ms: u64,
+}
+
+/// What a partition log tells its owner. Sent from any thread, possibly out of order between
+/// proposals (the owner orders `Proposed` answers by sequence).
+#[derive(Debug)]
+pub enum LogEvent {
+    /// Proposal `sequence` ended: committed at these offsets, or failed. A failure after the
+    /// proposal was queued means the outcome is unknown (the records may be committed; the log
+    /// is then stopped, and a heal tells).
+    Proposed {
+        /// The proposal's sequence number.
+        sequence: u64,
+        /// Its offsets, or why it failed.
+        result: LogResult<Range<u64>>,
+    },
+    /// Every record below `up_to` is committed, including records this owner did not propose
+    /// (a follower's log, or a leader catching up on its predecessor's records): the owner
+    /// reads and applies those, in order, while none of its own proposals is pending. So a
+    /// log must fail the pending proposals of an owner that stops leading, and must not take
+    /// an owner's proposals as leader before that owner applied every record committed before
+    /// (its own proposals are applied at their offsets, after those). A local log never sends
+    /// it (every record of a local log is its owner's proposal, reported by `Proposed`).
+    Committed {
+        /// One past the last committed offset.
+        up_to: u64,
+    },
+}
+
+/// Where a log sends its [`LogEvent`]s: the owner's command channel. Cheap to clone.
+#[derive(Clone)]
+pub struct LogEvents(Arc<dyn Fn(LogEvent) + Send + Sync>);
+
+impl LogEvents {
+    /// Events go to `send`, which must not block.
+    pub fn new(send: impl Fn(LogEvent) + Send + Sync + 'static) -> LogEvents {
+        LogEvents(Arc::new(send))
+    }
+
+    /// Report `event`.
+    pub fn send(&self, event: LogEvent) {
+        (self.0)(event)
+    }
+}
+
+/// A proposal on its way into the log's queue: resolves `Ok` once the log has taken it (its
+/// outcome then comes as [`LogEvent::Proposed`]), or with the refusal (nothing was written).
+/// It may wait for room in the log's queue; dropping it before it resolves withdraws the
+/// proposal.
+pub type Proposing = Pin<Box<dyn Future<Output = LogResult<()>> + Send>>;
+
+/// A prefix removal or hand-back in the log's queue.
+pub type Removing = Pin<Box<dyn Future<Output = LogResult<PrefixRemoval>> + Send>>;
+
+/// Reads committed records in offset order (blocking: run it on the blocking pool).
+pub trait PartitionReader: Iterator<Item = LogResult<ReadRecord>> + Send {
+    /// The offset of the next record it reads. (Not `position`: `Iterator` has one.)
+    fn next_offset(&self) -> u64;
+}
+
+impl PartitionReader for LogReader {
+    fn next_offset(&self) -> u64 {
+        LogReader::position(self)
+    }
+}
+
+/// A reader of a partition log.
+pub type BoxReader = Box<dyn PartitionReader>;
+
+/// This node's storage figures of a log, for space reclaim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogSpace {
+    /// Allocated bytes of its segment files.
+    pub disk_bytes: u64,
+    /// The first offset of each segment, oldest first.
+    pub segment_bases: Vec<u64>,
+}
+
+/// The log of one partition, as its owner uses it. See the module docs.
+pub trait PartitionLog: Send + Sync + 'static {
+    /// Where this log reports proposals' outcomes and commits. Called once, by the owner, before
+    /// its first proposal.
+    fn start(&self, events: LogEvents);
+
+    /// Propose records. They get consecutive offsets in proposal order; once committed they are
+    /// reported as [`LogEvent::Proposed`] (never before they are committed: for a local log,
+    /// after the sync that covers them).
+    fn propose(self: Arc<Self>, proposal: Proposal) -> Proposing;
+
+    /// A reader of committed records from `offset` (at or above `start_offset`).
+    fn reader(&self, offset: u64) -> BoxReader;
+
+    /// One past the last committed record.
+    fn committed_offset(&self) -> u64;
+
+    /// The first offset held (records below it were removed).
+    fn start_offset(&self) -> u64;
+
+    /// Drop the records from `from` on, which must not be committed (a replicated log's follower
+    /// or new leader cutting a divergent suffix). Blocking. A local log holds nothing past its
+    /// committed offset: it accepts `from` at or past it and refuses anything lower.
+    fn truncate_suffix(&self, from: u64) -> LogResult<()>;
+
+    /// Reopen this node's copy after a write error stopped it (blocking); does nothing on a
+    /// running log. Records committed stay; the unsynced tail is cut.
+    fn heal(&self) -> LogResult<()>;
+
+    /// Give back whole segments below `before` (no live payload lies below it).
+    fn remove_prefix(&self, before: u64) -> LogResult<Removing>;
+
+    /// Give an idle log's segments back to the node's pool, keeping its next offset.
+    fn hand_back(&self) -> LogResult<Removing>;
+
+    /// Allocated bytes of this node's copy.
+    fn disk_bytes(&self) -> u64;
+
+    /// Bytes an append can still write into the tail segment without allocating.
+    fn tail_room_bytes(&self) -> u64;
+
+    /// Segments and disk use, for space reclaim.
+    fn space(&self) -> LogSpace;
+
+    /// Close: what is queued is written and synced (blocking). Fails if the log is still
+    /// shared (a bug: the last holder's drop closes it).
+    fn close(self: Arc<Self>) -> BrokerResult<()>;
+
+    /// Delete this node's copy (blocking).
+    fn delete(self: Arc<Self>) -> BrokerResult<()>;
+
+    /// Replace a stopped log that holds nothing delivered by a fresh, empty one in the same
+    /// place, offsets starting at 0 (the purge of a stopped log; blocking). Returns the fresh
+    /// log, or the old one if it could not be taken, or none. A replicated log refuses: its
+    /// purge writes a PURGE record like any other.
+    fn reset(self: Arc<Self>) -> (Option<Arc<dyn PartitionLog>>, BrokerResult<()>);
+}

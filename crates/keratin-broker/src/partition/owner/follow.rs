@@ -1,0 +1,344 @@
+//! Applying records this owner did not propose: a replicated log reports records committed by
+//! another node ([`LogEvent::Committed`]) on a follower, or on a new leader catching up on its
+//! predecessor's records. The owner reads them back from its log (committed records only) on
+//! the blocking pool, in bounded batches, and applies them in offset order exactly as it applies
+//! its own. A local log never reports such records, so none of this runs on a single node.
+//!
+//! Own proposals and foreign records never interleave: foreign records are read only while
+//! nothing of this owner's is pending (a log that stops leading fails its pending proposals
+//! first), and a read that comes back after the state moved on (a heal's rebuild, a reset) is
+//! dropped and read again from the new head.
+
+use super::*;
+
+/// A read of foreign records stops after this many records...
+const FOLLOW_BATCH_COUNT: usize = 1024;
+
+/// ...or once it holds this many bytes of record payloads (a RELOCATE carries a message copy).
+/// One batch per partition is in memory at a time: 4 MiB, like a relocation round.
+const FOLLOW_BATCH_BYTES: usize = 4 << 20;
+
+/// Records read for applying, from `from` on.
+pub(crate) struct FollowRead {
+    from: u64,
+    records: Vec<PartitionRecord>,
+    error: Option<BrokerError>,
+}
+
+impl Owner {
+    /// Records up to `up_to` are committed; those past what this owner applied and proposed
+    /// were proposed elsewhere.
+    pub(super) fn committed(&mut self, up_to: u64) {
+        self.committed_up_to = self.committed_up_to.max(up_to);
+    }
+
+    /// Read the next batch of foreign records when some are committed and not applied, and
+    /// nothing of this owner's is on its way (see the module docs).
+    pub(super) fn maybe_follow(&mut self) {
+        let from = self.state.head();
+        if self.following
+            || self.committed_up_to <= from
+            || !self.pending.is_empty()
+            || self.stopped.is_some()
+            || self.log_job.is_some()
+        {
+            return;
+        }
+        let Some(log) = self.log.clone() else {
+            return;
+        };
+        let until = self.committed_up_to;
+        self.following = true;
+        let commands = self.commands.clone();
+        tokio::task::spawn_blocking(move || {
+            let read = read_committed(log.as_ref(), from, until);
+            let _ = commands.send(Command::FollowRead(read));
+        });
+    }
+
+    /// A batch of foreign records was read: apply it if the state is still where it started.
+    pub(super) fn follow_read(&mut self, read: FollowRead) {
+        self.following = false;
+        if read.from != self.state.head() || !self.pending.is_empty() {
+            return;
+        }
+        for (offset, record) in (read.from..).zip(&read.records) {
+            match self.state.apply(offset, record) {
+                Ok(applied) => self.applied(applied),
+                Err(error) => {
+                    self.out_of_step(offset, &error);
+                    return;
+                }
+            }
+        }
+        self.state_check_due = true;
+        if let Some(error) = read.error {
+            tracing::error!(queue = %self.ctx.queue, partition = self.ctx.index, %error, "cannot read committed records to apply them");
+            self.stop(LogError::Invalid(format!(
+                "reading committed records at offset {} failed: {error}",
+                self.state.head()
+            )));
+        }
+    }
+}
+
+/// Read and decode committed records `[from, until)`, at most one batch (blocking).
+fn read_committed(log: &dyn PartitionLog, from: u64, until: u64) -> FollowRead {
+    let mut read = FollowRead {
+        from,
+        records: Vec::new(),
+        error: None,
+    };
+    let mut bytes = 0usize;
+    let mut reader = log.reader(from);
+    let mut expected = from;
+    while expected < until && read.records.len() < FOLLOW_BATCH_COUNT && bytes < FOLLOW_BATCH_BYTES
+    {
+        let record = match reader.next() {
+            Some(Ok(record)) => record,
+            Some(Err(error)) => {
+                read.error = Some(error.into());
+                break;
+            }
+            None => {
+                let reason = format!("the log reported records committed up to {until}");
+                read.error = Some(disk::corrupt(expected, reason));
+                break;
+            }
+        };
+        // Offsets are consecutive: a record at another offset would be applied at the wrong one.
+        if record.offset != expected {
+            let reason = format!("committed record at offset {} read here", record.offset);
+            read.error = Some(disk::corrupt(expected, reason));
+            break;
+        }
+        bytes += record.payload.len();
+        match PartitionRecord::decode(record.record_type, &record.payload, record.offset) {
+            Ok(decoded) => read.records.push(decoded),
+            Err(error) => {
+                read.error = Some(error);
+                break;
+            }
+        }
+        expected += 1;
+    }
+    read
+}
+
+#[cfg(test)]
+mod tests {
+    //! An owner over an in-memory replicated log stand-in: records committed by "another
+    //! node" are applied in order, and the owner's own proposals follow them. Fails if the
+    //! owner ignored foreign commits (its head stays at 0), applied them out of order or
+    //! twice (the state differs from the state rebuilt from the log), or proposed at an offset
+    //! that was not the next one.
+
+    use std::sync::atomic::AtomicU64;
+    use std::sync::{Mutex, OnceLock};
+
+    use keratin_log::ReadRecord;
+
+    use super::*;
+    use crate::broker::LocalDeadLetters;
+    use crate::gate::OpenGate;
+    use crate::partition::log::{LogSpace, PartitionReader, Proposing, Removing};
+    use crate::record::{Outcome, Settled};
+
+    /// Committed records in memory; every proposal commits at once.
+    #[derive(Default)]
+    struct MemLog {
+        records: Mutex<Vec<(u8, Vec<u8>)>>,
+        committed: AtomicU64,
+        events: OnceLock<LogEvents>,
+    }
+
+    impl MemLog {
+        fn push(&self, records: &[(u8, Vec<u8>)]) -> Range<u64> {
+            let mut held = self.records.lock().expect("lock");
+            let start = held.len() as u64;
+            held.extend_from_slice(records);
+            let end = held.len() as u64;
+            self.committed.store(end, Ordering::SeqCst);
+            start..end
+        }
+
+        /// Records another node proposed, now committed.
+        fn commit_foreign(&self, records: &[PartitionRecord]) {
+            let encoded: Vec<(u8, Vec<u8>)> = records
+                .iter()
+                .map(|r| (r.record_type(), r.encode()))
+                .collect();
+            let range = self.push(&encoded);
+            let events = self.events.get().expect("started");
+            events.send(LogEvent::Committed { up_to: range.end });
+        }
+    }
+
+    impl PartitionLog for MemLog {
+        fn start(&self, events: LogEvents) {
+            let _ = self.events.set(events);
+        }
+
+        fn propose(self: Arc<Self>, proposal: Proposal) -> Proposing {
+            Box::pin(async move {
+                let records: Vec<(u8, Vec<u8>)> =
+                    proposal.types.into_iter().zip(proposal.payloads).collect();
+                let range = self.push(&records);
+                let events = self.events.get().expect("started");
+                events.send(LogEvent::Proposed {
+                    sequence: proposal.sequence,
+                    result: Ok(range),
+                });
+                Ok(())
+            })
+        }
+
+        fn reader(&self, offset: u64) -> BoxReader {
+            let held = self.records.lock().expect("lock");
+            let records: Vec<ReadRecord> = (offset..)
+                .zip(held.iter().skip(offset as usize))
+                .map(|(offset, (record_type, payload))| ReadRecord {
+                    offset,
+                    record_type: *record_type,
+                    flags: 0,
+                    timestamp_ms: 0,
+                    payload: payload.clone(),
+                })
+                .collect();
+            Box::new(MemReader {
+                next: offset,
+                records: records.into_iter(),
+            })
+        }
+
+        fn committed_offset(&self) -> u64 {
+            self.committed.load(Ordering::SeqCst)
+        }
+
+        fn start_offset(&self) -> u64 {
+            0
+        }
+
+        fn truncate_suffix(&self, _from: u64) -> LogResult<()> {
+            Ok(())
+        }
+
+        fn heal(&self) -> LogResult<()> {
+            Ok(())
+        }
+
+        fn remove_prefix(&self, _before: u64) -> LogResult<Removing> {
+            Err(LogError::Invalid("not kept on disk".into()))
+        }
+
+        fn hand_back(&self) -> LogResult<Removing> {
+            Err(LogError::Invalid("not kept on disk".into()))
+        }
+
+        fn disk_bytes(&self) -> u64 {
+            0
+        }
+
+        fn tail_room_bytes(&self) -> u64 {
+            0
+        }
+
+        fn space(&self) -> LogSpace {
+            LogSpace {
+                disk_bytes: 0,
+                segment_bases: vec![0],
+            }
+        }
+
+        fn close(self: Arc<Self>) -> BrokerResult<()> {
+            Ok(())
+        }
+
+        fn delete(self: Arc<Self>) -> BrokerResult<()> {
+            Ok(())
+        }
+
+        fn reset(self: Arc<Self>) -> (Option<Arc<dyn PartitionLog>>, BrokerResult<()>) {
+            (Some(self), Err(BrokerError::Invalid("no reset".into())))
+        }
+    }
+
+    struct MemReader {
+        next: u64,
+        records: std::vec::IntoIter<ReadRecord>,
+    }
+
+    impl Iterator for MemReader {
+        type Item = LogResult<ReadRecord>;
+
+        fn next(&mut self) -> Option<Self::Item> {
+            let record = self.records.next()?;
+            self.next = record.offset + 1;
+            Some(Ok(record))
+        }
+    }
+
+    impl PartitionReader for MemReader {
+        fn next_offset(&self) -> u64 {
+            self.next
+        }
+    }
+
+    fn context() -> OwnerContext {
+        OwnerContext {
+            device: 0,
+            gate: Arc::new(OpenGate),
+            queue: "q".into(),
+            index: 0,
+            settings: QueueSettings::default(),
+            broker: Weak::new(),
+            dead_letters: Arc::new(LocalDeadLetters::new(Weak::new())),
+            clock: Arc::new(|| 0),
+            segment_size_bytes: 1 << 20,
+            publish_timeout: Duration::from_secs(30),
+            idle_release_after: Duration::from_secs(30),
+        }
+    }
+
+    fn payload(body: &str) -> Vec<u8> {
+        let mut out = Vec::new();
+        Message::new(body).encode(&mut out).expect("encodes");
+        out
+    }
+
+    #[tokio::test]
+    async fn records_committed_elsewhere_are_applied_in_order_before_own_proposals() {
+        let log = Arc::new(MemLog::default());
+        let handle = spawn(context(), log.clone(), PartitionState::new(0));
+        // ENQUEUE payloads are the messages themselves: committed as such, reported with the
+        // SETTLE that follows them.
+        let encoded: Vec<(u8, Vec<u8>)> = ["a", "bb", "ccc"]
+            .iter()
+            .map(|body| (crate::record::ENQUEUE, payload(body)))
+            .collect();
+        log.push(&encoded);
+        log.commit_foreign(&[PartitionRecord::Settle(vec![Settled {
+            message: 0,
+            size_bytes: payload("a").len() as u32,
+            outcome: Outcome::Acked,
+        }])]);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let (live, rebuilt) = loop {
+            let (live, rebuilt) = handle.state().await.expect("state");
+            if live.head() == 4 || Instant::now() > deadline {
+                break (live, rebuilt);
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        };
+        assert_eq!(live.head(), 4, "the foreign records were not applied");
+        assert_eq!(live, rebuilt);
+        assert_eq!(live.live_count(), 2);
+        // As leader now, the owner's own proposal comes next.
+        let reply = handle.dispatch(vec![payload("d")], 0, false);
+        let range = reply.await.expect("answered").expect("committed");
+        assert_eq!(range, 4..5);
+        let (live, rebuilt) = handle.state().await.expect("state");
+        assert_eq!((live.head(), live.live_count()), (5, 3));
+        assert_eq!(live, rebuilt);
+    }
+}
