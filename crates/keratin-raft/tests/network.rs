@@ -12,14 +12,16 @@
 //! again from its directories catches up in every group. It fails if a committed write is lost,
 //! if no leader emerges within the bounds, or if the connection count or coalescing do not hold.
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use keratin_log::{LogOptions, RealIo, MIN_SEGMENT_SIZE_BYTES};
-use keratin_net::{GroupId, ResolvedCluster, Transport, TransportOptions};
+use common::tcp::Loopback;
+use keratin_log::RealIo;
+use keratin_net::{GroupId, Transport, TransportOptions};
 use keratin_raft::network::{Groups, NetworkFactory, RaftEndpoint};
 use keratin_raft::{
     GroupLogs, NodeAddr, PartitionRecord, RecordStateMachine, RecordsImage, TypeConfig,
@@ -42,13 +44,6 @@ struct Node {
     groups: BTreeMap<u64, Group>,
 }
 
-fn options() -> LogOptions {
-    LogOptions {
-        full_segment_size_bytes: MIN_SEGMENT_SIZE_BYTES,
-        ..LogOptions::default()
-    }
-}
-
 fn config() -> Arc<Config> {
     let config = Config {
         heartbeat_interval: 50,
@@ -63,19 +58,9 @@ fn group_dir(base: &Path, group: u64) -> PathBuf {
     base.join(format!("group-{group}"))
 }
 
-async fn start(
-    id: u64,
-    dir: &Path,
-    listener: TcpListener,
-    addrs: &BTreeMap<u64, SocketAddr>,
-) -> Node {
+async fn start(id: u64, dir: &Path, listener: TcpListener, net: &Loopback) -> Node {
     let handler = Arc::new(Groups::new());
-    let cluster = ResolvedCluster {
-        node_id: id,
-        listen: addrs[&id],
-        peers: addrs.clone(),
-        name: "test".into(),
-    };
+    let cluster = net.cluster(id);
     let transport = Transport::start_on(
         listener,
         cluster,
@@ -87,7 +72,8 @@ async fn start(
     for group in GROUPS {
         let path = group_dir(dir, group);
         std::fs::create_dir_all(&path).expect("group directory");
-        let logs = GroupLogs::open(Arc::new(RealIo::new()), &path, options(), None).expect("logs");
+        let logs =
+            GroupLogs::open(Arc::new(RealIo::new()), &path, common::options(), None).expect("logs");
         let store = logs.store().expect("store");
         let fence = store.fence();
         let machine = RecordStateMachine::new();
@@ -117,23 +103,7 @@ async fn stop(id: u64, node: Node) {
     for (group, g) in node.groups {
         g.raft.shutdown().await.expect("shutdown");
         drop(g.raft);
-        let mut logs = g.logs;
-        let mut closed = false;
-        for _ in 0..500 {
-            match logs.try_close() {
-                Ok(result) => {
-                    result.expect("close logs");
-                    closed = true;
-                    break;
-                }
-                Err(again) => logs = again,
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        assert!(
-            closed,
-            "node {id} group {group}: logs still held 5 s after shutdown"
-        );
+        common::tcp::close_logs(&format!("node {id} group {group}"), g.logs).await;
     }
 }
 
@@ -242,31 +212,12 @@ async fn check_has(id: u64, group: &Group, acked: &BTreeMap<u64, Vec<u8>>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_groups_share_one_connection_per_pair_and_survive_a_node() {
-    let dirs: BTreeMap<u64, tempfile::TempDir> = (1..=3)
-        .map(|id| (id, tempfile::tempdir().expect("temporary directory")))
-        .collect();
-    let mut listeners = BTreeMap::new();
-    let mut addrs = BTreeMap::new();
-    for id in 1..=3u64 {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        addrs.insert(id, listener.local_addr().expect("address"));
-        listeners.insert(id, listener);
-    }
+    let mut net = common::tcp::three_nodes().await;
     let mut nodes = BTreeMap::new();
-    for (id, listener) in listeners {
-        nodes.insert(id, start(id, dirs[&id].path(), listener, &addrs).await);
+    for (id, listener) in std::mem::take(&mut net.listeners) {
+        nodes.insert(id, start(id, net.dirs[&id].path(), listener, &net).await);
     }
-    let members: BTreeMap<u64, NodeAddr> = addrs
-        .iter()
-        .map(|(id, addr)| {
-            (
-                *id,
-                NodeAddr {
-                    addr: addr.to_string(),
-                },
-            )
-        })
-        .collect();
+    let members = net.members();
     for group in GROUPS {
         let raft = &nodes[&1].groups[&group].raft;
         let alone: BTreeMap<u64, NodeAddr> = [(1, members[&1].clone())].into();
@@ -334,8 +285,8 @@ async fn two_groups_share_one_connection_per_pair_and_survive_a_node() {
     }
 
     // Back from its directories on the same address: it catches up in both groups.
-    let listener = TcpListener::bind(addrs[&victim]).await.expect("rebind");
-    let restarted = start(victim, dirs[&victim].path(), listener, &addrs).await;
+    let listener = net.rebind(victim).await;
+    let restarted = start(victim, net.dirs[&victim].path(), listener, &net).await;
     for group in GROUPS {
         check_has(victim, &restarted.groups[&group], &acked[&group]).await;
     }

@@ -6,18 +6,20 @@
 //! old leader started again from its directory reads the same records as the others. It fails
 //! if a committed record is lost, moved or reordered on any node.
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use keratin_log::{LogOptions, RealIo, MIN_SEGMENT_SIZE_BYTES};
-use keratin_net::{GroupId, ResolvedCluster, Transport, TransportOptions};
+use common::tcp::Loopback;
+use keratin_log::RealIo;
+use keratin_net::{GroupId, Transport, TransportOptions};
 use keratin_raft::network::Groups;
 use keratin_raft::replica::{replica_config, ProposeError, Replica};
-use keratin_raft::{GroupLogs, NodeAddr, PartitionRecord};
+use keratin_raft::{GroupLogs, PartitionRecord};
 use tokio::net::TcpListener;
 
 const GROUP: GroupId = GroupId(7);
@@ -29,19 +31,9 @@ struct Node {
     replica: Replica,
 }
 
-async fn start(
-    id: u64,
-    dir: &Path,
-    listener: TcpListener,
-    addrs: &BTreeMap<u64, SocketAddr>,
-) -> Node {
+async fn start(id: u64, dir: &Path, listener: TcpListener, net: &Loopback) -> Node {
     let groups = Arc::new(Groups::new());
-    let cluster = ResolvedCluster {
-        node_id: id,
-        listen: addrs[&id],
-        peers: addrs.clone(),
-        name: "test".into(),
-    };
+    let cluster = net.cluster(id);
     let transport = Transport::start_on(
         listener,
         cluster,
@@ -49,11 +41,8 @@ async fn start(
         Arc::clone(&groups) as Arc<dyn keratin_net::Handler>,
     )
     .expect("transport");
-    let options = LogOptions {
-        full_segment_size_bytes: MIN_SEGMENT_SIZE_BYTES,
-        ..LogOptions::default()
-    };
-    let logs = GroupLogs::open(Arc::new(RealIo::new()), dir, options, None).expect("logs");
+    let logs =
+        GroupLogs::open(Arc::new(RealIo::new()), dir, common::options(), None).expect("logs");
     let config = replica_config("test").expect("config");
     let replica = Replica::start(id, GROUP, logs, config, transport.clone(), &groups)
         .await
@@ -67,15 +56,8 @@ async fn start(
 
 async fn stop(id: u64, node: Node) {
     node.transport.shutdown();
-    let mut logs = node.replica.shutdown(&node.groups).await;
-    for _ in 0..500 {
-        match logs.try_close() {
-            Ok(result) => return result.expect("close logs"),
-            Err(again) => logs = again,
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("node {id}: logs still held 5 s after shutdown");
+    let logs = node.replica.shutdown(&node.groups).await;
+    common::tcp::close_logs(&format!("node {id}"), logs).await;
 }
 
 async fn leader(nodes: &BTreeMap<u64, Node>) -> u64 {
@@ -181,31 +163,13 @@ async fn check_reads(id: u64, node: &Node, expected: &BTreeMap<u64, PartitionRec
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn replicas_commit_read_and_survive_the_loss_of_the_leader() {
-    let dirs: BTreeMap<u64, tempfile::TempDir> = (1..=3)
-        .map(|id| (id, tempfile::tempdir().expect("temporary directory")))
-        .collect();
-    let mut listeners = BTreeMap::new();
-    let mut addrs = BTreeMap::new();
-    for id in 1..=3u64 {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        addrs.insert(id, listener.local_addr().expect("address"));
-        listeners.insert(id, listener);
-    }
+    let mut net = common::tcp::three_nodes().await;
+    let addrs = net.addrs.clone();
     let mut nodes = BTreeMap::new();
-    for (id, listener) in listeners {
-        nodes.insert(id, start(id, dirs[&id].path(), listener, &addrs).await);
+    for (id, listener) in std::mem::take(&mut net.listeners) {
+        nodes.insert(id, start(id, net.dirs[&id].path(), listener, &net).await);
     }
-    let members: BTreeMap<u64, NodeAddr> = addrs
-        .iter()
-        .map(|(id, addr)| {
-            (
-                *id,
-                NodeAddr {
-                    addr: addr.to_string(),
-                },
-            )
-        })
-        .collect();
+    let members = net.members();
     nodes[&1]
         .replica
         .raft()
@@ -252,10 +216,8 @@ async fn replicas_commit_read_and_survive_the_loss_of_the_leader() {
         check_reads(*id, node, &expected).await;
     }
 
-    let listener = TcpListener::bind(addrs[&first_leader])
-        .await
-        .expect("rebind");
-    let restarted = start(first_leader, dirs[&first_leader].path(), listener, &addrs).await;
+    let listener = net.rebind(first_leader).await;
+    let restarted = start(first_leader, net.dirs[&first_leader].path(), listener, &net).await;
     check_reads(first_leader, &restarted, &expected).await;
     nodes.insert(first_leader, restarted);
     for (id, node) in nodes {

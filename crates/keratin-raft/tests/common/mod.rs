@@ -3,6 +3,8 @@
 //! the adapter's rule for surfacing a failed log, crate docs "Failures").
 #![allow(dead_code, reason = "each test file uses a part")]
 
+pub mod tcp;
+
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::io;
@@ -134,7 +136,7 @@ pub struct Node {
     pub fence: Fence,
 }
 
-fn options() -> LogOptions {
+pub fn options() -> LogOptions {
     LogOptions {
         full_segment_size_bytes: MIN_SEGMENT_SIZE_BYTES,
         ..LogOptions::default()
@@ -196,15 +198,8 @@ pub async fn stop(id: u64, node: Node, router: &Router) -> GroupLogs {
 
 /// Shut the node down and close its logs (waiting for openraft's tasks to let go of them).
 pub async fn kill(id: u64, node: Node, router: &Router) {
-    let mut logs = stop(id, node, router).await;
-    for _ in 0..500 {
-        match logs.try_close() {
-            Ok(closed) => return closed.expect("close logs"),
-            Err(again) => logs = again,
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("node {id}'s logs are still held 5 s after its shutdown");
+    let logs = stop(id, node, router).await;
+    tcp::close_logs(&format!("node {id}"), logs).await;
 }
 
 pub async fn leader_among(nodes: &BTreeMap<u64, Node>) -> u64 {
