@@ -12,9 +12,8 @@ mod common;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use common::{check_has, kill, leader_among, start, write, Router};
+use common::{check_has, initialize_three, kill, leader_among, start, write, Router};
 use keratin_log::RealIo;
-use keratin_raft::NodeAddr;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_nodes_survive_the_loss_of_the_leader() {
@@ -29,21 +28,7 @@ async fn three_nodes_survive_the_loss_of_the_leader() {
             start(*id, Arc::new(RealIo::new()), dir.path(), &router).await,
         );
     }
-    let members: BTreeMap<u64, NodeAddr> = (1..=3)
-        .map(|id| {
-            (
-                id,
-                NodeAddr {
-                    addr: format!("node-{id}"),
-                },
-            )
-        })
-        .collect();
-    nodes[&1]
-        .raft
-        .initialize(members)
-        .await
-        .expect("initialize");
+    initialize_three(&nodes).await;
 
     let leader = leader_among(&nodes).await;
     let mut acked = write(&nodes[&leader].raft, 0, 1_000).await;

@@ -19,9 +19,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{check_has, leader_among, run_with, start, stop, write, Node, Router};
+use common::{
+    check_has, initialize_three, leader_among, run_with, start, stop, write, Node, Router,
+};
 use keratin_log::{SimFault, SimIo};
-use keratin_raft::{NodeAddr, PartitionRecord};
+use keratin_raft::PartitionRecord;
 use openraft::async_runtime::watch::WatchReceiver;
 
 const DIR: &str = "/node/partition";
@@ -33,21 +35,7 @@ async fn cluster(router: &Router) -> (BTreeMap<u64, SimIo>, BTreeMap<u64, Node>)
         let node = start(*id, Arc::new(disk.clone()), Path::new(DIR), router).await;
         nodes.insert(*id, node);
     }
-    let members: BTreeMap<u64, NodeAddr> = (1..=3)
-        .map(|id| {
-            (
-                id,
-                NodeAddr {
-                    addr: format!("node-{id}"),
-                },
-            )
-        })
-        .collect();
-    nodes[&1]
-        .raft
-        .initialize(members)
-        .await
-        .expect("initialize");
+    initialize_three(&nodes).await;
     (disks, nodes)
 }
 

@@ -14,10 +14,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{check_has, kill, leader_among, start, write, Router};
+use common::{check_has, initialize_three, kill, leader_among, start, write, Router};
 use keratin_log::RealIo;
 use keratin_raft::entry_format::decode_entry;
-use keratin_raft::NodeAddr;
 use openraft::async_runtime::watch::WatchReceiver;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -31,21 +30,7 @@ async fn a_lagging_follower_catches_up_through_a_snapshot() {
         let node = start(*id, Arc::new(RealIo::new()), dir.path(), &router).await;
         nodes.insert(*id, node);
     }
-    let members: BTreeMap<u64, NodeAddr> = (1..=3)
-        .map(|id| {
-            (
-                id,
-                NodeAddr {
-                    addr: format!("node-{id}"),
-                },
-            )
-        })
-        .collect();
-    nodes[&1]
-        .raft
-        .initialize(members)
-        .await
-        .expect("initialize");
+    initialize_three(&nodes).await;
     let leader = leader_among(&nodes).await;
     let mut acked = write(&nodes[&leader].raft, 0, 300).await;
     let lagging = (1..=3).find(|id| *id != leader).expect("a follower");

@@ -202,6 +202,21 @@ pub async fn kill(id: u64, node: Node, router: &Router) {
     tcp::close_logs(&format!("node {id}"), logs).await;
 }
 
+/// Makes nodes 1 to 3 (in-memory addresses `node-N`) a cluster, initialized from node 1.
+pub async fn initialize_three(nodes: &BTreeMap<u64, Node>) {
+    let members: BTreeMap<u64, NodeAddr> = (1..=3)
+        .map(|id| {
+            let addr = format!("node-{id}");
+            (id, NodeAddr { addr })
+        })
+        .collect();
+    nodes[&1]
+        .raft
+        .initialize(members)
+        .await
+        .expect("initialize");
+}
+
 pub async fn leader_among(nodes: &BTreeMap<u64, Node>) -> u64 {
     for _ in 0..200 {
         for (id, node) in nodes {
