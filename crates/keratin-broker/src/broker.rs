@@ -232,6 +232,13 @@ pub struct PartitionInfo {
     /// Messages dropped since start because dead-lettering them failed, by reason (non-zero
     /// counts only).
     pub dead_letter_failures: BTreeMap<DeadLetterFailure, u64>,
+    /// True if this node leads the partition (always on a single node).
+    pub leading: bool,
+    /// The leader's node id, if known (`None` on a single node).
+    pub leader: Option<u64>,
+    /// The leader's client address, if known (`None` on a single node, or when this node
+    /// leads).
+    pub leader_addr: Option<String>,
 }
 
 /// Figures of a queue.
@@ -764,21 +771,30 @@ impl Broker {
             ));
         }
         let queue = self.inner.queue(name)?;
+        // A replicated queue's consumer attaches where its partitions are led: a node leading
+        // none of them sends it to the leader of the first.
+        if let Some(first) = queue.partitions.first() {
+            if !queue.partitions.iter().any(|p| p.figures.role().leading) {
+                return Err(first.figures.role().not_leader(name, first.index));
+            }
+        }
         let slot = self.inner.consumer_slot()?;
         let id = self.inner.next_consumer.fetch_add(1, Ordering::Relaxed);
         let (sender, receiver) = mpsc::channel(prefetch as usize);
         let credit = Arc::new(Credit::new(prefetch, options.prefetch_bytes));
+        let ended = Arc::new(std::sync::OnceLock::new());
         let link = Arc::new(ConsumerLink {
             id,
             sender,
             credit: credit.clone(),
             outbound: options.outbound,
             queue: Arc::downgrade(&queue),
+            ended: ended.clone(),
         });
         for partition in &queue.partitions {
             partition.subscribe(link.clone());
         }
-        Ok(Consumer::new(id, queue, receiver, slot))
+        Ok(Consumer::new(id, queue, receiver, ended, slot))
     }
 
     /// For tests: each partition's live state beside the state rebuilt from its log.
@@ -1133,6 +1149,7 @@ impl BrokerInner {
             .iter()
             .map(|p| {
                 let f = &p.figures;
+                let role = f.role();
                 PartitionInfo {
                     index: p.index,
                     dir: placement.get(p.index as usize).cloned().unwrap_or_default(),
@@ -1147,6 +1164,9 @@ impl BrokerInner {
                     rejected_full: f.rejected_full.load(Ordering::Relaxed),
                     overflowed: f.overflowed.load(Ordering::Relaxed),
                     dead_letter_failures: f.dead_letter_failures(),
+                    leading: role.leading,
+                    leader: role.leader,
+                    leader_addr: role.addr,
                 }
             })
             .collect();

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 
 use crate::byte_budget::{ByteBudget, BytePermit};
+use crate::error::BrokerError;
 use crate::queue::Queue;
 use crate::record::Message;
 
@@ -190,6 +191,22 @@ pub(crate) struct ConsumerLink {
     pub(crate) outbound: Option<Arc<ByteBudget>>,
     /// The consumer's queue, to wake its other partitions when credit comes back.
     pub(crate) queue: std::sync::Weak<Queue>,
+    /// Why the consumer was ended by the broker (its partition's leadership moved), shared
+    /// with the [`Consumer`].
+    pub(crate) ended: Arc<std::sync::OnceLock<BrokerError>>,
+}
+
+impl ConsumerLink {
+    /// End this consumer because of `reason`: every partition of its queue lets it go, so its
+    /// stream ends and [`Consumer::end_reason`] tells why.
+    pub(crate) fn end(&self, reason: BrokerError) {
+        let _ = self.ended.set(reason);
+        if let Some(queue) = self.queue.upgrade() {
+            for partition in &queue.partitions {
+                partition.unsubscribe(self.id);
+            }
+        }
+    }
 }
 
 /// Settles deliveries of one consumer; cheap to clone, usable while the consumer is being read.
@@ -238,6 +255,7 @@ pub struct Consumer {
     id: u64,
     queue: Arc<Queue>,
     receiver: mpsc::Receiver<Delivery>,
+    ended: Arc<std::sync::OnceLock<BrokerError>>,
     _slot: ConsumerSlot,
 }
 
@@ -246,14 +264,23 @@ impl Consumer {
         id: u64,
         queue: Arc<Queue>,
         receiver: mpsc::Receiver<Delivery>,
+        ended: Arc<std::sync::OnceLock<BrokerError>>,
         slot: ConsumerSlot,
     ) -> Consumer {
         Consumer {
             id,
             queue,
             receiver,
+            ended,
             _slot: slot,
         }
+    }
+
+    /// Why the broker ended this consumer, once [`Consumer::recv`] gave `None`: `None` when
+    /// its queue was deleted or the broker shut down; [`BrokerError::NotLeader`] when a
+    /// partition of its queue moved to another node (subscribe again there).
+    pub fn end_reason(&self) -> Option<BrokerError> {
+        self.ended.get().cloned()
     }
 
     /// The consumer's id.

@@ -86,6 +86,24 @@ pub enum BrokerError {
         /// What is wrong.
         reason: String,
     },
+    /// This node does not lead the partition (a replicated queue): send the request to the
+    /// leader. A publish in flight when leadership moved may or may not be stored (a retry
+    /// with the same producer id and sequence is dropped as a duplicate).
+    #[error("queue {queue:?} partition {partition} is led by {}; send it there", match (.leader, .addr) {
+        (Some(id), Some(addr)) => format!("node {id} at {addr}"),
+        (Some(id), None) => format!("node {id} (its address is not known here yet; retry shortly)"),
+        _ => "no node yet (an election is under way; retry shortly)".to_string(),
+    })]
+    NotLeader {
+        /// The queue.
+        queue: String,
+        /// The partition.
+        partition: u32,
+        /// The leader's node id, if one is known.
+        leader: Option<u64>,
+        /// The leader's client address (`host:port` of its protocol listener), if known.
+        addr: Option<String>,
+    },
     /// The broker or the queue is shutting down or was deleted.
     #[error("{0} is closed")]
     Closed(String),

@@ -183,9 +183,16 @@ pub(crate) struct PartitionFigures {
     pub(crate) heals: AtomicU64,
     /// Messages dropped because dead-lettering them failed, by [`DeadLetterFailure`] index.
     pub(crate) dead_letter_failures: [AtomicU64; DeadLetterFailure::ALL.len()],
+    /// Who leads the partition, as its owner last heard from its log.
+    pub(crate) role: std::sync::RwLock<crate::partition::log::Role>,
 }
 
 impl PartitionFigures {
+    /// Who leads the partition.
+    pub(crate) fn role(&self) -> crate::partition::log::Role {
+        self.role.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     /// Count the messages of a dead-lettering batch whose publish to the dead-letter queue
     /// failed: they are dropped, and this is how an operator hears of it.
     pub(crate) fn count_dead_letter_failures<T>(&self, results: &[BrokerResult<T>]) {

@@ -16,6 +16,10 @@ pub const PURGE: u8 = 4;
 pub const RELOCATE: u8 = 5;
 /// Log record type recording the queue settings in force from this point (JSON).
 pub const SETTINGS: u8 = 6;
+/// Log record type of an offset that holds no partition record: a replicated log's own entry
+/// (a new leader's blank entry, a membership change) read back as a record so that offsets
+/// stay consecutive. Empty payload; never written by the broker.
+pub const NOOP: u8 = 7;
 
 /// Version byte at the start of a message payload.
 const MESSAGE_FORMAT: u8 = 1;
@@ -175,6 +179,8 @@ pub enum PartitionRecord {
     Relocate(Relocate),
     /// The queue's settings from here on, as JSON (`QueueSettings`).
     Settings(Vec<u8>),
+    /// An offset the replicated log took for its own entry: nothing to apply.
+    Noop,
 }
 
 impl PartitionRecord {
@@ -187,6 +193,7 @@ impl PartitionRecord {
             PartitionRecord::Purge(_) => PURGE,
             PartitionRecord::Relocate(_) => RELOCATE,
             PartitionRecord::Settings(_) => SETTINGS,
+            PartitionRecord::Noop => NOOP,
         }
     }
 
@@ -220,6 +227,7 @@ impl PartitionRecord {
                 }
             }
             PartitionRecord::Settings(json) => out.extend_from_slice(json),
+            PartitionRecord::Noop => {}
             PartitionRecord::Relocate(relocate) => {
                 out.extend_from_slice(&relocate.message.to_le_bytes());
                 out.extend_from_slice(&relocate.delivery_count.to_le_bytes());
@@ -284,6 +292,7 @@ impl PartitionRecord {
                 payload: r.rest().to_vec(),
             }),
             SETTINGS => PartitionRecord::Settings(r.rest().to_vec()),
+            NOOP => PartitionRecord::Noop,
             other => return Err(r.error(format!("unknown record type {other}"))),
         };
         if record_type != ENQUEUE && record_type != RELOCATE && !r.rest().is_empty() {

@@ -67,6 +67,10 @@ pub(crate) struct DeliveryState {
     pub(crate) prefetched: VecDeque<Prefetched>,
     /// After a failed read, no delivery read starts before this.
     pub(crate) read_retry_at: Option<Instant>,
+    /// The first offset of this node's leadership: a message below it may have been
+    /// delivered by an earlier leader, and is delivered with `redelivered` set. 0 on a single
+    /// node.
+    pub(crate) taken_over_at: u64,
 }
 
 impl DeliveryState {

@@ -65,7 +65,7 @@ impl PartitionLog for LocalLog {
             let events = self.events().clone();
             let sequence = proposal.sequence;
             tokio::spawn(async move {
-                let result = ticket.await;
+                let result = ticket.await.map_err(BrokerError::Log);
                 events.send(LogEvent::Proposed { sequence, result });
             });
             Ok(())

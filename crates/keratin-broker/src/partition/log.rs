@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 use keratin_log::{LogReader, LogResult, PrefixRemoval, ReadRecord};
 
-use crate::error::BrokerResult;
+use crate::error::{BrokerError, BrokerResult};
 
 /// Records the owner proposes, with its own sequence number: what the log reports back names
 /// it.
@@ -48,15 +48,21 @@ pub struct Proposal {
 /// proposals (the owner orders `Proposed` answers by sequence).
 #[derive(Debug)]
 pub enum LogEvent {
-    /// Proposal `sequence` ended: committed at these offsets, or failed. A failure after the
-    /// proposal was queued means the outcome is unknown (the records may be committed; the log
-    /// is then stopped, and a heal tells).
+    /// Proposal `sequence` ended: committed at these offsets, or failed. A storage failure
+    /// (`BrokerError::Log`) after the proposal was queued means the outcome is unknown (the
+    /// records may be committed; the log is then stopped, and a heal tells). Any other error
+    /// (`BrokerError::NotLeader`: leadership moved while it was in flight) is answered as is,
+    /// and the log keeps running.
     Proposed {
         /// The proposal's sequence number.
         sequence: u64,
         /// Its offsets, or why it failed.
-        result: LogResult<Range<u64>>,
+        result: BrokerResult<Range<u64>>,
     },
+    /// This node's role in the partition changed (a replicated log; a local log always
+    /// leads and never sends it). Sent first from `start`, then on every change, in order with
+    /// the other events.
+    Role(Role),
     /// Every record below `up_to` is committed, including records this owner did not propose
     /// (a follower's log, or a leader catching up on its predecessor's records): the owner
     /// reads and applies those, in order, while none of its own proposals is pending. So a
@@ -68,6 +74,48 @@ pub enum LogEvent {
         /// One past the last committed offset.
         up_to: u64,
     },
+}
+
+/// Who leads a partition, as its log on this node knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Role {
+    /// This node leads: it takes proposals and delivers.
+    pub leading: bool,
+    /// The leader's node id, if known (this node's when `leading`).
+    pub leader: Option<u64>,
+    /// The leader's client address, if known.
+    pub addr: Option<String>,
+    /// When `leading`: the first offset of this leadership. Messages below it may have been
+    /// delivered by an earlier leader and are delivered with `redelivered` set.
+    pub from: u64,
+}
+
+impl Default for Role {
+    fn default() -> Role {
+        Role::alone()
+    }
+}
+
+impl Role {
+    /// The role of a single-node log: it leads from offset 0.
+    pub fn alone() -> Role {
+        Role {
+            leading: true,
+            leader: None,
+            addr: None,
+            from: 0,
+        }
+    }
+
+    /// The refusal of a request this node cannot serve because another node leads.
+    pub fn not_leader(&self, queue: &str, partition: u32) -> BrokerError {
+        BrokerError::NotLeader {
+            queue: queue.to_string(),
+            partition,
+            leader: self.leader,
+            addr: self.addr.clone(),
+        }
+    }
 }
 
 /// Where a log sends its [`LogEvent`]s: the owner's command channel. Cheap to clone.
@@ -87,10 +135,11 @@ impl LogEvents {
 }
 
 /// A proposal on its way into the log's queue: resolves `Ok` once the log has taken it (its
-/// outcome then comes as [`LogEvent::Proposed`]), or with the refusal (nothing was written).
-/// It may wait for room in the log's queue; dropping it before it resolves withdraws the
-/// proposal.
-pub type Proposing = Pin<Box<dyn Future<Output = LogResult<()>> + Send>>;
+/// outcome then comes as [`LogEvent::Proposed`]), or with the refusal (nothing was written:
+/// `BrokerError::Log` from the storage, `BrokerError::NotLeader` from a replicated log that
+/// does not lead). It may wait for room in the log's queue; dropping it before it resolves
+/// withdraws the proposal.
+pub type Proposing = Pin<Box<dyn Future<Output = BrokerResult<()>> + Send>>;
 
 /// A prefix removal or hand-back in the log's queue.
 pub type Removing = Pin<Box<dyn Future<Output = LogResult<PrefixRemoval>> + Send>>;

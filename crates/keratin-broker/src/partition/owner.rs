@@ -24,6 +24,7 @@ mod disk;
 mod follow;
 mod idle;
 mod reclaim;
+mod role;
 mod settle;
 mod stopped;
 
@@ -44,7 +45,7 @@ use crate::error::{BrokerError, BrokerResult};
 use crate::gate::{GateDecision, PublishGate};
 use crate::partition::dead_letter::DeadLetterSink;
 use crate::partition::delivery_state::{DeliveryState, Inflight, Prefetched};
-use crate::partition::log::{BoxReader, LogEvent, LogEvents, PartitionLog, Proposal};
+use crate::partition::log::{BoxReader, LogEvent, LogEvents, PartitionLog, Proposal, Role};
 use crate::partition::prepare::{self, LimitVerdict, CONTROL_ENTRIES_MAX};
 use crate::partition::state::{Applied, PartitionState};
 use crate::queue::{Overflow, PartitionFigures, PartitionHandle, PartitionLimits, QueueSettings};
@@ -201,6 +202,8 @@ struct Owner {
     stopped: Option<LogError>,
     /// What only a leader has: consumers, inflight, the cursor, read-ahead.
     delivery: DeliveryState,
+    /// Who leads the partition (a local log: this node, always).
+    role: Role,
     reclaim_busy: bool,
     reclaim_due: bool,
     /// Publishes held back by slowing, in arrival order, each with when it may be written.
@@ -307,6 +310,7 @@ pub(crate) fn spawn(
         next_sequence: 0,
         stopped: None,
         delivery: DeliveryState::default(),
+        role: Role::alone(),
         reclaim_busy: false,
         reclaim_due: true,
         delayed: VecDeque::new(),
@@ -590,7 +594,7 @@ impl Owner {
                 self.reclaim_busy = false;
                 self.reclaim_due = true;
             }
-            Applied::Settings => {}
+            Applied::Settings | Applied::Nothing => {}
             Applied::Settled(_) => self.reclaim_due = true,
             Applied::Returned(messages) => {
                 // A later return of the same message may still be on its way to the log: its

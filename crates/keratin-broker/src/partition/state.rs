@@ -51,6 +51,8 @@ pub enum Applied {
     Purged(Vec<(u64, u64)>),
     /// The queue's settings were recorded.
     Settings,
+    /// An offset with no partition record (a replicated log's own entry).
+    Nothing,
     /// A message's payload now lives at `to`.
     Relocated {
         /// The message.
@@ -248,6 +250,10 @@ impl PartitionState {
                 // partition's own history (and will travel with it when it replicates).
                 self.dead.insert(offset);
                 Applied::Settings
+            }
+            PartitionRecord::Noop => {
+                self.dead.insert(offset);
+                Applied::Nothing
             }
         };
         Ok(applied)

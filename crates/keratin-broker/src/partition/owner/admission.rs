@@ -12,6 +12,10 @@ impl Owner {
         internal: bool,
         reply: oneshot::Sender<BrokerResult<Range<u64>>>,
     ) {
+        if !self.role.leading {
+            let _ = reply.send(Err(self.not_leader()));
+            return;
+        }
         if let Some(stop) = &self.stopped {
             let _ = reply.send(Err(self.unavailable(stop.clone())));
             return;
@@ -211,10 +215,14 @@ impl Owner {
     /// Lowering a `drop_oldest` limit below the current depth trims ready messages.
     pub(super) fn set_settings(&mut self, settings: QueueSettings) {
         self.limits = settings.partition_limits();
-        if let Some(record) = prepare::settings(&settings) {
+        self.ctx.settings = settings;
+        // Only the leader writes: every replica learns the settings from the metadata.
+        if !self.role.leading {
+            return;
+        }
+        if let Some(record) = prepare::settings(&self.ctx.settings) {
             self.append_control(record);
         }
-        self.ctx.settings = settings;
         if self.limits.overflow == Overflow::DropOldest {
             if let Err(error) = self.drop_oldest(0, 0) {
                 tracing::warn!(queue = %self.ctx.queue, %error, "trimming to the new limit failed");

@@ -20,7 +20,7 @@ pub(crate) struct Submission {
 }
 
 /// What handing a proposal to the log gave: its sequence and whether the log took it.
-pub(crate) type Submitted = (u64, LogResult<()>);
+pub(crate) type Submitted = (u64, BrokerResult<()>);
 
 /// The proposal in flight, if any; never resolves without one.
 pub(super) async fn next_submitted(appending: &mut Option<Submission>) -> Submitted {
@@ -132,21 +132,23 @@ impl Owner {
     /// A proposal reached the log's queue (its outcome comes as `LogEvent::Proposed`) or was
     /// refused by it.
     pub(super) fn submitted(&mut self, (sequence, result): Submitted) {
-        match result {
-            Ok(()) => {}
-            Err(error) => {
+        let error = match result {
+            Ok(()) => return,
+            Err(BrokerError::Log(error)) => {
                 // Only a log that stopped stops the partition; a refused request does not.
                 if error.is_stopped() {
                     self.stop(error.clone());
                 }
-                let error = match error {
+                match error {
                     LogError::RecordTooLarge { .. } => BrokerError::TooLarge(error.to_string()),
                     LogError::Invalid(_) => BrokerError::Invalid(error.to_string()),
                     other => self.unavailable(other),
-                };
-                self.resolve(sequence, AppendOutcome::Refused(error));
+                }
             }
-        }
+            // Not the leader: nothing was written, the log runs on.
+            Err(other) => other,
+        };
+        self.resolve(sequence, AppendOutcome::Refused(error));
     }
 
     /// What the partition log reported.
@@ -155,11 +157,15 @@ impl Owner {
             LogEvent::Proposed { sequence, result } => {
                 let outcome = match result {
                     Ok(range) => AppendOutcome::Durable(range),
-                    Err(error) => AppendOutcome::Failed(error),
+                    Err(BrokerError::Log(error)) => AppendOutcome::Failed(error),
+                    // Leadership moved while it was in flight: answered as is (a retry at the
+                    // new leader is safe with an idempotent producer); the log runs on.
+                    Err(other) => AppendOutcome::Refused(other),
                 };
                 self.resolve(sequence, outcome);
             }
             LogEvent::Committed { up_to } => self.committed(up_to),
+            LogEvent::Role(role) => self.role_changed(role),
         }
     }
 
@@ -176,7 +182,19 @@ impl Owner {
             return;
         };
         self.pending[index].result = Some(outcome);
-        while self.pending.front().is_some_and(|p| p.result.is_some()) {
+        self.act_on_answers();
+    }
+
+    /// Act on every answered append at the front, in order. A proposal committed past the
+    /// state's head waits: the records before it were proposed elsewhere (a predecessor's, or
+    /// the replicated log's own entries) and are applied first (`follow.rs`).
+    pub(super) fn act_on_answers(&mut self) {
+        while let Some(front) = self.pending.front() {
+            match &front.result {
+                None => break,
+                Some(AppendOutcome::Durable(range)) if range.start > self.state.head() => break,
+                Some(_) => {}
+            }
             let Some(entry) = self.pending.pop_front() else {
                 break;
             };

@@ -36,7 +36,11 @@ impl Owner {
     pub(super) fn deliver(&mut self) {
         // A pending purge names ready messages the state still shows live: delivering one would
         // hand out a message the purge answered as removed (and its segment may soon be gone).
-        if self.delivery.consumers.is_empty() || self.log.is_none() || self.purges > 0 {
+        if self.delivery.consumers.is_empty()
+            || self.log.is_none()
+            || self.purges > 0
+            || !self.role.leading
+        {
             return;
         }
         let Some(budget) = self.ctx.broker.upgrade().map(|b| b.delivery_budget()) else {
@@ -87,7 +91,9 @@ impl Owner {
                     partition: self.ctx.index,
                     message: m,
                 },
-                redelivered: previous > 0,
+                // Below the start of this node's leadership, an earlier leader may have
+                // delivered it: it is flagged, like a return.
+                redelivered: previous > 0 || m < self.delivery.taken_over_at,
                 delivery_count,
                 message: front.message,
                 permit: DeliveryPermit {

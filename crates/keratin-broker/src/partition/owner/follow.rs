@@ -6,8 +6,10 @@
 //!
 //! Own proposals and foreign records never interleave: foreign records are read only while
 //! nothing of this owner's is pending (a log that stops leading fails its pending proposals
-//! first), and a read that comes back after the state moved on (a heal's rebuild, a reset) is
-//! dropped and read again from the new head.
+//! first), or up to the first offset of this owner's oldest pending proposal once that one is
+//! committed (a new leader's proposals land after its predecessor's records and the log's own
+//! entries, which are applied first); a read that comes back after the state moved on (a
+//! heal's rebuild, a reset) is dropped and read again from the new head.
 
 use super::*;
 
@@ -32,22 +34,33 @@ impl Owner {
         self.committed_up_to = self.committed_up_to.max(up_to);
     }
 
+    /// Where foreign records may be applied up to now: the committed end while nothing of
+    /// this owner's is pending, the start of its oldest pending proposal once that is
+    /// committed past the head, else nowhere (see the module docs).
+    fn follow_limit(&self) -> Option<u64> {
+        match self.pending.front() {
+            None => Some(self.committed_up_to),
+            Some(PendingAppend {
+                result: Some(AppendOutcome::Durable(range)),
+                ..
+            }) if range.start > self.state.head() => Some(range.start),
+            Some(_) => None,
+        }
+    }
+
     /// Read the next batch of foreign records when some are committed and not applied, and
-    /// nothing of this owner's is on its way (see the module docs).
+    /// nothing of this owner's is in the way (see the module docs).
     pub(super) fn maybe_follow(&mut self) {
         let from = self.state.head();
-        if self.following
-            || self.committed_up_to <= from
-            || !self.pending.is_empty()
-            || self.stopped.is_some()
-            || self.log_job.is_some()
-        {
+        let Some(until) = self.follow_limit() else {
+            return;
+        };
+        if self.following || until <= from || self.stopped.is_some() || self.log_job.is_some() {
             return;
         }
         let Some(log) = self.log.clone() else {
             return;
         };
-        let until = self.committed_up_to;
         self.following = true;
         let commands = self.commands.clone();
         tokio::task::spawn_blocking(move || {
@@ -59,8 +72,21 @@ impl Owner {
     /// A batch of foreign records was read: apply it if the state is still where it started.
     pub(super) fn follow_read(&mut self, read: FollowRead) {
         self.following = false;
-        if read.from != self.state.head() || !self.pending.is_empty() {
+        if read.from != self.state.head() {
             return;
+        }
+        // The read ends below every pending proposal: those made since it started got offsets
+        // past the committed end it read to, and an older one bounded it (`follow_limit`).
+        let end = read.from + read.records.len() as u64;
+        if let Some(PendingAppend {
+            result: Some(AppendOutcome::Durable(range)),
+            ..
+        }) = self.pending.front()
+        {
+            if end > range.start {
+                tracing::error!(queue = %self.ctx.queue, partition = self.ctx.index, end, start = range.start, "records read to apply overlap a pending proposal; reading again");
+                return;
+            }
         }
         for (offset, record) in (read.from..).zip(&read.records) {
             match self.state.apply(offset, record) {
@@ -72,6 +98,8 @@ impl Owner {
             }
         }
         self.state_check_due = true;
+        // An own proposal may have waited for these records.
+        self.act_on_answers();
         if let Some(error) = read.error {
             tracing::error!(queue = %self.ctx.queue, partition = self.ctx.index, %error, "cannot read committed records to apply them");
             self.stop(LogError::Invalid(format!(

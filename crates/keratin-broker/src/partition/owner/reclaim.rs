@@ -98,7 +98,12 @@ impl Owner {
             return;
         }
         let bound = 2 * self.state.live_bytes() + 2 * self.ctx.segment_size_bytes;
-        if space.disk_bytes > bound && bases.len() > 2 && self.relocation_fits() {
+        // Relocation writes records: the leader's to do.
+        if self.role.leading
+            && space.disk_bytes > bound
+            && bases.len() > 2
+            && self.relocation_fits()
+        {
             let first = (bases[0], bases[1]);
             self.relocate(first);
         }
