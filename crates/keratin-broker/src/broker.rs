@@ -17,7 +17,7 @@ use crate::gate::{OpenGate, PublishGate};
 use crate::meta::{Catalog, MetaFigures, MetaLog, MetaRecord, QueueDecl};
 use crate::partition::dead_letter::{DeadLetterSink, DeadLettering};
 use crate::partition::local_log::{remove_if_no_segments, LocalLog};
-use crate::partition::log::PartitionLog;
+use crate::partition::log::{PartitionLog, PartitionLogs, PartitionPlace};
 use crate::partition::owner::{self, rebuild, Command, OwnerContext};
 use crate::partition::state::PartitionState;
 use crate::queue::{validate_queue_name, DeadLetterFailure, Queue, QueueSettings};
@@ -112,6 +112,8 @@ pub struct BrokerConfig {
     /// Most consumers over all queues ([`CONSUMERS_MAX_DEFAULT`]); a subscribe past it is
     /// refused ([`BrokerError::Limited`], reason `consumers`).
     pub consumers_max: u32,
+    /// Opens the logs of replicated queues (a cluster node); `None` on a single node.
+    pub partition_logs: Option<Arc<dyn PartitionLogs>>,
 }
 
 impl std::fmt::Debug for BrokerConfig {
@@ -142,6 +144,7 @@ impl BrokerConfig {
             idle_release_after: IDLE_RELEASE_AFTER_DEFAULT,
             queues_max: QUEUES_MAX_DEFAULT,
             consumers_max: CONSUMERS_MAX_DEFAULT,
+            partition_logs: None,
         }
     }
 }
@@ -510,7 +513,51 @@ impl Broker {
             .map_err(|e| BrokerError::Closed(format!("declare: {e}")))?
     }
 
+    /// Declare a replicated queue as the cluster's metadata group decided it: its id (the same
+    /// on every node) and the nodes holding each partition's replicas. Declaring it again with
+    /// the same id is a no-op (the metadata group's records are applied again at every start).
+    pub async fn declare_replicated(
+        &self,
+        id: u64,
+        name: &str,
+        settings: QueueSettings,
+        replicas: Vec<Vec<u64>>,
+    ) -> BrokerResult<QueueInfo> {
+        if replicas.len() != settings.partitions as usize || replicas.iter().any(Vec::is_empty) {
+            return Err(BrokerError::Invalid(format!(
+                "queue {name:?}: {} partitions need one non-empty replica set each, got {}",
+                settings.partitions,
+                replicas.len()
+            )));
+        }
+        let broker = self.clone();
+        let name = name.to_string();
+        tokio::spawn(async move {
+            broker
+                .declare_placed(&name, settings, Some((id, replicas)))
+                .await
+        })
+        .await
+        .map_err(|e| BrokerError::Closed(format!("declare: {e}")))?
+    }
+
     async fn declare_here(&self, name: &str, settings: QueueSettings) -> BrokerResult<QueueInfo> {
+        if settings.replicas.is_some_and(|r| r > 1) && self.inner.config.partition_logs.is_none() {
+            return Err(BrokerError::Invalid(format!(
+                "queue {name:?}: replicas = {}, and this node runs alone (one copy); start a \
+                 cluster (keratin serve --node-id N --peer ID=ADDR ...) for replicated queues",
+                settings.replicas.unwrap_or(1)
+            )));
+        }
+        self.declare_placed(name, settings, None).await
+    }
+
+    async fn declare_placed(
+        &self,
+        name: &str,
+        settings: QueueSettings,
+        cluster: Option<(u64, Vec<Vec<u64>>)>,
+    ) -> BrokerResult<QueueInfo> {
         validate_queue_name(name)?;
         settings.validate(name)?;
         let inner = &self.inner;
@@ -518,7 +565,8 @@ impl Broker {
         let (id, reservation) = {
             let mut state = inner.meta_state();
             if let Some(existing) = state.catalog.by_name(name) {
-                if existing.settings != settings {
+                let other_id = cluster.as_ref().is_some_and(|(id, _)| *id != existing.id);
+                if existing.settings != settings || other_id {
                     return Err(BrokerError::Conflict {
                         name: name.into(),
                         existing: existing.settings.to_string(),
@@ -529,8 +577,11 @@ impl Broker {
                 return self.info(name);
             }
             inner.check_room(&state, name, &settings)?;
-            let id = state.catalog.next_id;
-            state.catalog.next_id += 1;
+            let id = match &cluster {
+                Some((id, _)) => *id,
+                None => state.catalog.next_id,
+            };
+            state.catalog.next_id = state.catalog.next_id.max(id) + 1;
             state.claims.reserve(settings.partitions);
             let reservation = Reservation {
                 inner,
@@ -547,6 +598,7 @@ impl Broker {
             name: name.into(),
             placement,
             settings,
+            replicas: cluster.map(|(_, replicas)| replicas).unwrap_or_default(),
         };
         let record = MetaRecord::QueueDeclared(decl.clone());
         inner
@@ -595,6 +647,11 @@ impl Broker {
             .ok_or_else(|| BrokerError::NotFound(name.into()))?;
         let settings = update(&decl.settings)?;
         settings.validate(name)?;
+        if decl.settings.replicas != settings.replicas {
+            return Err(BrokerError::Invalid(format!(
+                "queue {name:?}: replicas cannot change on a live queue"
+            )));
+        }
         if decl.settings.partitions != settings.partitions {
             return Err(BrokerError::Invalid(format!(
                 "queue {name:?} has {} partitions; partitions cannot change on a live queue",
@@ -1024,12 +1081,31 @@ impl BrokerInner {
                 full_segment_size_bytes: self.config.segment_size_bytes,
                 ..LogOptions::default()
             };
-            let log = Log::open(io.clone(), &dir, options, Some(self.pool.clone()))?;
-            let log: Arc<dyn PartitionLog> = Arc::new(LocalLog::new(
-                log,
-                io.clone(),
-                self.config.segment_size_bytes,
-            ));
+            let replicas = decl.replicas.get(index).filter(|r| !r.is_empty());
+            let log: Arc<dyn PartitionLog> = match (replicas, &self.config.partition_logs) {
+                (Some(replicas), Some(logs)) => logs.open(&PartitionPlace {
+                    queue_id: decl.id,
+                    queue: decl.name.clone(),
+                    index: index as u32,
+                    dir: dir.clone(),
+                    replicas: replicas.clone(),
+                })?,
+                (Some(_), None) => {
+                    return Err(BrokerError::Invalid(format!(
+                        "queue {:?} is replicated, and this node runs without a cluster; \
+                         start it with its [cluster] settings",
+                        decl.name
+                    )))
+                }
+                (None, _) => {
+                    let log = Log::open(io.clone(), &dir, options, Some(self.pool.clone()))?;
+                    Arc::new(LocalLog::new(
+                        log,
+                        io.clone(),
+                        self.config.segment_size_bytes,
+                    ))
+                }
+            };
             let state = rebuild(log.as_ref(), None)?;
             // The storage directory's: a log creates its own directory at its first append.
             let device = io

@@ -26,6 +26,10 @@ pub(crate) struct QueueDecl {
     pub(crate) settings: QueueSettings,
     /// The storage directory of each partition, by index.
     pub(crate) placement: Vec<PathBuf>,
+    /// A replicated queue: the nodes holding a replica of each partition, by index (empty on
+    /// a single node).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) replicas: Vec<Vec<u64>>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

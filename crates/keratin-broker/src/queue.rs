@@ -55,6 +55,10 @@ pub struct QueueSettings {
     /// What happens at a limit; `None` means [`Overflow::Reject`].
     #[serde(default)]
     pub overflow: Option<Overflow>,
+    /// Replicas of each partition in a cluster (`None`: the cluster's default,
+    /// `min(3, nodes)`). A single node holds one copy and refuses more than 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<u32>,
 }
 
 impl Default for QueueSettings {
@@ -66,6 +70,7 @@ impl Default for QueueSettings {
             max_messages: None,
             max_bytes: None,
             overflow: None,
+            replicas: None,
         }
     }
 }
@@ -88,12 +93,18 @@ impl std::fmt::Display for QueueSettings {
         if let Some(overflow) = self.overflow {
             write!(f, ", overflow={}", overflow.as_str())?;
         }
+        if let Some(replicas) = self.replicas {
+            write!(f, ", replicas={replicas}")?;
+        }
         Ok(())
     }
 }
 
 /// Maximum partitions of one queue: each has its own log and commit thread.
 pub const MAX_PARTITIONS: u32 = 64;
+
+/// Maximum replicas of a partition: a Raft group of up to 7 voters tolerates 3 lost nodes.
+pub const MAX_REPLICAS: u32 = 7;
 
 impl QueueSettings {
     pub(crate) fn validate(&self, name: &str) -> BrokerResult<()> {
@@ -107,6 +118,13 @@ impl QueueSettings {
             return Err(BrokerError::Invalid(
                 "a queue cannot be its own dead-letter queue".into(),
             ));
+        }
+        if let Some(replicas) = self.replicas {
+            if replicas == 0 || replicas > MAX_REPLICAS {
+                return Err(BrokerError::Invalid(format!(
+                    "replicas = {replicas}: expected 1 to {MAX_REPLICAS}"
+                )));
+            }
         }
         if self.max_deliveries == Some(0) {
             return Err(BrokerError::Invalid(

@@ -26,6 +26,7 @@ pub fn settings_from_wire(s: &frame::QueueSettings) -> QueueSettings {
         max_messages: s.max_messages,
         max_bytes: s.max_bytes,
         overflow: s.overflow.map(overflow_from_wire),
+        replicas: None,
     }
 }
 
@@ -58,6 +59,7 @@ pub fn apply_update(current: &QueueSettings, u: frame::QueueSettingsUpdate) -> Q
         max_messages: update(current.max_messages, u.max_messages),
         max_bytes: update(current.max_bytes, u.max_bytes),
         overflow: update(current.overflow, u.overflow.map_to(overflow_from_wire)),
+        replicas: current.replicas,
     }
 }
 

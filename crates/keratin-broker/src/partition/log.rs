@@ -225,3 +225,26 @@ pub trait PartitionLog: Send + Sync + 'static {
     /// purge writes a PURGE record like any other.
     fn reset(self: Arc<Self>) -> (Option<Arc<dyn PartitionLog>>, BrokerResult<()>);
 }
+
+/// Where a partition of a replicated queue lives, for [`PartitionLogs::open`].
+#[derive(Debug, Clone)]
+pub struct PartitionPlace {
+    /// The queue's id (the same on every node: the metadata group assigns it).
+    pub queue_id: u64,
+    /// The queue's name.
+    pub queue: String,
+    /// The partition's index.
+    pub index: u32,
+    /// This node's directory for its copy of the log.
+    pub dir: std::path::PathBuf,
+    /// The nodes holding a replica, this one included.
+    pub replicas: Vec<u64>,
+}
+
+/// Opens the logs of replicated partitions (the cluster's replication adapter). A broker
+/// without one keeps every log local.
+pub trait PartitionLogs: Send + Sync + 'static {
+    /// Open this node's copy of a partition's log, creating it (and its group) if new.
+    /// Blocking: runs on the blocking pool.
+    fn open(&self, place: &PartitionPlace) -> BrokerResult<Arc<dyn PartitionLog>>;
+}
