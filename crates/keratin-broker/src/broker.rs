@@ -17,7 +17,7 @@ use crate::gate::{OpenGate, PublishGate};
 use crate::meta::{Catalog, MetaFigures, MetaLog, MetaRecord, QueueDecl};
 use crate::partition::dead_letter::{DeadLetterSink, DeadLettering};
 use crate::partition::local_log::{remove_if_no_segments, LocalLog};
-use crate::partition::log::{PartitionLog, PartitionLogs, PartitionPlace};
+use crate::partition::log::{ClusterMetadata, PartitionLog, PartitionLogs, PartitionPlace};
 use crate::partition::owner::{self, rebuild, Command, OwnerContext};
 use crate::partition::state::PartitionState;
 use crate::queue::{validate_queue_name, DeadLetterFailure, Queue, QueueSettings};
@@ -114,6 +114,9 @@ pub struct BrokerConfig {
     pub consumers_max: u32,
     /// Opens the logs of replicated queues (a cluster node); `None` on a single node.
     pub partition_logs: Option<Arc<dyn PartitionLogs>>,
+    /// The cluster's metadata group (a cluster node): declare, delete and settings changes go
+    /// through it. `None` on a single node.
+    pub cluster_metadata: Option<Arc<dyn ClusterMetadata>>,
 }
 
 impl std::fmt::Debug for BrokerConfig {
@@ -145,6 +148,7 @@ impl BrokerConfig {
             queues_max: QUEUES_MAX_DEFAULT,
             consumers_max: CONSUMERS_MAX_DEFAULT,
             partition_logs: None,
+            cluster_metadata: None,
         }
     }
 }
@@ -504,6 +508,12 @@ impl Broker {
     /// any log exists, so a crash leaves either no queue or a declared one whose logs the next
     /// start opens.
     pub async fn declare(&self, name: &str, settings: QueueSettings) -> BrokerResult<QueueInfo> {
+        if let Some(cluster) = &self.inner.config.cluster_metadata {
+            validate_queue_name(name)?;
+            settings.validate(name)?;
+            cluster.declare(name.to_string(), settings).await?;
+            return self.info(name);
+        }
         // On a task of its own: a caller that goes away (a closed connection) does not cut the
         // declare between its durable record and the start of its queue.
         let broker = self.clone();
@@ -637,6 +647,35 @@ impl Broker {
         name: &str,
         update: impl FnOnce(&QueueSettings) -> BrokerResult<QueueSettings>,
     ) -> BrokerResult<QueueInfo> {
+        if let Some(cluster) = &self.inner.config.cluster_metadata {
+            let current = self.inner.queue(name)?.settings();
+            let settings = update(&current)?;
+            settings.validate(name)?;
+            if current.partitions != settings.partitions || current.replicas != settings.replicas {
+                return Err(BrokerError::Invalid(format!(
+                    "queue {name:?}: partitions and replicas cannot change on a live queue"
+                )));
+            }
+            cluster.set_settings(name.to_string(), settings).await?;
+            return self.info(name);
+        }
+        self.set_settings_here(name, update).await
+    }
+
+    /// Apply new settings of a replicated queue, as the cluster's metadata group decided them.
+    pub async fn set_settings_replicated(
+        &self,
+        name: &str,
+        settings: QueueSettings,
+    ) -> BrokerResult<QueueInfo> {
+        self.set_settings_here(name, |_| Ok(settings)).await
+    }
+
+    async fn set_settings_here(
+        &self,
+        name: &str,
+        update: impl FnOnce(&QueueSettings) -> BrokerResult<QueueSettings>,
+    ) -> BrokerResult<QueueInfo> {
         let inner = &self.inner;
         let claim = inner.claim(name).await?;
         let decl = inner
@@ -713,7 +752,20 @@ impl Broker {
     /// deletion record is durable before any file goes (a crash part way leaves files that the
     /// next start removes); no lock is held across the disk.
     pub async fn delete(&self, name: &str) -> BrokerResult<()> {
+        if let Some(cluster) = &self.inner.config.cluster_metadata {
+            return cluster.delete(name.to_string()).await;
+        }
         // On a task of its own, like `declare`: the deletion, once durable, always finishes.
+        let broker = self.clone();
+        let name = name.to_string();
+        tokio::spawn(async move { broker.delete_here(&name).await })
+            .await
+            .map_err(|e| BrokerError::Closed(format!("delete: {e}")))?
+    }
+
+    /// Delete a replicated queue, as the cluster's metadata group decided it: this node's
+    /// copies go.
+    pub async fn delete_replicated(&self, name: &str) -> BrokerResult<()> {
         let broker = self.clone();
         let name = name.to_string();
         tokio::spawn(async move { broker.delete_here(&name).await })

@@ -248,3 +248,20 @@ pub trait PartitionLogs: Send + Sync + 'static {
     /// Blocking: runs on the blocking pool.
     fn open(&self, place: &PartitionPlace) -> BrokerResult<Arc<dyn PartitionLog>>;
 }
+
+/// A boxed future of the cluster's metadata operations.
+pub type MetadataFuture = Pin<Box<dyn Future<Output = BrokerResult<()>> + Send>>;
+
+/// The cluster's metadata group, as the broker of a cluster node uses it: declaring, deleting
+/// and changing the settings of a queue go through the group (on whichever node leads it), and
+/// each future resolves once this node has applied the outcome (its broker then holds the
+/// queue as the cluster decided, through [`crate::Broker::declare_replicated`],
+/// [`crate::Broker::delete_replicated`] and [`crate::Broker::set_settings_replicated`]).
+pub trait ClusterMetadata: Send + Sync + 'static {
+    /// Declare queue `name` with `settings` in the cluster.
+    fn declare(&self, name: String, settings: crate::QueueSettings) -> MetadataFuture;
+    /// Delete queue `name` in the cluster.
+    fn delete(&self, name: String) -> MetadataFuture;
+    /// Replace the settings of live queue `name` in the cluster.
+    fn set_settings(&self, name: String, settings: crate::QueueSettings) -> MetadataFuture;
+}
