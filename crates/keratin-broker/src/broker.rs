@@ -1136,6 +1136,9 @@ impl BrokerInner {
             let replicas = decl.replicas.get(index).filter(|r| !r.is_empty());
             let log: Arc<dyn PartitionLog> = match (replicas, &self.config.partition_logs) {
                 (Some(replicas), Some(logs)) => logs.open(&PartitionPlace {
+                    io: io.clone(),
+                    pool: self.pool.clone(),
+                    segment_size_bytes: self.config.segment_size_bytes,
                     queue_id: decl.id,
                     queue: decl.name.clone(),
                     index: index as u32,

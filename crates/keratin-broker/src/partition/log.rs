@@ -227,8 +227,14 @@ pub trait PartitionLog: Send + Sync + 'static {
 }
 
 /// Where a partition of a replicated queue lives, for [`PartitionLogs::open`].
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct PartitionPlace {
+    /// The node's file system seam.
+    pub io: Arc<dyn keratin_log::Io>,
+    /// The node's segment pool (every log of the node allocates from it).
+    pub pool: keratin_log::SegmentPool,
+    /// The full segment size of partition logs.
+    pub segment_size_bytes: u64,
     /// The queue's id (the same on every node: the metadata group assigns it).
     pub queue_id: u64,
     /// The queue's name.
@@ -239,6 +245,18 @@ pub struct PartitionPlace {
     pub dir: std::path::PathBuf,
     /// The nodes holding a replica, this one included.
     pub replicas: Vec<u64>,
+}
+
+impl std::fmt::Debug for PartitionPlace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PartitionPlace")
+            .field("queue_id", &self.queue_id)
+            .field("queue", &self.queue)
+            .field("index", &self.index)
+            .field("dir", &self.dir)
+            .field("replicas", &self.replicas)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Opens the logs of replicated partitions (the cluster's replication adapter). A broker

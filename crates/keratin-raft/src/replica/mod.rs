@@ -12,6 +12,7 @@
 //! A proposal refused because this node is not the leader is [`ProposeError::NotLeader`] with
 //! the leader openraft knows of, so the broker can answer "not the leader" with its address.
 
+mod membership;
 mod notifier;
 mod reader;
 
