@@ -1,0 +1,144 @@
+//! [`MetadataHook`]: the broker's [`ClusterMetadata`] on a cluster node. A declare, delete or
+//! settings change becomes a record of the metadata group (proposed on its leader, wherever it
+//! is), and answers once this node has applied it, so the caller's next request on this node
+//! sees the queue as the cluster decided. What the catalog already says is answered at once
+//! (declaring an existing queue with the same settings, deleting a missing one).
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use keratin_broker::partition::log::{ClusterMetadata, MetadataFuture};
+use keratin_broker::{BrokerError, QueueSettings};
+
+use crate::applier::AppliedState;
+use crate::meta::MetaGroup;
+use crate::placement::{name_hash, place};
+use crate::records::ClusterRecord;
+
+/// A metadata change answers within this (the group may be electing a leader).
+pub const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Replicas of a partition when the declare names none: `min(DEFAULT_REPLICAS, nodes)`.
+pub const DEFAULT_REPLICAS: u32 = 3;
+
+/// See the module docs.
+pub(crate) struct MetadataHook {
+    pub(crate) nodes: Vec<u64>,
+    pub(crate) meta: Arc<OnceLock<Arc<MetaGroup>>>,
+    pub(crate) applied: Arc<AppliedState>,
+}
+
+fn starting(queue: &str) -> BrokerError {
+    BrokerError::NotLeader {
+        queue: queue.to_string(),
+        partition: 0,
+        leader: None,
+        addr: None,
+    }
+}
+
+impl MetadataHook {
+    /// Propose `record`, then wait until this node applied it.
+    async fn change(
+        meta: Option<Arc<MetaGroup>>,
+        applied: Arc<AppliedState>,
+        record: ClusterRecord,
+    ) -> Result<(), BrokerError> {
+        let Some(meta) = meta else {
+            return Err(starting(record.queue()));
+        };
+        let offset = meta.propose(&record, METADATA_TIMEOUT).await?;
+        if !applied.wait_applied(offset + 1, METADATA_TIMEOUT).await {
+            return Err(BrokerError::TimedOut {
+                queue: record.queue().to_string(),
+                partition: 0,
+                timeout_ms: METADATA_TIMEOUT.as_millis() as u64,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl ClusterMetadata for MetadataHook {
+    fn declare(&self, name: String, settings: QueueSettings) -> MetadataFuture {
+        let meta = self.meta.get().cloned();
+        let applied = self.applied.clone();
+        let nodes = self.nodes.clone();
+        Box::pin(async move {
+            if let Some(entry) = applied.catalog().get(&name) {
+                return same_or_conflict(&name, &entry.settings, &settings);
+            }
+            let count = nodes.len() as u32;
+            let replicas = settings.replicas.unwrap_or(DEFAULT_REPLICAS.min(count));
+            if replicas > count {
+                return Err(BrokerError::Invalid(format!(
+                    "queue {name:?}: replicas = {replicas}, and the cluster has {count} nodes; \
+                     declare at most {count} replicas or add nodes"
+                )));
+            }
+            let replicas = place(&nodes, settings.partitions, replicas, name_hash(&name));
+            let record = ClusterRecord::QueueDeclared {
+                name: name.clone(),
+                settings: settings.clone(),
+                replicas,
+            };
+            MetadataHook::change(meta, applied.clone(), record).await?;
+            match applied.catalog().get(&name) {
+                Some(entry) => same_or_conflict(&name, &entry.settings, &settings),
+                None => Err(BrokerError::Invalid(format!(
+                    "queue {name:?}: the cluster did not take the declaration (deleted meanwhile?)"
+                ))),
+            }
+        })
+    }
+
+    fn delete(&self, name: String) -> MetadataFuture {
+        let meta = self.meta.get().cloned();
+        let applied = self.applied.clone();
+        Box::pin(async move {
+            if applied.catalog().get(&name).is_none() {
+                return Err(BrokerError::NotFound(name));
+            }
+            let record = ClusterRecord::QueueDeleted { name };
+            MetadataHook::change(meta, applied, record).await
+        })
+    }
+
+    fn set_settings(&self, name: String, settings: QueueSettings) -> MetadataFuture {
+        let meta = self.meta.get().cloned();
+        let applied = self.applied.clone();
+        Box::pin(async move {
+            if applied.catalog().get(&name).is_none() {
+                return Err(BrokerError::NotFound(name));
+            }
+            let record = ClusterRecord::QueueSettingsChanged {
+                name: name.clone(),
+                settings: settings.clone(),
+            };
+            MetadataHook::change(meta, applied.clone(), record).await?;
+            match applied.catalog().get(&name) {
+                Some(entry) if entry.settings == settings => Ok(()),
+                Some(entry) => Err(BrokerError::Conflict {
+                    name,
+                    existing: entry.settings.to_string(),
+                }),
+                None => Err(BrokerError::NotFound(name)),
+            }
+        })
+    }
+}
+
+fn same_or_conflict(
+    name: &str,
+    existing: &QueueSettings,
+    wanted: &QueueSettings,
+) -> Result<(), BrokerError> {
+    if existing == wanted {
+        Ok(())
+    } else {
+        Err(BrokerError::Conflict {
+            name: name.to_string(),
+            existing: existing.to_string(),
+        })
+    }
+}

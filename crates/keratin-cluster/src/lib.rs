@@ -1,0 +1,35 @@
+//! Keratin's cluster layer: what makes a node a member of a cluster, above the replication
+//! adapter (`keratin-raft`, which alone names openraft's types) and beside the broker
+//! (`keratin-broker`, which it drives through two hooks: `PartitionLogs` opens replicated
+//! partition logs, `ClusterMetadata` sends declare, delete and settings changes through the
+//! metadata group). Design: `docs/cluster.md`.
+//!
+//! - `records`: the metadata group's records (JSON), byte by byte in `docs/cluster.md`.
+//! - `catalog`: the queues as the applied records say, with ids assigned in log order.
+//! - `placement`: which nodes hold each partition's replicas.
+//! - `meta`: this node's member of the metadata group; proposals go to its leader.
+//! - `applier`: applies the group's records to the catalog and the broker, in order.
+//! - `hook`: the broker's `ClusterMetadata`.
+//! - `service`: node-to-node requests that are not Raft's (who are you, propose this).
+//! - `directory`: the nodes' client and admin addresses.
+//! - `elsewhere`: the log of a partition with no replica on this node.
+//! - `node`: [`ClusterNode`], starting and stopping all of it.
+
+#![deny(missing_docs)]
+
+mod applier;
+pub mod catalog;
+pub mod directory;
+pub mod elsewhere;
+mod hook;
+mod meta;
+mod node;
+pub mod placement;
+pub mod records;
+mod service;
+
+pub use directory::{Directory, NodeInfo};
+pub use hook::{DEFAULT_REPLICAS, METADATA_TIMEOUT};
+pub use meta::{META_GROUP, META_VOTERS_MAX};
+pub use node::{ClusterNode, ClusterStatus, NodeStatus, PreparedCluster};
+pub use service::SERVICE_GROUP;

@@ -1,0 +1,201 @@
+//! [`MetaGroup`]: this node's member of the cluster's metadata group (group 0), a Raft group
+//! over a small segment log in the first storage directory (`cluster-meta/`). Its records are
+//! [`ClusterRecord`]s; every node applies them (`applier.rs`). A record is proposed on the
+//! group's leader: a node that does not lead forwards it there through the cluster service.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use keratin_broker::BrokerError;
+use keratin_log::{Io, LogOptions, SegmentPool};
+use keratin_net::{GroupId, NetError, RemoteError, Transport};
+use keratin_raft::network::Groups;
+use keratin_raft::replica::{CommittedReader, ProposeError, Replica};
+use keratin_raft::{GroupLogs, PartitionRecord};
+use tokio::sync::watch;
+
+use crate::records::{ClusterRecord, RECORD_JSON_V1};
+use crate::service::{KIND_PROPOSE, NOT_META_LEADER, PROPOSAL_FAILED, SERVICE_GROUP, STARTING};
+
+/// The metadata group's id.
+pub const META_GROUP: GroupId = GroupId(0);
+
+/// At most this many voters; further nodes would follow as learners (not built yet: a cluster
+/// of more than 5 nodes is refused at start).
+pub const META_VOTERS_MAX: usize = 5;
+
+/// Between two attempts to reach the metadata group's leader.
+const RETRY_PAUSE: Duration = Duration::from_millis(100);
+
+/// See the module docs.
+pub(crate) struct MetaGroup {
+    node_id: u64,
+    replica: Replica,
+    transport: Transport,
+    clock: keratin_broker::Clock,
+}
+
+impl MetaGroup {
+    /// Open (or create) the group's logs under `dir`, start this node's replica and form the
+    /// group with `voters` (node id to cluster address) if it is new.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn start(
+        node_id: u64,
+        dir: &Path,
+        io: Arc<dyn Io>,
+        pool: SegmentPool,
+        segment_size_bytes: u64,
+        transport: Transport,
+        groups: &Groups,
+        cluster_name: &str,
+        voters: BTreeMap<u64, String>,
+        clock: keratin_broker::Clock,
+    ) -> Result<MetaGroup, String> {
+        let options = LogOptions {
+            // Metadata records are small and rare: the small class, like the node's metadata.
+            full_segment_size_bytes: segment_size_bytes,
+            size_class: keratin_log::SizeClass::Small,
+            ..LogOptions::default()
+        };
+        let dir = dir.to_path_buf();
+        let logs =
+            tokio::task::spawn_blocking(move || GroupLogs::open(io, &dir, options, Some(pool)))
+                .await
+                .map_err(|e| format!("opening the metadata group's logs: {e}"))?
+                .map_err(|e| format!("opening the metadata group's logs: {e}"))?;
+        let config =
+            keratin_raft::replica::replica_config(cluster_name).map_err(|e| e.to_string())?;
+        let replica = Replica::start(node_id, META_GROUP, logs, config, transport.clone(), groups)
+            .await
+            .map_err(|e| format!("starting the metadata group: {e}"))?;
+        replica
+            .initialize_voters(&voters)
+            .await
+            .map_err(|e| format!("forming the metadata group: {e}"))?;
+        Ok(MetaGroup {
+            node_id,
+            replica,
+            transport,
+            clock,
+        })
+    }
+
+    /// The group's leader as this node knows it.
+    pub(crate) async fn leader(&self) -> Option<u64> {
+        self.replica.leader().await
+    }
+
+    /// One past the last committed record, as it moves.
+    pub(crate) fn committed(&self) -> watch::Receiver<u64> {
+        self.replica.committed()
+    }
+
+    /// The committed records from `offset` (blocking iteration).
+    pub(crate) fn reader(&self, offset: u64) -> CommittedReader {
+        self.replica.reader(offset)
+    }
+
+    /// Propose `record` on this node, which must lead the group; its offset once committed.
+    pub(crate) async fn propose_here(&self, record: &ClusterRecord) -> Result<u64, RemoteError> {
+        let entry = PartitionRecord::new(RECORD_JSON_V1, (self.clock)(), record.encode())
+            .map_err(|e| RemoteError::new(PROPOSAL_FAILED, e.to_string()))?;
+        match self.replica.propose(vec![entry]).await {
+            Ok(range) => Ok(range.start),
+            Err(error @ ProposeError::NotLeader { .. }) => {
+                Err(RemoteError::new(NOT_META_LEADER, error.to_string()))
+            }
+            Err(error) => Err(RemoteError::new(PROPOSAL_FAILED, error.to_string())),
+        }
+    }
+
+    /// Propose `record` on the group's leader, wherever it is, retrying until `timeout` while
+    /// there is none or it moves; its offset once committed. A retry after a lost answer may
+    /// propose it twice: applying a record twice changes nothing the second time
+    /// (`catalog.rs`).
+    pub(crate) async fn propose(
+        &self,
+        record: &ClusterRecord,
+        timeout: Duration,
+    ) -> Result<u64, BrokerError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let body = Bytes::from(record.encode());
+        let mut last = String::from("no leader was elected yet");
+        loop {
+            match self.leader().await {
+                Some(leader) if leader == self.node_id => match self.propose_here(record).await {
+                    Ok(offset) => return Ok(offset),
+                    Err(error) if error.code == NOT_META_LEADER => last = error.message,
+                    Err(error) => return Err(failed(record, error.message)),
+                },
+                Some(leader) => {
+                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    let call = self
+                        .transport
+                        .call(leader, SERVICE_GROUP, KIND_PROPOSE, body.clone(), left)
+                        .await;
+                    match call {
+                        Ok(reply) => {
+                            return offset_of(&reply).ok_or_else(|| {
+                                failed(
+                                    record,
+                                    format!("node {leader} answered {} bytes", reply.len()),
+                                )
+                            })
+                        }
+                        Err(NetError::Refused { error, .. })
+                            if error.code != NOT_META_LEADER && error.code != STARTING =>
+                        {
+                            return Err(failed(record, error.message));
+                        }
+                        Err(error) => last = error.to_string(),
+                    }
+                }
+                None => {}
+            }
+            if tokio::time::Instant::now() + RETRY_PAUSE >= deadline {
+                return Err(BrokerError::NotLeader {
+                    queue: record.queue().to_string(),
+                    partition: 0,
+                    leader: None,
+                    addr: None,
+                })
+                .inspect_err(|_| {
+                    tracing::warn!(queue = record.queue(), %last, "the cluster's metadata group did not take a change in time");
+                });
+            }
+            tokio::time::sleep(RETRY_PAUSE).await;
+        }
+    }
+
+    /// Stop this node's replica; its logs close once openraft lets go of them.
+    pub(crate) async fn shutdown(self, groups: &Groups) {
+        let logs = self.replica.shutdown(groups).await;
+        let mut logs = logs;
+        for _ in 0..500 {
+            match logs.try_close() {
+                Ok(Ok(())) => return,
+                Ok(Err(error)) => {
+                    tracing::warn!(%error, "closing the metadata group's logs");
+                    return;
+                }
+                Err(again) => logs = again,
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tracing::warn!("the metadata group's logs were still held 5 s after shutdown");
+    }
+}
+
+fn offset_of(reply: &[u8]) -> Option<u64> {
+    Some(u64::from_le_bytes(reply.try_into().ok()?))
+}
+
+fn failed(record: &ClusterRecord, reason: String) -> BrokerError {
+    BrokerError::Invalid(format!(
+        "queue {:?}: the cluster's metadata group refused the change: {reason}",
+        record.queue()
+    ))
+}

@@ -1,0 +1,72 @@
+//! The cluster service: node-to-node requests that are not Raft's, served as one more group
+//! of the node's `keratin-net` handler ([`SERVICE_GROUP`]). Bodies are JSON
+//! (`docs/cluster-protocol.md`, "Cluster service"):
+//! - [`KIND_HELLO`]: empty request; the reply is this node's [`NodeInfo`].
+//! - [`KIND_PROPOSE`]: a metadata record ([`ClusterRecord`]) for the metadata group; a node
+//!   that leads the group proposes it and replies with its offset (8 bytes, little-endian)
+//!   once it is committed; any other node refuses with [`NOT_META_LEADER`], and the sender
+//!   asks the leader.
+
+use std::sync::{Arc, OnceLock};
+
+use bytes::Bytes;
+use keratin_net::codes::APP_CODE_MIN;
+use keratin_net::{BoxFuture, GroupId, RemoteError};
+use keratin_raft::network::GroupEndpoint;
+
+use crate::directory::NodeInfo;
+use crate::meta::MetaGroup;
+use crate::records::{ClusterRecord, RECORD_JSON_V1};
+
+/// The service's group id: the last one (partition groups count up from 1, the metadata group
+/// is 0).
+pub const SERVICE_GROUP: GroupId = GroupId(u64::MAX);
+/// Who are you.
+pub const KIND_HELLO: u8 = 1;
+/// Propose a metadata record.
+pub const KIND_PROPOSE: u8 = 2;
+/// This node does not lead the metadata group (the message names the leader if known).
+pub const NOT_META_LEADER: u16 = APP_CODE_MIN + 100;
+/// The request did not decode.
+pub const BAD_REQUEST: u16 = APP_CODE_MIN + 101;
+/// The metadata group failed the proposal.
+pub const PROPOSAL_FAILED: u16 = APP_CODE_MIN + 102;
+/// The node is starting: it does not serve the metadata group yet.
+pub const STARTING: u16 = APP_CODE_MIN + 103;
+
+/// See the module docs.
+pub(crate) struct ClusterService {
+    pub(crate) own: Arc<OnceLock<NodeInfo>>,
+    pub(crate) meta: Arc<OnceLock<Arc<MetaGroup>>>,
+}
+
+impl GroupEndpoint for ClusterService {
+    fn serve(&self, kind: u8, body: Bytes) -> BoxFuture<Result<Bytes, RemoteError>> {
+        let own = self.own.get().cloned();
+        let meta = self.meta.get().cloned();
+        Box::pin(async move {
+            match kind {
+                KIND_HELLO => {
+                    let own = own.ok_or_else(|| {
+                        RemoteError::new(STARTING, "the node is starting; ask again shortly")
+                    })?;
+                    let body = serde_json::to_vec(&own).unwrap_or_default();
+                    Ok(Bytes::from(body))
+                }
+                KIND_PROPOSE => {
+                    let meta = meta.ok_or_else(|| {
+                        RemoteError::new(STARTING, "the node is starting; ask again shortly")
+                    })?;
+                    let record = ClusterRecord::decode(RECORD_JSON_V1, &body)
+                        .map_err(|e| RemoteError::new(BAD_REQUEST, e))?;
+                    let offset = meta.propose_here(&record).await?;
+                    Ok(Bytes::copy_from_slice(&offset.to_le_bytes()))
+                }
+                other => Err(RemoteError::new(
+                    BAD_REQUEST,
+                    format!("cluster service request kind {other} is unknown here"),
+                )),
+            }
+        })
+    }
+}
