@@ -27,7 +27,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::str::FromStr;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::handshake::CLUSTER_NAME_BYTES_MAX;
 use crate::NodeId;
@@ -36,13 +36,13 @@ use crate::NodeId;
 pub const DEFAULT_CLUSTER_NAME: &str = "keratin";
 
 /// The `[cluster]` section as written by the operator. Check it with [`ClusterConfig::resolve`].
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterConfig {
     /// This node's id (at least 1; 0 is reserved).
     pub node_id: u64,
     /// The address to listen on for peers; defaults to this node's entry in `peers`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub listen: Option<SocketAddr>,
     /// The cluster's nodes, as a list of `ID=ADDR` strings, or one string of them separated by
     /// commas (`"1=10.0.0.1:5690,2=10.0.0.2:5690"`, handy in an environment variable).
@@ -94,6 +94,12 @@ impl FromStr for PeerSpec {
 impl fmt::Display for PeerSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}={}", self.id, self.addr)
+    }
+}
+
+impl Serialize for PeerSpec {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
     }
 }
 

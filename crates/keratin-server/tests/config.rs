@@ -92,6 +92,7 @@ fn each_source_overrides_the_ones_below_it() {
         listen: Some(addr("127.0.0.4:1003")),
         data_dirs: vec![],
         http: None,
+        ..CliOverrides::default()
     };
 
     // Defaults only.
@@ -415,4 +416,57 @@ fn the_documented_example_file_is_the_defaults() {
     let file = write_file(&dir, text);
     let loaded = load(&with_file(&file), NO_ENV).expect("documented example loads");
     assert_eq!(loaded.config(), &Config::default());
+}
+
+/// `[cluster]` from the file, the environment and the flags, in that order of precedence; no
+/// section means a node that runs alone; a bad peer list is refused at load, naming it.
+#[test]
+fn the_cluster_section_comes_from_file_environment_and_flags() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("keratin.toml");
+    std::fs::write(
+        &file,
+        "[cluster]\nnode_id = 1\npeers = [\"1=127.0.0.1:5690\", \"2=127.0.0.2:5690\"]\n",
+    )
+    .expect("write");
+    let alone = load(&CliOverrides::default(), NO_ENV).expect("defaults");
+    assert_eq!(alone.config().cluster, None);
+
+    let loaded = load(&with_file(&file), NO_ENV).expect("file");
+    let cluster = loaded.config().cluster.clone().expect("a cluster");
+    assert_eq!(cluster.node_id, 1);
+    assert_eq!(cluster.peers.len(), 2);
+
+    let env = [
+        ("KERATIN_CLUSTER__NODE_ID", "2"),
+        ("KERATIN_CLUSTER__NAME", "1234"),
+        (
+            "KERATIN_CLUSTER__PEERS",
+            "1=127.0.0.1:5690,2=127.0.0.2:5690,3=127.0.0.3:5690",
+        ),
+    ];
+    let loaded = load(&with_file(&file), env).expect("environment");
+    let cluster = loaded.config().cluster.clone().expect("a cluster");
+    assert_eq!((cluster.node_id, cluster.name.as_str()), (2, "1234"));
+    assert_eq!(cluster.peers.len(), 3);
+
+    let flags = CliOverrides {
+        node_id: Some(3),
+        cluster_listen: Some(addr("127.0.0.3:5690")),
+        peers: vec!["3=127.0.0.3:5690".parse().expect("peer")],
+        ..with_file(&file)
+    };
+    let loaded = load(&flags, env).expect("flags");
+    let cluster = loaded.config().cluster.clone().expect("a cluster");
+    assert_eq!(cluster.node_id, 3);
+    assert_eq!(cluster.listen, Some(addr("127.0.0.3:5690")));
+    assert_eq!(cluster.peers.len(), 1);
+    assert!(loaded.print().contains("--node-id"), "{}", loaded.print());
+
+    let twice = [(
+        "KERATIN_CLUSTER__PEERS",
+        "1=127.0.0.1:5690,1=127.0.0.9:5690",
+    )];
+    let error = load(&with_file(&file), twice).expect_err("a duplicate id");
+    assert!(error.to_string().contains("cluster"), "{error}");
 }

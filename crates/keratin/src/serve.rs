@@ -24,6 +24,16 @@ pub struct ServeArgs {
     /// HTTP admin listen address. Default 127.0.0.1:5681.
     #[arg(long, value_name = "ADDR")]
     http: Option<SocketAddr>,
+    /// This node's id in a cluster (cluster.node_id); with --peer, the node joins the cluster.
+    #[arg(long = "node-id", value_name = "N")]
+    node_id: Option<u64>,
+    /// The address peers reach this node on (cluster.listen). Default: this node's --peer entry.
+    #[arg(long = "cluster-listen", value_name = "ADDR")]
+    cluster_listen: Option<SocketAddr>,
+    /// A node of the cluster as ID=ADDR (its cluster address); repeat for each node, this one
+    /// may be listed too (cluster.peers).
+    #[arg(long = "peer", value_name = "ID=ADDR")]
+    peers: Vec<keratin_net::PeerSpec>,
     /// Print the effective configuration, with where each value came from, and exit.
     #[arg(long)]
     print_config: bool,
@@ -45,6 +55,9 @@ pub fn prepare(args: ServeArgs) -> Result<Prepared, String> {
         data_dirs: args.data_dirs,
         listen: args.listen,
         http: args.http,
+        node_id: args.node_id,
+        cluster_listen: args.cluster_listen,
+        peers: args.peers,
     };
     let loaded = load_from_process_env(&cli).map_err(|e| e.to_string())?;
     if args.print_config {

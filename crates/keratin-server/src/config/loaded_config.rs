@@ -42,6 +42,11 @@ impl LoadedConfig {
         self.config.node.validate().map_err(key_error)?;
         self.config.server.validate().map_err(key_error)?;
         self.config.storage.validate().map_err(key_error)?;
+        if let Some(cluster) = &self.config.cluster {
+            cluster.resolve().map_err(|error| ConfigError::Source {
+                message: format!("[cluster]: {error}"),
+            })?;
+        }
         self.config.limits.validate().map_err(|error| match error {
             LimitsError::InvalidSetting {
                 key,

@@ -84,6 +84,11 @@ pub struct Config {
     pub storage: StorageSection,
     /// `[limits]`: the resource-limit thresholds (issue 6), owned by `keratin-limits`.
     pub limits: LimitsSettings,
+    /// `[cluster]`: this node's id, its cluster listener and the cluster's nodes (owned by
+    /// `keratin-net`, fields in its `config` module). Absent: the node runs alone. Startup
+    /// section.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<keratin_net::ClusterConfig>,
 }
 
 /// The `[node]` section.

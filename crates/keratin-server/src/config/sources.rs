@@ -25,7 +25,7 @@ pub const ENV_SEPARATOR: &str = "__";
 
 /// Keys whose environment value is taken as text even when it looks like a number
 /// (`KERATIN_NODE__ID=7` is the name `"7"`); every other value is parsed like a TOML value.
-const ENV_TEXT_KEYS: &[&str] = &["node.id"];
+const ENV_TEXT_KEYS: &[&str] = &["node.id", "cluster.name"];
 
 /// The command-line flags that override configuration keys; the binary's clap flags fill it.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -38,6 +38,12 @@ pub struct CliOverrides {
     pub listen: Option<SocketAddr>,
     /// `--http ADDR`: replaces `server.http`.
     pub http: Option<SocketAddr>,
+    /// `--node-id N`: replaces `cluster.node_id` (and makes the node a cluster member).
+    pub node_id: Option<u64>,
+    /// `--cluster-listen ADDR`: replaces `cluster.listen`.
+    pub cluster_listen: Option<SocketAddr>,
+    /// `--peer ID=ADDR`, repeatable: replaces `cluster.peers` when not empty.
+    pub peers: Vec<keratin_net::PeerSpec>,
 }
 
 /// Loads the configuration from every source, with `env` as the environment (pairs of name and
@@ -189,6 +195,24 @@ fn flag_layer(cli: &CliOverrides) -> Layer {
     }
     if let Some(http) = cli.http {
         set("server.http", "--http", Value::from(http.to_string()));
+    }
+    if let Some(node_id) = cli.node_id {
+        set("cluster.node_id", "--node-id", Value::from(node_id));
+    }
+    if let Some(listen) = cli.cluster_listen {
+        set(
+            "cluster.listen",
+            "--cluster-listen",
+            Value::from(listen.to_string()),
+        );
+    }
+    if !cli.peers.is_empty() {
+        let peers = cli
+            .peers
+            .iter()
+            .map(|peer| Value::from(peer.to_string()))
+            .collect::<Vec<_>>();
+        set("cluster.peers", "--peer", Value::from(peers));
     }
     let names = Arc::new(names);
     let metadata = Metadata::named(FLAG_LAYER).interpolater(move |_: &Profile, keys: &[&str]| {
