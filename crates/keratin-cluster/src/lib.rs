@@ -31,5 +31,5 @@ mod service;
 pub use directory::{Directory, NodeInfo};
 pub use hook::{DEFAULT_REPLICAS, METADATA_TIMEOUT};
 pub use meta::{META_GROUP, META_VOTERS_MAX};
-pub use node::{ClusterNode, ClusterStatus, NodeStatus, PreparedCluster};
+pub use node::{ClusterNode, ClusterStatus, MakePartitionLogs, NodeStatus, PreparedCluster};
 pub use service::SERVICE_GROUP;

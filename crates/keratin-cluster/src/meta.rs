@@ -38,6 +38,15 @@ pub(crate) struct MetaGroup {
     clock: keratin_broker::Clock,
 }
 
+impl std::fmt::Debug for MetaGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetaGroup")
+            .field("node_id", &self.node_id)
+            .field("replica", &self.replica)
+            .finish_non_exhaustive()
+    }
+}
+
 impl MetaGroup {
     /// Open (or create) the group's logs under `dir`, start this node's replica and form the
     /// group with `voters` (node id to cluster address) if it is new.

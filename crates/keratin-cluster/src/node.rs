@@ -51,6 +51,7 @@ pub struct PreparedCluster {
 }
 
 /// A cluster node, running. See the module docs.
+#[derive(Debug)]
 pub struct ClusterNode {
     cluster: ResolvedCluster,
     transport: Transport,
