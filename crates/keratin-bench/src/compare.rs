@@ -147,6 +147,7 @@ pub fn node_main(dir: &Path, config: Option<&Path>) -> BenchResult<()> {
         data_dirs: vec![dir.to_path_buf()],
         listen: Some(loopback),
         http: Some(loopback),
+        ..CliOverrides::default()
     };
     let config = load(&cli, std::iter::empty::<(String, String)>())?.into_config();
     std::fs::create_dir_all(dir)?;

@@ -64,7 +64,7 @@ pub struct ClusterNode {
 }
 
 /// One node as this node sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct NodeStatus {
     /// Its id.
     pub id: u64,
@@ -79,7 +79,7 @@ pub struct NodeStatus {
 }
 
 /// The cluster as this node sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ClusterStatus {
     /// This node's id.
     pub node_id: u64,

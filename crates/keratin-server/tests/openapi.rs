@@ -14,6 +14,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("get", "/health"),
     ("get", "/metrics"),
     ("get", "/api/v1/status"),
+    ("get", "/api/v1/cluster"),
     ("get", "/api/v1/attention"),
     ("get", "/api/v1/queues"),
     ("get", "/api/v1/queues/{name}"),

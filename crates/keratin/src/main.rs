@@ -5,6 +5,8 @@
 //! - `queue`: `keratin queue declare|list|info|purge|delete`.
 //! - `publish`: `keratin publish`, confirmed (bounded in flight) or buffered, with a summary.
 //! - `consume`: `keratin consume`, ack/reject, idle exit, body verification.
+//! - `cluster`: `keratin cluster status`, the nodes and partition leaders from
+//!   `GET /api/v1/cluster`.
 //! - `status`: `keratin status`, the node's disk and memory levels from `GET /api/v1/status`.
 //! - `settings`: `keratin settings get|set|reset`, runtime settings via `/api/v1/settings`.
 //! - `admin`: one HTTP/1.1 request to the admin port (JSON in, JSON out).
@@ -22,6 +24,7 @@
 mod admin;
 mod attention;
 mod body;
+mod cluster;
 mod connect;
 mod consume;
 mod output;
@@ -58,6 +61,8 @@ enum Command {
     Consume(consume::ConsumeArgs),
     /// Show the node's filesystems and memory with their limit levels.
     Status(status::StatusArgs),
+    /// Show the cluster: its nodes, which are reachable, and who leads each partition.
+    Cluster(cluster::ClusterArgs),
     /// Read and change the node's runtime settings (limits, budgets) without a restart.
     Settings(settings::SettingsArgs),
     /// Show what needs an operator: level changes, full queues, stopped and healed logs
@@ -74,6 +79,7 @@ impl Command {
             Command::Publish(args) => args.common.json,
             Command::Consume(args) => args.common.json,
             Command::Status(args) => args.common.json,
+            Command::Cluster(args) => args.json(),
             Command::Settings(args) => args.common.json,
             Command::Attention(args) => args.common.json,
         }
@@ -127,6 +133,7 @@ fn run_verb(verb: Command) -> Result<ExitCode, Failure> {
             Command::Publish(args) => publish::run(args).await,
             Command::Consume(args) => consume::run(args).await,
             Command::Status(args) => status::run(args).await,
+            Command::Cluster(args) => cluster::run(args).await,
             Command::Settings(args) => settings::run(args).await,
             Command::Attention(args) => attention::run(args).await,
         }

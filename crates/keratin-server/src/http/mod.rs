@@ -1,6 +1,7 @@
 //! The HTTP admin port (axum): `/health` and the JSON queue API. The limits, settings, metrics
 //! and dashboard issues add their routes here; the dashboard's files are in [`dashboard`].
 
+mod cluster;
 pub mod dashboard;
 
 use std::future::Future;
@@ -30,6 +31,8 @@ pub struct Admin {
     pub settings: Arc<NodeSettings>,
     /// The node's id.
     pub node_id: String,
+    /// The node's cluster membership; `None` when it runs alone.
+    pub cluster: Option<Arc<keratin_cluster::ClusterNode>>,
 }
 
 impl FromRef<Admin> for Broker {
@@ -44,6 +47,7 @@ pub fn router(admin: Admin) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/api/v1/status", get(status))
+        .route("/api/v1/cluster", get(cluster::cluster))
         .route("/api/v1/attention", get(attention))
         .route(
             "/api/v1/settings",

@@ -1,0 +1,51 @@
+//! `GET /api/v1/cluster`: the cluster as this node sees it — its nodes (addresses, reachable,
+//! which leads the metadata group), and every queue's partitions with their leader and
+//! whether this node leads them. A node that runs alone answers 404 with what to do.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+use super::Admin;
+
+pub(super) async fn cluster(State(admin): State<Admin>) -> Response {
+    let Some(cluster) = &admin.cluster else {
+        let body = json!({
+            "error": "this node runs alone: start it with --node-id and --peer (or [cluster]) to form a cluster",
+            "code": "not_a_cluster",
+        });
+        return (StatusCode::NOT_FOUND, Json(body)).into_response();
+    };
+    let status = cluster.status().await;
+    let mut document = serde_json::to_value(&status).unwrap_or(Value::Null);
+    let queues: Vec<Value> = admin
+        .broker
+        .list()
+        .iter()
+        .map(|queue| {
+            let partitions: Vec<Value> = queue
+                .partitions
+                .iter()
+                .map(|p| {
+                    json!({
+                        "index": p.index,
+                        "leading": p.leading,
+                        "leader": p.leader,
+                        "leader_addr": p.leader_addr,
+                        "ready": p.ready,
+                        "inflight": p.inflight,
+                    })
+                })
+                .collect();
+            json!({
+                "name": queue.name,
+                "replicas": queue.settings.replicas,
+                "partitions": partitions,
+            })
+        })
+        .collect();
+    document["queues"] = Value::from(queues);
+    Json(document).into_response()
+}
