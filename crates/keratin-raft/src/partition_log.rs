@@ -23,6 +23,18 @@
 //! committed and the owner applies them at their offsets) or cut by it (then "not the leader").
 //! The owner reads records committed by others meanwhile up to its oldest pending proposal
 //! (`owner/follow.rs`), so nothing waits on a proposal that cannot end while a leader exists.
+//!
+//! Storage failures: when the replica's fence trips (a write of either log failed), the
+//! forwarder reports "not leading" and shuts the `Raft` down, so the proposals in flight end
+//! with the storage error (outcome unknown) instead of waiting for a flush that never comes;
+//! the owner stops the partition and calls `heal`, which rebuilds the replica on its healed
+//! logs (the group's documented rebuild path: `GroupLogs::heal`, then a new store) and reports
+//! healed once the new replica has committed again what the failed one had. A *follower's*
+//! owner proposes nothing, so it never learns that its log failed and never heals it: that
+//! replica stays down until the node restarts (a log event for "stopped" is missing).
+//!
+//! Not built: prefix removal and hand-back (openraft must keep every entry until partition
+//! snapshots exist; both report nothing removed), reset (a replicated purge is a record).
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -205,20 +217,58 @@ struct Running {
     stop: watch::Sender<bool>,
     /// The submitter's queue; set by `start`.
     submitter: Option<mpsc::Sender<Submission>>,
+    /// A rebuilt replica is healed once its committed offset is back here (see `heal`).
+    catch_up_to: u64,
 }
+
+impl Running {
+    fn new(replica: Replica, catch_up_to: u64) -> Running {
+        Running {
+            replica,
+            stop: watch::Sender::new(false),
+            submitter: None,
+            catch_up_to,
+        }
+    }
+
+    /// Stop its tasks and shut the `Raft` down; the logs, to close, delete or heal.
+    async fn shut_down(self, groups: &Groups) -> GroupLogs {
+        self.stop.send_replace(true);
+        drop(self.submitter);
+        self.replica.shutdown(groups).await
+    }
+}
+
+/// The replica of a [`ReplicatedLog`].
+enum Replicating {
+    Running(Running),
+    /// Shut down after its storage failed, and not rebuilt yet (a heal failed): the logs, and
+    /// the committed offset the rebuilt replica must reach again.
+    Fenced(GroupLogs, u64),
+    Closed,
+}
+
+/// How long a heal waits for a rebuilt replica to commit again what its predecessor had
+/// committed (a leader re-elects itself, a follower hears from its leader: within about an
+/// election timeout, [`crate::replica::ELECTION_TIMEOUT_MAX_MS`]); the owner asks again
+/// later otherwise.
+const HEAL_CATCH_UP_WAIT: Duration = Duration::from_secs(5);
 
 /// See the module docs.
 pub struct ReplicatedLog {
     id: u64,
     queue: String,
     partition: u32,
+    group: GroupId,
     dir: PathBuf,
     io: Arc<dyn Io>,
     groups: Arc<Groups>,
+    transport: Transport,
+    raft_config: Arc<Config>,
     client_addrs: ClientAddrs,
-    /// One past the last committed offset (kept after close: the last value).
-    committed: watch::Receiver<u64>,
-    running: Mutex<Option<Running>>,
+    /// One past the last committed offset, as of the last replica (kept after close).
+    last_committed: std::sync::atomic::AtomicU64,
+    replicating: Mutex<Replicating>,
     events: OnceLock<LogEvents>,
 }
 
@@ -228,22 +278,29 @@ impl ReplicatedLog {
             id: setup.node_id,
             queue: place.queue.clone(),
             partition: place.index,
+            group: replica.group(),
             dir: place.dir.clone(),
             io: setup.io.clone(),
             groups: setup.groups.clone(),
+            transport: setup.transport.clone(),
+            raft_config: setup.raft_config.clone(),
             client_addrs: setup.client_addrs.clone(),
-            committed: replica.committed(),
-            running: Mutex::new(Some(Running {
-                replica,
-                stop: watch::Sender::new(false),
-                submitter: None,
-            })),
+            last_committed: std::sync::atomic::AtomicU64::new(0),
+            replicating: Mutex::new(Replicating::Running(Running::new(replica, 0))),
             events: OnceLock::new(),
         }
     }
 
-    fn running(&self) -> MutexGuard<'_, Option<Running>> {
-        self.running.lock().unwrap_or_else(|e| e.into_inner())
+    fn replicating(&self) -> MutexGuard<'_, Replicating> {
+        self.replicating.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `f` of the running replica, if there is one.
+    fn with_replica<T>(&self, f: impl FnOnce(&Replica) -> T) -> Option<T> {
+        match &*self.replicating() {
+            Replicating::Running(running) => Some(f(&running.replica)),
+            Replicating::Fenced(..) | Replicating::Closed => None,
+        }
     }
 
     fn closed(&self) -> BrokerError {
@@ -251,6 +308,40 @@ impl ReplicatedLog {
             "partition {} of queue {:?} (its replica was shut down)",
             self.partition, self.queue
         ))
+    }
+
+    fn answers(&self, replica: &Replica, events: LogEvents) -> Answers {
+        Answers {
+            id: self.id,
+            queue: self.queue.clone(),
+            partition: self.partition,
+            client_addrs: self.client_addrs.clone(),
+            fence: replica.fence().clone(),
+            events,
+        }
+    }
+
+    /// Send the current role, then start the forwarder and the submitter of `running`.
+    fn serve(&self, running: &mut Running, events: &LogEvents) {
+        let raft = running.replica.raft().clone();
+        let role = role_of(
+            self.id,
+            &raft.metrics().borrow_watched(),
+            &self.client_addrs,
+        );
+        let seen = (role.leading, role.leader);
+        events.send(LogEvent::Role(role));
+        let answers = self.answers(&running.replica, events.clone());
+        let (submitter, queue) = mpsc::channel(SUBMIT_QUEUE_MAX);
+        running.submitter = Some(submitter);
+        tokio::spawn(forward(
+            answers.clone(),
+            raft.clone(),
+            running.replica.committed(),
+            running.stop.subscribe(),
+            seen,
+        ));
+        tokio::spawn(submit(answers, raft, queue, running.stop.subscribe()));
     }
 
     /// Records of a proposal, refused if a type is in the adapter's range.
@@ -277,9 +368,16 @@ impl ReplicatedLog {
 
     /// The submitter's queue, if this node leads; else why not.
     fn submitter(&self) -> BrokerResult<mpsc::Sender<Submission>> {
-        let running = self.running();
-        let Some(running) = running.as_ref() else {
-            return Err(self.closed());
+        let replicating = self.replicating();
+        let running = match &*replicating {
+            Replicating::Running(running) => running,
+            Replicating::Fenced(..) => {
+                return Err(BrokerError::Log(LogError::Invalid(format!(
+                    "partition {} of {:?}: this node's replica failed and is not rebuilt yet",
+                    self.partition, self.queue
+                ))))
+            }
+            Replicating::Closed => return Err(self.closed()),
         };
         if let Some(reason) = running.replica.fence().reason() {
             return Err(BrokerError::Log(fenced_error(reason)));
@@ -304,17 +402,30 @@ impl ReplicatedLog {
         })
     }
 
-    /// Stop the tasks and shut the `Raft` down (blocking); the logs, to close or delete.
+    fn runtime(&self) -> LogResult<tokio::runtime::Handle> {
+        tokio::runtime::Handle::try_current().map_err(|e| {
+            LogError::Invalid(format!("a replicated log runs inside a tokio runtime: {e}"))
+        })
+    }
+
+    /// Stop the replica (blocking); its logs, to close or delete.
     fn shut_down(&self) -> BrokerResult<Option<GroupLogs>> {
-        let Some(running) = self.running().take() else {
-            return Ok(None);
-        };
-        running.stop.send_replace(true);
-        drop(running.submitter);
-        let handle = tokio::runtime::Handle::try_current()
-            .map_err(|e| BrokerError::Closed(format!("shutting a replica down: {e}")))?;
-        let logs = handle.block_on(running.replica.shutdown(&self.groups));
-        Ok(Some(logs))
+        let taken = std::mem::replace(&mut *self.replicating(), Replicating::Closed);
+        match taken {
+            Replicating::Closed => Ok(None),
+            Replicating::Fenced(logs, _) => Ok(Some(logs)),
+            Replicating::Running(running) => {
+                self.note_committed(&running.replica);
+                let handle = self.runtime()?;
+                Ok(Some(handle.block_on(running.shut_down(&self.groups))))
+            }
+        }
+    }
+
+    fn note_committed(&self, replica: &Replica) {
+        let committed = *replica.committed().borrow();
+        self.last_committed
+            .fetch_max(committed, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Wait (blocking) until nothing else holds `logs`, then close or delete them.
@@ -340,6 +451,82 @@ impl ReplicatedLog {
             std::thread::sleep(Duration::from_millis(10));
         }
     }
+
+    /// Rebuild a failed replica (blocking): shut its `Raft` down, heal the logs, start a new
+    /// replica on what is durable. The new one must commit again what the old one had
+    /// committed before the owner rebuilds its state from it (`caught_up`).
+    fn rebuild(&self, handle: &tokio::runtime::Handle, taken: Replicating) -> LogResult<()> {
+        let (logs, catch_up_to) = match taken {
+            Replicating::Running(running) => {
+                let committed = *running.replica.committed().borrow();
+                let catch_up_to = committed.max(running.catch_up_to);
+                (
+                    handle.block_on(running.shut_down(&self.groups)),
+                    catch_up_to,
+                )
+            }
+            Replicating::Fenced(logs, catch_up_to) => (logs, catch_up_to),
+            Replicating::Closed => return Ok(()),
+        };
+        if let Err(error) = logs.heal() {
+            *self.replicating() = Replicating::Fenced(logs, catch_up_to);
+            return Err(read_error(error));
+        }
+        let started = handle.block_on(Replica::start(
+            self.id,
+            self.group,
+            logs.clone(),
+            self.raft_config.clone(),
+            self.transport.clone(),
+            &self.groups,
+        ));
+        let replica = match started {
+            Ok(replica) => replica,
+            Err(error) => {
+                *self.replicating() = Replicating::Fenced(logs, catch_up_to);
+                return Err(read_error(error));
+            }
+        };
+        drop(logs);
+        tracing::info!(queue = %self.queue, partition = self.partition, catch_up_to, "replica rebuilt after a storage failure");
+        let mut running = Running::new(replica, catch_up_to);
+        if let Some(events) = self.events.get() {
+            self.serve(&mut running, events);
+        }
+        *self.replicating() = Replicating::Running(running);
+        Ok(())
+    }
+
+    /// Whether the running replica committed again what its failed predecessor had: waits up
+    /// to [`HEAL_CATCH_UP_WAIT`] (blocking).
+    fn caught_up(&self, handle: &tokio::runtime::Handle) -> LogResult<()> {
+        let Some((mut committed, catch_up_to)) = (match &*self.replicating() {
+            Replicating::Running(running) => {
+                Some((running.replica.committed(), running.catch_up_to))
+            }
+            Replicating::Fenced(..) | Replicating::Closed => None,
+        }) else {
+            return Ok(());
+        };
+        let reached = handle.block_on(async {
+            tokio::time::timeout(
+                HEAL_CATCH_UP_WAIT,
+                committed.wait_for(|up_to| *up_to >= catch_up_to),
+            )
+            .await
+            .is_ok_and(|waited| waited.is_ok())
+        });
+        if reached {
+            return Ok(());
+        }
+        Err(LogError::Invalid(format!(
+            "partition {} of {:?}: this node's replica was rebuilt after a storage failure and \
+             has committed up to {} of the {catch_up_to} it held before (it needs a leader)",
+            self.partition,
+            self.queue,
+            *committed.borrow()
+        )))
+    }
 }
 
 impl PartitionLog for ReplicatedLog {
@@ -347,36 +534,9 @@ impl PartitionLog for ReplicatedLog {
         if self.events.set(events.clone()).is_err() {
             return;
         }
-        let mut running = self.running();
-        let Some(running) = running.as_mut() else {
-            return;
-        };
-        let raft = running.replica.raft().clone();
-        let role = role_of(
-            self.id,
-            &raft.metrics().borrow_watched(),
-            &self.client_addrs,
-        );
-        let seen = (role.leading, role.leader);
-        events.send(LogEvent::Role(role));
-        let answers = Answers {
-            id: self.id,
-            queue: self.queue.clone(),
-            partition: self.partition,
-            client_addrs: self.client_addrs.clone(),
-            fence: running.replica.fence().clone(),
-            events,
-        };
-        let (submitter, queue) = mpsc::channel(SUBMIT_QUEUE_MAX);
-        running.submitter = Some(submitter);
-        tokio::spawn(forward(
-            answers.clone(),
-            raft.clone(),
-            running.replica.committed(),
-            running.stop.subscribe(),
-            seen,
-        ));
-        tokio::spawn(submit(answers, raft, queue, running.stop.subscribe()));
+        if let Replicating::Running(running) = &mut *self.replicating() {
+            self.serve(running, &events);
+        }
     }
 
     fn propose(self: Arc<Self>, proposal: Proposal) -> Proposing {
@@ -392,10 +552,7 @@ impl PartitionLog for ReplicatedLog {
     }
 
     fn reader(&self, offset: u64) -> BoxReader {
-        let reader = self
-            .running()
-            .as_ref()
-            .map(|running| running.replica.reader_with_adapter_entries(offset));
+        let reader = self.with_replica(|replica| replica.reader_with_adapter_entries(offset));
         Box::new(ReplicatedReader {
             reader,
             offset,
@@ -404,13 +561,16 @@ impl PartitionLog for ReplicatedLog {
     }
 
     fn committed_offset(&self) -> u64 {
-        *self.committed.borrow()
+        self.with_replica(|replica| *replica.committed().borrow())
+            .unwrap_or_else(|| {
+                self.last_committed
+                    .load(std::sync::atomic::Ordering::Relaxed)
+            })
     }
 
     fn start_offset(&self) -> u64 {
-        self.running()
-            .as_ref()
-            .map_or(0, |running| running.replica.logs().entries().start_offset())
+        self.with_replica(|replica| replica.logs().entries().start_offset())
+            .unwrap_or(0)
     }
 
     fn truncate_suffix(&self, from: u64) -> LogResult<()> {
@@ -426,20 +586,26 @@ impl PartitionLog for ReplicatedLog {
         )))
     }
 
+    /// A replica whose storage failed (its fence tripped) is rebuilt: its `Raft` shut down,
+    /// its logs healed, a new replica started on what is durable (the entries it lost come
+    /// back from the leader). The heal succeeds once the new replica has committed again
+    /// everything the failed one had, so that the owner's rebuild from the log loses nothing
+    /// it applied; until then it fails and the owner asks again later.
     fn heal(&self) -> LogResult<()> {
-        let running = self.running();
-        let Some(running) = running.as_ref() else {
-            return Ok(());
+        let handle = self.runtime()?;
+        let failed = {
+            let mut replicating = self.replicating();
+            let failed = match &*replicating {
+                Replicating::Running(running) => running.replica.fence().is_tripped(),
+                Replicating::Fenced(..) => true,
+                Replicating::Closed => return Ok(()),
+            };
+            failed.then(|| std::mem::replace(&mut *replicating, Replicating::Closed))
         };
-        match running.replica.fence().reason() {
-            None => Ok(()),
-            Some(reason) => Err(LogError::Invalid(format!(
-                "partition {} of {:?}: this node's replica failed ({reason}); a replica is not \
-                 rebuilt in place yet: restart the node once the disk is fixed or has space, \
-                 and it rebuilds the replica from its log (the other replicas serve meanwhile)",
-                self.partition, self.queue
-            ))),
+        if let Some(taken) = failed {
+            self.rebuild(&handle, taken)?;
         }
+        self.caught_up(&handle)
     }
 
     fn remove_prefix(&self, _before: u64) -> LogResult<Removing> {
@@ -460,23 +626,17 @@ impl PartitionLog for ReplicatedLog {
     }
 
     fn disk_bytes(&self) -> u64 {
-        self.running()
-            .as_ref()
-            .map_or(0, |running| running.replica.logs().entries().disk_bytes())
+        self.with_replica(|replica| replica.logs().entries().disk_bytes())
+            .unwrap_or(0)
     }
 
     fn tail_room_bytes(&self) -> u64 {
-        self.running().as_ref().map_or(0, |running| {
-            running.replica.logs().entries().tail_room_bytes()
-        })
+        self.with_replica(|replica| replica.logs().entries().tail_room_bytes())
+            .unwrap_or(0)
     }
 
     fn space(&self) -> LogSpace {
-        let Some(stats) = self
-            .running()
-            .as_ref()
-            .map(|running| running.replica.logs().entries().stats())
-        else {
+        let Some(stats) = self.with_replica(|replica| replica.logs().entries().stats()) else {
             return LogSpace {
                 disk_bytes: 0,
                 segment_bases: Vec::new(),
@@ -525,7 +685,10 @@ impl PartitionLog for ReplicatedLog {
 }
 
 /// Forwards the replica's commits and changes of leadership to the owner, until stopped or the
-/// group is gone.
+/// group is gone. When the replica's storage fails (its fence trips) it tells the owner this
+/// node no longer leads and shuts the `Raft` down: the proposals in flight end with the
+/// storage error (outcome unknown), so the owner stops the partition and heals it (`heal`
+/// rebuilds the replica), instead of waiting for entries that will never be flushed.
 async fn forward(
     answers: Answers,
     raft: ReplicaRaft,
@@ -533,9 +696,7 @@ async fn forward(
     mut stop: watch::Receiver<bool>,
     mut seen: (bool, Option<u64>),
 ) {
-    // The metrics only: the handle itself would outlive the group's shutdown.
     let mut metrics = raft.metrics();
-    drop(raft);
     // Commits made before the owner started (it rebuilt its state from what was committed when
     // the log opened).
     let up_to = *committed.borrow_and_update();
@@ -545,7 +706,21 @@ async fn forward(
     loop {
         tokio::select! {
             biased;
-            _ = stop.wait_for(|stopped| *stopped) => return,
+            () = stopped(&mut stop) => return,
+            () = answers.fence.tripped() => {
+                if seen != (false, None) {
+                    answers.events.send(LogEvent::Role(Role {
+                        leading: false,
+                        leader: None,
+                        addr: None,
+                        from: 0,
+                    }));
+                }
+                if let Err(error) = raft.shutdown().await {
+                    tracing::warn!(queue = %answers.queue, partition = answers.partition, %error, "shutting a fenced replica down");
+                }
+                return;
+            }
             changed = committed.changed() => {
                 if changed.is_err() {
                     return;
@@ -567,6 +742,11 @@ async fn forward(
     }
 }
 
+/// Resolves once `stop` is set (or its sender gone), holding no borrow of the value.
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|stopped| *stopped).await;
+}
+
 /// The one submitter: hands proposals to openraft in their order, without waiting for one to
 /// commit before the next; each outcome is awaited on a task of its own.
 async fn submit(
@@ -579,7 +759,7 @@ async fn submit(
     loop {
         let submission = tokio::select! {
             biased;
-            _ = stop.wait_for(|stopped| *stopped) => return,
+            () = stopped(&mut stop) => return,
             submission = queue.recv() => match submission {
                 Some(submission) => submission,
                 None => return,

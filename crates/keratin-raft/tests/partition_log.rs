@@ -5,7 +5,10 @@
 //! reader returns every committed offset, the adapter's membership and blank entries as `NOOP`
 //! records with an empty payload, the proposals' records at their reported offsets; the
 //! committed offset covers them; a committed record cannot be truncated; the log closes and
-//! reopens with the same records. It fails if a proposal is lost, reordered or reported at
+//! reopens with the same records. On a simulated disk, a write that fails under a proposal
+//! ends it with a storage error (outcome unknown) and the role with "not leading"; `heal`
+//! rebuilds the replica, which leads again with every committed record and takes proposals
+//! after them. It fails if a proposal is lost, reordered or reported at
 //! offsets that do not hold its records, if the reader skips an offset, or if the role is
 //! never reported leading.
 
@@ -20,6 +23,8 @@ use keratin_broker::partition::log::{
     LogEvent, LogEvents, PartitionLog, PartitionLogs, PartitionPlace, Proposal, Role,
 };
 use keratin_broker::record::{ENQUEUE, NOOP};
+use keratin_broker::BrokerError;
+use keratin_log::{RealIo, SimFault, SimIo};
 use keratin_net::ResolvedCluster;
 use keratin_raft::partition_log::{partition_group, ReplicatedLogs};
 use tokio::sync::mpsc;
@@ -117,6 +122,7 @@ async fn proposals_commit_in_order_and_the_reader_returns_every_offset() {
         cluster,
         transport.clone(),
         groups,
+        Arc::new(RealIo::new()),
     ));
     let place = place(dir.path());
     let log = open(&logs, &place).await;
@@ -231,6 +237,137 @@ async fn proposals_commit_in_order_and_the_reader_returns_every_offset() {
     .await
     .expect("read task");
     assert_eq!(reread, records);
+    close(log).await;
+    transport.shutdown();
+}
+
+async fn propose_one(log: &Arc<dyn PartitionLog>, sequence: u64) -> Result<(), BrokerError> {
+    let payloads = payloads(sequence);
+    let proposal = Proposal {
+        sequence,
+        types: vec![ENQUEUE; payloads.len()],
+        payloads,
+        timestamp_ms: 1_700_000_000_000 + sequence,
+    };
+    log.clone().propose(proposal).await
+}
+
+/// The outcome of proposal `sequence`; the roles reported meanwhile go to `roles`.
+async fn proposed(
+    events: &mut mpsc::UnboundedReceiver<LogEvent>,
+    sequence: u64,
+    roles: &mut Vec<Role>,
+) -> Result<Range<u64>, BrokerError> {
+    loop {
+        match next_event(events).await {
+            LogEvent::Proposed {
+                sequence: s,
+                result,
+            } => {
+                assert_eq!(s, sequence, "outcomes in proposal order here");
+                return result;
+            }
+            LogEvent::Role(role) => roles.push(role),
+            LogEvent::Committed { .. } => {}
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_whose_write_failed_is_rebuilt_by_heal() {
+    let sim = SimIo::new(21);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("address");
+    let cluster = ResolvedCluster {
+        node_id: 1,
+        listen: addr,
+        peers: [(1, addr)].into_iter().collect(),
+        name: "test".into(),
+    };
+    let (transport, groups) = common::brokers::transport(listener, cluster.clone());
+    let logs = Arc::new(common::brokers::replicated_logs(
+        cluster,
+        transport.clone(),
+        groups,
+        Arc::new(sim.clone()),
+    ));
+    let place = place(std::path::Path::new("/sim"));
+    let log = open(&logs, &place).await;
+    let mut events = start(&log);
+    wait_leading(&mut events).await;
+    let mut committed = BTreeMap::new();
+    for sequence in 0..5 {
+        propose_one(&log, sequence).await.expect("taken");
+        let range = proposed(&mut events, sequence, &mut Vec::new())
+            .await
+            .expect("committed");
+        committed.insert(sequence, range);
+    }
+
+    // The next Io call fails: the proposal's append (or a write just before it) stops a log,
+    // the fence trips, and the proposal ends with the storage error.
+    sim.fail_at(sim.steps(), SimFault::Eio);
+    let mut roles = Vec::new();
+    let failed = match propose_one(&log, 5).await {
+        Err(error) => error,
+        Ok(()) => proposed(&mut events, 5, &mut roles)
+            .await
+            .expect_err("a proposal under a failed write is not committed"),
+    };
+    assert!(
+        matches!(failed, BrokerError::Log(_)),
+        "a storage failure, outcome unknown: {failed}"
+    );
+    // Not leading any more, until rebuilt.
+    while !roles.iter().any(|role| !role.leading) {
+        if let LogEvent::Role(role) = next_event(&mut events).await {
+            roles.push(role);
+        }
+    }
+    assert!(
+        matches!(propose_one(&log, 6).await, Err(BrokerError::Log(_))),
+        "a fenced replica takes no proposal"
+    );
+
+    let healing = log.clone();
+    tokio::task::spawn_blocking(move || healing.heal())
+        .await
+        .expect("heal task")
+        .expect("the replica is rebuilt and caught up");
+    wait_leading(&mut events).await;
+    let end = committed[&4].end;
+    assert!(log.committed_offset() >= end);
+    // Sequence 6 was refused before the log took it: the owner's next proposal is 7.
+    propose_one(&log, 7).await.expect("taken after the heal");
+    let after = proposed(&mut events, 7, &mut Vec::new())
+        .await
+        .expect("committed after the heal");
+    assert!(
+        after.start >= end,
+        "after the records committed before: {after:?}"
+    );
+    committed.insert(7, after);
+
+    let reader_log = log.clone();
+    let records = tokio::task::spawn_blocking(move || {
+        reader_log
+            .reader(0)
+            .map(|r| r.expect("reads"))
+            .collect::<Vec<_>>()
+    })
+    .await
+    .expect("read task");
+    for (offset, record) in (0u64..).zip(&records) {
+        assert_eq!(record.offset, offset, "consecutive offsets");
+    }
+    for (sequence, range) in &committed {
+        for (offset, payload) in range.clone().zip(payloads(*sequence)) {
+            let record = &records[offset as usize];
+            assert_eq!((record.record_type, &record.payload), (ENQUEUE, &payload));
+        }
+    }
     close(log).await;
     transport.shutdown();
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keratin_broker::{Broker, BrokerConfig, BrokerError, Message, QueueInfo};
-use keratin_log::{RealIo, MIN_SEGMENT_SIZE_BYTES};
+use keratin_log::{Io, RealIo, MIN_SEGMENT_SIZE_BYTES};
 use keratin_net::{ResolvedCluster, Transport, TransportOptions};
 use keratin_raft::network::Groups;
 use keratin_raft::partition_log::{ClientAddrs, ReplicatedLogs, ReplicatedLogsSetup};
@@ -40,11 +40,13 @@ impl BrokerNode {
     }
 }
 
-/// The partition-log provider of node `cluster.node_id`, over `transport` and `groups`.
+/// The partition-log provider of node `cluster.node_id`, over `transport` and `groups`, its
+/// logs on `io`.
 pub fn replicated_logs(
     cluster: ResolvedCluster,
     transport: Transport,
     groups: Arc<Groups>,
+    io: Arc<dyn Io>,
 ) -> ReplicatedLogs {
     ReplicatedLogs::new(ReplicatedLogsSetup {
         node_id: cluster.node_id,
@@ -53,7 +55,7 @@ pub fn replicated_logs(
         raft_config: replica_config("test").expect("config"),
         cluster,
         client_addrs: client_addrs(),
-        io: Arc::new(RealIo::new()),
+        io,
         segment_size_bytes: MIN_SEGMENT_SIZE_BYTES,
         pool: None,
     })
@@ -79,7 +81,7 @@ pub async fn start(
     cluster: ResolvedCluster,
 ) -> BrokerNode {
     let (transport, groups) = transport(listener, cluster.clone());
-    let logs = replicated_logs(cluster, transport.clone(), groups);
+    let logs = replicated_logs(cluster, transport.clone(), groups, Arc::new(RealIo::new()));
     let config = BrokerConfig {
         segment_size_bytes: MIN_SEGMENT_SIZE_BYTES,
         pool_background: false,
