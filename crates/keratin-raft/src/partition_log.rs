@@ -39,7 +39,7 @@
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
 use futures_util::stream::BoxStream;
@@ -894,6 +894,8 @@ pub struct ReplicatedLogs {
     io: Arc<dyn Io>,
     segment_size_bytes: u64,
     pool: Option<SegmentPool>,
+    /// The logs opened, by group (entries of closed logs are dropped at the next open).
+    opened: Mutex<BTreeMap<u64, Weak<ReplicatedLog>>>,
 }
 
 impl std::fmt::Debug for ReplicatedLogs {
@@ -933,7 +935,21 @@ impl ReplicatedLogs {
             io: setup.io,
             segment_size_bytes: setup.segment_size_bytes,
             pool: setup.pool,
+            opened: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// The openraft instance of an open partition group on this node, for what the cluster
+    /// layer does beside the broker (membership changes, metrics, triggering an election);
+    /// `None` if the group is not open or its replica is being rebuilt.
+    pub fn raft(&self, group: GroupId) -> Option<ReplicaRaft> {
+        let log = self
+            .opened
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&group.0)?
+            .upgrade()?;
+        log.with_replica(|replica| replica.raft().clone())
     }
 
     /// The voters of a new group: every replica with its cluster address.
@@ -1042,6 +1058,10 @@ impl PartitionLogs for ReplicatedLogs {
         let replica = handle
             .block_on(self.start_group(group, logs, voters))
             .map_err(invalid)?;
-        Ok(Arc::new(ReplicatedLog::new(replica, place, self)))
+        let log = Arc::new(ReplicatedLog::new(replica, place, self));
+        let mut opened = self.opened.lock().unwrap_or_else(|e| e.into_inner());
+        opened.retain(|_, log| log.strong_count() > 0);
+        opened.insert(group.0, Arc::downgrade(&log));
+        Ok(log)
     }
 }

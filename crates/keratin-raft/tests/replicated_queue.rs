@@ -9,6 +9,10 @@
 //! delivered before flagged `redelivered`) and none of the acked ones. It fails if a confirmed
 //! message is lost or an acked one comes back, if the refusal names the wrong leader, or if no
 //! leader emerges within the bounds.
+//!
+//! A leader that keeps running but loses an election (a follower is made to start one) steps
+//! down: its consumer ends with "not the leader", and the leader after it delivers the
+//! unacked messages again, flagged `redelivered`.
 
 mod common;
 
@@ -17,6 +21,7 @@ use std::time::Duration;
 
 use common::brokers::{client_addr, publish_all, wait_info, BrokerNode};
 use keratin_broker::{BrokerError, Consumer, Delivery, Message, QueueSettings};
+use keratin_raft::partition_log::partition_group;
 
 const QUEUE: &str = "orders";
 const QUEUE_ID: u64 = 3;
@@ -202,6 +207,81 @@ async fn a_replicated_queue_serves_from_its_leader_and_survives_its_loss() {
     assert_eq!(seen, wanted);
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(consumer.try_recv().is_none(), "nothing more to deliver");
+    drop(deliveries);
+    drop(consumer);
+    for (_, node) in nodes {
+        node.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_leader_that_loses_an_election_ends_its_consumers_with_not_leader() {
+    let mut net = common::tcp::three_nodes().await;
+    let mut nodes = BTreeMap::new();
+    for (id, listener) in std::mem::take(&mut net.listeners) {
+        let node = common::brokers::start(net.dirs[&id].path(), listener, net.cluster(id)).await;
+        nodes.insert(id, node);
+    }
+    for node in nodes.values() {
+        node.broker
+            .declare_replicated(QUEUE_ID, QUEUE, settings(), vec![vec![1, 2, 3]])
+            .await
+            .expect("declare");
+    }
+    let first_leader = leader(&nodes).await;
+    let sent = bodies("message", 5);
+    publish_all(&nodes[&first_leader].broker, QUEUE, &sent, WAIT).await;
+    check_infos(&nodes, first_leader, sent.len() as u64).await;
+    let mut consumer = nodes[&first_leader]
+        .broker
+        .subscribe(QUEUE, 100)
+        .expect("subscribe");
+    let delivered = receive(&mut consumer, sent.len()).await;
+
+    // A follower starts an election with a higher term: whoever wins, the leader hears the
+    // higher term and steps down while running.
+    let follower = *nodes
+        .keys()
+        .find(|id| **id != first_leader)
+        .expect("a follower");
+    let group = partition_group(QUEUE_ID, 0).expect("group");
+    nodes[&follower]
+        .logs
+        .raft(group)
+        .expect("the follower's replica")
+        .trigger()
+        .elect(false)
+        .await
+        .expect("election triggered");
+    let end = tokio::time::timeout(WAIT, async { while consumer.recv().await.is_some() {} }).await;
+    assert!(end.is_ok(), "the deposed leader's consumer did not end");
+    match consumer.end_reason() {
+        Some(BrokerError::NotLeader { leader, addr, .. }) => {
+            assert_ne!(leader, Some(first_leader), "named itself as leader");
+            if let Some(leader) = leader {
+                assert_eq!(addr, Some(client_addr(leader)));
+            }
+        }
+        other => panic!("the deposed leader's consumer ended with {other:?}"),
+    }
+    drop(delivered);
+
+    // The leader after it (possibly the same node, in a later term) delivers them again.
+    let new_leader = leader(&nodes).await;
+    let mut consumer = nodes[&new_leader]
+        .broker
+        .subscribe(QUEUE, 100)
+        .expect("subscribe at the new leader");
+    let deliveries = receive(&mut consumer, sent.len()).await;
+    let received: Vec<String> = deliveries
+        .iter()
+        .map(|d| String::from_utf8(d.message.body.clone()).expect("utf-8"))
+        .collect();
+    assert_eq!(received, sent);
+    assert!(
+        deliveries.iter().all(|d| d.redelivered),
+        "flagged redelivered"
+    );
     drop(deliveries);
     drop(consumer);
     for (_, node) in nodes {

@@ -27,6 +27,7 @@ pub fn client_addrs() -> ClientAddrs {
 pub struct BrokerNode {
     pub broker: Broker,
     pub transport: Transport,
+    pub logs: Arc<ReplicatedLogs>,
 }
 
 impl BrokerNode {
@@ -81,15 +82,24 @@ pub async fn start(
     cluster: ResolvedCluster,
 ) -> BrokerNode {
     let (transport, groups) = transport(listener, cluster.clone());
-    let logs = replicated_logs(cluster, transport.clone(), groups, Arc::new(RealIo::new()));
+    let logs = Arc::new(replicated_logs(
+        cluster,
+        transport.clone(),
+        groups,
+        Arc::new(RealIo::new()),
+    ));
     let config = BrokerConfig {
         segment_size_bytes: MIN_SEGMENT_SIZE_BYTES,
         pool_background: false,
-        partition_logs: Some(Arc::new(logs)),
+        partition_logs: Some(logs.clone()),
         ..BrokerConfig::new(vec![dir.to_path_buf()])
     };
     let broker = Broker::open(config).await.expect("broker opens");
-    BrokerNode { broker, transport }
+    BrokerNode {
+        broker,
+        transport,
+        logs,
+    }
 }
 
 /// Polls `check` on `info(name)` every 20 ms until it holds; panics with `what` after `wait`.
