@@ -529,6 +529,26 @@ impl ReplicatedLog {
     }
 }
 
+impl Drop for ReplicatedLog {
+    /// A log dropped without `close` (a broker dropped without a shutdown) still stops serving
+    /// its group: its tasks end, the group leaves the node's handler, and the `Raft` is shut
+    /// down on the runtime if there is one. Its logs close when the last holder lets go.
+    fn drop(&mut self) {
+        let taken = std::mem::replace(&mut *self.replicating(), Replicating::Closed);
+        let Replicating::Running(running) = taken else {
+            return;
+        };
+        running.stop.send_replace(true);
+        self.groups.remove(self.group);
+        let raft = running.replica.raft().clone();
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                let _ = raft.shutdown().await;
+            });
+        }
+    }
+}
+
 impl PartitionLog for ReplicatedLog {
     fn start(&self, events: LogEvents) {
         if self.events.set(events.clone()).is_err() {
