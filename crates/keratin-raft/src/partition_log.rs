@@ -179,11 +179,12 @@ fn fenced_error(reason: RaftError) -> LogError {
     }
 }
 
-/// A read failure of the replica as the broker's log error.
-fn read_error(error: RaftError) -> LogError {
+/// A failure of the replica while doing `what`, as the broker's log error (a log's own error
+/// as it is).
+fn log_error(what: &str, error: RaftError) -> LogError {
     match error {
         RaftError::Log { source, .. } => source,
-        other => LogError::Invalid(format!("reading the replicated partition log: {other}")),
+        other => LogError::Invalid(format!("{what}: {other}")),
     }
 }
 
@@ -438,7 +439,10 @@ impl ReplicatedLog {
                 logs.try_close()
             };
             match attempt {
-                Ok(result) => return result.map_err(|e| BrokerError::Log(read_error(e))),
+                Ok(result) => {
+                    return result
+                        .map_err(|e| BrokerError::Log(log_error("closing a replica's logs", e)))
+                }
                 Err(again) => logs = again,
             }
             if std::time::Instant::now() >= deadline {
@@ -470,7 +474,7 @@ impl ReplicatedLog {
         };
         if let Err(error) = logs.heal() {
             *self.replicating() = Replicating::Fenced(logs, catch_up_to);
-            return Err(read_error(error));
+            return Err(log_error("healing a failed replica's logs", error));
         }
         let started = handle.block_on(Replica::start(
             self.id,
@@ -484,7 +488,7 @@ impl ReplicatedLog {
             Ok(replica) => replica,
             Err(error) => {
                 *self.replicating() = Replicating::Fenced(logs, catch_up_to);
-                return Err(read_error(error));
+                return Err(log_error("starting a rebuilt replica", error));
             }
         };
         drop(logs);
@@ -856,7 +860,12 @@ impl Iterator for ReplicatedReader {
         };
         let record = match reader.next()? {
             Ok(record) => record,
-            Err(error) => return Some(Err(read_error(error))),
+            Err(error) => {
+                return Some(Err(log_error(
+                    "reading the replicated partition log",
+                    error,
+                )))
+            }
         };
         self.offset = record.offset + 1;
         if record.record_type >= RECORD_TYPE_RESERVED_MIN {
@@ -1056,7 +1065,7 @@ impl ReplicatedLogs {
 
 impl PartitionLogs for ReplicatedLogs {
     fn open(&self, place: &PartitionPlace) -> BrokerResult<Arc<dyn PartitionLog>> {
-        let invalid = |e: RaftError| BrokerError::Log(read_error(e));
+        let invalid = |e: RaftError| BrokerError::Log(log_error("opening a replica", e));
         let group = partition_group(place.queue_id, place.index)
             .map_err(|e| BrokerError::Invalid(e.to_string()))?;
         let voters = self.voters(place)?;
