@@ -19,6 +19,9 @@
 //!   coalesced heartbeats): openraft's sending side and the node's request handler.
 //! - [`replica`]: [`replica::Replica`], one node's member of a partition group in the broker's
 //!   terms (propose, committed offset, committed reader), over the network below.
+//! - [`partition_log`]: [`partition_log::ReplicatedLog`], the broker's partition log over a
+//!   replica, and [`partition_log::ReplicatedLogs`], the provider a cluster node's broker opens
+//!   them with; the group id of a partition ([`partition_log::partition_group`]).
 //! - `error`: [`RaftError`].
 //!
 //! # Index and offset
@@ -69,6 +72,7 @@ pub mod entry_format;
 mod error;
 mod fence;
 pub mod network;
+pub mod partition_log;
 mod raft_state;
 pub mod replica;
 mod state_machine;

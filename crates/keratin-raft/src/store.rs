@@ -86,20 +86,7 @@ impl GroupLogs {
     /// readers and its flush waiters let go as their tasks end. While something still does, the
     /// logs come back as `Err` (try again later; never open the directory twice).
     pub fn try_close(self) -> Result<Result<(), RaftError>, GroupLogs> {
-        let GroupLogs { entries, state } = self;
-        let entries = match Arc::try_unwrap(entries) {
-            Ok(entries) => entries,
-            Err(entries) => return Err(GroupLogs { entries, state }),
-        };
-        let state = match Arc::try_unwrap(state) {
-            Ok(state) => state,
-            Err(state) => {
-                return Err(GroupLogs {
-                    entries: Arc::new(entries),
-                    state,
-                })
-            }
-        };
+        let (entries, state) = self.try_unshare()?;
         let closed = entries
             .close()
             .map_err(|e| RaftError::log("close the entry log", e));
@@ -107,6 +94,37 @@ impl GroupLogs {
             .close()
             .map_err(|e| RaftError::log("close the raft state log", e));
         Ok(closed.and(state_closed))
+    }
+
+    /// Delete both logs (this node's copy of the group: see `keratin_log::Log::delete`) once
+    /// nothing else holds them, as [`GroupLogs::try_close`].
+    pub fn try_delete(self) -> Result<Result<(), RaftError>, GroupLogs> {
+        let (entries, state) = self.try_unshare()?;
+        // The entry log first: a crash between the two leaves a state log naming entries that
+        // are gone, in a directory the caller removes (or deletes again) next.
+        let deleted = entries
+            .delete()
+            .map_err(|e| RaftError::log("delete the entry log", e));
+        let state_deleted = state
+            .delete()
+            .map_err(|e| RaftError::log("delete the raft state log", e));
+        Ok(deleted.and(state_deleted))
+    }
+
+    /// Both logs, if nothing else holds them.
+    fn try_unshare(self) -> Result<(Log, Log), GroupLogs> {
+        let GroupLogs { entries, state } = self;
+        let entries = match Arc::try_unwrap(entries) {
+            Ok(entries) => entries,
+            Err(entries) => return Err(GroupLogs { entries, state }),
+        };
+        match Arc::try_unwrap(state) {
+            Ok(state) => Ok((entries, state)),
+            Err(state) => Err(GroupLogs {
+                entries: Arc::new(entries),
+                state,
+            }),
+        }
     }
 
     /// Heal both logs after a stop (see `keratin_log::Log::heal`). Call it after the group's

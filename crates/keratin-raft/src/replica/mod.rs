@@ -146,6 +146,16 @@ impl Replica {
         &self.raft
     }
 
+    /// The group's logs (figures, reads of the entry log).
+    pub fn logs(&self) -> &GroupLogs {
+        &self.logs
+    }
+
+    /// The group this replica belongs to.
+    pub fn group(&self) -> GroupId {
+        self.group
+    }
+
     /// The group's storage fence: it trips when this node's copy fails.
     pub fn fence(&self) -> &Fence {
         &self.fence
@@ -197,6 +207,12 @@ impl Replica {
     /// blocking pool).
     pub fn reader(&self, offset: u64) -> CommittedReader {
         CommittedReader::new(self.view.clone(), offset, self.committed())
+    }
+
+    /// The partition's committed entries from `offset` on, the adapter's own entries included
+    /// (see [`CommittedReader::with_adapter_entries`]); blocking iteration, as [`Replica::reader`].
+    pub fn reader_with_adapter_entries(&self, offset: u64) -> CommittedReader {
+        self.reader(offset).with_adapter_entries()
     }
 
     /// The leader this replica knows of.

@@ -3,7 +3,10 @@
 //! the in-memory tail of entries appended but not yet durable here, because an entry is
 //! committed once a majority has it, which need not include this node. The adapter's own
 //! entries (blank, membership) take offsets but are not partition records: they are skipped,
-//! so a reader sees gaps in the offsets, never a record that is not the broker's. It stops at
+//! so a reader sees gaps in the offsets, never a record that is not the broker's — unless it
+//! was made with [`CommittedReader::with_adapter_entries`], which returns them as records of
+//! their reserved type ([`RECORD_TYPE_BLANK`], [`RECORD_TYPE_MEMBERSHIP`]) with an empty
+//! payload, so that offsets stay consecutive (the broker maps them to `NOOP`). It stops at
 //! the committed offset of the moment (records past it may still be cut by a new leader);
 //! reading again later continues where it stopped.
 
@@ -12,6 +15,7 @@ use std::collections::VecDeque;
 use keratin_log::ReadRecord;
 use tokio::sync::watch;
 
+use crate::entry_format::{RECORD_TYPE_BLANK, RECORD_TYPE_MEMBERSHIP};
 use crate::error::RaftError;
 use crate::store::LogStoreReader;
 use crate::types::{Entry, Payload};
@@ -28,6 +32,8 @@ pub struct CommittedReader {
     /// Entries read and not yet returned.
     buffered: VecDeque<Entry>,
     committed: watch::Receiver<u64>,
+    /// Return the adapter's own entries too (see the module docs).
+    adapter_entries: bool,
 }
 
 impl CommittedReader {
@@ -37,7 +43,16 @@ impl CommittedReader {
             next: offset,
             buffered: VecDeque::new(),
             committed,
+            adapter_entries: false,
         }
+    }
+
+    /// This reader, returning the adapter's own entries (blank, membership) as records of their
+    /// reserved type with an empty payload and timestamp 0, so that every committed offset is
+    /// returned.
+    pub fn with_adapter_entries(mut self) -> Self {
+        self.adapter_entries = true;
+        self
     }
 
     /// The offset of the next entry it returns or skips.
@@ -77,7 +92,7 @@ impl CommittedReader {
 
 impl Iterator for CommittedReader {
     /// A partition record as written by the broker: its type, timestamp and payload, at its
-    /// offset; `flags` is 0.
+    /// offset; `flags` is 0. With adapter entries, those too (see the module docs).
     type Item = Result<ReadRecord, RaftError>;
 
     fn next(&mut self) -> Option<Self::Item> {
@@ -88,15 +103,22 @@ impl Iterator for CommittedReader {
                 }
             }
             let entry = self.buffered.pop_front()?;
-            if let Payload::Normal(record) = entry.payload {
-                return Some(Ok(ReadRecord {
-                    offset: entry.log_id.index,
-                    record_type: record.record_type,
-                    flags: 0,
-                    timestamp_ms: record.timestamp_ms,
-                    payload: record.payload,
-                }));
-            }
+            let offset = entry.log_id.index;
+            let (record_type, timestamp_ms, payload) = match entry.payload {
+                Payload::Normal(record) => {
+                    (record.record_type, record.timestamp_ms, record.payload)
+                }
+                _ if !self.adapter_entries => continue,
+                Payload::Blank => (RECORD_TYPE_BLANK, 0, Vec::new()),
+                Payload::Membership(_) => (RECORD_TYPE_MEMBERSHIP, 0, Vec::new()),
+            };
+            return Some(Ok(ReadRecord {
+                offset,
+                record_type,
+                flags: 0,
+                timestamp_ms,
+                payload,
+            }));
         }
     }
 }

@@ -3,6 +3,7 @@
 //! the adapter's rule for surfacing a failed log, crate docs "Failures").
 #![allow(dead_code, reason = "each test file uses a part")]
 
+pub mod brokers;
 pub mod tcp;
 
 use std::collections::BTreeMap;

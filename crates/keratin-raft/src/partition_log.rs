@@ -1,0 +1,1096 @@
+//! [`ReplicatedLog`]: the broker's partition log (`keratin_broker::partition::log::PartitionLog`)
+//! over a [`Replica`], and [`ReplicatedLogs`], the provider a cluster node's broker opens them
+//! with (`BrokerConfig::partition_logs`). `docs/cluster.md`, "Replicated partition logs".
+//!
+//! What reaches the partition owner, and from where:
+//! - [`LogEvent::Role`]: sent at once from `start` (synchronously), then by one forwarder task
+//!   on every change of leadership seen in openraft's metrics (the leading flag or the leader's
+//!   id), with the leader's *client* address from the node's resolver;
+//! - [`LogEvent::Committed`]: the same task forwards every move of the replica's committed
+//!   offset (records another node proposed, and the adapter's own entries, included);
+//! - [`LogEvent::Proposed`]: a proposal refused at once when this node does not lead (nothing
+//!   written); otherwise it waits for room in a bounded queue (the owner's back-pressure) that
+//!   one submitter task drains in proposal order, handing each proposal to openraft as one
+//!   batch (`client_write_many`, whose first await returns once the core has the batch, so
+//!   proposals are pipelined and get increasing, consecutive offsets in proposal order). Its
+//!   outcome is awaited on a task of its own: the offsets once committed and applied; "not the
+//!   leader" when openraft discarded it (a deposed leader's entry cut by its successor) or
+//!   refused it; a storage error (outcome unknown) when the replica's storage fenced or the
+//!   group stopped.
+//!
+//! A deposed leader's entries in flight are not failed when it steps down: openraft answers
+//! them when their fate is known — committed by the successor (then they are reported
+//! committed and the owner applies them at their offsets) or cut by it (then "not the leader").
+//! The owner reads records committed by others meanwhile up to its oldest pending proposal
+//! (`owner/follow.rs`), so nothing waits on a proposal that cannot end while a leader exists.
+//!
+//! Storage failures: when the replica's fence trips (a write of either log failed), the
+//! forwarder reports "not leading" and shuts the `Raft` down, so the proposals in flight end
+//! with the storage error (outcome unknown) instead of waiting for a flush that never comes;
+//! the owner stops the partition and calls `heal`, which rebuilds the replica on its healed
+//! logs (the group's documented rebuild path: `GroupLogs::heal`, then a new store) and reports
+//! healed once the new replica has committed again what the failed one had. A *follower's*
+//! owner proposes nothing, so it never learns that its log failed and never heals it: that
+//! replica stays down until the node restarts (a log event for "stopped" is missing).
+//!
+//! Not built: prefix removal and hand-back (openraft must keep every entry until partition
+//! snapshots exist; both report nothing removed), reset (a replicated purge is a record).
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::time::Duration;
+
+use futures_util::stream::BoxStream;
+use futures_util::StreamExt;
+use keratin_broker::error::{BrokerError, BrokerResult};
+use keratin_broker::partition::log::{
+    BoxReader, LogEvent, LogEvents, LogSpace, PartitionLog, PartitionLogs, PartitionPlace,
+    PartitionReader, Proposal, Proposing, Removing, Role,
+};
+use keratin_broker::record::NOOP;
+use keratin_log::{Io, LogError, LogOptions, LogResult, PrefixRemoval, ReadRecord, SegmentPool};
+use keratin_net::{GroupId, ResolvedCluster, Transport};
+use openraft::async_runtime::watch::WatchReceiver;
+use openraft::errors::{ClientWriteError, Fatal, InitializeError};
+use openraft::raft::WriteResult;
+use openraft::{Config, RaftMetrics};
+use tokio::sync::{mpsc, watch, Semaphore};
+
+use crate::entry_format::RECORD_TYPE_RESERVED_MIN;
+use crate::error::RaftError;
+use crate::fence::Fence;
+use crate::network::Groups;
+use crate::replica::{CommittedReader, Replica, ReplicaRaft};
+use crate::store::GroupLogs;
+use crate::types::{NodeAddr, PartitionRecord, TypeConfig};
+
+/// Maps a node id to its client (protocol) address, as the cluster layer knows them; `None`
+/// when unknown.
+pub type ClientAddrs = Arc<dyn Fn(u64) -> Option<String> + Send + Sync>;
+
+/// Proposals waiting for the submitter. The owner hands its proposals over one at a time and
+/// polls the next only once one is taken (`owner/append.rs`), so this queue is a short buffer:
+/// the submitter takes a proposal within one core round trip; 64 proposals of the owner's
+/// largest batch (4 MiB of payloads) bound it at 256 MiB in the worst case, and a publish
+/// batch is usually a few KiB.
+pub const SUBMIT_QUEUE_MAX: usize = 64;
+
+/// Proposals handed to openraft and not yet answered. openraft keeps a responder per entry
+/// (its responder queue starts at 8,192 entries); 1,024 proposals keep the leader's pipeline
+/// full at a few ms of commit latency while the queue above holds the owner back.
+pub const PROPOSALS_IN_FLIGHT_MAX: usize = 1_024;
+
+/// How long closing waits for the tasks of a shut-down `Raft` (and readers) to let go of the
+/// group's logs before it reports the log as still in use.
+const CLOSE_WAIT: Duration = Duration::from_secs(5);
+
+/// Group 0 is the cluster's metadata group; partition groups follow [`partition_group`].
+pub const METADATA_GROUP: GroupId = GroupId(0);
+
+/// Bits of a group id that hold the partition index (see [`partition_group`]).
+const PARTITION_INDEX_BITS: u32 = 8;
+const _: () = assert!(keratin_broker::MAX_PARTITIONS <= 1 << PARTITION_INDEX_BITS);
+
+/// The Raft group of partition `index` of queue `queue_id`: `((queue_id + 1) << 8) | index`.
+/// A pure function of the queue's id (assigned by the metadata group, the same on every node)
+/// and the index (below 256; queues have at most `MAX_PARTITIONS` = 64), so every node names
+/// the same group without asking; group 0 ([`METADATA_GROUP`]) is never a partition's.
+pub fn partition_group(queue_id: u64, index: u32) -> Result<GroupId, RaftError> {
+    let shifted = queue_id
+        .checked_add(1)
+        .and_then(|id| id.checked_mul(1 << PARTITION_INDEX_BITS))
+        .ok_or_else(|| {
+            RaftError::Invalid(format!("queue id {queue_id} is too large for a group id"))
+        })?;
+    if u64::from(index) >= 1 << PARTITION_INDEX_BITS {
+        return Err(RaftError::Invalid(format!(
+            "partition index {index}: a group id holds indexes below {}",
+            1u64 << PARTITION_INDEX_BITS
+        )));
+    }
+    Ok(GroupId(shifted | u64::from(index)))
+}
+
+/// A proposal on its way to the submitter.
+struct Submission {
+    sequence: u64,
+    records: Vec<PartitionRecord>,
+}
+
+/// What the log's tasks need to turn openraft's answers into the broker's.
+#[derive(Clone)]
+struct Answers {
+    id: u64,
+    queue: String,
+    partition: u32,
+    client_addrs: ClientAddrs,
+    fence: Fence,
+    events: LogEvents,
+}
+
+impl Answers {
+    fn not_leader(&self, leader: Option<u64>) -> BrokerError {
+        BrokerError::NotLeader {
+            queue: self.queue.clone(),
+            partition: self.partition,
+            leader,
+            addr: leader.and_then(|id| (self.client_addrs)(id)),
+        }
+    }
+
+    /// A write openraft answered with an error.
+    fn write_error(&self, error: ClientWriteError<TypeConfig>) -> BrokerError {
+        match error {
+            ClientWriteError::ForwardToLeader(forward)
+            | ClientWriteError::LogEntryDiscarded(forward) => {
+                // A leader without a lease answers with no leader named: itself, as far as a
+                // client can tell, once its lease is back.
+                self.not_leader(forward.leader_id)
+            }
+            other => BrokerError::Invalid(format!(
+                "partition {} of {:?}: the replica refused a write: {other}",
+                self.partition, self.queue
+            )),
+        }
+    }
+
+    /// The group stopped under a proposal: its storage fenced, or the `Raft` shut down. The
+    /// records may be committed.
+    fn stopped(&self, fatal: &Fatal<TypeConfig>) -> BrokerError {
+        BrokerError::Log(match self.fence.reason() {
+            Some(reason) => fenced_error(reason),
+            None => LogError::Invalid(format!(
+                "partition {} of {:?}: its Raft group stopped on node {} ({fatal}); the \
+                 proposal may or may not be committed",
+                self.partition, self.queue, self.id
+            )),
+        })
+    }
+}
+
+/// The storage failure behind a tripped fence, as the broker's log error (a failed write
+/// keeps its `LogError::Stopped`, so the owner stops the partition as for a local log).
+fn fenced_error(reason: RaftError) -> LogError {
+    match reason {
+        RaftError::Log { source, .. } => source,
+        other => LogError::Invalid(format!("the partition's replica failed: {other}")),
+    }
+}
+
+/// A failure of the replica while doing `what`, as the broker's log error (a log's own error
+/// as it is).
+fn log_error(what: &str, error: RaftError) -> LogError {
+    match error {
+        RaftError::Log { source, .. } => source,
+        other => LogError::Invalid(format!("{what}: {other}")),
+    }
+}
+
+/// The role openraft's metrics show for node `id`.
+fn role_of(id: u64, metrics: &RaftMetrics<TypeConfig>, client_addrs: &ClientAddrs) -> Role {
+    let leading = metrics.state.is_leader() && metrics.current_leader == Some(id);
+    let leader = metrics.current_leader;
+    Role {
+        leading,
+        leader,
+        // `PartitionInfo::leader_addr`: none while this node leads.
+        addr: if leading {
+            None
+        } else {
+            leader.and_then(|leader| client_addrs(leader))
+        },
+        // Every entry up to the last one seen may have been proposed, and its messages
+        // delivered, by an earlier leader.
+        from: if leading {
+            metrics.last_log_index.map_or(0, |index| index + 1)
+        } else {
+            0
+        },
+    }
+}
+
+/// The replica and, once started, the tasks that serve the owner.
+struct Running {
+    replica: Replica,
+    /// Ends the forwarder and the submitter.
+    stop: watch::Sender<bool>,
+    /// The submitter's queue; set by `start`.
+    submitter: Option<mpsc::Sender<Submission>>,
+    /// A rebuilt replica is healed once its committed offset is back here (see `heal`).
+    catch_up_to: u64,
+}
+
+impl Running {
+    fn new(replica: Replica, catch_up_to: u64) -> Running {
+        Running {
+            replica,
+            stop: watch::Sender::new(false),
+            submitter: None,
+            catch_up_to,
+        }
+    }
+
+    /// Stop its tasks and shut the `Raft` down; the logs, to close, delete or heal.
+    async fn shut_down(self, groups: &Groups) -> GroupLogs {
+        self.stop.send_replace(true);
+        drop(self.submitter);
+        self.replica.shutdown(groups).await
+    }
+}
+
+/// The replica of a [`ReplicatedLog`].
+enum Replicating {
+    Running(Running),
+    /// Shut down after its storage failed, and not rebuilt yet (a heal failed): the logs, and
+    /// the committed offset the rebuilt replica must reach again.
+    Fenced(GroupLogs, u64),
+    Closed,
+}
+
+/// How long a heal waits for a rebuilt replica to commit again what its predecessor had
+/// committed (a leader re-elects itself, a follower hears from its leader: within about an
+/// election timeout, [`crate::replica::ELECTION_TIMEOUT_MAX_MS`]); the owner asks again
+/// later otherwise.
+const HEAL_CATCH_UP_WAIT: Duration = Duration::from_secs(5);
+
+/// See the module docs.
+pub struct ReplicatedLog {
+    id: u64,
+    queue: String,
+    partition: u32,
+    group: GroupId,
+    dir: PathBuf,
+    io: Arc<dyn Io>,
+    groups: Arc<Groups>,
+    transport: Transport,
+    raft_config: Arc<Config>,
+    client_addrs: ClientAddrs,
+    /// One past the last committed offset, as of the last replica (kept after close).
+    last_committed: std::sync::atomic::AtomicU64,
+    replicating: Mutex<Replicating>,
+    events: OnceLock<LogEvents>,
+}
+
+impl ReplicatedLog {
+    fn new(replica: Replica, place: &PartitionPlace, setup: &ReplicatedLogs) -> ReplicatedLog {
+        ReplicatedLog {
+            id: setup.node_id,
+            queue: place.queue.clone(),
+            partition: place.index,
+            group: replica.group(),
+            dir: place.dir.clone(),
+            io: setup.io.clone(),
+            groups: setup.groups.clone(),
+            transport: setup.transport.clone(),
+            raft_config: setup.raft_config.clone(),
+            client_addrs: setup.client_addrs.clone(),
+            last_committed: std::sync::atomic::AtomicU64::new(0),
+            replicating: Mutex::new(Replicating::Running(Running::new(replica, 0))),
+            events: OnceLock::new(),
+        }
+    }
+
+    fn replicating(&self) -> MutexGuard<'_, Replicating> {
+        self.replicating.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `f` of the running replica, if there is one.
+    fn with_replica<T>(&self, f: impl FnOnce(&Replica) -> T) -> Option<T> {
+        match &*self.replicating() {
+            Replicating::Running(running) => Some(f(&running.replica)),
+            Replicating::Fenced(..) | Replicating::Closed => None,
+        }
+    }
+
+    fn closed(&self) -> BrokerError {
+        BrokerError::Closed(format!(
+            "partition {} of queue {:?} (its replica was shut down)",
+            self.partition, self.queue
+        ))
+    }
+
+    fn answers(&self, replica: &Replica, events: LogEvents) -> Answers {
+        Answers {
+            id: self.id,
+            queue: self.queue.clone(),
+            partition: self.partition,
+            client_addrs: self.client_addrs.clone(),
+            fence: replica.fence().clone(),
+            events,
+        }
+    }
+
+    /// Send the current role, then start the forwarder and the submitter of `running`.
+    fn serve(&self, running: &mut Running, events: &LogEvents) {
+        let raft = running.replica.raft().clone();
+        let role = role_of(
+            self.id,
+            &raft.metrics().borrow_watched(),
+            &self.client_addrs,
+        );
+        let seen = (role.leading, role.leader);
+        events.send(LogEvent::Role(role));
+        let answers = self.answers(&running.replica, events.clone());
+        let (submitter, queue) = mpsc::channel(SUBMIT_QUEUE_MAX);
+        running.submitter = Some(submitter);
+        tokio::spawn(forward(
+            answers.clone(),
+            raft.clone(),
+            running.replica.committed(),
+            running.stop.subscribe(),
+            seen,
+        ));
+        tokio::spawn(submit(answers, raft, queue, running.stop.subscribe()));
+    }
+
+    /// Records of a proposal, refused if a type is in the adapter's range.
+    fn records(proposal: Proposal) -> BrokerResult<Vec<PartitionRecord>> {
+        if proposal.types.is_empty() || proposal.types.len() != proposal.payloads.len() {
+            return Err(BrokerError::Log(LogError::Invalid(format!(
+                "a proposal needs one type per payload and at least one record ({} types, {} \
+                 payloads)",
+                proposal.types.len(),
+                proposal.payloads.len()
+            ))));
+        }
+        let timestamp_ms = proposal.timestamp_ms;
+        proposal
+            .types
+            .into_iter()
+            .zip(proposal.payloads)
+            .map(|(record_type, payload)| {
+                PartitionRecord::new(record_type, timestamp_ms, payload)
+                    .map_err(|e| BrokerError::Log(LogError::Invalid(e.to_string())))
+            })
+            .collect()
+    }
+
+    /// The submitter's queue, if this node leads; else why not.
+    fn submitter(&self) -> BrokerResult<mpsc::Sender<Submission>> {
+        let replicating = self.replicating();
+        let running = match &*replicating {
+            Replicating::Running(running) => running,
+            Replicating::Fenced(..) => {
+                return Err(BrokerError::Log(LogError::Invalid(format!(
+                    "partition {} of {:?}: this node's replica failed and is not rebuilt yet",
+                    self.partition, self.queue
+                ))))
+            }
+            Replicating::Closed => return Err(self.closed()),
+        };
+        if let Some(reason) = running.replica.fence().reason() {
+            return Err(BrokerError::Log(fenced_error(reason)));
+        }
+        let role = role_of(
+            self.id,
+            &running.replica.raft().metrics().borrow_watched(),
+            &self.client_addrs,
+        );
+        if !role.leading {
+            return Err(BrokerError::NotLeader {
+                queue: self.queue.clone(),
+                partition: self.partition,
+                leader: role.leader,
+                addr: role.addr,
+            });
+        }
+        running.submitter.clone().ok_or_else(|| {
+            BrokerError::Log(LogError::Invalid(
+                "a partition log proposed to before it was started".into(),
+            ))
+        })
+    }
+
+    fn runtime(&self) -> LogResult<tokio::runtime::Handle> {
+        tokio::runtime::Handle::try_current().map_err(|e| {
+            LogError::Invalid(format!("a replicated log runs inside a tokio runtime: {e}"))
+        })
+    }
+
+    /// Stop the replica (blocking); its logs, to close or delete.
+    fn shut_down(&self) -> BrokerResult<Option<GroupLogs>> {
+        let taken = std::mem::replace(&mut *self.replicating(), Replicating::Closed);
+        match taken {
+            Replicating::Closed => Ok(None),
+            Replicating::Fenced(logs, _) => Ok(Some(logs)),
+            Replicating::Running(running) => {
+                self.note_committed(&running.replica);
+                let handle = self.runtime()?;
+                Ok(Some(handle.block_on(running.shut_down(&self.groups))))
+            }
+        }
+    }
+
+    fn note_committed(&self, replica: &Replica) {
+        let committed = *replica.committed().borrow();
+        self.last_committed
+            .fetch_max(committed, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Wait (blocking) until nothing else holds `logs`, then close or delete them.
+    fn release(&self, mut logs: GroupLogs, delete: bool) -> BrokerResult<()> {
+        let deadline = std::time::Instant::now() + CLOSE_WAIT;
+        loop {
+            let attempt = if delete {
+                logs.try_delete()
+            } else {
+                logs.try_close()
+            };
+            match attempt {
+                Ok(result) => {
+                    return result
+                        .map_err(|e| BrokerError::Log(log_error("closing a replica's logs", e)))
+                }
+                Err(again) => logs = again,
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(BrokerError::Closed(format!(
+                    "partition {} of {:?}: its logs are still in use {CLOSE_WAIT:?} after the \
+                     replica shut down",
+                    self.partition, self.queue
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Rebuild a failed replica (blocking): shut its `Raft` down, heal the logs, start a new
+    /// replica on what is durable. The new one must commit again what the old one had
+    /// committed before the owner rebuilds its state from it (`caught_up`).
+    fn rebuild(&self, handle: &tokio::runtime::Handle, taken: Replicating) -> LogResult<()> {
+        let (logs, catch_up_to) = match taken {
+            Replicating::Running(running) => {
+                let committed = *running.replica.committed().borrow();
+                let catch_up_to = committed.max(running.catch_up_to);
+                (
+                    handle.block_on(running.shut_down(&self.groups)),
+                    catch_up_to,
+                )
+            }
+            Replicating::Fenced(logs, catch_up_to) => (logs, catch_up_to),
+            Replicating::Closed => return Ok(()),
+        };
+        if let Err(error) = logs.heal() {
+            *self.replicating() = Replicating::Fenced(logs, catch_up_to);
+            return Err(log_error("healing a failed replica's logs", error));
+        }
+        let started = handle.block_on(Replica::start(
+            self.id,
+            self.group,
+            logs.clone(),
+            self.raft_config.clone(),
+            self.transport.clone(),
+            &self.groups,
+        ));
+        let replica = match started {
+            Ok(replica) => replica,
+            Err(error) => {
+                *self.replicating() = Replicating::Fenced(logs, catch_up_to);
+                return Err(log_error("starting a rebuilt replica", error));
+            }
+        };
+        drop(logs);
+        tracing::info!(queue = %self.queue, partition = self.partition, catch_up_to, "replica rebuilt after a storage failure");
+        let mut running = Running::new(replica, catch_up_to);
+        if let Some(events) = self.events.get() {
+            self.serve(&mut running, events);
+        }
+        *self.replicating() = Replicating::Running(running);
+        Ok(())
+    }
+
+    /// Whether the running replica committed again what its failed predecessor had: waits up
+    /// to [`HEAL_CATCH_UP_WAIT`] (blocking).
+    fn caught_up(&self, handle: &tokio::runtime::Handle) -> LogResult<()> {
+        let Some((mut committed, catch_up_to)) = (match &*self.replicating() {
+            Replicating::Running(running) => {
+                Some((running.replica.committed(), running.catch_up_to))
+            }
+            Replicating::Fenced(..) | Replicating::Closed => None,
+        }) else {
+            return Ok(());
+        };
+        let reached = handle.block_on(async {
+            tokio::time::timeout(
+                HEAL_CATCH_UP_WAIT,
+                committed.wait_for(|up_to| *up_to >= catch_up_to),
+            )
+            .await
+            .is_ok_and(|waited| waited.is_ok())
+        });
+        if reached {
+            return Ok(());
+        }
+        Err(LogError::Invalid(format!(
+            "partition {} of {:?}: this node's replica was rebuilt after a storage failure and \
+             has committed up to {} of the {catch_up_to} it held before (it needs a leader)",
+            self.partition,
+            self.queue,
+            *committed.borrow()
+        )))
+    }
+}
+
+impl Drop for ReplicatedLog {
+    /// A log dropped without `close` (a broker dropped without a shutdown) still stops serving
+    /// its group: its tasks end, the group leaves the node's handler, and the `Raft` is shut
+    /// down on the runtime if there is one. Its logs close when the last holder lets go.
+    fn drop(&mut self) {
+        let taken = std::mem::replace(&mut *self.replicating(), Replicating::Closed);
+        let Replicating::Running(running) = taken else {
+            return;
+        };
+        running.stop.send_replace(true);
+        self.groups.remove(self.group);
+        let raft = running.replica.raft().clone();
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                let _ = raft.shutdown().await;
+            });
+        }
+    }
+}
+
+impl PartitionLog for ReplicatedLog {
+    fn start(&self, events: LogEvents) {
+        if self.events.set(events.clone()).is_err() {
+            return;
+        }
+        if let Replicating::Running(running) = &mut *self.replicating() {
+            self.serve(running, &events);
+        }
+    }
+
+    fn propose(self: Arc<Self>, proposal: Proposal) -> Proposing {
+        Box::pin(async move {
+            let sequence = proposal.sequence;
+            let records = ReplicatedLog::records(proposal)?;
+            let submitter = self.submitter()?;
+            submitter
+                .send(Submission { sequence, records })
+                .await
+                .map_err(|_| self.closed())
+        })
+    }
+
+    fn reader(&self, offset: u64) -> BoxReader {
+        let reader = self.with_replica(|replica| replica.reader_with_adapter_entries(offset));
+        Box::new(ReplicatedReader {
+            reader,
+            offset,
+            dir: self.dir.clone(),
+        })
+    }
+
+    fn committed_offset(&self) -> u64 {
+        self.with_replica(|replica| *replica.committed().borrow())
+            .unwrap_or_else(|| {
+                self.last_committed
+                    .load(std::sync::atomic::Ordering::Relaxed)
+            })
+    }
+
+    fn start_offset(&self) -> u64 {
+        self.with_replica(|replica| replica.logs().entries().start_offset())
+            .unwrap_or(0)
+    }
+
+    fn truncate_suffix(&self, from: u64) -> LogResult<()> {
+        // openraft cuts an uncommitted suffix itself (a follower's divergent entries); the
+        // owner never sees those records, so only the committed ones are its concern.
+        let committed = self.committed_offset();
+        if from >= committed {
+            return Ok(());
+        }
+        Err(LogError::Invalid(format!(
+            "a replicated log never drops committed records (asked to truncate from {from}, \
+             committed up to {committed})"
+        )))
+    }
+
+    /// A replica whose storage failed (its fence tripped) is rebuilt: its `Raft` shut down,
+    /// its logs healed, a new replica started on what is durable (the entries it lost come
+    /// back from the leader). The heal succeeds once the new replica has committed again
+    /// everything the failed one had, so that the owner's rebuild from the log loses nothing
+    /// it applied; until then it fails and the owner asks again later.
+    fn heal(&self) -> LogResult<()> {
+        let handle = self.runtime()?;
+        let failed = {
+            let mut replicating = self.replicating();
+            let failed = match &*replicating {
+                Replicating::Running(running) => running.replica.fence().is_tripped(),
+                Replicating::Fenced(..) => true,
+                Replicating::Closed => return Ok(()),
+            };
+            failed.then(|| std::mem::replace(&mut *replicating, Replicating::Closed))
+        };
+        if let Some(taken) = failed {
+            self.rebuild(&handle, taken)?;
+        }
+        self.caught_up(&handle)
+    }
+
+    fn remove_prefix(&self, _before: u64) -> LogResult<Removing> {
+        // openraft must keep every entry a lagging follower may need until partition snapshots
+        // exist (`replica` runs with `SnapshotPolicy::Never`): nothing is removed.
+        Ok(Box::pin(std::future::ready(Ok(PrefixRemoval {
+            segments: 0,
+            bytes: 0,
+        }))))
+    }
+
+    fn hand_back(&self) -> LogResult<Removing> {
+        // The same: an idle replica keeps its segments (they are the group's log).
+        Ok(Box::pin(std::future::ready(Ok(PrefixRemoval {
+            segments: 0,
+            bytes: 0,
+        }))))
+    }
+
+    fn disk_bytes(&self) -> u64 {
+        self.with_replica(|replica| replica.logs().entries().disk_bytes())
+            .unwrap_or(0)
+    }
+
+    fn tail_room_bytes(&self) -> u64 {
+        self.with_replica(|replica| replica.logs().entries().tail_room_bytes())
+            .unwrap_or(0)
+    }
+
+    fn space(&self) -> LogSpace {
+        let Some(stats) = self.with_replica(|replica| replica.logs().entries().stats()) else {
+            return LogSpace {
+                disk_bytes: 0,
+                segment_bases: Vec::new(),
+            };
+        };
+        LogSpace {
+            disk_bytes: stats.disk_bytes,
+            segment_bases: stats.segments.iter().map(|s| s.base_offset).collect(),
+        }
+    }
+
+    fn close(self: Arc<Self>) -> BrokerResult<()> {
+        match self.shut_down()? {
+            Some(logs) => self.release(logs, false),
+            None => Ok(()),
+        }
+    }
+
+    fn delete(self: Arc<Self>) -> BrokerResult<()> {
+        if let Some(logs) = self.shut_down()? {
+            self.release(logs, true)?;
+        }
+        match self.io.exists(&self.dir) {
+            Ok(false) => Ok(()),
+            Ok(true) => self.io.remove_dir(&self.dir).map_err(|e| {
+                BrokerError::Log(LogError::Invalid(format!(
+                    "remove {}: {e}",
+                    self.dir.display()
+                )))
+            }),
+            Err(e) => Err(BrokerError::Log(LogError::Invalid(format!(
+                "stat {}: {e}",
+                self.dir.display()
+            )))),
+        }
+    }
+
+    fn reset(self: Arc<Self>) -> (Option<Arc<dyn PartitionLog>>, BrokerResult<()>) {
+        let error = BrokerError::Invalid(format!(
+            "partition {} of {:?} is replicated: its log is not reset in place; a purge \
+             writes a PURGE record through the leader like any other",
+            self.partition, self.queue
+        ));
+        (Some(self), Err(error))
+    }
+}
+
+/// Forwards the replica's commits and changes of leadership to the owner, until stopped or the
+/// group is gone. When the replica's storage fails (its fence trips) it tells the owner this
+/// node no longer leads and shuts the `Raft` down: the proposals in flight end with the
+/// storage error (outcome unknown), so the owner stops the partition and heals it (`heal`
+/// rebuilds the replica), instead of waiting for entries that will never be flushed.
+async fn forward(
+    answers: Answers,
+    raft: ReplicaRaft,
+    mut committed: watch::Receiver<u64>,
+    mut stop: watch::Receiver<bool>,
+    mut seen: (bool, Option<u64>),
+) {
+    let mut metrics = raft.metrics();
+    // Commits made before the owner started (it rebuilt its state from what was committed when
+    // the log opened).
+    let up_to = *committed.borrow_and_update();
+    if up_to > 0 {
+        answers.events.send(LogEvent::Committed { up_to });
+    }
+    loop {
+        tokio::select! {
+            biased;
+            () = stopped(&mut stop) => return,
+            () = answers.fence.tripped() => {
+                if seen != (false, None) {
+                    answers.events.send(LogEvent::Role(Role {
+                        leading: false,
+                        leader: None,
+                        addr: None,
+                        from: 0,
+                    }));
+                }
+                if let Err(error) = raft.shutdown().await {
+                    tracing::warn!(queue = %answers.queue, partition = answers.partition, %error, "shutting a fenced replica down");
+                }
+                return;
+            }
+            changed = committed.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                let up_to = *committed.borrow_and_update();
+                answers.events.send(LogEvent::Committed { up_to });
+            }
+            changed = metrics.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                let role = role_of(answers.id, &metrics.borrow_watched(), &answers.client_addrs);
+                if (role.leading, role.leader) != seen {
+                    seen = (role.leading, role.leader);
+                    answers.events.send(LogEvent::Role(role));
+                }
+            }
+        }
+    }
+}
+
+/// Resolves once `stop` is set (or its sender gone), holding no borrow of the value.
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|stopped| *stopped).await;
+}
+
+/// The one submitter: hands proposals to openraft in their order, without waiting for one to
+/// commit before the next; each outcome is awaited on a task of its own.
+async fn submit(
+    answers: Answers,
+    raft: ReplicaRaft,
+    mut queue: mpsc::Receiver<Submission>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let in_flight = Arc::new(Semaphore::new(PROPOSALS_IN_FLIGHT_MAX));
+    loop {
+        let submission = tokio::select! {
+            biased;
+            () = stopped(&mut stop) => return,
+            submission = queue.recv() => match submission {
+                Some(submission) => submission,
+                None => return,
+            },
+        };
+        let Ok(permit) = in_flight.clone().acquire_owned().await else {
+            return;
+        };
+        let Submission { sequence, records } = submission;
+        let count = records.len() as u64;
+        match raft.client_write_many(records).await {
+            Err(fatal) => answers.events.send(LogEvent::Proposed {
+                sequence,
+                result: Err(answers.stopped(&fatal)),
+            }),
+            Ok(results) => {
+                let answers = answers.clone();
+                tokio::spawn(async move {
+                    let result = outcome(&answers, results, count).await;
+                    drop(permit);
+                    answers.events.send(LogEvent::Proposed { sequence, result });
+                });
+            }
+        }
+    }
+}
+
+/// Per-entry answers of one proposal, in order.
+type WriteResults = BoxStream<'static, Result<WriteResult<TypeConfig>, Fatal<TypeConfig>>>;
+
+/// The offsets of a proposal of `count` records once every one is committed, or why not.
+async fn outcome(
+    answers: &Answers,
+    mut results: WriteResults,
+    count: u64,
+) -> BrokerResult<Range<u64>> {
+    let mut offsets: Option<Range<u64>> = None;
+    while let Some(result) = results.next().await {
+        // The first failure decides: a deposed leader's entries behind a cut one are cut too.
+        let written = result
+            .map_err(|fatal| answers.stopped(&fatal))?
+            .map_err(|error| answers.write_error(error))?;
+        let index = written.log_id.index;
+        offsets = Some(match offsets {
+            None => index..index + 1,
+            Some(range) => {
+                assert_eq!(range.end, index, "a proposal's entries are consecutive");
+                range.start..index + 1
+            }
+        });
+    }
+    let offsets = offsets.unwrap_or(0..0);
+    assert_eq!(offsets.end - offsets.start, count, "one offset per record");
+    Ok(offsets)
+}
+
+/// A reader of the committed log for the owner: the adapter's entries read as `NOOP`.
+struct ReplicatedReader {
+    /// `None` once the replica was shut down.
+    reader: Option<CommittedReader>,
+    offset: u64,
+    dir: PathBuf,
+}
+
+impl Iterator for ReplicatedReader {
+    type Item = LogResult<ReadRecord>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let Some(reader) = self.reader.as_mut() else {
+            self.reader = None;
+            return Some(Err(LogError::Closed {
+                dir: self.dir.clone(),
+            }));
+        };
+        let record = match reader.next()? {
+            Ok(record) => record,
+            Err(error) => {
+                return Some(Err(log_error(
+                    "reading the replicated partition log",
+                    error,
+                )))
+            }
+        };
+        self.offset = record.offset + 1;
+        if record.record_type >= RECORD_TYPE_RESERVED_MIN {
+            // A blank or membership entry: it takes an offset, the owner applies it as NOOP
+            // (`docs/partition-records.md`).
+            return Some(Ok(ReadRecord {
+                record_type: NOOP,
+                payload: Vec::new(),
+                ..record
+            }));
+        }
+        Some(Ok(record))
+    }
+}
+
+impl PartitionReader for ReplicatedReader {
+    fn next_offset(&self) -> u64 {
+        self.reader
+            .as_ref()
+            .map_or(self.offset, CommittedReader::next_offset)
+    }
+}
+
+/// How a node opens its replicated partition logs: see [`ReplicatedLogs::new`].
+pub struct ReplicatedLogsSetup {
+    /// This node's id.
+    pub node_id: u64,
+    /// The node's cluster transport.
+    pub transport: Transport,
+    /// The node's Raft handler (the transport's handler): each group registers there.
+    pub groups: Arc<Groups>,
+    /// openraft's configuration of partition replicas ([`crate::replica::replica_config`]).
+    pub raft_config: Arc<Config>,
+    /// The cluster's nodes: their cluster addresses name the members of a new group.
+    pub cluster: ResolvedCluster,
+    /// Client (protocol) addresses by node id, for "not the leader" answers and roles.
+    pub client_addrs: ClientAddrs,
+    /// The file system seam.
+    pub io: Arc<dyn Io>,
+    /// Full segment size of the entry logs.
+    pub segment_size_bytes: u64,
+    /// The node's segment pool, if the logs should share one.
+    pub pool: Option<SegmentPool>,
+}
+
+/// Opens this node's replicas of replicated partitions for the broker (see the module docs).
+pub struct ReplicatedLogs {
+    node_id: u64,
+    transport: Transport,
+    groups: Arc<Groups>,
+    raft_config: Arc<Config>,
+    /// Cluster address of every node, this one included.
+    members: BTreeMap<u64, NodeAddr>,
+    client_addrs: ClientAddrs,
+    io: Arc<dyn Io>,
+    segment_size_bytes: u64,
+    pool: Option<SegmentPool>,
+    /// The logs opened, by group (entries of closed logs are dropped at the next open).
+    opened: Mutex<BTreeMap<u64, Weak<ReplicatedLog>>>,
+}
+
+impl std::fmt::Debug for ReplicatedLogs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplicatedLogs")
+            .field("node_id", &self.node_id)
+            .field("members", &self.members)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ReplicatedLogs {
+    /// A provider for node `setup.node_id`.
+    pub fn new(setup: ReplicatedLogsSetup) -> ReplicatedLogs {
+        let mut members: BTreeMap<u64, NodeAddr> = setup
+            .cluster
+            .peers
+            .iter()
+            .map(|(id, addr)| {
+                let addr = addr.to_string();
+                (*id, NodeAddr { addr })
+            })
+            .collect();
+        // Listed peers name this node as the others reach it; `listen` only stands in.
+        members
+            .entry(setup.cluster.node_id)
+            .or_insert_with(|| NodeAddr {
+                addr: setup.cluster.listen.to_string(),
+            });
+        ReplicatedLogs {
+            node_id: setup.node_id,
+            transport: setup.transport,
+            groups: setup.groups,
+            raft_config: setup.raft_config,
+            members,
+            client_addrs: setup.client_addrs,
+            io: setup.io,
+            segment_size_bytes: setup.segment_size_bytes,
+            pool: setup.pool,
+            opened: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// The openraft instance of an open partition group on this node, for what the cluster
+    /// layer does beside the broker (membership changes, metrics, triggering an election);
+    /// `None` if the group is not open or its replica is being rebuilt.
+    pub fn raft(&self, group: GroupId) -> Option<ReplicaRaft> {
+        let log = self
+            .opened
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&group.0)?
+            .upgrade()?;
+        log.with_replica(|replica| replica.raft().clone())
+    }
+
+    /// The voters of a new group: every replica with its cluster address.
+    fn voters(&self, place: &PartitionPlace) -> BrokerResult<BTreeMap<u64, NodeAddr>> {
+        if !place.replicas.contains(&self.node_id) {
+            return Err(BrokerError::Invalid(format!(
+                "partition {} of {:?}: node {} holds no replica (replicas {:?})",
+                place.index, place.queue, self.node_id, place.replicas
+            )));
+        }
+        place
+            .replicas
+            .iter()
+            .map(|id| {
+                let addr = self.members.get(id).cloned().ok_or_else(|| {
+                    BrokerError::Invalid(format!(
+                        "partition {} of {:?}: replica node {id} is not in the cluster's peer \
+                         list",
+                        place.index, place.queue
+                    ))
+                })?;
+                Ok((*id, addr))
+            })
+            .collect()
+    }
+
+    /// Start the replica of `group` on `logs` and make sure its group is initialized.
+    ///
+    /// Every replica initializes a group whose log holds no membership yet, with the same
+    /// voters (the partition's replicas, with the addresses of the cluster configuration every
+    /// node shares), at the same time: openraft documents this as safe (`Raft::initialize`:
+    /// "calling `initialize()` on multiple nodes with identical configuration is also
+    /// acceptable": each writes the same membership at index 0 and the vote elects one
+    /// leader), and a member that already holds a log (another's membership reached it, or it
+    /// restarted) answers `NotAllowed`, which is the goal reached. So a group forms while any
+    /// majority of its replicas is up, whichever node is down; choosing one initializer would
+    /// stall the group while that node is down.
+    async fn start_group(
+        &self,
+        group: GroupId,
+        logs: GroupLogs,
+        voters: BTreeMap<u64, NodeAddr>,
+    ) -> Result<Replica, RaftError> {
+        let replica = Replica::start(
+            self.node_id,
+            group,
+            logs,
+            self.raft_config.clone(),
+            self.transport.clone(),
+            &self.groups,
+        )
+        .await?;
+        let initialized = async {
+            let raft = replica.raft();
+            let done = raft
+                .is_initialized()
+                .await
+                .map_err(|e| RaftError::Invalid(format!("group {}: {e}", group.0)))?;
+            if done {
+                return Ok(());
+            }
+            match raft.initialize(voters).await {
+                Ok(()) => Ok(()),
+                Err(openraft::errors::RaftError::APIError(InitializeError::NotAllowed(_))) => {
+                    Ok(())
+                }
+                Err(e) => Err(RaftError::Invalid(format!(
+                    "initialize group {}: {e}",
+                    group.0
+                ))),
+            }
+        }
+        .await;
+        match initialized {
+            Ok(()) => Ok(replica),
+            Err(error) => {
+                let logs = replica.shutdown(&self.groups).await;
+                drop(logs);
+                Err(error)
+            }
+        }
+    }
+}
+
+impl PartitionLogs for ReplicatedLogs {
+    fn open(&self, place: &PartitionPlace) -> BrokerResult<Arc<dyn PartitionLog>> {
+        let invalid = |e: RaftError| BrokerError::Log(log_error("opening a replica", e));
+        let group = partition_group(place.queue_id, place.index)
+            .map_err(|e| BrokerError::Invalid(e.to_string()))?;
+        let voters = self.voters(place)?;
+        let handle = tokio::runtime::Handle::try_current().map_err(|e| {
+            BrokerError::Invalid(format!("replicated logs open inside a tokio runtime: {e}"))
+        })?;
+        self.io.create_dir_all(&place.dir).map_err(|e| {
+            BrokerError::Log(LogError::Invalid(format!(
+                "create {}: {e}",
+                place.dir.display()
+            )))
+        })?;
+        let options = LogOptions {
+            full_segment_size_bytes: self.segment_size_bytes,
+            ..LogOptions::default()
+        };
+        let logs = GroupLogs::open(self.io.clone(), &place.dir, options, self.pool.clone())
+            .map_err(invalid)?;
+        let replica = handle
+            .block_on(self.start_group(group, logs, voters))
+            .map_err(invalid)?;
+        let log = Arc::new(ReplicatedLog::new(replica, place, self));
+        let mut opened = self.opened.lock().unwrap_or_else(|e| e.into_inner());
+        opened.retain(|_, log| log.strong_count() > 0);
+        opened.insert(group.0, Arc::downgrade(&log));
+        Ok(log)
+    }
+}

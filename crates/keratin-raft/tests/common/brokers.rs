@@ -1,0 +1,159 @@
+//! Brokers on a cluster node each: `keratin_broker::Broker` with `ReplicatedLogs` as its
+//! partition-log provider, over a `keratin-net` transport on 127.0.0.1 (`tcp::Loopback`). The
+//! client addresses the nodes' resolver names are made up (`client-N.test:5680`): nothing
+//! dials them, the tests only check that they are the ones reported.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use keratin_broker::{Broker, BrokerConfig, BrokerError, Message, QueueInfo};
+use keratin_log::{Io, RealIo, MIN_SEGMENT_SIZE_BYTES};
+use keratin_net::{ResolvedCluster, Transport, TransportOptions};
+use keratin_raft::network::Groups;
+use keratin_raft::partition_log::{ClientAddrs, ReplicatedLogs, ReplicatedLogsSetup};
+use keratin_raft::replica::replica_config;
+use tokio::net::TcpListener;
+
+/// The client address of node `id`, as every node's resolver names it.
+pub fn client_addr(id: u64) -> String {
+    format!("client-{id}.test:5680")
+}
+
+pub fn client_addrs() -> ClientAddrs {
+    Arc::new(|id| Some(client_addr(id)))
+}
+
+/// One cluster node: its broker and the transport under it.
+pub struct BrokerNode {
+    pub broker: Broker,
+    pub transport: Transport,
+    pub logs: Arc<ReplicatedLogs>,
+}
+
+impl BrokerNode {
+    /// Shut the broker down (its partitions close their replicas), then the transport.
+    pub async fn stop(self) {
+        tokio::time::timeout(Duration::from_secs(20), self.broker.shutdown())
+            .await
+            .expect("broker shutdown within 20 s")
+            .expect("broker shutdown");
+        self.transport.shutdown();
+    }
+}
+
+/// The partition-log provider of node `cluster.node_id`, over `transport` and `groups`, its
+/// logs on `io`.
+pub fn replicated_logs(
+    cluster: ResolvedCluster,
+    transport: Transport,
+    groups: Arc<Groups>,
+    io: Arc<dyn Io>,
+) -> ReplicatedLogs {
+    ReplicatedLogs::new(ReplicatedLogsSetup {
+        node_id: cluster.node_id,
+        transport,
+        groups,
+        raft_config: replica_config("test").expect("config"),
+        cluster,
+        client_addrs: client_addrs(),
+        io,
+        segment_size_bytes: MIN_SEGMENT_SIZE_BYTES,
+        pool: None,
+    })
+}
+
+/// A transport on `listener` serving a new `Groups` handler.
+pub fn transport(listener: TcpListener, cluster: ResolvedCluster) -> (Transport, Arc<Groups>) {
+    let groups = Arc::new(Groups::new());
+    let transport = Transport::start_on(
+        listener,
+        cluster,
+        TransportOptions::default(),
+        Arc::clone(&groups) as Arc<dyn keratin_net::Handler>,
+    )
+    .expect("transport");
+    (transport, groups)
+}
+
+/// Start node `cluster.node_id`'s broker on `dir`.
+pub async fn start(
+    dir: &std::path::Path,
+    listener: TcpListener,
+    cluster: ResolvedCluster,
+) -> BrokerNode {
+    let (transport, groups) = transport(listener, cluster.clone());
+    let logs = Arc::new(replicated_logs(
+        cluster,
+        transport.clone(),
+        groups,
+        Arc::new(RealIo::new()),
+    ));
+    let config = BrokerConfig {
+        segment_size_bytes: MIN_SEGMENT_SIZE_BYTES,
+        pool_background: false,
+        partition_logs: Some(logs.clone()),
+        ..BrokerConfig::new(vec![dir.to_path_buf()])
+    };
+    let broker = Broker::open(config).await.expect("broker opens");
+    BrokerNode {
+        broker,
+        transport,
+        logs,
+    }
+}
+
+/// Polls `check` on `info(name)` every 20 ms until it holds; panics with `what` after `wait`.
+pub async fn wait_info(
+    broker: &Broker,
+    name: &str,
+    wait: Duration,
+    what: &str,
+    check: impl Fn(&QueueInfo) -> bool,
+) -> QueueInfo {
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let info = broker.info(name).expect("queue info");
+        if check(&info) {
+            return info;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what} not reached in {wait:?}: {info:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Publish `bodies` one at a time at `broker`, which leads: a publish refused as "not the
+/// leader" with no other leader named (a new leader whose lease is not confirmed yet; nothing
+/// was written) is sent again, for `wait` at most. Returns the message ids.
+pub async fn publish_all(
+    broker: &Broker,
+    name: &str,
+    bodies: &[String],
+    wait: Duration,
+) -> Vec<u64> {
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut ids = Vec::new();
+    for body in bodies {
+        loop {
+            let mut results = broker.publish(name, vec![Message::new(body.clone())]).await;
+            assert_eq!(results.len(), 1);
+            match results.remove(0) {
+                Ok(receipt) => {
+                    ids.push(receipt.message);
+                    break;
+                }
+                Err(BrokerError::NotLeader { leader: None, .. }) => {
+                    assert!(
+                        tokio::time::Instant::now() < deadline,
+                        "publish of {body:?} refused as not the leader for {wait:?}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(other) => panic!("publish of {body:?}: {other}"),
+            }
+        }
+    }
+    ids
+}
