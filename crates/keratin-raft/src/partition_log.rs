@@ -50,7 +50,7 @@ use keratin_broker::partition::log::{
     PartitionReader, Proposal, Proposing, Removing, Role,
 };
 use keratin_broker::record::NOOP;
-use keratin_log::{Io, LogError, LogOptions, LogResult, PrefixRemoval, ReadRecord, SegmentPool};
+use keratin_log::{Io, LogError, LogOptions, LogResult, PrefixRemoval, ReadRecord};
 use keratin_net::{GroupId, ResolvedCluster, Transport};
 use openraft::async_runtime::watch::WatchReceiver;
 use openraft::errors::{ClientWriteError, Fatal, InitializeError};
@@ -281,7 +281,7 @@ impl ReplicatedLog {
             partition: place.index,
             group: replica.group(),
             dir: place.dir.clone(),
-            io: setup.io.clone(),
+            io: place.io.clone(),
             groups: setup.groups.clone(),
             transport: setup.transport.clone(),
             raft_config: setup.raft_config.clone(),
@@ -903,12 +903,6 @@ pub struct ReplicatedLogsSetup {
     pub cluster: ResolvedCluster,
     /// Client (protocol) addresses by node id, for "not the leader" answers and roles.
     pub client_addrs: ClientAddrs,
-    /// The file system seam.
-    pub io: Arc<dyn Io>,
-    /// Full segment size of the entry logs.
-    pub segment_size_bytes: u64,
-    /// The node's segment pool, if the logs should share one.
-    pub pool: Option<SegmentPool>,
 }
 
 /// Opens this node's replicas of replicated partitions for the broker (see the module docs).
@@ -920,9 +914,6 @@ pub struct ReplicatedLogs {
     /// Cluster address of every node, this one included.
     members: BTreeMap<u64, NodeAddr>,
     client_addrs: ClientAddrs,
-    io: Arc<dyn Io>,
-    segment_size_bytes: u64,
-    pool: Option<SegmentPool>,
     /// The logs opened, by group (entries of closed logs are dropped at the next open).
     opened: Mutex<BTreeMap<u64, Weak<ReplicatedLog>>>,
 }
@@ -961,9 +952,6 @@ impl ReplicatedLogs {
             raft_config: setup.raft_config,
             members,
             client_addrs: setup.client_addrs,
-            io: setup.io,
-            segment_size_bytes: setup.segment_size_bytes,
-            pool: setup.pool,
             opened: Mutex::new(BTreeMap::new()),
         }
     }
@@ -1072,18 +1060,24 @@ impl PartitionLogs for ReplicatedLogs {
         let handle = tokio::runtime::Handle::try_current().map_err(|e| {
             BrokerError::Invalid(format!("replicated logs open inside a tokio runtime: {e}"))
         })?;
-        self.io.create_dir_all(&place.dir).map_err(|e| {
+        place.io.create_dir_all(&place.dir).map_err(|e| {
             BrokerError::Log(LogError::Invalid(format!(
                 "create {}: {e}",
                 place.dir.display()
             )))
         })?;
         let options = LogOptions {
-            full_segment_size_bytes: self.segment_size_bytes,
+            full_segment_size_bytes: place.segment_size_bytes,
             ..LogOptions::default()
         };
-        let logs = GroupLogs::open(self.io.clone(), &place.dir, options, self.pool.clone())
-            .map_err(invalid)?;
+        // The node's pool: replicas allocate their segments like every other log of the node.
+        let logs = GroupLogs::open(
+            place.io.clone(),
+            &place.dir,
+            options,
+            Some(place.pool.clone()),
+        )
+        .map_err(invalid)?;
         let replica = handle
             .block_on(self.start_group(group, logs, voters))
             .map_err(invalid)?;

@@ -24,7 +24,7 @@ use keratin_broker::partition::log::{
 };
 use keratin_broker::record::{ENQUEUE, NOOP};
 use keratin_broker::BrokerError;
-use keratin_log::{RealIo, SimFault, SimIo};
+use keratin_log::{Io, PoolOptions, RealIo, SegmentPool, SimFault, SimIo, MIN_SEGMENT_SIZE_BYTES};
 use keratin_net::ResolvedCluster;
 use keratin_raft::partition_log::{partition_group, ReplicatedLogs};
 use tokio::sync::mpsc;
@@ -33,8 +33,23 @@ const WAIT: Duration = Duration::from_secs(10);
 /// Proposals handed over back to back.
 const PROPOSALS: u64 = 300;
 
-fn place(dir: &std::path::Path) -> PartitionPlace {
+/// Partition 2 of queue 4 under `dir`, its segments from a pool of its own on `io`.
+fn place(dir: &std::path::Path, io: Arc<dyn Io>) -> PartitionPlace {
+    io.create_dir_all(dir).expect("storage directory");
+    let pool = SegmentPool::new(
+        io.clone(),
+        PoolOptions {
+            full_segment_size_bytes: MIN_SEGMENT_SIZE_BYTES,
+            budget_bytes: Some(0),
+            background: false,
+            commit_workers_per_filesystem: 1,
+        },
+    );
+    pool.add_storage_dir(dir).expect("pool directory");
     PartitionPlace {
+        io,
+        pool,
+        segment_size_bytes: MIN_SEGMENT_SIZE_BYTES,
         queue_id: 4,
         queue: "orders".into(),
         index: 2,
@@ -122,9 +137,8 @@ async fn proposals_commit_in_order_and_the_reader_returns_every_offset() {
         cluster,
         transport.clone(),
         groups,
-        Arc::new(RealIo::new()),
     ));
-    let place = place(dir.path());
+    let place = place(dir.path(), Arc::new(RealIo::new()));
     let log = open(&logs, &place).await;
     let mut events = start(&log);
     match next_event(&mut events).await {
@@ -291,9 +305,8 @@ async fn a_replica_whose_write_failed_is_rebuilt_by_heal() {
         cluster,
         transport.clone(),
         groups,
-        Arc::new(sim.clone()),
     ));
-    let place = place(std::path::Path::new("/sim"));
+    let place = place(std::path::Path::new("/sim"), Arc::new(sim.clone()));
     let log = open(&logs, &place).await;
     let mut events = start(&log);
     wait_leading(&mut events).await;

@@ -12,6 +12,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use keratin_cluster::{ClusterNode, NodeInfo, PreparedCluster};
+
 use crate::config::{Config, LoadedConfig, Origin};
 use crate::limits::NodeLimits;
 use crate::settings::NodeSettings;
@@ -35,6 +37,9 @@ pub enum NodeError {
     /// The storage could not be opened.
     #[error("cannot open the storage: {0}")]
     Storage(#[from] keratin_broker::BrokerError),
+    /// The node could not join its cluster.
+    #[error("cluster: {0}")]
+    Cluster(String),
 }
 
 /// A running node.
@@ -46,6 +51,8 @@ pub struct Node {
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<std::io::Result<()>>>,
     limits: Arc<NodeLimits>,
+    /// The node's cluster membership (`[cluster]`); `None` when it runs alone.
+    cluster: Option<Arc<ClusterNode>>,
 }
 
 impl Node {
@@ -97,6 +104,14 @@ impl Node {
         broker_config.idle_release_after =
             std::time::Duration::from_millis(config.storage.idle_release_after_ms);
         broker_config.commit_workers_per_filesystem = config.storage.commit_workers as usize;
+        let prepared = match &config.cluster {
+            Some(cluster) => Some(prepare_cluster(cluster).await?),
+            None => None,
+        };
+        if let Some(prepared) = &prepared {
+            broker_config.partition_logs = Some(prepared.partition_logs.clone());
+            broker_config.cluster_metadata = Some(prepared.metadata.clone());
+        }
         let broker = Broker::open(broker_config).await?;
         limits.attach(&broker);
         let settings = Arc::new(NodeSettings::new(config.clone(), origins));
@@ -121,6 +136,20 @@ impl Node {
             addr: config.server.http,
             source,
         })?;
+        let cluster = match prepared {
+            Some(prepared) => {
+                let own = NodeInfo {
+                    id: config.cluster.as_ref().map_or(0, |c| c.node_id),
+                    client: protocol_addr.to_string(),
+                    admin: http_addr.to_string(),
+                };
+                let node = ClusterNode::start(prepared, broker.clone(), own)
+                    .await
+                    .map_err(NodeError::Cluster)?;
+                Some(Arc::new(node))
+            }
+            None => None,
+        };
         let (stop, stopped) = watch::channel(false);
         // Each unanswered publish byte is held about twice (the decoded message, the encoded
         // record) until its sync: an eighth of the limit keeps that under a quarter of it.
@@ -147,6 +176,7 @@ impl Node {
             limits: limits.clone(),
             settings,
             node_id,
+            cluster: cluster.clone(),
         };
         let tasks = vec![
             tokio::spawn(crate::tcp::serve(
@@ -169,7 +199,13 @@ impl Node {
             stop,
             tasks,
             limits,
+            cluster,
         })
+    }
+
+    /// The node's cluster membership, if it is in a cluster.
+    pub fn cluster(&self) -> Option<&Arc<ClusterNode>> {
+        self.cluster.as_ref()
     }
 
     /// The protocol listener's address (with the port chosen, when 0 was asked).
@@ -204,8 +240,48 @@ impl Node {
             }
         }
         self.broker.shutdown().await?;
+        if let Some(cluster) = self.cluster {
+            match Arc::try_unwrap(cluster) {
+                Ok(cluster) => cluster.shutdown().await,
+                Err(_) => tracing::warn!("the cluster layer is still in use at shutdown"),
+            }
+        }
         Ok(())
     }
+}
+
+/// Start the transport of a cluster node and build the broker's hooks.
+async fn prepare_cluster(
+    cluster: &keratin_net::ClusterConfig,
+) -> Result<PreparedCluster, NodeError> {
+    let resolved = cluster
+        .resolve()
+        .map_err(|e| NodeError::Cluster(e.to_string()))?;
+    let node_id = resolved.node_id;
+    let cluster_for_logs = resolved.clone();
+    let config = keratin_raft::replica::replica_config(&resolved.name)
+        .map_err(|e| NodeError::Cluster(e.to_string()))?;
+    let make_logs: keratin_cluster::MakePartitionLogs =
+        Box::new(move |transport, groups, directory| {
+            let directory = directory.clone();
+            Arc::new(keratin_raft::partition_log::ReplicatedLogs::new(
+                keratin_raft::partition_log::ReplicatedLogsSetup {
+                    node_id,
+                    transport: transport.clone(),
+                    groups: groups.clone(),
+                    raft_config: config,
+                    cluster: cluster_for_logs,
+                    client_addrs: Arc::new(move |id| directory.client_addr(id)),
+                },
+            ))
+        });
+    ClusterNode::prepare(
+        resolved,
+        keratin_net::TransportOptions::default(),
+        make_logs,
+    )
+    .await
+    .map_err(NodeError::Cluster)
 }
 
 async fn wait_stop(mut stopped: watch::Receiver<bool>) {

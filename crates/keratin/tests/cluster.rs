@@ -74,10 +74,7 @@ impl Cluster {
                 },
             );
         }
-        let mut cluster = Cluster {
-            nodes,
-            _root: root,
-        };
+        let mut cluster = Cluster { nodes, _root: root };
         for id in 1..=3 {
             cluster.start_node(id);
         }
@@ -363,7 +360,10 @@ fn confirmed_messages_survive_leader_kills_pauses_and_lost_majorities() {
                     Err(error) => eprintln!("declare: {error}"),
                 }
             }
-            assert!(Instant::now() < deadline, "the cluster never took the declare");
+            assert!(
+                Instant::now() < deadline,
+                "the cluster never took the declare"
+            );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     });
@@ -417,7 +417,9 @@ fn confirmed_messages_survive_leader_kills_pauses_and_lost_majorities() {
     }
     *addrs.lock().expect("lock") = cluster.live();
     let back = wait_confirm_after(&ledger, restarted_at);
-    println!("round 3: nodes 1 and 3 killed and restarted; serving again {back:?} after the restart");
+    println!(
+        "round 3: nodes 1 and 3 killed and restarted; serving again {back:?} after the restart"
+    );
     std::thread::sleep(Duration::from_secs(2));
 
     // Drain: stop publishing, let the consumer take everything, then check.

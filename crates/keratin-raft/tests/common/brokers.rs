@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keratin_broker::{Broker, BrokerConfig, BrokerError, Message, QueueInfo};
-use keratin_log::{Io, RealIo, MIN_SEGMENT_SIZE_BYTES};
+use keratin_log::MIN_SEGMENT_SIZE_BYTES;
 use keratin_net::{ResolvedCluster, Transport, TransportOptions};
 use keratin_raft::network::Groups;
 use keratin_raft::partition_log::{ClientAddrs, ReplicatedLogs, ReplicatedLogsSetup};
@@ -47,7 +47,6 @@ pub fn replicated_logs(
     cluster: ResolvedCluster,
     transport: Transport,
     groups: Arc<Groups>,
-    io: Arc<dyn Io>,
 ) -> ReplicatedLogs {
     ReplicatedLogs::new(ReplicatedLogsSetup {
         node_id: cluster.node_id,
@@ -56,9 +55,6 @@ pub fn replicated_logs(
         raft_config: replica_config("test").expect("config"),
         cluster,
         client_addrs: client_addrs(),
-        io,
-        segment_size_bytes: MIN_SEGMENT_SIZE_BYTES,
-        pool: None,
     })
 }
 
@@ -82,12 +78,7 @@ pub async fn start(
     cluster: ResolvedCluster,
 ) -> BrokerNode {
     let (transport, groups) = transport(listener, cluster.clone());
-    let logs = Arc::new(replicated_logs(
-        cluster,
-        transport.clone(),
-        groups,
-        Arc::new(RealIo::new()),
-    ));
+    let logs = Arc::new(replicated_logs(cluster, transport.clone(), groups));
     let config = BrokerConfig {
         segment_size_bytes: MIN_SEGMENT_SIZE_BYTES,
         pool_background: false,
