@@ -10,7 +10,7 @@ use bytes::BytesMut;
 use tokio::io::AsyncReadExt;
 use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::TcpStream;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::connection::{CloseMode, Connection};
 use crate::context::{wait_shutdown, Context};
@@ -52,6 +52,7 @@ pub(crate) async fn run_session(context: Arc<Context>, peer: Arc<Peer>, stream: 
     );
     let connection = Arc::new(connection);
     peer.install(Arc::clone(&connection));
+    info!(peer = peer.id, addr = %peer.addr, "cluster peer connected");
     let writer = tokio::spawn(run_writer(
         Arc::clone(&connection),
         queue,
@@ -62,7 +63,7 @@ pub(crate) async fn run_session(context: Arc<Context>, peer: Arc<Peer>, stream: 
     let mode = match end {
         ReadEnd::Closed => CloseMode::Now,
         ReadEnd::Lost(reason) => {
-            debug!(peer = peer.id, %reason, "cluster connection lost");
+            info!(peer = peer.id, %reason, "cluster connection lost");
             peer.liveness.set_error(reason);
             CloseMode::Now
         }

@@ -145,9 +145,14 @@ fn raise_open_files_limit(loaded: &LoadedConfig) {
     }
 }
 
+/// Without `KERATIN_LOG`: Keratin at info; openraft's own messages only at error, since it
+/// warns on every retry to an unreachable peer (several per second per group). Keratin's
+/// transport logs each peer going up or down once.
+const DEFAULT_LOG_FILTER: &str = "info,openraft=error";
+
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("KERATIN_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -67,7 +67,7 @@ impl Server {
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
-            .env("KERATIN_LOG", "info");
+            .env("KERATIN_LOG", "info,openraft=error");
         let mut child = command.spawn().expect("spawn keratin");
         let pid = child.id();
         let stdout = child.stdout.take().expect("stdout");
