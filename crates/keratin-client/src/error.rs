@@ -83,8 +83,8 @@ pub enum ClientError {
         attempts: u32,
         /// Time spent following the refusals.
         elapsed_ms: u64,
-        /// The last 421 received.
-        last: ErrorBody,
+        /// The last 421 received (boxed: it would make every `ClientError` larger).
+        last: Box<ErrorBody>,
     },
     /// The connection is gone (lost, closed by the broker, or the broker went silent). Requests
     /// that were waiting fail with this; the client does not reconnect by itself.

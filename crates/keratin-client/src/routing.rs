@@ -60,7 +60,7 @@ pub(crate) fn not_leader_error(
         operation: operation.to_owned(),
         attempts,
         elapsed_ms: duration_ms(started.elapsed()),
-        last: last.clone(),
+        last: Box::new(last.clone()),
     }
 }
 
