@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::connection::{self, duration_ms, Command, Control, Handle, Ids, RequestKind};
 use crate::error::ClientError;
 use crate::options::ClientOptions;
+use crate::routing::Peers;
 
 /// A connection to a Keratin broker. Cloning is cheap: every clone shares the one connection
 /// and its background task. The connection closes (politely, with `Close`) when the last
@@ -30,6 +31,8 @@ pub struct Client {
 struct Inner {
     handle: Handle,
     options: ClientOptions,
+    /// Connections to other nodes of the cluster, opened to follow 421s (`routing.rs`).
+    peers: Peers,
 }
 
 impl std::fmt::Debug for Inner {
@@ -53,7 +56,11 @@ impl Client {
         let handle = connection::open(addr, &options).await?;
         tracing::debug!(node_id = %handle.node_id, "connected to keratin");
         Ok(Client {
-            inner: Arc::new(Inner { handle, options }),
+            inner: Arc::new(Inner {
+                handle,
+                options,
+                peers: Peers::default(),
+            }),
         })
     }
 
@@ -85,13 +92,14 @@ impl Client {
     }
 
     /// Creates `queue`, or succeeds if it exists with the same settings (409 otherwise).
+    /// `settings.replicas` needs protocol version 4 (a node that speaks only an older one
+    /// refuses nothing but cannot carry it: the call fails with [`ClientError::Encode`]).
     pub async fn declare(&self, queue: &str, settings: QueueSettings) -> Result<(), ClientError> {
-        let name = queue.to_owned();
-        self.request_ok(format!("declare {queue}"), move |request_id| {
+        self.request_ok_routed(format!("declare {queue}"), |request_id| {
             Frame::Declare(Declare {
                 request_id,
-                queue: name,
-                settings,
+                queue: queue.to_owned(),
+                settings: settings.clone(),
             })
         })
         .await
@@ -99,11 +107,10 @@ impl Client {
 
     /// Deletes `queue` and all its messages.
     pub async fn delete(&self, queue: &str) -> Result<(), ClientError> {
-        let name = queue.to_owned();
-        self.request_ok(format!("delete {queue}"), move |request_id| {
+        self.request_ok_routed(format!("delete {queue}"), |request_id| {
             Frame::Delete(QueueRequest {
                 request_id,
-                queue: name,
+                queue: queue.to_owned(),
             })
         })
         .await
@@ -111,11 +118,10 @@ impl Client {
 
     /// Removes every ready message of `queue` (inflight ones stay until settled).
     pub async fn purge(&self, queue: &str) -> Result<(), ClientError> {
-        let name = queue.to_owned();
-        self.request_ok(format!("purge {queue}"), move |request_id| {
+        self.request_ok_routed(format!("purge {queue}"), |request_id| {
             Frame::Purge(QueueRequest {
                 request_id,
-                queue: name,
+                queue: queue.to_owned(),
             })
         })
         .await
@@ -127,27 +133,33 @@ impl Client {
         queue: &str,
         update: QueueSettingsUpdate,
     ) -> Result<(), ClientError> {
-        let name = queue.to_owned();
-        self.request_ok(format!("set settings of {queue}"), move |request_id| {
+        self.request_ok_routed(format!("set settings of {queue}"), |request_id| {
             Frame::SetQueueSettings(SetQueueSettings {
                 request_id,
-                queue: name,
-                update,
+                queue: queue.to_owned(),
+                update: update.clone(),
             })
         })
         .await
     }
 
-    /// A queue's settings and per-partition counts.
+    /// A queue's settings and per-partition counts, with each partition's leader
+    /// ([`keratin_proto::PartitionInfo::leading`], `leader`, `leader_addr`).
     pub async fn info(&self, queue: &str) -> Result<QueueInfoReply, ClientError> {
         let operation = format!("info {queue}");
-        let name = queue.to_owned();
+        let timeout = self.inner.options.request_timeout;
         let reply = self
-            .request(operation.clone(), RequestKind::Plain, move |request_id| {
-                Frame::QueueInfo(QueueRequest {
-                    request_id,
-                    queue: name,
-                })
+            .routed(&operation, timeout, |node| {
+                let operation = operation.clone();
+                async move {
+                    node.request(operation, RequestKind::Plain, |request_id| {
+                        Frame::QueueInfo(QueueRequest {
+                            request_id,
+                            queue: queue.to_owned(),
+                        })
+                    })
+                    .await
+                }
             })
             .await?;
         match reply {
@@ -185,6 +197,21 @@ impl Client {
             // An error means the task already ended: closed either way.
             let _ = closed.await;
         }
+    }
+
+    /// [`Client::request_ok`] following 421s to the leader (`routing.rs`).
+    async fn request_ok_routed(
+        &self,
+        operation: String,
+        build: impl Fn(u64) -> Frame,
+    ) -> Result<(), ClientError> {
+        let timeout = self.inner.options.request_timeout;
+        let build = &build;
+        self.routed(&operation, timeout, |node| {
+            let operation = operation.clone();
+            async move { node.request_ok(operation, build).await }
+        })
+        .await
     }
 
     async fn request_ok(
@@ -253,6 +280,10 @@ impl Client {
 
     pub(crate) fn ids(&self) -> &Ids {
         &self.inner.handle.ids
+    }
+
+    pub(crate) fn peers(&self) -> &Peers {
+        &self.inner.peers
     }
 
     pub(crate) fn control(&self) -> &mpsc::UnboundedSender<Control> {

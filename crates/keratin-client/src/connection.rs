@@ -118,6 +118,7 @@ pub(crate) enum RequestKind {
         tag: String,
         queue: String,
         deliveries: mpsc::Sender<Delivery>,
+        ended: ConsumerEnded,
     },
     /// Forget the consumer once the broker confirms the cancel.
     Cancel { tag: String },
@@ -164,7 +165,12 @@ struct PendingRequest {
 struct ConsumerSlot {
     queue: String,
     deliveries: mpsc::Sender<Delivery>,
+    ended: ConsumerEnded,
 }
+
+/// Why the broker ended a consumer (`ConsumerEnd`), read by the [`crate::Consumer`] once its
+/// delivery stream ran dry; `None` while it runs or when it ended with the connection.
+pub(crate) type ConsumerEnded = Arc<Mutex<Option<keratin_proto::ErrorBody>>>;
 
 /// A `QueueList` sent after some buffered messages were written. When its reply arrives, those
 /// messages count as accepted; see `publisher.rs` for what this relies on.
@@ -530,11 +536,13 @@ impl Connection {
             tag,
             queue,
             deliveries,
+            ended,
         } = &kind
         {
             let slot = ConsumerSlot {
                 queue: queue.clone(),
                 deliveries: deliveries.clone(),
+                ended: ended.clone(),
             };
             self.consumers.insert(tag.clone(), slot);
         }
@@ -761,6 +769,14 @@ impl Connection {
                 Ok(())
             }
             Frame::Deliver(deliver) => self.on_deliver(deliver).await,
+            Frame::ConsumerEnd(end) => {
+                // Dropping the slot closes the consumer's stream once it has taken the
+                // deliveries already queued; the reason tells it where to go next.
+                if let Some(slot) = self.consumers.remove(&end.consumer_tag) {
+                    *lock(&slot.ended) = Some(end.error);
+                }
+                Ok(())
+            }
             Frame::Heartbeat => Ok(()),
             Frame::Error(error) => self.on_error_frame(error).await,
             Frame::Close(close) => {
@@ -970,9 +986,10 @@ fn settle_unsent(waiter: Waiter, error: ClientError, detail: &str) {
     }
 }
 
-/// Locks the lost-reason slot. A poisoned lock still holds a valid `Option<String>`.
-pub(crate) fn lock(lost: &LostReason) -> std::sync::MutexGuard<'_, Option<String>> {
-    lost.lock()
+/// Locks a slot shared with the task (the lost reason, a consumer's end). A poisoned lock
+/// still holds a valid `Option`: each is written whole.
+pub(crate) fn lock<T>(slot: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    slot.lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 

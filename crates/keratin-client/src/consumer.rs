@@ -5,18 +5,21 @@
 //! cancelling (explicitly or on drop) and settling deliveries. Routing `Deliver` frames to the
 //! right channel and coalescing acks into frames belongs to `connection.rs`.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use futures_core::Stream;
-use keratin_proto::{Cancel, Frame, Header, Subscribe};
+use keratin_proto::{Cancel, ErrorBody, Frame, Header, Subscribe};
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 use crate::client::Client;
-use crate::connection::{Control, RequestKind};
+use crate::connection::{lock, ConsumerEnded, Control, RequestKind};
 use crate::error::ClientError;
+use crate::routing::as_not_leader;
 
 /// Largest prefetch a consumer may ask for: the protocol's bound, which the broker enforces
 /// too. The client's delivery channel is as large as the prefetch (the broker never sends more
@@ -122,13 +125,43 @@ impl Delivery {
 /// A subscription: a [`Stream`] of [`Delivery`] values. The stream ends when the consumer is
 /// cancelled or the connection ends (unacknowledged deliveries then return to ready on the
 /// broker). Dropping a `Consumer` cancels it.
-#[derive(Debug)]
+///
+/// In a cluster, when the node ends the consumer because a partition of its queue moved
+/// (`ConsumerEnd` with 421), the consumer subscribes again at the named leader with the same
+/// prefetch and the stream goes on; see the crate docs, "Clusters", for the deliveries yielded
+/// before the move. If following the move fails, the stream ends and
+/// [`Consumer::end_error`] says why.
 pub struct Consumer {
     client: Client,
     queue: String,
+    prefetch: u32,
+    prefetch_bytes: Option<u64>,
+    subscription: Subscription,
+    moving: Option<Moving>,
+    end_error: Option<ClientError>,
+    cancelled: bool,
+}
+
+/// A resubscription in progress after the node ended the consumer.
+type Moving = Pin<Box<dyn Future<Output = Result<Subscription, ClientError>> + Send>>;
+
+/// One subscription on one node's connection.
+struct Subscription {
+    node: Client,
     tag: String,
     deliveries: mpsc::Receiver<Delivery>,
-    cancelled: bool,
+    ended: ConsumerEnded,
+}
+
+impl std::fmt::Debug for Consumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Consumer")
+            .field("queue", &self.queue)
+            .field("tag", &self.subscription.tag)
+            .field("node_id", &self.subscription.node.node_id())
+            .field("moving", &self.moving.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Client {
@@ -157,13 +190,41 @@ impl Client {
                 "prefetch {prefetch} is outside 1..={PREFETCH_MAX}"
             )));
         }
+        let operation = format!("subscribe {queue}");
+        let timeout = self.options().request_timeout;
+        let subscription = self
+            .routed(&operation, timeout, |node| async move {
+                node.subscribe_once(queue, prefetch, prefetch_bytes).await
+            })
+            .await?;
+        Ok(Consumer {
+            client: self.clone(),
+            queue: queue.to_owned(),
+            prefetch,
+            prefetch_bytes,
+            subscription,
+            moving: None,
+            end_error: None,
+            cancelled: false,
+        })
+    }
+
+    /// One `Subscribe` on this connection.
+    async fn subscribe_once(
+        &self,
+        queue: &str,
+        prefetch: u32,
+        prefetch_bytes: Option<u64>,
+    ) -> Result<Subscription, ClientError> {
         let tag = self.ids().consumer_tag();
         let capacity = usize::try_from(prefetch).unwrap_or(usize::MAX);
         let (deliveries_tx, deliveries) = mpsc::channel(capacity);
+        let ended = ConsumerEnded::default();
         let kind = RequestKind::Subscribe {
             tag: tag.clone(),
             queue: queue.to_owned(),
             deliveries: deliveries_tx,
+            ended: ended.clone(),
         };
         let frame_tag = tag.clone();
         let frame_queue = queue.to_owned();
@@ -178,17 +239,15 @@ impl Client {
                 })
             })
             .await?;
-        let mut consumer = Consumer {
-            client: self.clone(),
-            queue: queue.to_owned(),
-            tag,
-            deliveries,
-            cancelled: false,
-        };
         match reply {
-            Frame::SubscribeOk(_) => Ok(consumer),
+            Frame::SubscribeOk(_) => Ok(Subscription {
+                node: self.clone(),
+                tag,
+                deliveries,
+                ended,
+            }),
             other => {
-                consumer.cancelled = true;
+                // Not a consumer the broker knows: nothing to cancel.
                 Err(ClientError::UnexpectedReply {
                     operation: format!("subscribe {queue}"),
                     expected: "SubscribeOk",
@@ -199,10 +258,39 @@ impl Client {
     }
 }
 
+/// Subscribes again after the node ended the consumer with the 421 `body`: at the leader it
+/// names (or the known nodes), following further 421s within `request_timeout` and
+/// [`crate::NOT_LEADER_RETRIES_MAX`].
+async fn resubscribe(
+    client: Client,
+    queue: String,
+    prefetch: u32,
+    prefetch_bytes: Option<u64>,
+    mut body: ErrorBody,
+) -> Result<Subscription, ClientError> {
+    let operation = format!("subscribe {queue} again after its partition moved");
+    let started = Instant::now();
+    let deadline = started + client.options().request_timeout;
+    let mut retry = 0;
+    loop {
+        retry += 1;
+        let node = client
+            .follow_not_leader(&operation, &body, retry, started, deadline)
+            .await?;
+        match node.subscribe_once(&queue, prefetch, prefetch_bytes).await {
+            Ok(subscription) => return Ok(subscription),
+            Err(error) => match as_not_leader(&error) {
+                Some(refusal) => body = refusal.clone(),
+                None => return Err(error),
+            },
+        }
+    }
+}
+
 impl Consumer {
-    /// The consumer tag (unique on the connection).
+    /// The consumer tag (unique on the connection it currently consumes on).
     pub fn tag(&self) -> &str {
-        &self.tag
+        &self.subscription.tag
     }
 
     /// The queue consumed.
@@ -210,20 +298,32 @@ impl Consumer {
         &self.queue
     }
 
+    /// The node the consumer currently consumes from (its handshake name).
+    pub fn node_id(&self) -> &str {
+        self.subscription.node.node_id()
+    }
+
+    /// Why the stream ended, when it ended because following a moved partition failed (for
+    /// example [`ClientError::NotLeader`] after the retry bound); `None` otherwise.
+    pub fn end_error(&self) -> Option<&ClientError> {
+        self.end_error.as_ref()
+    }
+
     /// The next delivery, or `None` once the consumer is cancelled or the connection ended.
     /// The same as `StreamExt::next`, without needing the trait.
     pub async fn recv(&mut self) -> Option<Delivery> {
-        self.deliveries.recv().await
+        std::future::poll_fn(|cx| Pin::new(&mut *self).poll_next(cx)).await
     }
 
     /// Stops the consumer and waits for the broker's answer. Deliveries not yet acknowledged,
     /// including any still buffered in this handle, return to ready.
     pub async fn cancel(mut self) -> Result<(), ClientError> {
         self.cancelled = true;
-        let tag = self.tag.clone();
+        let tag = self.subscription.tag.clone();
         let kind = RequestKind::Cancel { tag: tag.clone() };
         let reply = self
-            .client
+            .subscription
+            .node
             .request(format!("cancel consumer {tag}"), kind, move |request_id| {
                 Frame::Cancel(Cancel {
                     request_id,
@@ -234,11 +334,30 @@ impl Consumer {
         match reply {
             Frame::Ok(_) => Ok(()),
             other => Err(ClientError::UnexpectedReply {
-                operation: format!("cancel consumer {}", self.tag),
+                operation: format!("cancel consumer {}", self.subscription.tag),
                 expected: "Ok",
                 got: other.frame_type().name(),
             }),
         }
+    }
+
+    /// After the stream of the current subscription ran dry: the resubscription to start
+    /// when the node ended it with 421, or `None` when the consumer is over.
+    fn start_move(&mut self) -> Option<Moving> {
+        let reason = lock(&self.subscription.ended).take()?;
+        if as_not_leader(&ClientError::Server(reason.clone())).is_none() {
+            tracing::warn!(queue = %self.queue, error = %reason, "the broker ended the consumer");
+            self.end_error = Some(ClientError::Server(reason));
+            return None;
+        }
+        tracing::debug!(queue = %self.queue, error = %reason, "consumer moves to the leader");
+        Some(Box::pin(resubscribe(
+            self.client.clone(),
+            self.queue.clone(),
+            self.prefetch,
+            self.prefetch_bytes,
+            reason,
+        )))
     }
 }
 
@@ -246,7 +365,32 @@ impl Stream for Consumer {
     type Item = Delivery;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Delivery>> {
-        self.deliveries.poll_recv(cx)
+        // Each turn either returns or replaces the subscription after a move; a move that
+        // fails ends the stream, so the loop is bounded by the resubscription's own bounds.
+        loop {
+            if let Some(moving) = self.moving.as_mut() {
+                match moving.as_mut().poll(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Ok(subscription)) => {
+                        self.moving = None;
+                        self.subscription = subscription;
+                    }
+                    Poll::Ready(Err(error)) => {
+                        self.moving = None;
+                        tracing::warn!(queue = %self.queue, %error, "the consumer could not follow its partition");
+                        self.end_error = Some(error);
+                        return Poll::Ready(None);
+                    }
+                }
+            }
+            match self.subscription.deliveries.poll_recv(cx) {
+                Poll::Ready(None) => match self.start_move() {
+                    Some(moving) => self.moving = Some(moving),
+                    None => return Poll::Ready(None),
+                },
+                other => return other,
+            }
+        }
     }
 }
 
@@ -255,9 +399,10 @@ impl Drop for Consumer {
         if !self.cancelled {
             // Fails only when the connection is gone, and then the broker cancelled it already.
             let _ = self
-                .client
+                .subscription
+                .node
                 .control()
-                .send(Control::CancelConsumer(self.tag.clone()));
+                .send(Control::CancelConsumer(self.subscription.tag.clone()));
         }
     }
 }

@@ -72,6 +72,20 @@ pub enum ClientError {
         /// What happened, the broker's message included.
         detail: String,
     },
+    /// Cluster nodes kept answering 421 `ERR_NOT_LEADER` (no leader, or none reachable) for
+    /// as many attempts or as long as the client follows them (see the crate docs,
+    /// "Clusters"). Nothing was applied: trying again later is safe.
+    #[error("{operation}: no node accepted it as leader after {attempts} attempts in {elapsed_ms} ms (last answer: {last})")]
+    NotLeader {
+        /// What was attempted, for example `declare orders`.
+        operation: String,
+        /// Attempts made.
+        attempts: u32,
+        /// Time spent following the refusals.
+        elapsed_ms: u64,
+        /// The last 421 received (boxed: it would make every `ClientError` larger).
+        last: Box<ErrorBody>,
+    },
     /// The connection is gone (lost, closed by the broker, or the broker went silent). Requests
     /// that were waiting fail with this; the client does not reconnect by itself.
     #[error("connection to the broker lost: {detail}")]

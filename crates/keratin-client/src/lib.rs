@@ -24,6 +24,8 @@
 //! - [`consumer`]: [`Consumer`] (a `Stream` of [`Delivery`]) and ack/reject.
 //! - [`error`]: [`ClientError`] and [`PublishFailed`].
 //! - [`options`]: [`ClientOptions`] and [`BufferedOptions`] with their defaults.
+//! - `routing` (private): following `ERR_NOT_LEADER` (421) to the leader a cluster node
+//!   names, over connections to the other nodes opened on demand; see "Clusters" below.
 //! - `connection` (private): the background task that owns the socket, multiplexes requests,
 //!   publishes and consumers, sends heartbeats and notices a silent broker.
 //!
@@ -53,6 +55,26 @@
 //! The application connects again with [`Client::connect`] and decides what to republish.
 //! [`Client::is_connected`] tells whether a client is still usable.
 //!
+//! # Clusters
+//! A node that does not lead what a request needs answers 421 `ERR_NOT_LEADER`, naming the
+//! leader's address when it knows it. The client follows that by itself: it opens (once, with
+//! the same options) a connection to the named node and sends the refused request there —
+//! for a publish only the messages that were refused (a batch is refused per partition).
+//! Without a named leader it waits (100 ms, doubling, at most 1 s, at least the node's hint)
+//! and tries the node it connected to and the nodes its handshake listed, in turn. A call
+//! follows at most [`NOT_LEADER_RETRIES_MAX`] redirects, within `publish_timeout` for a
+//! publish and `request_timeout` for other requests, then fails with
+//! [`ClientError::NotLeader`]. A 421 changes nothing on the node, so following it never
+//! stores a message twice.
+//!
+//! A [`Consumer`] whose queue's partition moves is ended by the node (`ConsumerEnd`, 421):
+//! the consumer subscribes again at the named leader with the same prefetch and keeps
+//! yielding deliveries. Deliveries it yielded before the move stay bound to the old
+//! connection: acking or rejecting them sends the ack there, where the node no longer knows
+//! the delivery (it answers a non-fatal 404, which the client logs); the new leader delivers
+//! those messages again with `redelivered` set, so an application that acked one before the
+//! move may see it twice (at-least-once).
+//!
 //! # Heartbeats
 //! The client sends a `Heartbeat` whenever it has written nothing for `heartbeat_interval`
 //! (default 5 s). It does not answer the broker's heartbeats (the protocol asks for no answer);
@@ -66,6 +88,7 @@ pub mod consumer;
 pub mod error;
 pub mod options;
 pub mod publisher;
+mod routing;
 
 pub use client::Client;
 pub use consumer::{Consumer, Delivery, PREFETCH_MAX};
@@ -75,6 +98,7 @@ pub use publisher::{
     BufferedPublisher, Confirmed, DroppedPublish, DroppedPublishes, OutgoingMessage,
     RETRY_DELAY_MS_MIN,
 };
+pub use routing::{NOT_LEADER_BACKOFF_MAX, NOT_LEADER_BACKOFF_MIN, NOT_LEADER_RETRIES_MAX};
 
 /// The wire protocol crate, for anything not re-exported here.
 pub use keratin_proto as proto;

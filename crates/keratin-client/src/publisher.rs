@@ -47,7 +47,7 @@ const ATTEMPT_ANSWER_GRACE: std::time::Duration = std::time::Duration::from_secs
 
 use bytes::Bytes;
 use futures_core::Stream;
-use keratin_proto::codes::ERR_LIMITED;
+use keratin_proto::codes::{ERR_LIMITED, ERR_NOT_LEADER};
 use keratin_proto::{ErrorBody, Header, Message, PublishMode, FRAME_SIZE_BYTES_MAX};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
@@ -56,6 +56,7 @@ use crate::client::Client;
 use crate::connection::{duration_ms, Command, PublishOutcome, Waiter};
 use crate::error::{ClientError, PublishFailed};
 use crate::options::BufferedOptions;
+use crate::routing::not_leader_error;
 
 /// The smallest delay before retrying after `ERR_LIMITED`, whatever the hint says: a hint of 0
 /// would otherwise turn a full disk into a busy loop of publishes.
@@ -131,7 +132,8 @@ impl OutgoingMessage {
 pub struct Confirmed {
     /// The publish id of the attempt the broker confirmed.
     pub publish_id: u64,
-    /// Attempts it took: 1, plus one per `ERR_LIMITED` retry.
+    /// Attempts it took: 1, plus one per `ERR_LIMITED` retry and per `ERR_NOT_LEADER`
+    /// redirect.
     pub attempts: u32,
 }
 
@@ -140,12 +142,30 @@ pub struct Confirmed {
 enum AttemptAnswer {
     Done(usize, Result<Confirmed, PublishFailed>),
     Limited(Attempt, ErrorBody),
+    /// Refused with `ERR_NOT_LEADER` (421): not applied, to send to the leader it names.
+    NotLeader(Attempt, ErrorBody),
 }
 
 struct Attempt {
     index: usize,
     message: OutgoingMessage,
     attempts: u32,
+    /// The node to send it to (`None`: the client's own connection), set by a 421.
+    node: Option<String>,
+    /// 421s followed so far.
+    redirects: u32,
+}
+
+impl Attempt {
+    fn first(index: usize, message: OutgoingMessage) -> Attempt {
+        Attempt {
+            index,
+            message,
+            attempts: 1,
+            node: None,
+            redirects: 0,
+        }
+    }
 }
 
 impl Client {
@@ -182,22 +202,22 @@ impl Client {
             true,
         )
         .await;
-        let attempt = Attempt {
-            index: 0,
-            message,
-            attempts: 1,
-        };
-        let (attempt, body) = match self
+        let attempt = Attempt::first(0, message);
+        let mut results = vec![None];
+        let pending = match self
             .attempt_answer(answer_deadline, answer, attempt, publish_id)
             .await
         {
             AttemptAnswer::Done(_, result) => return result,
-            AttemptAnswer::Limited(attempt, body) => (attempt, body),
+            AttemptAnswer::Limited(attempt, body) => {
+                self.publish_retry_wait(vec![(attempt, body)], deadline, &mut results)
+                    .await
+            }
+            AttemptAnswer::NotLeader(attempt, body) => {
+                self.publish_redirect(queue, vec![(attempt, body)], deadline, &mut results)
+                    .await
+            }
         };
-        let mut results = vec![None];
-        let pending = self
-            .publish_retry_wait(vec![(attempt, body)], deadline, &mut results)
-            .await;
         let mut results = self
             .publish_attempts(queue, pending, results, deadline, true)
             .await;
@@ -230,11 +250,7 @@ impl Client {
         let pending = messages
             .into_iter()
             .enumerate()
-            .map(|(index, message)| Attempt {
-                index,
-                message,
-                attempts: 1,
-            })
+            .map(|(index, message)| Attempt::first(index, message))
             .collect();
         self.publish_attempts(queue, pending, results, deadline, joinable)
             .await
@@ -254,20 +270,28 @@ impl Client {
             // An attempt sent just before the deadline still gets its answer: the broker answers
             // a refused publish at once, and reporting it as an unknown outcome would be false.
             let answer_deadline = deadline.max(Instant::now() + ATTEMPT_ANSWER_GRACE);
-            let waiting = self.publish_send(queue, pending, joinable).await;
+            let waiting = self
+                .publish_send_routed(queue, pending, joinable, deadline)
+                .await;
             let mut limited: Vec<(Attempt, ErrorBody)> = Vec::new();
-            for (attempt, publish_id, answer) in waiting {
-                match self
+            let mut moved: Vec<(Attempt, ErrorBody)> = Vec::new();
+            for (node, attempt, publish_id, answer) in waiting {
+                match node
                     .attempt_answer(answer_deadline, answer, attempt, publish_id)
                     .await
                 {
                     AttemptAnswer::Done(index, result) => results[index] = Some(result),
                     AttemptAnswer::Limited(attempt, body) => limited.push((attempt, body)),
+                    AttemptAnswer::NotLeader(attempt, body) => moved.push((attempt, body)),
                 }
             }
             pending = self
                 .publish_retry_wait(limited, deadline, &mut results)
                 .await;
+            let redirected = self
+                .publish_redirect(queue, moved, deadline, &mut results)
+                .await;
+            pending.extend(redirected);
         }
         results
             .into_iter()
@@ -301,6 +325,9 @@ impl Client {
             }),
             PublishOutcome::Failed(body) if body.code() == ERR_LIMITED => {
                 return AttemptAnswer::Limited(attempt, body);
+            }
+            PublishOutcome::Failed(body) if body.code() == ERR_NOT_LEADER => {
+                return AttemptAnswer::NotLeader(attempt, body);
             }
             PublishOutcome::Failed(body) => Err(ClientError::from_body(body)),
             PublishOutcome::Lost(detail) => Err(ClientError::OutcomeUnknown {
@@ -363,6 +390,91 @@ impl Client {
             }));
         }
         Vec::new()
+    }
+
+    /// Sends each attempt to its node ([`Attempt::node`], opening the connection on first
+    /// use; this connection after a backoff when that node cannot be reached) and returns what
+    /// to wait on, with the connection that answers it.
+    async fn publish_send_routed(
+        &self,
+        queue: &str,
+        attempts: Vec<Attempt>,
+        joinable: bool,
+        deadline: Instant,
+    ) -> Vec<(Client, Attempt, u64, oneshot::Receiver<PublishOutcome>)> {
+        let mut by_node: Vec<(Option<String>, Vec<Attempt>)> = Vec::new();
+        for attempt in attempts {
+            match by_node.iter_mut().find(|(node, _)| *node == attempt.node) {
+                Some((_, group)) => group.push(attempt),
+                None => by_node.push((attempt.node.clone(), vec![attempt])),
+            }
+        }
+        let mut waiting = Vec::new();
+        for (node, group) in by_node {
+            let redirects = group.iter().map(|attempt| attempt.redirects).max();
+            let target = match node {
+                None => self.clone(),
+                Some(addr) => {
+                    self.node_or_own(Some(&addr), redirects.unwrap_or(1), deadline)
+                        .await
+                }
+            };
+            for (attempt, publish_id, answer) in target.publish_send(queue, group, joinable).await {
+                waiting.push((target.clone(), attempt, publish_id, answer));
+            }
+        }
+        waiting
+    }
+
+    /// The attempts refused with 421, sent next to the leader each refusal names (after a
+    /// backoff when one names none, `routing.rs`), or failed with [`ClientError::NotLeader`]
+    /// past [`crate::NOT_LEADER_RETRIES_MAX`] redirects or the deadline.
+    async fn publish_redirect(
+        &self,
+        queue: &str,
+        moved: Vec<(Attempt, ErrorBody)>,
+        deadline: Instant,
+        results: &mut [Option<Result<Confirmed, PublishFailed>>],
+    ) -> Vec<Attempt> {
+        let operation = format!("publish to {queue}");
+        let started = deadline
+            .checked_sub(self.options().publish_timeout)
+            .unwrap_or_else(Instant::now);
+        let mut next = Vec::with_capacity(moved.len());
+        // Refusals of one answer usually name the same leader or none: one backoff serves
+        // them all, so the wait is not paid once per message.
+        let mut followed: Vec<(Option<String>, u32, Option<Option<String>>)> = Vec::new();
+        for (attempt, body) in moved {
+            let redirects = attempt.redirects + 1;
+            let named = body.leader_addr().map(str::to_owned);
+            let found = followed
+                .iter()
+                .find(|(addr, count, _)| *addr == named && *count == redirects)
+                .map(|(_, _, node)| node.clone());
+            let node = match found {
+                Some(node) => node,
+                None => {
+                    let node = self.next_node(&body, redirects, deadline).await;
+                    followed.push((named, redirects, node.clone()));
+                    node
+                }
+            };
+            match node {
+                Some(node) => next.push(Attempt {
+                    attempts: attempt.attempts + 1,
+                    node,
+                    redirects,
+                    ..attempt
+                }),
+                None => {
+                    results[attempt.index] = Some(Err(PublishFailed {
+                        message: attempt.message,
+                        error: not_leader_error(&operation, &body, redirects, started),
+                    }));
+                }
+            }
+        }
+        next
     }
 
     /// Sends one attempt of each message under new publish ids, in as few frames as fit, and

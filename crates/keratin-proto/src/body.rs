@@ -10,10 +10,10 @@ use crate::codes::{Code, LimitReason};
 use crate::error::{Problem, ProtoError};
 use crate::error_body::ErrorBody;
 use crate::frame::{
-    Ack, Cancel, Close, Confirm, Declare, Deliver, ErrorFrame, Frame, FrameType, Header, Message,
-    OkReply, Overflow, PartitionInfo, Publish, PublishError, PublishIdRange, PublishMode,
-    QueueInfoReply, QueueList, QueueListReply, QueueRequest, QueueSettings, QueueSettingsUpdate,
-    QueueSummary, Reject, SetQueueSettings, Subscribe, SubscribeOk, Update,
+    Ack, Cancel, Close, Confirm, ConsumerEnd, Declare, Deliver, ErrorFrame, Frame, FrameType,
+    Header, Message, OkReply, Overflow, PartitionInfo, Publish, PublishError, PublishIdRange,
+    PublishMode, QueueInfoReply, QueueList, QueueListReply, QueueRequest, QueueSettings,
+    QueueSettingsUpdate, QueueSummary, Reject, SetQueueSettings, Subscribe, SubscribeOk, Update,
 };
 use crate::wire::{put_bytes, put_count_u16, put_count_u32, put_option, put_string, Reader};
 
@@ -36,6 +36,12 @@ const UPDATE_CLEAR: u8 = 1;
 const UPDATE_SET: u8 = 2;
 /// The protocol version that added `Subscribe.prefetch_bytes`.
 const PREFETCH_BYTES_SINCE: u16 = 2;
+/// The protocol version that added `QueueSettings.replicas`, the partition leader fields of
+/// `QueueInfoReply` and the error body's `leader_addr`.
+pub(crate) const CLUSTER_FIELDS_SINCE: u16 = 4;
+/// The version 4 fields of a partition info at their smallest: `leading` bool, absent `leader`
+/// and `leader_addr` tags.
+const PARTITION_LEADER_SIZE_MIN: usize = 1 + 1 + 1;
 const UPDATE_TAG_COUNT: u8 = 3;
 
 /// Writes the body of `frame` (everything after the type byte).
@@ -48,7 +54,13 @@ pub(crate) fn encode_body(
         Frame::Declare(declare) => {
             dst.put_u64_le(declare.request_id);
             put_string(dst, "queue", &declare.queue)?;
-            put_settings(dst, &declare.settings)
+            if version < CLUSTER_FIELDS_SINCE && declare.settings.replicas.is_some() {
+                return Err(ProtoError::InvalidValue {
+                    field: "settings.replicas",
+                    reason: "protocol versions before 4 cannot carry replicas",
+                });
+            }
+            put_settings(dst, &declare.settings, version)
         }
         Frame::Delete(request) | Frame::Purge(request) | Frame::QueueInfo(request) => {
             dst.put_u64_le(request.request_id);
@@ -89,18 +101,18 @@ pub(crate) fn encode_body(
             dst.put_u8(u8::from(reject.requeue));
             Ok(())
         }
-        _ => encode_reply_body(frame, dst),
+        _ => encode_reply_body(frame, dst, version),
     }
 }
 
 /// The server-to-client and either-direction half of [`encode_body`].
-fn encode_reply_body(frame: &Frame, dst: &mut BytesMut) -> Result<(), ProtoError> {
+fn encode_reply_body(frame: &Frame, dst: &mut BytesMut, version: u16) -> Result<(), ProtoError> {
     match frame {
         Frame::Ok(ok) => {
             dst.put_u64_le(ok.request_id);
             Ok(())
         }
-        Frame::QueueInfoReply(info) => put_queue_info_reply(dst, info),
+        Frame::QueueInfoReply(info) => put_queue_info_reply(dst, info, version),
         Frame::QueueListReply(list) => put_queue_list_reply(dst, list),
         Frame::SubscribeOk(subscribe_ok) => {
             dst.put_u64_le(subscribe_ok.request_id);
@@ -109,9 +121,19 @@ fn encode_reply_body(frame: &Frame, dst: &mut BytesMut) -> Result<(), ProtoError
         Frame::Confirm(confirm) => put_ranges(dst, &confirm.ranges),
         Frame::PublishError(publish_error) => {
             put_ranges(dst, &publish_error.ranges)?;
-            put_error_body(dst, &publish_error.error)
+            put_error_body(dst, &publish_error.error, version >= CLUSTER_FIELDS_SINCE)
         }
         Frame::Deliver(deliver) => put_deliver(dst, deliver),
+        Frame::ConsumerEnd(end) => {
+            if version < CLUSTER_FIELDS_SINCE {
+                return Err(ProtoError::InvalidValue {
+                    field: "type",
+                    reason: "ConsumerEnd needs protocol version 4",
+                });
+            }
+            put_string(dst, "consumer_tag", &end.consumer_tag)?;
+            put_error_body(dst, &end.error, true)
+        }
         Frame::Heartbeat => Ok(()),
         Frame::Error(error) => {
             put_option(dst, error.request_id.as_ref(), |dst, id| {
@@ -119,7 +141,7 @@ fn encode_reply_body(frame: &Frame, dst: &mut BytesMut) -> Result<(), ProtoError
                 Ok(())
             })?;
             dst.put_u8(u8::from(error.fatal));
-            put_error_body(dst, &error.error)
+            put_error_body(dst, &error.error, version >= CLUSTER_FIELDS_SINCE)
         }
         Frame::Close(close) => put_string(dst, "message", &close.message),
         _ => unreachable!("encode_body handles every request frame"),
@@ -136,7 +158,7 @@ pub(crate) fn decode_body(
         FrameType::Declare => Frame::Declare(Declare {
             request_id: r.u64("request_id")?,
             queue: r.string("queue")?,
-            settings: read_settings(r)?,
+            settings: read_settings(r, version)?,
         }),
         FrameType::Delete => Frame::Delete(read_queue_request(r)?),
         FrameType::Purge => Frame::Purge(read_queue_request(r)?),
@@ -172,18 +194,23 @@ pub(crate) fn decode_body(
             delivery_ids: read_delivery_ids(r)?,
             requeue: r.bool("requeue")?,
         }),
-        _ => decode_reply_body(frame_type, r)?,
+        _ => decode_reply_body(frame_type, r, version)?,
     };
     Ok(frame)
 }
 
 /// The server-to-client and either-direction half of [`decode_body`].
-fn decode_reply_body(frame_type: FrameType, r: &mut Reader) -> Result<Frame, ProtoError> {
+fn decode_reply_body(
+    frame_type: FrameType,
+    r: &mut Reader,
+    version: u16,
+) -> Result<Frame, ProtoError> {
+    let with_leader = version >= CLUSTER_FIELDS_SINCE;
     let frame = match frame_type {
         FrameType::Ok => Frame::Ok(OkReply {
             request_id: r.u64("request_id")?,
         }),
-        FrameType::QueueInfoReply => Frame::QueueInfoReply(read_queue_info_reply(r)?),
+        FrameType::QueueInfoReply => Frame::QueueInfoReply(read_queue_info_reply(r, version)?),
         FrameType::QueueListReply => Frame::QueueListReply(QueueListReply {
             request_id: r.u64("request_id")?,
             queues: r.list_u32("queues", QUEUE_SUMMARY_SIZE_MIN, read_queue_summary)?,
@@ -197,14 +224,22 @@ fn decode_reply_body(frame_type: FrameType, r: &mut Reader) -> Result<Frame, Pro
         }),
         FrameType::PublishError => Frame::PublishError(PublishError {
             ranges: read_ranges(r)?,
-            error: read_error_body(r)?,
+            error: read_error_body(r, with_leader)?,
         }),
         FrameType::Deliver => Frame::Deliver(read_deliver(r)?),
+        // A type version 4 added is as unknown as any other in an older version.
+        FrameType::ConsumerEnd if !with_leader => {
+            return Err(r.invalid_tag("type", FrameType::ConsumerEnd as u8));
+        }
+        FrameType::ConsumerEnd => Frame::ConsumerEnd(ConsumerEnd {
+            consumer_tag: r.string("consumer_tag")?,
+            error: read_error_body(r, true)?,
+        }),
         FrameType::Heartbeat => Frame::Heartbeat,
         FrameType::Error => Frame::Error(ErrorFrame {
             request_id: r.option("request_id", |r| r.u64("request_id"))?,
             fatal: r.bool("fatal")?,
-            error: read_error_body(r)?,
+            error: read_error_body(r, with_leader)?,
         }),
         FrameType::Close => Frame::Close(Close {
             message: r.string("message")?,
@@ -243,7 +278,13 @@ fn put_u64_value(dst: &mut BytesMut, value: &u64) -> Result<(), ProtoError> {
     Ok(())
 }
 
-fn put_settings(dst: &mut BytesMut, settings: &QueueSettings) -> Result<(), ProtoError> {
+/// Writes queue settings; `replicas` only in version 4 and later (a reply to an older client
+/// leaves it out; a `Declare` that needs it was refused before).
+fn put_settings(
+    dst: &mut BytesMut,
+    settings: &QueueSettings,
+    version: u16,
+) -> Result<(), ProtoError> {
     dst.put_u32_le(settings.partitions);
     put_option(dst, settings.dead_letter.as_ref(), |dst, name| {
         put_string(dst, "settings.dead_letter", name)
@@ -251,10 +292,14 @@ fn put_settings(dst: &mut BytesMut, settings: &QueueSettings) -> Result<(), Prot
     put_option(dst, settings.max_deliveries.as_ref(), put_u32_value)?;
     put_option(dst, settings.max_messages.as_ref(), put_u64_value)?;
     put_option(dst, settings.max_bytes.as_ref(), put_u64_value)?;
-    put_option(dst, settings.overflow.as_ref(), put_overflow)
+    put_option(dst, settings.overflow.as_ref(), put_overflow)?;
+    if version >= CLUSTER_FIELDS_SINCE {
+        put_option(dst, settings.replicas.as_ref(), put_u32_value)?;
+    }
+    Ok(())
 }
 
-fn read_settings(r: &mut Reader) -> Result<QueueSettings, ProtoError> {
+fn read_settings(r: &mut Reader, version: u16) -> Result<QueueSettings, ProtoError> {
     Ok(QueueSettings {
         partitions: r.u32("settings.partitions")?,
         dead_letter: r.option("settings.dead_letter", |r| r.string("settings.dead_letter"))?,
@@ -264,6 +309,11 @@ fn read_settings(r: &mut Reader) -> Result<QueueSettings, ProtoError> {
         max_messages: r.option("settings.max_messages", |r| r.u64("settings.max_messages"))?,
         max_bytes: r.option("settings.max_bytes", |r| r.u64("settings.max_bytes"))?,
         overflow: r.option("settings.overflow", read_overflow)?,
+        replicas: if version >= CLUSTER_FIELDS_SINCE {
+            r.option("settings.replicas", |r| r.u32("settings.replicas"))?
+        } else {
+            None
+        },
     })
 }
 
@@ -413,27 +463,52 @@ fn read_ranges(r: &mut Reader) -> Result<Vec<PublishIdRange>, ProtoError> {
     })
 }
 
-/// Writes an error body: code u16, reason option string, retry_after_ms option u32, message.
-pub(crate) fn put_error_body(dst: &mut BytesMut, error: &ErrorBody) -> Result<(), ProtoError> {
+/// Writes an error body: code u16, reason option string, retry_after_ms option u32, message,
+/// and with `with_leader` (frames of version 4 and later) leader_addr option string.
+pub(crate) fn put_error_body(
+    dst: &mut BytesMut,
+    error: &ErrorBody,
+    with_leader: bool,
+) -> Result<(), ProtoError> {
     dst.put_u16_le(error.code().0);
     put_option(dst, error.reason(), |dst, reason| {
         put_string(dst, "error.reason", reason.name())
     })?;
     put_option(dst, error.retry_after_ms().as_ref(), put_u32_value)?;
-    put_string(dst, "error.message", error.message())
+    put_string(dst, "error.message", error.message())?;
+    if with_leader {
+        put_option(
+            dst,
+            error.leader_addr().map(str::to_owned).as_ref(),
+            |dst, addr| put_string(dst, "error.leader_addr", addr),
+        )?;
+    }
+    Ok(())
 }
 
-/// Reads an error body, enforcing that `ERR_LIMITED` carries a reason and a hint.
-pub(crate) fn read_error_body(r: &mut Reader) -> Result<ErrorBody, ProtoError> {
+/// Reads an error body, enforcing that `ERR_LIMITED` carries a reason and a hint; with
+/// `with_leader` (frames of version 4 and later) its trailing leader_addr too.
+pub(crate) fn read_error_body(r: &mut Reader, with_leader: bool) -> Result<ErrorBody, ProtoError> {
     let code = Code(r.u16("error.code")?);
     let reason = r.option("error.reason", |r| r.string("error.reason"))?;
     let reason = reason.map(|name| LimitReason::from_name(&name));
     let retry_after_ms = r.option("error.retry_after_ms", |r| r.u32("error.retry_after_ms"))?;
     let message = r.string("error.message")?;
-    ErrorBody::from_parts(code, reason, retry_after_ms, message).map_err(|error| match error {
-        ProtoError::InvalidValue { field, reason } => r.error(field, Problem::InvalidValue(reason)),
-        other => other,
-    })
+    let body =
+        ErrorBody::from_parts(code, reason, retry_after_ms, message).map_err(
+            |error| match error {
+                ProtoError::InvalidValue { field, reason } => {
+                    r.error(field, Problem::InvalidValue(reason))
+                }
+                other => other,
+            },
+        )?;
+    let leader_addr = if with_leader {
+        r.option("error.leader_addr", |r| r.string("error.leader_addr"))?
+    } else {
+        None
+    };
+    Ok(body.with_leader_addr(leader_addr))
 }
 
 fn put_deliver(dst: &mut BytesMut, deliver: &Deliver) -> Result<(), ProtoError> {
@@ -460,32 +535,62 @@ fn read_deliver(r: &mut Reader) -> Result<Deliver, ProtoError> {
     })
 }
 
-fn put_queue_info_reply(dst: &mut BytesMut, info: &QueueInfoReply) -> Result<(), ProtoError> {
+/// Writes a queue info reply; before version 4 without `replicas` and the partitions' leader
+/// fields (an older client cannot read them and talks to a node that runs alone).
+fn put_queue_info_reply(
+    dst: &mut BytesMut,
+    info: &QueueInfoReply,
+    version: u16,
+) -> Result<(), ProtoError> {
     dst.put_u64_le(info.request_id);
     put_string(dst, "queue", &info.queue)?;
-    put_settings(dst, &info.settings)?;
+    put_settings(dst, &info.settings, version)?;
     put_count_u32(dst, "partitions", info.partitions.len())?;
     for partition in &info.partitions {
         dst.put_u64_le(partition.ready);
         dst.put_u64_le(partition.inflight);
         dst.put_u64_le(partition.bytes);
         dst.put_u64_le(partition.disk_bytes);
+        if version >= CLUSTER_FIELDS_SINCE {
+            dst.put_u8(u8::from(partition.leading));
+            put_option(dst, partition.leader.as_ref(), put_u64_value)?;
+            put_option(dst, partition.leader_addr.as_ref(), |dst, addr| {
+                put_string(dst, "partition.leader_addr", addr)
+            })?;
+        }
     }
     Ok(())
 }
 
-fn read_queue_info_reply(r: &mut Reader) -> Result<QueueInfoReply, ProtoError> {
+fn read_queue_info_reply(r: &mut Reader, version: u16) -> Result<QueueInfoReply, ProtoError> {
+    let cluster_fields = version >= CLUSTER_FIELDS_SINCE;
+    let partition_size_min = if cluster_fields {
+        PARTITION_INFO_SIZE + PARTITION_LEADER_SIZE_MIN
+    } else {
+        PARTITION_INFO_SIZE
+    };
     Ok(QueueInfoReply {
         request_id: r.u64("request_id")?,
         queue: r.string("queue")?,
-        settings: read_settings(r)?,
-        partitions: r.list_u32("partitions", PARTITION_INFO_SIZE, |r| {
-            Ok(PartitionInfo {
+        settings: read_settings(r, version)?,
+        partitions: r.list_u32("partitions", partition_size_min, |r| {
+            let mut partition = PartitionInfo {
                 ready: r.u64("partition.ready")?,
                 inflight: r.u64("partition.inflight")?,
                 bytes: r.u64("partition.bytes")?,
                 disk_bytes: r.u64("partition.disk_bytes")?,
-            })
+                leading: true,
+                leader: None,
+                leader_addr: None,
+            };
+            if cluster_fields {
+                partition.leading = r.bool("partition.leading")?;
+                partition.leader = r.option("partition.leader", |r| r.u64("partition.leader"))?;
+                partition.leader_addr = r.option("partition.leader_addr", |r| {
+                    r.string("partition.leader_addr")
+                })?;
+            }
+            Ok(partition)
         })?,
     })
 }

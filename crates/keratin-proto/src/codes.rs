@@ -26,6 +26,10 @@ pub const ERR_NOT_FOUND: Code = Code(404);
 pub const ERR_CONFLICT: Code = Code(409);
 /// 413: a frame, message or batch is larger than the receiver's limit.
 pub const ERR_TOO_LARGE: Code = Code(413);
+/// 421: this node does not lead the partition (or the cluster's metadata) the request needs;
+/// **not applied**. The error body's `leader_addr` names the leader's protocol address when
+/// known; otherwise retry after a short backoff on any node.
+pub const ERR_NOT_LEADER: Code = Code(421);
 /// 429: the publish was refused by a resource or queue limit and **not applied**. Always carries a
 /// [`LimitReason`] and `retry_after_ms`; retrying after that delay is always safe.
 pub const ERR_LIMITED: Code = Code(429);
@@ -39,13 +43,14 @@ pub const ERR_UNAVAILABLE: Code = Code(503);
 pub const ERR_GATEWAY_TIMEOUT: Code = Code(504);
 
 /// Every code this version of the protocol defines, in numeric order.
-pub const KNOWN: [Code; 10] = [
+pub const KNOWN: [Code; 11] = [
     ERR_BAD_REQUEST,
     ERR_UNAUTHENTICATED,
     ERR_FORBIDDEN,
     ERR_NOT_FOUND,
     ERR_CONFLICT,
     ERR_TOO_LARGE,
+    ERR_NOT_LEADER,
     ERR_LIMITED,
     ERR_INTERNAL,
     ERR_UNAVAILABLE,
@@ -64,6 +69,9 @@ pub enum Retry {
     AfterHint,
     /// The request was not applied; retry with the client's own backoff (503).
     Backoff,
+    /// The request was not applied; send it again to the leader the error names (its
+    /// `leader_addr`), or with backoff to any node when none is named (421).
+    AtLeader,
     /// The request may or may not have been applied (504). Retrying a publish may duplicate it.
     OutcomeUnknown,
 }
@@ -78,6 +86,7 @@ impl Code {
             ERR_NOT_FOUND => "ERR_NOT_FOUND",
             ERR_CONFLICT => "ERR_CONFLICT",
             ERR_TOO_LARGE => "ERR_TOO_LARGE",
+            ERR_NOT_LEADER => "ERR_NOT_LEADER",
             ERR_LIMITED => "ERR_LIMITED",
             ERR_INTERNAL => "ERR_INTERNAL",
             ERR_UNAVAILABLE => "ERR_UNAVAILABLE",
@@ -98,6 +107,7 @@ impl Code {
         match self {
             ERR_LIMITED => Retry::AfterHint,
             ERR_UNAVAILABLE => Retry::Backoff,
+            ERR_NOT_LEADER => Retry::AtLeader,
             ERR_GATEWAY_TIMEOUT => Retry::OutcomeUnknown,
             _ => Retry::Never,
         }
@@ -181,6 +191,8 @@ mod tests {
         assert_eq!(ERR_LIMITED.retry(), Retry::AfterHint);
         assert_eq!(ERR_GATEWAY_TIMEOUT.retry(), Retry::OutcomeUnknown);
         assert_eq!(ERR_UNAVAILABLE.retry(), Retry::Backoff);
+        assert_eq!(ERR_NOT_LEADER.retry(), Retry::AtLeader);
+        assert_eq!(ERR_NOT_LEADER.to_string(), "421 ERR_NOT_LEADER");
         assert_eq!(Code(599).retry(), Retry::Never);
         assert_eq!(ERR_LIMITED.to_string(), "429 ERR_LIMITED");
         assert_eq!(Code(599).to_string(), "599");

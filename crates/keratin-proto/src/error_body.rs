@@ -6,7 +6,7 @@
 
 use std::fmt;
 
-use crate::codes::{Code, LimitReason, ERR_LIMITED};
+use crate::codes::{Code, LimitReason, ERR_LIMITED, ERR_NOT_LEADER};
 use crate::error::ProtoError;
 
 /// A wire error: a stable [`Code`], an optional [`LimitReason`], an optional retry hint and a
@@ -21,6 +21,7 @@ pub struct ErrorBody {
     reason: Option<LimitReason>,
     retry_after_ms: Option<u32>,
     message: String,
+    leader_addr: Option<String>,
 }
 
 impl ErrorBody {
@@ -39,6 +40,19 @@ impl ErrorBody {
             reason: None,
             retry_after_ms: None,
             message: message.into(),
+            leader_addr: None,
+        }
+    }
+
+    /// An `ERR_NOT_LEADER` (421) error naming the leader's protocol address (`host:port`) when
+    /// it is known. Nothing of the request was applied; the client sends it again there.
+    pub fn not_leader(leader_addr: Option<String>, message: impl Into<String>) -> ErrorBody {
+        ErrorBody {
+            code: ERR_NOT_LEADER,
+            reason: None,
+            retry_after_ms: None,
+            message: message.into(),
+            leader_addr,
         }
     }
 
@@ -54,6 +68,7 @@ impl ErrorBody {
             reason: Some(reason),
             retry_after_ms: Some(retry_after_ms),
             message: message.into(),
+            leader_addr: None,
         }
     }
 
@@ -75,7 +90,19 @@ impl ErrorBody {
             reason,
             retry_after_ms,
             message,
+            leader_addr: None,
         })
+    }
+
+    /// Adds the leader's protocol address (`host:port`), sent in protocol version 4 and later.
+    pub fn with_leader_addr(mut self, leader_addr: Option<String>) -> ErrorBody {
+        self.leader_addr = leader_addr;
+        self
+    }
+
+    /// The leader's protocol address (`host:port`) an `ERR_NOT_LEADER` names, if known.
+    pub fn leader_addr(&self) -> Option<&str> {
+        self.leader_addr.as_deref()
     }
 
     /// Adds a retry hint, for example to a 503 while a log heals.
@@ -114,6 +141,9 @@ impl fmt::Display for ErrorBody {
         write!(f, ": {}", self.message)?;
         if let Some(retry_after_ms) = self.retry_after_ms {
             write!(f, " [retry after {retry_after_ms} ms]")?;
+        }
+        if let Some(leader_addr) = &self.leader_addr {
+            write!(f, " [leader at {leader_addr}]")?;
         }
         Ok(())
     }
@@ -154,6 +184,17 @@ mod tests {
         assert!(matches!(result, Err(ProtoError::InvalidValue { .. })));
         let result = ErrorBody::from_parts(ERR_LIMITED, None, Some(5), "x".into());
         assert!(result.is_err());
+    }
+
+    #[test]
+    fn not_leader_names_the_leader() {
+        let body = ErrorBody::not_leader(Some("h:1".into()), "partition 0 of q is led elsewhere");
+        assert_eq!(body.code(), ERR_NOT_LEADER);
+        assert_eq!(body.leader_addr(), Some("h:1"));
+        assert_eq!(
+            body.to_string(),
+            "421 ERR_NOT_LEADER: partition 0 of q is led elsewhere [leader at h:1]"
+        );
     }
 
     #[test]

@@ -53,6 +53,8 @@ pub enum FrameType {
     PublishError = 0x51,
     /// [`Frame::Deliver`]
     Deliver = 0x60,
+    /// [`Frame::ConsumerEnd`] (protocol version 4 and later)
+    ConsumerEnd = 0x61,
     /// [`Frame::Heartbeat`]
     Heartbeat = 0xf0,
     /// [`Frame::Error`]
@@ -63,7 +65,7 @@ pub enum FrameType {
 
 impl FrameType {
     /// Every frame type of protocol version 1.
-    pub const ALL: [FrameType; 21] = [
+    pub const ALL: [FrameType; 22] = [
         FrameType::Declare,
         FrameType::Delete,
         FrameType::Purge,
@@ -82,6 +84,7 @@ impl FrameType {
         FrameType::Confirm,
         FrameType::PublishError,
         FrameType::Deliver,
+        FrameType::ConsumerEnd,
         FrameType::Heartbeat,
         FrameType::Error,
         FrameType::Close,
@@ -116,6 +119,7 @@ impl FrameType {
             FrameType::Confirm => "Confirm",
             FrameType::PublishError => "PublishError",
             FrameType::Deliver => "Deliver",
+            FrameType::ConsumerEnd => "ConsumerEnd",
             FrameType::Heartbeat => "Heartbeat",
             FrameType::Error => "Error",
             FrameType::Close => "Close",
@@ -163,6 +167,9 @@ pub enum Frame {
     PublishError(PublishError),
     /// A message for a consumer.
     Deliver(Deliver),
+    /// The server ended a consumer on its own (its partitions' leadership moved): no more
+    /// `Deliver` for the tag. Protocol version 4 and later.
+    ConsumerEnd(ConsumerEnd),
     /// Keeps an idle connection alive; either side may send it at any time. No reply.
     Heartbeat,
     /// An error not tied to a publish id: a failed request, or a connection-level problem.
@@ -193,6 +200,7 @@ impl Frame {
             Frame::Confirm(_) => FrameType::Confirm,
             Frame::PublishError(_) => FrameType::PublishError,
             Frame::Deliver(_) => FrameType::Deliver,
+            Frame::ConsumerEnd(_) => FrameType::ConsumerEnd,
             Frame::Heartbeat => FrameType::Heartbeat,
             Frame::Error(_) => FrameType::Error,
             Frame::Close(_) => FrameType::Close,
@@ -224,6 +232,9 @@ pub struct QueueSettings {
     pub max_bytes: Option<u64>,
     /// What happens at a limit; `None` means [`Overflow::Reject`].
     pub overflow: Option<Overflow>,
+    /// Nodes holding a copy of each partition; `None` lets the cluster choose (`min(3, nodes)`).
+    /// Fixed at declaration. Protocol version 4 and later; `None` in earlier versions.
+    pub replicas: Option<u32>,
 }
 
 impl Default for QueueSettings {
@@ -235,6 +246,7 @@ impl Default for QueueSettings {
             max_messages: None,
             max_bytes: None,
             overflow: None,
+            replicas: None,
         }
     }
 }
@@ -407,6 +419,16 @@ pub struct Subscribe {
     pub prefetch_bytes: u64,
 }
 
+/// Body of [`Frame::ConsumerEnd`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumerEnd {
+    /// The consumer the server ended; the tag is free again on the connection.
+    pub consumer_tag: String,
+    /// Why: 421 `ERR_NOT_LEADER` with the new leader's `leader_addr` when a partition of the
+    /// queue moved to another node.
+    pub error: ErrorBody,
+}
+
 /// Body of [`Frame::Cancel`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cancel {
@@ -440,7 +462,7 @@ pub struct OkReply {
 }
 
 /// Counts for one partition in a [`QueueInfoReply`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PartitionInfo {
     /// Messages waiting for delivery.
     pub ready: u64,
@@ -450,6 +472,14 @@ pub struct PartitionInfo {
     pub bytes: u64,
     /// Bytes the partition's log occupies on disk.
     pub disk_bytes: u64,
+    /// Whether the answering node leads this partition (publishes and subscribes to it are
+    /// served there). Protocol version 4 and later; decoded as `true` in earlier versions,
+    /// whose nodes run alone and lead every partition.
+    pub leading: bool,
+    /// The leading node's id, when one is known. Version 4 and later; `None` before.
+    pub leader: Option<u64>,
+    /// The leading node's protocol address (`host:port`), when known. Version 4 and later.
+    pub leader_addr: Option<String>,
 }
 
 /// Body of [`Frame::QueueInfoReply`].

@@ -81,9 +81,18 @@ fn settings() -> impl Strategy<Value = QueueSettings> {
         proptest::option::of(any::<u64>()),
         proptest::option::of(any::<u64>()),
         proptest::option::of(overflow()),
+        proptest::option::of(any::<u32>()),
     )
         .prop_map(
-            |(partitions, dead_letter, max_deliveries, max_messages, max_bytes, overflow)| {
+            |(
+                partitions,
+                dead_letter,
+                max_deliveries,
+                max_messages,
+                max_bytes,
+                overflow,
+                replicas,
+            )| {
                 QueueSettings {
                     partitions,
                     dead_letter,
@@ -91,6 +100,7 @@ fn settings() -> impl Strategy<Value = QueueSettings> {
                     max_messages,
                     max_bytes,
                     overflow,
+                    replicas,
                 }
             },
         )
@@ -154,6 +164,12 @@ fn error_body() -> impl Strategy<Value = ErrorBody> {
             ErrorBody::from_parts(code, reason, retry_after_ms, message).expect("not a 429")
         });
     prop_oneof![limited, other]
+}
+
+/// An error body as frames of version 4 carry it: any body, with or without a leader address.
+fn frame_error_body() -> impl Strategy<Value = ErrorBody> {
+    (error_body(), proptest::option::of(text()))
+        .prop_map(|(body, leader_addr)| body.with_leader_addr(leader_addr))
 }
 
 fn ranges() -> impl Strategy<Value = Vec<PublishIdRange>> {
@@ -262,14 +278,23 @@ fn request_frame() -> Vec<BoxedStrategy<Frame>> {
 }
 
 fn partition_info() -> impl Strategy<Value = PartitionInfo> {
-    (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()).prop_map(
-        |(ready, inflight, bytes, disk_bytes)| PartitionInfo {
-            ready,
-            inflight,
-            bytes,
-            disk_bytes,
-        },
+    (
+        (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()),
+        any::<bool>(),
+        proptest::option::of(any::<u64>()),
+        proptest::option::of(text()),
     )
+        .prop_map(
+            |((ready, inflight, bytes, disk_bytes), leading, leader, leader_addr)| PartitionInfo {
+                ready,
+                inflight,
+                bytes,
+                disk_bytes,
+                leading,
+                leader,
+                leader_addr,
+            },
+        )
 }
 
 fn queue_summary() -> impl Strategy<Value = QueueSummary> {
@@ -322,15 +347,23 @@ fn reply_frame() -> Vec<BoxedStrategy<Frame>> {
         ranges()
             .prop_map(|ranges| Frame::Confirm(Confirm { ranges }))
             .boxed(),
-        (ranges(), error_body())
+        (ranges(), frame_error_body())
             .prop_map(|(ranges, error)| Frame::PublishError(PublishError { ranges, error }))
             .boxed(),
         deliver().boxed(),
+        (text(), frame_error_body())
+            .prop_map(|(consumer_tag, error)| {
+                Frame::ConsumerEnd(ConsumerEnd {
+                    consumer_tag,
+                    error,
+                })
+            })
+            .boxed(),
         Just(Frame::Heartbeat).boxed(),
         (
             proptest::option::of(any::<u64>()),
             any::<bool>(),
-            error_body(),
+            frame_error_body(),
         )
             .prop_map(|(request_id, fatal, error)| {
                 Frame::Error(ErrorFrame {
@@ -651,7 +684,7 @@ fn assert_example(name: &str, encoded: &[u8]) {
 #[test]
 fn spec_examples_match_the_encoder() {
     let examples = SPEC.matches("<!-- example: ").count();
-    assert_eq!(examples, 7, "every example in the spec is checked here");
+    assert_eq!(examples, 9, "every example in the spec is checked here");
 
     assert_example("heartbeat", &encode(&Frame::Heartbeat));
     assert_example(
@@ -705,9 +738,39 @@ fn spec_examples_match_the_encoder() {
         .expect("short fields");
     assert_example("server_hello", &hello);
 
+    let not_leader = Frame::Error(ErrorFrame {
+        request_id: Some(9),
+        fatal: false,
+        error: ErrorBody::not_leader(Some("h:1".into()), "led by 2"),
+    });
+    assert_example("not_leader", &encode(&not_leader));
+    let queue_info = Frame::QueueInfoReply(QueueInfoReply {
+        request_id: 5,
+        queue: "q".into(),
+        settings: QueueSettings {
+            replicas: Some(3),
+            ..QueueSettings::default()
+        },
+        partitions: vec![PartitionInfo {
+            ready: 1,
+            inflight: 0,
+            bytes: 2,
+            disk_bytes: 4096,
+            leading: false,
+            leader: Some(2),
+            leader_addr: Some("h:1".into()),
+        }],
+    });
+    assert_example("queue_info_reply", &encode(&queue_info));
+
     // And the spec's bytes decode back to the same values.
-    let decoded = decode_stream(&[&spec_example("publish_error")]).expect("spec bytes decode");
-    assert_eq!(decoded, vec![publish_error]);
+    let decoded = decode_stream(&[
+        &spec_example("publish_error"),
+        &spec_example("not_leader"),
+        &spec_example("queue_info_reply"),
+    ])
+    .expect("spec bytes decode");
+    assert_eq!(decoded, vec![publish_error, not_leader, queue_info]);
 }
 
 #[test]
@@ -763,4 +826,114 @@ fn subscribe_prefetch_bytes_exists_from_version_2() {
         ServerHello::answer(&hello, "n", ServerInfo::default()),
         ServerHello::Accepted { version: 1, .. }
     ));
+}
+
+/// Version 4 adds `replicas` to the queue settings, the leader fields to each partition of a
+/// `QueueInfoReply` and `leader_addr` to the error body of frames. In version 3 a reply leaves
+/// them out (an old client reads exactly the old layout, and each partition decodes as led by
+/// the answering node), a `Declare` asking for replicas cannot be sent, and the error body of a
+/// refused hello never carries the leader field in any version.
+#[test]
+fn cluster_fields_exist_from_version_4() {
+    let info = |leading, leader: Option<u64>, replicas| {
+        Frame::QueueInfoReply(QueueInfoReply {
+            request_id: 1,
+            queue: "q".into(),
+            settings: QueueSettings {
+                replicas,
+                ..QueueSettings::default()
+            },
+            partitions: vec![PartitionInfo {
+                ready: 1,
+                inflight: 2,
+                bytes: 3,
+                disk_bytes: 4,
+                leading,
+                leader,
+                leader_addr: leader.map(|id| format!("n{id}:1")),
+            }],
+        })
+    };
+    let encode_in = |frame: &Frame, version| {
+        let mut dst = BytesMut::new();
+        frame
+            .encode_version(&mut dst, FRAME_SIZE_BYTES_MAX, version)
+            .map(|()| dst)
+    };
+    let v4 = encode_in(&info(false, Some(2), Some(3)), 4).expect("v4");
+    let v3 = encode_in(&info(false, Some(2), Some(3)), 3).expect("v3 drops the fields");
+    // replicas: tag + u32; partition: leading + leader tag + u64 + leader_addr tag + "n2:1".
+    assert_eq!(v4.len(), v3.len() + 5 + 1 + 9 + 1 + 2 + 4);
+    assert_eq!(
+        Frame::decode_version(v4.freeze(), 4).expect("v4 decodes"),
+        info(false, Some(2), Some(3))
+    );
+    assert_eq!(
+        Frame::decode_version(v3.freeze(), 3).expect("v3 decodes"),
+        info(true, None, None)
+    );
+
+    let declare = |replicas| {
+        Frame::Declare(Declare {
+            request_id: 1,
+            queue: "q".into(),
+            settings: QueueSettings {
+                replicas,
+                ..QueueSettings::default()
+            },
+        })
+    };
+    assert!(encode_in(&declare(Some(3)), 3).is_err());
+    let v3 = encode_in(&declare(None), 3).expect("v3 declare");
+    let v4 = encode_in(&declare(None), 4).expect("v4 declare");
+    assert_eq!(v4.len(), v3.len() + 1, "an absent replicas is one tag byte");
+
+    let error = |leader_addr: Option<&str>| {
+        Frame::Error(ErrorFrame {
+            request_id: Some(1),
+            fatal: false,
+            error: ErrorBody::not_leader(leader_addr.map(str::to_owned), "elsewhere"),
+        })
+    };
+    let v3 = encode_in(&error(Some("h:1")), 3).expect("v3 error");
+    assert_eq!(
+        Frame::decode_version(v3.freeze(), 3).expect("v3 decodes"),
+        error(None),
+        "version 3 has no leader_addr; the code still travels"
+    );
+    let v4 = encode_in(&error(Some("h:1")), 4).expect("v4 error");
+    assert_eq!(
+        Frame::decode_version(v4.freeze(), 4).expect("v4 decodes"),
+        error(Some("h:1"))
+    );
+
+    let end = Frame::ConsumerEnd(ConsumerEnd {
+        consumer_tag: "c".into(),
+        error: ErrorBody::not_leader(Some("h:1".into()), "moved"),
+    });
+    assert!(
+        encode_in(&end, 3).is_err(),
+        "ConsumerEnd is a version 4 frame"
+    );
+    let v4 = encode_in(&end, 4).expect("v4 ConsumerEnd");
+    assert!(Frame::decode_version(v4.clone().freeze(), 3).is_err());
+    assert_eq!(Frame::decode_version(v4.freeze(), 4).expect("v4"), end);
+
+    let hello = ClientHello {
+        version: 3,
+        client_name: "old".into(),
+    };
+    assert!(matches!(
+        ServerHello::answer(&hello, "n", ServerInfo::default()),
+        ServerHello::Accepted { version: 3, .. }
+    ));
+    let refused = ServerHello::Refused {
+        version: 4,
+        error: ErrorBody::new(ERR_BAD_REQUEST, "no"),
+    };
+    let mut bytes = BytesMut::new();
+    refused.encode(&mut bytes).expect("refusal");
+    // magic, version, status, code, reason tag, retry tag, message "no": no leader tag.
+    assert_eq!(bytes.len(), 4 + 2 + 1 + 2 + 1 + 1 + 2 + 2);
+    assert_eq!(ServerHello::decode(&mut bytes).ok(), Some(Some(refused)));
 }

@@ -26,7 +26,7 @@ pub fn settings_from_wire(s: &frame::QueueSettings) -> QueueSettings {
         max_messages: s.max_messages,
         max_bytes: s.max_bytes,
         overflow: s.overflow.map(overflow_from_wire),
-        replicas: None,
+        replicas: s.replicas,
     }
 }
 
@@ -39,6 +39,7 @@ pub fn settings_to_wire(s: &QueueSettings) -> frame::QueueSettings {
         max_messages: s.max_messages,
         max_bytes: s.max_bytes,
         overflow: s.overflow.map(overflow_to_wire),
+        replicas: s.replicas,
     }
 }
 
@@ -74,6 +75,19 @@ impl<T> MapUpdate<T> for Update<T> {
             Update::Clear => Update::Clear,
             Update::Set(v) => Update::Set(f(v)),
         }
+    }
+}
+
+/// A wire partition info from the broker's: counts, and who leads it.
+pub fn partition_info_to_wire(p: &keratin_broker::PartitionInfo) -> frame::PartitionInfo {
+    frame::PartitionInfo {
+        ready: p.ready,
+        inflight: p.inflight,
+        bytes: p.bytes,
+        disk_bytes: p.disk_bytes,
+        leading: p.leading,
+        leader: p.leader,
+        leader_addr: p.leader_addr.clone(),
     }
 }
 

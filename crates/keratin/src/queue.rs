@@ -160,6 +160,10 @@ struct DeclareArgs {
     /// What happens at a limit (default reject).
     #[arg(long, value_enum)]
     overflow: Option<OverflowArg>,
+    /// Nodes holding a copy of each partition (a cluster; default min(3, nodes)); fixed at
+    /// declaration. A node that runs alone refuses more than 1.
+    #[arg(long, value_name = "R", value_parser = clap::value_parser!(u32).range(1..))]
+    replicas: Option<u32>,
 }
 
 /// Runs one queue verb.
@@ -212,6 +216,7 @@ async fn run_declare(client: &Client, args: DeclareArgs, json: bool) -> Result<(
         max_messages: args.max_messages,
         max_bytes: args.max_bytes,
         overflow: args.overflow.map(Overflow::from),
+        replicas: args.replicas,
     };
     client
         .declare(&args.name, settings.clone())
@@ -298,6 +303,7 @@ fn settings_json(settings: &QueueSettings) -> Value {
         "max_messages": settings.max_messages,
         "max_bytes": settings.max_bytes,
         "overflow": overflow_name(settings.overflow),
+        "replicas": settings.replicas,
     })
 }
 
@@ -315,6 +321,9 @@ fn info_json(info: &QueueInfoReply) -> Value {
                 "inflight": p.inflight,
                 "bytes": p.bytes,
                 "disk_bytes": p.disk_bytes,
+                "leading": p.leading,
+                "leader": p.leader,
+                "leader_addr": p.leader_addr,
             })
         })
         .collect();
@@ -335,6 +344,20 @@ fn info_json(info: &QueueInfoReply) -> Value {
     })
 }
 
+/// Who leads a partition, as `queue info` shows it: `this node`, `node 2 (10.0.0.2:5680)`, or
+/// `none known` (an election is under way).
+fn leader_text(p: &keratin_client::PartitionInfo) -> String {
+    if p.leading {
+        return "this node".to_owned();
+    }
+    match (p.leader, &p.leader_addr) {
+        (Some(id), Some(addr)) => format!("node {id} ({addr})"),
+        (Some(id), None) => format!("node {id}"),
+        (None, Some(addr)) => addr.clone(),
+        (None, None) => "none known".to_owned(),
+    }
+}
+
 fn info_text(info: &QueueInfoReply) -> String {
     let settings = &info.settings;
     let unset = || "-".to_owned();
@@ -352,8 +375,12 @@ fn info_text(info: &QueueInfoReply) -> String {
         out.push_str(&format!("{label:<16}{value}\n"));
     }
     let overflow = overflow_name(settings.overflow).unwrap_or("reject");
-    out.push_str(&format!("overflow        {overflow}\n\n"));
-    let mut table = Table::new(&["PARTITION", "READY", "INFLIGHT", "BYTES", "DISK"]);
+    out.push_str(&format!("overflow        {overflow}\n"));
+    let replicas = settings
+        .replicas
+        .map_or_else(|| "default".to_owned(), |r| r.to_string());
+    out.push_str(&format!("replicas        {replicas}\n\n"));
+    let mut table = Table::new(&["PARTITION", "READY", "INFLIGHT", "BYTES", "DISK", "LEADER"]);
     for (index, p) in info.partitions.iter().enumerate() {
         table.row(vec![
             index.to_string(),
@@ -361,8 +388,56 @@ fn info_text(info: &QueueInfoReply) -> String {
             p.inflight.to_string(),
             format_bytes(p.bytes),
             format_bytes(p.disk_bytes),
+            leader_text(p),
         ]);
     }
     out.push_str(&table.render());
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn partition(
+        leading: bool,
+        leader: Option<u64>,
+        addr: Option<&str>,
+    ) -> keratin_client::PartitionInfo {
+        keratin_client::PartitionInfo {
+            ready: 0,
+            inflight: 0,
+            bytes: 0,
+            disk_bytes: 0,
+            leading,
+            leader,
+            leader_addr: addr.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn info_names_each_partitions_leader() {
+        assert_eq!(
+            leader_text(&partition(true, Some(1), Some("a:1"))),
+            "this node"
+        );
+        assert_eq!(
+            leader_text(&partition(false, Some(2), Some("10.0.0.2:5680"))),
+            "node 2 (10.0.0.2:5680)"
+        );
+        assert_eq!(leader_text(&partition(false, None, None)), "none known");
+        let info = QueueInfoReply {
+            request_id: 1,
+            queue: "q".into(),
+            settings: QueueSettings {
+                replicas: Some(3),
+                ..QueueSettings::default()
+            },
+            partitions: vec![partition(false, Some(2), Some("h:1"))],
+        };
+        let text = info_text(&info);
+        assert!(text.contains("replicas        3"), "{text}");
+        assert!(text.contains("node 2 (h:1)"), "{text}");
+        assert_eq!(info_json(&info)["partitions"][0]["leader_addr"], "h:1");
+    }
 }

@@ -63,6 +63,7 @@ fn frames() -> Vec<(&'static str, Frame)> {
         max_messages: Some(1000),
         max_bytes: Some(1 << 20),
         overflow: Some(Overflow::DropOldest),
+        replicas: Some(3),
     };
     let queue = |request_id| QueueRequest {
         request_id,
@@ -149,6 +150,9 @@ fn frames() -> Vec<(&'static str, Frame)> {
                     inflight: 2,
                     bytes: 1200,
                     disk_bytes: 1 << 20,
+                    leading: false,
+                    leader: Some(2),
+                    leader_addr: Some("10.0.0.2:5680".into()),
                 }],
             }),
         ),
@@ -199,6 +203,13 @@ fn frames() -> Vec<(&'static str, Frame)> {
                     value: "abc".into(),
                 }],
                 body: Bytes::from_static(b"hello"),
+            }),
+        ),
+        (
+            "consumer_end",
+            Frame::ConsumerEnd(ConsumerEnd {
+                consumer_tag: "c1".into(),
+                error: ErrorBody::not_leader(Some("10.0.0.2:5680".into()), "partition 0 moved"),
             }),
         ),
         ("heartbeat", Frame::Heartbeat),

@@ -248,6 +248,7 @@ pub fn queue_json(info: &QueueInfo) -> Value {
             "max_messages": info.settings.max_messages,
             "max_bytes": info.settings.max_bytes,
             "overflow": info.settings.overflow.map(|o| o.as_str()),
+            "replicas": info.settings.replicas,
         },
         "full": info.partitions.iter().any(|p| p.full),
         "ready": info.ready(),
@@ -265,6 +266,9 @@ pub fn queue_json(info: &QueueInfo) -> Value {
             "stops": p.stops,
             "heals": p.heals,
             "full": p.full,
+            "leading": p.leading,
+            "leader": p.leader,
+            "leader_addr": p.leader_addr,
             "rejected_queue_full": p.rejected_full,
             "overflowed": p.overflowed,
         })).collect::<Vec<_>>(),
@@ -274,9 +278,32 @@ pub fn queue_json(info: &QueueInfo) -> Value {
 fn error_response(error: &BrokerError) -> Response {
     let body = crate::tcp::errors::error_body(error);
     let status = StatusCode::from_u16(body.code().0).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    (
-        status,
-        Json(json!({ "code": body.code().0, "message": body.message() })),
-    )
-        .into_response()
+    let mut document = json!({ "code": body.code().0, "message": body.message() });
+    if let Some(leader_addr) = body.leader_addr() {
+        document["leader_addr"] = json!(leader_addr);
+    }
+    (status, Json(document)).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn not_leader_is_421_with_the_leaders_address() {
+        let error = BrokerError::NotLeader {
+            queue: "orders".into(),
+            partition: 1,
+            leader: Some(2),
+            addr: Some("10.0.0.2:5680".into()),
+        };
+        let response = error_response(&error);
+        assert_eq!(response.status().as_u16(), 421);
+        let bytes = axum::body::to_bytes(response.into_body(), 64 * 1024)
+            .await
+            .unwrap();
+        let document: Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(document["code"], 421);
+        assert_eq!(document["leader_addr"], "10.0.0.2:5680");
+    }
 }

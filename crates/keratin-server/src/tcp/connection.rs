@@ -19,11 +19,11 @@ use futures_util::{SinkExt, StreamExt};
 use keratin_broker::{
     Broker, BrokerError, ByteBudget, DeliveryPermit, DeliveryTag, Settler, SubscribeOptions,
 };
-use keratin_proto::codes::{ERR_BAD_REQUEST, ERR_CONFLICT, ERR_NOT_FOUND};
+use keratin_proto::codes::{ERR_BAD_REQUEST, ERR_CONFLICT, ERR_INTERNAL, ERR_NOT_FOUND};
 use keratin_proto::frame::{
-    Ack, Cancel, Close, Confirm, Declare, Deliver, ErrorFrame, Frame, Header, OkReply,
-    PartitionInfo, Publish, PublishError, PublishIdRange, PublishMode, QueueInfoReply,
-    QueueListReply, QueueSummary, Reject, SubscribeOk,
+    Ack, Cancel, Close, Confirm, ConsumerEnd, Declare, Deliver, ErrorFrame, Frame, Header, OkReply,
+    Publish, PublishError, PublishIdRange, PublishMode, QueueInfoReply, QueueListReply,
+    QueueSummary, Reject, SubscribeOk,
 };
 use keratin_proto::{ClientHello, ErrorBody, FrameCodec, NodeAddress, ServerHello, ServerInfo};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -80,6 +80,8 @@ struct Conn {
     next_delivery: Arc<AtomicU64>,
     /// Delivery bytes taken for this connection's consumers and not yet flushed to its socket.
     outbound_bytes: Arc<ByteBudget>,
+    /// The protocol version agreed in the handshake.
+    version: u16,
 }
 
 pub(super) async fn run(
@@ -114,6 +116,7 @@ pub(super) async fn run(
         deliveries: Arc::new(Mutex::new(HashMap::new())),
         next_delivery: Arc::new(AtomicU64::new(1)),
         outbound_bytes: ByteBudget::new(options.outbound_bytes_max as u64),
+        version,
     };
     loop {
         let next = tokio::select! {
@@ -433,12 +436,7 @@ impl Conn {
             partitions: info
                 .partitions
                 .iter()
-                .map(|p| PartitionInfo {
-                    ready: p.ready,
-                    inflight: p.inflight,
-                    bytes: p.bytes,
-                    disk_bytes: p.disk_bytes,
-                })
+                .map(convert::partition_info_to_wire)
                 .collect(),
         }))
     }
@@ -513,6 +511,10 @@ impl Conn {
     }
 
     async fn subscribe(&mut self, s: keratin_proto::frame::Subscribe) {
+        // Consumers the broker ended (their forwarder told the client with `ConsumerEnd`) free
+        // their tag and their share of the connection's bounds.
+        self.consumers
+            .retain(|_, entry| !entry.forwarder.is_finished());
         if let Err(error) = self.consumer_room(s.prefetch) {
             self.reply(s.request_id, Err(error)).await;
             return;
@@ -553,6 +555,7 @@ impl Conn {
         let deliveries = self.deliveries.clone();
         let next = self.next_delivery.clone();
         let tag: Arc<str> = Arc::from(s.consumer_tag.as_str());
+        let version = self.version;
         let forwarder = tokio::spawn(async move {
             while let Some(mut delivery) = consumer.recv().await {
                 let permit = std::mem::take(&mut delivery.permit);
@@ -574,8 +577,13 @@ impl Conn {
                     body: delivery.message.body.into(),
                 });
                 if out.send((frame, permit)).await.is_err() {
-                    break;
+                    return;
                 }
+            }
+            if let Some(reason) = consumer.end_reason() {
+                lock(&deliveries).retain(|_, (owner, _)| *owner != tag);
+                let frame = consumer_end_frame(&tag, &reason, version);
+                let _ = out.send((frame, DeliveryPermit::default())).await;
             }
         });
         self.consumers.insert(
@@ -681,6 +689,30 @@ impl Conn {
     }
 }
 
+/// How the client learns that the broker ended its consumer `tag` (a partition's leadership
+/// moved): `ConsumerEnd` from version 4 on, a non-fatal `Error` without request id naming the
+/// tag before (docs/protocol.md, "ConsumerEnd").
+fn consumer_end_frame(tag: &str, reason: &BrokerError, version: u16) -> Frame {
+    let error = error_body(reason);
+    if version >= CONSUMER_END_VERSION {
+        return Frame::ConsumerEnd(ConsumerEnd {
+            consumer_tag: tag.to_owned(),
+            error,
+        });
+    }
+    let message = format!("consumer {tag:?} ended: {error}");
+    let error = ErrorBody::from_parts(error.code(), None, error.retry_after_ms(), message)
+        .unwrap_or_else(|_| ErrorBody::new(ERR_INTERNAL, format!("consumer {tag:?} ended")));
+    Frame::Error(ErrorFrame {
+        request_id: None,
+        fatal: false,
+        error,
+    })
+}
+
+/// The first protocol version with the `ConsumerEnd` frame.
+const CONSUMER_END_VERSION: u16 = 4;
+
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -742,6 +774,34 @@ fn ranges(ids: &[u64]) -> Vec<PublishIdRange> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_consumer_ended_by_a_leader_move_is_told_with_421_and_the_address() {
+        let reason = BrokerError::NotLeader {
+            queue: "orders".into(),
+            partition: 0,
+            leader: Some(2),
+            addr: Some("10.0.0.2:5680".into()),
+        };
+        let Frame::ConsumerEnd(end) = consumer_end_frame("c1", &reason, 4) else {
+            panic!("version 4 gets ConsumerEnd");
+        };
+        assert_eq!(end.consumer_tag, "c1");
+        assert_eq!(end.error.code(), keratin_proto::codes::ERR_NOT_LEADER);
+        assert_eq!(end.error.leader_addr(), Some("10.0.0.2:5680"));
+        let Frame::Error(error) = consumer_end_frame("c1", &reason, 3) else {
+            panic!("version 3 gets a non-fatal Error");
+        };
+        assert!(!error.fatal);
+        assert_eq!(error.request_id, None);
+        assert_eq!(error.error.code(), keratin_proto::codes::ERR_NOT_LEADER);
+        assert!(error.error.message().contains("\"c1\""), "{}", error.error);
+        assert!(
+            error.error.message().contains("10.0.0.2:5680"),
+            "{}",
+            error.error
+        );
+    }
 
     #[test]
     fn ranges_merge_consecutive_ids() {

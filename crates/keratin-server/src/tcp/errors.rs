@@ -6,6 +6,10 @@ use keratin_proto::codes::{
     ERR_BAD_REQUEST, ERR_CONFLICT, ERR_GATEWAY_TIMEOUT, ERR_INTERNAL, ERR_NOT_FOUND, ERR_TOO_LARGE,
     ERR_UNAVAILABLE,
 };
+
+/// The retry hint of a 421 that names no leader: about one Raft election timeout, after which
+/// a leader is usually known (the client backs off on its own too, growing from its start).
+pub const NOT_LEADER_RETRY_AFTER_MS: u32 = 100;
 use keratin_proto::{ErrorBody, LimitReason};
 
 /// The wire error for a broker error.
@@ -22,6 +26,13 @@ pub fn error_body(error: &BrokerError) -> ErrorBody {
             message.clone(),
         );
     }
+    if let BrokerError::NotLeader { addr, .. } = error {
+        let body = ErrorBody::not_leader(addr.clone(), error.to_string());
+        return match addr {
+            Some(_) => body,
+            None => body.with_retry_after_ms(NOT_LEADER_RETRY_AFTER_MS),
+        };
+    }
     let code = match error {
         BrokerError::NotFound(_) => ERR_NOT_FOUND,
         // The node holds as many queues or partitions as it may: a state conflict, not a
@@ -36,4 +47,39 @@ pub fn error_body(error: &BrokerError) -> ErrorBody {
         _ => ERR_INTERNAL,
     };
     ErrorBody::new(code, error.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use keratin_proto::codes::ERR_NOT_LEADER;
+
+    #[test]
+    fn not_leader_maps_to_421_with_the_leaders_address() {
+        let error = BrokerError::NotLeader {
+            queue: "orders".into(),
+            partition: 2,
+            leader: Some(3),
+            addr: Some("10.0.0.3:5680".into()),
+        };
+        let body = error_body(&error);
+        assert_eq!(body.code(), ERR_NOT_LEADER);
+        assert_eq!(body.leader_addr(), Some("10.0.0.3:5680"));
+        assert_eq!(body.retry_after_ms(), None);
+        assert!(body.message().contains("orders"), "{}", body.message());
+    }
+
+    #[test]
+    fn not_leader_without_a_leader_gets_a_retry_hint_and_no_address() {
+        let error = BrokerError::NotLeader {
+            queue: "orders".into(),
+            partition: 0,
+            leader: None,
+            addr: None,
+        };
+        let body = error_body(&error);
+        assert_eq!(body.code(), ERR_NOT_LEADER);
+        assert_eq!(body.leader_addr(), None);
+        assert_eq!(body.retry_after_ms(), Some(NOT_LEADER_RETRY_AFTER_MS));
+    }
 }
