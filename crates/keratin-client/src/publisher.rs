@@ -188,6 +188,9 @@ impl Client {
         // The first attempt without the batch path's vectors (results, attempts, waiters,
         // frame lists: five allocations per message, a measurable share of a 1 KiB publish);
         // a message refused with ERR_LIMITED continues on the batch path, which retries it.
+        if let Some(node) = self.publish_node(queue).await {
+            return Box::pin(node.publish(queue, message)).await;
+        }
         let timeout = self.options().publish_timeout;
         let deadline = Instant::now() + timeout;
         let answer_deadline = deadline.max(Instant::now() + ATTEMPT_ANSWER_GRACE);
@@ -245,6 +248,9 @@ impl Client {
         messages: Vec<OutgoingMessage>,
         joinable: bool,
     ) -> Vec<Result<Confirmed, PublishFailed>> {
+        if let Some(node) = self.publish_node(queue).await {
+            return Box::pin(node.publish_messages(queue, messages, joinable)).await;
+        }
         let deadline = Instant::now() + self.options().publish_timeout;
         let results = messages.iter().map(|_| None).collect();
         let pending = messages
@@ -447,6 +453,9 @@ impl Client {
         for (attempt, body) in moved {
             let redirects = attempt.redirects + 1;
             let named = body.leader_addr().map(str::to_owned);
+            if let Some(addr) = &named {
+                self.set_leader_hint(queue, Some(addr));
+            }
             let found = followed
                 .iter()
                 .find(|(addr, count, _)| *addr == named && *count == redirects)

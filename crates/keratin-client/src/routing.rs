@@ -33,10 +33,18 @@ pub const NOT_LEADER_BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// (`keratin_proto::handshake::SERVER_INFO_NODES_MAX`).
 const PEERS_MAX: usize = 64;
 
-/// The connections a client opened to other nodes, by protocol address.
+/// Most queues whose leader a client remembers; past it the memory starts over.
+const LEADER_HINTS_MAX: usize = 1024;
+
+/// The connections a client opened to other nodes, by protocol address, and where each
+/// queue's publishes last went.
 #[derive(Default)]
 pub(crate) struct Peers {
     nodes: tokio::sync::Mutex<HashMap<String, Client>>,
+    /// Queue name to the protocol address of the node a 421 named as its leader: publishes go
+    /// there first, so that a client connected to a follower pays the redirect once, not per
+    /// publish.
+    leaders: std::sync::Mutex<HashMap<String, String>>,
 }
 
 /// The wait before attempt `retry` (1 for the first retry) after a 421 without a leader:
@@ -73,6 +81,43 @@ pub(crate) fn as_not_leader(error: &ClientError) -> Option<&ErrorBody> {
 }
 
 impl Client {
+    fn leader_hints(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
+        self.peers()
+            .leaders
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Remember `addr` as the leader of `queue`'s publishes (`None`: forget it).
+    pub(crate) fn set_leader_hint(&self, queue: &str, addr: Option<&str>) {
+        let mut hints = self.leader_hints();
+        match addr {
+            Some(addr) if !self.is_own_address(addr) => {
+                if hints.len() >= LEADER_HINTS_MAX && !hints.contains_key(queue) {
+                    hints.clear();
+                }
+                hints.insert(queue.to_owned(), addr.to_owned());
+            }
+            _ => {
+                hints.remove(queue);
+            }
+        }
+    }
+
+    /// The connection publishes to `queue` go to first: the node a 421 last named as its
+    /// leader, when it is another node and reachable; `None`: this one.
+    pub(crate) async fn publish_node(&self, queue: &str) -> Option<Client> {
+        let addr = self.leader_hints().get(queue).cloned()?;
+        match self.node(Some(&addr)).await {
+            Ok(node) => Some(node),
+            Err(error) => {
+                tracing::debug!(%addr, %error, "the queue's last known leader is unreachable");
+                self.set_leader_hint(queue, None);
+                None
+            }
+        }
+    }
+
     /// The connection to the node at `addr` (`None`: this one), opened on first use with this
     /// client's options and kept for later redirects.
     pub(crate) async fn node(&self, addr: Option<&str>) -> Result<Client, ClientError> {

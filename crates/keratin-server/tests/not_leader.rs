@@ -204,6 +204,13 @@ async fn requests_refused_with_not_leader_succeed_at_the_named_node() {
             "the fake was asked first: {expected}"
         );
     }
+    // After the first redirect the client remembers the queue's leader: the batch went there
+    // directly.
+    let publishes = asked.iter().filter(|name| **name == "Publish").count();
+    assert_eq!(
+        publishes, 1,
+        "publishes after the first redirect skip the fake"
+    );
     client.close().await;
     node.shutdown().await.expect("shutdown");
 }
