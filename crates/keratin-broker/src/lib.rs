@@ -59,4 +59,4 @@ pub use queue::{
     validate_queue_name, DeadLetterFailure, Overflow, Queue, QueueSettings, MAX_PARTITIONS,
 };
 pub use range_set::RangeSet;
-pub use record::Message;
+pub use record::{Message, ProducerSeq};

@@ -23,6 +23,19 @@ pub const NOOP: u8 = 7;
 
 /// Version byte at the start of a message payload.
 const MESSAGE_FORMAT: u8 = 1;
+/// Version byte of a message payload that opens with its idempotent producer's id and
+/// sequence (16 bytes), then continues as format 1.
+const MESSAGE_FORMAT_PRODUCER: u8 = 2;
+
+/// An idempotent producer's mark on a message: a partition stores each `(producer, sequence)`
+/// once (`partition/producers.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ProducerSeq {
+    /// The producer's id.
+    pub producer: u64,
+    /// The message's number in the producer's sequence.
+    pub sequence: u64,
+}
 
 /// A message as published: routing key, headers and body.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -33,6 +46,8 @@ pub struct Message {
     pub headers: Vec<(String, String)>,
     /// The body.
     pub body: Vec<u8>,
+    /// Its idempotent producer and sequence, if any.
+    pub producer: Option<ProducerSeq>,
 }
 
 impl Message {
@@ -42,12 +57,33 @@ impl Message {
             routing_key: String::new(),
             headers: Vec::new(),
             body: body.into(),
+            producer: None,
         }
+    }
+
+    /// The producer mark at the start of an encoded message payload, if it has one.
+    pub fn producer_of(payload: &[u8], offset: u64) -> BrokerResult<Option<ProducerSeq>> {
+        if payload.first() != Some(&MESSAGE_FORMAT_PRODUCER) {
+            return Ok(None);
+        }
+        let mut r = Reader::new(payload, "message", offset);
+        r.u8()?;
+        Ok(Some(ProducerSeq {
+            producer: r.u64()?,
+            sequence: r.u64()?,
+        }))
     }
 
     /// Encode as a message payload.
     pub fn encode(&self, out: &mut Vec<u8>) -> BrokerResult<()> {
-        out.push(MESSAGE_FORMAT);
+        match self.producer {
+            Some(mark) => {
+                out.push(MESSAGE_FORMAT_PRODUCER);
+                out.extend_from_slice(&mark.producer.to_le_bytes());
+                out.extend_from_slice(&mark.sequence.to_le_bytes());
+            }
+            None => out.push(MESSAGE_FORMAT),
+        }
         put_str16(out, &self.routing_key, "routing key")?;
         let count = u16::try_from(self.headers.len())
             .map_err(|_| BrokerError::Invalid("more than 65,535 headers".into()))?;
@@ -67,9 +103,14 @@ impl Message {
     pub fn decode(bytes: &[u8], offset: u64) -> BrokerResult<Message> {
         let mut r = Reader::new(bytes, "message", offset);
         let format = r.u8()?;
-        if format != MESSAGE_FORMAT {
-            return Err(r.error(format!("message format {format}")));
-        }
+        let producer = match format {
+            MESSAGE_FORMAT => None,
+            MESSAGE_FORMAT_PRODUCER => Some(ProducerSeq {
+                producer: r.u64()?,
+                sequence: r.u64()?,
+            }),
+            _ => return Err(r.error(format!("message format {format}"))),
+        };
         let routing_key = r.str16()?;
         let count = r.u16()?;
         let mut headers = Vec::with_capacity(usize::from(count).min(64));
@@ -83,6 +124,7 @@ impl Message {
             routing_key,
             headers,
             body: r.rest().to_vec(),
+            producer,
         })
     }
 }
@@ -168,6 +210,8 @@ pub enum PartitionRecord {
     Enqueue {
         /// Payload bytes.
         size_bytes: u32,
+        /// Its idempotent producer and sequence, from the payload's start.
+        producer: Option<ProducerSeq>,
     },
     /// Settled messages.
     Settle(Vec<Settled>),
@@ -243,6 +287,7 @@ impl PartitionRecord {
         let record = match record_type {
             ENQUEUE => PartitionRecord::Enqueue {
                 size_bytes: u32::try_from(payload.len()).map_err(|_| r.error("size".into()))?,
+                producer: Message::producer_of(payload, offset)?,
             },
             SETTLE => {
                 let count = r.count(13)?;
@@ -406,10 +451,40 @@ mod tests {
             routing_key: "key".into(),
             headers: vec![("a".into(), "b".into())],
             body: b"body".to_vec(),
+            producer: None,
         };
         let mut out = Vec::new();
         message.encode(&mut out).expect("encode");
         assert_eq!(Message::decode(&out, 0).expect("decode"), message);
+        assert_eq!(Message::producer_of(&out, 0).expect("reads"), None);
+    }
+
+    /// A producer's mark opens the payload (format 2); the ENQUEUE record carries it.
+    #[test]
+    fn a_producer_mark_travels_in_the_payload() {
+        let mark = ProducerSeq {
+            producer: 0xfeed,
+            sequence: 42,
+        };
+        let message = Message {
+            producer: Some(mark),
+            ..Message::new("body")
+        };
+        let mut out = Vec::new();
+        message.encode(&mut out).expect("encode");
+        assert_eq!(out[0], MESSAGE_FORMAT_PRODUCER);
+        assert_eq!(Message::decode(&out, 0).expect("decode"), message);
+        assert_eq!(
+            PartitionRecord::decode(ENQUEUE, &out, 7).expect("decode"),
+            PartitionRecord::Enqueue {
+                size_bytes: out.len() as u32,
+                producer: Some(mark),
+            }
+        );
+        assert!(
+            Message::producer_of(&out[..9], 0).is_err(),
+            "a cut mark is corrupt"
+        );
     }
 
     #[test]

@@ -361,6 +361,7 @@ impl Harness {
                 routing_key: key.map(|k| format!("k{k}")).unwrap_or_default(),
                 headers: vec![("n".into(), seq.to_string())],
                 body: body(seq, body_len(seq) + padding),
+                producer: None,
             })
             .collect();
         let results = self.broker.publish(QUEUES[queue], messages.clone()).await;

@@ -250,6 +250,7 @@ async fn routing_keys_pick_stable_partitions() {
             routing_key: format!("k{}", i % 3),
             headers: vec![],
             body: body(i, 20),
+            producer: None,
         })
         .collect();
     let receipts: Vec<_> = broker

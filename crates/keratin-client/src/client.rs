@@ -33,6 +33,8 @@ struct Inner {
     options: ClientOptions,
     /// Connections to other nodes of the cluster, opened to follow 421s (`routing.rs`).
     peers: Peers,
+    /// The last sequence number given to a message of this client's producer.
+    sequences: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Inner {
@@ -51,8 +53,13 @@ impl Client {
     /// [`ClientError::Refused`] with the broker's message.
     pub async fn connect(
         addr: impl ToSocketAddrs,
-        options: ClientOptions,
+        mut options: ClientOptions,
     ) -> Result<Client, ClientError> {
+        if options.idempotent && options.producer_id.is_none() {
+            // A new producer per client. Connections opened to follow 421s get these options,
+            // so a redirected retry carries the same producer id.
+            options.producer_id = Some(random_producer_id());
+        }
         let handle = connection::open(addr, &options).await?;
         tracing::debug!(node_id = %handle.node_id, "connected to keratin");
         Ok(Client {
@@ -60,8 +67,24 @@ impl Client {
                 handle,
                 options,
                 peers: Peers::default(),
+                sequences: std::sync::atomic::AtomicU64::new(0),
             }),
         })
+    }
+
+    /// `message` with its sequence number: its own, or the next of this client's producer.
+    /// Every publishing entry point numbers its messages before anything else (a retry, a
+    /// redirect to another node's connection) so that a message keeps one number.
+    pub(crate) fn numbered(&self, mut message: crate::OutgoingMessage) -> crate::OutgoingMessage {
+        if self.inner.options.idempotent && message.sequence.is_none() {
+            let next = self
+                .inner
+                .sequences
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                + 1;
+            message.sequence = Some(next);
+        }
+        message
     }
 
     /// The broker node's name, from its handshake.
@@ -297,4 +320,17 @@ fn unexpected(operation: String, expected: &'static str, got: &Frame) -> ClientE
         expected,
         got: got.frame_type().name(),
     }
+}
+
+/// A producer id nobody else picks in practice: 64 bits from the standard library's random
+/// hash keys (seeded from the OS), the time and the process id.
+fn random_producer_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    hasher.write_u128(now);
+    hasher.write_u32(std::process::id());
+    hasher.finish()
 }

@@ -233,6 +233,7 @@ pub(crate) async fn open(
         consumers: HashMap::new(),
         heartbeat_interval: options.heartbeat_interval,
         server_silence_timeout: options.server_silence_timeout,
+        producer_id: options.producer_id.filter(|_| options.idempotent),
         last_read: now,
         last_write: now,
         closing: false,
@@ -361,6 +362,8 @@ struct Connection {
     consumers: HashMap<String, ConsumerSlot>,
     heartbeat_interval: Duration,
     server_silence_timeout: Duration,
+    /// The idempotent producer this connection's publishes belong to, if any.
+    producer_id: Option<u64>,
     last_read: Instant,
     last_write: Instant,
     /// `Close` was sent: write nothing more, read until the broker closes.
@@ -578,6 +581,7 @@ impl Connection {
             mode,
             messages,
             joinable,
+            producer_id: self.producer_id,
         });
         let written = match self.write(frame).await {
             Ok(written) => written,

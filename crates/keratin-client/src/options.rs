@@ -40,6 +40,18 @@ pub struct ClientOptions {
     pub heartbeat_interval: Duration,
     /// The connection counts as lost when no frame (of any type) arrived for this long.
     pub server_silence_timeout: Duration,
+    /// Publish as an idempotent producer (the default): every message carries the producer id
+    /// and a sequence number, and a partition that stored a producer's sequence already
+    /// confirms a retry of it without storing it again, so a publish retried after a lost
+    /// connection or a lost leader is stored once (Kafka's idempotent producer, NATS
+    /// `Nats-Msg-Id`). See `docs/protocol.md`, "Idempotent producers".
+    pub idempotent: bool,
+    /// The producer id; `None`: a random one chosen when the client connects (each client is
+    /// a new producer). Set it only together with sequences of your own
+    /// ([`crate::OutgoingMessage::with_sequence`]) that never repeat for this id, for
+    /// example to publish again after a restart of your application what it may have
+    /// published before: a sequence the partition stored already under this id is dropped.
+    pub producer_id: Option<u64>,
 }
 
 impl Default for ClientOptions {
@@ -51,6 +63,8 @@ impl Default for ClientOptions {
             publish_timeout: PUBLISH_TIMEOUT_DEFAULT,
             heartbeat_interval: HEARTBEAT_INTERVAL_DEFAULT,
             server_silence_timeout: SERVER_SILENCE_TIMEOUT_DEFAULT,
+            idempotent: true,
+            producer_id: None,
         }
     }
 }

@@ -75,7 +75,7 @@ pub(crate) fn encode_body(
             put_string(dst, "queue", &set.queue)?;
             put_settings_update(dst, &set.update)
         }
-        Frame::Publish(publish) => put_publish(dst, publish),
+        Frame::Publish(publish) => put_publish(dst, publish, version),
         Frame::Subscribe(subscribe) => {
             dst.put_u64_le(subscribe.request_id);
             put_string(dst, "queue", &subscribe.queue)?;
@@ -171,7 +171,7 @@ pub(crate) fn decode_body(
             queue: r.string("queue")?,
             update: read_settings_update(r)?,
         }),
-        FrameType::Publish => Frame::Publish(read_publish(r)?),
+        FrameType::Publish => Frame::Publish(read_publish(r, version)?),
         FrameType::Subscribe => Frame::Subscribe(Subscribe {
             request_id: r.u64("request_id")?,
             queue: r.string("queue")?,
@@ -388,7 +388,8 @@ fn read_headers(r: &mut Reader) -> Result<Vec<Header>, ProtoError> {
 /// Bit 7 of a `Publish` frame's `mode` byte: the messages are joinable separate publishes.
 const JOINABLE_BIT: u8 = 0x80;
 
-fn put_publish(dst: &mut BytesMut, publish: &Publish) -> Result<(), ProtoError> {
+fn put_publish(dst: &mut BytesMut, publish: &Publish, version: u16) -> Result<(), ProtoError> {
+    let producer = version >= CLUSTER_FIELDS_SINCE;
     put_string(dst, "queue", &publish.queue)?;
     dst.put_u8(publish.mode as u8 | if publish.joinable { JOINABLE_BIT } else { 0 });
     put_count_u32(dst, "messages", publish.messages.len())?;
@@ -399,11 +400,24 @@ fn put_publish(dst: &mut BytesMut, publish: &Publish) -> Result<(), ProtoError> 
         })?;
         put_headers(dst, &message.headers)?;
         put_bytes(dst, "message.body", &message.body)?;
+        if producer {
+            put_option(dst, message.sequence.as_ref(), |dst, sequence| {
+                dst.put_u64_le(*sequence);
+                Ok(())
+            })?;
+        }
+    }
+    if producer {
+        put_option(dst, publish.producer_id.as_ref(), |dst, id| {
+            dst.put_u64_le(*id);
+            Ok(())
+        })?;
     }
     Ok(())
 }
 
-fn read_publish(r: &mut Reader) -> Result<Publish, ProtoError> {
+fn read_publish(r: &mut Reader, version: u16) -> Result<Publish, ProtoError> {
+    let producer = version >= CLUSTER_FIELDS_SINCE;
     let queue = r.string("queue")?;
     let mode_byte = r.u8("mode")?;
     let joinable = mode_byte & JOINABLE_BIT != 0;
@@ -418,13 +432,24 @@ fn read_publish(r: &mut Reader) -> Result<Publish, ProtoError> {
             routing_key: r.option("message.routing_key", |r| r.string("message.routing_key"))?,
             headers: read_headers(r)?,
             body: r.bytes("message.body")?,
+            sequence: if producer {
+                r.option("message.sequence", |r| r.u64("message.sequence"))?
+            } else {
+                None
+            },
         })
     })?;
+    let producer_id = if producer {
+        r.option("producer_id", |r| r.u64("producer_id"))?
+    } else {
+        None
+    };
     Ok(Publish {
         queue,
         mode,
         messages,
         joinable,
+        producer_id,
     })
 }
 

@@ -345,6 +345,10 @@ pub struct Message {
     pub headers: Vec<Header>,
     /// The payload.
     pub body: Bytes,
+    /// Its number in its producer's sequence (`Publish::producer_id`), for an idempotent
+    /// producer: a message whose producer and sequence a partition stored already is confirmed
+    /// again and not stored twice. Version 4 on.
+    pub sequence: Option<u64>,
 }
 
 /// Body of [`Frame::Publish`].
@@ -359,6 +363,8 @@ pub struct Publish {
     /// The messages are separate publishes the client joined into one frame: the server admits
     /// each on its own, as if each had come in a frame of its own (wire: bit 7 of `mode`).
     pub joinable: bool,
+    /// The idempotent producer the messages' sequences belong to. Version 4 on.
+    pub producer_id: Option<u64>,
 }
 
 /// An inclusive range of publish ids; a single id is a range with `first == last`.

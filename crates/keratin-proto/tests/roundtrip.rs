@@ -188,13 +188,17 @@ fn message() -> impl Strategy<Value = Message> {
         proptest::option::of(text()),
         headers(),
         body(),
+        proptest::option::of(any::<u64>()),
     )
-        .prop_map(|(publish_id, routing_key, headers, body)| Message {
-            publish_id,
-            routing_key,
-            headers,
-            body,
-        })
+        .prop_map(
+            |(publish_id, routing_key, headers, body, sequence)| Message {
+                publish_id,
+                routing_key,
+                headers,
+                body,
+                sequence,
+            },
+        )
 }
 
 fn queue_request() -> impl Strategy<Value = QueueRequest> {
@@ -227,8 +231,14 @@ fn request_frame() -> Vec<BoxedStrategy<Frame>> {
                 })
             })
             .boxed(),
-        (text(), any::<bool>(), vec(message(), 0..4), any::<bool>())
-            .prop_map(|(queue, buffered, messages, joinable)| {
+        (
+            text(),
+            any::<bool>(),
+            vec(message(), 0..4),
+            any::<bool>(),
+            proptest::option::of(any::<u64>()),
+        )
+            .prop_map(|(queue, buffered, messages, joinable, producer_id)| {
                 let mode = if buffered {
                     PublishMode::Buffered
                 } else {
@@ -239,6 +249,7 @@ fn request_frame() -> Vec<BoxedStrategy<Frame>> {
                     mode,
                     messages,
                     joinable,
+                    producer_id,
                 })
             })
             .boxed(),
@@ -704,8 +715,10 @@ fn spec_examples_match_the_encoder() {
                 value: "v".into(),
             }],
             body: Bytes::from_static(b"hi"),
+            sequence: Some(1),
         }],
         joinable: false,
+        producer_id: Some(9),
     });
     assert_example("publish", &encode(&publish));
     let publish_error = Frame::PublishError(PublishError {

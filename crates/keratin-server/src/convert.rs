@@ -91,11 +91,19 @@ pub fn partition_info_to_wire(p: &keratin_broker::PartitionInfo) -> frame::Parti
     }
 }
 
-/// A broker message from a published wire message.
-pub fn message_from_wire(m: frame::Message) -> Message {
+/// A broker message from a published wire message of `producer_id`'s frame: it carries the
+/// producer's mark when the frame names a producer and the message a sequence.
+pub fn message_from_wire(m: frame::Message, producer_id: Option<u64>) -> Message {
+    let producer = match (producer_id, m.sequence) {
+        (Some(producer), Some(sequence)) => {
+            Some(keratin_broker::ProducerSeq { producer, sequence })
+        }
+        _ => None,
+    };
     Message {
         routing_key: m.routing_key.unwrap_or_default(),
         headers: m.headers.into_iter().map(|h| (h.name, h.value)).collect(),
         body: m.body.to_vec(),
+        producer,
     }
 }

@@ -75,6 +75,7 @@ fn message(id: u64, body: &[u8]) -> Message {
         routing_key: None,
         headers: vec![],
         body: Bytes::copy_from_slice(body),
+        sequence: None,
     }
 }
 
@@ -98,6 +99,7 @@ async fn assert_serves(addr: SocketAddr, queue: &str) {
         mode: PublishMode::Confirmed,
         messages: vec![message(7, b"still serving")],
         joinable: false,
+        producer_id: None,
     }))
     .await
     .expect("publish");
@@ -135,6 +137,7 @@ async fn round_trip_with_raw_frames() {
             .map(|i| message(i, format!("m{i}").as_bytes()))
             .collect(),
         joinable: false,
+        producer_id: None,
     }))
     .await
     .expect("publish");
@@ -149,6 +152,7 @@ async fn round_trip_with_raw_frames() {
         mode: PublishMode::Buffered,
         messages: vec![message(9, b"x")],
         joinable: false,
+        producer_id: None,
     }))
     .await
     .expect("publish");
@@ -322,6 +326,7 @@ async fn a_client_that_never_reads_is_held_back() {
                 mode: PublishMode::Confirmed,
                 messages: (0..16).map(|i| message(batch * 16 + i, &body)).collect(),
                 joinable: false,
+                producer_id: None,
             });
             if conn.send(frame).await.is_err() {
                 break;
@@ -454,6 +459,7 @@ async fn joinable_publishes_are_admitted_one_by_one_under_queue_limits() {
         mode: PublishMode::Confirmed,
         messages: four(1),
         joinable: true,
+        producer_id: None,
     }))
     .await
     .expect("send");
@@ -470,6 +476,7 @@ async fn joinable_publishes_are_admitted_one_by_one_under_queue_limits() {
         mode: PublishMode::Confirmed,
         messages: four(11),
         joinable: false,
+        producer_id: None,
     }))
     .await
     .expect("send");
@@ -495,6 +502,7 @@ async fn version_1_clients_keep_working_and_version_2_bounds_bytes() {
         mode: PublishMode::Confirmed,
         messages: (1..=4).map(|i| message(i, &[b'x'; 1000])).collect(),
         joinable: false,
+        producer_id: None,
     }))
     .await
     .expect("publish");
@@ -729,6 +737,7 @@ async fn one_message_too_large_for_a_segment_fails_alone_in_a_joinable_frame() {
         mode: PublishMode::Confirmed,
         messages: three(1),
         joinable: true,
+        producer_id: None,
     }))
     .await
     .expect("send");
@@ -744,6 +753,7 @@ async fn one_message_too_large_for_a_segment_fails_alone_in_a_joinable_frame() {
         mode: PublishMode::Confirmed,
         messages: three(11),
         joinable: false,
+        producer_id: None,
     }))
     .await
     .expect("send");

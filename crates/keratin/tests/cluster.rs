@@ -13,8 +13,9 @@
 //! confirmed... acks are fire-and-forget, so a message acked just before a kill may come back,
 //! but then flagged `redelivered`), and every body carries a valid checksum and a sequence
 //! number that was published. Duplicates of a publish retried after an unknown outcome are
-//! allowed (idempotent producers are not built yet) and counted: a sequence number published
-//! again after a failed attempt may exist as two messages, each delivered as new once.
+//! not allowed: the publisher is an idempotent producer (one producer id over all its
+//! reconnections, the sequence number as its sequence), so **no message is delivered twice as
+//! new**; redeliveries of unacked messages after a leader change are flagged `redelivered`.
 //!
 //! Bounded: each round waits at most 30 s for the cluster to serve again; the whole test
 //! takes about a minute. Processes are killed by PID when dropped.
@@ -31,6 +32,8 @@ use keratin_client::{Client, ClientOptions, OutgoingMessage, QueueSettings};
 use support::{body, seq_of, Server};
 
 const QUEUE: &str = "orders";
+/// The test publisher's idempotent producer id.
+const PRODUCER_ID: u64 = 0x6b65_7261_7469_6e31;
 const BODY_BYTES: usize = 256;
 const BATCH: u64 = 50;
 /// A round's cluster must serve again within this.
@@ -175,10 +178,13 @@ struct Ledger {
     /// Deliveries of a message after its ack was sent, not flagged redelivered.
     acked_then_new: Vec<u64>,
     delivered: BTreeMap<u64, u32>,
+    /// Deliveries not flagged redelivered, per sequence number: with an idempotent producer a
+    /// message is stored once, so at most one.
+    delivered_new: BTreeMap<u64, u32>,
     bad_bodies: u64,
     publish_retries: u64,
-    /// Sequence numbers published again after a failed attempt: the first attempt may have
-    /// been stored too, so two copies may exist, each delivered as new once.
+    /// Sequence numbers published again after a failed attempt (the idempotent producer
+    /// stores them once all the same).
     retried: BTreeSet<u64>,
 }
 
@@ -187,6 +193,9 @@ async fn connect_any(addrs: &[SocketAddr], start: usize) -> Option<Client> {
         let addr = addrs[(start + k) % addrs.len()];
         let options = ClientOptions {
             publish_timeout: Duration::from_secs(5),
+            // One idempotent producer over every reconnection, numbering its messages by
+            // their sequence numbers: a retry after a lost answer is stored once.
+            producer_id: Some(PRODUCER_ID),
             ..ClientOptions::default()
         };
         if let Ok(client) = Client::connect(addr, options).await {
@@ -224,7 +233,7 @@ async fn publisher(
         }
         let messages: Vec<OutgoingMessage> = unconfirmed
             .iter()
-            .map(|seq| OutgoingMessage::new(body(*seq, BODY_BYTES)))
+            .map(|seq| OutgoingMessage::new(body(*seq, BODY_BYTES)).with_sequence(*seq + 1))
             .collect();
         let results = c.publish_batch(QUEUE, messages).await;
         let mut failed = Vec::new();
@@ -288,8 +297,10 @@ async fn consumer(
             match seq_of(&delivery.body) {
                 Some(seq) => {
                     *ledger.delivered.entry(seq).or_default() += 1;
-                    let copies_possible = ledger.retried.contains(&seq);
-                    if ledger.acked.contains(&seq) && !delivery.redelivered && !copies_possible {
+                    if !delivery.redelivered {
+                        *ledger.delivered_new.entry(seq).or_default() += 1;
+                    }
+                    if ledger.acked.contains(&seq) && !delivery.redelivered {
                         ledger.acked_then_new.push(seq);
                     }
                     if delivery.ack().is_ok() {
@@ -335,6 +346,17 @@ fn check(ledger: &Ledger, round: &str) {
         ledger.publish_retries
     );
     assert_eq!(ledger.bad_bodies, 0, "{round}: bodies with a bad checksum");
+    let stored_twice: Vec<u64> = ledger
+        .delivered_new
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(seq, _)| *seq)
+        .take(10)
+        .collect();
+    assert!(
+        stored_twice.is_empty(),
+        "{round}: messages of the idempotent producer delivered as new twice: {stored_twice:?}"
+    );
     assert!(
         ledger.acked_then_new.is_empty(),
         "{round}: acked messages delivered again as new: {:?}",

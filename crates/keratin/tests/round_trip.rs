@@ -447,8 +447,10 @@ async fn bad_connection(addr: SocketAddr, case: u64, rng: &mut Rng, tally: &mut 
                     routing_key: None,
                     headers: Vec::new(),
                     body: body(u64::MAX, 4096).into(),
+                    sequence: None,
                 }],
                 joinable: false,
+                producer_id: None,
             });
             let mut encoded = Default::default();
             frame

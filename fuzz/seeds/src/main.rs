@@ -52,6 +52,7 @@ fn message(publish_id: u64, routing_key: Option<&str>, body: &'static [u8]) -> M
             value: "abc".into(),
         }],
         body: Bytes::from_static(body),
+        sequence: Some(publish_id),
     }
 }
 
@@ -107,6 +108,7 @@ fn frames() -> Vec<(&'static str, Frame)> {
                 mode: PublishMode::Confirmed,
                 messages: vec![message(1, Some("key"), b"hello"), message(2, None, b"")],
                 joinable: false,
+                producer_id: Some(77),
             }),
         ),
         (
@@ -116,6 +118,7 @@ fn frames() -> Vec<(&'static str, Frame)> {
                 mode: PublishMode::Buffered,
                 messages: vec![message(3, None, b"one"), message(4, None, b"two")],
                 joinable: true,
+                producer_id: None,
             }),
         ),
         (

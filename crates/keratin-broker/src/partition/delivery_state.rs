@@ -222,7 +222,10 @@ mod tests {
     fn state_with(messages: u64) -> PartitionState {
         let mut state = PartitionState::new(0);
         for offset in 0..messages {
-            let record = PartitionRecord::Enqueue { size_bytes: 1 };
+            let record = PartitionRecord::Enqueue {
+                size_bytes: 1,
+                producer: None,
+            };
             state.apply(offset, &record).expect("enqueue applies");
         }
         state

@@ -571,7 +571,9 @@ impl Owner {
     /// count as busy for good.
     fn unbook(&mut self, record: &PartitionRecord) {
         match record {
-            PartitionRecord::Enqueue { size_bytes } => self.unreserve(1, u64::from(*size_bytes)),
+            PartitionRecord::Enqueue { size_bytes, .. } => {
+                self.unreserve(1, u64::from(*size_bytes))
+            }
             PartitionRecord::Settle(entries) => {
                 for entry in entries {
                     self.delivery.limbo.remove(&entry.message);
@@ -594,7 +596,7 @@ impl Owner {
                 self.reclaim_busy = false;
                 self.reclaim_due = true;
             }
-            Applied::Settings | Applied::Nothing => {}
+            Applied::Settings | Applied::Nothing | Applied::Duplicate { .. } => {}
             Applied::Settled(_) => self.reclaim_due = true,
             Applied::Returned(messages) => {
                 // A later return of the same message may still be on its way to the log: its
@@ -622,7 +624,7 @@ impl Owner {
     fn fail(&mut self, records: Vec<PartitionRecord>, done: Done, error: BrokerError) {
         for record in &records {
             match record {
-                PartitionRecord::Enqueue { size_bytes } => {
+                PartitionRecord::Enqueue { size_bytes, .. } => {
                     self.unreserve(1, u64::from(*size_bytes))
                 }
                 PartitionRecord::Purge(purge) => {

@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 
 use crate::error::BrokerError;
 use crate::queue::{Overflow, PartitionLimits, QueueSettings};
-use crate::record::{PartitionRecord, Purge, Returned, Settled};
+use crate::record::{Message, PartitionRecord, Purge, Returned, Settled};
 
 /// Most entries in one SETTLE, RETURN or PURGE record: 4,096 entries of at most 16 bytes are
 /// 64 KiB, well inside the smallest segment (256 KiB), so no round of acks is ever too large to
@@ -24,12 +24,14 @@ pub(crate) const CONTROL_ENTRIES_MAX: usize = 4096;
 /// reasonable first wait; clients back off further on repeated refusals.
 pub(crate) const QUEUE_FULL_RETRY_AFTER_MS: u32 = 1000;
 
-/// The ENQUEUE records of a publish, one per payload (the payloads are written as they are).
+/// The ENQUEUE records of a publish, one per payload (the payloads are written as they are;
+/// a payload's producer mark was checked when the message was encoded).
 pub(crate) fn enqueues(payloads: &[Vec<u8>]) -> Vec<PartitionRecord> {
     payloads
         .iter()
         .map(|p| PartitionRecord::Enqueue {
             size_bytes: p.len() as u32,
+            producer: Message::producer_of(p, 0).ok().flatten(),
         })
         .collect()
 }
@@ -241,8 +243,14 @@ mod tests {
         assert_eq!(
             records,
             vec![
-                PartitionRecord::Enqueue { size_bytes: 3 },
-                PartitionRecord::Enqueue { size_bytes: 5 }
+                PartitionRecord::Enqueue {
+                    size_bytes: 3,
+                    producer: None
+                },
+                PartitionRecord::Enqueue {
+                    size_bytes: 5,
+                    producer: None
+                }
             ]
         );
     }

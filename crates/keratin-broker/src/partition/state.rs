@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 
 use crate::error::{BrokerError, BrokerResult};
+use crate::partition::producers::ProducerWindows;
 use crate::range_set::RangeSet;
 use crate::record::{PartitionRecord, Purge, Relocate};
 
@@ -33,6 +34,9 @@ pub struct PartitionState {
     /// byte total covers them, so `live_bytes` is only exact once recounted from the log's
     /// records ([`PartitionState::recount`]).
     recount_due: bool,
+    /// The idempotent producers' windows, from the ENQUEUE records applied: a second ENQUEUE
+    /// of a producer's sequence is a duplicate, dead from the start (never delivered).
+    producers: ProducerWindows,
 }
 
 /// What applying a record changed, for the owner's volatile bookkeeping.
@@ -49,6 +53,12 @@ pub enum Applied {
     Returned(Vec<u64>),
     /// Every live message in these ranges left the queue.
     Purged(Vec<(u64, u64)>),
+    /// An idempotent producer's message that the partition stored before: the record is dead
+    /// from the start.
+    Duplicate {
+        /// Its offset.
+        offset: u64,
+    },
     /// The queue's settings were recorded.
     Settings,
     /// An offset with no partition record (a replicated log's own entry).
@@ -74,6 +84,7 @@ impl PartitionState {
             live_count: 0,
             live_bytes: 0,
             recount_due: false,
+            producers: ProducerWindows::new(),
         }
     }
 
@@ -210,10 +221,20 @@ impl PartitionState {
         }
         self.head = offset + 1;
         let applied = match record {
-            PartitionRecord::Enqueue { size_bytes } => {
-                self.live_count += 1;
-                self.live_bytes += u64::from(*size_bytes);
-                Applied::Enqueued { message: offset }
+            PartitionRecord::Enqueue {
+                size_bytes,
+                producer,
+            } => {
+                let new = producer
+                    .is_none_or(|mark| self.producers.record(mark.producer, mark.sequence, offset));
+                if new {
+                    self.live_count += 1;
+                    self.live_bytes += u64::from(*size_bytes);
+                    Applied::Enqueued { message: offset }
+                } else {
+                    self.dead.insert(offset);
+                    Applied::Duplicate { offset }
+                }
             }
             PartitionRecord::Settle(entries) => {
                 self.dead.insert(offset);
@@ -357,8 +378,14 @@ mod tests {
     fn enqueue_settle_and_pin() {
         let mut s = PartitionState::new(0);
         for i in 0..5 {
-            s.apply(i, &PartitionRecord::Enqueue { size_bytes: 10 })
-                .expect("apply");
+            s.apply(
+                i,
+                &PartitionRecord::Enqueue {
+                    size_bytes: 10,
+                    producer: None,
+                },
+            )
+            .expect("apply");
         }
         assert_eq!((s.live_count(), s.live_bytes()), (5, 50));
         s.apply(5, &settle(0, 10)).expect("apply");
@@ -373,10 +400,22 @@ mod tests {
     #[test]
     fn relocation_keeps_the_message_id_and_moves_the_pin() {
         let mut s = PartitionState::new(0);
-        s.apply(0, &PartitionRecord::Enqueue { size_bytes: 3 })
-            .expect("apply");
-        s.apply(1, &PartitionRecord::Enqueue { size_bytes: 3 })
-            .expect("apply");
+        s.apply(
+            0,
+            &PartitionRecord::Enqueue {
+                size_bytes: 3,
+                producer: None,
+            },
+        )
+        .expect("apply");
+        s.apply(
+            1,
+            &PartitionRecord::Enqueue {
+                size_bytes: 3,
+                producer: None,
+            },
+        )
+        .expect("apply");
         s.apply(2, &settle(1, 3)).expect("apply");
         let relocate = PartitionRecord::Relocate(Relocate {
             message: 0,
@@ -401,8 +440,14 @@ mod tests {
     fn returns_record_counts_and_purge_clears_them() {
         let mut s = PartitionState::new(0);
         for i in 0..4 {
-            s.apply(i, &PartitionRecord::Enqueue { size_bytes: 1 })
-                .expect("apply");
+            s.apply(
+                i,
+                &PartitionRecord::Enqueue {
+                    size_bytes: 1,
+                    producer: None,
+                },
+            )
+            .expect("apply");
         }
         let ret = PartitionRecord::Return(vec![Returned {
             message: 1,
@@ -427,8 +472,14 @@ mod tests {
         // Rebuilt from offset 2: messages 0 and 1 lie below the start.
         let mut s = PartitionState::new(2);
         for i in 2..5 {
-            s.apply(i, &PartitionRecord::Enqueue { size_bytes: 10 })
-                .expect("apply");
+            s.apply(
+                i,
+                &PartitionRecord::Enqueue {
+                    size_bytes: 10,
+                    producer: None,
+                },
+            )
+            .expect("apply");
         }
         let purge = PartitionRecord::Purge(Purge {
             ranges: vec![(0, 3), (4, 5)],
@@ -440,5 +491,51 @@ mod tests {
         assert!(s.recount_due(), "the byte total covered unknown messages");
         s.recount(1, 10);
         assert_eq!((s.live_count(), s.live_bytes()), (1, 10));
+    }
+
+    /// A producer's sequence is stored once: its second ENQUEUE is dead from the start, and the
+    /// state rebuilt from the same records agrees.
+    #[test]
+    fn a_producers_second_enqueue_of_a_sequence_is_a_duplicate() {
+        use crate::record::ProducerSeq;
+        let mark = |sequence| {
+            Some(ProducerSeq {
+                producer: 9,
+                sequence,
+            })
+        };
+        let records = [
+            PartitionRecord::Enqueue {
+                size_bytes: 4,
+                producer: mark(1),
+            },
+            PartitionRecord::Enqueue {
+                size_bytes: 4,
+                producer: mark(2),
+            },
+            PartitionRecord::Enqueue {
+                size_bytes: 4,
+                producer: mark(1),
+            },
+            PartitionRecord::Enqueue {
+                size_bytes: 4,
+                producer: None,
+            },
+        ];
+        let mut s = PartitionState::new(0);
+        let applied: Vec<Applied> = records
+            .iter()
+            .enumerate()
+            .map(|(i, r)| s.apply(i as u64, r).expect("applies"))
+            .collect();
+        assert_eq!(applied[2], Applied::Duplicate { offset: 2 });
+        assert_eq!(s.live_count(), 3);
+        assert!(!s.is_live(2));
+        assert_eq!(s.next_live(2), Some(3));
+        let mut again = PartitionState::new(0);
+        for (i, r) in records.iter().enumerate() {
+            again.apply(i as u64, r).expect("applies");
+        }
+        assert_eq!(again, s);
     }
 }

@@ -466,6 +466,7 @@ impl Conn {
                     mode: p.mode,
                     messages: vec![message],
                     joinable: false,
+                    producer_id: p.producer_id,
                 })
                 .await;
             }
@@ -486,10 +487,11 @@ impl Conn {
             return;
         };
         let ids: Vec<u64> = p.messages.iter().map(|m| m.publish_id).collect();
+        let producer_id = p.producer_id;
         let messages = p
             .messages
             .into_iter()
-            .map(convert::message_from_wire)
+            .map(|m| convert::message_from_wire(m, producer_id))
             .collect();
         let pending = if p.joinable {
             self.broker.publish_dispatch_joined(&p.queue, messages)
