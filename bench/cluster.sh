@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/cluster.sh: three-node peer clusters on loopback for the replicated comparison (issue 14).
+# bench/cluster.sh: three-node clusters on loopback for the replicated comparison (issue 14).
 # `MODE=cluster bash bench/compare.sh` installs the peers, builds keratin-bench and runs this
 # file as `bench/cluster.sh run`; `keratin-bench compare-cluster` calls it back as
 # `bench/cluster.sh ctl VERB ...` to kill-and-restart nodes in its failover case.
@@ -11,6 +11,9 @@
 #   can take it away; one cookie in a HOME shared by the servers and rabbitmqctl.
 # - NATS n1..n3 (cluster "kbench"): clients 24231-24233, routes 26231-26233, monitoring
 #   28231-28233 (/healthz), JetStream file store each.
+# - Keratin nodes 1..3 (`keratin serve --node-id N --peer ...`, the release binary KERATIN_BIN):
+#   clients 25721-25723, HTTP admin 25731-25733, cluster transport 25741-25743, a data
+#   directory each. (keratin-single, the one-node column, is started by keratin-bench itself.)
 # State lives under CLUSTER_BASE (a fresh directory under BENCH_DIR); every process started is
 # recorded in a pid file there, and the exit trap stops them by those pids (TERM, then KILL after
 # STOP_WAIT_S), also on failure and Ctrl-C, then removes CLUSTER_BASE. Servers run in sessions
@@ -18,15 +21,19 @@
 # started from subshells, so no `wait` of this script ever waits on a server.
 #
 # ctl verbs (CLUSTER_BASE in the environment, as `run` exports it):
-#   pid SYSTEM N          the process id to kill -9 for node N (RabbitMQ: the beam; NATS: the server)
+#   pid SYSTEM N          the process id to kill -9 for node N (RabbitMQ: the beam; NATS and
+#                         Keratin: the server)
 #   restart SYSTEM N      start node N again on its data; returns once it is back in the cluster
+#                         (Keratin: it serves, knows the metadata leader and a leader for every
+#                         partition it holds)
 #   leader SYSTEM QUEUE   RabbitMQ only: `list_queues name leader members online` from a live node
 #   nodes SYSTEM          the client address of each node, one a line
-# SYSTEM is rabbitmq-quorum or nats-r3 (keratin-cluster: not built yet, every verb fails).
+# SYSTEM is keratin-cluster, rabbitmq-quorum or nats-r3.
 #
 # Settings (environment, from compare.sh): ROUNDS (2), SECONDS_PER_RUN (3), CLUSTER_BACKLOG
-# (50000), CLUSTER_SYSTEMS (keratin-cluster,rabbitmq-quorum,nats-r3), CLUSTER_CASES
-# (publish,consume,latency,failover), WRITE_DOCS (1).
+# (50000), CLUSTER_SYSTEMS (keratin-cluster,keratin-single,rabbitmq-quorum,nats-r3; only the
+# clusters named are started), CLUSTER_CASES (publish,consume,latency,failover), WRITE_DOCS (1),
+# KERATIN_BIN (the release `keratin`, needed for keratin-cluster).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -40,6 +47,9 @@ DIST_BASE=25710
 NATS_BASE=24230
 ROUTE_BASE=26230
 MONITOR_BASE=28230
+KERATIN_BASE=25720
+KERATIN_HTTP_BASE=25730
+KERATIN_PEER_BASE=25740
 STOP_WAIT_S=${STOP_WAIT_S:-15}
 # How long a node gets to boot, or to be back in its cluster after a restart.
 BOOT_TIMEOUT_S=${BOOT_TIMEOUT_S:-120}
@@ -139,6 +149,43 @@ nats_wait() {
     die "nats n$n was not healthy within $BOOT_TIMEOUT_S s (log: $CLUSTER_BASE/nats$n/server.log)"
 }
 
+# keratin_start N: node N in the background, peers 1..3, its pid in keratinN/pid.
+keratin_start() {
+    local n=$1 d=$CLUSTER_BASE/keratin$1 peers=() m
+    [ -x "${KERATIN_BIN:-}" ] || die "KERATIN_BIN (${KERATIN_BIN:-unset}) is not an executable keratin"
+    mkdir -p "$d/data"
+    for m in 1 2 3; do peers+=(--peer "$m=127.0.0.1:$((KERATIN_PEER_BASE + m))"); done
+    (
+        setsid "$KERATIN_BIN" serve --node-id "$n" --listen "127.0.0.1:$((KERATIN_BASE + n))" \
+            --http "127.0.0.1:$((KERATIN_HTTP_BASE + n))" "${peers[@]}" --data-dir "$d/data" \
+            >>"$d/server.log" 2>&1 </dev/null &
+        echo $! >"$d/pid"
+    )
+}
+
+# keratin_wait N: node N serves (its HTTP admin answers GET /api/v1/cluster), knows the
+# metadata group's leader, and knows a leader for every partition it holds.
+keratin_wait() {
+    local n=$1 i doc pid
+    pid=$(cat "$CLUSTER_BASE/keratin$n/pid")
+    for i in $(seq 1 $((BOOT_TIMEOUT_S * 5))); do
+        alive "$pid" || die "keratin node $n exited (log: $CLUSTER_BASE/keratin$n/server.log)"
+        if doc=$(curl -fsS -m 1 "http://127.0.0.1:$((KERATIN_HTTP_BASE + n))/api/v1/cluster" 2>/dev/null) &&
+            grep -q '"meta_leader":[0-9]' <<<"$doc" && ! grep -q '"leader":null' <<<"$doc"; then
+            return 0
+        fi
+        sleep 0.2
+    done
+    die "keratin node $n did not serve with its leaders known within $BOOT_TIMEOUT_S s (log: $CLUSTER_BASE/keratin$n/server.log)"
+}
+
+keratin_cluster_up() {
+    local n
+    for n in 1 2 3; do keratin_start "$n"; done
+    for n in 1 2 3; do keratin_wait "$n"; done
+    say "Keratin: $(curl -fsS -m 1 "http://127.0.0.1:$((KERATIN_HTTP_BASE + 1))/api/v1/cluster" | grep -o '"meta_leader":[0-9]*' | head -1)"
+}
+
 rabbit_cluster_up() {
     local n
     start_epmd
@@ -178,7 +225,7 @@ stop_pid() {
 stop_everything() {
     local f pid stops=()
     [ -n "${CLUSTER_BASE:-}" ] && [ -d "$CLUSTER_BASE" ] || return 0
-    for f in "$CLUSTER_BASE"/rabbit?/pid "$CLUSTER_BASE"/nats?/pid; do
+    for f in "$CLUSTER_BASE"/rabbit?/pid "$CLUSTER_BASE"/nats?/pid "$CLUSTER_BASE"/keratin?/pid; do
         if [ -f "$f" ] && pid=$(cat "$f") && [ -n "$pid" ]; then
             stop_pid "$pid" &
             stops+=($!)
@@ -195,9 +242,8 @@ stop_everything() {
 # --- the hook of keratin-bench compare-cluster -------------------------------------------------
 check_system() {
     case $1 in
-    rabbitmq-quorum | nats-r3) ;;
-    keratin-cluster) die "keratin-cluster: not built yet (issue 14); no nodes to control" ;;
-    *) die "unknown system $1; use rabbitmq-quorum or nats-r3" ;;
+    keratin-cluster | rabbitmq-quorum | nats-r3) ;;
+    *) die "unknown system $1; use keratin-cluster, rabbitmq-quorum or nats-r3" ;;
     esac
 }
 
@@ -210,6 +256,7 @@ ctl() {
         case $system in
         rabbitmq-quorum) cat "$CLUSTER_BASE/rabbit$n/pid" ;;
         nats-r3) cat "$CLUSTER_BASE/nats$n/pid" ;;
+        keratin-cluster) cat "$CLUSTER_BASE/keratin$n/pid" ;;
         esac
         ;;
     restart)
@@ -222,6 +269,10 @@ ctl() {
         nats-r3)
             nats_start "$n"
             nats_wait "$n"
+            ;;
+        keratin-cluster)
+            keratin_start "$n"
+            keratin_wait "$n"
             ;;
         esac
         ;;
@@ -244,6 +295,7 @@ ctl() {
             case $system in
             rabbitmq-quorum) echo "amqp://guest:guest@127.0.0.1:$((AMQP_BASE + m))/%2f" ;;
             nats-r3) echo "nats://127.0.0.1:$((NATS_BASE + m))" ;;
+            keratin-cluster) echo "127.0.0.1:$((KERATIN_BASE + m))" ;;
             esac
         done
         ;;
@@ -255,7 +307,7 @@ ctl() {
 run() {
     local bench=${BENCH:?BENCH: the keratin-bench binary} bench_dir=${BENCH_DIR:-/var/tmp}
     local rounds=${ROUNDS:-2} seconds=${SECONDS_PER_RUN:-3} backlog=${CLUSTER_BACKLOG:-50000}
-    local systems=${CLUSTER_SYSTEMS:-keratin-cluster,rabbitmq-quorum,nats-r3}
+    local systems=${CLUSTER_SYSTEMS:-keratin-cluster,keratin-single,rabbitmq-quorum,nats-r3}
     local cases=${CLUSTER_CASES:-publish,consume,latency,failover}
     CLUSTER_BASE=$(mktemp -d "$bench_dir/keratin-cluster.XXXXXX")
     export CLUSTER_BASE
@@ -265,10 +317,13 @@ run() {
     head -c32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$CLUSTER_BASE/rmq-home/.erlang.cookie"
     chmod 400 "$CLUSTER_BASE/rmq-home/.erlang.cookie"
 
-    say "starting 3 RabbitMQ and 3 NATS nodes in $CLUSTER_BASE"
-    # NATS boots in a second; start it while the Erlang nodes boot.
-    nats_cluster_up
-    rabbit_cluster_up
+    # Only the clusters named are started (CLUSTER_SYSTEMS=keratin-cluster runs Keratin alone).
+    local has=",$systems,"
+    say "starting the clusters of $systems in $CLUSTER_BASE"
+    # NATS and Keratin boot in a second; start them while the Erlang nodes boot.
+    [[ $has == *,nats-r3,* ]] && nats_cluster_up
+    [[ $has == *,keratin-cluster,* ]] && keratin_cluster_up
+    [[ $has == *,rabbitmq-quorum,* ]] && rabbit_cluster_up
 
     local out=$CLUSTER_BASE/cluster.md load_before
     load_before=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -277,29 +332,29 @@ run() {
         --seconds "$seconds" --backlog "$backlog" \
         --amqp-nodes "$(ctl nodes rabbitmq-quorum | paste -sd,)" \
         --nats-nodes "$(ctl nodes nats-r3 | paste -sd,)" \
+        --keratin-nodes "$(ctl nodes keratin-cluster | paste -sd,)" --dir "$CLUSTER_BASE" \
         --ctl "bash $SELF ctl" --out "$out"
 
     if [ "${WRITE_DOCS:-1}" = 1 ]; then
         local section=$CLUSTER_BASE/section.md
         {
-            echo "The reference half of issue 14's comparison: the peer clusters alone. The Keratin half"
-            echo "(the keratin-cluster column, and Keratin single node in the same run) comes with the"
-            echo "cluster; the goals are judged then, on figures of one run, not against these."
-            echo
             echo "Recorded by \`MODE=cluster bash bench/compare.sh\` (ROUNDS=$rounds SECONDS_PER_RUN=$seconds"
             echo "CLUSTER_BACKLOG=$backlog) on $(date -u '+%Y-%m-%d %H:%M UTC'), commit ${COMMIT:-unknown}."
             echo "Machine: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')),"
             echo "$(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo), kernel $(uname -r), data on"
             echo "$(df -T "$bench_dir" | awk 'NR == 2 {print $2 " (" $1 ")"}'); the 3 nodes of each cluster, the load generator"
             echo "and other engineers' builds shared the cores (load average before: $load_before; after: $(cut -d' ' -f1-3 /proc/loadavg))."
+            echo "Keratin: the release \`keratin serve\` of this commit (3 nodes, replicas 3); keratin-single is"
+            echo "one node started by keratin-bench (\`compare-node\`: the same server on a counting Io)."
             echo "Peers: RabbitMQ $(dpkg-query -W -f '${Version}' rabbitmq-server 2>/dev/null || echo unknown) (Debian),"
             echo "$(nats-server --version 2>/dev/null || echo 'nats-server unknown') (Debian); clients lapin 2, async-nats 0.38."
             echo
             cat "$out"
         } >"$section"
-        local docs=$ROOT/docs/benchmarks.md begin='<!-- compare.sh cluster: begin -->' end='<!-- compare.sh cluster: end -->'
+        # Markers of the run with Keratin; the peers-only section before it keeps its own.
+        local docs=$ROOT/docs/benchmarks.md begin='<!-- compare.sh cluster keratin: begin -->' end='<!-- compare.sh cluster keratin: end -->'
         if ! grep -qF "$begin" "$docs"; then
-            printf '\n## Replicated: issue 14 cluster (peers)\n\n%s\n%s\n' "$begin" "$end" >>"$docs"
+            printf '\n## Replicated: issue 14, the Keratin cluster against the peers\n\n%s\n%s\n' "$begin" "$end" >>"$docs"
         fi
         SECTION=$section BEGIN=$begin END=$end perl -0pi -e '
             open my $f, "<", $ENV{SECTION} or die "read $ENV{SECTION}: $!";
@@ -314,7 +369,7 @@ case ${1:-} in
 run) run ;;
 ctl) shift && ctl "$@" ;;
 up)
-    # Bring both clusters up and keep them until Ctrl-C (for trying the harness by hand).
+    # Bring the clusters up (Keratin's when KERATIN_BIN is set) and keep them until Ctrl-C (for trying the harness by hand).
     CLUSTER_BASE=$(mktemp -d "${BENCH_DIR:-/var/tmp}/keratin-cluster.XXXXXX")
     export CLUSTER_BASE
     trap 'stop_everything; rm -rf "$CLUSTER_BASE"' EXIT
@@ -323,6 +378,7 @@ up)
     head -c32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$CLUSTER_BASE/rmq-home/.erlang.cookie"
     chmod 400 "$CLUSTER_BASE/rmq-home/.erlang.cookie"
     nats_cluster_up
+    if [ -n "${KERATIN_BIN:-}" ]; then keratin_cluster_up; fi
     rabbit_cluster_up
     say "up; CLUSTER_BASE=$CLUSTER_BASE; Ctrl-C (or kill $$) stops everything"
     while :; do sleep 1; done

@@ -22,12 +22,12 @@
 # answers). Written into docs/benchmarks.md between the issue 13 markers.
 #
 # MODE=cluster runs the replicated comparison of issue 14 instead: bench/cluster.sh starts a
-# 3-node RabbitMQ cluster (quorum queue) and a 3-node NATS cluster (R3 stream) on loopback, on
-# ports of their own, and runs `keratin-bench compare-cluster` (confirmed publish, consume + ack,
-# confirm latency at 5,000/s, leader failover by kill -9); keratin-cluster is reserved until the
-# Keratin cluster exists. SECONDS_PER_RUN defaults to 3 there, CLUSTER_BACKLOG (50000),
-# CLUSTER_SYSTEMS, CLUSTER_CASES: see bench/cluster.sh. Written into docs/benchmarks.md between
-# the issue 14 cluster markers.
+# 3-node Keratin cluster (replicas 3), a 3-node RabbitMQ cluster (quorum queue) and a 3-node NATS
+# cluster (R3 stream) on loopback, on ports of their own, and runs `keratin-bench
+# compare-cluster` (confirmed publish, consume + ack, confirm latency at 5,000/s, leader failover
+# by kill -9), with a single Keratin node in the same run. SECONDS_PER_RUN defaults to 3 there,
+# CLUSTER_BACKLOG (50000), CLUSTER_SYSTEMS, CLUSTER_CASES: see bench/cluster.sh. Written into
+# docs/benchmarks.md between the issue 14 cluster-with-Keratin markers.
 #
 # Settings (environment): ROUNDS (2), SECONDS_PER_RUN (5), RSS_MESSAGES (1000000),
 # BACKLOG (200000), CASES (publish,producers,consume,latency), RSS (1; 0 skips the memory
@@ -86,7 +86,7 @@ fi
 [ -x "$RABBIT_BIN" ] || die "$RABBIT_BIN is missing after the install"
 
 BUILD=(-p keratin-bench)
-[ "$MODE" = idle ] && BUILD+=(-p keratin)
+case $MODE in idle | cluster) BUILD+=(-p keratin) ;; esac
 say "building ${BUILD[*]} (release)"
 (cd "$ROOT" && CARGO_TARGET_DIR=$TARGET cargo build --release -q "${BUILD[@]}") ||
     die "the release build of ${BUILD[*]} failed"
@@ -98,7 +98,7 @@ git -C "$ROOT" diff --quiet HEAD -- crates || COMMIT="$COMMIT (with uncommitted 
 
 if [ "$MODE" = cluster ]; then
     # Its own nodes, ports, state and clean-up (bench/cluster.sh); nothing below applies.
-    export BENCH COMMIT BENCH_DIR WRITE_DOCS ROUNDS
+    export BENCH COMMIT BENCH_DIR WRITE_DOCS ROUNDS KERATIN_BIN
     SECONDS_PER_RUN=$CLUSTER_SECONDS exec bash "$ROOT/bench/cluster.sh" run
 fi
 

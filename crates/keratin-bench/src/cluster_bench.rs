@@ -18,22 +18,17 @@
 //!
 //! Rounds interleave the systems (A B, then B A); figures are medians over rounds.
 //!
-//! # Adding the Keratin cluster
-//! `keratin-cluster` is a reserved system name: today every case skips it with
-//! [`KERATIN_NOT_BUILT`] and its columns stay empty. To make it a contender, give it
-//! - client addresses of its 3 nodes (`--keratin-nodes`, like `--amqp-nodes`), a driver in
-//!   `peers::Peer` that declares a queue with 3 replicas (`declare_replicated`), and the way to
-//!   find a queue's leader (`fresh_on_leader`, `leader_of`);
-//! - a failover publisher (`cluster_failover::FailoverPublisher`) that moves to a survivor,
-//!   and a counting consumer (`cluster_failover::count_messages`);
-//! - the `pid` and `restart` verbs of `bench/cluster.sh ctl` for `keratin-cluster` N, with the
-//!   restart returning once the node is back in its cluster;
-//! - for the goal "replicated publish >= 0.5x single node", a single-node Keratin column in the
-//!   same run (compare's `KeratinChild`).
-//!
-//! The table and the goals already carry its columns.
+//! # The Keratin contenders
+//! - `keratin-cluster`: three `keratin serve` processes of `bench/cluster.sh` (client addresses
+//!   `--keratin-nodes`), a queue declared with 3 replicas through `peers::Peer::Keratin`, its
+//!   leader found by asking every node (`keratin_cluster_peer::keratin_health`), the failover
+//!   producer and the counting consumer of `keratin_cluster_peer`;
+//! - `keratin-single`: one Keratin node started by this harness (compare's `KeratinChild`, on
+//!   `--dir`), for the goal "replicated publish >= 0.5x single node" in the same run; it has
+//!   no failover round.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -44,8 +39,9 @@ use crate::cluster_ctl::{alive, kill9, nats_node_number, rabbit_queue_status, No
 use crate::cluster_failover::{
     count_messages, failover_publish, tally, FailoverOutcome, FailoverPublisher, FAILOVER_DEADLINE,
 };
-use crate::compare::{fixed_rate, publish_window};
+use crate::compare::{fixed_rate, publish_window, KeratinChild};
 use crate::contender::{BenchError, BenchResult};
+use crate::keratin_cluster_peer::{keratin_health, node_addrs};
 use crate::net_bench::latency_line;
 use crate::peers::{Endpoints, Peer, System};
 use crate::report::{median, percentile};
@@ -64,15 +60,16 @@ pub const REPLICAS: usize = 3;
 /// restart).
 const HEALTHY_DEADLINE: Duration = Duration::from_secs(90);
 
-/// Why `keratin-cluster` has no figures yet.
-pub const KERATIN_NOT_BUILT: &str =
-    "keratin-cluster: not built yet (issue 14 is replicating Keratin); skipped, no figures";
+/// Why `keratin-single` has no failover figure.
+const SINGLE_NO_FAILOVER: &str = "keratin-single: one node has no failover; its round is skipped";
 
 /// A replicated broker under comparison.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum ClusterSystem {
-    /// Three Keratin nodes, replicas 3 (reserved: not built yet).
+    /// Three Keratin nodes, replicas 3.
     KeratinCluster,
+    /// One Keratin node, started by the harness (the reference of the 0.5x goal).
+    KeratinSingle,
     /// RabbitMQ, a quorum queue of 3 members on a 3-node cluster.
     RabbitQuorum,
     /// NATS JetStream, a file stream with 3 replicas on a 3-node cluster.
@@ -81,8 +78,9 @@ pub enum ClusterSystem {
 
 impl ClusterSystem {
     /// Every system, in the table's column order.
-    pub const ALL: [ClusterSystem; 3] = [
+    pub const ALL: [ClusterSystem; 4] = [
         ClusterSystem::KeratinCluster,
+        ClusterSystem::KeratinSingle,
         ClusterSystem::RabbitQuorum,
         ClusterSystem::NatsR3,
     ];
@@ -91,6 +89,7 @@ impl ClusterSystem {
     pub fn name(self) -> &'static str {
         match self {
             ClusterSystem::KeratinCluster => "keratin-cluster",
+            ClusterSystem::KeratinSingle => "keratin-single",
             ClusterSystem::RabbitQuorum => "rabbitmq-quorum",
             ClusterSystem::NatsR3 => "nats-r3",
         }
@@ -102,7 +101,10 @@ impl ClusterSystem {
             .into_iter()
             .find(|s| s.name() == text.trim())
             .ok_or_else(|| {
-                format!("unknown system {text:?}; use keratin-cluster, rabbitmq-quorum or nats-r3")
+                format!(
+                    "unknown system {text:?}; use keratin-cluster, keratin-single, \
+                     rabbitmq-quorum or nats-r3"
+                )
             })
     }
 
@@ -110,8 +112,14 @@ impl ClusterSystem {
     pub fn confirm_meaning(self) -> &'static str {
         match self {
             ClusterSystem::KeratinCluster => {
-                "to be stated with the cluster (the goal: fdatasync on a majority, leader included, \
-                 before each confirm)"
+                "fsynced on a majority: a publish is confirmed once its Raft entry is committed, \
+                 that is fdatasynced (group commit of the partition's segment log) on a majority \
+                 of the 3 replicas, and applied on the leader (keratin-raft reports an append \
+                 flushed to openraft only after the segment log's fdatasync: crates/keratin-raft \
+                 lib.rs, \"Durability\")"
+            }
+            ClusterSystem::KeratinSingle => {
+                "fsynced: fdatasync of the segment before the confirm (one node, no replica)"
             }
             ClusterSystem::RabbitQuorum => {
                 "fsynced on a majority: a quorum queue confirms once the Raft entry is written on \
@@ -134,7 +142,7 @@ impl ClusterSystem {
     /// The driver of `peers` that speaks this system's protocol.
     fn peer_system(self) -> BenchResult<System> {
         match self {
-            ClusterSystem::KeratinCluster => Err(KERATIN_NOT_BUILT.into()),
+            ClusterSystem::KeratinCluster | ClusterSystem::KeratinSingle => Ok(System::Keratin),
             ClusterSystem::RabbitQuorum => Ok(System::RabbitQuorum),
             ClusterSystem::NatsR3 => Ok(System::Nats),
         }
@@ -191,6 +199,12 @@ pub struct ClusterConfig {
     pub amqp_nodes: Vec<String>,
     /// URL of each NATS server, `n1` first.
     pub nats_nodes: Vec<String>,
+    /// Client address (`host:port`) of each Keratin node, node 1 first.
+    pub keratin_nodes: Vec<String>,
+    /// Where the single Keratin node keeps its data (a fresh directory under it).
+    pub dir: PathBuf,
+    /// The single Keratin node's address, once [`run`] started it.
+    pub keratin_single: Option<SocketAddr>,
     /// The node control hook (`bench/cluster.sh ctl`); the failover case needs it.
     pub ctl: Option<NodeCtl>,
     /// Length of each publish and latency run.
@@ -216,7 +230,10 @@ pub struct ClusterConfig {
 impl ClusterConfig {
     pub(crate) fn nodes(&self, system: ClusterSystem) -> BenchResult<&[String]> {
         let nodes = match system {
-            ClusterSystem::KeratinCluster => return Err(KERATIN_NOT_BUILT.into()),
+            ClusterSystem::KeratinCluster => &self.keratin_nodes,
+            ClusterSystem::KeratinSingle => {
+                return Err("keratin-single is one node, not a cluster".into())
+            }
             ClusterSystem::RabbitQuorum => &self.amqp_nodes,
             ClusterSystem::NatsR3 => &self.nats_nodes,
         };
@@ -232,8 +249,21 @@ impl ClusterConfig {
     }
 
     fn endpoints(&self, system: ClusterSystem, node: usize) -> BenchResult<Endpoints> {
+        if system == ClusterSystem::KeratinSingle {
+            return Ok(Endpoints {
+                keratin: Some(
+                    self.keratin_single
+                        .ok_or("keratin-single: the node is not started")?,
+                ),
+                ..Endpoints::default()
+            });
+        }
         let url = self.nodes(system)?[node - 1].clone();
         Ok(match system {
+            ClusterSystem::KeratinCluster => Endpoints {
+                keratin: Some(node_addrs(std::slice::from_ref(&url))?[0]),
+                ..Endpoints::default()
+            },
             ClusterSystem::RabbitQuorum => Endpoints {
                 amqp: Some(url),
                 ..Endpoints::default()
@@ -325,7 +355,12 @@ async fn wait_healthy(
                 peer.close().await;
                 health
             }
-            ClusterSystem::KeratinCluster => return Err(KERATIN_NOT_BUILT.into()),
+            ClusterSystem::KeratinCluster => {
+                keratin_health(&node_addrs(config.nodes(system)?)?, queue)
+                    .await
+                    .map(|(leader, current)| Health { leader, current })
+            }
+            ClusterSystem::KeratinSingle => return Ok(1),
         };
         match health {
             Ok(Health {
@@ -354,13 +389,13 @@ async fn fresh_on_leader(
 ) -> BenchResult<(Peer, usize)> {
     let driver = system.peer_system()?;
     // A quorum queue's leader is the node its declaring client is connected to; a NATS
-    // stream's is chosen by the meta leader, and found in the stream's info.
+    // stream's is chosen by the meta leader, and found in the stream's info; a Keratin
+    // partition's by the cluster's placement, and found by asking every node.
     let first = Peer::connect(driver, &config.endpoints(system, 1)?, queue).await?;
     // A queue left by an earlier, interrupted run would hold its messages.
     let _ = first.delete().await;
-    first
-        .declare_replicated(driver, None, Some(REPLICAS))
-        .await?;
+    let replicas = (system != ClusterSystem::KeratinSingle).then_some(REPLICAS);
+    first.declare_replicated(driver, None, replicas).await?;
     let leader = wait_healthy(config, system, queue).await?;
     if leader == 1 {
         return Ok((first, 1));
@@ -570,20 +605,61 @@ impl Harness<'_> {
     }
 }
 
+/// The single Keratin node of a run and its data directory, removed when dropped.
+struct SingleNode {
+    child: Option<KeratinChild>,
+    dir: PathBuf,
+}
+
+impl SingleNode {
+    fn start(base: &std::path::Path) -> BenchResult<SingleNode> {
+        let dir = base.join(format!("keratin-single-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+        let mut node = SingleNode { child: None, dir };
+        node.child = Some(KeratinChild::start(&node.dir, None)?);
+        Ok(node)
+    }
+
+    fn addr(&self) -> Option<SocketAddr> {
+        self.child.as_ref().map(KeratinChild::addr)
+    }
+}
+
+impl Drop for SingleNode {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.take() {
+            if let Err(error) = child.stop() {
+                eprintln!("keratin-single: {error}");
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// Runs every case and prints (and writes) the markdown section.
 pub fn run(config: &ClusterConfig) -> BenchResult<()> {
     if config.rounds == 0 {
         return Err("--rounds must be at least 1".into());
     }
+    let mut config = config.clone();
+    let single = if config.systems.contains(&ClusterSystem::KeratinSingle) {
+        let node = SingleNode::start(&config.dir)?;
+        config.keratin_single = node.addr();
+        Some(node)
+    } else {
+        None
+    };
+    let config = &config;
     let mut harness = Harness {
         config,
         body: Bytes::from(vec![0x5a_u8; config.body_bytes]),
         nonce: std::process::id(),
         results: Results::default(),
     };
-    if config.systems.contains(&ClusterSystem::KeratinCluster) {
-        eprintln!("{KERATIN_NOT_BUILT}");
-        harness.results.notes.push(KERATIN_NOT_BUILT.into());
+    if config.systems.contains(&ClusterSystem::KeratinSingle)
+        && config.cases.contains(&ClusterCase::Failover)
+    {
+        harness.results.notes.push(SINGLE_NO_FAILOVER.into());
     }
     let rt = runtime()?;
     for &case in &config.cases {
@@ -594,7 +670,7 @@ pub fn run(config: &ClusterConfig) -> BenchResult<()> {
                 order.reverse();
             }
             for system in order {
-                if system == ClusterSystem::KeratinCluster {
+                if system == ClusterSystem::KeratinSingle && case == ClusterCase::Failover {
                     continue;
                 }
                 let result = match case {
@@ -620,6 +696,7 @@ pub fn run(config: &ClusterConfig) -> BenchResult<()> {
         }
     }
     drop(rt);
+    drop(single);
     let text = markdown(config, &harness.results);
     print!("{text}");
     if let Some(out) = &config.out {
@@ -671,9 +748,6 @@ fn figure(results: &Results, case: ClusterCase, system: &str) -> Option<f64> {
 
 fn cell(results: &Results, case: ClusterCase, system: ClusterSystem) -> String {
     let name = system.name();
-    if system == ClusterSystem::KeratinCluster {
-        return "not built yet".into();
-    }
     match case {
         ClusterCase::Publish | ClusterCase::Consume => {
             figure(results, case, name).map_or("-".into(), |v| format!("{v:.0}"))
@@ -768,7 +842,7 @@ fn markdown(config: &ClusterConfig, results: &Results) -> String {
     for system in systems {
         out += &format!("- {}: {}\n", system.name(), system.confirm_meaning());
     }
-    out += &goals(config, results);
+    out += &goals(results);
     if config.rounds > 1 && !results.rates.is_empty() {
         out += "\nPer-round msg/s:\n";
         for ((case, system), v) in &results.rates {
@@ -819,7 +893,9 @@ fn failover_table(config: &ClusterConfig, results: &Results) -> String {
     }
     out += "\nConnections: those the producer opened, the first included (lapin does not reconnect: the \
             harness opens the next node's on a nack, an error or a 1 s confirm timeout); async-nats \
-            reconnects by itself inside its one client.\n";
+            reconnects by itself inside its one client; the Keratin producer connects to the next \
+            node on an error or a 1 s confirm timeout, and its client follows that node's 421 to \
+            the new leader.\n";
     for &(system, outcomes) in &ordered {
         if let Some(first) = outcomes.iter().find_map(|o| o.first_failure.as_deref()) {
             out += &format!("\n{system}: the first failed publish said: {first}");
@@ -828,22 +904,20 @@ fn failover_table(config: &ClusterConfig, results: &Results) -> String {
     out + "\n"
 }
 
-fn goals(config: &ClusterConfig, results: &Results) -> String {
-    let keratin = config.systems.contains(&ClusterSystem::KeratinCluster);
+fn goals(results: &Results) -> String {
     let publish = |s: ClusterSystem| figure(results, ClusterCase::Publish, s.name());
     let reference = |value: Option<f64>, unit: &str| {
         value.map_or("not measured in this run".into(), |v| {
             format!("{v:.0}{unit}")
         })
     };
-    let mut out = String::from("\nGoals (issue 14; Keratin's half comes with the cluster):\n");
+    let mut out = String::from("\nGoals (issue 14):\n");
     let k = publish(ClusterSystem::KeratinCluster);
     let mut goal = |what: String, have: Option<f64>, met: &dyn Fn(f64) -> bool| {
         let verdict = match have {
             Some(v) if met(v) => format!("{v:.2} met"),
             Some(v) => format!("{v:.2} MISSED"),
-            None if keratin => "keratin-cluster not built yet".into(),
-            None => "keratin-cluster not in this run".into(),
+            None => "not measured in this run".into(),
         };
         out += &format!("- {what}: {verdict}\n");
     };
@@ -865,12 +939,13 @@ fn goals(config: &ClusterConfig, results: &Results) -> String {
         k.zip(n).map(|(k, n)| k / n.max(1e-9)),
         &|v| v >= GOAL_PUBLISH_VS_NATS,
     );
+    let single = publish(ClusterSystem::KeratinSingle);
     goal(
         format!(
-            "publish keratin-cluster / keratin single node >= {GOAL_PUBLISH_VS_SINGLE} (single node in the same run: \
-             comes with the cluster)"
+            "publish keratin-cluster / keratin-single >= {GOAL_PUBLISH_VS_SINGLE} (reference {})",
+            reference(single, " msg/s")
         ),
-        None,
+        k.zip(single).map(|(k, s)| k / s.max(1e-9)),
         &|v| v >= GOAL_PUBLISH_VS_SINGLE,
     );
     goal(
@@ -907,12 +982,19 @@ mod tests {
             .contains("nats-r3"));
         assert_eq!(ClusterCase::parse(" failover"), Ok(ClusterCase::Failover));
         assert!(ClusterCase::parse("fill").is_err());
-        assert!(ClusterSystem::KeratinCluster.peer_system().is_err());
+        assert_eq!(
+            ClusterSystem::KeratinSingle.peer_system().ok(),
+            Some(System::Keratin)
+        );
     }
 
     fn config() -> ClusterConfig {
         ClusterConfig {
-            systems: ClusterSystem::ALL.to_vec(),
+            systems: vec![
+                ClusterSystem::KeratinCluster,
+                ClusterSystem::RabbitQuorum,
+                ClusterSystem::NatsR3,
+            ],
             cases: vec![
                 ClusterCase::Publish,
                 ClusterCase::Latency,
@@ -920,6 +1002,9 @@ mod tests {
             ],
             amqp_nodes: vec!["a".into(); 3],
             nats_nodes: vec!["n".into(); 2],
+            keratin_nodes: vec!["127.0.0.1:25721".into(); 3],
+            dir: PathBuf::from("/var/tmp"),
+            keratin_single: None,
             ctl: None,
             duration: Duration::from_secs(1),
             rounds: 2,
@@ -934,7 +1019,7 @@ mod tests {
     }
 
     #[test]
-    fn the_table_has_ratios_between_peers_and_keeps_keratin_columns_empty() {
+    fn the_table_has_ratios_between_peers_and_leaves_unmeasured_columns_empty() {
         let mut results = Results::default();
         results.rates.insert(
             (ClusterCase::Publish, "rabbitmq-quorum".into()),
@@ -973,12 +1058,12 @@ mod tests {
         );
         // Median of 10,000 and 20,000 against 30,000.
         assert!(
-            text.contains("| not built yet | 15000 | 30000 | - | - | 0.50 |"),
+            text.contains("| - | 15000 | 30000 | - | - | 0.50 |"),
             "{text}"
         );
         // p50 / p99 in ms (within the histogram's 0.1 %), and the ratio of the p99s.
         assert!(
-            text.contains("| not built yet | 3.00 / 8.00 | 0.50 / 3.00 | - | - | 2.67 |"),
+            text.contains("| - | 3.00 / 8.00 | 0.50 / 3.00 | - | - | 2.67 |"),
             "{text}"
         );
         // A round without a confirm counts as the deadline in the median: (4 + 60) / 2.
@@ -992,7 +1077,7 @@ mod tests {
         );
         assert!(
             text.contains(
-                "publish keratin-cluster / rabbitmq-quorum >= 3 (reference 15000 msg/s): keratin-cluster not built yet"
+                "publish keratin-cluster / rabbitmq-quorum >= 3 (reference 15000 msg/s): not measured in this run"
             ),
             "{text}"
         );
@@ -1010,6 +1095,63 @@ mod tests {
         let error = config.nodes(ClusterSystem::NatsR3).unwrap_err().to_string();
         assert!(error.contains("2 node addresses"), "{error}");
         assert!(config.endpoints(ClusterSystem::RabbitQuorum, 2).is_ok());
-        assert!(config.nodes(ClusterSystem::KeratinCluster).is_err());
+        assert!(config.nodes(ClusterSystem::KeratinCluster).is_ok());
+        assert_eq!(
+            config
+                .endpoints(ClusterSystem::KeratinCluster, 3)
+                .unwrap()
+                .keratin
+                .map(|a| a.port()),
+            Some(25721)
+        );
+        assert!(config.nodes(ClusterSystem::KeratinSingle).is_err());
+        // The single node has an address only once `run` started it.
+        assert!(config.endpoints(ClusterSystem::KeratinSingle, 1).is_err());
+    }
+
+    #[test]
+    fn the_goals_are_ratios_of_keratin_against_each_reference_of_the_run() {
+        let mut config = config();
+        config.systems.insert(1, ClusterSystem::KeratinSingle);
+        let mut results = Results::default();
+        for (system, rate) in [
+            ("keratin-cluster", 30_000.0),
+            ("keratin-single", 40_000.0),
+            ("rabbitmq-quorum", 15_000.0),
+            ("nats-r3", 20_000.0),
+        ] {
+            results
+                .rates
+                .insert((ClusterCase::Publish, system.into()), vec![rate]);
+        }
+        results.failovers.insert(
+            "keratin-cluster".into(),
+            vec![FailoverOutcome {
+                leader: 2,
+                recovery: Some(Duration::from_millis(1500)),
+                ..FailoverOutcome::default()
+            }],
+        );
+        let text = markdown(&config, &results);
+        assert!(
+            text.contains("publish keratin-cluster / rabbitmq-quorum >= 3 (reference 15000 msg/s): 2.00 MISSED"),
+            "{text}"
+        );
+        assert!(
+            text.contains("publish keratin-cluster / nats-r3 >= 1 (reference 20000 msg/s; NATS does not fsync): 1.50 met"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "publish keratin-cluster / keratin-single >= 0.5 (reference 40000 msg/s): 0.75 met"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("failover keratin-cluster <= 2 s"), "{text}");
+        assert!(text.contains(": 1.50 met\n"), "{text}");
+        assert!(
+            text.contains("keratin-cluster: fsynced on a majority"),
+            "{text}"
+        );
     }
 }

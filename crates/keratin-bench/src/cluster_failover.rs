@@ -1,7 +1,8 @@
 //! The failover case of `compare-cluster` (issue 14): a producer at a steady pace that survives
 //! the loss of the leader (`FailoverPublisher`: lapin does not reconnect, so the AMQP side opens
 //! the next node's connection on a nack, an error or a confirm timeout; async-nats reconnects
-//! itself), the timing from the kill to the first confirm of a publish sent after it
+//! itself; the Keratin side, `keratin_cluster_peer::KeratinPublisher`, connects to the next node
+//! and lets the client follow the 421 to the new leader), the timing from the kill to the first confirm of a publish sent after it
 //! (`failover_publish`), and the count of what the queue holds against what was confirmed
 //! (`count_messages`, `tally`). The kill, the restart and the table are `cluster_bench`'s.
 
@@ -13,12 +14,13 @@ use futures_util::future::BoxFuture;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use futures_util::FutureExt;
 
-use crate::cluster_bench::{ClusterConfig, ClusterSystem, KERATIN_NOT_BUILT};
+use crate::cluster_bench::{ClusterConfig, ClusterSystem};
 use crate::contender::BenchResult;
+use crate::keratin_cluster_peer::{count_keratin, node_addrs, KeratinPublisher};
 
 /// A failover confirm not back within this counts as failed and (AMQP) reopens the connection:
 /// the recipe's bound (peer-clusters.md), well above the p99.9 of an undisturbed cluster here.
-const CONFIRM_TIMEOUT: Duration = Duration::from_secs(1);
+pub(crate) const CONFIRM_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Failover: publishing at the steady pace before the kill, and again after the first confirm.
 const FAILOVER_STEADY: Duration = Duration::from_millis(1500);
@@ -31,10 +33,10 @@ pub(crate) const FAILOVER_DEADLINE: Duration = Duration::from_secs(60);
 const FAILOVER_IN_FLIGHT_MAX: usize = 2_000;
 
 /// Failover: a failed sweep over every node waits this before the next one.
-const RECONNECT_PAUSE: Duration = Duration::from_millis(20);
+pub(crate) const RECONNECT_PAUSE: Duration = Duration::from_millis(20);
 
 /// Counting: the consumer stops after this long without a delivery.
-const COUNT_IDLE: Duration = Duration::from_secs(3);
+pub(crate) const COUNT_IDLE: Duration = Duration::from_secs(3);
 
 /// Counting: the longest a count may take.
 const COUNT_DEADLINE: Duration = Duration::from_secs(120);
@@ -163,6 +165,7 @@ impl AmqpPublisher {
 
 /// The failover round's producer.
 pub(crate) enum FailoverPublisher {
+    Keratin(KeratinPublisher),
     Amqp(AmqpPublisher),
     Nats {
         client: async_nats::Client,
@@ -212,7 +215,12 @@ impl FailoverPublisher {
                     queue: queue.to_string(),
                 })
             }
-            ClusterSystem::KeratinCluster => Err(KERATIN_NOT_BUILT.into()),
+            ClusterSystem::KeratinCluster => Ok(FailoverPublisher::Keratin(
+                KeratinPublisher::connect(node_addrs(&order)?, queue).await?,
+            )),
+            ClusterSystem::KeratinSingle => {
+                Err("keratin-single: one node has no failover; skipped".into())
+            }
         }
     }
 
@@ -220,6 +228,7 @@ impl FailoverPublisher {
     async fn send(&mut self, seq: u64, body_bytes: usize) -> Option<Sent> {
         let body = numbered_body(seq, body_bytes);
         match self {
+            FailoverPublisher::Keratin(publisher) => publisher.send(seq, body).await,
             FailoverPublisher::Amqp(publisher) => {
                 let channel = publisher.channel().await?;
                 let (generation, queue) = (publisher.generation, publisher.queue.clone());
@@ -274,14 +283,17 @@ impl FailoverPublisher {
     }
 
     fn failed(&mut self, generation: u64) {
-        if let FailoverPublisher::Amqp(publisher) = self {
-            publisher.failed(generation);
+        match self {
+            FailoverPublisher::Keratin(publisher) => publisher.failed(generation),
+            FailoverPublisher::Amqp(publisher) => publisher.failed(generation),
+            FailoverPublisher::Nats { .. } => {}
         }
     }
 
     /// Connections opened (AMQP), the first included.
     pub(crate) fn connections(&self) -> u64 {
         match self {
+            FailoverPublisher::Keratin(publisher) => publisher.connections(),
             FailoverPublisher::Amqp(publisher) => publisher.generation,
             FailoverPublisher::Nats { .. } => 1,
         }
@@ -289,6 +301,7 @@ impl FailoverPublisher {
 
     pub(crate) async fn close(self) {
         match self {
+            FailoverPublisher::Keratin(publisher) => publisher.close().await,
             FailoverPublisher::Amqp(publisher) => {
                 if let Some((connection, _)) = publisher.link {
                     let _ =
@@ -472,7 +485,13 @@ pub(crate) async fn count_messages(
             }
             let _ = client.flush().await;
         }
-        ClusterSystem::KeratinCluster => return Err(KERATIN_NOT_BUILT.into()),
+        ClusterSystem::KeratinCluster => {
+            let addr = node_addrs(std::slice::from_ref(&url))?[0];
+            count_keratin(addr, queue, began + COUNT_DEADLINE, count).await?;
+        }
+        ClusterSystem::KeratinSingle => {
+            return Err("keratin-single: one node has no failover to count".into())
+        }
     }
     Ok(delivered)
 }

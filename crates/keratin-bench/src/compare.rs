@@ -202,8 +202,8 @@ struct NodeCounters {
     sync_batches_bytes: Vec<u64>,
 }
 
-/// The Keratin child process and the pipes to it.
-struct KeratinChild {
+/// The Keratin child process and the pipes to it (also `compare-cluster`'s single node).
+pub(crate) struct KeratinChild {
     child: Child,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
@@ -211,7 +211,8 @@ struct KeratinChild {
 }
 
 impl KeratinChild {
-    fn start(dir: &Path, config: Option<&Path>) -> BenchResult<KeratinChild> {
+    /// Starts `keratin-bench compare-node` on `dir` and waits for its addresses.
+    pub(crate) fn start(dir: &Path, config: Option<&Path>) -> BenchResult<KeratinChild> {
         let exe = std::env::current_exe()?;
         let mut command = Command::new(exe);
         command.arg("compare-node").arg("--dir").arg(dir);
@@ -274,7 +275,13 @@ impl KeratinChild {
         self.child.id()
     }
 
-    fn stop(mut self) -> BenchResult<()> {
+    /// The node's protocol address.
+    pub(crate) fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Shuts the node down and waits for it.
+    pub(crate) fn stop(mut self) -> BenchResult<()> {
         writeln!(self.stdin, "stop")?;
         self.stdin.flush()?;
         let status = self.child.wait()?;

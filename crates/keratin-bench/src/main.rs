@@ -20,11 +20,11 @@
 //! - `idle_bench`: the `idle` benchmark (issue 13): many idle queues (declare rate, disk,
 //!   memory, threads, restart) against RabbitMQ and NATS, and confirmed publish spread over many
 //!   queues; driven by `bench/compare.sh` with `MODE=idle`.
-//! - `cluster_bench`, `cluster_ctl`, `cluster_failover`: the `compare-cluster` benchmark (issue 14): three-node
-//!   RabbitMQ (quorum queue) and NATS (R3 stream) clusters started by `bench/cluster.sh`
-//!   (`MODE=cluster`): confirmed publish, consume + ack, paced confirm latency and leader
-//!   failover (kill -9 by pid, restart through the script's `ctl` verbs); `keratin-cluster` is
-//!   reserved until the Keratin cluster exists.
+//! - `cluster_bench`, `cluster_ctl`, `cluster_failover`, `keratin_cluster_peer`: the
+//!   `compare-cluster` benchmark (issue 14): three-node Keratin (replicas 3), RabbitMQ (quorum
+//!   queue) and NATS (R3 stream) clusters started by `bench/cluster.sh` (`MODE=cluster`), and a
+//!   single Keratin node in the same run: confirmed publish, consume + ack, paced confirm
+//!   latency and leader failover (kill -9 by pid, restart through the script's `ctl` verbs).
 //! - `report`: the table, its JSON form, medians and percentiles.
 
 mod broker_bench;
@@ -36,6 +36,7 @@ mod contender;
 mod counting_io;
 mod idle_bench;
 mod keratin;
+mod keratin_cluster_peer;
 mod limits_bench;
 mod log_bench;
 mod net_bench;
@@ -202,12 +203,12 @@ struct CompareArgs {
 
 #[derive(Debug, clap::Args)]
 struct CompareClusterArgs {
-    /// Systems, comma-separated: keratin-cluster (not built yet: skipped), rabbitmq-quorum,
-    /// nats-r3.
+    /// Systems, comma-separated: keratin-cluster, keratin-single (one node started by the
+    /// harness on --dir), rabbitmq-quorum, nats-r3.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "keratin-cluster,rabbitmq-quorum,nats-r3"
+        default_value = "keratin-cluster,keratin-single,rabbitmq-quorum,nats-r3"
     )]
     systems: Vec<String>,
     /// Cases, comma-separated: publish, consume, latency, failover.
@@ -231,6 +232,16 @@ struct CompareClusterArgs {
         default_value = "nats://127.0.0.1:24231,nats://127.0.0.1:24232,nats://127.0.0.1:24233"
     )]
     nats_nodes: Vec<String>,
+    /// Client addresses of the 3 Keratin nodes, node 1 first (bench/cluster.sh's ports).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "127.0.0.1:25721,127.0.0.1:25722,127.0.0.1:25723"
+    )]
+    keratin_nodes: Vec<String>,
+    /// Where keratin-single keeps its data (a fresh directory under it, removed at the end).
+    #[arg(long, default_value = "/var/tmp")]
+    dir: PathBuf,
     /// The node control command, words separated by spaces, e.g. "bash bench/cluster.sh ctl"
     /// (verbs pid, restart, leader); needed by the failover case and to find a RabbitMQ
     /// queue's leader.
@@ -641,6 +652,9 @@ fn cluster_config(args: &CompareClusterArgs) -> BenchResult<cluster_bench::Clust
         cases,
         amqp_nodes: args.amqp_nodes.clone(),
         nats_nodes: args.nats_nodes.clone(),
+        keratin_nodes: args.keratin_nodes.clone(),
+        dir: args.dir.clone(),
+        keratin_single: None,
         ctl,
         duration: Duration::from_secs_f64(args.seconds),
         rounds: args.rounds,
@@ -791,6 +805,28 @@ fn run_smoke(json: bool) -> BenchResult<()> {
         out: None,
     };
     compare::run(&compare_config(&compare)?)?;
+    // The cluster comparison's harness against its single Keratin node: the cases without a
+    // cluster (the three-node contenders need `bench/cluster.sh`), tiny figures.
+    let cluster = Cli::try_parse_from([
+        "keratin-bench",
+        "compare-cluster",
+        "--systems",
+        "keratin-single",
+        "--cases",
+        "publish,consume,latency",
+        "--seconds",
+        "0.5",
+        "--rounds",
+        "1",
+        "--backlog",
+        "5000",
+    ])
+    .map_err(|e| format!("smoke compare-cluster arguments: {e}"))?;
+    if let Command::CompareCluster(mut args) = cluster.command {
+        args.dir =
+            std::env::var_os("TMPDIR").map_or_else(|| PathBuf::from("/var/tmp"), PathBuf::from);
+        cluster_bench::run(&cluster_config(&args)?)?;
+    }
     eprintln!("smoke: every case ran (figures of a seconds-long run are not benchmark results)");
     Ok(())
 }
@@ -1088,7 +1124,8 @@ mod tests {
             panic!("not compare-cluster");
         };
         let config = cluster_config(&args).unwrap();
-        assert_eq!(config.systems.len(), 3);
+        assert_eq!(config.systems.len(), 4);
+        assert_eq!(config.keratin_nodes[1], "127.0.0.1:25722");
         assert_eq!(config.cases.len(), 4);
         assert_eq!(
             config.amqp_nodes[2],

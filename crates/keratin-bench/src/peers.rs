@@ -188,9 +188,9 @@ impl Peer {
         self.declare_replicated(system, max_bytes, None).await
     }
 
-    /// [`Peer::declare`] on a cluster: `replicas` members (RabbitMQ quorum queue
-    /// `x-quorum-initial-group-size`, NATS stream `num_replicas`); `None` keeps the broker's
-    /// default (one node's stream; a quorum queue on every cluster node).
+    /// [`Peer::declare`] on a cluster: `replicas` members (Keratin queue `replicas`, RabbitMQ
+    /// quorum queue `x-quorum-initial-group-size`, NATS stream `num_replicas`); `None` keeps
+    /// the broker's default (one node's queue or stream; a quorum queue on every cluster node).
     pub async fn declare_replicated(
         &self,
         system: System,
@@ -199,7 +199,14 @@ impl Peer {
     ) -> BenchResult<()> {
         match self {
             Peer::Keratin { client, queue } => {
-                client.declare(queue, QueueSettings::default()).await?;
+                let replicas = replicas
+                    .map(|r| u32::try_from(r).map_err(|_| format!("{r} replicas is too many")))
+                    .transpose()?;
+                let settings = QueueSettings {
+                    replicas,
+                    ..QueueSettings::default()
+                };
+                client.declare(queue, settings).await?;
             }
             Peer::Amqp { channel, queue, .. } => {
                 let kind = if system == System::RabbitQuorum {
