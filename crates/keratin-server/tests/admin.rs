@@ -3,6 +3,8 @@
 //! level, space, spare, pool and publish-limit figures. A failure means a documented field or
 //! metric went missing or the text stopped parsing.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 
@@ -38,7 +40,7 @@ async fn status_queues_and_metrics() {
     config.storage.segment_bytes = 1 << 20;
     config.server.listen = "127.0.0.1:0".parse().expect("addr");
     config.server.http = "127.0.0.1:0".parse().expect("addr");
-    host_disk_limits(&mut config);
+    common::host_disk_limits(&mut config);
     let node = Node::start(&config).await.expect("start");
     node.broker()
         .declare("q", keratin_broker::QueueSettings::default())
@@ -116,7 +118,7 @@ async fn a_stopped_log_raises_attention_and_its_heal_clears_it() {
     config.storage.segment_bytes = 1 << 20;
     config.server.listen = "127.0.0.1:0".parse().expect("addr");
     config.server.http = "127.0.0.1:0".parse().expect("addr");
-    host_disk_limits(&mut config);
+    common::host_disk_limits(&mut config);
     // The owner heals at once when the disk works again, usually before any sample: the
     // partition's stop and heal counts carry the event to the sampler.
     config.limits.sample_interval_ms = 20;
@@ -199,16 +201,4 @@ async fn a_stopped_log_raises_attention_and_its_heal_clears_it() {
         .expect("the healed log takes publishes");
     node.shutdown().await.expect("shutdown");
     result.expect("checks");
-}
-
-/// Tiny disk thresholds: these tests must not slow down or fail because the host's disk happens
-/// to be 90% full (the defaults put soft at 10% free).
-fn host_disk_limits(config: &mut Config) {
-    let disk = &mut config.limits.disk;
-    disk.soft_fraction = 0.002;
-    disk.hard_fraction = 0.001;
-    disk.reserve_fraction = 0.0005;
-    disk.soft_floor_bytes = 256 << 20;
-    disk.hard_floor_bytes = 128 << 20;
-    disk.reserve_floor_bytes = 64 << 20;
 }

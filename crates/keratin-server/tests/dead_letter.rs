@@ -2,11 +2,12 @@
 //! `keratin_dead_letter_failures_total{queue, reason}` counter on `/metrics` and an active
 //! `dead_letter_failed` attention item for the queue. A failure means such a drop was silent.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use keratin_server::config::Config;
 use keratin_server::Node;
 
 fn get(addr: SocketAddr, path: &str) -> String {
@@ -27,20 +28,8 @@ fn get(addr: SocketAddr, path: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_dead_letter_is_counted_and_raises_attention() {
     let dir = tempfile::tempdir().expect("tmp");
-    let mut config = Config::default();
-    config.storage.dirs = vec![dir.path().join("data")];
-    config.storage.segment_bytes = 1 << 20;
-    config.server.listen = "127.0.0.1:0".parse().expect("addr");
-    config.server.http = "127.0.0.1:0".parse().expect("addr");
+    let mut config = common::node_config(dir.path());
     config.limits.sample_interval_ms = 20;
-    // Tiny disk thresholds: the host's free space must not matter.
-    let disk = &mut config.limits.disk;
-    disk.soft_fraction = 0.002;
-    disk.hard_fraction = 0.001;
-    disk.reserve_fraction = 0.0005;
-    disk.soft_floor_bytes = 256 << 20;
-    disk.hard_floor_bytes = 128 << 20;
-    disk.reserve_floor_bytes = 64 << 20;
     let node = Node::start(&config).await.expect("start");
     let broker = node.broker().clone();
     let settings = keratin_broker::QueueSettings {

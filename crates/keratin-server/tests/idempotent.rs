@@ -3,6 +3,8 @@
 //! twice), also after a restart (the windows are rebuilt from the log); a client that is not
 //! idempotent stores what it sends.
 
+mod common;
+
 use std::time::Duration;
 
 use keratin_client::{Client, ClientOptions, OutgoingMessage, QueueSettings};
@@ -12,19 +14,7 @@ use keratin_server::Node;
 const WAIT: Duration = Duration::from_secs(20);
 
 fn config(dir: &tempfile::TempDir) -> Config {
-    let mut config = Config::default();
-    config.storage.dirs = vec![dir.path().join("data")];
-    config.storage.segment_bytes = 1 << 20;
-    config.server.listen = "127.0.0.1:0".parse().expect("addr");
-    config.server.http = "127.0.0.1:0".parse().expect("addr");
-    let disk = &mut config.limits.disk;
-    disk.soft_fraction = 0.002;
-    disk.hard_fraction = 0.001;
-    disk.reserve_fraction = 0.0005;
-    disk.soft_floor_bytes = 256 << 20;
-    disk.hard_floor_bytes = 128 << 20;
-    disk.reserve_floor_bytes = 64 << 20;
-    config
+    common::node_config(dir.path())
 }
 
 fn producer(id: u64) -> ClientOptions {

@@ -4,12 +4,13 @@
 //! noted. A failure means a stopped metadata log, which holds back declares and settings
 //! changes, went unseen or never healed.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use keratin_log::{SimFault, SimIo};
-use keratin_server::config::Config;
 use keratin_server::Node;
 
 fn get(addr: SocketAddr, path: &str) -> String {
@@ -30,19 +31,8 @@ fn get(addr: SocketAddr, path: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_metadata_log_raises_attention_and_heals_by_itself() {
     let dir = tempfile::tempdir().expect("tmp");
-    let mut config = Config::default();
-    config.storage.dirs = vec![dir.path().join("data")];
-    config.storage.segment_bytes = 1 << 20;
-    config.server.listen = "127.0.0.1:0".parse().expect("addr");
-    config.server.http = "127.0.0.1:0".parse().expect("addr");
+    let mut config = common::node_config(dir.path());
     config.limits.sample_interval_ms = 20;
-    let disk = &mut config.limits.disk;
-    disk.soft_fraction = 0.002;
-    disk.hard_fraction = 0.001;
-    disk.reserve_fraction = 0.0005;
-    disk.soft_floor_bytes = 256 << 20;
-    disk.hard_floor_bytes = 128 << 20;
-    disk.reserve_floor_bytes = 64 << 20;
     let sim = SimIo::new(12);
     let node = Node::start_with_io(&config, std::sync::Arc::new(sim.clone()))
         .await

@@ -6,6 +6,8 @@
 //! timeout with `ClientError::NotLeader`. Without the client's redirect handling every call
 //! here returns the fake's 421 (or hangs and hits the test deadlines).
 
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -15,7 +17,6 @@ use futures_util::{SinkExt, StreamExt};
 use keratin_client::{Client, ClientError, ClientOptions, OutgoingMessage, QueueSettings};
 use keratin_proto::frame::*;
 use keratin_proto::{ClientHello, ErrorBody, FrameCodec, ServerHello, ServerInfo};
-use keratin_server::config::Config;
 use keratin_server::Node;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -25,18 +26,7 @@ use tokio_util::codec::{Framed, FramedParts};
 const TEST_WAIT: Duration = Duration::from_secs(20);
 
 async fn start_node(dir: &tempfile::TempDir) -> Node {
-    let mut config = Config::default();
-    config.storage.dirs = vec![dir.path().join("data")];
-    config.storage.segment_bytes = 1 << 20;
-    config.server.listen = "127.0.0.1:0".parse().expect("addr");
-    config.server.http = "127.0.0.1:0".parse().expect("addr");
-    let disk = &mut config.limits.disk;
-    disk.soft_fraction = 0.002;
-    disk.hard_fraction = 0.001;
-    disk.reserve_fraction = 0.0005;
-    disk.soft_floor_bytes = 256 << 20;
-    disk.hard_floor_bytes = 128 << 20;
-    disk.reserve_floor_bytes = 64 << 20;
+    let config = common::node_config(dir.path());
     Node::start(&config).await.expect("start node")
 }
 

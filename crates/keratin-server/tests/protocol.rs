@@ -3,6 +3,8 @@
 //! Each bad client gets its error and its connection closed while another client keeps being
 //! served; a failure means the server crashed, answered wrongly, or stopped serving others.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -22,7 +24,7 @@ async fn start(dir: &tempfile::TempDir) -> Node {
     config.storage.segment_bytes = 1 << 20;
     config.server.listen = "127.0.0.1:0".parse().expect("addr");
     config.server.http = "127.0.0.1:0".parse().expect("addr");
-    host_disk_limits(&mut config);
+    common::host_disk_limits(&mut config);
     Node::start(&config).await.expect("start node")
 }
 
@@ -394,18 +396,6 @@ async fn two_nodes_in_one_process_stay_apart() {
     b.shutdown().await.expect("shutdown b");
 }
 
-/// Tiny disk thresholds: these tests must not slow down or fail because the host's disk happens
-/// to be 90% full (the defaults put soft at 10% free).
-fn host_disk_limits(config: &mut Config) {
-    let disk = &mut config.limits.disk;
-    disk.soft_fraction = 0.002;
-    disk.hard_fraction = 0.001;
-    disk.reserve_fraction = 0.0005;
-    disk.soft_floor_bytes = 256 << 20;
-    disk.hard_floor_bytes = 128 << 20;
-    disk.reserve_floor_bytes = 64 << 20;
-}
-
 /// Publish ids answered by `Confirm` and by `PublishError` (with its error key), until `count`
 /// ids have an answer.
 async fn answers(
@@ -574,7 +564,7 @@ async fn consumers_and_connections_are_bounded() {
     config.server.listen = "127.0.0.1:0".parse().expect("addr");
     config.server.http = "127.0.0.1:0".parse().expect("addr");
     config.server.connections_max = 2;
-    host_disk_limits(&mut config);
+    common::host_disk_limits(&mut config);
     let node = Node::start(&config).await.expect("start node");
     let addr = node.protocol_addr();
     let mut conn = connect(addr).await;

@@ -4,11 +4,12 @@
 //! /api/v1/queues/{name}/settings`), two at a time from two threads, several rounds. A failure
 //! means one of the two updates was lost.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::{Arc, Barrier};
 
-use keratin_server::config::Config;
 use keratin_server::Node;
 
 fn request(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
@@ -37,18 +38,7 @@ fn request(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, Stri
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_updates_of_different_settings_both_survive() {
     let dir = tempfile::tempdir().expect("tmp");
-    let mut config = Config::default();
-    config.storage.dirs = vec![dir.path().join("data")];
-    config.storage.segment_bytes = 1 << 20;
-    config.server.listen = "127.0.0.1:0".parse().expect("addr");
-    config.server.http = "127.0.0.1:0".parse().expect("addr");
-    let disk = &mut config.limits.disk;
-    disk.soft_fraction = 0.002;
-    disk.hard_fraction = 0.001;
-    disk.reserve_fraction = 0.0005;
-    disk.soft_floor_bytes = 256 << 20;
-    disk.hard_floor_bytes = 128 << 20;
-    disk.reserve_floor_bytes = 64 << 20;
+    let config = common::node_config(dir.path());
     let node = Node::start(&config).await.expect("start");
     node.broker()
         .declare("q", keratin_broker::QueueSettings::default())

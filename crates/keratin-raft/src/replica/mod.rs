@@ -173,22 +173,12 @@ impl Replica {
             .client_write_many(records)
             .await
             .map_err(|e| self.stopped(e))?;
-        let mut offsets: Option<Range<u64>> = None;
+        let mut offsets = Offsets::default();
         while let Some(result) = results.next().await {
             let written = result.map_err(|e| self.stopped(e))?.map_err(not_leader)?;
-            let index = written.log_id.index;
-            offsets = Some(match offsets {
-                None => index..index + 1,
-                Some(range) => {
-                    // One batch is appended at once: its entries are consecutive.
-                    assert_eq!(range.end, index, "a proposal's entries are consecutive");
-                    range.start..index + 1
-                }
-            });
+            offsets.push(written.log_id.index);
         }
-        let offsets = offsets.unwrap_or(0..0);
-        assert_eq!(offsets.end - offsets.start, count, "one offset per record");
-        Ok(offsets)
+        Ok(offsets.finish(count))
     }
 
     fn stopped(&self, error: Fatal<TypeConfig>) -> ProposeError {
@@ -252,5 +242,30 @@ fn not_leader(error: ClientWriteError<TypeConfig>) -> ProposeError {
             addr: forward.leader_node.map(|node: NodeAddr| node.addr),
         },
         other => ProposeError::Stopped(other.to_string()),
+    }
+}
+
+/// The offsets of one proposal's entries, gathered as openraft answers each: one batch is
+/// appended at once, so they are consecutive, one per record.
+#[derive(Debug, Default)]
+pub(crate) struct Offsets(Option<Range<u64>>);
+
+impl Offsets {
+    /// The next entry's index.
+    pub(crate) fn push(&mut self, index: u64) {
+        self.0 = Some(match self.0.take() {
+            None => index..index + 1,
+            Some(range) => {
+                assert_eq!(range.end, index, "a proposal's entries are consecutive");
+                range.start..index + 1
+            }
+        });
+    }
+
+    /// The offsets of a proposal of `count` records, every one answered.
+    pub(crate) fn finish(self, count: u64) -> Range<u64> {
+        let offsets = self.0.unwrap_or(0..0);
+        assert_eq!(offsets.end - offsets.start, count, "one offset per record");
+        offsets
     }
 }

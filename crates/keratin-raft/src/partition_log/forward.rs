@@ -1,0 +1,66 @@
+//! The forwarder task of a [`ReplicatedLog`]: commits and role changes to the owner.
+
+use super::*;
+
+/// Forwards the replica's commits and changes of leadership to the owner, until stopped or the
+/// group is gone. When the replica's storage fails (its fence trips) it tells the owner this
+/// node no longer leads and shuts the `Raft` down: the proposals in flight end with the
+/// storage error (outcome unknown), so the owner stops the partition and heals it (`heal`
+/// rebuilds the replica), instead of waiting for entries that will never be flushed.
+pub(super) async fn forward(
+    answers: Answers,
+    raft: ReplicaRaft,
+    mut committed: watch::Receiver<u64>,
+    mut stop: watch::Receiver<bool>,
+    mut seen: (bool, Option<u64>),
+) {
+    let mut metrics = raft.metrics();
+    // Commits made before the owner started (it rebuilt its state from what was committed when
+    // the log opened).
+    let up_to = *committed.borrow_and_update();
+    if up_to > 0 {
+        answers.events.send(LogEvent::Committed { up_to });
+    }
+    loop {
+        tokio::select! {
+            biased;
+            () = stopped(&mut stop) => return,
+            () = answers.fence.tripped() => {
+                if seen != (false, None) {
+                    answers.events.send(LogEvent::Role(Role {
+                        leading: false,
+                        leader: None,
+                        addr: None,
+                        from: 0,
+                    }));
+                }
+                if let Err(error) = raft.shutdown().await {
+                    tracing::warn!(queue = %answers.queue, partition = answers.partition, %error, "shutting a fenced replica down");
+                }
+                return;
+            }
+            changed = committed.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                let up_to = *committed.borrow_and_update();
+                answers.events.send(LogEvent::Committed { up_to });
+            }
+            changed = metrics.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                let role = role_of(answers.id, &metrics.borrow_watched(), &answers.client_addrs);
+                if (role.leading, role.leader) != seen {
+                    seen = (role.leading, role.leader);
+                    answers.events.send(LogEvent::Role(role));
+                }
+            }
+        }
+    }
+}
+
+/// Resolves once `stop` is set (or its sender gone), holding no borrow of the value.
+pub(super) async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|stopped| *stopped).await;
+}

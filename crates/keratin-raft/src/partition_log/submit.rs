@@ -1,0 +1,122 @@
+//! The ordered submitter of a [`ReplicatedLog`] and the outcome of each proposal.
+
+use super::forward::stopped;
+use super::*;
+
+/// A proposal on its way to the submitter.
+pub(super) struct Submission {
+    pub(super) sequence: u64,
+    pub(super) records: Vec<PartitionRecord>,
+}
+
+/// What the log's tasks need to turn openraft's answers into the broker's.
+#[derive(Clone)]
+pub(super) struct Answers {
+    pub(super) id: u64,
+    pub(super) queue: String,
+    pub(super) partition: u32,
+    pub(super) client_addrs: ClientAddrs,
+    pub(super) fence: Fence,
+    pub(super) events: LogEvents,
+}
+
+impl Answers {
+    pub(super) fn not_leader(&self, leader: Option<u64>) -> BrokerError {
+        BrokerError::NotLeader {
+            queue: self.queue.clone(),
+            partition: self.partition,
+            leader,
+            addr: leader.and_then(|id| (self.client_addrs)(id)),
+        }
+    }
+
+    /// A write openraft answered with an error.
+    pub(super) fn write_error(&self, error: ClientWriteError<TypeConfig>) -> BrokerError {
+        match error {
+            ClientWriteError::ForwardToLeader(forward)
+            | ClientWriteError::LogEntryDiscarded(forward) => {
+                // A leader without a lease answers with no leader named: itself, as far as a
+                // client can tell, once its lease is back.
+                self.not_leader(forward.leader_id)
+            }
+            other => BrokerError::Invalid(format!(
+                "partition {} of {:?}: the replica refused a write: {other}",
+                self.partition, self.queue
+            )),
+        }
+    }
+
+    /// The group stopped under a proposal: its storage fenced, or the `Raft` shut down. The
+    /// records may be committed.
+    pub(super) fn stopped(&self, fatal: &Fatal<TypeConfig>) -> BrokerError {
+        BrokerError::Log(match self.fence.reason() {
+            Some(reason) => fenced_error(reason),
+            None => LogError::Invalid(format!(
+                "partition {} of {:?}: its Raft group stopped on node {} ({fatal}); the \
+                 proposal may or may not be committed",
+                self.partition, self.queue, self.id
+            )),
+        })
+    }
+}
+
+/// The one submitter: hands proposals to openraft in their order, without waiting for one to
+/// commit before the next; each outcome is awaited on a task of its own.
+pub(super) async fn submit(
+    answers: Answers,
+    raft: ReplicaRaft,
+    mut queue: mpsc::Receiver<Submission>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let in_flight = Arc::new(Semaphore::new(PROPOSALS_IN_FLIGHT_MAX));
+    loop {
+        let submission = tokio::select! {
+            biased;
+            () = stopped(&mut stop) => return,
+            submission = queue.recv() => match submission {
+                Some(submission) => submission,
+                None => return,
+            },
+        };
+        let Ok(permit) = in_flight.clone().acquire_owned().await else {
+            return;
+        };
+        let Submission { sequence, records } = submission;
+        let count = records.len() as u64;
+        match raft.client_write_many(records).await {
+            Err(fatal) => answers.events.send(LogEvent::Proposed {
+                sequence,
+                result: Err(answers.stopped(&fatal)),
+            }),
+            Ok(results) => {
+                let answers = answers.clone();
+                tokio::spawn(async move {
+                    let result = outcome(&answers, results, count).await;
+                    drop(permit);
+                    answers.events.send(LogEvent::Proposed { sequence, result });
+                });
+            }
+        }
+    }
+}
+
+/// Per-entry answers of one proposal, in order.
+pub(super) type WriteResults =
+    BoxStream<'static, Result<WriteResult<TypeConfig>, Fatal<TypeConfig>>>;
+
+/// The offsets of a proposal of `count` records once every one is committed, or why not.
+pub(super) async fn outcome(
+    answers: &Answers,
+    mut results: WriteResults,
+    count: u64,
+) -> BrokerResult<Range<u64>> {
+    let mut offsets = crate::replica::Offsets::default();
+    while let Some(result) = results.next().await {
+        // The first failure decides: a deposed leader's entries behind a cut one are cut too.
+        let written = result
+            .map_err(|fatal| answers.stopped(&fatal))?
+            .map_err(|error| answers.write_error(error))?;
+        offsets.push(written.log_id.index);
+    }
+    Ok(offsets.finish(count))
+}
