@@ -119,9 +119,8 @@ fn group_ids_are_distinct_and_leave_group_zero_to_metadata() {
     assert!(partition_group(u64::MAX, 0).is_err());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn proposals_commit_in_order_and_the_reader_returns_every_offset() {
-    let dir = tempfile::tempdir().expect("tempdir");
+/// Node 1 alone on loopback: its transport and its partition-log provider.
+async fn one_node() -> (keratin_net::Transport, Arc<ReplicatedLogs>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -138,6 +137,13 @@ async fn proposals_commit_in_order_and_the_reader_returns_every_offset() {
         transport.clone(),
         groups,
     ));
+    (transport, logs)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn proposals_commit_in_order_and_the_reader_returns_every_offset() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (transport, logs) = one_node().await;
     let place = place(dir.path(), Arc::new(RealIo::new()));
     let log = open(&logs, &place).await;
     let mut events = start(&log);
@@ -290,22 +296,7 @@ async fn proposed(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_replica_whose_write_failed_is_rebuilt_by_heal() {
     let sim = SimIo::new(21);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("address");
-    let cluster = ResolvedCluster {
-        node_id: 1,
-        listen: addr,
-        peers: [(1, addr)].into_iter().collect(),
-        name: "test".into(),
-    };
-    let (transport, groups) = common::brokers::transport(listener, cluster.clone());
-    let logs = Arc::new(common::brokers::replicated_logs(
-        cluster,
-        transport.clone(),
-        groups,
-    ));
+    let (transport, logs) = one_node().await;
     let place = place(std::path::Path::new("/sim"), Arc::new(sim.clone()));
     let log = open(&logs, &place).await;
     let mut events = start(&log);
