@@ -794,6 +794,7 @@ fn the_append_async_future_is_send() {
 #[test]
 fn logs_queued_beyond_the_idle_workers_start_another() {
     let _serial = serial();
+    let mut rounds_in_the_window = 0;
     for round in 0..20 {
         let node = node(4, Duration::ZERO);
         let stalled: Vec<Log> = (0..3)
@@ -806,8 +807,13 @@ fn logs_queued_beyond_the_idle_workers_start_another() {
                 .expect("first append");
         }
         std::thread::sleep(Duration::from_millis(20));
+        // A worker that finished a sync may not have been counted idle yet when the next
+        // append came, so under CPU load the first appends can start all four workers. Such a
+        // round still checks that the other log is served; it just misses the window.
         let sleeping = node.pool.commit_threads();
-        assert!(sleeping < 4, "round {round}: {sleeping} workers already");
+        if sleeping < 4 {
+            rounds_in_the_window += 1;
+        }
         node.gate.close(&Path::new(ROOT).join("stalled"));
         let stuck: Vec<_> = stalled[..sleeping.min(3)]
             .iter()
@@ -836,4 +842,8 @@ fn logs_queued_beyond_the_idle_workers_start_another() {
         }
         other.close().expect("close");
     }
+    assert!(
+        rounds_in_the_window > 0,
+        "no round of 20 had fewer than 4 workers asleep: the window was never tested"
+    );
 }
