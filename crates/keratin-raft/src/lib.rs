@@ -87,7 +87,8 @@ pub use state_machine::{
     StoredMembership,
 };
 pub use store::{
-    GroupLogs, LogStore, LogStoreReader, ENTRIES_DIR_NAME, GAP_FILL_MAX, STATE_DIR_NAME,
+    GroupLogs, LogStore, LogStoreReader, SnapshotKeeper, ENTRIES_DIR_NAME, GAP_FILL_MAX,
+    STATE_DIR_NAME,
 };
 pub use types::{
     CommittedOffsets, Entry, LeaderId, LogId, Membership, NodeAddr, PartitionRecord, Payload,

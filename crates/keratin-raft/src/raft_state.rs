@@ -1,6 +1,11 @@
-//! `StateLog`: the group's vote, committed log id and purge point, kept in a small-class
-//! keratin log beside the entries (`docs/storage-format.md`, "Raft state records"). Every record
-//! holds the whole state, so the last durable record is the state and older segments can go.
+//! `StateLog`: the group's vote, committed log id, purge point and the meta of its last
+//! snapshot, kept in a small-class keratin log beside the entries (`docs/storage-format.md`,
+//! "Raft state records"). Every record holds the whole state, so the last durable record is the
+//! state and older segments can go.
+//!
+//! One `StateLog` per group, shared by the log storage (vote, committed, purge point) and the
+//! partition state machine (snapshot meta) behind an async mutex: each write holds the whole
+//! state, so the two writers must not interleave stale copies.
 //!
 //! Durability: a vote and a purge point are durable (process crash and power loss) when
 //! [`StateLog::write`] returns `Ok`; the committed log id is written without waiting, and on its
@@ -12,13 +17,17 @@ use std::sync::Arc;
 
 use keratin_log::{Log, LogError, LogResult, ReadRecord, Record};
 
+use crate::entry_format::{decode_membership, encode_membership};
 use crate::error::RaftError;
+use crate::state_machine::{SnapshotMeta, StoredMembership};
 use crate::types::{LeaderId, LogId, Vote};
 
 /// The record type of a state record (in the adapter's reserved range).
 pub const RECORD_TYPE_RAFT_STATE: u8 = 0xf8;
-/// Version of the state record.
+/// Version of the state record without a snapshot: exactly [`STATE_RECORD_SIZE`] bytes.
 pub const STATE_FORMAT_VERSION: u8 = 1;
+/// Version of the state record with a snapshot meta after the version 1 fields.
+pub const STATE_FORMAT_VERSION_SNAPSHOT: u8 = 2;
 
 const VERSION_OFFSET: usize = 0;
 const PRESENT_OFFSET: usize = VERSION_OFFSET + 1;
@@ -38,6 +47,15 @@ const PRESENT_VOTE_COMMITTED: u8 = 0x02;
 const PRESENT_COMMITTED: u8 = 0x04;
 const PRESENT_PURGED: u8 = 0x08;
 const PRESENT_ALL: u8 = PRESENT_VOTE | PRESENT_VOTE_COMMITTED | PRESENT_COMMITTED | PRESENT_PURGED;
+
+/// Snapshot part (version 2): flags, the snapshot's last log id, its membership's log id, and the
+/// membership body's length, then the body (`entry_format`'s membership encoding).
+const SNAPSHOT_FLAGS_OFFSET: usize = STATE_RECORD_SIZE;
+const SNAPSHOT_LAST_OFFSET: usize = SNAPSHOT_FLAGS_OFFSET + 8;
+const SNAPSHOT_MEMBERSHIP_ID_OFFSET: usize = SNAPSHOT_LAST_OFFSET + LOG_ID_SIZE;
+const SNAPSHOT_MEMBERSHIP_LEN_OFFSET: usize = SNAPSHOT_MEMBERSHIP_ID_OFFSET + LOG_ID_SIZE;
+const SNAPSHOT_MEMBERSHIP_OFFSET: usize = SNAPSHOT_MEMBERSHIP_LEN_OFFSET + 4;
+const SNAPSHOT_HAS_MEMBERSHIP_ID: u8 = 0x01;
 
 /// After this many writes the state log hands back the segments below its last durable record.
 /// A state record takes 104 bytes with the log's header, so a small segment (8 MiB by default,
@@ -61,11 +79,14 @@ pub struct RaftState {
     pub committed: Option<LogId>,
     /// Entries up to and including this one are purged.
     pub purged: Option<LogId>,
+    /// The meta of the last snapshot built or installed (a partition's snapshot holds no
+    /// data beyond it: see `replica/notifier.rs`).
+    pub snapshot: Option<SnapshotMeta>,
 }
 
 impl RaftState {
-    fn encode(&self) -> [u8; STATE_RECORD_SIZE] {
-        let mut bytes = [0u8; STATE_RECORD_SIZE];
+    fn encode(&self) -> Result<Vec<u8>, RaftError> {
+        let mut bytes = vec![0u8; STATE_RECORD_SIZE];
         bytes[VERSION_OFFSET] = STATE_FORMAT_VERSION;
         let mut present = 0;
         if let Some(vote) = &self.vote {
@@ -85,7 +106,28 @@ impl RaftState {
             put_log_id(&mut bytes, PURGED_OFFSET, purged);
         }
         bytes[PRESENT_OFFSET] = present;
-        bytes
+        if let Some(snapshot) = &self.snapshot {
+            let Some(last) = &snapshot.last_log_id else {
+                return Err(RaftError::Invalid(
+                    "a snapshot without a last log id is not kept".into(),
+                ));
+            };
+            bytes[VERSION_OFFSET] = STATE_FORMAT_VERSION_SNAPSHOT;
+            bytes.resize(SNAPSHOT_MEMBERSHIP_OFFSET, 0);
+            put_log_id(&mut bytes, SNAPSHOT_LAST_OFFSET, last);
+            let membership = &snapshot.last_membership;
+            if let Some(id) = membership.log_id() {
+                bytes[SNAPSHOT_FLAGS_OFFSET] = SNAPSHOT_HAS_MEMBERSHIP_ID;
+                put_log_id(&mut bytes, SNAPSHOT_MEMBERSHIP_ID_OFFSET, id);
+            }
+            let body = encode_membership(membership.membership())?;
+            let len = u32::try_from(body.len())
+                .map_err(|_| RaftError::Invalid("snapshot membership too large".into()))?;
+            bytes[SNAPSHOT_MEMBERSHIP_LEN_OFFSET..SNAPSHOT_MEMBERSHIP_OFFSET]
+                .copy_from_slice(&len.to_le_bytes());
+            bytes.extend_from_slice(&body);
+        }
+        Ok(bytes)
     }
 
     fn decode(record: &ReadRecord) -> Result<RaftState, RaftError> {
@@ -97,12 +139,18 @@ impl RaftState {
             return Err(bad(format!("record type {:#04x}", record.record_type)));
         }
         let bytes = record.payload.as_slice();
-        if bytes.len() != STATE_RECORD_SIZE {
-            return Err(bad(format!("{} bytes", bytes.len())));
-        }
-        if bytes[VERSION_OFFSET] != STATE_FORMAT_VERSION {
-            return Err(bad(format!("version {}", bytes[VERSION_OFFSET])));
-        }
+        let version = bytes.get(VERSION_OFFSET).copied();
+        let snapshot_part = match version {
+            Some(STATE_FORMAT_VERSION) if bytes.len() == STATE_RECORD_SIZE => None,
+            Some(STATE_FORMAT_VERSION_SNAPSHOT) if bytes.len() >= SNAPSHOT_MEMBERSHIP_OFFSET => {
+                Some(&bytes[STATE_RECORD_SIZE..])
+            }
+            Some(STATE_FORMAT_VERSION | STATE_FORMAT_VERSION_SNAPSHOT) => {
+                return Err(bad(format!("{} bytes", bytes.len())))
+            }
+            Some(other) => return Err(bad(format!("version {other}"))),
+            None => return Err(bad("empty".into())),
+        };
         let present = bytes[PRESENT_OFFSET];
         if present & !PRESENT_ALL != 0
             || (present & PRESENT_VOTE_COMMITTED != 0 && present & PRESENT_VOTE == 0)
@@ -122,13 +170,47 @@ impl RaftState {
             },
             committed: present & PRESENT_VOTE_COMMITTED != 0,
         });
+        let snapshot = match snapshot_part {
+            None => None,
+            Some(_) => Some(decode_snapshot(bytes).map_err(bad)?),
+        };
         Ok(RaftState {
             vote,
             committed: (present & PRESENT_COMMITTED != 0)
                 .then(|| get_log_id(bytes, COMMITTED_OFFSET)),
             purged: (present & PRESENT_PURGED != 0).then(|| get_log_id(bytes, PURGED_OFFSET)),
+            snapshot,
         })
     }
+}
+
+/// The snapshot part of a version 2 record (`bytes` is the whole payload).
+fn decode_snapshot(bytes: &[u8]) -> Result<SnapshotMeta, String> {
+    let flags = bytes[SNAPSHOT_FLAGS_OFFSET];
+    if flags & !SNAPSHOT_HAS_MEMBERSHIP_ID != 0
+        || bytes[SNAPSHOT_FLAGS_OFFSET + 1..SNAPSHOT_LAST_OFFSET]
+            .iter()
+            .any(|b| *b != 0)
+    {
+        return Err(format!("snapshot flags {flags:#04x} or reserved bytes"));
+    }
+    let mut len = [0u8; 4];
+    len.copy_from_slice(&bytes[SNAPSHOT_MEMBERSHIP_LEN_OFFSET..SNAPSHOT_MEMBERSHIP_OFFSET]);
+    let len = u32::from_le_bytes(len) as usize;
+    let body = &bytes[SNAPSHOT_MEMBERSHIP_OFFSET..];
+    if body.len() != len {
+        return Err(format!(
+            "snapshot membership of {len} bytes, {} present",
+            body.len()
+        ));
+    }
+    let membership = decode_membership(body)?;
+    let membership_id = (flags & SNAPSHOT_HAS_MEMBERSHIP_ID != 0)
+        .then(|| get_log_id(bytes, SNAPSHOT_MEMBERSHIP_ID_OFFSET));
+    Ok(SnapshotMeta {
+        last_log_id: Some(get_log_id(bytes, SNAPSHOT_LAST_OFFSET)),
+        last_membership: StoredMembership::new(membership_id, membership),
+    })
 }
 
 fn put_u64(bytes: &mut [u8], at: usize, value: u64) {
@@ -161,6 +243,8 @@ fn get_log_id(bytes: &[u8], at: usize) -> LogId {
 #[derive(Debug)]
 pub(crate) struct StateLog {
     log: Arc<Log>,
+    /// The last state written (or read at open): a write of one part keeps the others.
+    last: RaftState,
     writes: u64,
     /// The index of the committed id in the last record written.
     committed_written: Option<u64>,
@@ -170,6 +254,7 @@ impl StateLog {
     pub(crate) fn new(log: Arc<Log>, state: &RaftState) -> StateLog {
         StateLog {
             log,
+            last: state.clone(),
             writes: 0,
             committed_written: state.committed.map(|c| c.index),
         }
@@ -198,9 +283,30 @@ impl StateLog {
         RaftState::decode(&record)
     }
 
-    /// Append `state`; with `wait`, return once it is durable.
+    /// The snapshot meta last written (or read at open).
+    pub(crate) fn snapshot(&self) -> Option<&SnapshotMeta> {
+        self.last.snapshot.as_ref()
+    }
+
+    /// Append `state` (its snapshot meta is the one this log keeps: see
+    /// [`StateLog::write_snapshot`]); with `wait`, return once it is durable.
     pub(crate) async fn write(&mut self, state: &RaftState, wait: bool) -> LogResult<()> {
-        let bytes = state.encode();
+        let mut state = state.clone();
+        state.snapshot = self.last.snapshot.clone();
+        self.append(state, wait).await
+    }
+
+    /// Append the last state with `snapshot` as its snapshot meta; returns once it is durable.
+    pub(crate) async fn write_snapshot(&mut self, snapshot: SnapshotMeta) -> LogResult<()> {
+        let mut state = self.last.clone();
+        state.snapshot = Some(snapshot);
+        self.append(state, true).await
+    }
+
+    async fn append(&mut self, state: RaftState, wait: bool) -> LogResult<()> {
+        let bytes = state
+            .encode()
+            .map_err(|e| LogError::Invalid(format!("encode the raft state: {e}")))?;
         let record = Record {
             record_type: RECORD_TYPE_RAFT_STATE,
             flags: 0,
@@ -210,6 +316,7 @@ impl StateLog {
         let ticket = self.log.append_async(&[record]).await?;
         self.writes += 1;
         self.committed_written = state.committed.map(|c| c.index);
+        self.last = state;
         if self.writes.is_multiple_of(COMPACT_EVERY_WRITES) {
             self.compact()?;
         }
@@ -248,6 +355,7 @@ mod tests {
                     },
                     9,
                 )),
+                snapshot: None,
             },
             RaftState {
                 vote: Some(Vote::new_committed(u64::MAX, 7)),
@@ -259,6 +367,50 @@ mod tests {
                     1 << 40,
                 )),
                 purged: None,
+                snapshot: None,
+            },
+            RaftState {
+                vote: Some(Vote::new(4, 1)),
+                committed: None,
+                purged: Some(LogId::new(
+                    LeaderId {
+                        term: 4,
+                        node_id: 1,
+                    },
+                    99,
+                )),
+                snapshot: Some(SnapshotMeta {
+                    last_log_id: Some(LogId::new(
+                        LeaderId {
+                            term: 4,
+                            node_id: 1,
+                        },
+                        120,
+                    )),
+                    last_membership: StoredMembership::new(
+                        Some(LogId::new(
+                            LeaderId {
+                                term: 1,
+                                node_id: 1,
+                            },
+                            0,
+                        )),
+                        crate::types::Membership::new(
+                            vec![std::collections::BTreeSet::from([1, 2, 3])],
+                            (1..=3)
+                                .map(|id| {
+                                    (
+                                        id,
+                                        crate::types::NodeAddr {
+                                            addr: format!("127.0.0.1:{}", 5690 + id),
+                                        },
+                                    )
+                                })
+                                .collect::<std::collections::BTreeMap<_, _>>(),
+                        )
+                        .expect("membership"),
+                    ),
+                }),
             },
         ];
         for state in states {
@@ -267,9 +419,17 @@ mod tests {
                 record_type: RECORD_TYPE_RAFT_STATE,
                 flags: 0,
                 timestamp_ms: 0,
-                payload: state.encode().to_vec(),
+                payload: state.encode().expect("encode"),
             };
             assert_eq!(RaftState::decode(&record).expect("decode"), state);
+            // Every cut of the payload is refused, never misread.
+            for len in 0..record.payload.len() {
+                let cut = ReadRecord {
+                    payload: record.payload[..len].to_vec(),
+                    ..record.clone()
+                };
+                assert!(RaftState::decode(&cut).is_err(), "a cut at {len} decoded");
+            }
         }
     }
 }

@@ -177,7 +177,10 @@ impl GroupLogs {
         if state.committed.as_ref().map(|c| c.index) > last_log_id.as_ref().map(|l| l.index) {
             state.committed = last_log_id;
         }
-        let state_log = StateLog::new(self.state.clone(), &state);
+        let state_log = Arc::new(tokio::sync::Mutex::new(StateLog::new(
+            self.state.clone(),
+            &state,
+        )));
         let view = View {
             tail: BTreeMap::new(),
             next_index: end,
@@ -194,6 +197,7 @@ impl GroupLogs {
                 store_dropped: tokio::sync::watch::Sender::new(false),
             }),
             state_log,
+            purged_watch: None,
         })
     }
 }
@@ -355,7 +359,32 @@ struct ReadPlan {
 #[derive(Debug)]
 pub struct LogStore {
     shared: Arc<Shared>,
-    state_log: StateLog,
+    /// Shared with the state machine's [`SnapshotKeeper`].
+    state_log: Arc<tokio::sync::Mutex<StateLog>>,
+    /// Told one past each purge point (see [`LogStore::watch_purges`]).
+    purged_watch: Option<Arc<tokio::sync::watch::Sender<u64>>>,
+}
+
+/// The state machine's handle on the group's state log: where a snapshot's meta is kept
+/// (`docs/storage-format.md`, "Raft state records"), beside the vote and purge point.
+#[derive(Debug, Clone)]
+pub struct SnapshotKeeper {
+    state_log: Arc<tokio::sync::Mutex<StateLog>>,
+}
+
+impl SnapshotKeeper {
+    /// The snapshot meta kept (read at open, or last saved).
+    pub async fn current(&self) -> Option<crate::state_machine::SnapshotMeta> {
+        self.state_log.lock().await.snapshot().cloned()
+    }
+
+    /// Keep `meta` as the snapshot's: returns once it is durable.
+    pub async fn save(
+        &self,
+        meta: crate::state_machine::SnapshotMeta,
+    ) -> keratin_log::LogResult<()> {
+        self.state_log.lock().await.write_snapshot(meta).await
+    }
 }
 
 impl Drop for LogStore {
@@ -374,6 +403,21 @@ impl LogStore {
     /// This instance's fence: tripped at the first failure of either log.
     pub fn fence(&self) -> Fence {
         self.shared.fence.clone()
+    }
+
+    /// The handle a state machine keeps its snapshot meta with.
+    pub fn snapshot_keeper(&self) -> SnapshotKeeper {
+        SnapshotKeeper {
+            state_log: self.state_log.clone(),
+        }
+    }
+
+    /// Raise `watch` to one past each purge point once the purge is in the view. A replica's
+    /// committed offset: after a snapshot install openraft purges the entries it covers, and
+    /// only then may the partition owner look past them (it finds the log restarted and
+    /// rebuilds its state from there, instead of reading entries this node never had).
+    pub fn watch_purges(&mut self, watch: Arc<tokio::sync::watch::Sender<u64>>) {
+        self.purged_watch = Some(watch);
     }
 
     /// A reader of the view.
@@ -445,6 +489,13 @@ fn index_range(range: &impl RangeBounds<u64>) -> (u64, u64) {
 }
 
 impl LogStoreReader {
+    /// The first index this node holds or will hold: past the purge point and the entry log's
+    /// start.
+    pub fn floor(&self) -> u64 {
+        let purged_next = self.shared.view().purged_next();
+        purged_next.max(self.shared.entries.start_offset())
+    }
+
     /// The entries in `lo..hi` that exist, in order, the in-memory tail of entries not yet
     /// durable included; with an error (the fence trips too), those before the failure. For
     /// the partition's committed reader (`crate::replica`): a committed entry need not be
@@ -534,7 +585,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             view.state.clone()
         };
         if !self.shared.fence.is_tripped() {
-            if let Err(e) = self.state_log.write(&state, true).await {
+            if let Err(e) = self.state_log.lock().await.write(&state, true).await {
                 self.trip(RaftError::log("save the vote", e));
             }
         }
@@ -547,10 +598,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             view.state.committed = committed;
             view.state.clone()
         };
-        if !self.shared.fence.is_tripped()
-            && self.state_log.committed_is_due(state.committed.as_ref())
-        {
-            if let Err(e) = self.state_log.write(&state, false).await {
+        let mut state_log = self.state_log.lock().await;
+        if !self.shared.fence.is_tripped() && state_log.committed_is_due(state.committed.as_ref()) {
+            if let Err(e) = state_log.write(&state, false).await {
                 self.trip(RaftError::log("save the committed log id", e));
             }
         }
@@ -656,9 +706,19 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         }
         // The purge point first: once it is durable, a crash during the prefix removal leaves
         // segments below it, which no one reads.
-        if let Err(e) = self.state_log.write(&state, true).await {
+        if let Err(e) = self.state_log.lock().await.write(&state, true).await {
             self.trip(RaftError::log("save the purge point", e));
             return Ok(());
+        }
+        if let Some(watch) = &self.purged_watch {
+            let next = log_id.index + 1;
+            watch.send_if_modified(|applied| {
+                let raise = *applied < next;
+                if raise {
+                    *applied = next;
+                }
+                raise
+            });
         }
         let result = match self.shared.entries.remove_prefix(log_id.index + 1) {
             Ok(ticket) => ticket.await.map(drop),

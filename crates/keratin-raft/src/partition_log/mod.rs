@@ -33,8 +33,9 @@
 //! owner proposes nothing, so it never learns that its log failed and never heals it: that
 //! replica stays down until the node restarts (a log event for "stopped" is missing).
 //!
-//! Not built: prefix removal and hand-back (openraft must keep every entry until partition
-//! snapshots exist; both report nothing removed), reset (a replicated purge is a record).
+//! Prefix removal: the owner's floor becomes a snapshot (`replica/notifier.rs`) and openraft
+//! purges the entries below it. Not built: hand-back of an idle replica's tail segment, reset
+//! (a replicated purge is a record).
 //
 //! Files: this one owns [`ReplicatedLog`] (its replica, roles, close/delete/heal); `forward`,
 //! the task that reports commits and roles; `submit`, the ordered submitter and the outcome of
@@ -96,6 +97,9 @@ pub const SUBMIT_QUEUE_MAX: usize = 64;
 /// (its responder queue starts at 8,192 entries); 1,024 proposals keep the leader's pipeline
 /// full at a few ms of commit latency while the queue above holds the owner back.
 pub const PROPOSALS_IN_FLIGHT_MAX: usize = 1_024;
+
+/// How long a prefix removal waits for openraft to purge before it reports what went.
+const PURGE_WAIT: Duration = Duration::from_secs(1);
 
 /// How long closing waits for the tasks of a shut-down `Raft` (and readers) to let go of the
 /// group's logs before it reports the log as still in use.
@@ -551,7 +555,9 @@ impl PartitionLog for ReplicatedLog {
     }
 
     fn start_offset(&self) -> u64 {
-        self.with_replica(|replica| replica.logs().entries().start_offset())
+        // Past the purge point too: after a snapshot install the entry log may still hold
+        // records below it until they are removed (or gap records, see `store.rs`).
+        self.with_replica(|replica| replica.log_floor())
             .unwrap_or(0)
     }
 
@@ -590,17 +596,46 @@ impl PartitionLog for ReplicatedLog {
         self.caught_up(&handle)
     }
 
-    fn remove_prefix(&self, _before: u64) -> LogResult<Removing> {
-        // openraft must keep every entry a lagging follower may need until partition snapshots
-        // exist (`replica` runs with `SnapshotPolicy::Never`): nothing is removed.
-        Ok(Box::pin(std::future::ready(Ok(PrefixRemoval {
-            segments: 0,
-            bytes: 0,
-        }))))
+    fn remove_prefix(&self, before: u64) -> LogResult<Removing> {
+        // The owner needs nothing below `before`: a snapshot just below it lets openraft purge
+        // the entries it covers (once no replication stream still reads them) and send it to
+        // a follower that lags behind them. See `replica/notifier.rs`.
+        let Some((raft, notifier, logs)) = self.with_replica(|replica| {
+            (
+                replica.raft().clone(),
+                replica.notifier().clone(),
+                replica.logs().clone(),
+            )
+        }) else {
+            return Ok(Box::pin(std::future::ready(Ok(PrefixRemoval::default()))));
+        };
+        notifier.set_floor(before);
+        Ok(Box::pin(async move {
+            let entries = logs.entries();
+            let segments_before = entries.stats().segments.len();
+            let bytes_before = entries.disk_bytes();
+            let start = entries.start_offset();
+            if raft.trigger().snapshot().await.is_err() {
+                // Shut down meanwhile: nothing was removed.
+                return Ok(PrefixRemoval::default());
+            }
+            // openraft builds the snapshot and purges on its own schedule (a leader keeps
+            // entries a replication stream is sending): report what went within a short wait;
+            // later removals show in the log's figures.
+            let deadline = tokio::time::Instant::now() + PURGE_WAIT;
+            while entries.start_offset() == start && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Ok(PrefixRemoval {
+                segments: segments_before.saturating_sub(entries.stats().segments.len()),
+                bytes: bytes_before.saturating_sub(entries.disk_bytes()),
+            })
+        }))
     }
 
     fn hand_back(&self) -> LogResult<Removing> {
-        // The same: an idle replica keeps its segments (they are the group's log).
+        // An idle replica keeps its tail segment (the group's log goes on from there); its
+        // older segments go with prefix removal.
         Ok(Box::pin(std::future::ready(Ok(PrefixRemoval {
             segments: 0,
             bytes: 0,

@@ -47,8 +47,10 @@ pub const ELECTION_TIMEOUT_MIN_MS: u64 = 500;
 /// See [`HEARTBEAT_INTERVAL_MS`].
 pub const ELECTION_TIMEOUT_MAX_MS: u64 = 1_000;
 
-/// The openraft configuration of partition replicas: the timers above, and no snapshots
-/// (so openraft never purges entries: see `notifier`).
+/// The openraft configuration of partition replicas: the timers above, and snapshots only when
+/// the partition owner frees disk (`ReplicatedLog::remove_prefix` triggers one below its floor,
+/// see `notifier`); the entries a snapshot covers are purged at once (a lagging follower gets
+/// the snapshot and the entries after it).
 pub fn replica_config(cluster_name: &str) -> Result<Arc<Config>, RaftError> {
     let config = Config {
         cluster_name: cluster_name.to_string(),
@@ -56,6 +58,7 @@ pub fn replica_config(cluster_name: &str) -> Result<Arc<Config>, RaftError> {
         election_timeout_min: ELECTION_TIMEOUT_MIN_MS,
         election_timeout_max: ELECTION_TIMEOUT_MAX_MS,
         snapshot_policy: SnapshotPolicy::Never,
+        max_in_snapshot_log_to_keep: 0,
         ..Config::default()
     };
     config
@@ -118,10 +121,12 @@ impl Replica {
         transport: Transport,
         groups: &Groups,
     ) -> Result<Replica, RaftError> {
-        let store = logs.store()?;
+        let mut store = logs.store()?;
         let fence = store.fence();
         let view = store.reader();
-        let notifier = CommitNotifier::new(fence.clone());
+        let notifier =
+            CommitNotifier::new(fence.clone(), store.snapshot_keeper(), view.clone()).await;
+        store.watch_purges(notifier.committed_sender());
         let network = NetworkFactory::<AppliedImage>::new(transport, group, fence.clone());
         let raft = ReplicaRaft::new(id, config, network, store, notifier.clone())
             .await
@@ -149,6 +154,16 @@ impl Replica {
     /// The group's logs (figures, reads of the entry log).
     pub fn logs(&self) -> &GroupLogs {
         &self.logs
+    }
+
+    /// The replica's state machine (commits, snapshots below the owner's floor).
+    pub fn notifier(&self) -> &CommitNotifier {
+        &self.notifier
+    }
+
+    /// The first offset this node holds or will hold (past the purge point).
+    pub fn log_floor(&self) -> u64 {
+        self.view.floor()
     }
 
     /// The group this replica belongs to.

@@ -36,6 +36,9 @@ pub(crate) struct RelocationRead {
 pub(crate) enum JobDone {
     /// A heal, then a rebuild of the state from the healed log.
     Healed(BrokerResult<PartitionState>),
+    /// A rebuild of the state from a replicated log that restarted past the state's head (a
+    /// snapshot installed from the leader: see `follow.rs`).
+    Restarted(BrokerResult<PartitionState>),
     /// A stopped log that held no delivered message was replaced by an empty one.
     Reset {
         /// The fresh log, or the old one if it could not be taken, or none.
@@ -280,6 +283,7 @@ impl Owner {
         self.log_job = None;
         match done {
             JobDone::Healed(result) => self.heal_done(result),
+            JobDone::Restarted(result) => self.restart_done(result),
             JobDone::Reset {
                 log,
                 result,

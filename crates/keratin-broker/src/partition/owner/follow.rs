@@ -10,6 +10,10 @@
 //! committed (a new leader's proposals land after its predecessor's records and the log's own
 //! entries, which are applied first); a read that comes back after the state moved on (a
 //! heal's rebuild, a reset) is dropped and read again from the new head.
+//!
+//! A replicated log whose start moved past the head (a lagging follower that installed the
+//! leader's snapshot: the records below hold nothing live) is not read: the state is rebuilt
+//! from the log's start instead, as at open.
 
 use super::*;
 
@@ -61,6 +65,15 @@ impl Owner {
         let Some(log) = self.log.clone() else {
             return;
         };
+        if from < log.start_offset() {
+            // The log restarted past the head: this replica lagged so far that the leader sent
+            // a snapshot (the records below the log's start hold nothing live) instead of the
+            // records. Only a rebuild from the log's start makes the state equal the log again.
+            if self.pending.is_empty() {
+                self.start_log_job(|log| JobDone::Restarted(super::rebuild(log.as_ref(), None)));
+            }
+            return;
+        }
         self.following = true;
         let commands = self.commands.clone();
         tokio::task::spawn_blocking(move || {

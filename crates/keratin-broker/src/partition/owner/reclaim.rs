@@ -51,6 +51,24 @@ impl Owner {
         }
     }
 
+    /// A rebuild after the log restarted past the head returned (`follow.rs`).
+    pub(super) fn restart_done(&mut self, rebuilt: BrokerResult<PartitionState>) {
+        match rebuilt {
+            Ok(state) if self.stopped.is_none() && self.pending.is_empty() => {
+                tracing::info!(queue = %self.ctx.queue, partition = self.ctx.index, start = state.start(), head = state.head(), "state rebuilt from the log after a snapshot from the leader");
+                self.rebuilt(state);
+            }
+            // Stopped or proposing meanwhile: the next follow looks again.
+            Ok(_) => {}
+            Err(error) => {
+                tracing::warn!(queue = %self.ctx.queue, partition = self.ctx.index, %error, "rebuild after a snapshot from the leader failed");
+                self.stop(LogError::Invalid(format!(
+                    "rebuilding the partition after a snapshot from the leader failed: {error}"
+                )));
+            }
+        }
+    }
+
     /// Take the state rebuilt from the log. Nothing is pending (a heal waits for that), so the
     /// rebuilt state only adds what the log holds beyond the old one: messages enqueued at or
     /// above the old head (above the delivery cursor, so they are ready in id order) and the

@@ -1,0 +1,333 @@
+//! Disk of replicated partitions is freed, and a lagging follower catches up from a snapshot.
+//! Three in-process brokers with `ReplicatedLogs` over the real network on 127.0.0.1, segments
+//! of 256 KiB:
+//!
+//! - Acked messages free the disk on every replica: after 2,000 messages of 1 KiB are
+//!   published and acked, each node's partition holds at most a few segments (it held eight),
+//!   and the queue keeps working.
+//! - A follower that was down while the others acked and freed their logs comes back: the
+//!   leader no longer has the entries it missed, so it sends a snapshot; the follower's log
+//!   restarts at the snapshot, its broker rebuilds the partition from there and shows the
+//!   live messages; once the leader is stopped, the follower (or the third node) leads and
+//!   delivers every live message and none of the acked ones.
+//!
+//! Each fails if disk is not freed within its bound, if a partition stops, or if a message is
+//! lost or an acked one delivered again.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use common::brokers::{wait_info, BrokerNode};
+use keratin_broker::{Broker, BrokerError, Consumer, Message, QueueSettings};
+use keratin_log::MIN_SEGMENT_SIZE_BYTES;
+
+const QUEUE: &str = "events";
+const QUEUE_ID: u64 = 5;
+const WAIT: Duration = Duration::from_secs(20);
+/// Messages published and acked.
+const ACKED: usize = 2_000;
+/// Messages left live at the end.
+const LIVE: usize = 50;
+const BODY_BYTES: usize = 1_000;
+
+fn settings() -> QueueSettings {
+    QueueSettings {
+        replicas: Some(3),
+        ..QueueSettings::default()
+    }
+}
+
+fn body(prefix: &str, n: usize) -> String {
+    let mut body = format!("{prefix} {n} ");
+    body.extend(std::iter::repeat_n('x', BODY_BYTES - body.len()));
+    body
+}
+
+/// The node whose broker leads partition 0, once one does and the others agree.
+async fn leader(nodes: &BTreeMap<u64, BrokerNode>) -> u64 {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let infos: BTreeMap<u64, _> = nodes
+            .iter()
+            .filter_map(|(id, node)| {
+                let info = node.broker.info(QUEUE).ok()?;
+                Some((*id, info.partitions[0].clone()))
+            })
+            .collect();
+        let leading: Vec<u64> = infos
+            .iter()
+            .filter(|(_, p)| p.leading)
+            .map(|(id, _)| *id)
+            .collect();
+        if let [id] = leading[..] {
+            if infos.values().all(|p| p.leader == Some(id)) {
+                return id;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no leader in {WAIT:?}: {infos:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Publish `bodies` at `broker` in batches of 100, retrying a batch refused as "not the
+/// leader" with none known (a new leader's first moments).
+async fn publish(broker: &Broker, bodies: &[String]) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    for batch in bodies.chunks(100) {
+        loop {
+            let messages: Vec<Message> = batch.iter().map(|b| Message::new(b.clone())).collect();
+            let results = broker.publish(QUEUE, messages).await;
+            if results
+                .iter()
+                .all(|r| matches!(r, Err(BrokerError::NotLeader { leader: None, .. })))
+            {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "no leader to publish to"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
+            for result in results {
+                result.expect("publish confirmed");
+            }
+            break;
+        }
+    }
+}
+
+/// Receive `count` deliveries and ack them all; returns their bodies.
+async fn consume_and_ack(consumer: &mut Consumer, count: usize) -> Vec<String> {
+    let mut bodies = Vec::new();
+    while bodies.len() < count {
+        let delivery = tokio::time::timeout(WAIT, consumer.recv())
+            .await
+            .unwrap_or_else(|_| panic!("{} of {count} deliveries in {WAIT:?}", bodies.len()))
+            .expect("the consumer is open");
+        bodies.push(String::from_utf8(delivery.message.body.clone()).expect("utf-8"));
+        consumer.ack(&[delivery.tag]);
+    }
+    bodies
+}
+
+async fn start_all(net: &mut common::tcp::Loopback) -> BTreeMap<u64, BrokerNode> {
+    let mut nodes = BTreeMap::new();
+    for (id, listener) in std::mem::take(&mut net.listeners) {
+        let node = common::brokers::start(net.dirs[&id].path(), listener, net.cluster(id)).await;
+        node.broker
+            .declare_replicated(QUEUE_ID, QUEUE, settings(), vec![vec![1, 2, 3]])
+            .await
+            .expect("declare");
+        nodes.insert(id, node);
+    }
+    nodes
+}
+
+/// Wait until every node's partition uses at most `bound` bytes of disk, with no stop.
+async fn wait_disk_at_most(nodes: &BTreeMap<u64, BrokerNode>, bound: u64, what: &str) {
+    for (id, node) in nodes {
+        let info = wait_info(
+            &node.broker,
+            QUEUE,
+            WAIT,
+            &format!("{what}: node {id} at most {bound} bytes of disk"),
+            |info| info.partitions[0].disk_bytes <= bound,
+        )
+        .await;
+        assert_eq!(info.partitions[0].stops, 0, "node {id}: {info:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn acked_messages_free_the_disk_on_every_replica() {
+    let mut net = common::tcp::three_nodes().await;
+    let nodes = start_all(&mut net).await;
+    let first = leader(&nodes).await;
+    let bodies: Vec<String> = (0..ACKED).map(|n| body("acked", n)).collect();
+    publish(&nodes[&first].broker, &bodies).await;
+    let used: Vec<u64> = nodes
+        .values()
+        .map(|n| n.broker.info(QUEUE).expect("info").partitions[0].disk_bytes)
+        .collect();
+    assert!(
+        used.iter().all(|u| *u >= 6 * MIN_SEGMENT_SIZE_BYTES),
+        "2 MB of messages take at least six segments everywhere: {used:?}"
+    );
+
+    let mut consumer = nodes[&first]
+        .broker
+        .subscribe(QUEUE, 200)
+        .expect("subscribe");
+    let got = consume_and_ack(&mut consumer, ACKED).await;
+    assert_eq!(got, bodies, "delivered in order");
+    wait_disk_at_most(&nodes, 3 * MIN_SEGMENT_SIZE_BYTES, "after the acks").await;
+
+    // The queue goes on: new messages are delivered, and every node counts them.
+    let more: Vec<String> = (0..LIVE).map(|n| body("live", n)).collect();
+    publish(&nodes[&first].broker, &more).await;
+    let got = consume_and_ack(&mut consumer, LIVE).await;
+    assert_eq!(got, more);
+    for (id, node) in &nodes {
+        wait_info(
+            &node.broker,
+            QUEUE,
+            WAIT,
+            &format!("node {id} empty"),
+            |info| info.partitions[0].ready + info.partitions[0].inflight == 0,
+        )
+        .await;
+    }
+    drop(consumer);
+    for (_, node) in nodes {
+        node.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_follower_behind_the_freed_log_catches_up_from_a_snapshot() {
+    let mut net = common::tcp::three_nodes().await;
+    let mut nodes = start_all(&mut net).await;
+    let first = leader(&nodes).await;
+    let lagging = *nodes.keys().find(|id| **id != first).expect("a follower");
+    // Something the lagging follower has, acked later while it is down.
+    let early: Vec<String> = (0..10).map(|n| body("early", n)).collect();
+    publish(&nodes[&first].broker, &early).await;
+    wait_info(
+        &nodes[&lagging].broker,
+        QUEUE,
+        WAIT,
+        "the follower has the early messages",
+        |info| info.partitions[0].ready == early.len() as u64,
+    )
+    .await;
+    nodes.remove(&lagging).expect("follower").stop().await;
+
+    let bodies: Vec<String> = (0..ACKED).map(|n| body("acked", n)).collect();
+    publish(&nodes[&first].broker, &bodies).await;
+    let mut consumer = nodes[&first]
+        .broker
+        .subscribe(QUEUE, 200)
+        .expect("subscribe");
+    let got = consume_and_ack(&mut consumer, early.len() + ACKED).await;
+    let all_acked: Vec<String> = early.iter().chain(&bodies).cloned().collect();
+    assert_eq!(got, all_acked, "delivered in order");
+    let live: Vec<String> = (0..LIVE).map(|n| body("live", n)).collect();
+    publish(&nodes[&first].broker, &live).await;
+    // Keep the live ones undelivered: the consumer goes.
+    drop(consumer);
+    wait_disk_at_most(
+        &nodes,
+        3 * MIN_SEGMENT_SIZE_BYTES,
+        "before the follower returns",
+    )
+    .await;
+
+    // The follower returns; the leader sends it a snapshot and the entries after it.
+    let node = common::brokers::start(
+        net.dirs[&lagging].path(),
+        net.rebind(lagging).await,
+        net.cluster(lagging),
+    )
+    .await;
+    node.broker
+        .declare_replicated(QUEUE_ID, QUEUE, settings(), vec![vec![1, 2, 3]])
+        .await
+        .expect("declare again");
+    nodes.insert(lagging, node);
+    let info = wait_info(
+        &nodes[&lagging].broker,
+        QUEUE,
+        WAIT,
+        "the returned follower counts the live messages only",
+        |info| info.partitions[0].ready == LIVE as u64,
+    )
+    .await;
+    assert_eq!(info.partitions[0].leader, Some(first));
+    assert!(
+        info.partitions[0].disk_bytes <= 3 * MIN_SEGMENT_SIZE_BYTES,
+        "the follower holds what follows the snapshot only: {info:?}"
+    );
+
+    // Without the old leader, the live messages are delivered once each, nothing acked.
+    nodes.remove(&first).expect("leader").stop().await;
+    let second = leader(&nodes).await;
+    let mut consumer = nodes[&second]
+        .broker
+        .subscribe(QUEUE, 200)
+        .expect("subscribe at the new leader");
+    let got = consume_and_ack(&mut consumer, LIVE).await;
+    let got: BTreeSet<String> = got.into_iter().collect();
+    let wanted: BTreeSet<String> = live.iter().cloned().collect();
+    assert_eq!(got, wanted, "every live message, once");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(consumer.try_recv().is_none(), "nothing acked comes back");
+    drop(consumer);
+    for (_, node) in nodes {
+        node.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cluster_restarted_after_freeing_its_logs_keeps_its_live_messages() {
+    let mut net = common::tcp::three_nodes().await;
+    let nodes = start_all(&mut net).await;
+    let first = leader(&nodes).await;
+    let bodies: Vec<String> = (0..ACKED).map(|n| body("acked", n)).collect();
+    publish(&nodes[&first].broker, &bodies).await;
+    let mut consumer = nodes[&first]
+        .broker
+        .subscribe(QUEUE, 200)
+        .expect("subscribe");
+    consume_and_ack(&mut consumer, ACKED).await;
+    drop(consumer);
+    let live: Vec<String> = (0..LIVE).map(|n| body("live", n)).collect();
+    publish(&nodes[&first].broker, &live).await;
+    wait_disk_at_most(&nodes, 3 * MIN_SEGMENT_SIZE_BYTES, "before the restart").await;
+    for (_, node) in nodes {
+        node.stop().await;
+    }
+
+    // Every node starts from its snapshot (kept in its state log) and the entries after it.
+    let mut nodes = BTreeMap::new();
+    for id in 1..=3u64 {
+        let node =
+            common::brokers::start(net.dirs[&id].path(), net.rebind(id).await, net.cluster(id))
+                .await;
+        node.broker
+            .declare_replicated(QUEUE_ID, QUEUE, settings(), vec![vec![1, 2, 3]])
+            .await
+            .expect("declare again");
+        nodes.insert(id, node);
+    }
+    let second = leader(&nodes).await;
+    for (id, node) in &nodes {
+        wait_info(
+            &node.broker,
+            QUEUE,
+            WAIT,
+            &format!("node {id} counts the live messages after the restart"),
+            |info| info.partitions[0].ready == LIVE as u64,
+        )
+        .await;
+    }
+    let mut consumer = nodes[&second]
+        .broker
+        .subscribe(QUEUE, 200)
+        .expect("subscribe after the restart");
+    let got: BTreeSet<String> = consume_and_ack(&mut consumer, LIVE)
+        .await
+        .into_iter()
+        .collect();
+    assert_eq!(got, live.iter().cloned().collect::<BTreeSet<_>>());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(consumer.try_recv().is_none(), "nothing acked comes back");
+    drop(consumer);
+    for (_, node) in nodes {
+        node.stop().await;
+    }
+}
