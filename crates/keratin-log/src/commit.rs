@@ -228,6 +228,11 @@ impl Writer {
             .map_or(self.durable_next, |a| a.next_offset)
     }
 
+    /// Whether the log holds a segment (appends go to it).
+    pub(crate) fn holds_segment(&self) -> bool {
+        self.active.is_some()
+    }
+
     /// Carry out one round of queued requests, in order. On error every request of the round
     /// not yet answered gets the error, and the caller stops the log. The answers of the
     /// round's last group (durable already) are left in `answers`: the caller sends them after

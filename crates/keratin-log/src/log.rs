@@ -767,7 +767,9 @@ impl Log {
     ///   caller sees the stop and heals.
     ///
     /// Records past the last durable offset (answered `Stopped`, including the part of a group
-    /// that a roll's sync covered before a later write failed) are cut by the heal.
+    /// that a roll's sync covered before a later write failed) are cut by the heal. A log that
+    /// holds no segment keeps the offset its anchor names, even past the last durable offset: a
+    /// [`Log::restart_at`] whose anchor was written before a later step failed.
     pub fn heal(&self) -> LogResult<()> {
         let _one_heal = self
             .shared
@@ -794,7 +796,11 @@ impl Log {
             Trust::NothingPastTheEnd,
         )?;
         let mut writer = Writer::start(shared, recovered)?;
-        if writer.next_offset() > durable_next {
+        // A log without segments past the durable end is a restart whose anchor became durable
+        // before a later step failed (its final directory sync): it holds no record to cut, and
+        // its offset must stay, as the disk has it (found by the restart sweeps of
+        // crash_every_step and power_loss: EIO at that sync, then the heal failed).
+        if writer.next_offset() > durable_next && writer.holds_segment() {
             writer.truncate(shared, durable_next)?;
         }
         {
