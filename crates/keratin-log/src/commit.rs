@@ -12,7 +12,8 @@
 //! - truncation removes later segments before it zeroes the cut segment's tail;
 //! - a segment file grows by preallocation steps before the write that needs the room, and its
 //!   new length is made durable by the batch's sync;
-//! - a hand-back makes its anchor durable before it removes any segment.
+//! - a hand-back makes its anchor durable before it removes any segment;
+//! - a restart hands the log back first and only then makes its own anchor durable.
 //!
 //! Any failed write or sync stops the log: nothing is retried in place.
 
@@ -225,6 +226,11 @@ impl Writer {
         self.active
             .as_ref()
             .map_or(self.durable_next, |a| a.next_offset)
+    }
+
+    /// Whether the log holds a segment (appends go to it).
+    pub(crate) fn holds_segment(&self) -> bool {
+        self.active.is_some()
     }
 
     /// Carry out one round of queued requests, in order. On error every request of the round
@@ -493,6 +499,11 @@ impl Writer {
                 reply.send(result.clone());
                 result.map(|_| Flow::Continue)
             }
+            Item::RestartAt { offset, reply } => {
+                let result = self.restart_at(shared, offset).map_err(|e| fail(shared, e));
+                reply.send(result.clone());
+                result.map(|_| Flow::Continue)
+            }
             Item::Close { reply } => {
                 let result = self.write_seal(shared, true).map_err(|e| fail(shared, e));
                 // Answered after every earlier answer is out (see `run_round`).
@@ -664,6 +675,45 @@ impl Writer {
         })
     }
 
+    /// Drop every segment and continue at `offset` (see [`crate::Log::restart_at`]): a
+    /// hand-back, then an anchor at `offset`. In this order every crash leaves a state recovery
+    /// accepts and that never ends below the current next offset: the hand-back's own outcomes
+    /// (the segments, a suffix of them ending at its anchor, or none at its anchor), then the
+    /// old anchor or the new one, replaced by a rename. The other order (the new anchor first)
+    /// would leave segments that end below their anchor, which recovery rightly calls lost
+    /// records.
+    fn restart_at(&mut self, shared: &Shared, offset: u64) -> StepResult<PrefixRemoval> {
+        let end = self.next_offset();
+        // `Log::restart_at` refuses a lower offset when it queues the request, and every request
+        // queued before it ends at or below it. Going on would hand out offsets again.
+        assert!(
+            offset >= end,
+            "restart at {offset} below the next offset {end} reached the writer"
+        );
+        let removed = self.hand_back(shared)?;
+        assert!(
+            self.active.is_none() && self.durable_next == end,
+            "a hand-back leaves no segment and keeps the offsets"
+        );
+        if offset == end {
+            return Ok(removed);
+        }
+        if !self.dir_exists {
+            // Never written: the anchor needs the directory (created as the first segment
+            // creates it, its entry synced in the parent).
+            create_log_dir(shared).map_err(|e| as_stop(shared, e))?;
+            self.dir_exists = true;
+        }
+        write_anchor(shared, offset)?;
+        self.durable_next = offset;
+        self.buf_position = 0;
+        let mut state = shared.lock();
+        debug_assert!(state.segments.is_empty());
+        debug_assert!(state.next_offset >= offset);
+        state.durable_next = offset;
+        Ok(removed)
+    }
+
     /// Remove segments from the log, in the given order, and make the removal durable.
     fn retire(&mut self, shared: &Shared, victims: &[Segment]) -> StepResult<()> {
         if victims.is_empty() {
@@ -776,9 +826,9 @@ pub(crate) fn fail_items(items: impl IntoIterator<Item = Item>, error: &LogError
             Item::Truncate { reply, .. } | Item::Roll { reply } | Item::Close { reply } => {
                 reply.send(Err(error.clone()))
             }
-            Item::RemovePrefix { reply, .. } | Item::HandBack { reply } => {
-                reply.send(Err(error.clone()))
-            }
+            Item::RemovePrefix { reply, .. }
+            | Item::HandBack { reply }
+            | Item::RestartAt { reply, .. } => reply.send(Err(error.clone())),
         }
     }
 }

@@ -149,7 +149,7 @@ pub struct LogStats {
     pub stopped: bool,
 }
 
-/// What [`Log::remove_prefix`] or [`Log::hand_back`] removed.
+/// What [`Log::remove_prefix`], [`Log::hand_back`] or [`Log::restart_at`] removed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct PrefixRemoval {
     /// Segments handed to the pool.
@@ -185,6 +185,10 @@ pub(crate) enum Item {
         reply: Reply<()>,
     },
     HandBack {
+        reply: Reply<PrefixRemoval>,
+    },
+    RestartAt {
+        offset: u64,
         reply: Reply<PrefixRemoval>,
     },
     Close {
@@ -603,6 +607,54 @@ impl Log {
         self.submit(|_, reply| Ok(Item::HandBack { reply }))
     }
 
+    /// Drop every record and continue at `offset`, which must be at or past `next_offset()`
+    /// (a Raft follower that installed a snapshot past its log's end: the log continues there
+    /// without one gap record per missing offset).
+    ///
+    /// Runs after every append queued before it is durable; appends queued after it get offsets
+    /// from `offset` on. Afterwards the log holds no segment, `start_offset()`,
+    /// `durable_offset()` and `next_offset()` are `offset`, reads below it are `OutOfRange` (as
+    /// for a removed prefix), and the next append creates a segment at `offset`. The segments go
+    /// to the pool as at a hand-back (spare budget and release rules apply).
+    ///
+    /// Steps: a hand-back first (see [`Log::hand_back`]: an anchor holding the current next
+    /// offset, call it `end`, written and synced; every segment to the pool, lowest first; the
+    /// directory synced), then the anchor is replaced by one holding `offset` (scratch file,
+    /// synced, renamed, directory synced; the log's directory is created first if the log was
+    /// never written). At `offset == next_offset()` it is exactly a hand-back. Nothing new on
+    /// disk: the same anchor file.
+    ///
+    /// A crash or power loss at any step recovers one of:
+    /// - the log as it was before;
+    /// - a suffix of its segments, still ending at `end` (records the restart was dropping are
+    ///   readable again);
+    /// - no segment, at `end` (the hand-back done, the new anchor not yet durable);
+    /// - no segment, at `offset` (done).
+    ///
+    /// Never a next offset below `end`, and never records below `offset` once the log is at
+    /// `offset`. A caller that must not go on below `offset` (the Raft adapter, which keeps its
+    /// snapshot point durably) compares `next_offset()` with it after every open (and heal) and
+    /// calls `restart_at` again if the log came back below it.
+    ///
+    /// Errors: [`LogError::Invalid`] at once if `offset` is below `next_offset()` (which counts
+    /// appends queued and not yet durable); the request is then not queued and changes nothing.
+    /// A stopped or closing log refuses it as it refuses appends. A failed file operation stops
+    /// the log; a heal (or a reopen) finds one of the outcomes above.
+    pub fn restart_at(&self, offset: u64) -> LogResult<Ticket<PrefixRemoval>> {
+        self.submit(|state, reply| {
+            let next = state.next_offset;
+            if offset < next {
+                return Err(LogError::Invalid(format!(
+                    "restart at offset {offset}: below the log's next offset {next} (a restart \
+                     only moves a log forward; truncate_suffix cuts it back)"
+                )));
+            }
+            // Appends queued behind it continue from `offset`, as the writer will.
+            state.next_offset = offset;
+            Ok(Item::RestartAt { offset, reply })
+        })
+    }
+
     /// Read one durable record.
     pub fn read(&self, offset: u64) -> LogResult<ReadRecord> {
         let mut reader = LogReader::new(self.shared.clone(), offset, 16 << 10);
@@ -715,7 +767,9 @@ impl Log {
     ///   caller sees the stop and heals.
     ///
     /// Records past the last durable offset (answered `Stopped`, including the part of a group
-    /// that a roll's sync covered before a later write failed) are cut by the heal.
+    /// that a roll's sync covered before a later write failed) are cut by the heal. A log that
+    /// holds no segment keeps the offset its anchor names, even past the last durable offset: a
+    /// [`Log::restart_at`] whose anchor was written before a later step failed.
     pub fn heal(&self) -> LogResult<()> {
         let _one_heal = self
             .shared
@@ -742,7 +796,11 @@ impl Log {
             Trust::NothingPastTheEnd,
         )?;
         let mut writer = Writer::start(shared, recovered)?;
-        if writer.next_offset() > durable_next {
+        // A log without segments past the durable end is a restart whose anchor became durable
+        // before a later step failed (its final directory sync): it holds no record to cut, and
+        // its offset must stay, as the disk has it (found by the restart sweeps of
+        // crash_every_step and power_loss: EIO at that sync, then the heal failed).
+        if writer.next_offset() > durable_next && writer.holds_segment() {
             writer.truncate(shared, durable_next)?;
         }
         {

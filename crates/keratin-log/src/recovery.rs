@@ -5,9 +5,11 @@
 //!   first segment lazily, at the first append);
 //! - scratch files (`*.seg.tmp`, `anchor.tmp`) are leftovers of a creation that never finished:
 //!   removed;
-//! - an anchor (written by a hand-back) gives the next offset of a log without segments; with
-//!   segments, the segments win, and they must reach the anchor's offset (a hand-back
-//!   interrupted part way leaves a suffix of its segments, which still ends there);
+//! - an anchor (written by a hand-back or a restart) gives the next offset of a log without
+//!   segments, which after a restart may lie past every record the log held; with segments, the
+//!   segments win, and they must reach the anchor's offset (a hand-back interrupted part way
+//!   leaves a suffix of its segments, which still ends there; a restart is a hand-back first and
+//!   writes its own anchor only once no segment is left);
 //! - a trailing segment whose valid header does not name its own base (a spare header, or another
 //!   log's base) was being taken from a pool when the node stopped: it is handed back to the pool;
 //! - every segment but the last is sealed: its records must run without a gap up to the next
@@ -173,8 +175,9 @@ pub(crate) fn recover(
 }
 
 /// A hand-back makes its anchor durable before it removes any segment, lowest first: segments
-/// that survive it are a suffix of the log, which ends at the anchor's offset. Segments that end
-/// below it lost durable records.
+/// that survive it are a suffix of the log, which ends at the anchor's offset. A restart is such
+/// a hand-back followed by an anchor at its offset, written only once every segment is gone.
+/// Segments that end below the anchor thus lost durable records.
 fn check_anchor(path: &Path, anchor: u64, segments: &BTreeMap<u64, Segment>) -> LogResult<()> {
     let Some((_, last)) = segments.last_key_value() else {
         return Ok(());

@@ -1,10 +1,12 @@
 //! Crash at every step, fail at every step: one appender runs a fixed workload (appends of varied
 //! sizes and multi-record batches, automatic and explicit rolls, a truncation inside a segment
 //! and one at a segment boundary, a prefix removal, hand-backs of every segment, one with
-//! appends queued before and after it, and a clean close) on the simulated disk. The log starts
-//! without a directory (lazy creation at the first append); its segment files grow by
-//! preallocation steps (64, 128, 192, 256 KiB) and roll; after a hand-back the next append
-//! creates a segment at the anchor's offset, and the workload ends handed back. Its
+//! appends queued before and after it, restarts far past the end of a log with two segments,
+//! with appends queued before and after it, and of a handed-back log, and a clean close) on the
+//! simulated disk. The log starts without a directory (lazy creation at the first append); its
+//! segment files grow by preallocation steps (64, 128, 192, 256 KiB) and roll; after a hand-back
+//! or a restart the next append creates a segment at the anchor's offset, and the workload ends
+//! restarted without a segment. Its
 //! sequence of `Io` calls is deterministic, so the test first counts the calls, then replays the
 //! workload once per call index `k`:
 //!
@@ -12,7 +14,8 @@
 //!   no acknowledged truncation or prefix removal took away must read back byte for byte, every
 //!   record that reads back must be one that was written at that offset (and not removed by an
 //!   acknowledged truncation), the offsets must run without a gap, the next offset must not be
-//!   below the end of what was acknowledged (a hand-back keeps it), and the log must take a new
+//!   below the end of what was acknowledged (a hand-back keeps it), a restart in flight must
+//!   have left the log ending where it ended or empty at its offset, and the log must take a new
 //!   append and reopen again;
 //! - with call `k` failing with `EIO`: the log stops (every later append gets `Stopped`, durable
 //!   records still read), `heal()` (or a reopen when `open` itself failed) brings back every
@@ -51,6 +54,10 @@ enum Step {
     RemovePrefix,
     /// Hand every segment back to the pool.
     HandBack,
+    /// Restart the log this far past its next offset.
+    RestartPast(u64),
+    /// As `HandBackWithPending`, with a restart this far past the next offset instead.
+    RestartWithPending(u64),
     /// One append held in its sync, then two appends, a hand-back and one more append queued
     /// behind it: the commit path takes the last four in one round.
     HandBackWithPending,
@@ -88,11 +95,16 @@ fn workload() -> Vec<Step> {
     steps.extend(appends(116, 4));
     steps.push(Step::RemovePrefix);
     steps.extend(appends(120, 4));
+    steps.push(Step::RestartPast(1_000_000));
+    steps.extend(appends(140, 30));
     steps.push(Step::HandBack);
     steps.extend(appends(124, 3));
     steps.push(Step::HandBackWithPending);
     steps.extend(appends(127, 2));
+    steps.push(Step::RestartWithPending(5_000));
+    steps.extend(appends(130, 2));
     steps.push(Step::HandBack);
+    steps.push(Step::RestartPast(70_000));
     steps.push(Step::Close);
     steps
 }
@@ -104,6 +116,13 @@ enum InFlight {
     RemovePrefix(u64),
     /// A hand-back: a crash may leave its segments, a suffix of them, or none.
     HandBack,
+    /// A restart from `end` (the next offset when it was asked for) to `offset`: a crash may
+    /// leave the segments, a suffix of them (ending at `end`), none at `end`, or none at
+    /// `offset`.
+    Restart {
+        end: u64,
+        offset: u64,
+    },
 }
 
 /// What the appender knows: what must read back, and what may.
@@ -133,7 +152,7 @@ impl Tracker {
         match self.in_flight {
             Some(InFlight::Truncate(offset)) => required.retain(|o, _| *o < offset),
             Some(InFlight::RemovePrefix(before)) => required.retain(|o, _| *o >= before),
-            Some(InFlight::HandBack) => required.clear(),
+            Some(InFlight::HandBack) | Some(InFlight::Restart { .. }) => required.clear(),
             None => {}
         }
         required
@@ -157,6 +176,16 @@ impl Tracker {
     fn handed_back(&mut self, log: &Log) {
         self.acked.clear();
         self.start_floor = log.start_offset();
+        self.in_flight = None;
+    }
+
+    /// An acknowledged restart at `offset`: nothing below it may come back, and the offsets go
+    /// on from it.
+    fn restarted(&mut self, log: &Log, offset: u64) {
+        assert_eq!(log.start_offset(), offset);
+        self.acked.clear();
+        self.start_floor = offset;
+        self.next_floor = offset;
         self.in_flight = None;
     }
 
@@ -220,15 +249,26 @@ impl Tracker {
         Ok(())
     }
 
-    /// A hand-back with appends queued before and after it (see [`Step::HandBackWithPending`]).
-    fn hand_back_with_pending(&mut self, log: &Log, gate: &Gate) -> Result<(), LogError> {
+    /// A hand-back (`restart_past` `None`) or a restart with appends queued before and after it
+    /// (see [`Step::HandBackWithPending`]).
+    fn hand_back_with_pending(
+        &mut self,
+        log: &Log,
+        gate: &Gate,
+        restart_past: Option<u64>,
+    ) -> Result<(), LogError> {
         gate.close();
-        let result = self.hand_back_with_pending_gated(log, gate);
+        let result = self.hand_back_with_pending_gated(log, gate, restart_past);
         gate.open();
         result
     }
 
-    fn hand_back_with_pending_gated(&mut self, log: &Log, gate: &Gate) -> Result<(), LogError> {
+    fn hand_back_with_pending_gated(
+        &mut self,
+        log: &Log,
+        gate: &Gate,
+        restart_past: Option<u64>,
+    ) -> Result<(), LogError> {
         let held = self.submit(log, &[900])?;
         // A failure before the sync stops the log instead: nothing is held then.
         let limit = std::time::Duration::from_secs(10);
@@ -237,15 +277,26 @@ impl Tracker {
             return self.confirm(held).and(Err(log.stopped().expect("stopped")));
         }
         let before = self.submit(log, &[1_500, 20]);
-        let hand_back = log.hand_back();
+        let end = log.next_offset();
+        let restart = restart_past.map(|past| end + past);
+        let hand_back = match restart {
+            Some(offset) => log.restart_at(offset),
+            None => log.hand_back(),
+        };
         let after = self.submit(log, &[700]);
         gate.open();
         self.confirm(held)?;
         self.confirm(before?)?;
         let hand_back = hand_back?;
-        self.in_flight = Some(InFlight::HandBack);
+        self.in_flight = Some(match restart {
+            Some(offset) => InFlight::Restart { end, offset },
+            None => InFlight::HandBack,
+        });
         hand_back.wait()?;
-        self.handed_back(log);
+        match restart {
+            Some(offset) => self.restarted(log, offset),
+            None => self.handed_back(log),
+        }
         self.confirm(after?)
     }
 }
@@ -358,7 +409,23 @@ fn run(io: &SimIo, tracker: &mut Tracker) -> Run {
                 }
                 result.map(|_| ())
             }
-            Step::HandBackWithPending => tracker.hand_back_with_pending(&log, &gate),
+            Step::HandBackWithPending => tracker.hand_back_with_pending(&log, &gate, None),
+            Step::RestartWithPending(past) => {
+                tracker.hand_back_with_pending(&log, &gate, Some(past))
+            }
+            Step::RestartPast(past) => {
+                let end = log.next_offset();
+                let offset = end + past;
+                let segments = log.stats().segments.len();
+                tracker.in_flight = Some(InFlight::Restart { end, offset });
+                let result = log.restart_at(offset).and_then(|t| t.wait());
+                if let Ok(removed) = &result {
+                    assert_eq!(removed.segments, segments);
+                    assert_eq!(log.disk_bytes(), 0);
+                    tracker.restarted(&log, offset);
+                }
+                result.map(|_| ())
+            }
             Step::Close => {
                 // A failed idle-seal write after the last group stops the log while that group
                 // is answered as durable (it is): the stop shows in `stopped()`, and closing a
@@ -406,6 +473,18 @@ fn verify(log: &Log, tracker: &Tracker, context: &str) {
         log.next_offset(),
         tracker.next_floor()
     );
+    if let Some(InFlight::Restart { end, offset }) = tracker.in_flight {
+        // Before, a suffix of the segments (ending at `end`), none at `end`, or none at
+        // `offset`: never a lower end, never records below `offset` once it is the end.
+        let durable = log.durable_offset();
+        assert!(
+            durable == end || durable == offset,
+            "{context}: a restart from {end} to {offset} left a log ending at {durable}"
+        );
+        if durable != end {
+            assert_eq!(start, offset, "{context}: records below a restart's offset");
+        }
+    }
     let records = read_all(log, context);
     for record in &records {
         let allowed = tracker.allowed.get(&record.offset);

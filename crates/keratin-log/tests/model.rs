@@ -1,10 +1,10 @@
 //! Property tests. The record codec: every record encodes and decodes to itself, a single bit
 //! flip anywhere is refused, and arbitrary bytes never panic the record check or the header
 //! decoder. The log: random sequences of batch appends (random sizes), reads of random offsets,
-//! truncations to random valid offsets, prefix removals, rolls and reopens are compared with a
-//! plain `Vec` model, on `SimIo` and (fewer cases) on the real file system. A failure is a
-//! minimal sequence of operations after which the log and the model disagree; replay it with the
-//! printed `KERATIN_SEED`.
+//! truncations to random valid offsets, prefix removals, rolls, hand-backs, restarts at offsets
+//! at, past and below the end, and reopens are compared with a plain `Vec` model, on `SimIo` and
+//! (fewer cases) on the real file system. A failure is a minimal sequence of operations after
+//! which the log and the model disagree; replay it with the printed `KERATIN_SEED`.
 
 mod common;
 
@@ -233,6 +233,8 @@ enum Op {
     Roll,
     /// Hand every segment back to the pool: the model keeps its end and holds nothing.
     HandBack,
+    /// Restart at an offset picked at the end, past it (near and far), or below it (refused).
+    RestartAt(u64),
     Reopen,
 }
 
@@ -245,6 +247,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<u64>().prop_map(Op::RemovePrefix),
         1 => Just(Op::Roll),
         1 => Just(Op::HandBack),
+        1 => any::<u64>().prop_map(Op::RestartAt),
         1 => Just(Op::Reopen),
     ]
 }
@@ -341,6 +344,35 @@ fn apply(log: &Log, model: &mut Model, op: &Op) {
             assert_eq!(log.disk_bytes(), 0);
             assert_eq!(log.tail_room_bytes(), 0);
             model.start = model.end();
+            model.records.clear();
+        }
+        Op::RestartAt(pick) => {
+            let end = model.end();
+            let offset = match pick % 4 {
+                0 => end,
+                1 => end + 1 + (pick >> 2) % 1_000,
+                2 => end + 1_000_000,
+                _ => end.saturating_sub(1 + (pick >> 2) % 10),
+            };
+            if offset < end {
+                let refused = log.restart_at(offset);
+                assert!(
+                    matches!(refused, Err(LogError::Invalid(_))),
+                    "restart at {offset} below {end}: {:?}",
+                    refused.map(|_| ())
+                );
+                assert!(log.stopped().is_none());
+                return;
+            }
+            let segments = log.stats().segments.len();
+            let done = log
+                .restart_at(offset)
+                .expect("submit")
+                .wait()
+                .expect("restart");
+            assert_eq!(done.segments, segments);
+            assert_eq!(log.disk_bytes(), 0);
+            model.start = offset;
             model.records.clear();
         }
         // The caller closes and reopens the log.

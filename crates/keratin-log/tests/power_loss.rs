@@ -1,7 +1,9 @@
 //! Crash at every step with power loss, over the moments where fsync ordering matters most:
 //! taking spares after segments have entered the pool, rolls (fresh files and spares, on their own
 //! mid-batch and explicit), hand-backs (anchor, segments to the pool, the next append at the
-//! anchor's offset from a short spare, a reopen after a hand-back), a failed sync followed by a
+//! anchor's offset from a short spare, a reopen after a hand-back), restarts past the end (of a
+//! log with two segments, of a log never written, of a handed-back log, and after a reopen), a
+//! failed sync followed by a
 //! heal or a process restart, and a second power loss at every step of the recovery that follows
 //! a first one.
 //!
@@ -13,7 +15,9 @@
 //!
 //! - every acknowledged record not removed by an acknowledged request reads back byte for byte;
 //! - every record that reads back is one that was written at its offset, in that log;
-//! - the next offset is not below the end of what was acknowledged (a hand-back keeps it);
+//! - the next offset is not below the end of what was acknowledged (a hand-back keeps it); a
+//!   restart in flight left the log ending where it ended or empty at its offset, and records
+//!   below an acknowledged restart's offset never come back;
 //! - the log takes a new append and reopens with it;
 //! - no ready spare holds a valid record of its own generation (the next log to take it could
 //!   adopt it, or see a false `Corrupt`).
@@ -89,6 +93,11 @@ struct Model {
     versions: BTreeMap<String, Vec<u32>>,
     /// Log name → one past its last acknowledged offset: its next offset never goes below.
     next_floor: BTreeMap<String, u64>,
+    /// Log name → the offset of its last acknowledged restart: nothing below it comes back.
+    start_floor: BTreeMap<String, u64>,
+    /// Log name → (its next offset, the restart's offset) of a restart asked for and not yet
+    /// acknowledged.
+    restarting: BTreeMap<String, (u64, u64)>,
 }
 
 impl Model {
@@ -133,6 +142,29 @@ impl Model {
         Ok(())
     }
 
+    /// Restart `log` at `offset`: its records may go from the moment it is asked for; a crash
+    /// leaves it ending where it ended, or empty at `offset`.
+    fn restart_at(&mut self, log: &Log, name: &str, offset: u64) -> Result<(), LogError> {
+        self.removing_prefix(name, u64::MAX);
+        let segments = log.stats().segments.len();
+        self.restarting
+            .insert(name.into(), (log.next_offset(), offset));
+        let removed = log.restart_at(offset)?.wait()?;
+        self.restarting.remove(name);
+        assert_eq!(removed.segments, segments);
+        assert_eq!(log.disk_bytes(), 0);
+        assert_eq!(log.start_offset(), offset);
+        self.start_floor.insert(name.into(), offset);
+        self.next_floor.insert(name.into(), offset);
+        Ok(())
+    }
+
+    /// After the first check of a recovered log: what it holds is the outcome of the restart in
+    /// flight, if one was.
+    fn settle(&mut self, name: &str) {
+        self.restarting.remove(name);
+    }
+
     /// Records below `before` may go from the moment the removal is asked for.
     fn removing_prefix(&mut self, name: &str, before: u64) {
         if let Some(required) = self.required.get_mut(name) {
@@ -152,6 +184,24 @@ fn verify_log(log: &Log, model: &Model, name: &str, context: &str) {
         log.next_offset()
     );
     let start = log.start_offset();
+    let start_floor = model.start_floor.get(name).copied().unwrap_or(0);
+    assert!(
+        start >= start_floor,
+        "{context}: {name}: start {start} is below the acknowledged restart at {start_floor}"
+    );
+    if let Some(&(end, offset)) = model.restarting.get(name) {
+        let durable = log.durable_offset();
+        assert!(
+            durable == end || durable == offset,
+            "{context}: {name}: a restart from {end} to {offset} left a log ending at {durable}"
+        );
+        if durable != end {
+            assert_eq!(
+                start, offset,
+                "{context}: {name}: records below the restart"
+            );
+        }
+    }
     let mut held = BTreeMap::new();
     for (i, result) in log.reader(start).enumerate() {
         let record = result.unwrap_or_else(|e| panic!("{context}: {name}: read: {e}"));
@@ -236,6 +286,7 @@ fn check_node(sim: &SimIo, model: &Model, names: &[&str], context: &str) {
         let log =
             open_log(&io, &pool, name).unwrap_or_else(|e| panic!("{context}: open {name}: {e}"));
         verify_log(&log, &model, name, context);
+        model.settle(name);
         model
             .append(&log, name, 900, &[777, 20])
             .unwrap_or_else(|e| panic!("{context}: {name}: append after recovery: {e}"));
@@ -464,6 +515,56 @@ fn eio_at_every_step_of_hand_backs_then_heal_or_restart_then_power_loss() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Restarts: a log with two segments restarted far past its end (segments to the pool lowest
+// first, then the anchor), the next append at the new offset from a spare, a reopen and a second
+// restart of a log with one segment; a log never written restarted (directory and anchor only),
+// reopened, written, handed back and restarted again (the anchor replaced).
+
+fn restart_workload(sim: &SimIo, model: &mut Model, logs: &mut OpenLogs) -> Result<(), LogError> {
+    let io: Arc<dyn Io> = Arc::new(sim.clone());
+    let pool = node_pool(&io)?;
+    logs.push(("s".into(), open_log(&io, &pool, "s")?));
+    logs.push(("t".into(), open_log(&io, &pool, "t")?));
+    let s = log_of(logs, "s");
+    for _ in 0..10 {
+        model.append(s, "s", 1, &[30_000])?;
+    }
+    model.restart_at(s, "s", 5_000_000)?;
+    model.append(s, "s", 2, &[5_000, 40])?;
+    let t = log_of(logs, "t");
+    model.restart_at(t, "t", 1_000)?;
+    close_log(logs, "t")?;
+    close_log(logs, "s")?;
+    logs.push(("s".into(), open_log(&io, &pool, "s")?));
+    let s = log_of(logs, "s");
+    model.restart_at(s, "s", 6_000_000)?;
+    logs.push(("t".into(), open_log(&io, &pool, "t")?));
+    let t = log_of(logs, "t");
+    model.append(t, "t", 3, &[300, 20_000])?;
+    model.hand_back(t, "t")?;
+    model.restart_at(t, "t", 2_000)?;
+    model.append(t, "t", 4, &[100])?;
+    close_log(logs, "s")?;
+    close_log(logs, "t")?;
+    Ok(())
+}
+
+#[test]
+fn power_loss_at_every_step_of_restarts() {
+    crash_sweep("restarts", 0x7273_7472, 2, restart_workload, &["s", "t"]);
+}
+
+#[test]
+fn eio_at_every_step_of_restarts_then_heal_or_restart_then_power_loss() {
+    eio_sweep(
+        "restarts, EIO, heal, reopen",
+        0x7273_6569,
+        restart_workload,
+        &["s", "t"],
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
 // A failed call (EIO) at every step, then a heal or a process restart, then a reopen, then a
 // power loss.
 
@@ -494,6 +595,7 @@ fn after_eio(
         log.heal()
             .unwrap_or_else(|e| panic!("{context}: {name}: heal: {e}"));
         verify_log(log, model, name, &format!("{context}, healed"));
+        model.settle(name);
         model
             .append(log, name, 800, &[640, 9_000])
             .unwrap_or_else(|e| panic!("{context}: {name}: append after heal: {e}"));
@@ -509,6 +611,7 @@ fn after_eio(
         let log = open_log(&io, &pool, name)
             .unwrap_or_else(|e| panic!("{context}: {name}: reopen after the stop: {e}"));
         verify_log(&log, model, name, &format!("{context}, reopened"));
+        model.settle(name);
         model
             .append(&log, name, 801, &[700, 13_000])
             .unwrap_or_else(|e| panic!("{context}: {name}: append after reopen: {e}"));
