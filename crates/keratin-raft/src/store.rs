@@ -6,8 +6,9 @@
 //! flush; keratin-log readers only see durable records). A batch leaves the tail when its append
 //! ticket resolves, after the sync, and only then is openraft told it is flushed.
 //!
-//! Raft index == log offset. Offsets below a purge point that lies past the log's end are taken
-//! by gap records, so the next entry still lands at its index.
+//! Raft index == log offset. A purge point past the log's end (after a snapshot install)
+//! restarts the entry log there (`Log::restart_at`), so the next entry lands at its index; an
+//! entry appended past the end without one (openraft does not) is preceded by gap records.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -149,6 +150,14 @@ impl GroupLogs {
         let mut state = StateLog::read(&self.state)?;
         let entries = &self.entries;
         let purged_next = state.purged.as_ref().map_or(0, |p| p.index + 1);
+        if entries.next_offset() < purged_next {
+            // A restart past the log's end (after a snapshot install) that a crash cut short:
+            // the purge point was durable first, so the log goes on from there.
+            entries
+                .restart_at(purged_next)
+                .and_then(|ticket| ticket.wait())
+                .map_err(|e| RaftError::log("restart the entry log at the purge point", e))?;
+        }
         let floor = entries.start_offset().max(purged_next);
         let mut end = entries.durable_offset();
         let mut last = None;
@@ -688,10 +697,17 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), io::Error> {
-        let state = {
+        let next = log_id.index + 1;
+        let (state, past_end) = {
             let mut view = self.shared.view();
             if view.state.purged.as_ref() >= Some(&log_id) {
                 return Ok(());
+            }
+            // Past the end only after a snapshot install: no entry of the log is kept, and
+            // the log restarts at the purge point (below, once that point is durable).
+            let past_end = view.next_index < next;
+            if past_end {
+                view.next_index = next;
             }
             if view.last_log_id.as_ref() < Some(&log_id) {
                 view.last_log_id = Some(log_id);
@@ -699,7 +715,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             view.state.purged = Some(log_id);
             let kept = view.tail.split_off(&(log_id.index + 1));
             view.tail = kept;
-            view.state.clone()
+            (view.state.clone(), past_end)
         };
         if self.shared.fence.is_tripped() {
             return Ok(());
@@ -710,8 +726,20 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             self.trip(RaftError::log("save the purge point", e));
             return Ok(());
         }
+        let removal = if past_end {
+            self.shared.entries.restart_at(next)
+        } else {
+            self.shared.entries.remove_prefix(next)
+        };
+        let result = match removal {
+            Ok(ticket) => ticket.await.map(drop),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = result {
+            self.trip(RaftError::log("remove purged segments", e));
+            return Ok(());
+        }
         if let Some(watch) = &self.purged_watch {
-            let next = log_id.index + 1;
             watch.send_if_modified(|applied| {
                 let raise = *applied < next;
                 if raise {
@@ -719,13 +747,6 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 }
                 raise
             });
-        }
-        let result = match self.shared.entries.remove_prefix(log_id.index + 1) {
-            Ok(ticket) => ticket.await.map(drop),
-            Err(e) => Err(e),
-        };
-        if let Err(e) = result {
-            self.trip(RaftError::log("remove purged segments", e));
         }
         Ok(())
     }

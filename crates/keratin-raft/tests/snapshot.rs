@@ -3,8 +3,8 @@
 //! more writes go to the other two, the leader builds a snapshot and purges its log up to it
 //! (whole 256 KiB segments leave its entry log), then the follower restarts from its directory
 //! with an empty state machine: it re-applies its own log, installs the leader's snapshot,
-//! purges past its log's end and takes the next entries at their own indexes, with gap records
-//! in between (index == offset holds). It fails if the follower does not converge on the same
+//! purges past its log's end (its entry log restarts at the snapshot's next index) and takes the
+//! next entries at their own indexes (index == offset holds). It fails if the follower does not converge on the same
 //! records, if an acknowledged write is missing anywhere, or if the offsets on the follower's
 //! entry log do not match the indexes.
 
@@ -94,14 +94,22 @@ async fn a_lagging_follower_catches_up_through_a_snapshot() {
         .purged
         .expect("the follower purged up to the snapshot");
     assert!(purged.index >= applied.index, "follower purged {purged:?}");
-    // Between its old end (about 300) and the snapshot's index its log holds gap records; the
-    // entries after the snapshot sit at their indexes (check_has read them at their offsets).
-    let gap = follower
-        .logs
-        .entries()
-        .read(purged.index)
-        .expect("read at the snapshot index");
-    assert_eq!(decode_entry(&gap).expect("decode"), None, "a gap record");
+    // Its entry log restarted just past the snapshot: nothing of its old log (about 300
+    // entries) is left, and the entries after the snapshot sit at their indexes (check_has
+    // read them at their offsets).
+    let entries = follower.logs.entries();
+    assert_eq!(
+        entries.start_offset(),
+        purged.index + 1,
+        "the follower's log starts past the snapshot"
+    );
+    let first = entries
+        .read(purged.index + 1)
+        .expect("read past the snapshot index");
+    assert!(
+        decode_entry(&first).expect("decode").is_some(),
+        "an entry, not a gap record"
+    );
     let reference = nodes[&leader].machine.records();
     for (id, node) in &nodes {
         assert_eq!(node.machine.records(), reference, "node {id} differs");
