@@ -9,7 +9,8 @@
 //!   leader no longer has the entries it missed, so it sends a snapshot; the follower's log
 //!   restarts at the snapshot, its broker rebuilds the partition from there and shows the
 //!   live messages; once the leader is stopped, the follower (or the third node) leads and
-//!   delivers every live message and none of the acked ones.
+//!   delivers every live message and none of the acked ones. The same with the follower's
+//!   data directory wiped before it returns (a replaced disk).
 //!
 //! Each fails if disk is not freed within its bound, if a partition stops, or if a message is
 //! lost or an acked one delivered again.
@@ -190,6 +191,17 @@ async fn acked_messages_free_the_disk_on_every_replica() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_follower_behind_the_freed_log_catches_up_from_a_snapshot() {
+    follower_returns(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_wiped_follower_rebuilds_from_a_snapshot() {
+    follower_returns(true).await;
+}
+
+/// A follower stops; the others ack and free their logs; it returns (with its data directory
+/// emptied when `wipe`) and catches up from the leader's snapshot.
+async fn follower_returns(wipe: bool) {
     let mut net = common::tcp::three_nodes().await;
     let mut nodes = start_all(&mut net).await;
     let first = leader(&nodes).await;
@@ -227,6 +239,17 @@ async fn a_follower_behind_the_freed_log_catches_up_from_a_snapshot() {
     )
     .await;
 
+    if wipe {
+        let dir = net.dirs[&lagging].path();
+        for entry in std::fs::read_dir(dir).expect("list the follower's directory") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                std::fs::remove_dir_all(&path).expect("wipe");
+            } else {
+                std::fs::remove_file(&path).expect("wipe");
+            }
+        }
+    }
     // The follower returns; the leader sends it a snapshot and the entries after it.
     let node = common::brokers::start(
         net.dirs[&lagging].path(),

@@ -59,6 +59,12 @@ pub fn replica_config(cluster_name: &str) -> Result<Arc<Config>, RaftError> {
         election_timeout_max: ELECTION_TIMEOUT_MAX_MS,
         snapshot_policy: SnapshotPolicy::Never,
         max_in_snapshot_log_to_keep: 0,
+        // A replica whose data directory was wiped (a replaced disk) comes back with an empty
+        // log: the leader starts its replication over (a snapshot, then the entries) instead
+        // of treating the reverted log as a bug. Caveat (docs/cluster.md, "Snapshots and
+        // rebuild"): the wiped voter forgot its vote and votes at once; rejoining as a learner
+        // first needs membership changes of live groups, not built yet.
+        allow_log_reversion: Some(true),
         ..Config::default()
     };
     config
