@@ -30,7 +30,7 @@ use keratin_client::proto::{
 use keratin_client::{
     BufferedOptions, Client, ClientError, ClientOptions, Delivery, OutgoingMessage, QueueSettings,
 };
-use support::{body, seq_of, Server};
+use support::{body, seq_of, with_buffer, Server};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -266,18 +266,6 @@ async fn a_message_round_trip() {
 }
 
 /// A raw connection that completed the handshake, and the bytes read past the hello.
-/// Runs `decode` over a fresh buffer holding `bytes`; returns its answer and the bytes left.
-/// (The codec's buffer type is inferred from `decode`: this crate does not depend on `bytes`.)
-fn with_buffer<B: Default + Extend<u8> + AsRef<[u8]>, T>(
-    bytes: &[u8],
-    decode: impl FnOnce(&mut B) -> T,
-) -> (T, Vec<u8>) {
-    let mut buffer = B::default();
-    buffer.extend(bytes.iter().copied());
-    let answer = decode(&mut buffer);
-    (answer, buffer.as_ref().to_vec())
-}
-
 async fn raw_handshake(addr: SocketAddr) -> (TcpStream, Vec<u8>) {
     let mut stream = TcpStream::connect(addr).await.expect("connect raw");
     let mut hello = Default::default();

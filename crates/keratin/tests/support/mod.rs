@@ -23,10 +23,10 @@ pub fn privileged(test: &str) -> bool {
         return true;
     }
     if std::env::var("KERATIN_REQUIRE_PRIVILEGED_TESTS").as_deref() == Ok("1") {
-        panic!("{test} needs root (mount, cgroups) and KERATIN_REQUIRE_PRIVILEGED_TESTS=1 forbids skipping");
+        panic!("{test} needs root (mount, cgroups, iptables) and KERATIN_REQUIRE_PRIVILEGED_TESTS=1 forbids skipping");
     }
     eprintln!(
-        "!!! SKIPPING {test}: it needs root (tmpfs mounts, cgroups); run as root to include it"
+        "!!! SKIPPING {test}: it needs root (tmpfs mounts, cgroups, iptables); run as root to include it"
     );
     false
 }
@@ -358,4 +358,118 @@ impl Server {
             ],
         )
     }
+}
+
+/// True if iptables rules can be inserted here (root and a working `iptables`). Without, the
+/// test skips loudly, unless `KERATIN_REQUIRE_PRIVILEGED_TESTS=1`, where skipping fails.
+pub fn iptables(test: &str) -> bool {
+    if !privileged(test) {
+        return false;
+    }
+    let works = Command::new("iptables")
+        .args(["-w", "-n", "-L", "INPUT"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if works {
+        return true;
+    }
+    if std::env::var("KERATIN_REQUIRE_PRIVILEGED_TESTS").as_deref() == Ok("1") {
+        panic!("{test}: `iptables -L INPUT` fails (apt-get install iptables)");
+    }
+    eprintln!("!!! SKIPPING {test}: no working iptables (apt-get install iptables)");
+    false
+}
+
+/// Rules this test process inserted into the `INPUT` chain. Each carries the comment
+/// `keratin-test-<pid>` (so a leftover of a killed test can be told apart) and is deleted by
+/// its exact spec (`iptables -D INPUT ...`; the table is never flushed): by [`Self::remove`],
+/// or when dropped, a panicking test included.
+#[derive(Default)]
+pub struct IptablesRules {
+    rules: Vec<Vec<String>>,
+}
+
+impl IptablesRules {
+    /// The comment every rule of this process carries.
+    pub fn comment() -> String {
+        format!("keratin-test-{}", std::process::id())
+    }
+
+    /// Inserts `matches ... -m comment --comment keratin-test-<pid> -j target` at `position`
+    /// of `INPUT` (1 is first); panics if iptables refuses.
+    pub fn insert(&mut self, position: usize, matches: &[String], target: &str) {
+        let mut spec: Vec<String> = matches.to_vec();
+        spec.extend(["-m", "comment", "--comment"].map(String::from));
+        spec.push(Self::comment());
+        spec.extend(["-j".to_string(), target.to_string()]);
+        let output = Command::new("iptables")
+            .args(["-w", "-I", "INPUT", &position.to_string()])
+            .args(&spec)
+            .output()
+            .expect("run iptables");
+        assert!(
+            output.status.success(),
+            "iptables -I INPUT {position} {}: {}",
+            spec.join(" "),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        self.rules.push(spec);
+    }
+
+    /// Packets the `DROP` rules of this process dropped so far.
+    pub fn dropped_packets(&self) -> u64 {
+        let output = Command::new("iptables")
+            .args(["-w", "-n", "-v", "-x", "-L", "INPUT"])
+            .output()
+            .expect("run iptables");
+        let tag = format!("/* {} */", Self::comment());
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter(|l| l.contains(&tag) && l.split_whitespace().nth(2) == Some("DROP"))
+            .filter_map(|l| l.split_whitespace().next()?.parse::<u64>().ok())
+            .sum()
+    }
+
+    /// Deletes every rule, the last inserted first; the specs iptables refused to delete.
+    pub fn remove(&mut self) -> Vec<String> {
+        let mut failed = Vec::new();
+        while let Some(spec) = self.rules.pop() {
+            let output = Command::new("iptables")
+                .args(["-w", "-D", "INPUT"])
+                .args(&spec)
+                .output();
+            match output {
+                Ok(o) if o.status.success() => {}
+                Ok(o) => failed.push(format!(
+                    "iptables -D INPUT {}: {}",
+                    spec.join(" "),
+                    String::from_utf8_lossy(&o.stderr).trim()
+                )),
+                Err(e) => failed.push(format!("iptables -D INPUT {}: {e}", spec.join(" "))),
+            }
+        }
+        failed
+    }
+}
+
+impl Drop for IptablesRules {
+    fn drop(&mut self) {
+        for failure in self.remove() {
+            eprintln!("!!! could not remove a test's iptables rule: {failure}");
+        }
+    }
+}
+
+/// Runs `decode` over a fresh buffer holding `bytes`; returns its answer and the bytes left.
+/// (The codec's buffer type is inferred from `decode`: the tests do not depend on `bytes`.)
+pub fn with_buffer<B: Default + Extend<u8> + AsRef<[u8]>, T>(
+    bytes: &[u8],
+    decode: impl FnOnce(&mut B) -> T,
+) -> (T, Vec<u8>) {
+    let mut buffer = B::default();
+    buffer.extend(bytes.iter().copied());
+    let answer = decode(&mut buffer);
+    (answer, buffer.as_ref().to_vec())
 }
