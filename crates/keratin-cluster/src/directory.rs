@@ -4,6 +4,7 @@
 //! address in its "not the leader" answers from here.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -18,6 +19,28 @@ pub struct NodeInfo {
     pub client: String,
     /// Its HTTP admin listener, `host:port`.
     pub admin: String,
+    /// The name it gives clients in its handshake (`ServerHello.node_id`); absent from nodes
+    /// that predate it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl NodeInfo {
+    /// What a peer told about itself, with every address it bound on an unspecified IP
+    /// (`0.0.0.0`, `::`) told as the IP this node reaches it at (`cluster`, its cluster
+    /// address): the others hand these addresses to clients, who cannot dial a wildcard.
+    pub fn reachable_via(mut self, cluster: SocketAddr) -> NodeInfo {
+        let fix = |addr: &mut String| {
+            if let Ok(bound) = addr.parse::<SocketAddr>() {
+                if bound.ip().is_unspecified() {
+                    *addr = SocketAddr::new(cluster.ip(), bound.port()).to_string();
+                }
+            }
+        };
+        fix(&mut self.client);
+        fix(&mut self.admin);
+        self
+    }
 }
 
 /// A known node is asked again this often.
@@ -52,6 +75,17 @@ impl Directory {
         self.get(id).map(|info| info.client)
     }
 
+    /// Every known node but `id`, by id.
+    pub fn others(&self, id: u64) -> Vec<NodeInfo> {
+        self.nodes
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter(|info| info.id != id)
+            .cloned()
+            .collect()
+    }
+
     /// Every known node, by id.
     pub fn all(&self) -> Vec<NodeInfo> {
         self.nodes
@@ -60,5 +94,36 @@ impl Directory {
             .values()
             .cloned()
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(client: &str, admin: &str) -> NodeInfo {
+        NodeInfo {
+            id: 2,
+            client: client.into(),
+            admin: admin.into(),
+            name: Some("b".into()),
+        }
+    }
+
+    #[test]
+    fn wildcard_addresses_are_told_as_the_cluster_address_ip() {
+        let cluster: SocketAddr = "10.0.0.2:5690".parse().unwrap();
+        let fixed = info("0.0.0.0:5680", "[::]:5681").reachable_via(cluster);
+        assert_eq!(fixed.client, "10.0.0.2:5680");
+        assert_eq!(fixed.admin, "10.0.0.2:5681");
+        let kept = info("10.9.9.9:5680", "name-not-an-ip:5681").reachable_via(cluster);
+        assert_eq!(kept, info("10.9.9.9:5680", "name-not-an-ip:5681"));
+    }
+
+    #[test]
+    fn a_hello_without_a_name_still_decodes() {
+        let old: NodeInfo =
+            serde_json::from_str(r#"{"id": 2, "client": "a:1", "admin": "a:2"}"#).unwrap();
+        assert_eq!(old.name, None);
     }
 }

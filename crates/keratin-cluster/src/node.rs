@@ -227,11 +227,15 @@ impl ClusterNode {
             applied.clone(),
             stopped.clone(),
         )));
-        for &peer in cluster.peers.keys() {
+        for (&peer, &addr) in &cluster.peers {
+            if peer == cluster.node_id {
+                continue;
+            }
             tasks.push(tokio::spawn(learn_peer(
                 transport.clone(),
                 directory.clone(),
                 peer,
+                addr,
                 stopped.clone(),
             )));
         }
@@ -314,6 +318,7 @@ async fn learn_peer(
     transport: Transport,
     directory: Directory,
     peer: u64,
+    peer_addr: std::net::SocketAddr,
     mut stop: watch::Receiver<bool>,
 ) {
     loop {
@@ -328,7 +333,7 @@ async fn learn_peer(
             .await;
         let pause = match answer.map(|body| serde_json::from_slice::<NodeInfo>(&body)) {
             Ok(Ok(info)) if info.id == peer => {
-                directory.insert(info);
+                directory.insert(info.reachable_via(peer_addr));
                 REFRESH
             }
             Ok(Ok(info)) => {

@@ -40,4 +40,5 @@ pub use error_body::ErrorBody;
 pub use frame::*;
 pub use handshake::{
     ClientHello, NodeAddress, ServerHello, ServerInfo, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
+    SERVER_INFO_FIELD_BYTES_MAX, SERVER_INFO_NODES_MAX,
 };

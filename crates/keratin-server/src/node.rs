@@ -136,12 +136,18 @@ impl Node {
             addr: config.server.http,
             source,
         })?;
+        let node_name = config
+            .node
+            .id
+            .clone()
+            .unwrap_or_else(|| format!("keratin@{protocol_addr}"));
         let cluster = match prepared {
             Some(prepared) => {
                 let own = NodeInfo {
                     id: config.cluster.as_ref().map_or(0, |c| c.node_id),
                     client: protocol_addr.to_string(),
                     admin: http_addr.to_string(),
+                    name: Some(node_name.clone()),
                 };
                 let node = ClusterNode::start(prepared, broker.clone(), own)
                     .await
@@ -160,13 +166,12 @@ impl Node {
             outbound_bytes_max: usize::try_from(budgets.connection_bytes).unwrap_or(usize::MAX),
             connections_max: usize::try_from(config.server.connections_max.max(1))
                 .unwrap_or(usize::MAX),
-            node_id: config
-                .node
-                .id
-                .clone()
-                .unwrap_or_else(|| format!("keratin@{protocol_addr}")),
+            node_id: node_name,
             server_addr: Some(protocol_addr),
             admin_addr: Some(http_addr),
+            peers: cluster
+                .as_ref()
+                .map(|cluster| cluster_peers(cluster.clone())),
             ..TcpOptions::default()
         };
         let node_id = options.node_id.clone();
@@ -348,4 +353,21 @@ mod tests {
         assert_eq!(set.node_bytes, 1 << 30);
         assert_eq!(set.connection_bytes, 32 << 20);
     }
+}
+
+/// The handshake's list of the other nodes: what the cluster's directory learned from them
+/// (their addresses told as this node reaches them).
+fn cluster_peers(cluster: Arc<ClusterNode>) -> crate::tcp::ClusterPeers {
+    crate::tcp::ClusterPeers(Arc::new(move || {
+        cluster
+            .directory()
+            .others(cluster.node_id())
+            .into_iter()
+            .map(|info| keratin_proto::NodeAddress {
+                node_id: info.name.unwrap_or_else(|| format!("node-{}", info.id)),
+                server: info.client,
+                admin: Some(info.admin),
+            })
+            .collect()
+    }))
 }

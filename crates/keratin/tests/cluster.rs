@@ -1006,6 +1006,35 @@ fn confirmed_messages_survive_leader_kills_pauses_and_lost_majorities() {
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+        // Every node's handshake lists the three nodes (with the addresses a client dials), so
+        // a client given one address can reach any other: the way out when its node is cut off.
+        let listing_deadline = Instant::now() + RECOVERY_MAX;
+        for (id, node) in &cluster.nodes {
+            loop {
+                let listed: BTreeSet<String> = match connect_any(&[node.protocol], 0).await {
+                    Some(client) => client
+                        .server_info()
+                        .nodes
+                        .iter()
+                        .map(|n| n.server.clone())
+                        .collect(),
+                    None => BTreeSet::new(),
+                };
+                let all: BTreeSet<String> = cluster
+                    .nodes
+                    .values()
+                    .map(|n| n.protocol.to_string())
+                    .collect();
+                if listed == all {
+                    break;
+                }
+                assert!(
+                    Instant::now() < listing_deadline,
+                    "node {id}'s handshake lists {listed:?}, not {all:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
     });
     let tasks = [
         runtime.spawn(publisher(addrs.clone(), ledger.clone(), stop.clone())),
@@ -1016,7 +1045,19 @@ fn confirmed_messages_survive_leader_kills_pauses_and_lost_majorities() {
     std::thread::sleep(Duration::from_secs(2));
 
     // Round 1: kill -9 the leader.
-    let leader = cluster.leader().expect("a leader");
+    // A leader, as the nodes say (polled: the first elections may still be settling).
+    let deadline = Instant::now() + RECOVERY_MAX;
+    let leader = loop {
+        if let Some(leader) = cluster.leader() {
+            break leader;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no node says it leads: {:?}",
+            cluster.cluster_document(1)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
     let killed_at = Instant::now();
     cluster.kill9(leader);
     *addrs.lock().expect("lock") = cluster.live();
@@ -1028,7 +1069,19 @@ fn confirmed_messages_survive_leader_kills_pauses_and_lost_majorities() {
     check(&ledger.lock().expect("lock"), "round 1");
 
     // Round 2: SIGSTOP a follower for 10 s.
-    let leader = cluster.leader().expect("a leader");
+    // A leader, as the nodes say (polled: the first elections may still be settling).
+    let deadline = Instant::now() + RECOVERY_MAX;
+    let leader = loop {
+        if let Some(leader) = cluster.leader() {
+            break leader;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no node says it leads: {:?}",
+            cluster.cluster_document(1)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
     let follower = (1..=3).find(|id| *id != leader).expect("a follower");
     cluster.signal(follower, "-STOP");
     let paused_at = Instant::now();

@@ -175,9 +175,10 @@ async fn handshake(
 }
 
 /// What the handshake tells a client about where to reach this node: its admin address and the
-/// cluster's nodes (this node alone until the node is part of a cluster). A bound address on an
+/// cluster's nodes, this one first (this node alone outside a cluster). A bound address on an
 /// unspecified IP (`0.0.0.0`, `::`) is told as the IP the client reached (`local`) with the
-/// bound port: an address the client can reach, unlike the wildcard.
+/// bound port: an address the client can reach, unlike the wildcard. Peers whose entry would
+/// break the protocol's bounds (a field over 255 bytes, more than 64 nodes) are left out.
 fn server_info(options: &TcpOptions, local: Option<SocketAddr>) -> ServerInfo {
     let reachable = |bound: SocketAddr| match local {
         Some(local) if bound.ip().is_unspecified() => {
@@ -190,16 +191,32 @@ fn server_info(options: &TcpOptions, local: Option<SocketAddr>) -> ServerInfo {
         .server_addr
         .map(reachable)
         .or(local.map(|a| a.to_string()));
+    let mut nodes: Vec<NodeAddress> = server
+        .map(|server| NodeAddress {
+            node_id: options.node_id.clone(),
+            server,
+            admin: admin.clone(),
+        })
+        .into_iter()
+        .collect();
+    if let Some(peers) = &options.peers {
+        let fits = |text: &str| text.len() <= keratin_proto::SERVER_INFO_FIELD_BYTES_MAX;
+        for peer in (peers.0)() {
+            if nodes.len() >= keratin_proto::SERVER_INFO_NODES_MAX {
+                break;
+            }
+            let ok = fits(&peer.node_id)
+                && fits(&peer.server)
+                && peer.admin.as_deref().is_none_or(fits)
+                && nodes.iter().all(|n| n.server != peer.server);
+            if ok {
+                nodes.push(peer);
+            }
+        }
+    }
     ServerInfo {
         admin: admin.clone(),
-        nodes: server
-            .map(|server| NodeAddress {
-                node_id: options.node_id.clone(),
-                server,
-                admin,
-            })
-            .into_iter()
-            .collect(),
+        nodes,
     }
 }
 
@@ -843,6 +860,34 @@ mod tests {
         let info = server_info(&options, Some(addr("127.0.0.2:7000")));
         assert_eq!(info.admin.as_deref(), Some("127.0.0.3:7001"));
         assert_eq!(info.nodes[0].server, "127.0.0.2:7000");
+        // A cluster node lists its peers after itself, skipping itself and any entry that
+        // would break the protocol's bounds.
+        let peers = TcpOptions {
+            peers: Some(crate::tcp::ClusterPeers(std::sync::Arc::new(|| {
+                vec![
+                    NodeAddress {
+                        node_id: "n2".into(),
+                        server: "127.0.0.2:5682".into(),
+                        admin: Some("127.0.0.2:5683".into()),
+                    },
+                    NodeAddress {
+                        node_id: "self again".into(),
+                        server: "127.0.0.2:7000".into(),
+                        admin: None,
+                    },
+                    NodeAddress {
+                        node_id: "x".repeat(256),
+                        server: "127.0.0.4:1".into(),
+                        admin: None,
+                    },
+                ]
+            }))),
+            ..options.clone()
+        };
+        let info = server_info(&peers, Some(addr("127.0.0.2:7000")));
+        let servers: Vec<&str> = info.nodes.iter().map(|n| n.server.as_str()).collect();
+        assert_eq!(servers, vec!["127.0.0.2:7000", "127.0.0.2:5682"]);
+        assert_eq!(info.nodes[1].admin.as_deref(), Some("127.0.0.2:5683"));
         // No admin port: none advertised.
         let options = TcpOptions {
             admin_addr: None,

@@ -42,6 +42,17 @@ const CONNECTIONS_RETRY_AFTER_MS: u32 = 1_000;
 /// The publish byte budget is counted in KiB permits (a semaphore counts in `u32`).
 pub(crate) const PUBLISH_PERMIT_BYTES: usize = 1024;
 
+/// The other nodes of the cluster, as the cluster layer knows them now (asked at each
+/// handshake). Cheap to clone.
+#[derive(Clone)]
+pub struct ClusterPeers(pub Arc<dyn Fn() -> Vec<keratin_proto::NodeAddress> + Send + Sync>);
+
+impl std::fmt::Debug for ClusterPeers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClusterPeers")
+    }
+}
+
 /// Limits and timers of protocol connections.
 #[derive(Debug, Clone)]
 pub struct TcpOptions {
@@ -53,6 +64,10 @@ pub struct TcpOptions {
     /// The HTTP admin listener's bound address, told to clients in the handshake so that the
     /// CLI needs only the protocol address (`None`: no admin port is advertised).
     pub admin_addr: Option<SocketAddr>,
+    /// The cluster's other nodes, listed in the handshake after this one so that a client
+    /// given one address can reach the others (a partition's leader, or any node while this
+    /// one is cut off). `None` on a single node.
+    pub peers: Option<ClusterPeers>,
     /// Largest frame accepted or sent.
     pub frame_size_bytes_max: u32,
     /// Publish frames of one connection whose outcome is awaited at once; past it the server
@@ -88,6 +103,7 @@ impl Default for TcpOptions {
             node_id: "keratin".into(),
             server_addr: None,
             admin_addr: None,
+            peers: None,
             frame_size_bytes_max: keratin_proto::FRAME_SIZE_BYTES_MAX,
             publish_frames_inflight_max: 256,
             publish_bytes_inflight_max: PUBLISH_BYTES_INFLIGHT_DEFAULT,
