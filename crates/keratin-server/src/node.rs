@@ -332,6 +332,23 @@ impl DeliveryBudgets {
     }
 }
 
+/// The handshake's list of the other nodes: what the cluster's directory learned from them
+/// (their addresses told as this node reaches them).
+fn cluster_peers(cluster: Arc<ClusterNode>) -> crate::tcp::ClusterPeers {
+    crate::tcp::ClusterPeers(Arc::new(move || {
+        cluster
+            .directory()
+            .others(cluster.node_id())
+            .into_iter()
+            .map(|info| keratin_proto::NodeAddress {
+                node_id: info.name.unwrap_or_else(|| format!("node-{}", info.id)),
+                server: info.client,
+                admin: Some(info.admin),
+            })
+            .collect()
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -353,21 +370,4 @@ mod tests {
         assert_eq!(set.node_bytes, 1 << 30);
         assert_eq!(set.connection_bytes, 32 << 20);
     }
-}
-
-/// The handshake's list of the other nodes: what the cluster's directory learned from them
-/// (their addresses told as this node reaches them).
-fn cluster_peers(cluster: Arc<ClusterNode>) -> crate::tcp::ClusterPeers {
-    crate::tcp::ClusterPeers(Arc::new(move || {
-        cluster
-            .directory()
-            .others(cluster.node_id())
-            .into_iter()
-            .map(|info| keratin_proto::NodeAddress {
-                node_id: info.name.unwrap_or_else(|| format!("node-{}", info.id)),
-                server: info.client,
-                admin: Some(info.admin),
-            })
-            .collect()
-    }))
 }
