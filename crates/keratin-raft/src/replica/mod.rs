@@ -65,6 +65,10 @@ pub fn replica_config(cluster_name: &str) -> Result<Arc<Config>, RaftError> {
         // rebuild"): the wiped voter forgot its vote and votes at once; rejoining as a learner
         // first needs membership changes of live groups, not built yet.
         allow_log_reversion: Some(true),
+        // A replica that led before a restart starts as a follower: restored at once, it took
+        // proposals (a consumer's acks) that the election after it answered as "not the
+        // leader", so acked messages came back (`tests/partition_snapshots.rs`).
+        enable_leader_restore: Some(false),
         ..Config::default()
     };
     config
