@@ -6,6 +6,9 @@
 //!    arrive just after the kill) — is measured and printed;
 //! 2. `SIGSTOP` a follower for 10 s, then `SIGCONT`;
 //! 3. `kill -9` two nodes at once (no majority: publishes wait), then restart both;
+//! 5. (listed after 4, runs last) wipe a follower's data directory and restart it (it rebuilds
+//!    from the leader's snapshot and log); then kill the other follower (confirms need the
+//!    rebuilt one), restart it, and kill the leader (the two followers elect one);
 //! 4. (root and iptables only) cut the partition's leader off the other two nodes: iptables
 //!    rules on loopback drop every packet between cluster ports except the two others'
 //!    connection, for at least 5 s and until the others serve; then the exact rules are
@@ -81,11 +84,26 @@ struct Cluster {
     _root: tempfile::TempDir,
 }
 
-/// A free port on 127.0.0.1 (bound and released: another process could take it meanwhile,
-/// which makes the node fail to start with a clear message).
+/// Ports the nodes listen on are picked from here: below Linux's ephemeral range (32768 on),
+/// so that no outgoing connection (a client's, a peer's) holds a node's port as its local port
+/// when the node restarts and binds it again (seen: a restart after the cut round failed).
+const NODE_PORTS: std::ops::Range<u16> = 20_000..32_000;
+
+/// A free port on 127.0.0.1 in [`NODE_PORTS`] (bound and released: another process could take
+/// it meanwhile, which makes the node fail to start with a clear message).
 fn free_addr() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("address")
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let span = u32::from(NODE_PORTS.end - NODE_PORTS.start);
+    let start = std::process::id().wrapping_mul(7_919) % span;
+    for _ in 0..span {
+        let offset = (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+        let port = NODE_PORTS.start + u16::try_from(offset).expect("below the span");
+        if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)) {
+            return listener.local_addr().expect("address");
+        }
+    }
+    panic!("no free port in {NODE_PORTS:?}");
 }
 
 impl Cluster {
@@ -169,6 +187,43 @@ impl Cluster {
     /// The node leading the queue's partition, as the nodes' cluster documents say.
     fn leader(&self) -> Option<u64> {
         self.leader_among(&[1, 2, 3])
+    }
+
+    /// A leader, as the nodes say, polled (an election may still be settling) for
+    /// [`RECOVERY_MAX`] at most.
+    fn wait_leader(&self) -> u64 {
+        let deadline = Instant::now() + RECOVERY_MAX;
+        loop {
+            if let Some(leader) = self.leader() {
+                return leader;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no node says it leads: {:?}",
+                self.cluster_document(1)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Wait until node `id` names the queue's partition leader (its replica runs and hears
+    /// the leader), for [`RECOVERY_MAX`] at most.
+    fn wait_knows_leader(&self, id: u64) {
+        let deadline = Instant::now() + RECOVERY_MAX;
+        loop {
+            let knows = self.partitions_seen_by(id).is_some_and(|ps| {
+                !ps.is_empty() && ps.iter().all(|p| p["leader"].as_u64().is_some())
+            });
+            if knows {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {id} names no leader: {:?}",
+                self.cluster_document(id)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     /// The first of `ids` that says it leads a partition of the queue.
@@ -1045,19 +1100,7 @@ fn confirmed_messages_survive_leader_kills_pauses_and_lost_majorities() {
     std::thread::sleep(Duration::from_secs(2));
 
     // Round 1: kill -9 the leader.
-    // A leader, as the nodes say (polled: the first elections may still be settling).
-    let deadline = Instant::now() + RECOVERY_MAX;
-    let leader = loop {
-        if let Some(leader) = cluster.leader() {
-            break leader;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no node says it leads: {:?}",
-            cluster.cluster_document(1)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let leader = cluster.wait_leader();
     let killed_at = Instant::now();
     cluster.kill9(leader);
     *addrs.lock().expect("lock") = cluster.live();
@@ -1069,19 +1112,7 @@ fn confirmed_messages_survive_leader_kills_pauses_and_lost_majorities() {
     check(&ledger.lock().expect("lock"), "round 1");
 
     // Round 2: SIGSTOP a follower for 10 s.
-    // A leader, as the nodes say (polled: the first elections may still be settling).
-    let deadline = Instant::now() + RECOVERY_MAX;
-    let leader = loop {
-        if let Some(leader) = cluster.leader() {
-            break leader;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no node says it leads: {:?}",
-            cluster.cluster_document(1)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let leader = cluster.wait_leader();
     let follower = (1..=3).find(|id| *id != leader).expect("a follower");
     cluster.signal(follower, "-STOP");
     let paused_at = Instant::now();
@@ -1123,6 +1154,47 @@ fn confirmed_messages_survive_leader_kills_pauses_and_lost_majorities() {
         check(&ledger.lock().expect("lock"), "round 4");
         failover
     });
+
+    // Round 5: wipe a follower's data directory and restart it: it rebuilds from the
+    // leader's snapshot and log. Then it must carry the partition: with the other follower
+    // down, confirms need its acks; with the leader down, it and the other follower elect a
+    // leader, and every confirmed message is still delivered.
+    let leader = cluster.wait_leader();
+    let mut followers = cluster.nodes.keys().copied().filter(|id| *id != leader);
+    let (wiped, other) = (
+        followers.next().expect("a follower"),
+        followers.next().expect("another follower"),
+    );
+    cluster.kill9(wiped);
+    std::fs::remove_dir_all(&cluster.nodes[&wiped].dir).expect("wipe the follower's data");
+    *addrs.lock().expect("lock") = cluster.live();
+    let wiped_at = Instant::now();
+    cluster.start_node(wiped);
+    *addrs.lock().expect("lock") = cluster.live();
+    cluster.wait_knows_leader(wiped);
+    let rejoined = wiped_at.elapsed();
+    std::thread::sleep(Duration::from_secs(3));
+    cluster.kill9(other);
+    *addrs.lock().expect("lock") = cluster.live();
+    let other_down = Instant::now();
+    let with_wiped = wait_confirm_sent_after(&ledger, other_down);
+    cluster.start_node(other);
+    *addrs.lock().expect("lock") = cluster.live();
+    cluster.wait_knows_leader(other);
+    std::thread::sleep(Duration::from_secs(2));
+    cluster.kill9(leader);
+    *addrs.lock().expect("lock") = cluster.live();
+    let leader_down = Instant::now();
+    let without_leader = wait_confirm_sent_after(&ledger, leader_down);
+    cluster.start_node(leader);
+    *addrs.lock().expect("lock") = cluster.live();
+    println!(
+        "round 5: node {wiped} wiped and restarted, names a leader after {rejoined:?}; with \
+         node {other} down, confirms again after {with_wiped:?} (they need node {wiped}); \
+         with leader {leader} down, after {without_leader:?}"
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    check(&ledger.lock().expect("lock"), "round 5");
 
     // Drain: stop publishing, let the consumer take everything, then check.
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
