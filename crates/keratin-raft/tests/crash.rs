@@ -1,7 +1,9 @@
 //! Power loss and failures at every step of the storage workload openraft drives: votes,
 //! appends (batches that roll segments), a committed id, a truncation and re-append under a new
 //! term, purges (one removing a whole segment, one past the log's end, which restarts the entry
-//! log there, followed by an append at the purge point), all on the simulated disk (`SimIo`). The test counts the `Io` calls
+//! log there, followed by an append at the purge point), and before that purge the snapshot
+//! meta it follows (a follower's snapshot install: meta kept, purge past the end, append), all
+//! on the simulated disk (`SimIo`). The test counts the `Io` calls
 //! of the workload, then replays it once per call index `k`:
 //!
 //! - power loss right after call `k`, reopen on what the disk kept: every entry reported
@@ -9,7 +11,9 @@
 //!   equal; every entry that reads back was appended at that index and not removed by a
 //!   completed truncation; entries run without a gap after the purge point; the vote is the
 //!   last one saved without a fence or a later one (a vote never goes back); the purge point is
-//!   not below the last completed purge; the committed id is not past the last entry; the store
+//!   not below the last completed purge; the snapshot meta is one the workload kept, not older
+//!   than the last one kept, and covers any purge past the end that survived (it is durable
+//!   first); the committed id is not past the last entry; the store
 //!   takes a new append and it survives a reopen;
 //! - call `k` failing with `EIO`, then with `ENOSPC`: no storage call ever returns an error
 //!   (openraft would treat it as fatal), the fence trips, no flush is reported after the
@@ -28,7 +32,8 @@ use std::sync::Arc;
 
 use keratin_log::{LogOptions, SimFault, SimIo, MIN_SEGMENT_SIZE_BYTES};
 use keratin_raft::{
-    Entry, GroupLogs, LeaderId, LogId, LogStore, PartitionRecord, Payload, TypeConfig, Vote,
+    Entry, GroupLogs, LeaderId, LogId, LogStore, Membership, NodeAddr, PartitionRecord, Payload,
+    RaftError, SnapshotMeta, StoredMembership, TypeConfig, Vote,
 };
 use openraft::storage::{IOFlushed, RaftLogReader, RaftLogStorage};
 use openraft::type_config::TypeConfigExt;
@@ -86,6 +91,9 @@ enum Step {
     /// Purge up to this index (past the end: the log's last index plus the value).
     Purge(u64),
     PurgePastEnd(u64),
+    /// Keep a snapshot's meta (the state machine's `SnapshotKeeper`) at the same index as the
+    /// `PurgePastEnd` with the same value that follows it: a follower's snapshot install.
+    KeepSnapshot(u64),
 }
 
 /// About 300 KiB of entries before the first purge: the 256 KiB entry log rolls once, so that
@@ -136,6 +144,7 @@ fn workload() -> Vec<Step> {
             count: 2,
             len: 10,
         },
+        KeepSnapshot(20),
         PurgePastEnd(20),
         Append {
             term: 3,
@@ -157,6 +166,11 @@ struct Model {
     votes: Vec<Vote>,
     /// The last purge completed while not fenced.
     acked_purged: Option<LogId>,
+    /// Every snapshot meta the workload kept, and the last one kept while not fenced.
+    snapshots: Vec<LogId>,
+    acked_snapshot: Option<LogId>,
+    /// The index the purge past the end purges up to, once that purge started.
+    past_end: Option<u64>,
     /// The last index of the workload's view.
     last: Option<LogId>,
     /// Whether the fence tripped and when.
@@ -236,7 +250,25 @@ async fn run_step(store: &mut LogStore, step: Step, model: &mut Model) {
                 model.allowed.retain(|i, _| *i <= index);
             }
         }
+        Step::KeepSnapshot(index) => {
+            let upto = log_id(
+                model.last.expect("entries").leader_id.term,
+                next - 1 + index,
+            );
+            model.snapshots.push(upto);
+            let kept = store.snapshot_keeper().save(snapshot_meta(upto)).await;
+            match kept {
+                Ok(()) if !fence.is_tripped() => model.acked_snapshot = Some(upto),
+                Ok(()) => {}
+                // The state machine trips the group's fence when it cannot keep a snapshot
+                // (`replica/notifier.rs`): openraft never learns of it, so nothing is purged.
+                Err(e) => fence.trip(RaftError::Invalid(format!("keep the snapshot: {e}"))),
+            }
+        }
         Step::Purge(index) | Step::PurgePastEnd(index) => {
+            if let Step::PurgePastEnd(_) = step {
+                model.past_end = Some(next - 1 + index);
+            }
             let upto = match step {
                 Step::Purge(_) => model.allowed[&index].last().expect("entry").log_id,
                 _ => log_id(
@@ -255,6 +287,24 @@ async fn run_step(store: &mut LogStore, step: Step, model: &mut Model) {
         }
     }
     model.fenced = fence.is_tripped();
+}
+
+/// A snapshot's meta up to `last`, with a one-node membership.
+fn snapshot_meta(last: LogId) -> SnapshotMeta {
+    let membership = Membership::new(
+        vec![std::collections::BTreeSet::from([1])],
+        BTreeMap::from([(
+            1,
+            NodeAddr {
+                addr: "127.0.0.1:5690".into(),
+            },
+        )]),
+    )
+    .expect("membership");
+    SnapshotMeta {
+        last_log_id: Some(last),
+        last_membership: StoredMembership::new(None, membership),
+    }
 }
 
 fn run_workload(store: &mut LogStore, model: &mut Model) {
@@ -307,6 +357,33 @@ fn check_store(io: &SimIo, logs: GroupLogs, model: &mut Model, what: &str) {
             .map(|e| e.log_id)
             .or(state.last_purged_log_id);
         assert_eq!(state.last_log_id, last, "{what}: last log id");
+        // The snapshot meta: never one the workload did not keep, never older than the last
+        // one kept, and always covering a purge past the end (kept durably first).
+        let snapshot = store
+            .snapshot_keeper()
+            .current()
+            .await
+            .and_then(|meta| meta.last_log_id);
+        if let Some(kept) = snapshot {
+            assert!(
+                model.snapshots.contains(&kept),
+                "{what}: snapshot {kept:?} was never kept"
+            );
+        }
+        assert!(
+            snapshot >= model.acked_snapshot,
+            "{what}: snapshot {snapshot:?} below the kept {:?}",
+            model.acked_snapshot
+        );
+        if let (Some(past_end), Some(purged)) = (model.past_end, state.last_purged_log_id) {
+            if purged.index >= past_end {
+                assert!(
+                    snapshot.is_some_and(|s| s.index >= purged.index),
+                    "{what}: purged past the end up to {purged:?} without a snapshot there \
+                     ({snapshot:?})"
+                );
+            }
+        }
         let vote = reader.read_vote().await.expect("vote");
         if let Some(acked) = model.acked_vote {
             let vote = vote.unwrap_or_else(|| panic!("{what}: vote {acked:?} lost"));
