@@ -46,33 +46,8 @@ fn body(prefix: &str, n: usize) -> String {
     body
 }
 
-/// The node whose broker leads partition 0, once one does and the others agree.
 async fn leader(nodes: &BTreeMap<u64, BrokerNode>) -> u64 {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let infos: BTreeMap<u64, _> = nodes
-            .iter()
-            .filter_map(|(id, node)| {
-                let info = node.broker.info(QUEUE).ok()?;
-                Some((*id, info.partitions[0].clone()))
-            })
-            .collect();
-        let leading: Vec<u64> = infos
-            .iter()
-            .filter(|(_, p)| p.leading)
-            .map(|(id, _)| *id)
-            .collect();
-        if let [id] = leading[..] {
-            if infos.values().all(|p| p.leader == Some(id)) {
-                return id;
-            }
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no leader in {WAIT:?}: {infos:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::brokers::agreed_leader(nodes, QUEUE, WAIT).await
 }
 
 /// Publish `bodies` at `broker` in batches of 100, retrying a batch refused as "not the

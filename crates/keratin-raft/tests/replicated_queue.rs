@@ -40,37 +40,8 @@ fn settings() -> QueueSettings {
     }
 }
 
-/// The node whose broker leads partition 0 with every node agreeing on it; waits for one.
-/// (Every replica initializes the group at once, so a first leader may be replaced within
-/// the first election rounds.)
 async fn leader(nodes: &BTreeMap<u64, BrokerNode>) -> u64 {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let infos: BTreeMap<u64, _> = nodes
-            .iter()
-            .map(|(id, node)| {
-                (
-                    *id,
-                    node.broker.info(QUEUE).expect("info").partitions[0].clone(),
-                )
-            })
-            .collect();
-        let leading: Vec<u64> = infos
-            .iter()
-            .filter(|(_, p)| p.leading)
-            .map(|(id, _)| *id)
-            .collect();
-        if let [id] = leading[..] {
-            if infos.values().all(|p| p.leader == Some(id)) {
-                return id;
-            }
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no leader in {WAIT:?}: {infos:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::brokers::agreed_leader(nodes, QUEUE, WAIT).await
 }
 
 async fn receive(consumer: &mut Consumer, count: usize) -> Vec<Delivery> {

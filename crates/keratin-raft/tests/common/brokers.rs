@@ -148,3 +148,38 @@ pub async fn publish_all(
     }
     ids
 }
+
+/// The node whose broker leads partition 0 of `queue` with every node that has the queue
+/// agreeing on it; waits up to `wait` for one. (Every replica initializes the group at once,
+/// so a first leader may be replaced within the first election rounds.)
+pub async fn agreed_leader(
+    nodes: &std::collections::BTreeMap<u64, BrokerNode>,
+    queue: &str,
+    wait: Duration,
+) -> u64 {
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let infos: std::collections::BTreeMap<u64, _> = nodes
+            .iter()
+            .filter_map(|(id, node)| {
+                let info = node.broker.info(queue).ok()?;
+                Some((*id, info.partitions[0].clone()))
+            })
+            .collect();
+        let leading: Vec<u64> = infos
+            .iter()
+            .filter(|(_, p)| p.leading)
+            .map(|(id, _)| *id)
+            .collect();
+        if let [id] = leading[..] {
+            if infos.values().all(|p| p.leader == Some(id)) {
+                return id;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no leader in {wait:?}: {infos:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
