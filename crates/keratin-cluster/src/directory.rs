@@ -23,6 +23,14 @@ pub struct NodeInfo {
     /// that predate it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// Its worst resource level (`normal`, `soft`, `hard`, `reserve`) when it last answered;
+    /// placement gives no new replicas to a node at `soft` or worse.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub level: Option<String>,
+    /// Free bytes of its fullest data file system when it last answered; placement prefers
+    /// the nodes with the most.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub free_bytes: Option<u64>,
 }
 
 impl NodeInfo {
@@ -75,6 +83,15 @@ impl Directory {
         self.get(id).map(|info| info.client)
     }
 
+    /// Update node `id`'s resource level and free bytes (this node's own, sampled locally).
+    pub fn set_health(&self, id: u64, level: &str, free_bytes: u64) {
+        let mut nodes = self.nodes.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(info) = nodes.get_mut(&id) {
+            info.level = Some(level.to_string());
+            info.free_bytes = Some(free_bytes);
+        }
+    }
+
     /// Every known node but `id`, by id.
     pub fn others(&self, id: u64) -> Vec<NodeInfo> {
         self.nodes
@@ -107,6 +124,8 @@ mod tests {
             client: client.into(),
             admin: admin.into(),
             name: Some("b".into()),
+            level: None,
+            free_bytes: None,
         }
     }
 

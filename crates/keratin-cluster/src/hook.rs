@@ -11,12 +11,17 @@ use keratin_broker::partition::log::{ClusterMetadata, MetadataFuture};
 use keratin_broker::{BrokerError, QueueSettings};
 
 use crate::applier::AppliedState;
+use crate::directory::Directory;
 use crate::meta::MetaGroup;
-use crate::placement::{name_hash, place};
+use crate::placement::{eligible, name_hash, place_by_space};
 use crate::records::ClusterRecord;
 
 /// A metadata change answers within this (the group may be electing a leader).
 pub const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A declare refused because too few nodes are below the soft level may succeed once their
+/// levels are heard again (every 10 s).
+pub const PLACEMENT_RETRY_AFTER_MS: u32 = 10_000;
 
 /// Replicas of a partition when the declare names none: `min(DEFAULT_REPLICAS, nodes)`.
 pub const DEFAULT_REPLICAS: u32 = 3;
@@ -24,6 +29,8 @@ pub const DEFAULT_REPLICAS: u32 = 3;
 /// See the module docs.
 pub(crate) struct MetadataHook {
     pub(crate) nodes: Vec<u64>,
+    /// What the nodes last said of their level and free space (placement).
+    pub(crate) directory: Directory,
     pub(crate) meta: Arc<OnceLock<Arc<MetaGroup>>>,
     pub(crate) applied: Arc<AppliedState>,
 }
@@ -64,6 +71,7 @@ impl ClusterMetadata for MetadataHook {
         let meta = self.meta.get().cloned();
         let applied = self.applied.clone();
         let nodes = self.nodes.clone();
+        let directory = self.directory.clone();
         Box::pin(async move {
             if let Some(entry) = applied.catalog().get(&name) {
                 return same_or_conflict(&name, &entry.settings, &settings);
@@ -76,7 +84,30 @@ impl ClusterMetadata for MetadataHook {
                      declare at most {count} replicas or add nodes"
                 )));
             }
-            let replicas = place(&nodes, settings.partitions, replicas, name_hash(&name));
+            let (candidates, left_out) = eligible(&nodes, |id| {
+                directory
+                    .get(id)
+                    .map_or((None, None), |info| (info.level, info.free_bytes))
+            });
+            if (candidates.len() as u32) < replicas {
+                let full: Vec<String> = left_out
+                    .iter()
+                    .map(|(id, level)| format!("node {id} at {level}"))
+                    .collect();
+                return Err(BrokerError::Limited {
+                    reason: "disk".into(),
+                    retry_after_ms: PLACEMENT_RETRY_AFTER_MS,
+                    message: format!(
+                        "queue {name:?}: {replicas} replicas need {replicas} nodes below the \
+                         soft level, and {} of {count} are ({}); free disk or memory on those \
+                         nodes, add nodes, or declare fewer replicas",
+                        candidates.len(),
+                        full.join(", ")
+                    ),
+                });
+            }
+            let replicas =
+                place_by_space(&candidates, settings.partitions, replicas, name_hash(&name));
             let record = ClusterRecord::QueueDeclared {
                 name: name.clone(),
                 settings: settings.clone(),

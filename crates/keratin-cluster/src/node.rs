@@ -132,19 +132,20 @@ impl ClusterNode {
             ));
         }
         let groups = Arc::new(Groups::new());
+        let directory = Directory::default();
         let own = Arc::new(OnceLock::new());
         let meta = Arc::new(OnceLock::new());
         groups.insert(
             SERVICE_GROUP,
             Arc::new(ClusterService {
                 own: own.clone(),
+                directory: directory.clone(),
                 meta: meta.clone(),
             }),
         );
         let transport = Transport::start(cluster.clone(), options, groups.clone())
             .await
             .map_err(|e| format!("cluster transport: {e}"))?;
-        let directory = Directory::default();
         let replicated = make_partition_logs(&transport, &groups, &directory);
         let applied = Arc::new(AppliedState::new());
         let mut ids: Vec<u64> = cluster.peers.keys().copied().collect();
@@ -152,6 +153,7 @@ impl ClusterNode {
         ids.sort_unstable();
         let metadata = Arc::new(MetadataHook {
             nodes: ids,
+            directory: directory.clone(),
             meta: meta.clone(),
             applied: applied.clone(),
         });
@@ -254,6 +256,13 @@ impl ClusterNode {
     /// The nodes whose addresses are known (this one included), by id.
     pub fn nodes(&self) -> Vec<NodeInfo> {
         self.directory.all()
+    }
+
+    /// This node's resource level (`normal`, `soft`, `hard`, `reserve`) and the free bytes of
+    /// its fullest data file system, as its `HELLO` tells the others (placement).
+    pub fn set_health(&self, level: &str, free_bytes: u64) {
+        self.directory
+            .set_health(self.cluster.node_id, level, free_bytes);
     }
 
     /// The directory of node addresses (shared, it fills as peers answer).

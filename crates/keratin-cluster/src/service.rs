@@ -1,7 +1,8 @@
 //! The cluster service: node-to-node requests that are not Raft's, served as one more group
 //! of the node's `keratin-net` handler ([`SERVICE_GROUP`]). Bodies are JSON
 //! (`docs/cluster-protocol.md`, "Cluster service"):
-//! - [`KIND_HELLO`]: empty request; the reply is this node's [`NodeInfo`].
+//! - [`KIND_HELLO`]: empty request; the reply is this node's [`NodeInfo`], with its current
+//!   resource level and free disk (`ClusterNode::set_health`).
 //! - [`KIND_PROPOSE`]: a metadata record ([`ClusterRecord`]) for the metadata group; a node
 //!   that leads the group proposes it and replies with its offset (8 bytes, little-endian)
 //!   once it is committed; any other node refuses with [`NOT_META_LEADER`], and the sender
@@ -37,12 +38,17 @@ pub const STARTING: u16 = APP_CODE_MIN + 103;
 /// See the module docs.
 pub(crate) struct ClusterService {
     pub(crate) own: Arc<OnceLock<NodeInfo>>,
+    /// This node's entry there carries its current level and free space.
+    pub(crate) directory: crate::directory::Directory,
     pub(crate) meta: Arc<OnceLock<Arc<MetaGroup>>>,
 }
 
 impl GroupEndpoint for ClusterService {
     fn serve(&self, kind: u8, body: Bytes) -> BoxFuture<Result<Bytes, RemoteError>> {
-        let own = self.own.get().cloned();
+        let own = self
+            .own
+            .get()
+            .map(|own| self.directory.get(own.id).unwrap_or_else(|| own.clone()));
         let meta = self.meta.get().cloned();
         Box::pin(async move {
             match kind {

@@ -148,6 +148,8 @@ impl Node {
                     client: protocol_addr.to_string(),
                     admin: http_addr.to_string(),
                     name: Some(node_name.clone()),
+                    level: None,
+                    free_bytes: None,
                 };
                 let node = ClusterNode::start(prepared, broker.clone(), own)
                     .await
@@ -176,6 +178,9 @@ impl Node {
         };
         let node_id = options.node_id.clone();
         let sampler = tokio::spawn(limits.clone().run_sampler(stopped.clone()));
+        let health = cluster
+            .clone()
+            .map(|cluster| tokio::spawn(report_health(cluster, limits.clone(), stopped.clone())));
         let admin = crate::http::Admin {
             broker: broker.clone(),
             limits: limits.clone(),
@@ -193,6 +198,9 @@ impl Node {
             tokio::spawn(crate::http::serve(http, admin, wait_stop(stopped))),
             tokio::spawn(async move {
                 let _ = sampler.await;
+                if let Some(health) = health {
+                    let _ = health.await;
+                }
                 Ok(())
             }),
         ];
@@ -328,6 +336,40 @@ impl DeliveryBudgets {
         DeliveryBudgets {
             node_bytes,
             connection_bytes,
+        }
+    }
+}
+
+/// How often a cluster node refreshes the level and free space its `HELLO` tells the others.
+const HEALTH_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Tell the cluster this node's worst resource level (its data file systems' and memory's) and
+/// the free bytes of its fullest data file system, every [`HEALTH_EVERY`] until stopped:
+/// placement gives new replicas only to nodes below soft, the emptiest first.
+async fn report_health(
+    cluster: Arc<ClusterNode>,
+    limits: Arc<NodeLimits>,
+    mut stopped: watch::Receiver<bool>,
+) {
+    loop {
+        let snapshot = limits.snapshot();
+        let level = snapshot
+            .filesystems
+            .iter()
+            .map(|fs| fs.level)
+            .chain([snapshot.memory_level])
+            .max()
+            .unwrap_or(keratin_limits::Level::Normal);
+        let free = snapshot
+            .filesystems
+            .iter()
+            .map(|fs| fs.free_bytes.saturating_add(fs.spare_bytes))
+            .min()
+            .unwrap_or(0);
+        cluster.set_health(level.as_str(), free);
+        tokio::select! {
+            _ = tokio::time::sleep(HEALTH_EVERY) => {}
+            _ = stopped.wait_for(|stop| *stop) => return,
         }
     }
 }

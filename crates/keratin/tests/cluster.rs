@@ -77,6 +77,8 @@ struct Node {
     cluster: SocketAddr,
     dir: PathBuf,
     server: Option<Server>,
+    /// Environment given to this node's process (over the test defaults).
+    env: Vec<(&'static str, &'static str)>,
 }
 
 struct Cluster {
@@ -108,6 +110,11 @@ fn free_addr() -> SocketAddr {
 
 impl Cluster {
     fn start() -> Cluster {
+        Cluster::start_with_env(BTreeMap::new())
+    }
+
+    /// Three nodes, node `id` with `envs[id]` in its environment.
+    fn start_with_env(envs: BTreeMap<u64, Vec<(&'static str, &'static str)>>) -> Cluster {
         let root = tempfile::tempdir().expect("tempdir");
         let mut nodes = BTreeMap::new();
         for id in 1..=3u64 {
@@ -120,6 +127,7 @@ impl Cluster {
                     cluster: free_addr(),
                     dir: root.path().join(format!("node-{id}")),
                     server: None,
+                    env: envs.get(&id).cloned().unwrap_or_default(),
                 },
             );
         }
@@ -158,7 +166,9 @@ impl Cluster {
             args.push("--peer");
             args.push(peer);
         }
-        node.server = Some(Server::start(&args));
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_keratin"));
+        command.envs(node.env.iter().copied());
+        node.server = Some(Server::start_with(command, &args));
     }
 
     fn kill9(&mut self, id: u64) {
@@ -1244,4 +1254,80 @@ fn confirmed_messages_survive_leader_kills_pauses_and_lost_majorities() {
         Some(cut) => println!("cut failover {:.2} s", cut.as_secs_f64()),
         None => println!("cut failover: round 4 skipped (needs root and iptables)"),
     }
+}
+
+/// Placement leaves out a node at the soft disk level: node 3 starts with a soft floor far
+/// above any disk's free space, so it is at soft at once and its `HELLO` says so. Once node 1
+/// has heard it, a queue with 3 replicas is refused with `ERR_LIMITED` (reason disk) naming
+/// node 3, and one with 2 replicas is declared (on nodes 1 and 2).
+#[test]
+fn a_node_at_soft_gets_no_new_replicas() {
+    let cluster = Cluster::start_with_env(BTreeMap::from([(
+        3,
+        vec![("KERATIN_LIMITS__DISK__SOFT_FLOOR_BYTES", "1125899906842624")],
+    )]));
+    let deadline = Instant::now() + RECOVERY_MAX;
+    loop {
+        let level = cluster.cluster_document(1).and_then(|document| {
+            document["nodes"]
+                .as_array()?
+                .iter()
+                .find(|n| n["id"] == 3)
+                .and_then(|n| n["info"]["level"].as_str().map(str::to_owned))
+        });
+        if level.as_deref() == Some("soft") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node 1 never heard node 3 is at soft: {level:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let client = connect_any(&[cluster.nodes[&1].protocol], 0)
+            .await
+            .expect("connect to node 1");
+        let three = QueueSettings {
+            replicas: Some(3),
+            ..QueueSettings::default()
+        };
+        let refused = client
+            .declare("three", three)
+            .await
+            .expect_err("three replicas with a node at soft");
+        let text = refused.to_string();
+        assert!(
+            text.contains("node 3 at soft") && text.contains("fewer replicas"),
+            "{text}"
+        );
+        // ERR_LIMITED, reason disk (a declare's refusal comes as the server's error body).
+        match &refused {
+            keratin_client::ClientError::Limited { reason, .. } => {
+                assert_eq!(reason.name(), "disk", "{refused:?}")
+            }
+            keratin_client::ClientError::Server(body) => {
+                assert_eq!(
+                    body.code(),
+                    keratin_client::proto::codes::ERR_LIMITED,
+                    "{refused:?}"
+                );
+                assert_eq!(
+                    body.reason().map(|r| r.name().to_owned()).as_deref(),
+                    Some("disk"),
+                    "{refused:?}"
+                );
+            }
+            other => panic!("not ERR_LIMITED: {other:?}"),
+        }
+        let two = QueueSettings {
+            replicas: Some(2),
+            ..QueueSettings::default()
+        };
+        client.declare("two", two).await.expect("two replicas");
+    });
 }

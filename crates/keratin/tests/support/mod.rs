@@ -61,7 +61,14 @@ impl Server {
     /// Start through a prepared command (for example a shell that joins a cgroup first).
     pub fn start_with(mut command: Command, args: &[&str]) -> Server {
         if !args.contains(&"--config") {
-            command.envs(HOST_DISK_LIMITS.iter().copied());
+            // The caller's own settings of these win.
+            let set: Vec<std::ffi::OsString> =
+                command.get_envs().map(|(key, _)| key.to_owned()).collect();
+            for (key, value) in HOST_DISK_LIMITS {
+                if !set.iter().any(|s| s == key) {
+                    command.env(key, value);
+                }
+            }
         }
         command
             .args(args)
