@@ -194,8 +194,8 @@ fn partition_trouble(queue: &str, p: &PartitionInfo) -> Option<String> {
     }
     Some(format!(
         "partition {} of queue {queue}: this replica has known no leader for {} s: the \
-         partition takes no publishes and delivers nothing until a majority ({majority} of \
-         nodes {}) is up and reaches each other to elect one; check `keratin cluster status` \
+         partition takes no publishes and delivers nothing until a majority of its replicas \
+         ({majority} of nodes {}) are up and reach each other to elect one; check `keratin cluster status` \
          for unreachable nodes, and their processes and the network",
         p.index,
         leaderless_ms / 1000,

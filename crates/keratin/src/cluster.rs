@@ -69,6 +69,22 @@ pub async fn run(args: ClusterArgs) -> Result<ExitCode, Failure> {
     }
 }
 
+/// The partitions of queue `name` in the cluster document of the node whose admin port is at
+/// `http`, each with its leader's view filled in (see the module docs); `None` when the node
+/// cannot be asked or runs alone. For `keratin queue info`, whose protocol reply has no
+/// in-sync set.
+pub(crate) fn queue_partitions(http: &str, name: &str) -> Option<Vec<Value>> {
+    let mut document = admin::request(http, "GET", CLUSTER_PATH, None).ok()?;
+    fill_from_leaders(&mut document, |admin| {
+        admin::request(admin, "GET", CLUSTER_PATH, None).ok()
+    });
+    let queue = document["queues"]
+        .as_array()?
+        .iter()
+        .find(|q| q["name"] == name)?;
+    queue["partitions"].as_array().cloned()
+}
+
 /// The in-sync set and lags of each partition led by another node, from that node's document
 /// (`fetch` of its admin address; once per leader).
 fn fill_from_leaders(document: &mut Value, fetch: impl Fn(&str) -> Option<Value>) {
@@ -127,7 +143,8 @@ fn leader_view<'a>(document: &'a Value, name: &Value, index: &Value) -> Option<&
         .find(|p| &p["index"] == index && p["leading"].as_bool() == Some(true))
 }
 
-fn list(value: &Value) -> String {
+/// A list of node ids as `1,2,3`; `-` when unknown.
+pub(crate) fn list(value: &Value) -> String {
     match value.as_array() {
         Some(items) => {
             let items: Vec<String> = items.iter().map(Value::to_string).collect();
