@@ -259,6 +259,9 @@ pub struct PartitionInfo {
     pub leader_changes: u64,
     /// On a replica that knows no leader: for how long (ms) it has known none.
     pub leaderless_ms: Option<u64>,
+    /// On a replica: one past the last offset committed and applied on this node (`None` on
+    /// a single node).
+    pub committed_offset: Option<u64>,
 }
 
 /// Figures of a queue.
@@ -1297,7 +1300,9 @@ impl BrokerInner {
             .map(|p| {
                 let f = &p.figures;
                 let role = f.role();
-                let replication = f.log.replication().unwrap_or_default();
+                let replication = f.log.replication();
+                let committed_offset = replication.as_ref().map(|r| r.committed_offset);
+                let replication = replication.unwrap_or_default();
                 PartitionInfo {
                     index: p.index,
                     dir: placement.get(p.index as usize).cloned().unwrap_or_default(),
@@ -1324,6 +1329,7 @@ impl BrokerInner {
                     replicas: replication.replicas,
                     leader_changes: f.leader_changes.load(Ordering::Relaxed),
                     leaderless_ms: replication.leaderless_ms,
+                    committed_offset,
                 }
             })
             .collect();

@@ -121,6 +121,10 @@ async fn the_leader_tracks_lag_and_the_in_sync_set_as_a_follower_leaves_and_retu
         "only the leader knows lag: {p:?}"
     );
     assert_eq!(p.leaderless_ms, None);
+    assert!(
+        p.committed_offset.is_some_and(|c| c >= BEFORE as u64),
+        "a follower knows its committed offset: {p:?}"
+    );
 
     // Stop a follower: the leader sees it leave the in-sync set, and keeps confirming.
     nodes.remove(&follower).expect("follower").stop().await;

@@ -260,6 +260,7 @@ mod tests {
             },
             leader_changes: 1,
             leaderless_ms,
+            committed_offset: Some(10),
         }
     }
 

@@ -450,6 +450,7 @@ mod tests {
             },
             leader_changes: 2,
             leaderless_ms: None,
+            committed_offset: Some(10),
         }
     }
 

@@ -69,7 +69,9 @@ pub(super) async fn watch_leader(
 /// The figures of `replica` as node `id` sees them (see the module docs).
 pub(super) fn status_of(id: u64, replica: &Replica, clock: &LeaderlessClock) -> ReplicationStatus {
     let committed_offset = *replica.committed().borrow();
-    let metrics = replica.raft().metrics().borrow_watched().clone();
+    let watched = replica.raft().metrics();
+    // Read under the watch's borrow (no copy of the metrics): nothing here waits.
+    let metrics = watched.borrow_watched();
     let replicas: Vec<u64> = metrics.membership_config.voter_ids().collect();
     let leading = metrics.state.is_leader() && metrics.current_leader == Some(id);
     let progress = match (leading, &metrics.replication, &metrics.heartbeat) {

@@ -68,5 +68,6 @@ fn partition_json(p: &keratin_broker::PartitionInfo) -> Value {
         "max_lag": max_lag,
         "leader_changes": p.leader_changes,
         "leaderless_ms": p.leaderless_ms,
+        "committed_offset": p.committed_offset,
     })
 }
