@@ -458,3 +458,40 @@ impl Queue {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::partition::log::Role;
+
+    fn role(leader: Option<u64>) -> Role {
+        Role {
+            leading: false,
+            leader,
+            addr: None,
+            from: 0,
+        }
+    }
+
+    #[test]
+    fn a_leader_change_counts_once_per_new_leader() {
+        let figures = PartitionFigures::default();
+        let leaders = [
+            None,
+            Some(1),
+            Some(1),
+            None,
+            Some(1),
+            Some(2),
+            None,
+            Some(3),
+        ];
+        for leader in leaders {
+            figures.set_role(role(leader));
+        }
+        // 1, then 2, then 3: no leader known in between is no change, the same one again
+        // neither.
+        assert_eq!(figures.leader_changes.load(Ordering::Relaxed), 3);
+        assert_eq!(figures.role().leader, Some(3));
+    }
+}
