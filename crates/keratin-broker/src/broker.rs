@@ -246,6 +246,22 @@ pub struct PartitionInfo {
     /// The leader's client address, if known (`None` on a single node, or when this node
     /// leads).
     pub leader_addr: Option<String>,
+    /// The nodes holding a replica (the group's voters), ascending; empty on a single node.
+    pub replicas: Vec<u64>,
+    /// The replicas in sync with the leader (`partition::replication`), ascending: known on
+    /// the leader only, empty elsewhere.
+    pub in_sync: Vec<u64>,
+    /// Each replica's lag behind the leader's log, in entries, by node id: known on the
+    /// leader only (the leader's own is 0), empty elsewhere.
+    pub replica_lag: BTreeMap<u64, u64>,
+    /// Times the partition's leader changed to another node, as this node saw it, since the
+    /// partition opened here.
+    pub leader_changes: u64,
+    /// On a replica that knows no leader: for how long (ms) it has known none.
+    pub leaderless_ms: Option<u64>,
+    /// On a replica: one past the last offset committed and applied on this node (`None` on
+    /// a single node).
+    pub committed_offset: Option<u64>,
 }
 
 /// Figures of a queue.
@@ -1200,7 +1216,10 @@ impl BrokerInner {
                 publish_timeout: self.config.publish_timeout,
                 idle_release_after: self.config.idle_release_after,
             };
-            partitions.push(owner::spawn(ctx, log, state));
+            let link = log.clone();
+            let handle = owner::spawn(ctx, log, state);
+            handle.figures.log.set(&link);
+            partitions.push(handle);
         }
         let queue = Arc::new(Queue::new(
             decl.id,
@@ -1281,6 +1300,9 @@ impl BrokerInner {
             .map(|p| {
                 let f = &p.figures;
                 let role = f.role();
+                let replication = f.log.replication();
+                let committed_offset = replication.as_ref().map(|r| r.committed_offset);
+                let replication = replication.unwrap_or_default();
                 PartitionInfo {
                     index: p.index,
                     dir: placement.get(p.index as usize).cloned().unwrap_or_default(),
@@ -1298,6 +1320,16 @@ impl BrokerInner {
                     leading: role.leading,
                     leader: role.leader,
                     leader_addr: role.addr,
+                    in_sync: replication.in_sync(),
+                    replica_lag: replication
+                        .progress
+                        .iter()
+                        .map(|r| (r.node, r.lag_entries))
+                        .collect(),
+                    replicas: replication.replicas,
+                    leader_changes: f.leader_changes.load(Ordering::Relaxed),
+                    leaderless_ms: replication.leaderless_ms,
+                    committed_offset,
                 }
             })
             .collect();

@@ -10,7 +10,9 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::consumer::ConsumerLink;
 use crate::error::{BrokerError, BrokerResult};
+use crate::partition::log::PartitionLog;
 use crate::partition::owner::Command;
+use crate::partition::replication::ReplicationStatus;
 use crate::partition::state::PartitionState;
 
 /// What a queue does when a publish would pass its `max_messages` or `max_bytes`.
@@ -203,12 +205,56 @@ pub(crate) struct PartitionFigures {
     pub(crate) dead_letter_failures: [AtomicU64; DeadLetterFailure::ALL.len()],
     /// Who leads the partition, as its owner last heard from its log.
     pub(crate) role: std::sync::RwLock<crate::partition::log::Role>,
+    /// Times the leader its log reported changed to another known node (see
+    /// [`PartitionFigures::set_role`]).
+    pub(crate) leader_changes: AtomicU64,
+    /// The last leader its log named (kept while none is known).
+    last_leader: std::sync::Mutex<Option<u64>>,
+    /// The partition's log, for its replication figures (set once the owner is spawned; weak,
+    /// so that closing the log is not held up by readers of figures).
+    pub(crate) log: LogLink,
+}
+
+/// A weak link to a partition's log, set once.
+#[derive(Default)]
+pub(crate) struct LogLink(std::sync::OnceLock<std::sync::Weak<dyn PartitionLog>>);
+
+impl std::fmt::Debug for LogLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LogLink")
+    }
+}
+
+impl LogLink {
+    /// Link `log` (the first call only).
+    pub(crate) fn set(&self, log: &Arc<dyn PartitionLog>) {
+        let _ = self.0.set(Arc::downgrade(log));
+    }
+
+    /// The log's replication figures, if it is replicated and still open.
+    pub(crate) fn replication(&self) -> Option<ReplicationStatus> {
+        self.0.get()?.upgrade()?.replication()
+    }
 }
 
 impl PartitionFigures {
     /// Who leads the partition.
     pub(crate) fn role(&self) -> crate::partition::log::Role {
         self.role.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The owner heard `role` from its log: publish it, and count a change of leader (a
+    /// leader named that differs from the last one named; "no leader known" between two
+    /// terms of the same leader is no change).
+    pub(crate) fn set_role(&self, role: crate::partition::log::Role) {
+        if let Some(leader) = role.leader {
+            let mut last = self.last_leader.lock().unwrap_or_else(|e| e.into_inner());
+            if *last != Some(leader) {
+                *last = Some(leader);
+                self.leader_changes.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        *self.role.write().unwrap_or_else(|e| e.into_inner()) = role;
     }
 
     /// Count the messages of a dead-lettering batch whose publish to the dead-letter queue
@@ -410,5 +456,42 @@ impl Queue {
         for partition in &self.partitions {
             partition.kick();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::partition::log::Role;
+
+    fn role(leader: Option<u64>) -> Role {
+        Role {
+            leading: false,
+            leader,
+            addr: None,
+            from: 0,
+        }
+    }
+
+    #[test]
+    fn a_leader_change_counts_once_per_new_leader() {
+        let figures = PartitionFigures::default();
+        let leaders = [
+            None,
+            Some(1),
+            Some(1),
+            None,
+            Some(1),
+            Some(2),
+            None,
+            Some(3),
+        ];
+        for leader in leaders {
+            figures.set_role(role(leader));
+        }
+        // 1, then 2, then 3: no leader known in between is no change, the same one again
+        // neither.
+        assert_eq!(figures.leader_changes.load(Ordering::Relaxed), 3);
+        assert_eq!(figures.role().leader, Some(3));
     }
 }

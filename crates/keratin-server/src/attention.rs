@@ -1,7 +1,8 @@
 //! `Attention`: the node's list of what needs an operator — level changes, full queues, stopped
-//! and healed logs. Items are raised and cleared by the sampler (`limits.rs`), which knows the
-//! causes; this module owns the list: ids, clearing, the bound, and the file it survives
-//! restarts in.
+//! and healed logs, and in a cluster partitions below a majority and unreachable nodes. Items
+//! are raised and cleared by the sampler (`limits.rs`) and the cluster watch
+//! (`cluster_watch.rs`), which know the causes; this module owns the list: ids, clearing, the
+//! bound, and the file it survives restarts in.
 //!
 //! Persistence: `attention.json` in the node's first storage directory, rewritten whole on every
 //! change (temporary file, fsync, rename, fsync of the directory), so a crash leaves either the
@@ -47,6 +48,13 @@ pub enum AttentionKind {
     /// Messages of a queue were dropped because dead-lettering them failed (subject: the
     /// queue).
     DeadLetterFailed,
+    /// A replicated partition on this node cannot confirm publishes safely: its leader (this
+    /// node) sees fewer replicas in sync than a majority, or this replica has known no leader
+    /// for a while (subject: `queue/partition`). Raised by `cluster_watch.rs`.
+    PartitionBelowMajority,
+    /// A cluster peer's transport connection has been down for a while (subject:
+    /// `node-ID`). Raised by `cluster_watch.rs`.
+    NodeUnreachable,
 }
 
 impl AttentionKind {
@@ -59,6 +67,8 @@ impl AttentionKind {
             AttentionKind::LogStopped => "log_stopped",
             AttentionKind::LogHealed => "log_healed",
             AttentionKind::DeadLetterFailed => "dead_letter_failed",
+            AttentionKind::PartitionBelowMajority => "partition_below_majority",
+            AttentionKind::NodeUnreachable => "node_unreachable",
         }
     }
 }

@@ -9,6 +9,8 @@
 //! - [`http`]: the admin API (axum): `/health`, `/api/v1/queues`, `/api/v1/status`,
 //!   `/api/v1/attention`, `/api/v1/settings`, `/metrics`, and the dashboard at `/`.
 //! - [`attention`]: [`attention::Attention`], the persisted list of what needs an operator.
+//! - [`cluster_watch`]: [`cluster_watch::ClusterWatch`], a cluster node's attention items
+//!   (partitions below a majority in sync or without a leader, unreachable nodes).
 //! - [`limits`]: [`limits::NodeLimits`], the sampler and the publish gate over `keratin-limits`.
 //! - [`metrics`]: `/metrics` in the Prometheus text format.
 //! - [`settings`]: runtime settings: overrides stored in the node metadata, checked whole and
@@ -18,6 +20,7 @@
 #![deny(missing_docs)]
 
 pub mod attention;
+pub mod cluster_watch;
 pub mod config;
 pub mod convert;
 pub mod history;

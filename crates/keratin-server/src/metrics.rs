@@ -44,6 +44,19 @@ struct QueueLabels {
     queue: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PartitionLabels {
+    queue: String,
+    partition: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReplicaLabels {
+    queue: String,
+    partition: String,
+    replica: String,
+}
+
 fn gauge_family<L>(registry: &mut Registry, name: &str, help: &str) -> Family<L, Gauge>
 where
     L: EncodeLabelSet + Clone + std::hash::Hash + Eq + std::fmt::Debug + Send + Sync + 'static,
@@ -192,6 +205,7 @@ pub fn render(broker: &Broker, limits: &NodeLimits) -> String {
         );
     let pool = broker.pool();
     register_log_figures(&mut registry, broker, &queues);
+    register_replication(&mut registry, &queues);
     let spares = gauge_family::<PoolLabels>(
         &mut registry,
         "pool_spares",
@@ -303,6 +317,56 @@ pub fn render(broker: &Broker, limits: &NodeLimits) -> String {
     out
 }
 
+/// The replicated partitions on this node: replicas, leader changes, and on the leader the
+/// in-sync count and each replica's lag (only the leader knows them). Partitions that are not
+/// replicated here have no series.
+fn register_replication(registry: &mut Registry, queues: &[keratin_broker::QueueInfo]) {
+    let replicas = gauge_family::<PartitionLabels>(
+        registry,
+        "partition_replicas",
+        "Replicas of a replicated partition held on this node (the group's voters)",
+    );
+    let in_sync = gauge_family::<PartitionLabels>(
+        registry,
+        "partition_in_sync_replicas",
+        "Replicas in sync with the partition's leader (on the leader only): at most 1,000 \
+         entries behind and heard from within 5 s",
+    );
+    let lag = gauge_family::<ReplicaLabels>(
+        registry,
+        "partition_replica_lag_entries",
+        "Entries of the leader's log a replica does not hold yet (on the leader only)",
+    );
+    let changes = Family::<PartitionLabels, Counter>::default();
+    registry.register(
+        "partition_leader_changes",
+        "Times the partition's leader changed to another node, as this node saw it",
+        changes.clone(),
+    );
+    for queue in queues {
+        for p in queue.partitions.iter().filter(|p| !p.replicas.is_empty()) {
+            let labels = PartitionLabels {
+                queue: queue.name.clone(),
+                partition: p.index.to_string(),
+            };
+            set(&replicas.get_or_create(&labels), p.replicas.len() as u64);
+            changes.get_or_create(&labels).inc_by(p.leader_changes);
+            if !p.leading {
+                continue;
+            }
+            set(&in_sync.get_or_create(&labels), p.in_sync.len() as u64);
+            for (replica, entries) in &p.replica_lag {
+                let labels = ReplicaLabels {
+                    queue: queue.name.clone(),
+                    partition: p.index.to_string(),
+                    replica: replica.to_string(),
+                };
+                set(&lag.get_or_create(&labels), *entries);
+            }
+        }
+    }
+}
+
 /// Log stops and heals (every log of the node shares the pool that counts them), the partitions
 /// stopped now, and the sync latency histogram.
 fn register_log_figures(
@@ -345,4 +409,86 @@ fn register_log_figures(
         Unit::Seconds,
         SyncLatency(pool.sync_histogram()),
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use keratin_broker::{PartitionInfo, QueueInfo, QueueSettings};
+
+    use super::*;
+
+    fn partition(index: u32, leading: bool, replicated: bool) -> PartitionInfo {
+        PartitionInfo {
+            index,
+            dir: "/data/q".into(),
+            ready: 0,
+            inflight: 0,
+            bytes: 0,
+            disk_bytes: 0,
+            stopped: false,
+            stops: 0,
+            heals: 0,
+            full: false,
+            rejected_full: 0,
+            overflowed: 0,
+            dead_letter_failures: BTreeMap::new(),
+            leading,
+            leader: Some(1),
+            leader_addr: None,
+            replicas: if replicated {
+                vec![1, 2, 3]
+            } else {
+                Vec::new()
+            },
+            in_sync: if leading { vec![1, 2] } else { Vec::new() },
+            replica_lag: if leading {
+                BTreeMap::from([(1, 0), (2, 1), (3, 2_500)])
+            } else {
+                BTreeMap::new()
+            },
+            leader_changes: 2,
+            leaderless_ms: None,
+            committed_offset: Some(10),
+        }
+    }
+
+    #[test]
+    fn replication_series_come_from_replicated_partitions_and_lag_from_the_leader() {
+        let queues = vec![
+            QueueInfo {
+                name: "orders".into(),
+                settings: QueueSettings::default(),
+                partitions: vec![partition(0, true, true), partition(1, false, true)],
+            },
+            QueueInfo {
+                name: "local".into(),
+                settings: QueueSettings::default(),
+                partitions: vec![partition(0, true, false)],
+            },
+        ];
+        let mut registry = Registry::with_prefix("keratin");
+        register_replication(&mut registry, &queues);
+        let mut text = String::new();
+        encode(&mut text, &registry).expect("encode");
+        for line in [
+            r#"keratin_partition_replicas{queue="orders",partition="0"} 3"#,
+            r#"keratin_partition_replicas{queue="orders",partition="1"} 3"#,
+            r#"keratin_partition_in_sync_replicas{queue="orders",partition="0"} 2"#,
+            r#"keratin_partition_replica_lag_entries{queue="orders",partition="0",replica="3"} 2500"#,
+            r#"keratin_partition_replica_lag_entries{queue="orders",partition="0",replica="1"} 0"#,
+            r#"keratin_partition_leader_changes_total{queue="orders",partition="1"} 2"#,
+        ] {
+            assert!(text.contains(line), "{line} missing from:\n{text}");
+        }
+        assert!(
+            !text.contains(r#"keratin_partition_in_sync_replicas{queue="orders",partition="1"}"#),
+            "only the leader knows the in-sync set:\n{text}"
+        );
+        assert!(
+            !text.contains(r#"queue="local""#),
+            "a local partition has no series:\n{text}"
+        );
+    }
 }

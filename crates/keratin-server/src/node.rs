@@ -188,7 +188,7 @@ impl Node {
             node_id,
             cluster: cluster.clone(),
         };
-        let tasks = vec![
+        let mut tasks = vec![
             tokio::spawn(crate::tcp::serve(
                 protocol,
                 broker.clone(),
@@ -204,6 +204,18 @@ impl Node {
                 Ok(())
             }),
         ];
+        if let Some(cluster) = &cluster {
+            let watch = crate::cluster_watch::run(
+                cluster.clone(),
+                broker.clone(),
+                limits.clone(),
+                stop.subscribe(),
+            );
+            tasks.push(tokio::spawn(async move {
+                watch.await;
+                Ok(())
+            }));
+        }
         tracing::info!(%protocol_addr, %http_addr, "keratin is serving");
         Ok(Node {
             broker,

@@ -270,10 +270,22 @@ async fn run_info(client: &Client, name: &str, json: bool) -> Result<(), Failure
         .info(name)
         .await
         .map_err(|error| Failure::client(format!("info {name}"), &error))?;
+    // In a cluster, the replicas and in-sync sets come from the admin API (the protocol's
+    // reply has leaders only): best effort, `-` when the admin port cannot be asked.
+    let replication = match client.server_info().admin.clone() {
+        Some(http) if info.partitions.iter().any(|p| p.leader.is_some()) => {
+            let name = name.to_owned();
+            tokio::task::spawn_blocking(move || crate::cluster::queue_partitions(&http, &name))
+                .await
+                .ok()
+                .flatten()
+        }
+        _ => None,
+    };
     if json {
-        print_json(&info_json(&info));
+        print_json(&info_json(&info, replication.as_deref()));
     } else {
-        print!("{}", info_text(&info));
+        print!("{}", info_text(&info, replication.as_deref()));
     }
     Ok(())
 }
@@ -308,8 +320,9 @@ fn settings_json(settings: &QueueSettings) -> Value {
 }
 
 /// `{"queue", "settings", "ready", "inflight", "bytes", "disk_bytes", "partitions": [...]}`,
-/// the totals summed over partitions.
-fn info_json(info: &QueueInfoReply) -> Value {
+/// the totals summed over partitions; each partition's `replicas`, `in_sync` and `max_lag`
+/// from `replication` (the cluster document's partitions), `null` without it.
+fn info_json(info: &QueueInfoReply, replication: Option<&[Value]>) -> Value {
     let partitions: Vec<Value> = info
         .partitions
         .iter()
@@ -324,6 +337,9 @@ fn info_json(info: &QueueInfoReply) -> Value {
                 "leading": p.leading,
                 "leader": p.leader,
                 "leader_addr": p.leader_addr,
+                "replicas": replication_field(replication, index, "replicas"),
+                "in_sync": replication_field(replication, index, "in_sync"),
+                "max_lag": replication_field(replication, index, "max_lag"),
             })
         })
         .collect();
@@ -358,7 +374,14 @@ fn leader_text(p: &keratin_client::PartitionInfo) -> String {
     }
 }
 
-fn info_text(info: &QueueInfoReply) -> String {
+/// Field `key` of partition `index` in the cluster document's partitions; `null` if unknown.
+fn replication_field(replication: Option<&[Value]>, index: usize, key: &str) -> Value {
+    replication
+        .and_then(|partitions| partitions.iter().find(|p| p["index"] == index))
+        .map_or(Value::Null, |p| p[key].clone())
+}
+
+fn info_text(info: &QueueInfoReply, replication: Option<&[Value]>) -> String {
     let settings = &info.settings;
     let unset = || "-".to_owned();
     let mut out = format!("queue           {}\n", info.queue);
@@ -380,16 +403,33 @@ fn info_text(info: &QueueInfoReply) -> String {
         .replicas
         .map_or_else(|| "default".to_owned(), |r| r.to_string());
     out.push_str(&format!("replicas        {replicas}\n\n"));
-    let mut table = Table::new(&["PARTITION", "READY", "INFLIGHT", "BYTES", "DISK", "LEADER"]);
+    let mut headers = vec!["PARTITION", "READY", "INFLIGHT", "BYTES", "DISK", "LEADER"];
+    if replication.is_some() {
+        headers.extend(["REPLICAS", "IN SYNC"]);
+    }
+    let mut table = Table::new(&headers);
     for (index, p) in info.partitions.iter().enumerate() {
-        table.row(vec![
+        let mut row = vec![
             index.to_string(),
             p.ready.to_string(),
             p.inflight.to_string(),
             format_bytes(p.bytes),
             format_bytes(p.disk_bytes),
             leader_text(p),
-        ]);
+        ];
+        if replication.is_some() {
+            row.push(crate::cluster::list(&replication_field(
+                replication,
+                index,
+                "replicas",
+            )));
+            row.push(crate::cluster::list(&replication_field(
+                replication,
+                index,
+                "in_sync",
+            )));
+        }
+        table.row(row);
     }
     out.push_str(&table.render());
     out
@@ -435,9 +475,28 @@ mod tests {
             },
             partitions: vec![partition(false, Some(2), Some("h:1"))],
         };
-        let text = info_text(&info);
+        let text = info_text(&info, None);
         assert!(text.contains("replicas        3"), "{text}");
         assert!(text.contains("node 2 (h:1)"), "{text}");
-        assert_eq!(info_json(&info)["partitions"][0]["leader_addr"], "h:1");
+        assert!(!text.contains("IN SYNC"), "{text}");
+        assert_eq!(
+            info_json(&info, None)["partitions"][0]["leader_addr"],
+            "h:1"
+        );
+        assert_eq!(
+            info_json(&info, None)["partitions"][0]["in_sync"],
+            Value::Null
+        );
+        // With the cluster document's view (the leader's in-sync set).
+        let replication = vec![json!({"index": 0, "replicas": [1, 2, 3], "in_sync": [2, 3],
+                                      "max_lag": 7})];
+        let text = info_text(&info, Some(&replication));
+        assert!(
+            text.contains("IN SYNC") && text.contains("1,2,3") && text.contains("2,3"),
+            "{text}"
+        );
+        let object = info_json(&info, Some(&replication));
+        assert_eq!(object["partitions"][0]["in_sync"], json!([2, 3]));
+        assert_eq!(object["partitions"][0]["max_lag"], 7);
     }
 }

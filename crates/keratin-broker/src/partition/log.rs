@@ -20,7 +20,7 @@
 //! `remove_prefix` and `hand_back` return futures that never block; methods documented as
 //! blocking (`reader`'s iteration, `heal`, `truncate_suffix`, `close`, `delete`, `reset`) run on
 //! the blocking pool; the figures (`committed_offset`, `start_offset`, `disk_bytes`, `space`,
-//! `tail_room_bytes`) take a short lock.
+//! `tail_room_bytes`, `replication`) take a short lock.
 
 use std::future::Future;
 use std::ops::Range;
@@ -224,6 +224,12 @@ pub trait PartitionLog: Send + Sync + 'static {
     /// log, or the old one if it could not be taken, or none. A replicated log refuses: its
     /// purge writes a PURGE record like any other.
     fn reset(self: Arc<Self>) -> (Option<Arc<dyn PartitionLog>>, BrokerResult<()>);
+
+    /// How the partition's copies keep up (replicas, leader, and on the leader each replica's
+    /// lag and the in-sync set); `None` for a log that is not replicated. Takes a short lock.
+    fn replication(&self) -> Option<super::replication::ReplicationStatus> {
+        None
+    }
 }
 
 /// Where a partition of a replicated queue lives, for [`PartitionLogs::open`].

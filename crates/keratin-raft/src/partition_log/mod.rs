@@ -40,16 +40,19 @@
 //! Files: this one owns [`ReplicatedLog`] (its replica, roles, close/delete/heal); `forward`,
 //! the task that reports commits and roles; `submit`, the ordered submitter and the outcome of
 //! each proposal; `reader`, the committed reader with the adapter's entries as `NOOP`;
-//! `provider`, [`ReplicatedLogs`].
+//! `provider`, [`ReplicatedLogs`]; `replication`, the replication figures (replicas, lag, the
+//! in-sync set) from openraft's metrics.
 
 mod forward;
 mod provider;
 mod reader;
+mod replication;
 mod submit;
 
 use forward::forward;
 pub use provider::{ReplicatedLogs, ReplicatedLogsSetup};
 use reader::ReplicatedReader;
+use replication::LeaderlessClock;
 use submit::{submit, Answers, Submission};
 
 use std::collections::BTreeMap;
@@ -65,6 +68,7 @@ use keratin_broker::partition::log::{
     BoxReader, LogEvent, LogEvents, LogSpace, PartitionLog, PartitionLogs, PartitionPlace,
     PartitionReader, Proposal, Proposing, Removing, Role,
 };
+use keratin_broker::partition::replication::ReplicationStatus;
 use keratin_broker::record::NOOP;
 use keratin_log::{Io, LogError, LogOptions, LogResult, PrefixRemoval, ReadRecord};
 use keratin_net::{GroupId, ResolvedCluster, Transport};
@@ -233,6 +237,8 @@ pub struct ReplicatedLog {
     last_committed: std::sync::atomic::AtomicU64,
     replicating: Mutex<Replicating>,
     events: OnceLock<LogEvents>,
+    /// Since when no leader is known (kept across rebuilds).
+    leaderless: Arc<LeaderlessClock>,
 }
 
 impl ReplicatedLog {
@@ -251,6 +257,7 @@ impl ReplicatedLog {
             last_committed: std::sync::atomic::AtomicU64::new(0),
             replicating: Mutex::new(Replicating::Running(Running::new(replica, 0))),
             events: OnceLock::new(),
+            leaderless: LeaderlessClock::new(),
         }
     }
 
@@ -303,6 +310,11 @@ impl ReplicatedLog {
             running.replica.committed(),
             running.stop.subscribe(),
             seen,
+        ));
+        tokio::spawn(replication::watch_leader(
+            raft.clone(),
+            self.leaderless.clone(),
+            running.stop.subscribe(),
         ));
         tokio::spawn(submit(answers, raft, queue, running.stop.subscribe()));
     }
@@ -689,6 +701,10 @@ impl PartitionLog for ReplicatedLog {
                 self.dir.display()
             )))),
         }
+    }
+
+    fn replication(&self) -> Option<ReplicationStatus> {
+        self.with_replica(|replica| replication::status_of(self.id, replica, &self.leaderless))
     }
 
     fn reset(self: Arc<Self>) -> (Option<Arc<dyn PartitionLog>>, BrokerResult<()>) {

@@ -1,6 +1,8 @@
 //! `GET /api/v1/cluster`: the cluster as this node sees it — its nodes (addresses, reachable,
-//! which leads the metadata group), and every queue's partitions with their leader and
-//! whether this node leads them. A node that runs alone answers 404 with what to do.
+//! which leads the metadata group), and every queue's partitions with their leader, whether
+//! this node leads them, their replicas and leader changes, and where this node leads, the
+//! in-sync set and each replica's lag (only the leader knows them: `null` elsewhere). A node
+//! that runs alone answers 404 with what to do.
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -25,20 +27,7 @@ pub(super) async fn cluster(State(admin): State<Admin>) -> Response {
         .list()
         .iter()
         .map(|queue| {
-            let partitions: Vec<Value> = queue
-                .partitions
-                .iter()
-                .map(|p| {
-                    json!({
-                        "index": p.index,
-                        "leading": p.leading,
-                        "leader": p.leader,
-                        "leader_addr": p.leader_addr,
-                        "ready": p.ready,
-                        "inflight": p.inflight,
-                    })
-                })
-                .collect();
+            let partitions: Vec<Value> = queue.partitions.iter().map(partition_json).collect();
             json!({
                 "name": queue.name,
                 "replicas": queue.settings.replicas,
@@ -48,4 +37,37 @@ pub(super) async fn cluster(State(admin): State<Admin>) -> Response {
         .collect();
     document["queues"] = Value::from(queues);
     Json(document).into_response()
+}
+
+/// One partition of the document (see the module docs).
+fn partition_json(p: &keratin_broker::PartitionInfo) -> Value {
+    let (in_sync, lag, max_lag) = if p.leading && !p.replicas.is_empty() {
+        let lag: serde_json::Map<String, Value> = p
+            .replica_lag
+            .iter()
+            .map(|(node, entries)| (node.to_string(), Value::from(*entries)))
+            .collect();
+        (
+            Value::from(p.in_sync.clone()),
+            Value::Object(lag),
+            Value::from(p.replica_lag.values().copied().max().unwrap_or(0)),
+        )
+    } else {
+        (Value::Null, Value::Null, Value::Null)
+    };
+    json!({
+        "index": p.index,
+        "leading": p.leading,
+        "leader": p.leader,
+        "leader_addr": p.leader_addr,
+        "ready": p.ready,
+        "inflight": p.inflight,
+        "replicas": p.replicas,
+        "in_sync": in_sync,
+        "replica_lag": lag,
+        "max_lag": max_lag,
+        "leader_changes": p.leader_changes,
+        "leaderless_ms": p.leaderless_ms,
+        "committed_offset": p.committed_offset,
+    })
 }

@@ -23,7 +23,7 @@ impl Owner {
         let was_leading = self.role.leading;
         tracing::info!(queue = %self.ctx.queue, partition = self.ctx.index, leading = role.leading, leader = ?role.leader, "partition role");
         self.role = role;
-        *self.figures.role.write().unwrap_or_else(|e| e.into_inner()) = self.role.clone();
+        self.figures.set_role(self.role.clone());
         if was_leading && !self.role.leading {
             self.step_down();
         } else if self.role.leading {
