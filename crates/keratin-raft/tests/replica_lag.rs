@@ -29,35 +29,8 @@ fn bodies(prefix: &str, count: usize) -> Vec<String> {
     (0..count).map(|n| format!("{prefix} {n}")).collect()
 }
 
-/// The node every node agrees leads partition 0.
 async fn leader(nodes: &BTreeMap<u64, BrokerNode>) -> u64 {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let infos: BTreeMap<u64, _> = nodes
-            .iter()
-            .map(|(id, node)| {
-                (
-                    *id,
-                    node.broker.info(QUEUE).expect("info").partitions[0].clone(),
-                )
-            })
-            .collect();
-        let leading: Vec<u64> = infos
-            .iter()
-            .filter(|(_, p)| p.leading)
-            .map(|(id, _)| *id)
-            .collect();
-        if let [id] = leading[..] {
-            if infos.values().all(|p| p.leader == Some(id)) {
-                return id;
-            }
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no leader in {WAIT:?}: {infos:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::brokers::agreed_leader(nodes, QUEUE, WAIT).await
 }
 
 /// Waits until the leader's info shows exactly `in_sync` in sync, each of them lagging by at
