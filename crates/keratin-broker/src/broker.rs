@@ -1403,7 +1403,7 @@ impl BrokerInner {
                     continue;
                 }
             }
-            let p = queue.route(&message.routing_key);
+            let p = queue.route(message);
             batches[p].0.push(i);
             batches[p].1.push(payload);
         }

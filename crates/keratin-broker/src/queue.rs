@@ -14,6 +14,7 @@ use crate::partition::log::PartitionLog;
 use crate::partition::owner::Command;
 use crate::partition::replication::ReplicationStatus;
 use crate::partition::state::PartitionState;
+use crate::record::Message;
 
 /// What a queue does when a publish would pass its `max_messages` or `max_bytes`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -318,9 +319,9 @@ impl DeadLetterFailure {
         match error {
             BrokerError::NotFound(_) => DeadLetterFailure::NotFound,
             BrokerError::Limited { .. } => DeadLetterFailure::QueueFull,
-            BrokerError::Unavailable { .. } | BrokerError::OutcomeUnknown { .. } => {
-                DeadLetterFailure::Unavailable
-            }
+            BrokerError::Unavailable { .. }
+            | BrokerError::OutcomeUnknown { .. }
+            | BrokerError::LeadershipLost { .. } => DeadLetterFailure::Unavailable,
             _ => DeadLetterFailure::Other,
         }
     }
@@ -423,13 +424,16 @@ impl Queue {
         }
     }
 
-    /// The partition a message goes to: by the CRC32C of its routing key, or round robin.
-    pub(crate) fn route(&self, routing_key: &str) -> usize {
+    /// The partition `message` goes to: by the CRC32C of its routing key; without one, by its
+    /// idempotent producer's id plus its sequence (consecutive sequences go round robin, and a
+    /// retry of the message, on any node, goes where the first copy went, so the partition's
+    /// window drops it as a duplicate); else round robin.
+    pub(crate) fn route(&self, message: &Message) -> usize {
         let n = self.partitions.len() as u64;
-        let choice = if routing_key.is_empty() {
-            self.round_robin.fetch_add(1, Ordering::Relaxed)
-        } else {
-            u64::from(crc32c::crc32c(routing_key.as_bytes()))
+        let choice = match (&message.producer, message.routing_key.is_empty()) {
+            (_, false) => u64::from(crc32c::crc32c(message.routing_key.as_bytes())),
+            (Some(mark), true) => mark.producer.wrapping_add(mark.sequence),
+            (None, true) => self.round_robin.fetch_add(1, Ordering::Relaxed),
         };
         (choice % n) as usize
     }

@@ -350,3 +350,40 @@ async fn node_settings_are_stored_whole_and_survive_a_restart() {
     assert_eq!(broker.list().len(), 1, "queues are still there");
     broker.shutdown().await.expect("shutdown");
 }
+
+/// An idempotent producer's message without a routing key, published again (a retry after an
+/// unknown outcome) on a queue of several partitions, is stored once: the partition it goes to
+/// is chosen by its producer and sequence, not by the node's round robin, so the retry meets
+/// the first copy's window. Fails if the two copies land on different partitions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyless_retry_of_an_idempotent_producer_is_stored_once() {
+    use keratin_broker::record::ProducerSeq;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let broker = open(&tmp).await;
+    broker.declare("q", settings(4)).await.expect("declare");
+    let message = |sequence: u64| Message {
+        producer: Some(ProducerSeq {
+            producer: 42,
+            sequence,
+        }),
+        ..Message::new(format!("m{sequence}"))
+    };
+    for sequence in 1..=8 {
+        for attempt in 0..3 {
+            let results = broker.publish("q", vec![message(sequence)]).await;
+            assert!(
+                results.iter().all(Result::is_ok),
+                "sequence {sequence} attempt {attempt}: {results:?}"
+            );
+        }
+    }
+    let info = broker.info("q").expect("info");
+    assert_eq!(info.ready(), 8, "each sequence once: {info:?}");
+    // Consecutive sequences still spread over the partitions.
+    assert!(
+        info.partitions.iter().all(|p| p.ready == 2),
+        "spread: {:?}",
+        info.partitions.iter().map(|p| p.ready).collect::<Vec<_>>()
+    );
+    broker.shutdown().await.expect("shutdown");
+}
