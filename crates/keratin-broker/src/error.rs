@@ -50,6 +50,19 @@ pub enum BrokerError {
         /// Why.
         source: LogError,
     },
+    /// This node stopped leading the partition (deposed, or cut off from a majority of its
+    /// replicas) while the publish was in flight, and its fate was not known within the
+    /// step-down grace: the new leader may commit it or cut it. Mapped like
+    /// [`BrokerError::OutcomeUnknown`].
+    #[error("queue {queue:?} partition {partition}: this node stopped leading the partition while the publish was in flight ({why}); the outcome is unknown: an idempotent producer (the Keratin client's default) may publish it again with the same sequence, any other retry may store it twice")]
+    LeadershipLost {
+        /// The queue.
+        queue: String,
+        /// The partition.
+        partition: u32,
+        /// What this node knows of the leadership now.
+        why: String,
+    },
     /// The publish was not confirmed within the broker's publish timeout (the disk is slow or
     /// stalled): it may or may not be stored, so a retry can duplicate it. Mapped like
     /// [`BrokerError::OutcomeUnknown`].

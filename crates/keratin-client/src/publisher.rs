@@ -47,7 +47,7 @@ const ATTEMPT_ANSWER_GRACE: std::time::Duration = std::time::Duration::from_secs
 
 use bytes::Bytes;
 use futures_core::Stream;
-use keratin_proto::codes::{ERR_LIMITED, ERR_NOT_LEADER};
+use keratin_proto::codes::{ERR_GATEWAY_TIMEOUT, ERR_LIMITED, ERR_NOT_LEADER};
 use keratin_proto::{ErrorBody, Header, Message, PublishMode, FRAME_SIZE_BYTES_MAX};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
@@ -56,7 +56,7 @@ use crate::client::Client;
 use crate::connection::{duration_ms, Command, PublishOutcome, Waiter};
 use crate::error::{ClientError, PublishFailed};
 use crate::options::BufferedOptions;
-use crate::routing::not_leader_error;
+use crate::routing::{not_leader_backoff, not_leader_error, NOT_LEADER_RETRIES_MAX};
 
 /// The smallest delay before retrying after `ERR_LIMITED`, whatever the hint says: a hint of 0
 /// would otherwise turn a full disk into a busy loop of publishes.
@@ -157,6 +157,9 @@ enum AttemptAnswer {
     Limited(Attempt, ErrorBody),
     /// Refused with `ERR_NOT_LEADER` (421): not applied, to send to the leader it names.
     NotLeader(Attempt, ErrorBody),
+    /// An idempotent producer's message whose outcome is unknown (504, or the connection ended
+    /// after it was sent): to send again, with the same sequence, to a node that can answer.
+    Unknown(Attempt, ClientError),
 }
 
 struct Attempt {
@@ -165,11 +168,23 @@ struct Attempt {
     attempts: u32,
     /// The node to send it to (`None`: the client's own connection), set by a 421.
     node: Option<String>,
-    /// 421s followed so far.
+    /// 421s followed and unknown outcomes sent again so far.
     redirects: u32,
+    /// The error of the last attempt whose outcome was unknown: once set, the message may be
+    /// stored, so a later attempt that fails for sure still fails the message as unknown.
+    unknown: Option<ClientError>,
 }
 
 impl Attempt {
+    /// The message back with `error`, or, when an earlier attempt's outcome was unknown, with
+    /// that error (the message may be stored whatever this attempt's answer).
+    fn failed(self, error: ClientError) -> PublishFailed {
+        PublishFailed {
+            message: self.message,
+            error: self.unknown.unwrap_or(error),
+        }
+    }
+
     fn first(index: usize, message: OutgoingMessage) -> Attempt {
         Attempt {
             index,
@@ -177,6 +192,7 @@ impl Attempt {
             attempts: 1,
             node: None,
             redirects: 0,
+            unknown: None,
         }
     }
 }
@@ -232,6 +248,10 @@ impl Client {
             }
             AttemptAnswer::NotLeader(attempt, body) => {
                 self.publish_redirect(queue, vec![(attempt, body)], deadline, &mut results)
+                    .await
+            }
+            AttemptAnswer::Unknown(attempt, error) => {
+                self.publish_resend_unknown(queue, vec![(attempt, error)], deadline, &mut results)
                     .await
             }
         };
@@ -297,6 +317,7 @@ impl Client {
                 .await;
             let mut limited: Vec<(Attempt, ErrorBody)> = Vec::new();
             let mut moved: Vec<(Attempt, ErrorBody)> = Vec::new();
+            let mut unknown: Vec<(Attempt, ClientError)> = Vec::new();
             for (node, attempt, publish_id, answer) in waiting {
                 match node
                     .attempt_answer(answer_deadline, answer, attempt, publish_id)
@@ -305,6 +326,7 @@ impl Client {
                     AttemptAnswer::Done(index, result) => results[index] = Some(result),
                     AttemptAnswer::Limited(attempt, body) => limited.push((attempt, body)),
                     AttemptAnswer::NotLeader(attempt, body) => moved.push((attempt, body)),
+                    AttemptAnswer::Unknown(attempt, error) => unknown.push((attempt, error)),
                 }
             }
             pending = self
@@ -314,6 +336,10 @@ impl Client {
                 .publish_redirect(queue, moved, deadline, &mut results)
                 .await;
             pending.extend(redirected);
+            let resent = self
+                .publish_resend_unknown(queue, unknown, deadline, &mut results)
+                .await;
+            pending.extend(resent);
         }
         results
             .into_iter()
@@ -332,14 +358,20 @@ impl Client {
         attempt: Attempt,
         publish_id: u64,
     ) -> AttemptAnswer {
-        let outcome = match tokio::time::timeout_at(answer_deadline, answer).await {
-            Ok(Ok(outcome)) => outcome,
-            Ok(Err(_)) => PublishOutcome::NotSent(self.lost_error()),
-            Err(_) => PublishOutcome::Lost(format!(
-                "no Confirm within publish_timeout ({} ms)",
-                duration_ms(self.options().publish_timeout)
-            )),
+        let (outcome, timed_out) = match tokio::time::timeout_at(answer_deadline, answer).await {
+            Ok(Ok(outcome)) => (outcome, false),
+            Ok(Err(_)) => (PublishOutcome::NotSent(self.lost_error()), false),
+            Err(_) => (
+                PublishOutcome::Lost(format!(
+                    "no Confirm within publish_timeout ({} ms)",
+                    duration_ms(self.options().publish_timeout)
+                )),
+                true,
+            ),
         };
+        // An idempotent producer's message is sent again after an unknown outcome (the node
+        // drops a second copy as a duplicate), unless the publish timeout is what ran out.
+        let resendable = attempt.message.sequence.is_some() && !timed_out;
         let result = match outcome {
             PublishOutcome::Confirmed => Ok(Confirmed {
                 publish_id,
@@ -351,6 +383,18 @@ impl Client {
             PublishOutcome::Failed(body) if body.code() == ERR_NOT_LEADER => {
                 return AttemptAnswer::NotLeader(attempt, body);
             }
+            PublishOutcome::Failed(body) if resendable && body.code() == ERR_GATEWAY_TIMEOUT => {
+                return AttemptAnswer::Unknown(attempt, ClientError::from_body(body));
+            }
+            PublishOutcome::Lost(detail) if resendable => {
+                return AttemptAnswer::Unknown(
+                    attempt,
+                    ClientError::OutcomeUnknown {
+                        error: None,
+                        detail,
+                    },
+                );
+            }
             PublishOutcome::Failed(body) => Err(ClientError::from_body(body)),
             PublishOutcome::Lost(detail) => Err(ClientError::OutcomeUnknown {
                 error: None,
@@ -358,13 +402,8 @@ impl Client {
             }),
             PublishOutcome::NotSent(error) => Err(error),
         };
-        AttemptAnswer::Done(
-            attempt.index,
-            result.map_err(|error| PublishFailed {
-                message: attempt.message,
-                error,
-            }),
-        )
+        let index = attempt.index;
+        AttemptAnswer::Done(index, result.map_err(|error| attempt.failed(error)))
     }
 
     /// Waits out the longest hint among `limited` and returns them as the next attempts, or,
@@ -406,10 +445,8 @@ impl Client {
                 *timed_out = true;
                 *limit_timeout_ms = timeout_ms;
             }
-            results[attempt.index] = Some(Err(PublishFailed {
-                message: attempt.message,
-                error,
-            }));
+            let index = attempt.index;
+            results[index] = Some(Err(attempt.failed(error)));
         }
         Vec::new()
     }
@@ -492,9 +529,64 @@ impl Client {
                     ..attempt
                 }),
                 None => {
-                    results[attempt.index] = Some(Err(PublishFailed {
+                    let index = attempt.index;
+                    let error = not_leader_error(&operation, &body, redirects, started);
+                    results[index] = Some(Err(attempt.failed(error)));
+                }
+            }
+        }
+        next
+    }
+
+    /// The idempotent producer's attempts whose outcome was unknown, sent again with the same
+    /// sequence: the first time at once, later ones after the backoff of a 421 without a
+    /// leader, each to the next node that can answer ([`Client::resend_node`]). A node that
+    /// stored the first copy drops the second as a duplicate and confirms it, so nothing is
+    /// stored twice. Fails them with their unknown outcome past
+    /// [`crate::NOT_LEADER_RETRIES_MAX`] attempts, past the deadline, or when no node is left
+    /// to ask.
+    async fn publish_resend_unknown(
+        &self,
+        queue: &str,
+        unknown: Vec<(Attempt, ClientError)>,
+        deadline: Instant,
+        results: &mut [Option<Result<Confirmed, PublishFailed>>],
+    ) -> Vec<Attempt> {
+        let Some(retry) = unknown
+            .iter()
+            .map(|(attempt, _)| attempt.redirects + 1)
+            .max()
+        else {
+            return Vec::new();
+        };
+        // The node that failed to answer may be the one a 421 named: ask afresh.
+        self.set_leader_hint(queue, None);
+        if retry > 1 {
+            let delay = not_leader_backoff(retry - 1, None);
+            tokio::time::sleep_until((Instant::now() + delay).min(deadline)).await;
+        }
+        let in_time = retry <= NOT_LEADER_RETRIES_MAX && Instant::now() < deadline;
+        let mut next = Vec::with_capacity(unknown.len());
+        for (attempt, error) in unknown {
+            let node = in_time
+                .then(|| self.resend_node(attempt.node.as_deref(), retry))
+                .flatten();
+            match node {
+                Some(node) => {
+                    tracing::debug!(queue, node = ?node, retry, %error, "publishing again after an unknown outcome");
+                    next.push(Attempt {
+                        attempts: attempt.attempts + 1,
+                        node,
+                        redirects: retry,
+                        unknown: Some(error),
+                        ..attempt
+                    });
+                }
+                None => {
+                    let index = attempt.index;
+                    results[index] = Some(Err(PublishFailed {
                         message: attempt.message,
-                        error: not_leader_error(&operation, &body, redirects, started),
+                        error,
                     }));
                 }
             }

@@ -165,6 +165,30 @@ impl Client {
             .map(|index| nodes[index].server.clone())
     }
 
+    /// Where to send again, for the `retry`th time, a publish whose outcome was unknown at
+    /// `failed` (`None`: this connection's node): the handshake's nodes in turn, never
+    /// `failed` itself, and this connection's node only while it is connected. `Some(None)`:
+    /// this connection; `None`: no node is left to ask (a single node, or a lone connection
+    /// that ended).
+    pub(crate) fn resend_node(&self, failed: Option<&str>, retry: u32) -> Option<Option<String>> {
+        let own_up = failed.is_some() && self.is_connected();
+        let mut candidates: Vec<Option<String>> = Vec::new();
+        for node in &self.server_info().nodes {
+            if self.is_own_address(&node.server) {
+                if own_up {
+                    candidates.push(None);
+                }
+            } else if Some(node.server.as_str()) != failed {
+                candidates.push(Some(node.server.clone()));
+            }
+        }
+        if candidates.is_empty() {
+            return None;
+        }
+        let turn = usize::try_from(retry.saturating_sub(1)).unwrap_or(0) % candidates.len();
+        Some(candidates.swap_remove(turn))
+    }
+
     /// After the 421 `body` for attempt `retry` of a call that started at `started`: the
     /// address to send it to next (`Some(None)`: this connection's node), after the backoff
     /// when no leader is named; `None` once the count or `deadline` is reached.

@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use futures_util::{SinkExt, StreamExt};
 use keratin_client::{Client, ClientError, ClientOptions, OutgoingMessage, QueueSettings};
+use keratin_proto::codes::ERR_GATEWAY_TIMEOUT;
 use keratin_proto::frame::*;
-use keratin_proto::{ClientHello, ErrorBody, FrameCodec, ServerHello, ServerInfo};
+use keratin_proto::{ClientHello, ErrorBody, FrameCodec, NodeAddress, ServerHello, ServerInfo};
 use keratin_server::Node;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -45,16 +46,36 @@ type Script = Arc<dyn Fn(Frame) -> Vec<Frame> + Send + Sync>;
 /// A fake node: answers every handshake, then each frame with what `script` returns. Frames
 /// it received are kept in the returned log.
 async fn start_fake(script: Script) -> (SocketAddr, Arc<Mutex<Vec<Frame>>>) {
+    start_fake_listing(script, Vec::new()).await
+}
+
+/// [`start_fake`], whose handshake lists itself and `others` as the cluster's nodes.
+async fn start_fake_listing(
+    script: Script,
+    others: Vec<NodeAddress>,
+) -> (SocketAddr, Arc<Mutex<Vec<Frame>>>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
+    let info = if others.is_empty() {
+        ServerInfo::default()
+    } else {
+        let mut nodes = vec![NodeAddress {
+            node_id: "fake-node".into(),
+            server: addr.to_string(),
+            admin: None,
+        }];
+        nodes.extend(others);
+        ServerInfo { admin: None, nodes }
+    };
     let log = Arc::new(Mutex::new(Vec::new()));
     let seen = Arc::clone(&log);
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
             let script = Arc::clone(&script);
             let seen = Arc::clone(&seen);
+            let info = info.clone();
             tokio::spawn(async move {
-                let mut framed = fake_handshake(stream).await;
+                let mut framed = fake_handshake(stream, info).await;
                 while let Some(Ok(frame)) = framed.next().await {
                     if let Frame::Close(close) = frame {
                         let _ = framed.send(Frame::Close(close)).await;
@@ -76,7 +97,7 @@ async fn start_fake(script: Script) -> (SocketAddr, Arc<Mutex<Vec<Frame>>>) {
     (addr, log)
 }
 
-async fn fake_handshake(mut stream: TcpStream) -> Framed<TcpStream, FrameCodec> {
+async fn fake_handshake(mut stream: TcpStream, info: ServerInfo) -> Framed<TcpStream, FrameCodec> {
     let mut buf = BytesMut::new();
     let hello = loop {
         if let Some(hello) = ClientHello::decode(&mut buf).expect("hello") {
@@ -85,7 +106,7 @@ async fn fake_handshake(mut stream: TcpStream) -> Framed<TcpStream, FrameCodec> 
         assert_ne!(stream.read_buf(&mut buf).await.expect("read"), 0);
     };
     let mut answer = BytesMut::new();
-    ServerHello::answer(&hello, "fake-node", ServerInfo::default())
+    ServerHello::answer(&hello, "fake-node", info)
         .encode(&mut answer)
         .expect("answer");
     stream.write_all(&answer).await.expect("write");
@@ -430,4 +451,91 @@ async fn not_leader_without_a_leader_fails_within_the_timeout() {
         .count();
     assert!(declares > 1 && declares <= 33, "{declares} declares sent");
     client.close().await;
+}
+
+/// 504 for every message of every publish: a leader cut off from the others answers so once it
+/// notices (`LeadershipLost`), its publishes' fate unknown.
+fn unknown_outcome() -> Script {
+    Arc::new(move |frame| match frame {
+        Frame::Publish(p) => {
+            let ranges = p
+                .messages
+                .iter()
+                .map(|m| PublishIdRange::single(m.publish_id))
+                .collect();
+            let error = ErrorBody::new(
+                ERR_GATEWAY_TIMEOUT,
+                "this node stopped leading the partition while the publish was in flight",
+            );
+            vec![Frame::PublishError(PublishError { ranges, error })]
+        }
+        _ => Vec::new(),
+    })
+}
+
+/// An idempotent producer's publish answered 504 (outcome unknown) by the node it is connected
+/// to is sent again, with the same producer mark, to another node of the handshake's list, and
+/// confirmed there; a client that is not an idempotent producer gets the 504. Fails if the
+/// client gives up at the first 504, or if the retry drops the producer mark.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_outcome_is_published_again_elsewhere_by_an_idempotent_producer() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = start_node(&dir).await;
+    node.broker()
+        .declare("q", keratin_broker::QueueSettings::default())
+        .await
+        .expect("declare at the real node");
+    let real = NodeAddress {
+        node_id: "real".into(),
+        server: node.protocol_addr().to_string(),
+        admin: None,
+    };
+    let (fake, seen) = start_fake_listing(unknown_outcome(), vec![real]).await;
+
+    let client = Client::connect(fake, options(Duration::from_secs(10)))
+        .await
+        .expect("connect to the fake");
+    let confirmed =
+        tokio::time::timeout(TEST_WAIT, client.publish("q", OutgoingMessage::new("one")))
+            .await
+            .expect("in time")
+            .expect("published again at the other node");
+    assert_eq!(confirmed.attempts, 2, "unknown at the fake, then confirmed");
+    let at_fake: Vec<Publish> = seen
+        .lock()
+        .expect("fake node lock")
+        .iter()
+        .filter_map(|frame| match frame {
+            Frame::Publish(p) => Some(p.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(at_fake.len(), 1, "asked the fake once: {at_fake:?}");
+    assert!(
+        at_fake[0].producer_id.is_some() && at_fake[0].messages[0].sequence.is_some(),
+        "an idempotent producer's publish carries its mark: {at_fake:?}"
+    );
+    assert_eq!(node.broker().info("q").expect("info").ready(), 1);
+    client.close().await;
+
+    let plain = Client::connect(
+        fake,
+        ClientOptions {
+            idempotent: false,
+            ..options(Duration::from_secs(10))
+        },
+    )
+    .await
+    .expect("connect to the fake");
+    let failed = plain
+        .publish("q", OutgoingMessage::new("two"))
+        .await
+        .expect_err("no producer mark: not published again");
+    assert!(
+        matches!(failed.error, ClientError::OutcomeUnknown { .. }),
+        "{failed}"
+    );
+    assert_eq!(node.broker().info("q").expect("info").ready(), 1);
+    plain.close().await;
+    node.shutdown().await.expect("shutdown");
 }

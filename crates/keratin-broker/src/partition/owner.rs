@@ -133,6 +133,17 @@ enum Done {
     Internal,
 }
 
+/// When a pending publish is answered if its outcome has not come by then.
+#[derive(Debug, Clone, Copy)]
+struct PublishDeadline {
+    at: Instant,
+    /// The append's sequence number.
+    sequence: u64,
+    /// Shortened because this node stopped leading: answered as
+    /// [`BrokerError::LeadershipLost`], else as [`BrokerError::TimedOut`].
+    leadership_lost: bool,
+}
+
 struct PendingAppend {
     sequence: u64,
     records: Vec<PartitionRecord>,
@@ -239,8 +250,10 @@ struct Owner {
     backlog: VecDeque<Proposal>,
     /// The append being handed to the log (waiting for room in its queue).
     appending: Option<Submission>,
-    /// When each pending publish times out, in sequence order.
-    deadlines: VecDeque<(Instant, u64)>,
+    /// When each pending publish is answered unless its outcome came first, in sequence order
+    /// (and in time order): its publish timeout, or, once this node stopped leading, the
+    /// step-down grace (`role.rs`).
+    deadlines: VecDeque<PublishDeadline>,
     /// When the last append was made (the idle hand-back counts from it).
     last_append: Instant,
     /// The log reported every record below this committed (only a replicated log reports
@@ -446,7 +459,7 @@ impl Owner {
                 .filter(|at| *at > now)
                 .unwrap_or(now + HEAL_INTERVAL)
         });
-        let deadline = self.deadlines.front().map(|(at, _)| *at);
+        let deadline = self.deadlines.front().map(|d| d.at);
         [
             delayed,
             heal,

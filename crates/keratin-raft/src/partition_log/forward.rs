@@ -15,6 +15,9 @@ pub(super) async fn forward(
     mut seen: (bool, Option<u64>),
 ) {
     let mut metrics = raft.metrics();
+    // openraft sends no metrics while a cut-off leader waits, so the quorum check
+    // (`quorum_lost`) is also made when the last acknowledgement comes of age.
+    let mut check_at = check_time(&metrics.borrow_watched());
     // Commits made before the owner started (it rebuilt its state from what was committed when
     // the log opened).
     let up_to = *committed.borrow_and_update();
@@ -45,18 +48,36 @@ pub(super) async fn forward(
                 }
                 let up_to = *committed.borrow_and_update();
                 answers.events.send(LogEvent::Committed { up_to });
+                continue;
             }
             changed = metrics.changed() => {
                 if changed.is_err() {
                     return;
                 }
-                let role = role_of(answers.id, &metrics.borrow_watched(), &answers.client_addrs);
-                if (role.leading, role.leader) != seen {
-                    seen = (role.leading, role.leader);
-                    answers.events.send(LogEvent::Role(role));
-                }
             }
+            () = sleep_until(check_at) => {}
         }
+        let now = metrics.borrow_watched();
+        check_at = check_time(&now);
+        let role = role_of(answers.id, &now, &answers.client_addrs);
+        drop(now);
+        if (role.leading, role.leader) != seen {
+            seen = (role.leading, role.leader);
+            answers.events.send(LogEvent::Role(role));
+        }
+    }
+}
+
+/// When to check the quorum again ([`quorum_check_in`] from now).
+fn check_time(metrics: &RaftMetrics<TypeConfig>) -> Option<tokio::time::Instant> {
+    quorum_check_in(metrics).map(|wait| tokio::time::Instant::now() + wait)
+}
+
+/// Sleeps until `at`; never resolves for `None`.
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

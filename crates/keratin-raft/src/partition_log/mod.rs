@@ -75,14 +75,14 @@ use keratin_net::{GroupId, ResolvedCluster, Transport};
 use openraft::async_runtime::watch::WatchReceiver;
 use openraft::errors::{ClientWriteError, Fatal, InitializeError};
 use openraft::raft::WriteResult;
-use openraft::{Config, RaftMetrics};
+use openraft::{Config, Instant as _, RaftMetrics};
 use tokio::sync::{mpsc, watch, Semaphore};
 
 use crate::entry_format::RECORD_TYPE_RESERVED_MIN;
 use crate::error::RaftError;
 use crate::fence::Fence;
 use crate::network::Groups;
-use crate::replica::{CommittedReader, Replica, ReplicaRaft};
+use crate::replica::{CommittedReader, Replica, ReplicaRaft, ELECTION_TIMEOUT_MAX_MS};
 use crate::store::GroupLogs;
 use crate::types::{NodeAddr, PartitionRecord, TypeConfig};
 
@@ -154,10 +154,60 @@ fn log_error(what: &str, error: RaftError) -> LogError {
     }
 }
 
-/// The role openraft's metrics show for node `id`.
+/// A leader that has heard from no majority of its voters for this long takes itself for cut
+/// off and stops leading as far as the broker is concerned (openraft has no check-quorum: a
+/// leader cut from the others stays leader, and the proposals it takes wait until the cut
+/// heals). By then the majority on the other side has had an election timeout to elect a
+/// leader of its own, so the publishers it leaves go there (`docs/cluster.md`, "A cut-off
+/// leader").
+pub const QUORUM_LOST_AFTER: Duration = Duration::from_millis(ELECTION_TIMEOUT_MAX_MS);
+
+/// Whether the metrics show a leader of several voters whose last request a majority
+/// acknowledged was sent over [`QUORUM_LOST_AFTER`] ago. A leader with no such request yet
+/// (just elected) is not cut off: openraft refuses its writes until its lease is confirmed.
+fn quorum_lost(metrics: &RaftMetrics<TypeConfig>) -> bool {
+    quorum_ack_age(metrics).is_some_and(|age| age > QUORUM_LOST_AFTER)
+}
+
+/// How long ago a majority acknowledged the last request of this node as the leader of
+/// several voters; `None` when it does not lead, leads alone, or has no acknowledged request.
+fn quorum_ack_age(metrics: &RaftMetrics<TypeConfig>) -> Option<Duration> {
+    if !metrics.state.is_leader()
+        || metrics.current_leader != Some(metrics.id)
+        || metrics
+            .membership_config
+            .membership()
+            .voter_ids()
+            .nth(1)
+            .is_none()
+    {
+        return None;
+    }
+    let acked = metrics.last_quorum_acked.clone()?;
+    Some(acked.into_inner().elapsed())
+}
+
+/// When the forwarder should check the quorum again: once the last acknowledgement would be
+/// [`QUORUM_LOST_AFTER`] old, while this node leads with its quorum; `None` otherwise (a change
+/// of metrics wakes it then).
+fn quorum_check_in(metrics: &RaftMetrics<TypeConfig>) -> Option<Duration> {
+    let age = quorum_ack_age(metrics)?;
+    QUORUM_LOST_AFTER
+        .checked_sub(age)
+        .map(|left| left + Duration::from_millis(1))
+}
+
+/// The role openraft's metrics show for node `id`: a leader cut off from a majority
+/// ([`quorum_lost`]) is not leading and knows no leader.
 fn role_of(id: u64, metrics: &RaftMetrics<TypeConfig>, client_addrs: &ClientAddrs) -> Role {
-    let leading = metrics.state.is_leader() && metrics.current_leader == Some(id);
-    let leader = metrics.current_leader;
+    let elected = metrics.state.is_leader() && metrics.current_leader == Some(id);
+    let cut_off = elected && quorum_lost(metrics);
+    let leading = elected && !cut_off;
+    let leader = if cut_off {
+        None
+    } else {
+        metrics.current_leader
+    };
     Role {
         leading,
         leader,

@@ -43,7 +43,9 @@ pub fn error_body(error: &BrokerError) -> ErrorBody {
         // Refused before anything was written: not applied, safe to retry later.
         BrokerError::Unavailable { .. } | BrokerError::Closed(_) => ERR_UNAVAILABLE,
         // Written, then the log failed: the outcome is unknown.
-        BrokerError::OutcomeUnknown { .. } | BrokerError::TimedOut { .. } => ERR_GATEWAY_TIMEOUT,
+        BrokerError::OutcomeUnknown { .. }
+        | BrokerError::TimedOut { .. }
+        | BrokerError::LeadershipLost { .. } => ERR_GATEWAY_TIMEOUT,
         _ => ERR_INTERNAL,
     };
     ErrorBody::new(code, error.to_string())

@@ -71,8 +71,11 @@ impl Owner {
         self.next_sequence += 1;
         let now = Instant::now();
         if matches!(done, Done::Publish(_)) {
-            self.deadlines
-                .push_back((now + self.ctx.publish_timeout, sequence));
+            self.deadlines.push_back(PublishDeadline {
+                at: now + self.ctx.publish_timeout,
+                sequence,
+                leadership_lost: false,
+            });
         }
         let types = records.iter().map(PartitionRecord::record_type).collect();
         self.pending.push_back(PendingAppend {
@@ -221,7 +224,7 @@ impl Owner {
             .pending
             .front()
             .map_or(self.next_sequence, |p| p.sequence);
-        while self.deadlines.front().is_some_and(|(_, s)| *s < next) {
+        while self.deadlines.front().is_some_and(|d| d.sequence < next) {
             self.deadlines.pop_front();
         }
     }
@@ -231,7 +234,12 @@ impl Owner {
     /// applied like any record), its publisher told the outcome is unknown.
     pub(super) fn expire_publishes(&mut self) {
         let now = Instant::now();
-        while let Some(&(at, sequence)) = self.deadlines.front() {
+        while let Some(&PublishDeadline {
+            at,
+            sequence,
+            leadership_lost,
+        }) = self.deadlines.front()
+        {
             if at > now {
                 break;
             }
@@ -243,12 +251,21 @@ impl Owner {
                 // Answered, waiting only for an earlier append's answer.
                 continue;
             }
-            let error = BrokerError::TimedOut {
-                queue: self.ctx.queue.clone(),
-                partition: self.ctx.index,
-                timeout_ms: self.ctx.publish_timeout.as_millis() as u64,
+            let error = if leadership_lost {
+                tracing::info!(queue = %self.ctx.queue, partition = self.ctx.index, "a publish in flight when this node stopped leading is answered as unknown");
+                BrokerError::LeadershipLost {
+                    queue: self.ctx.queue.clone(),
+                    partition: self.ctx.index,
+                    why: self.leadership_now(),
+                }
+            } else {
+                tracing::warn!(queue = %self.ctx.queue, partition = self.ctx.index, "a publish was not confirmed within the publish timeout");
+                BrokerError::TimedOut {
+                    queue: self.ctx.queue.clone(),
+                    partition: self.ctx.index,
+                    timeout_ms: self.ctx.publish_timeout.as_millis() as u64,
+                }
             };
-            tracing::warn!(queue = %self.ctx.queue, partition = self.ctx.index, "a publish was not confirmed within the publish timeout");
             // Answered now: the appends before it may wait for the disk much longer.
             if let Done::Publish(reply) =
                 std::mem::replace(&mut self.pending[index].done, Done::Internal)

@@ -6,11 +6,21 @@
 //! When this node stops leading, what only a leader has goes: its consumers are ended with the
 //! new leader's address (they subscribe again there), its inflight bookkeeping is dropped (the
 //! new leader delivers those messages again, flagged `redelivered`), and publishes held back by
-//! slowing are answered "not the leader". Proposals already in the log are failed by the log
-//! itself. When it starts leading, delivery starts from the oldest live message, and every
+//! slowing are answered "not the leader". Proposals already in the log are answered by the log
+//! when their fate is known (committed by the next leader, or cut: "not the leader"); a
+//! publish whose fate is not known within [`STEP_DOWN_GRACE`] (a leader cut off from the
+//! others learns nothing until the cut heals) is answered [`BrokerError::LeadershipLost`]
+//! (outcome unknown, 504) then, and its proposal stays in the log's hands, like one past its
+//! publish timeout. When it starts leading, delivery starts from the oldest live message, and every
 //! message below the leadership's first offset is flagged `redelivered`.
 
 use super::*;
+
+/// How long publishes in flight when this node stops leading wait for their fate before they
+/// are answered as unknown: a deposed leader that still reaches the others learns it within a
+/// few heartbeats (100 ms each), while one cut off from them learns nothing until the cut
+/// heals, and its publishers had better try the other nodes.
+pub(crate) const STEP_DOWN_GRACE: Duration = Duration::from_millis(500);
 
 impl Owner {
     /// The refusal of a request only the leader serves.
@@ -42,6 +52,30 @@ impl Owner {
         }
         self.acks.clear();
         self.reset_delivery();
+        self.shorten_publish_deadlines(Instant::now() + STEP_DOWN_GRACE);
+    }
+
+    /// Pending publishes are answered by `at` at the latest, as [`BrokerError::LeadershipLost`].
+    /// Deadlines stay in time order: each becomes the earlier of its own and `at`.
+    fn shorten_publish_deadlines(&mut self, at: Instant) {
+        for deadline in &mut self.deadlines {
+            if deadline.at > at {
+                deadline.at = at;
+                deadline.leadership_lost = true;
+            }
+        }
+    }
+
+    /// What this node knows of the partition's leadership, for an answer to a publisher.
+    pub(super) fn leadership_now(&self) -> String {
+        match (self.role.leading, self.role.leader, &self.role.addr) {
+            (true, _, _) => "this node leads it again".to_string(),
+            (false, Some(id), Some(addr)) => format!("node {id} at {addr} leads it now"),
+            (false, Some(id), None) => format!("node {id} leads it now"),
+            (false, None, _) => {
+                "no leader is known here: this node may be cut off from the others".to_string()
+            }
+        }
     }
 
     /// This node leads from `role.from` on: deliver every live message again, from the oldest.
