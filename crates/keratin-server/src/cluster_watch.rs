@@ -4,7 +4,8 @@
 //! raises or clears:
 //! - `partition_below_majority` (subject `queue/partition`): this node leads the partition and
 //!   fewer of its replicas than a majority are in sync, or this replica has known no leader
-//!   for [`LEADERLESS_AFTER`];
+//!   for [`LEADERLESS_AFTER`] (a leader that has heard no majority for the election timeout
+//!   counts as knowing none: `keratin-raft`, "A cut-off leader" in `docs/cluster.md`);
 //! - `node_unreachable` (subject `node-ID`): a peer's connection has been down for
 //!   [`UNREACHABLE_AFTER`].
 //!

@@ -89,15 +89,18 @@ pub(super) fn status_of(id: u64, replica: &Replica, clock: &LeaderlessClock) -> 
         }
         _ => Vec::new(),
     };
+    // A leader cut off from a majority (`quorum_lost`) serves nothing: as far as the broker
+    // and its attention items go, no leader is known here since it last heard a majority.
+    let cut_off_for = quorum_ack_age(&metrics).filter(|age| *age > QUORUM_LOST_AFTER);
     ReplicationStatus {
-        leader: metrics.current_leader,
-        leaderless_ms: if metrics.current_leader.is_some() {
-            None
-        } else {
-            clock.leaderless_ms().or(Some(0))
+        leader: metrics.current_leader.filter(|_| cut_off_for.is_none()),
+        leaderless_ms: match (cut_off_for, metrics.current_leader) {
+            (Some(age), _) => Some(u64::try_from(age.as_millis()).unwrap_or(u64::MAX)),
+            (None, Some(_)) => None,
+            (None, None) => clock.leaderless_ms().or(Some(0)),
         },
         replicas,
-        leading,
+        leading: leading && cut_off_for.is_none(),
         committed_offset,
         progress,
     }
