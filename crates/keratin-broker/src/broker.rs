@@ -412,6 +412,14 @@ impl std::fmt::Debug for Broker {
     }
 }
 
+/// A replicated queue as the metadata group placed it (see
+/// [`Broker::declare_replicated_formed`]).
+struct Placed {
+    id: u64,
+    replicas: Vec<Vec<u64>>,
+    formation: Vec<Vec<u64>>,
+}
+
 fn queue_dir(storage: &Path, id: u64) -> PathBuf {
     storage.join("queues").join(id.to_string())
 }
@@ -549,6 +557,22 @@ impl Broker {
         settings: QueueSettings,
         replicas: Vec<Vec<u64>>,
     ) -> BrokerResult<QueueInfo> {
+        self.declare_replicated_formed(id, name, settings, replicas, Vec::new())
+            .await
+    }
+
+    /// [`Broker::declare_replicated`] on a node whose replicas join groups formed before with
+    /// other voters: `formation` holds, per partition, the voters its group was formed with
+    /// (`PartitionPlace::formation`; a partition whose formation does not name this node opens
+    /// its replica as joining, never forming the group). Empty: formed with `replicas`.
+    pub async fn declare_replicated_formed(
+        &self,
+        id: u64,
+        name: &str,
+        settings: QueueSettings,
+        replicas: Vec<Vec<u64>>,
+        formation: Vec<Vec<u64>>,
+    ) -> BrokerResult<QueueInfo> {
         if replicas.len() != settings.partitions as usize || replicas.iter().any(Vec::is_empty) {
             return Err(BrokerError::Invalid(format!(
                 "queue {name:?}: {} partitions need one non-empty replica set each, got {}",
@@ -556,11 +580,29 @@ impl Broker {
                 replicas.len()
             )));
         }
+        if !formation.is_empty()
+            && (formation.len() != replicas.len() || formation.iter().any(Vec::is_empty))
+        {
+            return Err(BrokerError::Invalid(format!(
+                "queue {name:?}: {} partitions need one non-empty formation each (or none), got \
+                 {}",
+                settings.partitions,
+                formation.len()
+            )));
+        }
         let broker = self.clone();
         let name = name.to_string();
         tokio::spawn(async move {
             broker
-                .declare_placed(&name, settings, Some((id, replicas)))
+                .declare_placed(
+                    &name,
+                    settings,
+                    Some(Placed {
+                        id,
+                        replicas,
+                        formation,
+                    }),
+                )
                 .await
         })
         .await
@@ -582,7 +624,7 @@ impl Broker {
         &self,
         name: &str,
         settings: QueueSettings,
-        cluster: Option<(u64, Vec<Vec<u64>>)>,
+        cluster: Option<Placed>,
     ) -> BrokerResult<QueueInfo> {
         validate_queue_name(name)?;
         settings.validate(name)?;
@@ -591,7 +633,7 @@ impl Broker {
         let (id, reservation) = {
             let mut state = inner.meta_state();
             if let Some(existing) = state.catalog.by_name(name) {
-                let other_id = cluster.as_ref().is_some_and(|(id, _)| *id != existing.id);
+                let other_id = cluster.as_ref().is_some_and(|c| c.id != existing.id);
                 if existing.settings != settings || other_id {
                     return Err(BrokerError::Conflict {
                         name: name.into(),
@@ -604,7 +646,7 @@ impl Broker {
             }
             inner.check_room(&state, name, &settings)?;
             let id = match &cluster {
-                Some((id, _)) => *id,
+                Some(placed) => placed.id,
                 None => state.catalog.next_id,
             };
             state.catalog.next_id = state.catalog.next_id.max(id) + 1;
@@ -619,12 +661,16 @@ impl Broker {
         let placer = inner.clone();
         let partitions = settings.partitions;
         let placement = blocking(move || placer.place(partitions)).await?;
+        let (replicas, formation) = cluster
+            .map(|placed| (placed.replicas, placed.formation))
+            .unwrap_or_default();
         let decl = QueueDecl {
             id,
             name: name.into(),
             placement,
             settings,
-            replicas: cluster.map(|(_, replicas)| replicas).unwrap_or_default(),
+            replicas,
+            formation,
         };
         let record = MetaRecord::QueueDeclared(decl.clone());
         inner
@@ -1160,6 +1206,7 @@ impl BrokerInner {
                     index: index as u32,
                     dir: dir.clone(),
                     replicas: replicas.clone(),
+                    formation: decl.formation.get(index).filter(|f| !f.is_empty()).cloned(),
                 })?,
                 (Some(_), None) => {
                     return Err(BrokerError::Invalid(format!(

@@ -30,6 +30,11 @@ pub(crate) struct QueueDecl {
     /// a single node).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) replicas: Vec<Vec<u64>>,
+    /// The voters each partition's group was formed with, by index, where this node joined a
+    /// live group later (`PartitionPlace::formation`); empty: every group was formed with
+    /// `replicas` (every queue declared with its groups).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) formation: Vec<Vec<u64>>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -55,6 +55,7 @@ fn place(dir: &std::path::Path, io: Arc<dyn Io>) -> PartitionPlace {
         index: 2,
         dir: dir.join("partition"),
         replicas: vec![1],
+        formation: None,
     }
 }
 

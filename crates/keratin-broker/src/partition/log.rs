@@ -251,6 +251,11 @@ pub struct PartitionPlace {
     pub dir: std::path::PathBuf,
     /// The nodes holding a replica, this one included.
     pub replicas: Vec<u64>,
+    /// The voters the partition's group was formed with, when this node's replica joined the
+    /// group later (the group grew or moved after it was formed): such a replica must not form
+    /// the group, it waits for its leader to add it. `None`: the group was formed with
+    /// `replicas` (a queue declared with its groups, every queue before membership changes).
+    pub formation: Option<Vec<u64>>,
 }
 
 impl std::fmt::Debug for PartitionPlace {
@@ -261,6 +266,7 @@ impl std::fmt::Debug for PartitionPlace {
             .field("index", &self.index)
             .field("dir", &self.dir)
             .field("replicas", &self.replicas)
+            .field("formation", &self.formation)
             .finish_non_exhaustive()
     }
 }

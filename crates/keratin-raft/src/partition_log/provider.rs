@@ -1,6 +1,12 @@
-//! [`ReplicatedLogs`]: opens this node's replicas of replicated partitions for the broker.
+//! [`ReplicatedLogs`]: opens this node's replicas of replicated partitions for the broker,
+//! forming a new group or joining one formed without this node (`docs/cluster.md`,
+//! "Membership changes of partition groups"), and the node-local handle of membership
+//! changes: changing a group's voters on its leader, retiring a replica that left.
+
+use std::collections::BTreeSet;
 
 use super::*;
+use crate::replica::{membership, GroupMembers, MembershipError};
 
 /// How a node opens its replicated partition logs: see [`ReplicatedLogs::new`].
 pub struct ReplicatedLogsSetup {
@@ -82,19 +88,29 @@ impl ReplicatedLogs {
         log.with_replica(|replica| replica.raft().clone())
     }
 
-    /// The voters of a new group: every replica with its cluster address.
-    fn voters(&self, place: &PartitionPlace) -> BrokerResult<BTreeMap<u64, NodeAddr>> {
+    /// Node `id`'s cluster address, from the peer list.
+    fn addr_of(&self, id: u64) -> Option<NodeAddr> {
+        self.members.get(&id).cloned()
+    }
+
+    /// How this node's replica of `place` starts when its log holds no membership yet: it
+    /// forms the group with the voters of its formation if it is one of them, else it joins
+    /// (see [`Opening`]).
+    fn opening(&self, place: &PartitionPlace) -> BrokerResult<Opening> {
         if !place.replicas.contains(&self.node_id) {
             return Err(BrokerError::Invalid(format!(
                 "partition {} of {:?}: node {} holds no replica (replicas {:?})",
                 place.index, place.queue, self.node_id, place.replicas
             )));
         }
-        place
-            .replicas
+        let formation = place.formation.as_ref().unwrap_or(&place.replicas);
+        if !formation.contains(&self.node_id) {
+            return Ok(Opening::Join);
+        }
+        let voters = formation
             .iter()
             .map(|id| {
-                let addr = self.members.get(id).cloned().ok_or_else(|| {
+                let addr = self.addr_of(*id).ok_or_else(|| {
                     BrokerError::Invalid(format!(
                         "partition {} of {:?}: replica node {id} is not in the cluster's peer \
                          list",
@@ -103,25 +119,32 @@ impl ReplicatedLogs {
                 })?;
                 Ok((*id, addr))
             })
-            .collect()
+            .collect::<BrokerResult<_>>()?;
+        Ok(Opening::Form(voters))
     }
 
-    /// Start the replica of `group` on `logs` and make sure its group is initialized.
+    /// Start the replica of `group` on `logs`; a [`Opening::Form`] one makes sure its group is
+    /// initialized.
     ///
-    /// Every replica initializes a group whose log holds no membership yet, with the same
-    /// voters (the partition's replicas, with the addresses of the cluster configuration every
-    /// node shares), at the same time: openraft documents this as safe (`Raft::initialize`:
-    /// "calling `initialize()` on multiple nodes with identical configuration is also
-    /// acceptable": each writes the same membership at index 0 and the vote elects one
-    /// leader), and a member that already holds a log (another's membership reached it, or it
-    /// restarted) answers `NotAllowed`, which is the goal reached. So a group forms while any
-    /// majority of its replicas is up, whichever node is down; choosing one initializer would
-    /// stall the group while that node is down.
+    /// Every forming replica initializes a group whose log holds no membership yet, with the
+    /// same voters (the group's formation, with the addresses of the cluster configuration
+    /// every node shares), at the same time: openraft documents this as safe
+    /// (`Raft::initialize`: "calling `initialize()` on multiple nodes with identical
+    /// configuration is also acceptable": each writes the same membership at index 0 and the
+    /// vote elects one leader), and a member that already holds a log (another's membership
+    /// reached it, or it restarted) answers `NotAllowed`, which is the goal reached. So a
+    /// group forms while any majority of its replicas is up, whichever node is down; choosing
+    /// one initializer would stall the group while that node is down.
+    ///
+    /// A joining replica never initializes: a membership of its own at index 0 would name
+    /// voters the group no longer has (or never had), and it could campaign on it. It starts
+    /// with an empty log, answers the leader, and takes part once the leader adds it
+    /// ([`ReplicatedLogs::change_voters`]).
     async fn start_group(
         &self,
         group: GroupId,
         logs: GroupLogs,
-        voters: BTreeMap<u64, NodeAddr>,
+        opening: Opening,
     ) -> Result<Replica, RaftError> {
         let replica = Replica::start(
             self.node_id,
@@ -132,6 +155,9 @@ impl ReplicatedLogs {
             &self.groups,
         )
         .await?;
+        let Opening::Form(voters) = opening else {
+            return Ok(replica);
+        };
         let initialized = async {
             let raft = replica.raft();
             let done = raft
@@ -162,6 +188,109 @@ impl ReplicatedLogs {
             }
         }
     }
+
+    /// The open log of `group`.
+    fn opened(&self, group: GroupId) -> Result<Arc<ReplicatedLog>, MembershipError> {
+        self.opened
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&group.0)
+            .and_then(Weak::upgrade)
+            .ok_or(MembershipError::NotOpen { group: group.0 })
+    }
+
+    /// The `Raft` of `group`'s running replica.
+    fn running_raft(&self, group: GroupId) -> Result<ReplicaRaft, MembershipError> {
+        self.opened(group)?
+            .with_replica(|replica| replica.raft().clone())
+            .ok_or(MembershipError::NotOpen { group: group.0 })
+    }
+
+    /// Make `voters` the voters of `group`, whose leader runs on this node (see
+    /// [`Replica::change_voters`]): every node must be in the cluster's peer list; new ones
+    /// must have opened their replica (as joining) to catch up within `catch_up_wait`. Voters
+    /// that leave stay learners until they retire ([`ReplicatedLogs::retire`]) and
+    /// [`ReplicatedLogs::remove_learners`] forgets them.
+    pub async fn change_voters(
+        &self,
+        group: GroupId,
+        voters: &BTreeSet<u64>,
+        catch_up_wait: Duration,
+    ) -> Result<GroupMembers, MembershipError> {
+        let raft = self.running_raft(group)?;
+        let mut target = BTreeMap::new();
+        for id in voters {
+            let addr = self.addr_of(*id).ok_or_else(|| MembershipError::Refused {
+                group: group.0,
+                reason: format!("node {id} is not in the cluster's peer list"),
+            })?;
+            target.insert(*id, addr.addr);
+        }
+        membership::change_voters(&raft, group.0, &target, catch_up_wait).await
+    }
+
+    /// Forget `learners` of `group` (retired replicas), on its leader: see
+    /// [`Replica::remove_learners`].
+    pub async fn remove_learners(
+        &self,
+        group: GroupId,
+        learners: &BTreeSet<u64>,
+    ) -> Result<GroupMembers, MembershipError> {
+        let raft = self.running_raft(group)?;
+        membership::remove_learners(&raft, group.0, learners).await
+    }
+
+    /// The members of `group` as this node's replica sees them: the latest membership it
+    /// holds, and the latest it knows committed.
+    pub async fn members(
+        &self,
+        group: GroupId,
+    ) -> Result<(GroupMembers, GroupMembers), MembershipError> {
+        let raft = self.running_raft(group)?;
+        membership::members(&raft, group.0).await
+    }
+
+    /// Retire this node's replica of `group` once the voters changed without it: waits up to
+    /// `wait` until the membership it knows committed no longer names it a voter (its vote
+    /// can no longer be needed; refused with [`MembershipError::StillVoter`] otherwise), then
+    /// shuts the replica down and deletes its logs and directory (blocking work on the
+    /// blocking pool). The broker's partition, if any, sees its log closed; the leader should
+    /// then forget the node ([`ReplicatedLogs::remove_learners`]).
+    pub async fn retire(&self, group: GroupId, wait: Duration) -> Result<(), MembershipError> {
+        let log = self.opened(group)?;
+        let raft = log
+            .with_replica(|replica| replica.raft().clone())
+            .ok_or(MembershipError::NotOpen { group: group.0 })?;
+        membership::wait_retired(&raft, group.0, wait).await?;
+        drop(raft);
+        self.opened
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&group.0);
+        let deleted = tokio::task::spawn_blocking(move || log.delete()).await;
+        let stopped = |reason: String| MembershipError::Stopped {
+            group: group.0,
+            reason,
+        };
+        match deleted {
+            Ok(Ok(())) => {
+                tracing::info!(group = group.0, "retired replica removed");
+                Ok(())
+            }
+            Ok(Err(error)) => Err(stopped(format!("removing the retired replica: {error}"))),
+            Err(error) => Err(stopped(format!("removing the retired replica: {error}"))),
+        }
+    }
+}
+
+/// How a replica whose log holds no membership yet starts.
+#[derive(Debug)]
+enum Opening {
+    /// This node is one of the voters the group is formed with: it initializes the group with
+    /// them.
+    Form(BTreeMap<u64, NodeAddr>),
+    /// This node joins a group formed without it: it waits for the leader to add it.
+    Join,
 }
 
 impl PartitionLogs for ReplicatedLogs {
@@ -169,7 +298,7 @@ impl PartitionLogs for ReplicatedLogs {
         let invalid = |e: RaftError| BrokerError::Log(log_error("opening a replica", e));
         let group = partition_group(place.queue_id, place.index)
             .map_err(|e| BrokerError::Invalid(e.to_string()))?;
-        let voters = self.voters(place)?;
+        let opening = self.opening(place)?;
         let handle = tokio::runtime::Handle::try_current().map_err(|e| {
             BrokerError::Invalid(format!("replicated logs open inside a tokio runtime: {e}"))
         })?;
@@ -192,7 +321,7 @@ impl PartitionLogs for ReplicatedLogs {
         )
         .map_err(invalid)?;
         let replica = handle
-            .block_on(self.start_group(group, logs, voters))
+            .block_on(self.start_group(group, logs, opening))
             .map_err(invalid)?;
         let log = Arc::new(ReplicatedLog::new(replica, place, self));
         let mut opened = self.opened.lock().unwrap_or_else(|e| e.into_inner());

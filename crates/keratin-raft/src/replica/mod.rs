@@ -8,11 +8,13 @@
 //! - `reader`: [`CommittedReader`], the partition's records below the committed offset, read
 //!   from the group's log view (entry log and the tail not yet durable here) with the
 //!   adapter's own entries (blank, membership) skipped.
+//! - `membership`: forming the group, and changing the voters of a live group
+//!   ([`Replica::change_voters`], [`MembershipError`]).
 //!
 //! A proposal refused because this node is not the leader is [`ProposeError::NotLeader`] with
 //! the leader openraft knows of, so the broker can answer "not the leader" with its address.
 
-mod membership;
+pub(crate) mod membership;
 mod notifier;
 mod reader;
 
@@ -26,6 +28,7 @@ use openraft::errors::{ClientWriteError, Fatal};
 use openraft::{Config, SnapshotPolicy};
 use tokio::sync::watch;
 
+pub use membership::{GroupMembers, MembershipError, CATCH_UP_WAIT};
 pub use notifier::{AppliedImage, CommitNotifier, NotifierSnapshotBuilder};
 pub use reader::CommittedReader;
 
@@ -63,7 +66,7 @@ pub fn replica_config(cluster_name: &str) -> Result<Arc<Config>, RaftError> {
         // log: the leader starts its replication over (a snapshot, then the entries) instead
         // of treating the reverted log as a bug. Caveat (docs/cluster.md, "Snapshots and
         // rebuild"): the wiped voter forgot its vote and votes at once; rejoining as a learner
-        // first needs membership changes of live groups, not built yet.
+        // first needs the wiring of membership changes (`membership.rs` is the building block).
         allow_log_reversion: Some(true),
         // A replica that led before a restart starts as a follower: restored at once, it took
         // proposals (a consumer's acks) that the election after it answered as "not the

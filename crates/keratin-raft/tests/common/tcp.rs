@@ -10,7 +10,7 @@ use keratin_net::ResolvedCluster;
 use keratin_raft::{GroupLogs, NodeAddr};
 use tokio::net::TcpListener;
 
-/// Nodes 1 to 3: a temporary directory and a bound listener each.
+/// Nodes 1 to N: a temporary directory and a bound listener each.
 pub struct Loopback {
     pub dirs: BTreeMap<u64, tempfile::TempDir>,
     pub listeners: BTreeMap<u64, TcpListener>,
@@ -18,12 +18,17 @@ pub struct Loopback {
 }
 
 pub async fn three_nodes() -> Loopback {
+    nodes(3).await
+}
+
+/// Nodes 1 to `count`, each in every node's peer list.
+pub async fn nodes(count: u64) -> Loopback {
     let mut loopback = Loopback {
         dirs: BTreeMap::new(),
         listeners: BTreeMap::new(),
         addrs: BTreeMap::new(),
     };
-    for id in 1..=3u64 {
+    for id in 1..=count {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         loopback
             .addrs
@@ -58,9 +63,23 @@ impl Loopback {
             .collect()
     }
 
-    /// A listener on node `id`'s address again (a restarted node).
+    /// A listener on node `id`'s address again (a restarted node), once the stopped
+    /// transport's listener has gone: it closes with the transport's tasks, a moment after
+    /// the shutdown (a bind at once failed with "address in use" under load). 10 s at most.
     pub async fn rebind(&self, id: u64) -> TcpListener {
-        TcpListener::bind(self.addrs[&id]).await.expect("rebind")
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match TcpListener::bind(self.addrs[&id]).await {
+                Ok(listener) => return listener,
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::AddrInUse
+                        && tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("rebind node {id}: {e}"),
+            }
+        }
     }
 }
 
