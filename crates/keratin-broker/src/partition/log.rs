@@ -27,7 +27,7 @@ use std::ops::Range;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use keratin_log::{LogReader, LogResult, PrefixRemoval, ReadRecord};
+use keratin_log::{LogError, LogReader, LogResult, PrefixRemoval, ReadRecord};
 
 use crate::error::{BrokerError, BrokerResult};
 
@@ -73,6 +73,14 @@ pub enum LogEvent {
     Committed {
         /// One past the last committed offset.
         up_to: u64,
+    },
+    /// This node's copy of the log failed (a replicated log's storage fenced after a write or
+    /// sync error): the owner stops the partition and heals it (`heal`), even with nothing of
+    /// its own pending, as a follower's owner has not. A leader's pending proposals also end
+    /// with the storage error. A local log never sends it (its failures come as `Proposed`).
+    Stopped {
+        /// What failed.
+        error: LogError,
     },
 }
 

@@ -29,6 +29,9 @@ pub(super) async fn forward(
             biased;
             () = stopped(&mut stop) => return,
             () = answers.fence.tripped() => {
+                if let Some(reason) = answers.fence.reason() {
+                    answers.events.send(LogEvent::Stopped { error: fenced_error(reason) });
+                }
                 if seen != (false, None) {
                     answers.events.send(LogEvent::Role(Role {
                         leading: false,

@@ -25,13 +25,12 @@
 //! (`owner/follow.rs`), so nothing waits on a proposal that cannot end while a leader exists.
 //!
 //! Storage failures: when the replica's fence trips (a write of either log failed), the
-//! forwarder reports "not leading" and shuts the `Raft` down, so the proposals in flight end
-//! with the storage error (outcome unknown) instead of waiting for a flush that never comes;
-//! the owner stops the partition and calls `heal`, which rebuilds the replica on its healed
-//! logs (the group's documented rebuild path: `GroupLogs::heal`, then a new store) and reports
-//! healed once the new replica has committed again what the failed one had. A *follower's*
-//! owner proposes nothing, so it never learns that its log failed and never heals it: that
-//! replica stays down until the node restarts (a log event for "stopped" is missing).
+//! forwarder reports `LogEvent::Stopped` and "not leading" and shuts the `Raft` down, so the
+//! proposals in flight end with the storage error (outcome unknown) instead of waiting for a
+//! flush that never comes; the owner (a follower's too, which has nothing pending) stops the
+//! partition and calls `heal`, which rebuilds the replica on its healed logs (the group's
+//! documented rebuild path: `GroupLogs::heal`, then a new store) and reports healed once the
+//! new replica has committed again what the failed one had (`tests/follower_heal.rs`).
 //!
 //! Prefix removal: the owner's floor becomes a snapshot (`replica/notifier.rs`) and openraft
 //! purges the entries below it. Not built: hand-back of an idle replica's tail segment, reset

@@ -77,13 +77,25 @@ pub async fn start(
     listener: TcpListener,
     cluster: ResolvedCluster,
 ) -> BrokerNode {
+    start_on(dir, None, listener, cluster).await
+}
+
+/// [`start`], its storage on `io` when given (a simulated disk), else the real file system.
+pub async fn start_on(
+    dir: &std::path::Path,
+    io: Option<Arc<dyn keratin_log::Io>>,
+    listener: TcpListener,
+    cluster: ResolvedCluster,
+) -> BrokerNode {
     let (transport, groups) = transport(listener, cluster.clone());
     let logs = Arc::new(replicated_logs(cluster, transport.clone(), groups));
+    let defaults = BrokerConfig::new(vec![dir.to_path_buf()]);
     let config = BrokerConfig {
         segment_size_bytes: MIN_SEGMENT_SIZE_BYTES,
         pool_background: false,
         partition_logs: Some(logs.clone()),
-        ..BrokerConfig::new(vec![dir.to_path_buf()])
+        io: io.unwrap_or(defaults.io.clone()),
+        ..defaults
     };
     let broker = Broker::open(config).await.expect("broker opens");
     BrokerNode {

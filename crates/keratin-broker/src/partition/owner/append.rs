@@ -169,6 +169,12 @@ impl Owner {
             }
             LogEvent::Committed { up_to } => self.committed(up_to),
             LogEvent::Role(role) => self.role_changed(role),
+            LogEvent::Stopped { error } => {
+                if self.stopped.is_none() {
+                    tracing::warn!(queue = %self.ctx.queue, partition = self.ctx.index, %error, "this node's copy of the partition log failed; healing it");
+                    self.stop(error);
+                }
+            }
         }
     }
 
