@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use bytes::Bytes;
 use keratin_log::{ReadRecord, Record};
 
 use crate::error::RaftError;
@@ -64,13 +65,18 @@ impl EncodedEntry {
     }
 }
 
+/// The entry prefix of an entry proposed by `leader`.
+pub(crate) fn entry_prefix(leader: &LeaderId) -> [u8; ENTRY_PREFIX_SIZE] {
+    let mut head = [0u8; ENTRY_PREFIX_SIZE];
+    head[VERSION_OFFSET] = ENTRY_FORMAT_VERSION;
+    head[TERM_OFFSET..LEADER_NODE_OFFSET].copy_from_slice(&leader.term.to_le_bytes());
+    head[LEADER_NODE_OFFSET..].copy_from_slice(&leader.node_id.to_le_bytes());
+    head
+}
+
 fn prefix(leader: &LeaderId, body_len: usize) -> Vec<u8> {
     let mut payload = Vec::with_capacity(ENTRY_PREFIX_SIZE + body_len);
-    payload.push(ENTRY_FORMAT_VERSION);
-    payload.extend_from_slice(&[0u8; TERM_OFFSET - RESERVED_OFFSET]);
-    payload.extend_from_slice(&leader.term.to_le_bytes());
-    payload.extend_from_slice(&leader.node_id.to_le_bytes());
-    debug_assert_eq!(payload.len(), ENTRY_PREFIX_SIZE);
+    payload.extend_from_slice(&entry_prefix(leader));
     payload
 }
 
@@ -130,15 +136,42 @@ pub(crate) fn encode_gap() -> EncodedEntry {
 /// Decode a record of an entry log (as `keratin_log::Log::read` returns it) into the entry at
 /// index `record.offset`; `None` for a gap record.
 pub fn decode_entry(record: &ReadRecord) -> Result<Option<Entry>, RaftError> {
-    let offset = record.offset;
+    decode_shared(
+        record.offset,
+        record.record_type,
+        record.flags,
+        record.timestamp_ms,
+        Bytes::copy_from_slice(&record.payload),
+    )
+}
+
+/// [`decode_entry`] of a record the caller owns: the entry's body keeps the record's buffer
+/// instead of a copy.
+pub(crate) fn decode_entry_owned(record: ReadRecord) -> Result<Option<Entry>, RaftError> {
+    decode_shared(
+        record.offset,
+        record.record_type,
+        record.flags,
+        record.timestamp_ms,
+        Bytes::from(record.payload),
+    )
+}
+
+/// Decode the fields of a record at `offset` whose payload is `payload`: a normal entry's body
+/// is a slice of it (no copy).
+pub(crate) fn decode_shared(
+    offset: u64,
+    record_type: u8,
+    flags: u8,
+    timestamp_ms: u64,
+    payload: Bytes,
+) -> Result<Option<Entry>, RaftError> {
     let bad = |reason: String| RaftError::Format { offset, reason };
-    if record.flags != FLAG_REPLICATED {
+    if flags != FLAG_REPLICATED {
         return Err(bad(format!(
-            "flags {:#04x}, expected {FLAG_REPLICATED:#04x}",
-            record.flags
+            "flags {flags:#04x}, expected {FLAG_REPLICATED:#04x}"
         )));
     }
-    let payload = &record.payload;
     let Some(head) = payload.get(..ENTRY_PREFIX_SIZE) else {
         return Err(bad(format!("payload of {} bytes", payload.len())));
     };
@@ -157,7 +190,7 @@ pub fn decode_entry(record: &ReadRecord) -> Result<Option<Entry>, RaftError> {
     };
     let body = &payload[ENTRY_PREFIX_SIZE..];
     let log_id = LogId::new(leader_id, offset);
-    let payload = match record.record_type {
+    let payload = match record_type {
         RECORD_TYPE_GAP => {
             if !body.is_empty() {
                 return Err(bad("gap record with a body".into()));
@@ -173,8 +206,8 @@ pub fn decode_entry(record: &ReadRecord) -> Result<Option<Entry>, RaftError> {
         RECORD_TYPE_MEMBERSHIP => Payload::Membership(decode_membership(body).map_err(bad)?),
         t if t < RECORD_TYPE_RESERVED_MIN => Payload::Normal(PartitionRecord {
             record_type: t,
-            timestamp_ms: record.timestamp_ms,
-            payload: body.to_vec(),
+            timestamp_ms,
+            payload: payload.slice(ENTRY_PREFIX_SIZE..),
         }),
         t => return Err(bad(format!("reserved record type {t:#04x}"))),
     };
@@ -330,7 +363,7 @@ mod tests {
                 payload: Payload::Normal(PartitionRecord {
                     record_type: 1,
                     timestamp_ms: 1_700_000_000_000,
-                    payload: b"hello".to_vec(),
+                    payload: Bytes::from_static(b"hello"),
                 }),
             },
             Entry {
@@ -356,7 +389,7 @@ mod tests {
             payload: Payload::Normal(PartitionRecord {
                 record_type: RECORD_TYPE_GAP,
                 timestamp_ms: 0,
-                payload: Vec::new(),
+                payload: Bytes::new(),
             }),
         };
         assert!(encode_entry(&entry).is_err());

@@ -11,7 +11,7 @@
 //!   ([`RaftState`]).
 //! - `store`: [`GroupLogs`] (a group's two logs, kept across rebuilds), [`LogStore`]
 //!   (openraft's `RaftLogStorage`) and [`LogStoreReader`] (`RaftLogReader`), with the
-//!   in-memory tail of entries not yet durable.
+//!   in-memory tail of entries not yet durable and applied.
 //! - `fence`: [`Fence`], how a failed log is surfaced instead of a `StorageError`.
 //! - `state_machine`: [`RecordStateMachine`], an in-memory state machine of records by offset,
 //!   with snapshots.

@@ -3,8 +3,13 @@
 //!
 //! The view: openraft sees the durable entries of the entry log plus an in-memory tail of the
 //! entries appended since and not yet durable (openraft reads what it just appended, before the
-//! flush; keratin-log readers only see durable records). A batch leaves the tail when its append
-//! ticket resolves, after the sync, and only then is openraft told it is flushed.
+//! flush; keratin-log readers only see durable records). Only once a batch's append ticket
+//! resolves, after the sync, is openraft told it is flushed. An entry leaves the tail once it
+//! is both durable and applied by the state machine: until then the replication streams, the
+//! state machine and the partition owner read it from memory instead of reading the file back
+//! (a leader's replication streams read an entry right after its flush, the state machine
+//! right after its commit). Unapplied entries are the ones openraft has in flight, so the tail
+//! stays as bounded as openraft's pipeline.
 //!
 //! Raft index == log offset. A purge point past the log's end (after a snapshot install)
 //! restarts the entry log there (`Log::restart_at`), so the next entry lands at its index; an
@@ -22,7 +27,9 @@ use keratin_log::{Io, Log, LogOptions, SegmentPool, SizeClass};
 use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
 use openraft::OptionalSend;
 
-use crate::entry_format::{decode_entry, encode_entry, encode_gap, EncodedEntry};
+use crate::entry_format::{
+    decode_entry, decode_entry_owned, encode_entry, encode_gap, EncodedEntry,
+};
 use crate::error::RaftError;
 use crate::fence::Fence;
 use crate::raft_state::{RaftState, StateLog};
@@ -192,6 +199,7 @@ impl GroupLogs {
         )));
         let view = View {
             tail: BTreeMap::new(),
+            applied_next: 0,
             next_index: end,
             disk_limit: u64::MAX,
             last_log_id,
@@ -211,11 +219,24 @@ impl GroupLogs {
     }
 }
 
+/// An entry of the view's tail.
+#[derive(Debug)]
+struct TailEntry {
+    /// The append it came with.
+    batch: u64,
+    /// Its batch is durable (it stays until applied too).
+    flushed: bool,
+    entry: Entry,
+}
+
 /// What openraft sees of the log.
 #[derive(Debug)]
 struct View {
-    /// Entries appended and not yet reported durable, by index, with their batch number.
-    tail: BTreeMap<u64, (u64, Entry)>,
+    /// Entries appended and not yet both durable and applied, by index (module docs).
+    tail: BTreeMap<u64, TailEntry>,
+    /// One past the last entry the state machine applied: below it, durable entries leave the
+    /// tail.
+    applied_next: u64,
     /// One past the last entry. Unless fenced, also the entry log's next offset.
     next_index: u64,
     /// Disk records from here on are stale: a truncation made while fenced never reached the
@@ -238,9 +259,27 @@ impl View {
             self.last_log_id = Some(last.log_id);
         }
         for entry in entries {
-            self.tail.insert(entry.log_id.index, (batch, entry));
+            self.tail.insert(
+                entry.log_id.index,
+                TailEntry {
+                    batch,
+                    flushed: false,
+                    entry,
+                },
+            );
         }
         batch
+    }
+
+    /// Drop the durable and applied entries at the front of the tail. Batches become durable
+    /// in index order, so once the front is not, nothing behind it is either.
+    fn sweep(&mut self) {
+        while let Some(first) = self.tail.first_entry() {
+            if *first.key() >= self.applied_next || !first.get().flushed {
+                break;
+            }
+            first.remove();
+        }
     }
 
     fn purged_next(&self) -> u64 {
@@ -262,14 +301,16 @@ impl Shared {
         self.view.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A batch is durable: drop it from the tail (unless truncated and replaced meanwhile).
+    /// A batch is durable: mark it in the tail (unless truncated and replaced meanwhile), and
+    /// drop what is applied too.
     fn flushed(&self, batch: u64, range: std::ops::Range<u64>) {
         let mut view = self.view();
-        for index in range {
-            if view.tail.get(&index).is_some_and(|(b, _)| *b == batch) {
-                view.tail.remove(&index);
+        for (_, tail_entry) in view.tail.range_mut(range) {
+            if tail_entry.batch == batch {
+                tail_entry.flushed = true;
             }
         }
+        view.sweep();
     }
 
     /// The entries in `lo..hi` that exist, in order; with an error, those before the failure.
@@ -303,7 +344,7 @@ impl Shared {
             let found: BTreeMap<u64, Entry> = view
                 .tail
                 .range(lo..hi)
-                .map(|(index, (_, entry))| (*index, entry.clone()))
+                .map(|(index, tail_entry)| (*index, tail_entry.entry.clone()))
                 .collect();
             (lo, hi, view.disk_limit, found)
         };
@@ -333,9 +374,10 @@ impl Shared {
                 if found.contains_key(&record.offset) {
                     continue;
                 }
-                match decode_entry(&record) {
+                let offset = record.offset;
+                match decode_entry_owned(record) {
                     Ok(Some(entry)) => {
-                        found.insert(record.offset, entry);
+                        found.insert(offset, entry);
                     }
                     Ok(None) => {}
                     Err(e) => {
@@ -498,6 +540,16 @@ fn index_range(range: &impl RangeBounds<u64>) -> (u64, u64) {
 }
 
 impl LogStoreReader {
+    /// The state machine applied every entry below `next`: those that are durable leave the
+    /// view's tail (later reads of them go to the entry log).
+    pub(crate) fn release_applied(&self, next: u64) {
+        let mut view = self.shared.view();
+        if next > view.applied_next {
+            view.applied_next = next;
+            view.sweep();
+        }
+    }
+
     /// The first index this node holds or will hold: past the purge point and the entry log's
     /// start.
     pub fn floor(&self) -> u64 {

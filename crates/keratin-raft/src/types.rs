@@ -4,6 +4,8 @@
 use std::fmt;
 use std::ops::Range;
 
+use bytes::Bytes;
+
 use crate::entry_format::RECORD_TYPE_RESERVED_MIN;
 use crate::error::RaftError;
 
@@ -29,13 +31,14 @@ pub struct NodeAddr {
 
 /// The application data of one Raft entry: one record of the partition log, opaque to the
 /// adapter (the broker may encode a batch in it). Its offset in the partition log is the
-/// entry's Raft index.
+/// entry's Raft index. The payload is shared (`Bytes`): openraft clones an entry for each
+/// replication stream and for the state machine, and a clone must not copy the body.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PartitionRecord {
     /// Below [`RECORD_TYPE_RESERVED_MIN`] (checked by [`PartitionRecord::new`]).
     pub(crate) record_type: u8,
     pub(crate) timestamp_ms: u64,
-    pub(crate) payload: Vec<u8>,
+    pub(crate) payload: Bytes,
 }
 
 impl PartitionRecord {
@@ -50,7 +53,7 @@ impl PartitionRecord {
         Ok(PartitionRecord {
             record_type,
             timestamp_ms,
-            payload,
+            payload: Bytes::from(payload),
         })
     }
 

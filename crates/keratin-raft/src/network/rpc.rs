@@ -7,15 +7,16 @@
 //! panics: a malformed body is a [`RaftError::Invalid`] the server answers with
 //! [`BAD_BODY`](super::codes::BAD_BODY).
 
-use keratin_log::ReadRecord;
+use bytes::Bytes;
 use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, VoteRequest, VoteResponse};
 
 use crate::entry_format::{
-    decode_entry, decode_membership, encode_entry, encode_membership, FLAG_REPLICATED,
+    decode_membership, decode_shared, encode_entry, encode_membership, entry_prefix,
+    ENTRY_PREFIX_SIZE, FLAG_REPLICATED, RECORD_TYPE_RESERVED_MIN,
 };
 use crate::error::RaftError;
 use crate::state_machine::{RecordsImage, SnapshotMeta, StoredMembership};
-use crate::types::{Entry, LeaderId, LogId, PartitionRecord, TypeConfig, Vote};
+use crate::types::{Entry, LeaderId, LogId, PartitionRecord, Payload, TypeConfig, Vote};
 
 /// Request kind: append-entries with entries (heartbeats travel coalesced, see `client`).
 pub const KIND_APPEND: u8 = 1;
@@ -187,31 +188,67 @@ impl<'a> Reader<'a> {
 // ---------------------------------------------------------------------------------------------
 // Append-entries
 
+/// Fixed bytes of an append-entries body before its entries: version, vote, two log ids and
+/// the count.
+const APPEND_HEAD_BYTES: usize = 1 + 17 + 2 * 25 + 4;
+
 /// An append-entries request (with or without entries).
 pub fn encode_append(rpc: &AppendEntriesRequest<TypeConfig>) -> Result<Vec<u8>, RaftError> {
-    let mut w = Writer::new();
-    w.vote(&rpc.vote);
-    w.log_id(rpc.prev_log_id.as_ref());
-    w.log_id(rpc.leader_commit.as_ref());
     let count = u32::try_from(rpc.entries.len())
         .ok()
         .filter(|count| *count <= ENTRIES_MAX)
         .ok_or_else(|| {
             RaftError::Invalid(format!("{} entries in one append", rpc.entries.len()))
         })?;
+    // One allocation for the whole body: a normal entry's exact size (index, type, timestamp,
+    // length, prefix, body); the others are small and may grow it.
+    let entries_bytes: usize = rpc
+        .entries
+        .iter()
+        .map(|entry| match &entry.payload {
+            Payload::Normal(record) => ENTRY_SIZE_MIN + ENTRY_PREFIX_SIZE + record.payload.len(),
+            _ => ENTRY_SIZE_MIN + ENTRY_PREFIX_SIZE,
+        })
+        .sum();
+    let mut w = Writer(Vec::with_capacity(APPEND_HEAD_BYTES + entries_bytes));
+    w.u8(RPC_VERSION);
+    w.vote(&rpc.vote);
+    w.log_id(rpc.prev_log_id.as_ref());
+    w.log_id(rpc.leader_commit.as_ref());
     w.u32(count);
     for entry in &rpc.entries {
-        let encoded = encode_entry(entry)?;
         w.u64(entry.log_id.index);
-        w.u8(encoded.record_type);
-        w.u64(encoded.timestamp_ms);
-        w.bytes(&encoded.payload)?;
+        match &entry.payload {
+            // The record format written field by field, without an encoded copy in between
+            // (the same bytes as `encode_entry`).
+            Payload::Normal(record) if record.record_type < RECORD_TYPE_RESERVED_MIN => {
+                let len = u32::try_from(ENTRY_PREFIX_SIZE + record.payload.len())
+                    .map_err(|_| RaftError::Invalid("a body field over 4 GiB".into()))?;
+                w.u8(record.record_type);
+                w.u64(record.timestamp_ms);
+                w.u32(len);
+                w.0.extend_from_slice(&entry_prefix(&entry.log_id.leader_id));
+                w.0.extend_from_slice(&record.payload);
+            }
+            _ => {
+                let encoded = encode_entry(entry)?;
+                w.u8(encoded.record_type);
+                w.u64(encoded.timestamp_ms);
+                w.bytes(&encoded.payload)?;
+            }
+        }
     }
     Ok(w.0)
 }
 
 /// Reads an append-entries request.
 pub fn decode_append(body: &[u8]) -> Result<AppendEntriesRequest<TypeConfig>, RaftError> {
+    decode_append_shared(&Bytes::copy_from_slice(body))
+}
+
+/// Reads an append-entries request received as `body`: the entries' payloads are slices of it,
+/// not copies.
+pub fn decode_append_shared(body: &Bytes) -> Result<AppendEntriesRequest<TypeConfig>, RaftError> {
     let mut r = Reader::open(body, "append-entries")?;
     let vote = r.vote()?;
     let prev_log_id = r.log_id()?;
@@ -225,15 +262,8 @@ pub fn decode_append(body: &[u8]) -> Result<AppendEntriesRequest<TypeConfig>, Ra
         let offset = r.u64()?;
         let record_type = r.u8()?;
         let timestamp_ms = r.u64()?;
-        let payload = r.bytes()?.to_vec();
-        let record = ReadRecord {
-            offset,
-            record_type,
-            flags: FLAG_REPLICATED,
-            timestamp_ms,
-            payload,
-        };
-        let entry = decode_entry(&record)
+        let payload = body.slice_ref(r.bytes()?);
+        let entry = decode_shared(offset, record_type, FLAG_REPLICATED, timestamp_ms, payload)
             .map_err(|e| RaftError::Invalid(format!("append-entries: {e}")))?
             .ok_or_else(|| r.bad(format!("a gap record at {offset} is not an entry")))?;
         if let Some(previous) = entries.last() {

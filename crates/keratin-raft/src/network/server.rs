@@ -74,7 +74,7 @@ where
 async fn serve_kind<SM>(
     raft: &openraft::Raft<TypeConfig, SM>,
     kind: u8,
-    body: &[u8],
+    body: &Bytes,
 ) -> Result<Vec<u8>, RemoteError>
 where
     SM: RaftStateMachine<TypeConfig>,
@@ -82,7 +82,8 @@ where
 {
     match kind {
         rpc::KIND_APPEND => {
-            let request = rpc::decode_append(body).map_err(bad_body)?;
+            // The entries keep slices of the received body instead of copies.
+            let request = rpc::decode_append_shared(body).map_err(bad_body)?;
             let reply = raft.append_entries(request).await.map_err(raft_refused)?;
             Ok(rpc::encode_append_reply(&reply))
         }

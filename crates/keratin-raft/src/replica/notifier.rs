@@ -238,9 +238,11 @@ impl RaftStateMachine<TypeConfig> for CommitNotifier {
     where
         Strm: Stream<Item = Result<EntryResponder<TypeConfig>, io::Error>> + Unpin + Send,
     {
+        let mut applied_next = None;
         while let Some(item) = entries.next().await {
             let (entry, responder) = item?;
             let index = entry.log_id.index;
+            applied_next = Some(index + 1);
             {
                 let mut state = self.lock();
                 if let Payload::Membership(membership) = entry.payload {
@@ -264,6 +266,9 @@ impl RaftStateMachine<TypeConfig> for CommitNotifier {
                     offsets: index..index + 1,
                 });
             }
+        }
+        if let Some(next) = applied_next {
+            self.view.release_applied(next);
         }
         Ok(())
     }

@@ -105,9 +105,11 @@ impl Iterator for CommittedReader {
             let entry = self.buffered.pop_front()?;
             let offset = entry.log_id.index;
             let (record_type, timestamp_ms, payload) = match entry.payload {
-                Payload::Normal(record) => {
-                    (record.record_type, record.timestamp_ms, record.payload)
-                }
+                Payload::Normal(record) => (
+                    record.record_type,
+                    record.timestamp_ms,
+                    Vec::from(record.payload),
+                ),
                 _ if !self.adapter_entries => continue,
                 Payload::Blank => (RECORD_TYPE_BLANK, 0, Vec::new()),
                 Payload::Membership(_) => (RECORD_TYPE_MEMBERSHIP, 0, Vec::new()),
