@@ -182,7 +182,7 @@ fn quorum_ack_age(metrics: &RaftMetrics<TypeConfig>) -> Option<Duration> {
     {
         return None;
     }
-    let acked = metrics.last_quorum_acked.clone()?;
+    let acked = metrics.last_quorum_acked?;
     Some(acked.into_inner().elapsed())
 }
 
