@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::brokers::{agreed_leader, publish_all, BrokerNode};
-use keratin_broker::{BrokerError, Message, QueueSettings};
+use keratin_broker::{BrokerError, Message};
 use tokio::time::Instant;
 
 const QUEUE: &str = "cut";
@@ -34,16 +34,7 @@ async fn a_cut_off_leader_answers_its_publishers_within_seconds() {
         let node = common::brokers::start(net.dirs[&id].path(), listener, net.cluster(id)).await;
         nodes.insert(id, node);
     }
-    let settings = QueueSettings {
-        replicas: Some(3),
-        ..QueueSettings::default()
-    };
-    for node in nodes.values() {
-        node.broker
-            .declare_replicated(QUEUE_ID, QUEUE, settings.clone(), vec![vec![1, 2, 3]])
-            .await
-            .expect("declare");
-    }
+    common::brokers::declare_everywhere(&nodes, QUEUE_ID, QUEUE).await;
     let leader = agreed_leader(&nodes, QUEUE, WAIT).await;
     let before: Vec<String> = (0..5).map(|n| format!("before {n}")).collect();
     publish_all(&nodes[&leader].broker, QUEUE, &before, WAIT).await;

@@ -14,7 +14,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::brokers::{agreed_leader, publish_all, wait_info, BrokerNode};
-use keratin_broker::QueueSettings;
 use keratin_log::{Io, SimFault, SimIo};
 use keratin_raft::partition_log::partition_group;
 
@@ -44,16 +43,7 @@ async fn a_follower_whose_disk_failed_heals_without_a_restart() {
         };
         nodes.insert(id, node);
     }
-    let settings = QueueSettings {
-        replicas: Some(3),
-        ..QueueSettings::default()
-    };
-    for node in nodes.values() {
-        node.broker
-            .declare_replicated(QUEUE_ID, QUEUE, settings.clone(), vec![vec![1, 2, 3]])
-            .await
-            .expect("declare");
-    }
+    common::brokers::declare_everywhere(&nodes, QUEUE_ID, QUEUE).await;
     // Node 3 must follow: while it leads, node 1 starts an election (bounded).
     let group = partition_group(QUEUE_ID, 0).expect("group");
     let mut leader = agreed_leader(&nodes, QUEUE, WAIT).await;

@@ -87,31 +87,7 @@ async fn start_node(
 
 /// The node among `ids` that leads, with every one of them agreeing.
 async fn leader_among(nodes: &BTreeMap<u64, BrokerNode>, ids: &BTreeSet<u64>) -> u64 {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let infos: BTreeMap<u64, _> = ids
-            .iter()
-            .map(|id| {
-                let info = nodes[id].broker.info(QUEUE).expect("info");
-                (*id, info.partitions[0].clone())
-            })
-            .collect();
-        let leading: Vec<u64> = infos
-            .iter()
-            .filter(|(_, p)| p.leading)
-            .map(|(id, _)| *id)
-            .collect();
-        if let [id] = leading[..] {
-            if infos.values().all(|p| p.leader == Some(id)) {
-                return id;
-            }
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no agreed leader among {ids:?} in {WAIT:?}: {infos:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::brokers::agreed_leader_among(nodes, ids, QUEUE, WAIT).await
 }
 
 /// Publish `bodies` in batches of 50 at whichever of `nodes` leads, retrying a batch refused

@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use common::brokers::{publish_all, wait_info, BrokerNode};
 use keratin_broker::partition::replication::IN_SYNC_ACK_AGE_MAX;
-use keratin_broker::QueueSettings;
 
 const QUEUE: &str = "lagging";
 const QUEUE_ID: u64 = 5;
@@ -54,16 +53,7 @@ async fn the_leader_tracks_lag_and_the_in_sync_set_as_a_follower_leaves_and_retu
         let node = common::brokers::start(net.dirs[&id].path(), listener, net.cluster(id)).await;
         nodes.insert(id, node);
     }
-    let settings = QueueSettings {
-        replicas: Some(3),
-        ..QueueSettings::default()
-    };
-    for node in nodes.values() {
-        node.broker
-            .declare_replicated(QUEUE_ID, QUEUE, settings.clone(), vec![vec![1, 2, 3]])
-            .await
-            .expect("declare");
-    }
+    common::brokers::declare_everywhere(&nodes, QUEUE_ID, QUEUE).await;
     let first = leader(&nodes).await;
     publish_all(
         &nodes[&first].broker,

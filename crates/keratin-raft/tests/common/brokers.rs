@@ -169,10 +169,22 @@ pub async fn agreed_leader(
     queue: &str,
     wait: Duration,
 ) -> u64 {
+    let all: std::collections::BTreeSet<u64> = nodes.keys().copied().collect();
+    agreed_leader_among(nodes, &all, queue, wait).await
+}
+
+/// [`agreed_leader`] among the nodes `ids` of `nodes` only (the others are not asked).
+pub async fn agreed_leader_among(
+    nodes: &std::collections::BTreeMap<u64, BrokerNode>,
+    ids: &std::collections::BTreeSet<u64>,
+    queue: &str,
+    wait: Duration,
+) -> u64 {
     let deadline = tokio::time::Instant::now() + wait;
     loop {
         let infos: std::collections::BTreeMap<u64, _> = nodes
             .iter()
+            .filter(|(id, _)| ids.contains(id))
             .filter_map(|(id, node)| {
                 let info = node.broker.info(queue).ok()?;
                 Some((*id, info.partitions[0].clone()))
@@ -190,8 +202,27 @@ pub async fn agreed_leader(
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "no leader in {wait:?}: {infos:?}"
+            "no leader among {ids:?} in {wait:?}: {infos:?}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Declare `queue` (id `queue_id`, one partition on nodes 1, 2 and 3, replicas 3) on every
+/// broker of `nodes`, as the metadata group's applier does on each node.
+pub async fn declare_everywhere(
+    nodes: &std::collections::BTreeMap<u64, BrokerNode>,
+    queue_id: u64,
+    queue: &str,
+) {
+    let settings = keratin_broker::QueueSettings {
+        replicas: Some(3),
+        ..keratin_broker::QueueSettings::default()
+    };
+    for node in nodes.values() {
+        node.broker
+            .declare_replicated(queue_id, queue, settings.clone(), vec![vec![1, 2, 3]])
+            .await
+            .expect("declare");
     }
 }
