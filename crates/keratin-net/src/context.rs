@@ -1,10 +1,16 @@
 //! [`Context`]: what every task of one transport shares: this node's identity, the options, the
 //! handler, the counters, the peers and the shutdown signal. Tasks hold it, never the public
 //! [`crate::Transport`], so dropping the last `Transport` can shut them all down.
+//!
+//! The peers sit in a `std::sync::RwLock<BTreeMap>`: every call reads it once (a shared lock
+//! and an `Arc` clone), while `Transport::add_peer`/`remove_peer` write it rarely. No guard is
+//! ever held across an `.await`: readers clone the `Arc<Peer>` they need and let go.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
@@ -20,9 +26,11 @@ pub(crate) struct Context {
     pub(crate) options: TransportOptions,
     pub(crate) handler: Arc<dyn Handler>,
     pub(crate) stats: Arc<Stats>,
-    pub(crate) peers: BTreeMap<NodeId, Arc<Peer>>,
+    peers: RwLock<BTreeMap<NodeId, Arc<Peer>>>,
     pub(crate) shutdown: watch::Receiver<bool>,
     generations: AtomicU64,
+    /// When an unknown node's refusal was last logged at `info` (see `listener.rs`).
+    unknown_node_logged: Mutex<Option<Instant>>,
 }
 
 impl Context {
@@ -40,10 +48,46 @@ impl Context {
             options,
             handler,
             stats: Arc::new(Stats::default()),
-            peers,
+            peers: RwLock::new(peers),
             shutdown,
             generations: AtomicU64::new(1),
+            unknown_node_logged: Mutex::new(None),
         }
+    }
+
+    /// The peer `id`, if it is one now.
+    pub(crate) fn peer(&self, id: NodeId) -> Option<Arc<Peer>> {
+        self.read_peers().get(&id).cloned()
+    }
+
+    /// Every peer now, by id.
+    pub(crate) fn peers(&self) -> Vec<Arc<Peer>> {
+        self.read_peers().values().cloned().collect()
+    }
+
+    // A panic while holding the map's lock (none of its critical sections can panic but an
+    // allocation failure) leaves the map whole: each writer makes one insert or remove.
+    fn read_peers(&self) -> RwLockReadGuard<'_, BTreeMap<NodeId, Arc<Peer>>> {
+        self.peers.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn write_peers(&self) -> RwLockWriteGuard<'_, BTreeMap<NodeId, Arc<Peer>>> {
+        self.peers.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether `interval` has passed since an unknown node's refusal was last logged at `info`;
+    /// if so, the caller logs it now.
+    pub(crate) fn unknown_node_log_due(&self, interval: Duration) -> bool {
+        let mut last = self
+            .unknown_node_logged
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        let due = last.is_none_or(|at| now.duration_since(at) >= interval);
+        if due {
+            *last = Some(now);
+        }
+        due
     }
 
     /// A number for a new connection, unique within this transport.

@@ -1,7 +1,8 @@
 //! The dialer of one peer with a higher id than ours: connects, runs the dialer's side of the
 //! handshake, hands the connection to `session.rs`, and when it ends (or fails) dials again after
 //! a backoff that doubles from `reconnect_backoff_min` to `reconnect_backoff_max`, with jitter so
-//! the nodes of a restarted cluster do not dial in lockstep.
+//! the nodes of a restarted cluster do not dial in lockstep. It ends at shutdown or when its
+//! peer is retired (removed, or replaced by a `Peer` with a new address and a new dialer).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,18 +13,21 @@ use tracing::debug;
 
 use crate::context::{wait_shutdown, Context};
 use crate::handshake::{Hello, HelloReply, PROTOCOL_VERSION};
-use crate::peer::Peer;
+use crate::peer::{wait_retired, Peer};
 use crate::session::run_session;
 use crate::stats::add;
 
-/// Dials `peer` until the transport shuts down.
+/// Dials `peer` until the transport shuts down or the peer is retired.
 pub(crate) async fn run_dialer(context: Arc<Context>, peer: Arc<Peer>) {
     let options = &context.options;
     let mut shutdown = context.shutdown_signal();
+    let mut retired = peer.standing_signal();
     let mut backoff = options.reconnect_backoff_min;
     loop {
         let dialed = tokio::select! {
+            biased;
             _ = wait_shutdown(&mut shutdown) => return,
+            _ = wait_retired(&mut retired) => return,
             dialed = dial(&context, &peer) => dialed,
         };
         match dialed {
@@ -40,6 +44,7 @@ pub(crate) async fn run_dialer(context: Arc<Context>, peer: Arc<Peer>) {
         let delay = jittered(backoff, peer.liveness.now_us());
         tokio::select! {
             _ = wait_shutdown(&mut shutdown) => return,
+            _ = wait_retired(&mut retired) => return,
             _ = tokio::time::sleep(delay) => {}
         }
         backoff = (backoff * 2).min(options.reconnect_backoff_max);

@@ -90,11 +90,18 @@ pub enum NetError {
         /// The peer.
         to: NodeId,
     },
-    /// The node id is not a peer in the cluster configuration (or is this node itself).
+    /// The node id is not a peer (not in the cluster configuration nor added since, or removed
+    /// since, or this node itself).
     #[error("node {to} is not a peer of this node")]
     UnknownPeer {
         /// The id asked for.
         to: NodeId,
+    },
+    /// `Transport::add_peer` was given this node's own id: a node is not its own peer.
+    #[error("node {id} is this node itself; a node cannot be its own peer (check the id given to add-node)")]
+    SelfPeer {
+        /// The id given (this node's).
+        id: NodeId,
     },
     /// The request does not fit in one frame.
     #[error("request of {size_bytes} bytes exceeds the frame size limit of {limit_bytes} bytes")]

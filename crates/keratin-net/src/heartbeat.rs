@@ -16,7 +16,7 @@ use bytes::Bytes;
 use crate::connection::{lock, Connection, Waiter};
 use crate::context::{wait_shutdown, Context};
 use crate::frame::{Frame, HEADER_SIZE};
-use crate::peer::{Peer, PendingHeartbeats};
+use crate::peer::{Peer, PendingHeartbeats, Standing};
 use crate::stats::add;
 use crate::{GroupId, NetError};
 
@@ -39,8 +39,10 @@ pub(crate) async fn run_heartbeats(context: Arc<Context>) {
             _ = wait_shutdown(&mut shutdown) => return,
             _ = tick.tick() => {}
         }
-        for peer in context.peers.values() {
-            flush(&context, peer);
+        // A snapshot, so that no lock on the map is held while flushing; a peer removed since
+        // is retired, and `flush` finds nothing pending for it (its connection is closed).
+        for peer in context.peers() {
+            flush(&context, &peer);
         }
     }
 }
@@ -53,6 +55,10 @@ pub(crate) fn enqueue(
     waiter: Waiter,
 ) -> Result<(), NetError> {
     let mut pending = lock(&peer.heartbeats);
+    // Checked under the lock `Peer::retire` drains, so no heartbeat is left behind a retirement.
+    if peer.standing() != Standing::Active {
+        return Err(peer.unreachable());
+    }
     if pending.len() >= PENDING_HEARTBEATS_MAX && !pending.contains_key(&group) {
         return Err(NetError::Backlogged { to: peer.id });
     }

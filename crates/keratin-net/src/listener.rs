@@ -4,13 +4,19 @@
 //! lower id of a pair dials, so an accepted hello must come from a lower id: that rule is what
 //! keeps one connection per pair. A known peer that dials again (it restarted, or its old
 //! connection is half-open) replaces its old connection.
+//!
+//! A node that is not a peer (yet, or any more) is refused with `UNKNOWN_NODE`. That is expected
+//! while a node joins (it may dial before `Transport::add_peer` runs here) and after one is
+//! removed (it may not know yet), and its dialer retries every `reconnect_backoff_max` at most,
+//! so the refusal is logged at `info` at most once per [`UNKNOWN_NODE_LOG_INTERVAL`] and at
+//! `debug` otherwise; the count is in `TransportStats::handshakes_refused`.
 
 use std::sync::Arc;
 
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::codes;
 use crate::context::{wait_shutdown, Context};
@@ -24,6 +30,11 @@ use crate::stats::add;
 /// `handshake_timeout`; 64 is far more than a cluster's nodes, and bounds what a port scan or a
 /// misdirected client fleet can hold.
 const HANDSHAKES_MAX: usize = 64;
+/// At most one `info` line per this interval for refused unknown nodes: a joining node is
+/// refused every 2 s (the default `reconnect_backoff_max`) until it is added, and a removed one
+/// until it learns, so one line per 30 s says it is happening without repeating it 15 times.
+pub(crate) const UNKNOWN_NODE_LOG_INTERVAL: std::time::Duration =
+    std::time::Duration::from_secs(30);
 
 /// Accepts connections until shutdown.
 pub(crate) async fn run_listener(context: Arc<Context>, listener: TcpListener) {
@@ -97,6 +108,15 @@ async fn accept(context: &Context, mut stream: TcpStream) -> Option<(Arc<Peer>, 
             stream.write_all(&reply.encode()).await.ok()?;
             Some((peer, stream))
         }
+        Err(error) if error.code == codes::UNKNOWN_NODE => {
+            if context.unknown_node_log_due(UNKNOWN_NODE_LOG_INTERVAL) {
+                info!(from = hello.from, %error, "refused a cluster handshake from an unknown node (expected while a node joins or after one is removed)");
+            } else {
+                debug!(from = hello.from, %error, "refused a cluster handshake from an unknown node");
+            }
+            refuse(context, &mut stream, error).await;
+            None
+        }
         Err(error) => {
             warn!(from = hello.from, %error, "refused a cluster handshake");
             refuse(context, &mut stream, error).await;
@@ -135,11 +155,12 @@ fn check_hello(context: &Context, hello: &Hello) -> Result<Arc<Peer>, RemoteErro
             ),
         ));
     }
-    let Some(peer) = context.peers.get(&hello.from) else {
+    let Some(peer) = context.peer(hello.from) else {
         return Err(RemoteError::new(
             codes::UNKNOWN_NODE,
             format!(
-                "node {} is not among the peers of node {me}; add it to cluster.peers",
+                "node {} is not among the peers of node {me}; add it to cluster.peers \
+                 (or `keratin cluster add-node`)",
                 hello.from
             ),
         ));
@@ -153,7 +174,7 @@ fn check_hello(context: &Context, hello: &Hello) -> Result<Arc<Peer>, RemoteErro
             ),
         ));
     }
-    Ok(Arc::clone(peer))
+    Ok(peer)
 }
 
 async fn refuse(context: &Context, stream: &mut TcpStream, error: RemoteError) {

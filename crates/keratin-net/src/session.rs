@@ -1,7 +1,7 @@
 //! One connection's life after its handshake: install it in the peer's slot, start its writer,
 //! read and dispatch frames (replies to our calls, requests for our handler, heartbeats, pings)
-//! until the socket ends, a protocol error, the idle timeout or shutdown; then close it so every
-//! waiter learns. Serving requests belongs to `serve.rs`.
+//! until the socket ends, a protocol error, the idle timeout, shutdown or the peer's retirement
+//! (removed, or moved to another address); then close it so every waiter learns. Serving requests belongs to `serve.rs`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,7 +16,7 @@ use crate::connection::{CloseMode, Connection};
 use crate::context::{wait_shutdown, Context};
 use crate::error::{FrameError, RemoteError};
 use crate::frame::Frame;
-use crate::peer::Peer;
+use crate::peer::{wait_retired, Peer};
 use crate::serve::{serve_heartbeats, serve_request};
 use crate::stats::add;
 use crate::writer::run_writer;
@@ -29,7 +29,7 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Why reading stopped.
 enum ReadEnd {
-    /// Shutdown, replaced by a newer connection, or the peer closed cleanly.
+    /// Shutdown, replaced by a newer connection, the peer retired, or the peer closed cleanly.
     Closed,
     /// The socket failed or went idle.
     Lost(String),
@@ -102,6 +102,9 @@ async fn read_frames(
     let mut buffer = BytesMut::with_capacity(READ_CHUNK_BYTES);
     let mut shutdown = context.shutdown_signal();
     let mut closed = connection.close_signal();
+    // Checked here and not only by `Peer::retire`, which closes the connection it finds: a
+    // connection installed just after the retirement is closed by this branch.
+    let mut retired = peer.standing_signal();
     let mut ping = tokio::time::interval(context.options.ping_interval);
     ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_read = Instant::now();
@@ -116,6 +119,7 @@ async fn read_frames(
             tokio::select! {
                 _ = wait_shutdown(&mut shutdown) => return ReadEnd::Closed,
                 _ = closed.wait_for(|mode| *mode != CloseMode::Open) => return ReadEnd::Closed,
+                _ = wait_retired(&mut retired) => return ReadEnd::Closed,
                 _ = ping.tick() => {
                     if last_read.elapsed() > context.options.idle_timeout {
                         return ReadEnd::Lost(format!(

@@ -2,6 +2,26 @@
 //! listener and spawns the listener, one dialer per peer with a higher id, and the heartbeat
 //! ticker; its methods make calls, leave heartbeats and read liveness. Every task stops when the
 //! last `Transport` handle is dropped or [`Transport::shutdown`] is called.
+//!
+//! # Peers that change at run time
+//!
+//! The peers given at start are only the first set: [`Transport::add_peer`] and
+//! [`Transport::remove_peer`] change it while the transport runs (the cluster layer calls them
+//! when a node is added to or removed from a live cluster). The rules are those of start:
+//!
+//! - The lower id of a pair dials. Adding a peer with a higher id starts its dialer; adding one
+//!   with a lower id only lets its hello in. A node that dials before it is added here is
+//!   refused (`UNKNOWN_NODE`) and retries with its backoff, so the pair connects within
+//!   `reconnect_backoff_max` of both sides having added each other, in either order.
+//! - Adding a known peer at its address changes nothing. At another address, the old peer is
+//!   retired (its connection dropped, its dialer stopped, calls on it fail with `Closed`) and a
+//!   fresh one takes its place, dialed at the new address when ours to dial; its liveness
+//!   counters start again.
+//! - Removing a peer retires it: its dialer stops, its connection closes, calls and heartbeats
+//!   waiting on it fail at once with [`NetError::Unreachable`] (a call may still have run
+//!   there), later ones fail fast with [`NetError::UnknownPeer`], the heartbeat ticker no longer
+//!   visits it, `peers_status` no longer lists it, and its hello is refused like any unknown
+//!   node's. Nothing is kept per removed peer: its tasks end and drop it.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -11,6 +31,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
+use tracing::info;
 
 use crate::config::ResolvedCluster;
 use crate::context::Context;
@@ -21,7 +42,7 @@ use crate::heartbeat::{enqueue, run_heartbeats, ENTRY_FIXED_SIZE};
 use crate::listener::run_listener;
 use crate::liveness::{Liveness, PeerStatus};
 use crate::options::TransportOptions;
-use crate::peer::Peer;
+use crate::peer::{Peer, Standing};
 use crate::stats::TransportStats;
 use crate::{GroupId, NetError, NodeId};
 
@@ -102,10 +123,8 @@ impl Transport {
         ));
         tokio::spawn(run_listener(Arc::clone(&context), listener));
         tokio::spawn(run_heartbeats(Arc::clone(&context)));
-        for peer in context.peers.values() {
-            if context.node_id < peer.id {
-                tokio::spawn(run_dialer(Arc::clone(&context), Arc::clone(peer)));
-            }
+        for peer in context.peers() {
+            spawn_dialer(&context, peer);
         }
         Ok(Transport {
             context,
@@ -150,7 +169,7 @@ impl Transport {
         self.check_size(size_bytes)?;
         let connection = peer.current().ok_or_else(|| peer.unreachable())?;
         match tokio::time::timeout(timeout, connection.call(group, kind, body)).await {
-            Ok(result) => result,
+            Ok(result) => peer.unless_removed(result),
             Err(_) => Err(timed_out(to, timeout)),
         }
     }
@@ -174,10 +193,65 @@ impl Transport {
         let (waiter, reply) = oneshot::channel();
         enqueue(&peer, group, payload, waiter)?;
         match tokio::time::timeout(timeout, reply).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err(NetError::Closed { to }),
+            Ok(Ok(result)) => peer.unless_removed(result),
+            Ok(Err(_)) => peer.unless_removed(Err(NetError::Closed { to })),
             Err(_) => Err(timed_out(to, timeout)),
         }
+    }
+
+    /// Makes `id` at `addr` a peer of this node from now on (see the module docs, "Peers that
+    /// change at run time"). Adding a known peer at its known address does nothing; at another
+    /// address its connection is dropped and it is dialed at the new one (when this node has
+    /// the lower id; otherwise the peer dials). A new peer with a higher id than this node's is
+    /// dialed at once.
+    ///
+    /// Fails with [`NetError::SelfPeer`] for this node's own id.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime (it may spawn the peer's dialer).
+    pub fn add_peer(&self, id: NodeId, addr: SocketAddr) -> Result<(), NetError> {
+        let context = &self.context;
+        if id == context.node_id {
+            return Err(NetError::SelfPeer { id });
+        }
+        let peer = Arc::new(Peer::new(id, addr, Liveness::new(Instant::now())));
+        let replaced = {
+            let mut peers = context.write_peers();
+            if peers.get(&id).is_some_and(|known| known.addr == addr) {
+                return Ok(());
+            }
+            peers.insert(id, Arc::clone(&peer))
+        };
+        if let Some(old) = replaced {
+            info!(peer = id, from = %old.addr, to = %addr, "cluster peer changed address");
+            old.retire(Standing::Moved);
+        } else {
+            info!(peer = id, %addr, "cluster peer added");
+        }
+        spawn_dialer(context, peer);
+        Ok(())
+    }
+
+    /// Stops treating `id` as a peer (see the module docs, "Peers that change at run time"):
+    /// its connection closes, calls and heartbeats waiting on it fail at once with
+    /// [`NetError::Unreachable`], later ones with [`NetError::UnknownPeer`], and its hello is
+    /// refused from now on. Returns whether `id` was a peer; removing an unknown id does
+    /// nothing.
+    pub fn remove_peer(&self, id: NodeId) -> bool {
+        let removed = self.context.write_peers().remove(&id);
+        match removed {
+            Some(peer) => {
+                info!(peer = id, addr = %peer.addr, "cluster peer removed");
+                peer.retire(Standing::Removed);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The address `id` is known at; `None` for an id that is not a peer.
+    pub fn peer_addr(&self, id: NodeId) -> Option<SocketAddr> {
+        self.context.peer(id).map(|peer| peer.addr)
     }
 
     /// Waits up to `timeout` until a connection to `to` is up.
@@ -187,15 +261,15 @@ impl Transport {
 
     /// The liveness of one peer; `None` for an id that is not a peer.
     pub fn peer_status(&self, to: NodeId) -> Option<PeerStatus> {
-        let peer = self.context.peers.get(&to)?;
+        let peer = self.context.peer(to)?;
         Some(peer.liveness.status(peer.id, peer.addr))
     }
 
     /// The liveness of every peer, by id.
     pub fn peers_status(&self) -> Vec<PeerStatus> {
         self.context
-            .peers
-            .values()
+            .peers()
+            .iter()
             .map(|peer| peer.liveness.status(peer.id, peer.addr))
             .collect()
     }
@@ -212,11 +286,7 @@ impl Transport {
     }
 
     fn peer(&self, to: NodeId) -> Result<Arc<Peer>, NetError> {
-        self.context
-            .peers
-            .get(&to)
-            .cloned()
-            .ok_or(NetError::UnknownPeer { to })
+        self.context.peer(to).ok_or(NetError::UnknownPeer { to })
     }
 
     fn check_size(&self, size_bytes: usize) -> Result<(), NetError> {
@@ -229,6 +299,13 @@ impl Transport {
             });
         }
         Ok(())
+    }
+}
+
+/// Starts `peer`'s dialer if this node is the one to dial (the lower id of the pair).
+fn spawn_dialer(context: &Arc<Context>, peer: Arc<Peer>) {
+    if context.node_id < peer.id {
+        tokio::spawn(run_dialer(Arc::clone(context), peer));
     }
 }
 

@@ -19,12 +19,12 @@ use tokio::net::TcpListener;
 /// A transport that knows only `known` (besides itself).
 async fn start_knowing(id: NodeId, known: &[(NodeId, SocketAddr)]) -> (Transport, SocketAddr) {
     let listener = bind().await;
-    let addr = listener.local_addr().unwrap();
+    let addr = listener.local_addr().expect("local address");
     (start_on(listener, id, known), addr)
 }
 
 fn start_on(listener: TcpListener, id: NodeId, known: &[(NodeId, SocketAddr)]) -> Transport {
-    let mut nodes = vec![(id, listener.local_addr().unwrap())];
+    let mut nodes = vec![(id, listener.local_addr().expect("local address"))];
     nodes.extend_from_slice(known);
     Transport::start_on(
         listener,
@@ -32,14 +32,14 @@ fn start_on(listener: TcpListener, id: NodeId, known: &[(NodeId, SocketAddr)]) -
         fast_options(),
         Echo::new(id),
     )
-    .unwrap()
+    .expect("start a transport")
 }
 
 async fn round_trip(from: &Transport, to: NodeId) {
     let reply = from
         .call(to, GroupId(7), 1, Bytes::from_static(b"x"), 2 * SECOND)
         .await
-        .unwrap();
+        .expect("a round trip");
     assert_eq!(
         reply,
         format!("{to}<-{}:7:1:x", from.node_id()).into_bytes()
@@ -72,21 +72,31 @@ async fn join(new: NodeId) {
         } else {
             (&existing, new, joining_addr, &joining, 2, existing_addr)
         };
-    dialer.add_peer(dialer_peer, dialer_peer_addr).unwrap();
+    dialer
+        .add_peer(dialer_peer, dialer_peer_addr)
+        .expect("add the acceptor");
     assert_eq!(dialer.peer_addr(dialer_peer), Some(dialer_peer_addr));
     // The acceptor does not know the dialer yet: it refuses, the dialer retries.
     assert!(eventually(5 * SECOND, || acceptor.stats().handshakes_refused >= 1).await);
     let down = dialer
         .call(dialer_peer, GroupId(1), 0, Bytes::new(), 5 * SECOND)
         .await;
-    assert!(matches!(down, Err(NetError::Unreachable { .. })), "{down:?}");
+    assert!(
+        matches!(down, Err(NetError::Unreachable { .. })),
+        "{down:?}"
+    );
 
-    acceptor.add_peer(acceptor_peer, acceptor_peer_addr).unwrap();
-    dialer.wait_connected(dialer_peer, 5 * SECOND).await.unwrap();
+    acceptor
+        .add_peer(acceptor_peer, acceptor_peer_addr)
+        .expect("add the dialer");
+    dialer
+        .wait_connected(dialer_peer, 5 * SECOND)
+        .await
+        .expect("the dialer connects");
     acceptor
         .wait_connected(acceptor_peer, 5 * SECOND)
         .await
-        .unwrap();
+        .expect("the acceptor sees the dialer");
     round_trip(&existing, new).await;
     round_trip(&joining, 2).await;
     assert_eq!(dialer.stats().connections_dialed, 1);
@@ -123,7 +133,7 @@ async fn remove_during_a_slow_call(remover: &Transport, removed: &Transport) {
     // Let the request reach the handler.
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(remover.remove_peer(removed_id));
-    let (result, elapsed) = slow.await.unwrap();
+    let (result, elapsed) = slow.await.expect("the calling task");
     assert!(
         matches!(result, Err(NetError::Unreachable { to, .. }) if to == removed_id),
         "{result:?}"
@@ -230,10 +240,7 @@ async fn adding_itself_is_refused_and_repeats_are_no_ops() {
     within(20 * SECOND, async {
         let (t1, t2, _, _) = pair(fast_options()).await;
         let own = t1.add_peer(1, t1.local_addr());
-        assert!(
-            matches!(own, Err(NetError::SelfPeer { id: 1 })),
-            "{own:?}"
-        );
+        assert!(matches!(own, Err(NetError::SelfPeer { id: 1 })), "{own:?}");
         assert!(own.unwrap_err().to_string().contains("node 1"));
         assert!(!t1.remove_peer(42));
         assert_eq!(t1.peer_addr(42), None);
