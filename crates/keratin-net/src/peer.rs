@@ -71,7 +71,9 @@ impl Peer {
     pub(crate) fn retire(&self, standing: Standing) {
         debug_assert!(standing != Standing::Active);
         self.standing.send_replace(standing);
-        if let Some(connection) = self.slot.borrow().clone() {
+        // Cloned out first, so the slot's read lock is not held while closing.
+        let connection = self.slot.borrow().clone();
+        if let Some(connection) = connection {
             connection.close(CloseMode::Now);
         }
         // `enqueue` checks the standing under this lock, so nothing is left behind after this.
