@@ -12,6 +12,9 @@
 //! - Heartbeat coalescing ([`Transport::heartbeat`]): all groups' heartbeats to a peer leave in
 //!   one frame per tick; the peer answers them all in one frame.
 //! - Liveness ([`Transport::peer_status`]): connected, last contact, round-trip estimate.
+//! - Peers that change at run time ([`Transport::add_peer`], [`Transport::remove_peer`]): the
+//!   peers given at start are the first set; the cluster layer adds and removes nodes of a live
+//!   cluster with the same rules (the lower id dials, an unknown node's hello is refused).
 //!
 //! The wire format is specified byte by byte in `docs/cluster-protocol.md`.
 //!
