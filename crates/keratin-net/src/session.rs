@@ -1,7 +1,8 @@
 //! One connection's life after its handshake: install it in the peer's slot, start its writer,
 //! read and dispatch frames (replies to our calls, requests for our handler, heartbeats, pings)
 //! until the socket ends, a protocol error, the idle timeout, shutdown or the peer's retirement
-//! (removed, or moved to another address); then close it so every waiter learns. Serving requests belongs to `serve.rs`.
+//! (removed, or moved to another address); then close it so every waiter learns. Serving
+//! requests belongs to `serve.rs`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

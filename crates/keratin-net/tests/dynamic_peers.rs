@@ -194,6 +194,44 @@ async fn the_accepting_side_removes_its_peer() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_waiting_for_the_tick_fails_when_its_peer_is_removed() {
+    within(20 * SECOND, async {
+        // A long tick: once a first heartbeat is answered (a tick just passed), the next one
+        // waits about 3 s for its tick, so only the removal can answer it within 2 s.
+        let options = keratin_net::TransportOptions {
+            heartbeat_tick: 3 * SECOND,
+            ..fast_options()
+        };
+        let (t1, _t2, _, _) = pair(options).await;
+        t1.heartbeat(2, GroupId(1), Bytes::new(), 8 * SECOND)
+            .await
+            .unwrap();
+        let caller = t1.clone();
+        let waiting = tokio::spawn(async move {
+            let started = Instant::now();
+            let result = caller
+                .heartbeat(2, GroupId(1), Bytes::from_static(b"hb"), 10 * SECOND)
+                .await;
+            (result, started.elapsed())
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(t1.remove_peer(2));
+        let (result, elapsed) = waiting.await.unwrap();
+        assert!(
+            matches!(result, Err(NetError::Unreachable { to: 2, .. })),
+            "{result:?} after {elapsed:?}"
+        );
+        assert!(elapsed < 2 * SECOND, "the heartbeat waited {elapsed:?}");
+        let later = t1.heartbeat(2, GroupId(1), Bytes::new(), SECOND).await;
+        assert!(
+            matches!(later, Err(NetError::UnknownPeer { to: 2 })),
+            "{later:?}"
+        );
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_back_on_another_port_is_dialed_there() {
     within(20 * SECOND, async {
         let (t1, t2, _, _) = pair(fast_options()).await;
