@@ -137,6 +137,7 @@ async fn one_node() -> (keratin_net::Transport, Arc<ReplicatedLogs>) {
         cluster,
         transport.clone(),
         groups,
+        common::brokers::client_addrs(),
     ));
     (transport, logs)
 }

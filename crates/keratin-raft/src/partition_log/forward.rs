@@ -7,17 +7,22 @@ use super::*;
 /// node no longer leads and shuts the `Raft` down: the proposals in flight end with the
 /// storage error (outcome unknown), so the owner stops the partition and heals it (`heal`
 /// rebuilds the replica), instead of waiting for entries that will never be flushed.
+///
+/// A role naming a leader whose client address the node does not know yet (its `HELLO` has
+/// not been answered) is looked at again every [`ADDRESS_POLL`] until the address is known,
+/// and sent again then: the owner's "not the leader" answers name it from then on.
 pub(super) async fn forward(
     answers: Answers,
     raft: ReplicaRaft,
     mut committed: watch::Receiver<u64>,
     mut stop: watch::Receiver<bool>,
-    mut seen: (bool, Option<u64>),
+    mut seen: (bool, Option<u64>, Option<String>),
 ) {
     let mut metrics = raft.metrics();
     // openraft sends no metrics while a cut-off leader waits, so the quorum check
     // (`quorum_lost`) is also made when the last acknowledgement comes of age.
     let mut check_at = check_time(&metrics.borrow_watched());
+    let mut address_at = address_time(&seen);
     // Commits made before the owner started (it rebuilt its state from what was committed when
     // the log opened).
     let up_to = *committed.borrow_and_update();
@@ -32,7 +37,7 @@ pub(super) async fn forward(
                 if let Some(reason) = answers.fence.reason() {
                     answers.events.send(LogEvent::Stopped { error: fenced_error(reason) });
                 }
-                if seen != (false, None) {
+                if seen != (false, None, None) {
                     answers.events.send(LogEvent::Role(Role {
                         leading: false,
                         leader: None,
@@ -59,15 +64,30 @@ pub(super) async fn forward(
                 }
             }
             () = sleep_until(check_at) => {}
+            () = sleep_until(address_at) => {}
         }
         let now = metrics.borrow_watched();
         check_at = check_time(&now);
         let role = role_of(answers.id, &now, &answers.client_addrs);
         drop(now);
-        if (role.leading, role.leader) != seen {
-            seen = (role.leading, role.leader);
+        let now_seen = (role.leading, role.leader, role.addr.clone());
+        if now_seen != seen {
+            seen = now_seen;
             answers.events.send(LogEvent::Role(role));
         }
+        address_at = address_time(&seen);
+    }
+}
+
+/// A follower's leader address unknown is looked at again this often.
+const ADDRESS_POLL: Duration = Duration::from_millis(200);
+
+/// When to look for the leader's address again: while a leader other than this node is named
+/// without one.
+fn address_time(seen: &(bool, Option<u64>, Option<String>)) -> Option<tokio::time::Instant> {
+    match seen {
+        (false, Some(_), None) => Some(tokio::time::Instant::now() + ADDRESS_POLL),
+        _ => None,
     }
 }
 

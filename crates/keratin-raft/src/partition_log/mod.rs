@@ -348,7 +348,7 @@ impl ReplicatedLog {
             &raft.metrics().borrow_watched(),
             &self.client_addrs,
         );
-        let seen = (role.leading, role.leader);
+        let seen = (role.leading, role.leader, role.addr.clone());
         events.send(LogEvent::Role(role));
         let answers = self.answers(&running.replica, events.clone());
         let (submitter, queue) = mpsc::channel(SUBMIT_QUEUE_MAX);

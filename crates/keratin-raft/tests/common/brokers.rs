@@ -47,6 +47,7 @@ pub fn replicated_logs(
     cluster: ResolvedCluster,
     transport: Transport,
     groups: Arc<Groups>,
+    client_addrs: ClientAddrs,
 ) -> ReplicatedLogs {
     ReplicatedLogs::new(ReplicatedLogsSetup {
         node_id: cluster.node_id,
@@ -54,7 +55,7 @@ pub fn replicated_logs(
         groups,
         raft_config: replica_config("test").expect("config"),
         cluster,
-        client_addrs: client_addrs(),
+        client_addrs,
     })
 }
 
@@ -87,8 +88,24 @@ pub async fn start_on(
     listener: TcpListener,
     cluster: ResolvedCluster,
 ) -> BrokerNode {
+    start_resolving(dir, io, listener, cluster, client_addrs()).await
+}
+
+/// [`start_on`], client addresses from `client_addrs`.
+pub async fn start_resolving(
+    dir: &std::path::Path,
+    io: Option<Arc<dyn keratin_log::Io>>,
+    listener: TcpListener,
+    cluster: ResolvedCluster,
+    client_addrs: ClientAddrs,
+) -> BrokerNode {
     let (transport, groups) = transport(listener, cluster.clone());
-    let logs = Arc::new(replicated_logs(cluster, transport.clone(), groups));
+    let logs = Arc::new(replicated_logs(
+        cluster,
+        transport.clone(),
+        groups,
+        client_addrs,
+    ));
     let defaults = BrokerConfig::new(vec![dir.to_path_buf()]);
     let config = BrokerConfig {
         segment_size_bytes: MIN_SEGMENT_SIZE_BYTES,
