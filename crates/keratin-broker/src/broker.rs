@@ -671,6 +671,7 @@ impl Broker {
             settings,
             replicas,
             formation,
+            replicas_version: Vec::new(),
         };
         let record = MetaRecord::QueueDeclared(decl.clone());
         inner
@@ -833,6 +834,142 @@ impl Broker {
         tokio::spawn(async move { broker.delete_here(&name).await })
             .await
             .map_err(|e| BrokerError::Closed(format!("delete: {e}")))?
+    }
+
+    /// Move partition `index` of replicated queue `name` onto `replicas`, as the cluster's
+    /// metadata group decided at `version` (its record's offset); this node is `node`. A
+    /// change not newer than the partition's current version changes nothing (the group's
+    /// records are applied again at every start). This node's copy:
+    /// - stays a replica: only the recorded set changes;
+    /// - becomes one: its replica opens as joining (it never forms the group; the replicas it
+    ///   knew, without this node, are recorded as its formation) and the group's leader adds
+    ///   it;
+    /// - is no longer one: its log and its files go. Call this only once the replica retired
+    ///   (the group's committed voters no longer name this node), else a majority could miss
+    ///   its vote;
+    /// - was none and is none: its "elsewhere" log names the new replicas.
+    ///
+    /// The partition's owner is replaced; consumers of the queue here keep their
+    /// subscription, except those of a partition this node led, which are ended with "not the
+    /// leader" (they subscribe again at the leader, as after a step-down).
+    pub async fn set_partition_replicas(
+        &self,
+        name: &str,
+        index: u32,
+        replicas: Vec<u64>,
+        version: u64,
+        node: u64,
+    ) -> BrokerResult<()> {
+        let broker = self.clone();
+        let name = name.to_string();
+        // On a task of its own, like `declare`: a caller that goes away does not cut the
+        // change between its durable record and the owner's replacement.
+        tokio::spawn(async move {
+            broker
+                .set_replicas_here(&name, index, replicas, version, node)
+                .await
+        })
+        .await
+        .map_err(|e| BrokerError::Closed(format!("moving a partition: {e}")))?
+    }
+
+    async fn set_replicas_here(
+        &self,
+        name: &str,
+        index: u32,
+        replicas: Vec<u64>,
+        version: u64,
+        node: u64,
+    ) -> BrokerResult<()> {
+        let inner = &self.inner;
+        let claim = inner.claim(name).await?;
+        let decl = inner
+            .meta_state()
+            .catalog
+            .by_name(name)
+            .cloned()
+            .ok_or_else(|| BrokerError::NotFound(name.into()))?;
+        let i = index as usize;
+        let before = match decl.replicas.get(i) {
+            Some(before) if !replicas.is_empty() => before.clone(),
+            _ => {
+                return Err(BrokerError::Invalid(format!(
+                    "queue {name:?}: partition {index} of {} cannot move onto {replicas:?} \
+                     (only a replicated queue's partitions move, onto at least one node)",
+                    decl.replicas.len()
+                )))
+            }
+        };
+        if decl.replicas_version(i) >= version {
+            return Ok(());
+        }
+        let (was, now) = (before.contains(&node), replicas.contains(&node));
+        let formation = if now && !was { before } else { Vec::new() };
+        let record = MetaRecord::PartitionReplicasChanged {
+            id: decl.id,
+            index,
+            replicas: replicas.clone(),
+            formation: formation.clone(),
+            version,
+        };
+        if was && now {
+            inner
+                .meta_log()?
+                .write(&record, (inner.config.clock)())
+                .await?;
+            inner.meta_state().catalog.apply(record);
+            drop(claim);
+            return Ok(());
+        }
+        let queue = inner.queue(name)?;
+        let handle = queue.partitions.get(i).ok_or_else(|| {
+            BrokerError::Invalid(format!("queue {name:?} has no partition {index} here"))
+        })?;
+        // The new log first: if it cannot open, nothing changed and the change is retried. A
+        // node that stops after the record below and before the old files went finds them at
+        // its next start, where a partition it holds no copy of opens nothing of them.
+        let mut moved = decl.clone();
+        moved.set_partition_replicas(i, replicas, formation, version);
+        let opener = inner.clone();
+        let placed = moved.clone();
+        let (log, state, device) = blocking(move || opener.open_partition(&placed, i)).await?;
+        let written = match inner.meta_log() {
+            Ok(meta) => meta.write(&record, (inner.config.clock)()).await,
+            Err(error) => Err(error),
+        };
+        if let Err(error) = written {
+            let _ = blocking(move || log.delete()).await;
+            return Err(error);
+        }
+        inner.meta_state().catalog.apply(record);
+        let dead_letters: Arc<dyn DeadLetterSink> =
+            Arc::new(LocalDeadLetters::new(Arc::downgrade(inner)));
+        let ctx = inner.owner_context(&moved, index, device, dead_letters);
+        let link = log.clone();
+        let next = owner::spawn(ctx, log, state, Some(handle.figures.clone()));
+        handle.figures.log.set(&link);
+        let replaced = handle.replace_owner(next);
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let _ = replaced.send(Command::Replace { reply });
+        // The claim is held until the old copy is gone: a later move of the same partition
+        // must not open the directory its files are being removed from.
+        let answer = answer.await;
+        drop(claim);
+        match answer {
+            Ok(Ok(consumers)) => {
+                for consumer in consumers {
+                    handle.subscribe(consumer);
+                }
+                Ok(())
+            }
+            Ok(Err(error)) => {
+                // The new owner serves; only the old copy's files may be left (removed at the
+                // next start).
+                tracing::warn!(queue = name, partition = index, %error, "removing the copy this node no longer holds failed");
+                Ok(())
+            }
+            Err(_) => Ok(()),
+        }
     }
 
     async fn delete_here(&self, name: &str) -> BrokerResult<()> {
@@ -1187,51 +1324,61 @@ impl BrokerInner {
 
     /// Open a queue's partition logs and rebuild their states (blocking).
     fn open_partitions(&self, decl: &QueueDecl) -> BrokerResult<OpenedPartitions> {
+        (0..decl.placement.len())
+            .map(|index| self.open_partition(decl, index))
+            .collect()
+    }
+
+    /// Open partition `index`'s log as `decl` places it and rebuild its state (blocking).
+    fn open_partition(
+        &self,
+        decl: &QueueDecl,
+        index: usize,
+    ) -> BrokerResult<(Arc<dyn PartitionLog>, PartitionState, u64)> {
         let io = self.config.io.clone();
-        let mut opened = Vec::with_capacity(decl.placement.len());
-        for (index, storage) in decl.placement.iter().enumerate() {
-            let dir = partition_dir(storage, decl.id, index as u32);
-            let options = LogOptions {
-                full_segment_size_bytes: self.config.segment_size_bytes,
-                ..LogOptions::default()
-            };
-            let replicas = decl.replicas.get(index).filter(|r| !r.is_empty());
-            let log: Arc<dyn PartitionLog> = match (replicas, &self.config.partition_logs) {
-                (Some(replicas), Some(logs)) => logs.open(&PartitionPlace {
-                    io: io.clone(),
-                    pool: self.pool.clone(),
-                    segment_size_bytes: self.config.segment_size_bytes,
-                    queue_id: decl.id,
-                    queue: decl.name.clone(),
-                    index: index as u32,
-                    dir: dir.clone(),
-                    replicas: replicas.clone(),
-                    formation: decl.formation.get(index).filter(|f| !f.is_empty()).cloned(),
-                })?,
-                (Some(_), None) => {
-                    return Err(BrokerError::Invalid(format!(
-                        "queue {:?} is replicated, and this node runs without a cluster; \
-                         start it with its [cluster] settings",
-                        decl.name
-                    )))
-                }
-                (None, _) => {
-                    let log = Log::open(io.clone(), &dir, options, Some(self.pool.clone()))?;
-                    Arc::new(LocalLog::new(
-                        log,
-                        io.clone(),
-                        self.config.segment_size_bytes,
-                    ))
-                }
-            };
-            let state = rebuild(log.as_ref(), None)?;
-            // The storage directory's: a log creates its own directory at its first append.
-            let device = io
-                .device_id(storage)
-                .map_err(|e| keratin_log::LogError::Invalid(format!("{}: {e}", dir.display())))?;
-            opened.push((log, state, device));
-        }
-        Ok(opened)
+        let storage = decl.placement.get(index).ok_or_else(|| {
+            BrokerError::Invalid(format!("queue {:?} has no partition {index}", decl.name))
+        })?;
+        let dir = partition_dir(storage, decl.id, index as u32);
+        let options = LogOptions {
+            full_segment_size_bytes: self.config.segment_size_bytes,
+            ..LogOptions::default()
+        };
+        let replicas = decl.replicas.get(index).filter(|r| !r.is_empty());
+        let log: Arc<dyn PartitionLog> = match (replicas, &self.config.partition_logs) {
+            (Some(replicas), Some(logs)) => logs.open(&PartitionPlace {
+                io: io.clone(),
+                pool: self.pool.clone(),
+                segment_size_bytes: self.config.segment_size_bytes,
+                queue_id: decl.id,
+                queue: decl.name.clone(),
+                index: index as u32,
+                dir: dir.clone(),
+                replicas: replicas.clone(),
+                formation: decl.formation.get(index).filter(|f| !f.is_empty()).cloned(),
+            })?,
+            (Some(_), None) => {
+                return Err(BrokerError::Invalid(format!(
+                    "queue {:?} is replicated, and this node runs without a cluster; \
+                     start it with its [cluster] settings",
+                    decl.name
+                )))
+            }
+            (None, _) => {
+                let log = Log::open(io.clone(), &dir, options, Some(self.pool.clone()))?;
+                Arc::new(LocalLog::new(
+                    log,
+                    io.clone(),
+                    self.config.segment_size_bytes,
+                ))
+            }
+        };
+        let state = rebuild(log.as_ref(), None)?;
+        // The storage directory's: a log creates its own directory at its first append.
+        let device = io
+            .device_id(storage)
+            .map_err(|e| keratin_log::LogError::Invalid(format!("{}: {e}", dir.display())))?;
+        Ok((log, state, device))
     }
 
     /// Start a declared queue: open its logs on the blocking pool, then spawn its owners and
@@ -1250,21 +1397,9 @@ impl BrokerInner {
         let dead_letters: Arc<dyn DeadLetterSink> =
             Arc::new(LocalDeadLetters::new(Arc::downgrade(self)));
         for (index, (log, state, device)) in opened.into_iter().enumerate() {
-            let ctx = OwnerContext {
-                device,
-                gate: self.config.gate.clone(),
-                queue: decl.name.clone(),
-                index: index as u32,
-                settings: decl.settings.clone(),
-                broker: Arc::downgrade(self),
-                dead_letters: dead_letters.clone(),
-                clock: self.config.clock.clone(),
-                segment_size_bytes: self.config.segment_size_bytes,
-                publish_timeout: self.config.publish_timeout,
-                idle_release_after: self.config.idle_release_after,
-            };
+            let ctx = self.owner_context(decl, index as u32, device, dead_letters.clone());
             let link = log.clone();
-            let handle = owner::spawn(ctx, log, state);
+            let handle = owner::spawn(ctx, log, state, None);
             handle.figures.log.set(&link);
             partitions.push(handle);
         }
@@ -1279,6 +1414,29 @@ impl BrokerInner {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .insert(decl.name.clone(), decl.placement.clone());
+    }
+
+    /// What the owner of partition `index` of `decl` runs with.
+    fn owner_context(
+        self: &Arc<Self>,
+        decl: &QueueDecl,
+        index: u32,
+        device: u64,
+        dead_letters: Arc<dyn DeadLetterSink>,
+    ) -> OwnerContext {
+        OwnerContext {
+            device,
+            gate: self.config.gate.clone(),
+            queue: decl.name.clone(),
+            index,
+            settings: decl.settings.clone(),
+            broker: Arc::downgrade(self),
+            dead_letters,
+            clock: self.config.clock.clone(),
+            segment_size_bytes: self.config.segment_size_bytes,
+            publish_timeout: self.config.publish_timeout,
+            idle_release_after: self.config.idle_release_after,
+        }
     }
 
     /// Open every declared queue at start, [`OPEN_PARALLEL`] at a time.

@@ -35,6 +35,46 @@ pub(crate) struct QueueDecl {
     /// `replicas` (every queue declared with its groups).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) formation: Vec<Vec<u64>>,
+    /// Per partition, the cluster's version of its replica set (the metadata group's offset of
+    /// the change that set it; 0 or missing: as declared). A change of an older version is
+    /// not applied again (the cluster's records are replayed at every start).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) replicas_version: Vec<u64>,
+}
+
+impl QueueDecl {
+    /// Partition `index` is on `replicas` from cluster version `version` on; a non-empty
+    /// `formation` replaces its group's formation. Out-of-range indexes change nothing.
+    pub(crate) fn set_partition_replicas(
+        &mut self,
+        index: usize,
+        replicas: Vec<u64>,
+        formation: Vec<u64>,
+        version: u64,
+    ) {
+        let partitions = self.replicas.len();
+        if index >= partitions {
+            return;
+        }
+        if self.formation.len() != partitions {
+            // Every group was formed with its replicas (the empty default): keep that once
+            // the replicas move.
+            self.formation = self.replicas.clone();
+        }
+        if !formation.is_empty() {
+            self.formation[index] = formation;
+        }
+        if self.replicas_version.len() != partitions {
+            self.replicas_version = vec![0; partitions];
+        }
+        self.replicas_version[index] = version;
+        self.replicas[index] = replicas;
+    }
+
+    /// The version of partition `index`'s replica set (see `replicas_version`).
+    pub(crate) fn replicas_version(&self, index: usize) -> u64 {
+        self.replicas_version.get(index).copied().unwrap_or(0)
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -48,6 +88,17 @@ pub(crate) enum MetaRecord {
     QueueSettingsChanged {
         id: u64,
         settings: QueueSettings,
+    },
+    /// The nodes holding partition `index`'s replicas changed (the cluster moved it), as of
+    /// the cluster's `version`; `formation` is the voters its group had when this node joined
+    /// it (empty: unchanged).
+    PartitionReplicasChanged {
+        id: u64,
+        index: u32,
+        replicas: Vec<u64>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        formation: Vec<u64>,
+        version: u64,
     },
     /// The node's runtime setting overrides, whole (dotted key to value). The broker stores
     /// them without interpreting them: the server owns their meaning and validation.
@@ -89,6 +140,17 @@ impl Catalog {
             MetaRecord::QueueSettingsChanged { id, settings } => {
                 if let Some(decl) = self.queues.get_mut(&id) {
                     decl.settings = settings;
+                }
+            }
+            MetaRecord::PartitionReplicasChanged {
+                id,
+                index,
+                replicas,
+                formation,
+                version,
+            } => {
+                if let Some(decl) = self.queues.get_mut(&id) {
+                    decl.set_partition_replicas(index as usize, replicas, formation, version);
                 }
             }
             MetaRecord::NodeSettingsChanged { overrides } => {

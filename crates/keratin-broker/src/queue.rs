@@ -216,9 +216,10 @@ pub(crate) struct PartitionFigures {
     pub(crate) log: LogLink,
 }
 
-/// A weak link to a partition's log, set once.
+/// A weak link to a partition's log; set again when the partition's owner is replaced (its
+/// copy moved onto or off this node).
 #[derive(Default)]
-pub(crate) struct LogLink(std::sync::OnceLock<std::sync::Weak<dyn PartitionLog>>);
+pub(crate) struct LogLink(std::sync::RwLock<Option<std::sync::Weak<dyn PartitionLog>>>);
 
 impl std::fmt::Debug for LogLink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -227,14 +228,20 @@ impl std::fmt::Debug for LogLink {
 }
 
 impl LogLink {
-    /// Link `log` (the first call only).
+    /// Link `log`, in place of the one linked before.
     pub(crate) fn set(&self, log: &Arc<dyn PartitionLog>) {
-        let _ = self.0.set(Arc::downgrade(log));
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::downgrade(log));
     }
 
     /// The log's replication figures, if it is replicated and still open.
     pub(crate) fn replication(&self) -> Option<ReplicationStatus> {
-        self.0.get()?.upgrade()?.replication()
+        let log = self
+            .0
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()?
+            .upgrade()?;
+        log.replication()
     }
 }
 
@@ -327,19 +334,52 @@ impl DeadLetterFailure {
     }
 }
 
-/// The handle of one partition's owner task.
+/// The handle of one partition's owner task. The owner can be replaced while the queue
+/// lives (this node's copy of the partition moved: `Broker::set_partition_replicas`); every
+/// holder of the handle then reaches the new one.
 #[derive(Debug)]
 pub(crate) struct PartitionHandle {
     pub(crate) index: u32,
-    pub(crate) commands: mpsc::UnboundedSender<Command>,
+    commands: std::sync::RwLock<mpsc::UnboundedSender<Command>>,
     pub(crate) figures: Arc<PartitionFigures>,
 }
 
 impl PartitionHandle {
+    pub(crate) fn new(
+        index: u32,
+        commands: mpsc::UnboundedSender<Command>,
+        figures: Arc<PartitionFigures>,
+    ) -> PartitionHandle {
+        PartitionHandle {
+            index,
+            commands: std::sync::RwLock::new(commands),
+            figures,
+        }
+    }
+
     fn send(&self, command: Command) {
         // A closed channel means the owner is gone (queue deleted or broker shut down): the
         // request has nothing left to act on.
-        let _ = self.commands.send(command);
+        let _ = self
+            .commands
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .send(command);
+    }
+
+    /// Send from now on to `next`'s owner (it must be the same partition's, sharing these
+    /// figures); returns the sender of the owner replaced, which still gets what was sent
+    /// before.
+    pub(crate) fn replace_owner(&self, next: PartitionHandle) -> mpsc::UnboundedSender<Command> {
+        debug_assert!(Arc::ptr_eq(&self.figures, &next.figures));
+        let sender = next
+            .commands
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner());
+        std::mem::replace(
+            &mut *self.commands.write().unwrap_or_else(|e| e.into_inner()),
+            sender,
+        )
     }
 
     /// Hand messages to the owner now; the receiver gets the outcome.

@@ -123,6 +123,13 @@ pub(crate) enum Command {
     Delete {
         reply: oneshot::Sender<BrokerResult<()>>,
     },
+    /// The partition's log is replaced (this node's copy moved: see
+    /// `Broker::set_partition_replicas`): end like [`Command::Delete`], handing the consumers
+    /// back for the next owner, or ending them if this node led the partition (they follow
+    /// the leader elsewhere, as after a step-down).
+    Replace {
+        reply: oneshot::Sender<BrokerResult<Vec<Arc<ConsumerLink>>>>,
+    },
 }
 
 /// What to do once an append is applied (or failed).
@@ -305,13 +312,15 @@ pub(crate) fn spawn(
     ctx: OwnerContext,
     log: Arc<dyn PartitionLog>,
     state: PartitionState,
+    figures: Option<Arc<PartitionFigures>>,
 ) -> PartitionHandle {
     let (commands, receiver) = mpsc::unbounded_channel();
     let events = commands.clone();
     log.start(LogEvents::new(move |event| {
         let _ = events.send(Command::Log(event));
     }));
-    let figures = Arc::new(PartitionFigures::default());
+    // A partition whose owner is replaced keeps its figures (counters carry on).
+    let figures = figures.unwrap_or_default();
     let index = ctx.index;
     let mut owner = Owner {
         ctx,
@@ -360,17 +369,17 @@ pub(crate) fn spawn(
     // Figures are right from the start, before the task first runs.
     owner.publish_figures();
     tokio::spawn(owner.run(receiver));
-    PartitionHandle {
-        index,
-        commands,
-        figures,
-    }
+    PartitionHandle::new(index, commands, figures)
 }
 
 /// What ends the owner.
 enum Exit {
     Close(oneshot::Sender<BrokerResult<()>>),
     Delete(oneshot::Sender<BrokerResult<()>>),
+    Replace(
+        oneshot::Sender<BrokerResult<Vec<Arc<ConsumerLink>>>>,
+        Vec<Arc<ConsumerLink>>,
+    ),
 }
 
 /// What woke the owner.
@@ -526,6 +535,24 @@ impl Owner {
             Command::CheckState { reply } => self.check_requests.push(reply),
             Command::Close { reply } => return Some(Exit::Close(reply)),
             Command::Delete { reply } => return Some(Exit::Delete(reply)),
+            Command::Replace { reply } => {
+                let consumers = if self.role.leading {
+                    let reason = Role {
+                        leading: false,
+                        leader: None,
+                        addr: None,
+                        from: 0,
+                    }
+                    .not_leader(&self.ctx.queue, self.ctx.index);
+                    for link in std::mem::take(&mut self.delivery.consumers) {
+                        link.end(reason.clone());
+                    }
+                    Vec::new()
+                } else {
+                    std::mem::take(&mut self.delivery.consumers)
+                };
+                return Some(Exit::Replace(reply, consumers));
+            }
         }
         None
     }

@@ -310,7 +310,7 @@ impl Owner {
         self.delivery.consumers.clear();
         self.delivery.reader = None;
         self.delivery.prefetched.clear();
-        let delete = matches!(exit, Exit::Delete(_));
+        let delete = matches!(exit, Exit::Delete(_) | Exit::Replace(..));
         if delete {
             self.backlog.clear();
             self.appending = None;
@@ -342,10 +342,14 @@ impl Owner {
                     .and_then(|r| r)
             }
         };
-        let reply = match exit {
-            Exit::Close(reply) | Exit::Delete(reply) => reply,
-        };
-        let _ = reply.send(result);
+        match exit {
+            Exit::Close(reply) | Exit::Delete(reply) => {
+                let _ = reply.send(result);
+            }
+            Exit::Replace(reply, consumers) => {
+                let _ = reply.send(result.map(|()| consumers));
+            }
+        }
     }
 }
 

@@ -350,7 +350,7 @@ mod tests {
     #[tokio::test]
     async fn records_committed_elsewhere_are_applied_in_order_before_own_proposals() {
         let log = Arc::new(MemLog::default());
-        let handle = spawn(context(), log.clone(), PartitionState::new(0));
+        let handle = spawn(context(), log.clone(), PartitionState::new(0), None);
         // ENQUEUE payloads are the messages themselves: committed as such, reported with the
         // SETTLE that follows them.
         let encoded: Vec<(u8, Vec<u8>)> = ["a", "bb", "ccc"]
