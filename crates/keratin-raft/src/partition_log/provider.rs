@@ -30,8 +30,8 @@ pub struct ReplicatedLogs {
     pub(super) transport: Transport,
     pub(super) groups: Arc<Groups>,
     pub(super) raft_config: Arc<Config>,
-    /// Cluster address of every node, this one included.
-    pub(super) members: BTreeMap<u64, NodeAddr>,
+    /// Cluster address of every node, this one included (nodes added at run time too).
+    pub(super) members: std::sync::RwLock<BTreeMap<u64, NodeAddr>>,
     pub(super) client_addrs: ClientAddrs,
     /// The logs opened, by group (entries of closed logs are dropped at the next open).
     pub(super) opened: Mutex<BTreeMap<u64, Weak<ReplicatedLog>>>,
@@ -69,7 +69,7 @@ impl ReplicatedLogs {
             transport: setup.transport,
             groups: setup.groups,
             raft_config: setup.raft_config,
-            members,
+            members: std::sync::RwLock::new(members),
             client_addrs: setup.client_addrs,
             opened: Mutex::new(BTreeMap::new()),
         }
@@ -90,7 +90,20 @@ impl ReplicatedLogs {
 
     /// Node `id`'s cluster address, from the peer list.
     fn addr_of(&self, id: u64) -> Option<NodeAddr> {
-        self.members.get(&id).cloned()
+        self.members
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&id)
+            .cloned()
+    }
+
+    /// Node `id` joined the cluster at `addr` (`keratin cluster add-node`): groups may take it
+    /// as a member from now on. A known node's address is replaced.
+    pub fn add_member(&self, id: u64, addr: String) {
+        self.members
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, NodeAddr { addr });
     }
 
     /// How this node's replica of `place` starts when its log holds no membership yet: it
@@ -248,6 +261,66 @@ impl ReplicatedLogs {
     ) -> Result<(GroupMembers, GroupMembers), MembershipError> {
         let raft = self.running_raft(group)?;
         membership::members(&raft, group.0).await
+    }
+
+    /// Waits up to `wait` until this node's replica of `group` may go: its committed
+    /// membership no longer names it a voter (see [`ReplicatedLogs::retire`]), without
+    /// touching the replica (the broker replaces the partition's log itself). A replica whose
+    /// log holds no membership (it never joined) may go at once.
+    pub async fn wait_retired(
+        &self,
+        group: GroupId,
+        wait: Duration,
+    ) -> Result<(), MembershipError> {
+        let raft = self.running_raft(group)?;
+        membership::wait_retired(&raft, group.0, wait).await
+    }
+
+    /// Remove what a replica of `place` left on this node, which holds none of it now (it
+    /// stopped between the partition's move and the removal of its files): its logs' segments
+    /// go back to the pool and its directory goes. Nothing there: nothing done. Blocking.
+    pub fn remove_leftover(&self, place: &PartitionPlace) -> BrokerResult<()> {
+        let stat = |e: keratin_log::IoError| {
+            BrokerError::Log(LogError::Invalid(format!("{}: {e}", place.dir.display())))
+        };
+        if !place.io.exists(&place.dir).map_err(stat)? {
+            return Ok(());
+        }
+        tracing::info!(queue = %place.queue, partition = place.index, dir = %place.dir.display(), "removing the files of a replica this node no longer holds");
+        let options = LogOptions {
+            full_segment_size_bytes: place.segment_size_bytes,
+            ..LogOptions::default()
+        };
+        let invalid = |e: RaftError| BrokerError::Log(log_error("removing a former replica", e));
+        let logs = GroupLogs::open(
+            place.io.clone(),
+            &place.dir,
+            options,
+            Some(place.pool.clone()),
+        )
+        .map_err(invalid)?;
+        match logs.try_delete() {
+            Ok(result) => result.map_err(invalid)?,
+            Err(_) => {
+                return Err(BrokerError::Closed(format!(
+                    "{}: a former replica's logs are in use",
+                    place.dir.display()
+                )))
+            }
+        }
+        if place.io.exists(&place.dir).map_err(stat)? {
+            place.io.remove_dir(&place.dir).map_err(stat)?;
+        }
+        Ok(())
+    }
+
+    /// Whether this node's replica of `group` leads it (openraft's view: a leader cut off from
+    /// the others still says so until it learns otherwise).
+    pub fn leads(&self, group: GroupId) -> bool {
+        self.running_raft(group).is_ok_and(|raft| {
+            let metrics = raft.metrics().borrow_watched().clone();
+            metrics.state.is_leader() && metrics.current_leader == Some(self.node_id)
+        })
     }
 
     /// Retire this node's replica of `group` once the voters changed without it: waits up to
