@@ -51,6 +51,11 @@ pub struct ClusterConfig {
     /// The cluster's name, compared at every handshake.
     #[serde(default = "default_name")]
     pub name: String,
+    /// This node joins a running cluster (`keratin cluster add-node` admits it): it never
+    /// forms the cluster's metadata group with `peers`, it waits to be added. `false`: the
+    /// node is one of the nodes the cluster was formed with.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub join: bool,
 }
 
 fn default_name() -> String {
@@ -280,6 +285,7 @@ mod tests {
             listen: listen.map(|addr| addr.parse().unwrap()),
             peers: peers.iter().map(|peer| peer.parse().unwrap()).collect(),
             name: DEFAULT_CLUSTER_NAME.to_string(),
+            join: false,
         }
     }
 

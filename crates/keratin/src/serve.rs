@@ -34,6 +34,11 @@ pub struct ServeArgs {
     /// may be listed too (cluster.peers).
     #[arg(long = "peer", value_name = "ID=ADDR")]
     peers: Vec<keratin_net::PeerSpec>,
+    /// Join a running cluster (cluster.join): list its nodes with --peer, start this node,
+    /// then admit it with `keratin cluster add-node ID=ADDR` on any node. Never forms the
+    /// cluster's metadata group.
+    #[arg(long)]
+    join: bool,
     /// Print the effective configuration, with where each value came from, and exit.
     #[arg(long)]
     print_config: bool,
@@ -58,6 +63,7 @@ pub fn prepare(args: ServeArgs) -> Result<Prepared, String> {
         node_id: args.node_id,
         cluster_listen: args.cluster_listen,
         peers: args.peers,
+        join: args.join,
     };
     let loaded = load_from_process_env(&cli).map_err(|e| e.to_string())?;
     if args.print_config {

@@ -44,6 +44,8 @@ pub struct CliOverrides {
     pub cluster_listen: Option<SocketAddr>,
     /// `--peer ID=ADDR`, repeatable: replaces `cluster.peers` when not empty.
     pub peers: Vec<keratin_net::PeerSpec>,
+    /// `--join`: sets `cluster.join` (the node joins a running cluster).
+    pub join: bool,
 }
 
 /// Loads the configuration from every source, with `env` as the environment (pairs of name and
@@ -213,6 +215,9 @@ fn flag_layer(cli: &CliOverrides) -> Layer {
             .map(|peer| Value::from(peer.to_string()))
             .collect::<Vec<_>>();
         set("cluster.peers", "--peer", Value::from(peers));
+    }
+    if cli.join {
+        set("cluster.join", "--join", Value::from(true));
     }
     let names = Arc::new(names);
     let metadata = Metadata::named(FLAG_LAYER).interpolater(move |_: &Profile, keys: &[&str]| {
