@@ -2,7 +2,7 @@
 //! node (plain data; the applier acts on each [`Change`]). Deterministic: the same records give
 //! the same catalog, queue ids included, on every node.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use keratin_broker::QueueSettings;
 
@@ -41,6 +41,31 @@ pub enum Change {
         /// The new settings.
         settings: QueueSettings,
     },
+    /// A partition moved onto other nodes.
+    ReplicasChanged {
+        /// The queue's name.
+        name: String,
+        /// The queue's id.
+        id: u64,
+        /// The partition.
+        index: u32,
+        /// The nodes that held its replicas.
+        before: Vec<u64>,
+        /// The nodes holding them from here on.
+        replicas: Vec<u64>,
+    },
+    /// A node joined the cluster.
+    NodeAdded {
+        /// The node.
+        id: u64,
+        /// Its cluster address.
+        cluster_addr: String,
+    },
+    /// A node left the cluster.
+    NodeRemoved {
+        /// The node.
+        id: u64,
+    },
     /// Nothing changed, and why (a declare of a name taken, a delete of a name not there: a
     /// proposer raced another; its caller sees the catalog as it is).
     Ignored(String),
@@ -51,6 +76,8 @@ pub enum Change {
 pub struct ClusterCatalog {
     queues: BTreeMap<String, QueueEntry>,
     next_id: u64,
+    removed: BTreeSet<u64>,
+    added: BTreeMap<u64, String>,
 }
 
 impl ClusterCatalog {
@@ -102,7 +129,84 @@ impl ClusterCatalog {
                     None => Change::Ignored(format!("queue {name:?} does not exist")),
                 }
             }
+            ClusterRecord::PartitionReplicasChanged {
+                name,
+                index,
+                replicas,
+            } => {
+                let Some(entry) = self.queues.get_mut(&name) else {
+                    return Change::Ignored(format!("queue {name:?} does not exist"));
+                };
+                let Some(current) = entry.replicas.get_mut(index as usize) else {
+                    return Change::Ignored(format!("queue {name:?} has no partition {index}"));
+                };
+                let distinct: BTreeSet<u64> = replicas.iter().copied().collect();
+                if replicas.is_empty() || distinct.len() != replicas.len() {
+                    return Change::Ignored(format!(
+                        "queue {name:?} partition {index}: replicas {replicas:?} are not distinct \
+                         nodes"
+                    ));
+                }
+                if let Some(gone) = replicas.iter().find(|id| self.removed.contains(id)) {
+                    return Change::Ignored(format!(
+                        "queue {name:?} partition {index}: node {gone} was removed"
+                    ));
+                }
+                if *current == replicas {
+                    return Change::Ignored(format!(
+                        "queue {name:?} partition {index} is on {replicas:?} already"
+                    ));
+                }
+                let before = std::mem::replace(current, replicas.clone());
+                Change::ReplicasChanged {
+                    name,
+                    id: entry.id,
+                    index,
+                    before,
+                    replicas,
+                }
+            }
+            ClusterRecord::NodeAdded { id, cluster_addr } => {
+                if self.removed.contains(&id) {
+                    return Change::Ignored(format!(
+                        "node {id} was removed; a removed node's id is not used again"
+                    ));
+                }
+                if self.added.get(&id) == Some(&cluster_addr) {
+                    return Change::Ignored(format!("node {id} was added already"));
+                }
+                self.added.insert(id, cluster_addr.clone());
+                Change::NodeAdded { id, cluster_addr }
+            }
+            ClusterRecord::NodeRemoved { id } => {
+                if self.removed.insert(id) {
+                    Change::NodeRemoved { id }
+                } else {
+                    Change::Ignored(format!("node {id} was removed already"))
+                }
+            }
         }
+    }
+
+    /// The nodes added to the cluster after it was formed, with their cluster addresses.
+    pub fn added(&self) -> &BTreeMap<u64, String> {
+        &self.added
+    }
+
+    /// The cluster's nodes: `formed` (the nodes it was formed with: the `[cluster]` peers),
+    /// the added ones, less the removed ones; with their cluster addresses.
+    pub fn nodes(&self, formed: &BTreeMap<u64, String>) -> BTreeMap<u64, String> {
+        formed
+            .iter()
+            .chain(self.added.iter())
+            .filter(|(id, _)| !self.removed.contains(id))
+            .map(|(id, addr)| (*id, addr.clone()))
+            .collect()
+    }
+
+    /// The nodes removed from the cluster.
+    pub fn removed(&self) -> &BTreeSet<u64> {
+        &self.removed
     }
 
     /// A queue by name.
@@ -146,6 +250,84 @@ mod tests {
         assert!(matches!(catalog.apply(deleted), Change::Ignored(_)));
         assert!(
             matches!(catalog.apply(declared("a")), Change::Declared { entry, .. } if entry.id == 2)
+        );
+    }
+
+    #[test]
+    fn partitions_move_onto_distinct_nodes_that_were_not_removed() {
+        let mut catalog = ClusterCatalog::default();
+        catalog.apply(declared("a"));
+        let moved = |replicas: Vec<u64>| ClusterRecord::PartitionReplicasChanged {
+            name: "a".into(),
+            index: 0,
+            replicas,
+        };
+        assert!(matches!(
+            catalog.apply(moved(vec![1, 2, 2])),
+            Change::Ignored(_)
+        ));
+        assert!(matches!(catalog.apply(moved(vec![])), Change::Ignored(_)));
+        assert!(matches!(
+            catalog.apply(moved(vec![1, 2, 3])),
+            Change::Ignored(_)
+        ));
+        assert_eq!(
+            catalog.apply(moved(vec![1, 2, 4])),
+            Change::ReplicasChanged {
+                name: "a".into(),
+                id: 0,
+                index: 0,
+                before: vec![1, 2, 3],
+                replicas: vec![1, 2, 4],
+            }
+        );
+        assert_eq!(
+            catalog.get("a").map(|e| e.replicas.clone()),
+            Some(vec![vec![1, 2, 4]])
+        );
+        let other = ClusterRecord::PartitionReplicasChanged {
+            name: "a".into(),
+            index: 1,
+            replicas: vec![1],
+        };
+        assert!(matches!(catalog.apply(other), Change::Ignored(_)));
+        assert_eq!(
+            catalog.apply(ClusterRecord::NodeRemoved { id: 3 }),
+            Change::NodeRemoved { id: 3 }
+        );
+        assert!(matches!(
+            catalog.apply(ClusterRecord::NodeRemoved { id: 3 }),
+            Change::Ignored(_)
+        ));
+        assert!(matches!(
+            catalog.apply(moved(vec![3, 1])),
+            Change::Ignored(_)
+        ));
+        assert!(catalog.removed().contains(&3));
+        let added = |id: u64, addr: &str| ClusterRecord::NodeAdded {
+            id,
+            cluster_addr: addr.into(),
+        };
+        assert!(
+            matches!(catalog.apply(added(3, "a:1")), Change::Ignored(_)),
+            "removed ids stay removed"
+        );
+        assert!(matches!(
+            catalog.apply(added(5, "e:1")),
+            Change::NodeAdded { id: 5, .. }
+        ));
+        assert!(matches!(catalog.apply(added(5, "e:1")), Change::Ignored(_)));
+        assert!(matches!(
+            catalog.apply(added(5, "e:2")),
+            Change::NodeAdded { id: 5, .. }
+        ));
+        let formed: BTreeMap<u64, String> = [(1, "a"), (2, "b"), (3, "c")]
+            .map(|(i, a)| (i, a.to_string()))
+            .into();
+        let nodes: Vec<(u64, String)> = catalog.nodes(&formed).into_iter().collect();
+        assert_eq!(
+            nodes,
+            vec![(1, "a".into()), (2, "b".into()), (5, "e:2".into())]
         );
     }
 

@@ -8,7 +8,15 @@ use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use bytes::Bytes;
+use keratin_net::Transport;
 use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::service::{KIND_HELLO, SERVICE_GROUP};
+
+/// The directory asks a peer that has not answered yet this often.
+const HELLO_RETRY: Duration = Duration::from_millis(250);
 
 /// What a node tells its peers about itself.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -111,6 +119,46 @@ impl Directory {
             .values()
             .cloned()
             .collect()
+    }
+}
+
+/// Ask `peer` who it is until it answers, then again every [`REFRESH`].
+pub(crate) async fn learn_peer(
+    transport: Transport,
+    directory: Directory,
+    peer: u64,
+    peer_addr: std::net::SocketAddr,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        let answer = transport
+            .call(
+                peer,
+                SERVICE_GROUP,
+                KIND_HELLO,
+                Bytes::new(),
+                HELLO_RETRY * 4,
+            )
+            .await;
+        let pause = match answer.map(|body| serde_json::from_slice::<NodeInfo>(&body)) {
+            Ok(Ok(info)) if info.id == peer => {
+                directory.insert(info.reachable_via(peer_addr));
+                REFRESH
+            }
+            Ok(Ok(info)) => {
+                tracing::warn!(
+                    peer,
+                    answered = info.id,
+                    "a peer answered with another node id"
+                );
+                REFRESH
+            }
+            _ => HELLO_RETRY,
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            _ = stop.changed() => return,
+        }
     }
 }
 

@@ -28,7 +28,9 @@ pub const DEFAULT_REPLICAS: u32 = 3;
 
 /// See the module docs.
 pub(crate) struct MetadataHook {
-    pub(crate) nodes: Vec<u64>,
+    /// The nodes the cluster was formed with (the `[cluster]` peers), by id; the catalog adds
+    /// and removes nodes.
+    pub(crate) formed: std::collections::BTreeMap<u64, String>,
     /// What the nodes last said of their level and free space (placement).
     pub(crate) directory: Directory,
     pub(crate) meta: Arc<OnceLock<Arc<MetaGroup>>>,
@@ -70,12 +72,15 @@ impl ClusterMetadata for MetadataHook {
     fn declare(&self, name: String, settings: QueueSettings) -> MetadataFuture {
         let meta = self.meta.get().cloned();
         let applied = self.applied.clone();
-        let nodes = self.nodes.clone();
+        let formed = self.formed.clone();
         let directory = self.directory.clone();
         Box::pin(async move {
-            if let Some(entry) = applied.catalog().get(&name) {
+            let catalog = applied.catalog();
+            if let Some(entry) = catalog.get(&name) {
                 return same_or_conflict(&name, &entry.settings, &settings);
             }
+            // Removed nodes take no replicas; added ones do.
+            let nodes: Vec<u64> = catalog.nodes(&formed).into_keys().collect();
             let count = nodes.len() as u32;
             let replicas = settings.replicas.unwrap_or(DEFAULT_REPLICAS.min(count));
             if replicas > count {

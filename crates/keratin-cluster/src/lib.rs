@@ -13,6 +13,9 @@
 //! - `service`: node-to-node requests that are not Raft's (who are you, propose this).
 //! - `directory`: the nodes' client and admin addresses.
 //! - `elsewhere`: the log of a partition with no replica on this node.
+//! - `reconcile`: brings the groups this node leads to the members the metadata names.
+//! - `remove`: where a removed node's replicas go.
+//! - `join`: which replicas move onto an added node.
 //! - `node`: [`ClusterNode`], starting and stopping all of it.
 
 #![deny(missing_docs)]
@@ -22,14 +25,19 @@ pub mod catalog;
 pub mod directory;
 pub mod elsewhere;
 mod hook;
+pub mod join;
 mod meta;
 mod node;
 pub mod placement;
+mod reconcile;
 pub mod records;
+pub mod remove;
 mod service;
 
 pub use directory::{Directory, NodeInfo};
 pub use hook::{DEFAULT_REPLICAS, METADATA_TIMEOUT};
+pub use join::AddNodeError;
 pub use meta::{META_GROUP, META_VOTERS_MAX};
 pub use node::{ClusterNode, ClusterStatus, MakePartitionLogs, NodeStatus, PreparedCluster};
+pub use remove::{PlannedMove, RemoveNodeError};
 pub use service::SERVICE_GROUP;

@@ -13,7 +13,9 @@ use keratin_broker::BrokerError;
 use keratin_log::{Io, LogOptions, SegmentPool};
 use keratin_net::{GroupId, NetError, RemoteError, Transport};
 use keratin_raft::network::Groups;
-use keratin_raft::replica::{CommittedReader, ProposeError, Replica};
+use keratin_raft::replica::{
+    CommittedReader, GroupMembers, MembershipError, ProposeError, Replica,
+};
 use keratin_raft::{GroupLogs, PartitionRecord};
 use tokio::sync::watch;
 
@@ -49,7 +51,8 @@ impl std::fmt::Debug for MetaGroup {
 
 impl MetaGroup {
     /// Open (or create) the group's logs under `dir`, start this node's replica and form the
-    /// group with `voters` (node id to cluster address) if it is new.
+    /// group with `voters` (node id to cluster address) if it is new; `None`: this node joins
+    /// a running group (it waits to be added, never forming it).
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn start(
         node_id: u64,
@@ -60,7 +63,7 @@ impl MetaGroup {
         transport: Transport,
         groups: &Groups,
         cluster_name: &str,
-        voters: BTreeMap<u64, String>,
+        voters: Option<BTreeMap<u64, String>>,
         clock: keratin_broker::Clock,
     ) -> Result<MetaGroup, String> {
         let options = LogOptions {
@@ -80,10 +83,12 @@ impl MetaGroup {
         let replica = Replica::start(node_id, META_GROUP, logs, config, transport.clone(), groups)
             .await
             .map_err(|e| format!("starting the metadata group: {e}"))?;
-        replica
-            .initialize_voters(&voters)
-            .await
-            .map_err(|e| format!("forming the metadata group: {e}"))?;
+        if let Some(voters) = voters {
+            replica
+                .initialize_voters(&voters)
+                .await
+                .map_err(|e| format!("forming the metadata group: {e}"))?;
+        }
         Ok(MetaGroup {
             node_id,
             replica,
@@ -95,6 +100,33 @@ impl MetaGroup {
     /// The group's leader as this node knows it.
     pub(crate) async fn leader(&self) -> Option<u64> {
         self.replica.leader().await
+    }
+
+    /// Whether this node leads the group.
+    pub(crate) async fn leads(&self) -> bool {
+        self.leader().await == Some(self.node_id)
+    }
+
+    /// The group's members as this node sees them (the latest, and the latest committed).
+    pub(crate) async fn members(&self) -> Result<(GroupMembers, GroupMembers), MembershipError> {
+        self.replica.members().await
+    }
+
+    /// Make `voters` (node id to cluster address) the group's voters, on its leader.
+    pub(crate) async fn change_voters(
+        &self,
+        voters: &BTreeMap<u64, String>,
+        catch_up_wait: Duration,
+    ) -> Result<GroupMembers, MembershipError> {
+        self.replica.change_voters(voters, catch_up_wait).await
+    }
+
+    /// Forget `learners` (removed nodes), on the group's leader.
+    pub(crate) async fn remove_learners(
+        &self,
+        learners: &std::collections::BTreeSet<u64>,
+    ) -> Result<GroupMembers, MembershipError> {
+        self.replica.remove_learners(learners).await
     }
 
     /// One past the last committed record, as it moves.

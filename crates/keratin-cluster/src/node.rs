@@ -5,26 +5,28 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 
-use bytes::Bytes;
 use keratin_broker::partition::log::{
     ClusterMetadata, PartitionLog, PartitionLogs, PartitionPlace,
 };
 use keratin_broker::{Broker, BrokerResult};
 use keratin_net::{ResolvedCluster, Transport, TransportOptions};
 use keratin_raft::network::Groups;
+use keratin_raft::partition_log::ReplicatedLogs;
 use tokio::sync::watch;
 
-use crate::applier::{self, AppliedState};
-use crate::directory::{Directory, NodeInfo, REFRESH};
+use crate::applier::{self, AppliedState, ApplyContext};
+use crate::directory::{Directory, NodeInfo};
 use crate::elsewhere::ElsewhereLog;
 use crate::hook::MetadataHook;
+use crate::hook::METADATA_TIMEOUT;
+use crate::join::{plan_rebalance, AddNodeError};
 use crate::meta::{MetaGroup, META_VOTERS_MAX};
-use crate::service::{ClusterService, KIND_HELLO, SERVICE_GROUP};
-
-/// The directory asks a peer that has not answered yet this often.
-const HELLO_RETRY: Duration = Duration::from_millis(250);
+use crate::placement::eligible;
+use crate::reconcile::Reconciler;
+use crate::records::ClusterRecord;
+use crate::remove::{plan_removal, PlannedMove, RemoveNodeError};
+use crate::service::{ClusterService, SERVICE_GROUP};
 
 /// The metadata group's logs, under the first storage directory.
 pub const META_DIR_NAME: &str = "cluster-meta";
@@ -32,7 +34,7 @@ pub const META_DIR_NAME: &str = "cluster-meta";
 /// Opens this node's replicated partition logs (the replication adapter's provider), given the
 /// transport, the node's groups handler and the directory.
 pub type MakePartitionLogs =
-    Box<dyn FnOnce(&Transport, &Arc<Groups>, &Directory) -> Arc<dyn PartitionLogs> + Send>;
+    Box<dyn FnOnce(&Transport, &Arc<Groups>, &Directory) -> Arc<ReplicatedLogs> + Send>;
 
 /// The transport is up; the broker is opened with [`PreparedCluster::partition_logs`] and
 /// [`PreparedCluster::metadata`], then given to [`ClusterNode::start`].
@@ -44,10 +46,33 @@ pub struct PreparedCluster {
     own: Arc<OnceLock<NodeInfo>>,
     meta: Arc<OnceLock<Arc<MetaGroup>>>,
     applied: Arc<AppliedState>,
+    replicated: Arc<ReplicatedLogs>,
+    join: bool,
     /// For `BrokerConfig::partition_logs`.
     pub partition_logs: Arc<dyn PartitionLogs>,
     /// For `BrokerConfig::cluster_metadata`.
     pub metadata: Arc<dyn ClusterMetadata>,
+}
+
+impl PreparedCluster {
+    /// This node joins a running cluster (`[cluster] join`): it never forms the metadata
+    /// group, it waits for `keratin cluster add-node` to admit it.
+    pub fn joining(mut self, join: bool) -> PreparedCluster {
+        self.join = join;
+        self
+    }
+}
+
+/// The nodes a cluster was formed with, by id, with their cluster addresses: the `[cluster]`
+/// peers and this node.
+fn formed(cluster: &ResolvedCluster) -> BTreeMap<u64, String> {
+    let mut nodes: BTreeMap<u64, String> = cluster
+        .peers
+        .iter()
+        .map(|(id, addr)| (*id, addr.to_string()))
+        .collect();
+    nodes.insert(cluster.node_id, cluster.listen.to_string());
+    nodes
 }
 
 /// A cluster node, running. See the module docs.
@@ -59,6 +84,8 @@ pub struct ClusterNode {
     directory: Directory,
     meta: Arc<MetaGroup>,
     applied: Arc<AppliedState>,
+    /// The nodes the cluster was formed with (the catalog adds and removes nodes).
+    formed: BTreeMap<u64, String>,
     stop: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -76,6 +103,8 @@ pub struct NodeStatus {
     pub reachable: bool,
     /// It leads the metadata group.
     pub meta_leader: bool,
+    /// It was removed from the cluster (`keratin cluster remove-node`).
+    pub removed: bool,
 }
 
 /// The cluster as this node sees it.
@@ -91,6 +120,8 @@ pub struct ClusterStatus {
     pub meta_leader: Option<u64>,
     /// Metadata records applied here (one past the last).
     pub meta_applied: u64,
+    /// The metadata group's voters in the membership this node knows committed.
+    pub meta_voters: Vec<u64>,
 }
 
 /// Opens a partition's log: replicated where this node holds a replica, an empty follower
@@ -98,7 +129,7 @@ pub struct ClusterStatus {
 struct ClusterLogs {
     node_id: u64,
     directory: Directory,
-    replicated: Arc<dyn PartitionLogs>,
+    replicated: Arc<ReplicatedLogs>,
 }
 
 impl PartitionLogs for ClusterLogs {
@@ -106,6 +137,9 @@ impl PartitionLogs for ClusterLogs {
         if place.replicas.contains(&self.node_id) {
             return self.replicated.open(place);
         }
+        // What a replica this node no longer holds left behind (it stopped between the
+        // partition's move and the removal of its files) goes.
+        self.replicated.remove_leftover(place)?;
         let first = place.replicas.first().copied().unwrap_or_default();
         Ok(Arc::new(ElsewhereLog::new(
             place.queue.clone(),
@@ -148,11 +182,8 @@ impl ClusterNode {
             .map_err(|e| format!("cluster transport: {e}"))?;
         let replicated = make_partition_logs(&transport, &groups, &directory);
         let applied = Arc::new(AppliedState::new());
-        let mut ids: Vec<u64> = cluster.peers.keys().copied().collect();
-        ids.push(cluster.node_id);
-        ids.sort_unstable();
         let metadata = Arc::new(MetadataHook {
-            nodes: ids,
+            formed: formed(&cluster),
             directory: directory.clone(),
             meta: meta.clone(),
             applied: applied.clone(),
@@ -161,8 +192,10 @@ impl ClusterNode {
             partition_logs: Arc::new(ClusterLogs {
                 node_id: cluster.node_id,
                 directory: directory.clone(),
-                replicated,
+                replicated: replicated.clone(),
             }),
+            replicated,
+            join: false,
             metadata,
             cluster,
             transport,
@@ -189,16 +222,13 @@ impl ClusterNode {
             own: own_cell,
             meta: meta_cell,
             applied,
+            replicated,
+            join,
             ..
         } = prepared;
         directory.insert(own.clone());
         let _ = own_cell.set(own);
-        let mut voters: BTreeMap<u64, String> = cluster
-            .peers
-            .iter()
-            .map(|(id, addr)| (*id, addr.to_string()))
-            .collect();
-        voters.insert(cluster.node_id, cluster.listen.to_string());
+        let voters = formed(&cluster);
         let config = broker.config();
         let dir = config
             .dirs
@@ -215,7 +245,7 @@ impl ClusterNode {
                 transport.clone(),
                 &groups,
                 &cluster.name,
-                voters,
+                (!join).then(|| voters.clone()),
                 config.clock.clone(),
             )
             .await?,
@@ -226,14 +256,22 @@ impl ClusterNode {
         tasks.push(tokio::spawn(applier::run(
             meta.clone(),
             broker,
+            ApplyContext {
+                node_id: cluster.node_id,
+                logs: replicated.clone(),
+                transport: transport.clone(),
+                directory: directory.clone(),
+            },
             applied.clone(),
             stopped.clone(),
         )));
+        let reconciler = Reconciler::new(replicated, meta.clone(), applied.clone(), voters.clone());
+        tasks.push(tokio::spawn(reconciler.run(stopped.clone())));
         for (&peer, &addr) in &cluster.peers {
             if peer == cluster.node_id {
                 continue;
             }
-            tasks.push(tokio::spawn(learn_peer(
+            tasks.push(tokio::spawn(crate::directory::learn_peer(
                 transport.clone(),
                 directory.clone(),
                 peer,
@@ -242,6 +280,7 @@ impl ClusterNode {
             )));
         }
         Ok(ClusterNode {
+            formed: voters,
             cluster,
             transport,
             groups,
@@ -275,8 +314,160 @@ impl ClusterNode {
         self.cluster.node_id
     }
 
+    /// Remove node `id` from the cluster: it gets no new replicas, each partition with a
+    /// replica there moves onto another node below the soft level (see
+    /// [`plan_removal`]), and it leaves the metadata group's voters. Returns the moves; the
+    /// groups carry them out in the background (new copies catch up, then the voters change
+    /// and the node's copies retire), which `keratin queue info` and `cluster status` show.
+    /// Works for a node that is down. Run again, it continues where it stopped.
+    pub async fn remove_node(&self, id: u64) -> Result<Vec<PlannedMove>, RemoveNodeError> {
+        let catalog = self.applied.catalog();
+        let known: std::collections::BTreeSet<u64> = self
+            .formed
+            .keys()
+            .chain(catalog.added().keys())
+            .copied()
+            .collect();
+        if !known.contains(&id) {
+            return Err(RemoveNodeError::Unknown {
+                id,
+                nodes: known.into_iter().collect(),
+            });
+        }
+        let staying: Vec<u64> = catalog
+            .nodes(&self.formed)
+            .into_keys()
+            .filter(|n| *n != id)
+            .collect();
+        if staying.is_empty() {
+            return Err(RemoveNodeError::Last { id });
+        }
+        let (candidates, _) = eligible(&staying, |node| {
+            self.directory
+                .get(node)
+                .map_or((None, None), |info| (info.level, info.free_bytes))
+        });
+        let candidates: Vec<u64> = candidates.into_iter().map(|(node, _)| node).collect();
+        let moves = plan_removal(&catalog, id, &candidates)?;
+        if !catalog.removed().contains(&id) {
+            self.decide(ClusterRecord::NodeRemoved { id })
+                .await
+                .map_err(RemoveNodeError::Metadata)?;
+        }
+        for planned in &moves {
+            self.decide(ClusterRecord::PartitionReplicasChanged {
+                name: planned.queue.clone(),
+                index: planned.partition,
+                replicas: planned.to.clone(),
+            })
+            .await
+            .map_err(RemoveNodeError::Metadata)?;
+        }
+        tracing::info!(
+            node = id,
+            moves = moves.len(),
+            "node removed from the cluster"
+        );
+        Ok(moves)
+    }
+
+    /// Add node `id`, listening for peers at `cluster_addr`, to the cluster: every node adds it
+    /// to its peers, and the metadata group takes it as a voter once it caught up (the node
+    /// runs with `[cluster] join` and lists the cluster's nodes). With `rebalance`, replicas
+    /// move onto it until it holds about its share ([`plan_rebalance`]); the moves are
+    /// returned and run in the background as for `remove_node`. Run again, it continues.
+    pub async fn add_node(
+        &self,
+        id: u64,
+        cluster_addr: &str,
+        rebalance: bool,
+    ) -> Result<Vec<PlannedMove>, AddNodeError> {
+        if id == 0 {
+            return Err(AddNodeError::Invalid(
+                "node ids start at 1 (0 is reserved)".into(),
+            ));
+        }
+        let addr: std::net::SocketAddr = cluster_addr.parse().map_err(|_| {
+            AddNodeError::Invalid(format!(
+                "{cluster_addr:?} is not IP:PORT (the new node's cluster address; host names are \
+                 not resolved)"
+            ))
+        })?;
+        let catalog = self.applied.catalog();
+        if catalog.removed().contains(&id) {
+            return Err(AddNodeError::Removed { id });
+        }
+        let nodes = catalog.nodes(&self.formed);
+        let addr = addr.to_string();
+        if let Some((other, _)) = nodes.iter().find(|(n, a)| **a == addr && **n != id) {
+            return Err(AddNodeError::AddressTaken {
+                addr,
+                other: *other,
+            });
+        }
+        match nodes.get(&id) {
+            Some(existing) if *existing != addr => {
+                return Err(AddNodeError::Taken {
+                    id,
+                    existing: existing.clone(),
+                })
+            }
+            Some(_) => {}
+            None if nodes.len() >= META_VOTERS_MAX => {
+                return Err(AddNodeError::Full { nodes: nodes.len() })
+            }
+            None => {
+                self.decide(ClusterRecord::NodeAdded {
+                    id,
+                    cluster_addr: addr.clone(),
+                })
+                .await
+                .map_err(AddNodeError::Metadata)?;
+            }
+        }
+        if !rebalance {
+            return Ok(Vec::new());
+        }
+        let catalog = self.applied.catalog();
+        let nodes: Vec<u64> = catalog.nodes(&self.formed).into_keys().collect();
+        let moves = plan_rebalance(&catalog, id, &nodes);
+        for planned in &moves {
+            self.decide(ClusterRecord::PartitionReplicasChanged {
+                name: planned.queue.clone(),
+                index: planned.partition,
+                replicas: planned.to.clone(),
+            })
+            .await
+            .map_err(AddNodeError::Metadata)?;
+        }
+        tracing::info!(node = id, moves = moves.len(), "node added to the cluster");
+        Ok(moves)
+    }
+
+    /// Propose `record` and wait until this node applied it; why not, if not.
+    async fn decide(&self, record: ClusterRecord) -> Result<(), String> {
+        let offset = self
+            .meta
+            .propose(&record, METADATA_TIMEOUT)
+            .await
+            .map_err(|e| e.to_string())?;
+        if self
+            .applied
+            .wait_applied(offset + 1, METADATA_TIMEOUT)
+            .await
+        {
+            Ok(())
+        } else {
+            Err(format!(
+                "the record at {offset} was not applied on this node within {} s",
+                METADATA_TIMEOUT.as_secs()
+            ))
+        }
+    }
+
     /// The cluster as this node sees it.
     pub async fn status(&self) -> ClusterStatus {
+        let removed = self.applied.catalog().removed().clone();
         let meta_leader = self.meta.leader().await;
         let mut nodes = vec![NodeStatus {
             id: self.cluster.node_id,
@@ -284,6 +475,7 @@ impl ClusterNode {
             info: self.directory.get(self.cluster.node_id),
             reachable: true,
             meta_leader: meta_leader == Some(self.cluster.node_id),
+            removed: removed.contains(&self.cluster.node_id),
         }];
         for peer in self.transport.peers_status() {
             nodes.push(NodeStatus {
@@ -292,6 +484,7 @@ impl ClusterNode {
                 info: self.directory.get(peer.id),
                 reachable: peer.connected,
                 meta_leader: meta_leader == Some(peer.id),
+                removed: removed.contains(&peer.id),
             });
         }
         nodes.sort_by_key(|n| n.id);
@@ -301,6 +494,12 @@ impl ClusterNode {
             nodes,
             meta_leader,
             meta_applied: self.applied.applied(),
+            meta_voters: self
+                .meta
+                .members()
+                .await
+                .map(|(_, committed)| committed.voters.into_iter().collect())
+                .unwrap_or_default(),
         }
     }
 
@@ -319,45 +518,5 @@ impl ClusterNode {
         }
         self.groups.remove(SERVICE_GROUP);
         self.transport.shutdown();
-    }
-}
-
-/// Ask `peer` who it is until it answers, then again every [`REFRESH`].
-async fn learn_peer(
-    transport: Transport,
-    directory: Directory,
-    peer: u64,
-    peer_addr: std::net::SocketAddr,
-    mut stop: watch::Receiver<bool>,
-) {
-    loop {
-        let answer = transport
-            .call(
-                peer,
-                SERVICE_GROUP,
-                KIND_HELLO,
-                Bytes::new(),
-                HELLO_RETRY * 4,
-            )
-            .await;
-        let pause = match answer.map(|body| serde_json::from_slice::<NodeInfo>(&body)) {
-            Ok(Ok(info)) if info.id == peer => {
-                directory.insert(info.reachable_via(peer_addr));
-                REFRESH
-            }
-            Ok(Ok(info)) => {
-                tracing::warn!(
-                    peer,
-                    answered = info.id,
-                    "a peer answered with another node id"
-                );
-                REFRESH
-            }
-            _ => HELLO_RETRY,
-        };
-        tokio::select! {
-            _ = tokio::time::sleep(pause) => {}
-            _ = stop.changed() => return,
-        }
     }
 }

@@ -35,6 +35,32 @@ pub enum ClusterRecord {
         /// Its settings from here on.
         settings: QueueSettings,
     },
+    /// Partition `index` of a queue moves onto other nodes (a node is removed): the nodes
+    /// holding its replicas from here on, the first being the preferred leader. The group's
+    /// leader changes its voters to match; a node left out retires its replica once the
+    /// change committed.
+    PartitionReplicasChanged {
+        /// The queue.
+        name: String,
+        /// The partition.
+        index: u32,
+        /// The nodes holding a replica from here on.
+        replicas: Vec<u64>,
+    },
+    /// Node `id` joins the cluster at `cluster_addr` (`keratin cluster add-node`): every node
+    /// adds it to its peers, and it joins the metadata group's voters.
+    NodeAdded {
+        /// The node.
+        id: u64,
+        /// Its cluster address (`IP:PORT`).
+        cluster_addr: String,
+    },
+    /// Node `id` leaves the cluster: it gets no new replicas and leaves the metadata group's
+    /// voters (its partitions move by [`ClusterRecord::PartitionReplicasChanged`] records).
+    NodeRemoved {
+        /// The node.
+        id: u64,
+    },
 }
 
 impl ClusterRecord {
@@ -54,12 +80,14 @@ impl ClusterRecord {
         serde_json::from_slice(payload).map_err(|e| format!("metadata record: {e}"))
     }
 
-    /// The queue the record is about.
+    /// The queue the record is about (empty for a record about a node).
     pub fn queue(&self) -> &str {
         match self {
             ClusterRecord::QueueDeclared { name, .. }
             | ClusterRecord::QueueDeleted { name }
-            | ClusterRecord::QueueSettingsChanged { name, .. } => name,
+            | ClusterRecord::QueueSettingsChanged { name, .. }
+            | ClusterRecord::PartitionReplicasChanged { name, .. } => name,
+            ClusterRecord::NodeRemoved { .. } | ClusterRecord::NodeAdded { .. } => "",
         }
     }
 }
@@ -81,6 +109,28 @@ mod tests {
             record
         );
         assert!(ClusterRecord::decode(2, &payload).is_err());
+        for record in [
+            ClusterRecord::PartitionReplicasChanged {
+                name: "orders".into(),
+                index: 1,
+                replicas: vec![4, 2],
+            },
+            ClusterRecord::NodeRemoved { id: 3 },
+            ClusterRecord::NodeAdded {
+                id: 4,
+                cluster_addr: "10.0.0.4:5690".into(),
+            },
+        ] {
+            let payload = record.encode();
+            assert_eq!(
+                ClusterRecord::decode(RECORD_JSON_V1, &payload).expect("decodes"),
+                record
+            );
+        }
+        assert_eq!(
+            ClusterRecord::NodeRemoved { id: 3 }.encode(),
+            br#"{"kind":"node_removed","id":3}"#
+        );
         assert!(ClusterRecord::decode(RECORD_JSON_V1, b"{\"kind\":\"nope\"}").is_err());
     }
 }

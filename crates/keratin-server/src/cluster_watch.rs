@@ -7,7 +7,8 @@
 //!   for [`LEADERLESS_AFTER`] (a leader that has heard no majority for the election timeout
 //!   counts as knowing none: `keratin-raft`, "A cut-off leader" in `docs/cluster.md`);
 //! - `node_unreachable` (subject `node-ID`): a peer's connection has been down for
-//!   [`UNREACHABLE_AFTER`].
+//!   [`UNREACHABLE_AFTER`] (a node removed from the cluster is not watched: it is expected to
+//!   go away).
 //!
 //! An item is raised when its cause appears and cleared when it goes (or its partition or
 //! node does), not raised again every round. The state it keeps is the set of causes seen,
@@ -105,7 +106,8 @@ impl ClusterWatch {
     ) {
         let peers: BTreeMap<u64, &NodeStatus> = nodes
             .iter()
-            .filter(|n| n.id != own_id)
+            // A removed node is expected to go away.
+            .filter(|n| n.id != own_id && !n.removed)
             .map(|n| (n.id, n))
             .collect();
         self.down_since
@@ -280,6 +282,7 @@ mod tests {
             info: None,
             reachable,
             meta_leader: false,
+            removed: false,
         }
     }
 
@@ -398,5 +401,35 @@ mod tests {
             start + 9 * UNREACHABLE_AFTER,
         );
         assert!(active(&attention).is_empty());
+    }
+
+    #[test]
+    fn a_removed_node_is_not_reported_unreachable() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let attention = Attention::open(dir.path());
+        let mut watch = ClusterWatch::new();
+        let start = Instant::now();
+        let down = [node(1, true), node(2, false)];
+        watch.check(&attention, &[], &down, 1, start);
+        watch.check(&attention, &[], &down, 1, start + UNREACHABLE_AFTER);
+        assert_eq!(active(&attention).len(), 1);
+        // Removed from the cluster (and stopped): its item clears and never comes back.
+        let removed = [
+            node(1, true),
+            NodeStatus {
+                removed: true,
+                ..node(2, false)
+            },
+        ];
+        for round in 2..5 {
+            watch.check(
+                &attention,
+                &[],
+                &removed,
+                1,
+                start + round * UNREACHABLE_AFTER,
+            );
+        }
+        assert!(active(&attention).is_empty(), "{:?}", active(&attention));
     }
 }

@@ -306,6 +306,7 @@ async fn prepare_cluster(
         make_logs,
     )
     .await
+    .map(|prepared| prepared.joining(cluster.join))
     .map_err(NodeError::Cluster)
 }
 

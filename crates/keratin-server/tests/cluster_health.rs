@@ -99,6 +99,7 @@ fn configs(dirs: &[tempfile::TempDir]) -> Vec<Config> {
                 listen: None,
                 peers: peers.clone(),
                 name: "health".into(),
+                join: false,
             });
             config
         })

@@ -15,6 +15,8 @@ const ROUTES: &[(&str, &str)] = &[
     ("get", "/metrics"),
     ("get", "/api/v1/status"),
     ("get", "/api/v1/cluster"),
+    ("post", "/api/v1/cluster/nodes"),
+    ("post", "/api/v1/cluster/nodes/{id}/remove"),
     ("get", "/api/v1/attention"),
     ("get", "/api/v1/queues"),
     ("get", "/api/v1/queues/{name}"),

@@ -6,6 +6,15 @@
 //! the admin address the first node lists for it) and its view of those partitions is taken,
 //! marked `"lag_from": <leader id>`; a leader that cannot be reached leaves them `null`.
 //! `--json` prints the document with those views filled in.
+//!
+//! `keratin cluster add-node ID=ADDR [--no-rebalance] [--wait SECS]`: admit a node started
+//! with `--join` (`POST /api/v1/cluster/nodes`); prints the replicas that move onto it, and
+//! with `--wait` polls until every partition's leader counts the planned replicas.
+//!
+//! `keratin cluster remove-node ID [--wait SECS]`: remove a node (`POST
+//! /api/v1/cluster/nodes/{id}/remove`); prints where each of its partitions goes, and with
+//! `--wait` polls the cluster document until no partition's leader counts the node among its
+//! replicas.
 
 use std::process::ExitCode;
 
@@ -29,6 +38,47 @@ pub struct ClusterArgs {
 enum ClusterVerb {
     /// Nodes, reachability, the metadata leader, and each partition's leader.
     Status(StatusArgs),
+    /// Admit a node started with `--join` (its cluster address as ID=ADDR); replicas move
+    /// onto it unless --no-rebalance.
+    AddNode(AddArgs),
+    /// Remove a node (running or dead): its partitions move onto the other nodes, then it
+    /// leaves the metadata group. Stop it once the moves are done (`--wait`).
+    RemoveNode(RemoveArgs),
+}
+
+/// Flags of `keratin cluster add-node`.
+#[derive(Debug, Args)]
+struct AddArgs {
+    /// The new node as ID=ADDR (its id and cluster address).
+    node: keratin_net::PeerSpec,
+    #[command(flatten)]
+    common: CommonArgs,
+    /// The HTTP admin address (default: the one the node at --server names).
+    #[arg(long, env = "KERATIN_HTTP", value_name = "ADDR")]
+    http: Option<String>,
+    /// Move no replicas onto the new node (new queues still use it).
+    #[arg(long)]
+    no_rebalance: bool,
+    /// Wait up to this many seconds until every planned move is done; exits 1 if some are
+    /// not then.
+    #[arg(long, value_name = "SECS")]
+    wait: Option<u64>,
+}
+
+/// Flags of `keratin cluster remove-node`.
+#[derive(Debug, Args)]
+struct RemoveArgs {
+    /// The node's id.
+    id: u64,
+    #[command(flatten)]
+    common: CommonArgs,
+    /// The HTTP admin address (default: the one the node at --server names).
+    #[arg(long, env = "KERATIN_HTTP", value_name = "ADDR")]
+    http: Option<String>,
+    /// Wait up to this many seconds until no partition keeps a replica on the node; exits 1
+    /// if some still do then.
+    #[arg(long, value_name = "SECS")]
+    wait: Option<u64>,
 }
 
 /// Flags of `keratin cluster status`.
@@ -46,6 +96,8 @@ impl ClusterArgs {
     pub fn json(&self) -> bool {
         match &self.verb {
             ClusterVerb::Status(args) => args.common.json,
+            ClusterVerb::RemoveNode(args) => args.common.json,
+            ClusterVerb::AddNode(args) => args.common.json,
         }
     }
 }
@@ -66,7 +118,181 @@ pub async fn run(args: ClusterArgs) -> Result<ExitCode, Failure> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        ClusterVerb::RemoveNode(args) => remove_node(args).await,
+        ClusterVerb::AddNode(args) => add_node(args).await,
     }
+}
+
+/// `keratin cluster add-node` (see the module docs).
+async fn add_node(args: AddArgs) -> Result<ExitCode, Failure> {
+    let http = admin::address(&args.common, args.http.as_deref()).await?;
+    let body = serde_json::json!({
+        "id": args.node.id,
+        "cluster_addr": args.node.addr.to_string(),
+        "rebalance": !args.no_rebalance,
+    });
+    let path = format!("{CLUSTER_PATH}/nodes");
+    let answer = admin::request(&http, "POST", &path, Some(&body))?;
+    let pending = |document: &Value| not_moved(document, &answer["moves"]);
+    let remaining = wait_for(&http, args.wait, pending).await;
+    report(
+        &answer,
+        &args.common,
+        &format!("node {} added to the cluster", args.node),
+        remaining,
+        args.wait,
+        "every planned replica is on the new node",
+    )
+}
+
+/// `keratin cluster remove-node` (see the module docs).
+async fn remove_node(args: RemoveArgs) -> Result<ExitCode, Failure> {
+    let http = admin::address(&args.common, args.http.as_deref()).await?;
+    let path = format!("{CLUSTER_PATH}/nodes/{}/remove", args.id);
+    let answer = admin::request(&http, "POST", &path, None)?;
+    let id = args.id;
+    let remaining = wait_for(&http, args.wait, |document| held_by(document, id)).await;
+    report(
+        &answer,
+        &args.common,
+        &format!("node {id} removed from the cluster"),
+        remaining,
+        args.wait,
+        &format!("every partition moved off node {id}: it can be stopped"),
+    )
+}
+
+/// With `wait`, poll the cluster document (with the leaders' views) until `pending` finds
+/// nothing, at most `wait` seconds; what is still pending then. `None` without `wait`.
+async fn wait_for(
+    http: &str,
+    wait: Option<u64>,
+    pending: impl Fn(&Value) -> Vec<String>,
+) -> Option<Vec<String>> {
+    let secs = wait?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        let left = admin::request(http, "GET", CLUSTER_PATH, None)
+            .map(|mut document| {
+                fill_from_leaders(&mut document, |admin| {
+                    admin::request(admin, "GET", CLUSTER_PATH, None).ok()
+                });
+                pending(&document)
+            })
+            .unwrap_or_else(|_| vec!["(the cluster document could not be read)".into()]);
+        if left.is_empty() || std::time::Instant::now() >= deadline {
+            return Some(left);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+}
+
+/// Print the moves of an add or remove answer and how the wait ended; exit 1 if some are
+/// still pending after the wait.
+fn report(
+    answer: &Value,
+    common: &CommonArgs,
+    headline: &str,
+    remaining: Option<Vec<String>>,
+    wait: Option<u64>,
+    done: &str,
+) -> Result<ExitCode, Failure> {
+    if common.json {
+        let mut document = answer.clone();
+        if let Some(left) = &remaining {
+            document["pending"] = Value::from(left.clone());
+        }
+        print_json(&document);
+    } else {
+        let mut table = Table::new(&["QUEUE", "PARTITION", "FROM", "TO"]);
+        for planned in answer["moves"].as_array().map_or(&[][..], Vec::as_slice) {
+            table.row(vec![
+                field(planned, "queue"),
+                field(planned, "partition"),
+                list(&planned["from"]),
+                list(&planned["to"]),
+            ]);
+        }
+        println!("{headline}");
+        print!("{}", table.render());
+        match &remaining {
+            Some(left) if left.is_empty() => println!("{done}"),
+            Some(left) => println!(
+                "still moving after {} s: {} (the moves continue)",
+                wait.unwrap_or(0),
+                left.join(", ")
+            ),
+            None => {
+                println!("the moves run in the background: `keratin cluster status` shows them")
+            }
+        }
+    }
+    Ok(match remaining {
+        Some(left) if !left.is_empty() => ExitCode::FAILURE,
+        _ => ExitCode::SUCCESS,
+    })
+}
+
+/// The planned `moves` (`queue/index`) whose partition's leader does not count exactly the
+/// planned replicas yet, or that have no leader to ask.
+fn not_moved(document: &Value, moves: &Value) -> Vec<String> {
+    let mut pending = Vec::new();
+    for planned in moves.as_array().map_or(&[][..], Vec::as_slice) {
+        let name = format!(
+            "{}/{}",
+            field(planned, "queue"),
+            field(planned, "partition")
+        );
+        let mut wanted: Vec<u64> = planned["to"]
+            .as_array()
+            .map_or(&[][..], Vec::as_slice)
+            .iter()
+            .filter_map(Value::as_u64)
+            .collect();
+        wanted.sort_unstable();
+        let partition = document["queues"]
+            .as_array()
+            .and_then(|queues| queues.iter().find(|q| q["name"] == planned["queue"]))
+            .and_then(|q| q["partitions"].as_array())
+            .and_then(|ps| ps.iter().find(|p| p["index"] == planned["partition"]));
+        let done = partition.is_some_and(|p| {
+            let from_leader = p["leading"].as_bool() == Some(true) || !p["lag_from"].is_null();
+            let mut voters: Vec<u64> = p["replicas"]
+                .as_array()
+                .map_or(&[][..], Vec::as_slice)
+                .iter()
+                .filter_map(Value::as_u64)
+                .collect();
+            voters.sort_unstable();
+            from_leader && voters == wanted
+        });
+        if !done {
+            pending.push(name);
+        }
+    }
+    pending
+}
+
+/// The partitions (`queue/index`) whose leader still counts node `id` among its replicas,
+/// or that have no leader to ask.
+fn held_by(document: &Value, id: u64) -> Vec<String> {
+    let mut held = Vec::new();
+    for queue in document["queues"].as_array().map_or(&[][..], Vec::as_slice) {
+        for p in queue["partitions"]
+            .as_array()
+            .map_or(&[][..], Vec::as_slice)
+        {
+            let name = format!("{}/{}", field(queue, "name"), field(p, "index"));
+            let from_leader = p["leading"].as_bool() == Some(true) || !p["lag_from"].is_null();
+            let on_it = p["replicas"]
+                .as_array()
+                .is_some_and(|r| r.iter().any(|n| n.as_u64() == Some(id)));
+            if !from_leader || on_it {
+                held.push(name);
+            }
+        }
+    }
+    held
 }
 
 /// The partitions of queue `name` in the cluster document of the node whose admin port is at
@@ -127,6 +353,10 @@ fn fill_from_leaders(document: &mut Value, fetch: impl Fn(&str) -> Option<Value>
             for key in ["in_sync", "replica_lag", "max_lag"] {
                 p[key] = view[key].clone();
             }
+            // The leader's voters are the group's current ones (a move may be under way).
+            if view["replicas"].is_array() {
+                p["replicas"] = view["replicas"].clone();
+            }
             p["lag_from"] = Value::from(leader);
         }
     }
@@ -185,10 +415,13 @@ fn cluster_text(document: &Value) -> String {
                 "no"
             }
             .to_owned(),
-            if node["meta_leader"].as_bool() == Some(true) {
-                "metadata leader"
-            } else {
-                "-"
+            match (
+                node["meta_leader"].as_bool() == Some(true),
+                node["removed"].as_bool() == Some(true),
+            ) {
+                (_, true) => "removed",
+                (true, false) => "metadata leader",
+                (false, false) => "-",
             }
             .to_owned(),
         ]);
@@ -257,7 +490,7 @@ mod tests {
             asked.borrow_mut().push(admin.to_owned());
             Some(
                 serde_json::json!({"queues": [{"name": "orders", "partitions": [
-                    {"index": 0, "leading": true, "in_sync": [1, 2],
+                    {"index": 0, "leading": true, "in_sync": [1, 2], "replicas": [1, 2, 3],
                      "replica_lag": {"1": 0, "2": 3, "3": 1500}, "max_lag": 1500}
                 ]}]}),
             )
@@ -280,5 +513,17 @@ mod tests {
         assert!(text.contains("127.0.0.1:5681"), "{text}");
         assert!(text.contains("orders"), "{text}");
         assert!(text.contains("follows"), "{text}");
+        // Node 3 is still a replica of both; partition 1's leader could not be asked.
+        assert_eq!(held_by(&document, 3), vec!["orders/0", "orders/1"]);
+        assert_eq!(held_by(&document, 4), vec!["orders/1"]);
+        let planned = serde_json::json!([
+            {"queue": "orders", "partition": 0, "from": [1, 2, 4], "to": [3, 2, 1]},
+            {"queue": "orders", "partition": 1, "from": [1, 2, 4], "to": [1, 2, 3]}
+        ]);
+        assert_eq!(
+            not_moved(&document, &planned),
+            vec!["orders/1"],
+            "partition 0's leader counts 1,2,3; partition 1 has no leader view"
+        );
     }
 }

@@ -79,6 +79,8 @@ struct Node {
     server: Option<Server>,
     /// Environment given to this node's process (over the test defaults).
     env: Vec<(&'static str, &'static str)>,
+    /// Started with `--join` (it joins the running cluster).
+    join: bool,
 }
 
 struct Cluster {
@@ -128,6 +130,7 @@ impl Cluster {
                     dir: root.path().join(format!("node-{id}")),
                     server: None,
                     env: envs.get(&id).cloned().unwrap_or_default(),
+                    join: false,
                 },
             );
         }
@@ -166,9 +169,46 @@ impl Cluster {
             args.push("--peer");
             args.push(peer);
         }
+        if node.join {
+            args.push("--join");
+        }
         let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_keratin"));
         command.envs(node.env.iter().copied());
         node.server = Some(Server::start_with(command, &args));
+    }
+
+    /// Start node `id`, new, with `--join` and every node in its peer list.
+    fn start_joining(&mut self, id: u64) {
+        let dir = self._root.path().join(format!("node-{id}"));
+        self.nodes.insert(
+            id,
+            Node {
+                id,
+                protocol: free_addr(),
+                http: free_addr(),
+                cluster: free_addr(),
+                dir,
+                server: None,
+                env: Vec::new(),
+                join: true,
+            },
+        );
+        self.start_node(id);
+    }
+
+    /// `keratin ARGS --server <node id's address>`: exit status and output.
+    fn cli(&self, id: u64, args: &[&str]) -> (bool, String) {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_keratin"))
+            .args(args)
+            .args(["--server", &self.nodes[&id].protocol.to_string()])
+            .output()
+            .expect("run keratin");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        (output.status.success(), text)
     }
 
     fn kill9(&mut self, id: u64) {
@@ -1329,5 +1369,117 @@ fn a_node_at_soft_gets_no_new_replicas() {
             ..QueueSettings::default()
         };
         client.declare("two", two).await.expect("two replicas");
+    });
+}
+
+/// The operator's verbs on real processes: a fourth node started with `--join` is admitted
+/// with `keratin cluster add-node 4=ADDR --wait` (replicas move onto it), then node 1 is
+/// removed with `keratin cluster remove-node 1 --wait` and stopped; `cluster status` shows it
+/// removed and out of the metadata group, and every confirmed message is still delivered by
+/// the three nodes left.
+#[test]
+fn nodes_are_added_and_removed_with_the_cli() {
+    let mut cluster = Cluster::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let queues = ["moves-a", "moves-b", "moves-c"];
+    let addrs = cluster.live();
+    runtime.block_on(async {
+        let client = connect_any(&addrs, 0).await.expect("connect");
+        let settings = QueueSettings {
+            replicas: Some(3),
+            ..QueueSettings::default()
+        };
+        for queue in queues {
+            // The metadata group may still be electing its first leader.
+            let deadline = Instant::now() + RECOVERY_MAX;
+            while let Err(error) = client.declare(queue, settings.clone()).await {
+                assert!(Instant::now() < deadline, "declare {queue}: {error}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            for seq in 0..50 {
+                client
+                    .publish(queue, OutgoingMessage::new(body(seq, BODY_BYTES)))
+                    .await
+                    .expect("confirmed");
+            }
+        }
+    });
+    cluster.start_joining(4);
+    let new = format!("4={}", cluster.nodes[&4].cluster);
+    let (ok, text) = cluster.cli(1, &["cluster", "add-node", &new, "--wait", "60"]);
+    assert!(ok, "add-node: {text}");
+    assert!(
+        text.contains("every planned replica is on the new node"),
+        "{text}"
+    );
+    // 9 replicas over 4 nodes: node 4 takes 2.
+    assert_eq!(
+        text.matches(",4").count() + text.matches(" 4,").count(),
+        2,
+        "{text}"
+    );
+    let (ok, text) = cluster.cli(2, &["cluster", "remove-node", "1", "--wait", "60"]);
+    assert!(ok, "remove-node: {text}");
+    assert!(text.contains("it can be stopped"), "{text}");
+    let (ok, text) = cluster.cli(2, &["cluster", "status", "--json"]);
+    assert!(ok, "status: {text}");
+    let document: serde_json::Value = serde_json::from_str(&text).expect("status json");
+    assert_eq!(
+        document["meta_voters"],
+        serde_json::json!([2, 3, 4]),
+        "{text}"
+    );
+    let one = document["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .find(|n| n["id"] == 1)
+        .expect("node 1");
+    assert_eq!(one["removed"], true, "{text}");
+    for queue in queues {
+        for p in document["queues"]
+            .as_array()
+            .expect("queues")
+            .iter()
+            .filter(|q| q["name"] == queue)
+            .flat_map(|q| q["partitions"].as_array().cloned().unwrap_or_default())
+        {
+            assert!(
+                !p["replicas"]
+                    .as_array()
+                    .expect("replicas")
+                    .contains(&1.into()),
+                "{queue}: {p}"
+            );
+        }
+    }
+    assert!(cluster
+        .nodes
+        .get_mut(&1)
+        .and_then(|n| n.server.as_mut())
+        .expect("node 1")
+        .terminate(Duration::from_secs(10)));
+    cluster.nodes.get_mut(&1).expect("node 1").server = None;
+    let addrs = cluster.live();
+    runtime.block_on(async {
+        for queue in queues {
+            let client = connect_any(&addrs, 0).await.expect("connect");
+            let mut consumer = client.subscribe(queue, 50).await.expect("subscribe");
+            let mut seen = BTreeSet::new();
+            while seen.len() < 50 {
+                let next = tokio::time::timeout(Duration::from_secs(10), consumer.recv()).await;
+                let Ok(Some(delivery)) = next else { break };
+                seen.insert(seq_of(&delivery.body).expect("numbered body"));
+                delivery.ack().expect("ack");
+            }
+            assert_eq!(
+                seen.len(),
+                50,
+                "{queue}: every confirmed message after the moves"
+            );
+        }
     });
 }

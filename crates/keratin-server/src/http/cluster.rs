@@ -3,8 +3,14 @@
 //! this node leads them, their replicas and leader changes, and where this node leads, the
 //! in-sync set and each replica's lag (only the leader knows them: `null` elsewhere). A node
 //! that runs alone answers 404 with what to do.
+//!
+//! `POST /api/v1/cluster/nodes` (`{"id", "cluster_addr", "rebalance"}`): add a node
+//! (`ClusterNode::add_node`); the answer lists the replicas that move onto it.
+//!
+//! `POST /api/v1/cluster/nodes/{id}/remove`: remove a node (`ClusterNode::remove_node`); the
+//! answer lists the partitions' moves, which the groups then carry out.
 
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -14,11 +20,7 @@ use super::Admin;
 
 pub(super) async fn cluster(State(admin): State<Admin>) -> Response {
     let Some(cluster) = &admin.cluster else {
-        let body = json!({
-            "error": "this node runs alone: start it with --node-id and --peer (or [cluster]) to form a cluster",
-            "code": "not_a_cluster",
-        });
-        return (StatusCode::NOT_FOUND, Json(body)).into_response();
+        return not_a_cluster();
     };
     let status = cluster.status().await;
     let mut document = serde_json::to_value(&status).unwrap_or(Value::Null);
@@ -37,6 +39,84 @@ pub(super) async fn cluster(State(admin): State<Admin>) -> Response {
         .collect();
     document["queues"] = Value::from(queues);
     Json(document).into_response()
+}
+
+/// Remove node `id` from the cluster (see the module docs).
+pub(super) async fn remove_node(State(admin): State<Admin>, Path(id): Path<u64>) -> Response {
+    let Some(cluster) = &admin.cluster else {
+        return not_a_cluster();
+    };
+    use keratin_cluster::RemoveNodeError as E;
+    match cluster.remove_node(id).await {
+        Ok(moves) => Json(json!({ "node": id, "moves": moves })).into_response(),
+        Err(error) => {
+            let (status, code) = match &error {
+                E::Unknown { .. } => (StatusCode::NOT_FOUND, "unknown_node"),
+                E::Last { .. } => (StatusCode::CONFLICT, "last_node"),
+                E::NoRoom { .. } => (StatusCode::CONFLICT, "no_room"),
+                E::Metadata(_) => (StatusCode::SERVICE_UNAVAILABLE, "metadata_unavailable"),
+            };
+            let body = json!({
+                "code": status.as_u16(),
+                "message": error.to_string(),
+                "reason": code,
+            });
+            (status, Json(body)).into_response()
+        }
+    }
+}
+
+/// What `POST /api/v1/cluster/nodes` takes.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct AddNode {
+    id: u64,
+    cluster_addr: String,
+    #[serde(default = "yes")]
+    rebalance: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// Add a node to the cluster (see the module docs).
+pub(super) async fn add_node(State(admin): State<Admin>, Json(request): Json<AddNode>) -> Response {
+    let Some(cluster) = &admin.cluster else {
+        return not_a_cluster();
+    };
+    use keratin_cluster::AddNodeError as E;
+    match cluster
+        .add_node(request.id, &request.cluster_addr, request.rebalance)
+        .await
+    {
+        Ok(moves) => Json(json!({ "node": request.id, "moves": moves })).into_response(),
+        Err(error) => {
+            let (status, code) = match &error {
+                E::Taken { .. } => (StatusCode::CONFLICT, "id_taken"),
+                E::AddressTaken { .. } => (StatusCode::CONFLICT, "address_taken"),
+                E::Removed { .. } => (StatusCode::CONFLICT, "id_removed"),
+                E::Full { .. } => (StatusCode::CONFLICT, "cluster_full"),
+                E::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid"),
+                E::Metadata(_) => (StatusCode::SERVICE_UNAVAILABLE, "metadata_unavailable"),
+            };
+            let body = json!({
+                "code": status.as_u16(),
+                "message": error.to_string(),
+                "reason": code,
+            });
+            (status, Json(body)).into_response()
+        }
+    }
+}
+
+fn not_a_cluster() -> Response {
+    let body = json!({
+        "code": 404,
+        "message": "this node runs alone: start it with --node-id and --peer (or [cluster]) to form a cluster",
+        "reason": "not_a_cluster",
+    });
+    (StatusCode::NOT_FOUND, Json(body)).into_response()
 }
 
 /// One partition of the document (see the module docs).

@@ -48,6 +48,14 @@ pub fn router(admin: Admin) -> Router {
         .route("/metrics", get(metrics))
         .route("/api/v1/status", get(status))
         .route("/api/v1/cluster", get(cluster::cluster))
+        .route(
+            "/api/v1/cluster/nodes",
+            axum::routing::post(cluster::add_node),
+        )
+        .route(
+            "/api/v1/cluster/nodes/{id}/remove",
+            axum::routing::post(cluster::remove_node),
+        )
         .route("/api/v1/attention", get(attention))
         .route(
             "/api/v1/settings",

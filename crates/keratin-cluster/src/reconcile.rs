@@ -1,0 +1,222 @@
+//! The reconciler: on every node, every [`ROUND`], each Raft group this node leads is brought
+//! to the members the metadata says it has.
+//! - A partition group whose committed voters differ from its replicas in the catalog changes
+//!   them (`ReplicatedLogs::change_voters`: new nodes join as learners and catch up first,
+//!   then joint consensus). One change per group at a time, on a task of its own.
+//! - Learners that are no longer replicas (voters that left) are forgotten once they had
+//!   [`LEARNER_GRACE`] to learn that the change committed (they retire on seeing it).
+//! - The metadata group's voters are the cluster's nodes (those it was formed with and the
+//!   added ones, but the removed ones), with the same steps.
+//!
+//! It only acts on a group whose membership is settled (not joint, the latest committed), so
+//! it never races a change in flight, including one of a leader before this one.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use keratin_net::GroupId;
+use keratin_raft::partition_log::{partition_group, ReplicatedLogs};
+use keratin_raft::replica::CATCH_UP_WAIT;
+use tokio::sync::watch;
+
+use crate::applier::AppliedState;
+use crate::meta::MetaGroup;
+
+/// How often the groups are looked at.
+pub(crate) const ROUND: Duration = Duration::from_secs(1);
+
+/// A former voter stays a learner this long before the leader forgets it: the time it needs
+/// to hear that the change committed (a few heartbeats), with room for a slow node.
+pub(crate) const LEARNER_GRACE: Duration = Duration::from_secs(5);
+
+/// What the reconciler works with.
+pub(crate) struct Reconciler {
+    pub(crate) logs: Arc<ReplicatedLogs>,
+    pub(crate) meta: Arc<MetaGroup>,
+    pub(crate) applied: Arc<AppliedState>,
+    /// The nodes the cluster was formed with, with their cluster addresses (the catalog
+    /// adds and removes nodes).
+    pub(crate) formed: BTreeMap<u64, String>,
+    /// Groups with a change under way.
+    busy: Arc<Mutex<BTreeSet<u64>>>,
+    /// When each stale learner was first seen, by group.
+    stale_since: BTreeMap<(u64, u64), Instant>,
+}
+
+impl Reconciler {
+    pub(crate) fn new(
+        logs: Arc<ReplicatedLogs>,
+        meta: Arc<MetaGroup>,
+        applied: Arc<AppliedState>,
+        formed: BTreeMap<u64, String>,
+    ) -> Reconciler {
+        Reconciler {
+            logs,
+            meta,
+            applied,
+            formed,
+            busy: Arc::default(),
+            stale_since: BTreeMap::new(),
+        }
+    }
+
+    /// Reconcile every [`ROUND`] until `stop`.
+    pub(crate) async fn run(mut self, mut stop: watch::Receiver<bool>) {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(ROUND) => {}
+                _ = stop.changed() => return,
+            }
+            if *stop.borrow() {
+                return;
+            }
+            self.round().await;
+        }
+    }
+
+    async fn round(&mut self) {
+        let catalog = self.applied.catalog();
+        let mut seen = BTreeSet::new();
+        for entry in catalog.queues().values() {
+            for (index, replicas) in entry.replicas.iter().enumerate() {
+                // A leader that is moving off still leads the change.
+                let Ok(group) = partition_group(entry.id, index as u32) else {
+                    continue;
+                };
+                if !self.logs.leads(group) {
+                    continue;
+                }
+                seen.insert(group.0);
+                self.partition(group, replicas.iter().copied().collect())
+                    .await;
+            }
+        }
+        if self.meta.leads().await {
+            seen.insert(crate::meta::META_GROUP.0);
+            self.metadata(catalog.nodes(&self.formed)).await;
+        }
+        self.stale_since
+            .retain(|(group, _), _| seen.contains(group));
+    }
+
+    /// Whether `group` may be changed now: no change of ours under way.
+    fn claim(&self, group: u64) -> Option<BusyGuard> {
+        let mut busy = self.busy.lock().unwrap_or_else(|e| e.into_inner());
+        busy.insert(group).then(|| BusyGuard {
+            busy: self.busy.clone(),
+            group,
+        })
+    }
+
+    /// The learners of `group` that had their grace, of `learners` (not in the target).
+    fn expired(&mut self, group: u64, learners: &BTreeSet<u64>) -> BTreeSet<u64> {
+        let now = Instant::now();
+        learners
+            .iter()
+            .copied()
+            .filter(|id| {
+                let since = *self.stale_since.entry((group, *id)).or_insert(now);
+                now.duration_since(since) >= LEARNER_GRACE
+            })
+            .collect()
+    }
+
+    async fn partition(&mut self, group: GroupId, target: BTreeSet<u64>) {
+        let Ok((effective, committed)) = self.logs.members(group).await else {
+            return;
+        };
+        if effective.joint || effective != committed {
+            return;
+        }
+        if committed.voters != target {
+            let Some(guard) = self.claim(group.0) else {
+                return;
+            };
+            let logs = self.logs.clone();
+            tokio::spawn(async move {
+                let _guard = guard;
+                match logs.change_voters(group, &target, CATCH_UP_WAIT).await {
+                    Ok(members) => {
+                        tracing::info!(group = group.0, voters = ?members.voters, "partition group voters changed")
+                    }
+                    Err(error) => {
+                        tracing::warn!(group = group.0, %error, "changing a partition group's voters; retrying")
+                    }
+                }
+            });
+            return;
+        }
+        let stale: BTreeSet<u64> = committed.learners.difference(&target).copied().collect();
+        let expired = self.expired(group.0, &stale);
+        if expired.is_empty() {
+            return;
+        }
+        let Some(_guard) = self.claim(group.0) else {
+            return;
+        };
+        match self.logs.remove_learners(group, &expired).await {
+            Ok(_) => {
+                tracing::info!(group = group.0, learners = ?expired, "former replicas forgotten")
+            }
+            Err(error) => tracing::warn!(group = group.0, %error, "forgetting former replicas"),
+        }
+    }
+
+    async fn metadata(&mut self, nodes: BTreeMap<u64, String>) {
+        let target: BTreeSet<u64> = nodes.keys().copied().collect();
+        let group = crate::meta::META_GROUP.0;
+        let Ok((effective, committed)) = self.meta.members().await else {
+            return;
+        };
+        if effective.joint || effective != committed {
+            return;
+        }
+        if committed.voters != target {
+            let Some(guard) = self.claim(group) else {
+                return;
+            };
+            let voters = nodes;
+            let meta = self.meta.clone();
+            tokio::spawn(async move {
+                let _guard = guard;
+                match meta.change_voters(&voters, CATCH_UP_WAIT).await {
+                    Ok(members) => {
+                        tracing::info!(voters = ?members.voters, "metadata group voters changed")
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "changing the metadata group's voters; retrying")
+                    }
+                }
+            });
+            return;
+        }
+        let stale: BTreeSet<u64> = committed.learners.difference(&target).copied().collect();
+        let expired = self.expired(group, &stale);
+        if expired.is_empty() {
+            return;
+        }
+        let Some(_guard) = self.claim(group) else {
+            return;
+        };
+        match self.meta.remove_learners(&expired).await {
+            Ok(_) => tracing::info!(learners = ?expired, "removed nodes left the metadata group"),
+            Err(error) => tracing::warn!(%error, "removing nodes from the metadata group"),
+        }
+    }
+}
+
+/// Marks a group busy while held.
+struct BusyGuard {
+    busy: Arc<Mutex<BTreeSet<u64>>>,
+    group: u64,
+}
+
+impl Drop for BusyGuard {
+    fn drop(&mut self) {
+        self.busy
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.group);
+    }
+}

@@ -1,0 +1,592 @@
+//! Changing a running cluster's nodes, on four in-process cluster nodes (`Node` with
+//! `[cluster]`, real transports on 127.0.0.1).
+//!
+//! `keratin cluster remove-node` on four in-process cluster nodes (`Node` with `[cluster]`,
+//! real transports on 127.0.0.1): a queue of one partition with three replicas, so one node
+//! holds none. Messages are published and some acked; then the partition's *leader* is
+//! removed, asked at the node that holds no replica (the request travels to the metadata
+//! leader). While publishes go on:
+//! - the answer plans the move onto the node without a replica, in the removed node's place;
+//! - the group's voters become the new set and all three are in sync (the new node caught
+//!   up from the log and snapshot), the removed node's copy retires and its files go, the
+//!   metadata group's voters drop it, and `cluster status` marks it removed;
+//! - with the removed node stopped, the new leader delivers every confirmed message that was
+//!   not acked, none acked comes back, and publishes keep being confirmed.
+//!
+//! Fails without the move (the voters never change), if the removed node keeps its files, or
+//! if a confirmed message is lost or an acked one comes back.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::Duration;
+
+use keratin_broker::{Broker, BrokerError, Message, QueueSettings};
+use keratin_net::{ClusterConfig, PeerSpec};
+use keratin_server::config::Config;
+use keratin_server::Node;
+use serde_json::Value;
+
+const QUEUE: &str = "moving";
+const NODES: u64 = 4;
+const WAIT: Duration = Duration::from_secs(60);
+
+fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, Value) {
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read");
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
+}
+
+async fn until<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: not within {WAIT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Configurations of [`NODES`] nodes: nodes `1..=formed` form the cluster (each lists them),
+/// the others list every node and join it later (`[cluster] join`).
+fn configs(dirs: &[tempfile::TempDir], formed: u64) -> Vec<Config> {
+    let addrs: Vec<SocketAddr> = (0..NODES)
+        .map(|_| {
+            let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+            listener.local_addr().expect("addr")
+        })
+        .collect();
+    let peers: Vec<PeerSpec> = addrs
+        .iter()
+        .enumerate()
+        .map(|(i, addr)| PeerSpec {
+            id: i as u64 + 1,
+            addr: *addr,
+        })
+        .collect();
+    (1..=NODES)
+        .zip(dirs)
+        .map(|(id, dir)| {
+            let mut config = common::node_config(dir.path());
+            // Small segments: the acked prefix is freed and the new node starts from a
+            // snapshot.
+            config.storage.segment_bytes = 256 << 10;
+            let join = id > formed;
+            config.cluster = Some(ClusterConfig {
+                node_id: id,
+                listen: join.then_some(peers[(id - 1) as usize].addr),
+                peers: if join {
+                    peers.clone()
+                } else {
+                    peers[..formed as usize].to_vec()
+                },
+                name: "membership".into(),
+                join,
+            });
+            config
+        })
+        .collect()
+}
+
+fn node(nodes: &[Option<Node>], id: u64) -> &Node {
+    nodes[(id - 1) as usize].as_ref().expect("node running")
+}
+
+/// The leader every running node agrees on.
+async fn agreed_leader(nodes: &[Option<Node>], queue: &str) -> u64 {
+    let mut polls = 0;
+    until("a leader the running nodes agree on", || {
+        // Nodes holding a replica: one that holds none names the preferred leader.
+        let leaders: Vec<Option<u64>> = nodes
+            .iter()
+            .flatten()
+            .filter_map(|n| {
+                let p = n.broker().info(queue).ok()?.partitions[0].clone();
+                (!p.replicas.is_empty()).then_some(p.leader)
+            })
+            .collect();
+        polls += 1;
+        if polls % 50 == 0 {
+            eprintln!("leaders seen: {leaders:?}");
+        }
+        let first = leaders.first().copied().flatten()?;
+        leaders
+            .iter()
+            .all(|l| *l == Some(first))
+            .then_some(first)
+            .filter(|l| nodes[(*l - 1) as usize].is_some())
+    })
+    .await
+}
+
+fn body(n: usize) -> String {
+    let mut body = format!("m{n} ");
+    body.extend(std::iter::repeat_n('x', 2_000));
+    body
+}
+
+/// Publish message `n` on whichever node leads, until confirmed or known refused for good.
+/// `Err` when its outcome is unknown (the leader lost its leadership with it in flight).
+async fn publish(nodes: &[Option<Node>], queue: &str, n: usize) -> Result<(), String> {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let leader = agreed_leader(nodes, queue).await;
+        let broker = node(nodes, leader).broker().clone();
+        let mut results = broker.publish(queue, vec![Message::new(body(n))]).await;
+        match results.remove(0) {
+            Ok(_) => return Ok(()),
+            Err(BrokerError::NotLeader { .. }) | Err(BrokerError::Limited { .. }) => {}
+            Err(error @ (BrokerError::LeadershipLost { .. } | BrokerError::TimedOut { .. })) => {
+                return Err(error.to_string())
+            }
+            Err(other) => panic!("publish m{n}: {other}"),
+        }
+        assert!(tokio::time::Instant::now() < deadline, "publish m{n}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Take up to `count` deliveries from `broker` (which must lead), acking each if `ack`; the
+/// bodies' numbers.
+async fn take(broker: &Broker, queue: &str, count: usize, ack: bool) -> Vec<usize> {
+    let mut consumer = broker
+        .subscribe(queue, 50)
+        .expect("subscribe at the leader");
+    let mut seen = Vec::new();
+    while seen.len() < count {
+        let next = tokio::time::timeout(Duration::from_secs(3), consumer.recv()).await;
+        let Ok(Some(delivery)) = next else { break };
+        let text = String::from_utf8_lossy(&delivery.message.body).to_string();
+        let n: usize = text[1..text.find(' ').expect("numbered body")]
+            .parse()
+            .expect("number");
+        seen.push(n);
+        if ack {
+            consumer.ack(&[delivery.tag]);
+        }
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_removed_leaders_partition_moves_to_another_node_and_keeps_every_confirmed_message() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let dirs: Vec<tempfile::TempDir> = (0..NODES)
+        .map(|_| tempfile::tempdir().expect("tempdir"))
+        .collect();
+    let configs = configs(&dirs, NODES);
+    let starting: Vec<_> = configs
+        .iter()
+        .cloned()
+        .map(|config| tokio::spawn(async move { Node::start(&config).await }))
+        .collect();
+    let mut nodes: Vec<Option<Node>> = Vec::new();
+    for handle in starting {
+        nodes.push(Some(handle.await.expect("task").expect("node starts")));
+    }
+    let settings = QueueSettings {
+        replicas: Some(3),
+        ..QueueSettings::default()
+    };
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while let Err(error) = node(&nodes, 1)
+        .broker()
+        .declare(QUEUE, settings.clone())
+        .await
+    {
+        assert!(tokio::time::Instant::now() < deadline, "declare: {error}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let leader = agreed_leader(&nodes, QUEUE).await;
+    let before: Vec<u64> = node(&nodes, leader)
+        .broker()
+        .info(QUEUE)
+        .expect("info")
+        .partitions[0]
+        .replicas
+        .clone();
+    assert_eq!(before.len(), 3, "{before:?}");
+    let spare = (1..=NODES)
+        .find(|id| !before.contains(id))
+        .expect("a node without a replica");
+
+    let mut confirmed = BTreeSet::new();
+    let mut unknown = BTreeSet::new();
+    for n in 0..300 {
+        match publish(&nodes, QUEUE, n).await {
+            Ok(()) => confirmed.insert(n),
+            Err(_) => unknown.insert(n),
+        };
+    }
+    let acked: BTreeSet<usize> = take(node(&nodes, leader).broker(), QUEUE, 150, true)
+        .await
+        .into_iter()
+        .collect();
+    assert_eq!(acked.len(), 150, "the first acks");
+
+    // Remove the leader, asked at the node holding no replica.
+    let (status, answer) = http(
+        node(&nodes, spare).http_addr(),
+        "POST",
+        &format!("/api/v1/cluster/nodes/{leader}/remove"),
+    );
+    assert_eq!(status, 200, "{answer}");
+    let planned = &answer["moves"];
+    assert_eq!(planned.as_array().map(Vec::len), Some(1), "{answer}");
+    assert_eq!(planned[0]["queue"], QUEUE);
+    assert_eq!(planned[0]["partition"], 0);
+    let ids = |v: &Value| -> Vec<u64> {
+        v.as_array()
+            .expect("ids")
+            .iter()
+            .map(|id| id.as_u64().expect("id"))
+            .collect()
+    };
+    let from = ids(&planned[0]["from"]);
+    assert_eq!(
+        from.iter().copied().collect::<BTreeSet<u64>>(),
+        before.iter().copied().collect::<BTreeSet<u64>>()
+    );
+    let expected: Vec<u64> = from
+        .iter()
+        .map(|id| if *id == leader { spare } else { *id })
+        .collect();
+    assert_eq!(
+        ids(&planned[0]["to"]),
+        expected,
+        "the spare node in the removed one's place"
+    );
+    let (again, _) = http(
+        node(&nodes, spare).http_addr(),
+        "POST",
+        &format!("/api/v1/cluster/nodes/{}/remove", NODES + 7),
+    );
+    assert_eq!(again, 404, "an unknown node");
+
+    // Publishes go on during the move.
+    for n in 300..400 {
+        match publish(&nodes, QUEUE, n).await {
+            Ok(()) => confirmed.insert(n),
+            Err(_) => unknown.insert(n),
+        };
+    }
+    let target: BTreeSet<u64> = expected.iter().copied().collect();
+    let mut polls = 0;
+    until("the group's voters are the new set, all in sync", || {
+        polls += 1;
+        if polls % 50 == 0 {
+            for n in nodes.iter().flatten() {
+                if let Ok(info) = n.broker().info(QUEUE) {
+                    let p = &info.partitions[0];
+                    eprintln!(
+                        "leading {} leader {:?} replicas {:?} in sync {:?}",
+                        p.leading, p.leader, p.replicas, p.in_sync
+                    );
+                }
+            }
+        }
+        nodes.iter().flatten().find_map(|n| {
+            let p = n.broker().info(QUEUE).ok()?.partitions[0].clone();
+            let voters: BTreeSet<u64> = p.replicas.iter().copied().collect();
+            let in_sync: BTreeSet<u64> = p.in_sync.iter().copied().collect();
+            (p.leading && voters == target && in_sync == target).then_some(())
+        })
+    })
+    .await;
+    let removed_dir = dirs[(leader - 1) as usize]
+        .path()
+        .join("data")
+        .join("queues");
+    until("the removed node's copy retired and its files went", || {
+        let left: Vec<_> = std::fs::read_dir(&removed_dir)
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .flat_map(|queue| std::fs::read_dir(queue.path()).into_iter().flatten())
+                    .flatten()
+                    .map(|p| p.path())
+                    .collect()
+            })
+            .unwrap_or_default();
+        left.is_empty().then_some(())
+    })
+    .await;
+    until("the metadata group dropped the removed node", || {
+        let (_, document) = http(node(&nodes, spare).http_addr(), "GET", "/api/v1/cluster");
+        let voters = document["meta_voters"].as_array()?.clone();
+        let removed = document["nodes"]
+            .as_array()?
+            .iter()
+            .find(|n| n["id"] == leader)?["removed"]
+            .as_bool()?;
+        (removed && voters.len() == 3 && !voters.contains(&Value::from(leader))).then_some(())
+    })
+    .await;
+
+    // The removed node goes away; the new group serves everything.
+    nodes[(leader - 1) as usize]
+        .take()
+        .expect("removed node")
+        .shutdown()
+        .await
+        .expect("shutdown");
+    for n in 400..420 {
+        match publish(&nodes, QUEUE, n).await {
+            Ok(()) => confirmed.insert(n),
+            Err(_) => unknown.insert(n),
+        };
+    }
+    let new_leader = agreed_leader(&nodes, QUEUE).await;
+    assert!(target.contains(&new_leader), "{new_leader} leads");
+    let wanted: BTreeSet<usize> = confirmed.difference(&acked).copied().collect();
+    let got = take(
+        node(&nodes, new_leader).broker(),
+        QUEUE,
+        wanted.len() + unknown.len(),
+        true,
+    )
+    .await;
+    let got_set: BTreeSet<usize> = got.iter().copied().collect();
+    let lost: Vec<_> = wanted.difference(&got_set).collect();
+    assert!(lost.is_empty(), "confirmed messages lost: {lost:?}");
+    let back: Vec<_> = acked.intersection(&got_set).collect();
+    assert!(back.is_empty(), "acked messages came back: {back:?}");
+    eprintln!(
+        "removed leader {leader}; {} confirmed, {} acked before, {} delivered after, {} unknown",
+        confirmed.len(),
+        acked.len(),
+        got.len(),
+        unknown.len()
+    );
+    for n in nodes.into_iter().flatten() {
+        n.shutdown().await.expect("shutdown");
+    }
+}
+
+/// Four queues of one partition and three replicas on three nodes (four replicas each); a
+/// fourth node started with `join` is admitted by `POST /api/v1/cluster/nodes` at node 2 and
+/// takes its share: three replicas move onto it. It joins the metadata group's voters, each
+/// moved group counts it in sync, its copy holds every live message, and with the node that
+/// gave a replica stopped, every confirmed message not acked is delivered and none acked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_added_node_joins_the_metadata_group_and_takes_its_share_of_replicas() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let dirs: Vec<tempfile::TempDir> = (0..NODES)
+        .map(|_| tempfile::tempdir().expect("tempdir"))
+        .collect();
+    let configs = configs(&dirs, 3);
+    let starting: Vec<_> = configs[..3]
+        .iter()
+        .cloned()
+        .map(|config| tokio::spawn(async move { Node::start(&config).await }))
+        .collect();
+    let mut nodes: Vec<Option<Node>> = Vec::new();
+    for handle in starting {
+        nodes.push(Some(handle.await.expect("task").expect("node starts")));
+    }
+    nodes.push(None);
+    let queues: Vec<String> = (0..4).map(|q| format!("grow-{q}")).collect();
+    let settings = QueueSettings {
+        replicas: Some(3),
+        ..QueueSettings::default()
+    };
+    for queue in &queues {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while let Err(error) = node(&nodes, 1)
+            .broker()
+            .declare(queue, settings.clone())
+            .await
+        {
+            assert!(tokio::time::Instant::now() < deadline, "declare: {error}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let mut confirmed: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); queues.len()];
+    for (q, queue) in queues.iter().enumerate() {
+        for n in 0..60 {
+            if publish(&nodes, queue, n).await.is_ok() {
+                confirmed[q].insert(n);
+            }
+        }
+    }
+    // Acks on the first queue: the rest of its log is what the new node must hold.
+    let leader = agreed_leader(&nodes, &queues[0]).await;
+    let acked: BTreeSet<usize> = take(node(&nodes, leader).broker(), &queues[0], 20, true)
+        .await
+        .into_iter()
+        .collect();
+    assert_eq!(acked.len(), 20);
+
+    // The fourth node starts alone: it forms nothing, and waits to be admitted.
+    nodes[3] = Some(Node::start(&configs[3]).await.expect("node 4 starts"));
+    let addr4 = configs[3]
+        .cluster
+        .as_ref()
+        .and_then(|c| c.listen)
+        .expect("node 4's cluster address");
+    let body = serde_json::json!({"id": 4, "cluster_addr": addr4.to_string()});
+    let (status, answer) = http_json(node(&nodes, 2).http_addr(), "/api/v1/cluster/nodes", &body);
+    assert_eq!(status, 200, "{answer}");
+    let moves = answer["moves"].as_array().expect("moves").clone();
+    assert_eq!(
+        moves.len(),
+        3,
+        "12 replicas over 4 nodes: 3 move to node 4: {answer}"
+    );
+    let (again, repeat) = http_json(node(&nodes, 2).http_addr(), "/api/v1/cluster/nodes", &body);
+    assert_eq!(again, 200, "adding it again continues: {repeat}");
+    let (taken, refusal) = http_json(
+        node(&nodes, 2).http_addr(),
+        "/api/v1/cluster/nodes",
+        &serde_json::json!({"id": 2, "cluster_addr": "127.0.0.1:1"}),
+    );
+    assert_eq!((taken, &refusal["reason"]), (409, &Value::from("id_taken")));
+
+    until("the metadata group's voters are the four nodes", || {
+        let (_, document) = http(node(&nodes, 1).http_addr(), "GET", "/api/v1/cluster");
+        (document["meta_voters"] == serde_json::json!([1, 2, 3, 4])).then_some(())
+    })
+    .await;
+    for planned in &moves {
+        let queue = planned["queue"].as_str().expect("queue").to_string();
+        let wanted: BTreeSet<u64> = planned["to"]
+            .as_array()
+            .expect("to")
+            .iter()
+            .map(|n| n.as_u64().expect("id"))
+            .collect();
+        assert!(wanted.contains(&4), "{planned}");
+        until(&format!("{queue}: the planned voters, all in sync"), || {
+            nodes.iter().flatten().find_map(|n| {
+                let p = n.broker().info(&queue).ok()?.partitions[0].clone();
+                let voters: BTreeSet<u64> = p.replicas.iter().copied().collect();
+                let in_sync: BTreeSet<u64> = p.in_sync.iter().copied().collect();
+                (p.leading && voters == wanted && in_sync == wanted).then_some(())
+            })
+        })
+        .await;
+        let q = queues
+            .iter()
+            .position(|name| *name == queue)
+            .expect("queue");
+        let live = confirmed[q].len() - if q == 0 { acked.len() } else { 0 };
+        until(
+            &format!("{queue}: node 4's copy holds every live message"),
+            || {
+                let p = node(&nodes, 4).broker().info(&queue).ok()?.partitions[0].clone();
+                (p.ready + p.inflight == live as u64).then_some(())
+            },
+        )
+        .await;
+    }
+
+    // The node that gave the first moved replica stops: the group goes on with node 4.
+    let first = &moves[0];
+    let queue = first["queue"].as_str().expect("queue").to_string();
+    let giver = first["from"]
+        .as_array()
+        .expect("from")
+        .iter()
+        .map(|n| n.as_u64().expect("id"))
+        .find(|id| {
+            !first["to"]
+                .as_array()
+                .expect("to")
+                .contains(&Value::from(*id))
+        })
+        .expect("the giver");
+    nodes[(giver - 1) as usize]
+        .take()
+        .expect("giver")
+        .shutdown()
+        .await
+        .expect("shutdown");
+    let q = queues
+        .iter()
+        .position(|name| *name == queue)
+        .expect("queue");
+    for n in 60..80 {
+        if publish(&nodes, &queue, n).await.is_ok() {
+            confirmed[q].insert(n);
+        }
+    }
+    let leader = agreed_leader(&nodes, &queue).await;
+    let gone = if q == 0 {
+        acked.clone()
+    } else {
+        BTreeSet::new()
+    };
+    let wanted: BTreeSet<usize> = confirmed[q].difference(&gone).copied().collect();
+    let got: BTreeSet<usize> = take(node(&nodes, leader).broker(), &queue, wanted.len(), true)
+        .await
+        .into_iter()
+        .collect();
+    let lost: Vec<_> = wanted.difference(&got).collect();
+    assert!(
+        lost.is_empty(),
+        "{queue}: confirmed messages lost: {lost:?}"
+    );
+    let back: Vec<_> = gone.intersection(&got).collect();
+    assert!(
+        back.is_empty(),
+        "{queue}: acked messages came back: {back:?}"
+    );
+    eprintln!(
+        "node 4 added: {} moves; {queue} without node {giver}: {} delivered",
+        moves.len(),
+        got.len()
+    );
+    for n in nodes.into_iter().flatten() {
+        n.shutdown().await.expect("shutdown");
+    }
+}
+
+fn http_json(addr: SocketAddr, path: &str, body: &Value) -> (u16, Value) {
+    let body = body.to_string();
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    write!(
+        stream,
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read");
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
+}
