@@ -2,9 +2,11 @@
 //! (addresses, reachable or not, which leads the metadata group) and every queue's partitions
 //! (leader, replicas, in-sync set, largest replica lag) — read from the HTTP admin port's
 //! `GET /api/v1/cluster`. Only a partition's leader knows its in-sync set and lags: for the
-//! partitions another node leads, the leader's own document is read too (once per leader, at
-//! the admin address the first node lists for it) and its view of those partitions is taken,
-//! marked `"lag_from": <leader id>`; a leader that cannot be reached leaves them `null`.
+//! partitions another node leads, the leader's own document is read too (each node at most
+//! once, at the admin address the first node lists for it; when the named leader does not
+//! lead, as a node holding no replica names the preferred one, the other nodes are asked) and
+//! its view of those partitions is taken, marked `"lag_from": <leader id>`; a leader that
+//! cannot be reached leaves them `null`.
 //! `--json` prints the document with those views filled in.
 //!
 //! `keratin cluster add-node ID=ADDR [--no-rebalance] [--wait SECS]`: admit a node started
@@ -311,8 +313,10 @@ pub(crate) fn queue_partitions(http: &str, name: &str) -> Option<Vec<Value>> {
     queue["partitions"].as_array().cloned()
 }
 
-/// The in-sync set and lags of each partition led by another node, from that node's document
-/// (`fetch` of its admin address; once per leader).
+/// The in-sync set, lags and voters of each partition led by another node, from that node's
+/// document (`fetch` of its admin address; each node at most once): the leader this node
+/// names, else the node among the others that says it leads (a node holding no replica
+/// names the preferred leader, which need not lead).
 fn fill_from_leaders(document: &mut Value, fetch: impl Fn(&str) -> Option<Value>) {
     let admins: std::collections::BTreeMap<u64, String> = document["nodes"]
         .as_array()
@@ -325,6 +329,7 @@ fn fill_from_leaders(document: &mut Value, fetch: impl Fn(&str) -> Option<Value>
             ))
         })
         .collect();
+    let own = document["node_id"].as_u64().unwrap_or(0);
     let mut fetched: std::collections::BTreeMap<u64, Option<Value>> = Default::default();
     let Some(queues) = document["queues"].as_array_mut() else {
         return;
@@ -338,18 +343,35 @@ fn fill_from_leaders(document: &mut Value, fetch: impl Fn(&str) -> Option<Value>
             if p["leading"].as_bool() == Some(true) {
                 continue;
             }
-            let Some(leader) = p["leader"].as_u64() else {
+            // The leader this node names first, then every other node: a node holding no
+            // replica names the preferred leader, which need not lead.
+            let named = p["leader"].as_u64();
+            let candidates: Vec<u64> = named
+                .into_iter()
+                .chain(
+                    admins
+                        .keys()
+                        .copied()
+                        .filter(|id| Some(*id) != named && *id != own),
+                )
+                .collect();
+            let mut found = None;
+            for candidate in candidates {
+                let seen = fetched
+                    .entry(candidate)
+                    .or_insert_with(|| admins.get(&candidate).and_then(|admin| fetch(admin)));
+                if let Some(view) = seen
+                    .as_ref()
+                    .and_then(|doc| leader_view(doc, &name, &p["index"]))
+                {
+                    found = Some((candidate, view.clone()));
+                    break;
+                }
+            }
+            let Some((leader, view)) = found else {
                 continue;
             };
-            let seen = fetched
-                .entry(leader)
-                .or_insert_with(|| admins.get(&leader).and_then(|admin| fetch(admin)));
-            let Some(view) = seen
-                .as_ref()
-                .and_then(|doc| leader_view(doc, &name, &p["index"]))
-            else {
-                continue;
-            };
+            p["leader"] = Value::from(leader);
             for key in ["in_sync", "replica_lag", "max_lag"] {
                 p[key] = view[key].clone();
             }
@@ -524,6 +546,49 @@ mod tests {
             not_moved(&document, &planned),
             vec!["orders/1"],
             "partition 0's leader counts 1,2,3; partition 1 has no leader view"
+        );
+    }
+
+    #[test]
+    fn a_partition_is_filled_from_the_node_that_leads_it_when_the_named_one_does_not() {
+        // Node 1 holds no replica of the partition: it names the preferred leader (3), and
+        // node 2 leads it.
+        let mut document = serde_json::json!({
+            "nodes": [
+                {"id": 1, "info": {"admin": "a1"}},
+                {"id": 2, "info": {"admin": "a2"}},
+                {"id": 3, "info": {"admin": "a3"}}
+            ],
+            "queues": [{"name": "q", "partitions": [
+                {"index": 0, "leading": false, "leader": 3, "replicas": [], "in_sync": null}
+            ]}]
+        });
+        let view = |leading: bool| {
+            serde_json::json!({"queues": [{"name": "q", "partitions": [
+                {"index": 0, "leading": leading, "leader": 2, "replicas": [2, 3, 4],
+                 "in_sync": if leading { serde_json::json!([2, 3, 4]) } else { Value::Null },
+                 "replica_lag": null, "max_lag": 0}
+            ]}]})
+        };
+        let asked = std::cell::RefCell::new(Vec::new());
+        fill_from_leaders(&mut document, |admin| {
+            asked.borrow_mut().push(admin.to_owned());
+            match admin {
+                "a2" => Some(view(true)),
+                "a3" => Some(view(false)),
+                _ => None,
+            }
+        });
+        let p = &document["queues"][0]["partitions"][0];
+        assert_eq!(p["lag_from"], 2, "{p}");
+        assert_eq!(p["leader"], 2, "{p}");
+        assert_eq!(p["replicas"], serde_json::json!([2, 3, 4]), "{p}");
+        assert_eq!(p["in_sync"], serde_json::json!([2, 3, 4]), "{p}");
+        let asked = asked.into_inner();
+        assert_eq!(
+            asked.iter().filter(|a| *a == "a3").count(),
+            1,
+            "each node asked once: {asked:?}"
         );
     }
 }
