@@ -536,6 +536,7 @@ impl Owner {
             Command::Close { reply } => return Some(Exit::Close(reply)),
             Command::Delete { reply } => return Some(Exit::Delete(reply)),
             Command::Replace { reply } => {
+                self.answer_moved();
                 let consumers = if self.role.leading {
                     let reason = Role {
                         leading: false,

@@ -66,6 +66,41 @@ impl Owner {
         }
     }
 
+    /// This node's copy of the partition is being replaced (it moved: `Command::Replace`):
+    /// every publish and purge still waiting is answered now, since this owner ends without
+    /// answering them otherwise. Those in the log whose fate is not known are answered as
+    /// [`BrokerError::LeadershipLost`] (they may be committed: an idempotent producer's retry
+    /// is stored once), those held back by slowing as "not the leader" (never proposed).
+    pub(super) fn answer_moved(&mut self) {
+        let lost = BrokerError::LeadershipLost {
+            queue: self.ctx.queue.clone(),
+            partition: self.ctx.index,
+            why: "this node's copy of the partition moved to other nodes".to_string(),
+        };
+        for pending in &mut self.pending {
+            // An outcome known but not answered yet (an earlier append is still out) is told
+            // as it is: durable is confirmed, refused is refused.
+            let outcome = match &pending.result {
+                Some(AppendOutcome::Durable(range)) => Ok(range.clone()),
+                Some(AppendOutcome::Refused(error)) => Err(error.clone()),
+                Some(AppendOutcome::Failed(_)) | None => Err(lost.clone()),
+            };
+            match std::mem::replace(&mut pending.done, Done::Internal) {
+                Done::Publish(reply) => {
+                    let _ = reply.send(outcome);
+                }
+                Done::Purge(reply, count) => {
+                    let _ = reply.send(outcome.map(|_| count));
+                }
+                Done::Internal => {}
+            }
+        }
+        let refusal = self.not_leader();
+        for delayed in std::mem::take(&mut self.delayed) {
+            let _ = delayed.reply.send(Err(refusal.clone()));
+        }
+    }
+
     /// What this node knows of the partition's leadership, for an answer to a publisher.
     pub(super) fn leadership_now(&self) -> String {
         match (self.role.leading, self.role.leader, &self.role.addr) {
