@@ -392,6 +392,8 @@ async fn a_removed_leaders_partition_moves_to_another_node_and_keeps_every_confi
 /// takes its share: three replicas move onto it. It joins the metadata group's voters, each
 /// moved group counts it in sync, its copy holds every live message, and with the node that
 /// gave a replica stopped, every confirmed message not acked is delivered and none acked.
+/// Then the whole cluster restarts, nodes 1-3 with their old peer lists: the moved groups
+/// serve with node 4 again and it is still a metadata voter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_added_node_joins_the_metadata_group_and_takes_its_share_of_replicas() {
     let _ = tracing_subscriber::fmt()
@@ -563,6 +565,49 @@ async fn an_added_node_joins_the_metadata_group_and_takes_its_share_of_replicas(
         moves.len(),
         got.len()
     );
+
+    // The whole cluster restarts, nodes 1-3 with their old peer lists (without node 4): they
+    // learn node 4 again from the metadata they replay, and every moved group serves.
+    for n in std::mem::take(&mut nodes).into_iter().flatten() {
+        n.shutdown().await.expect("shutdown");
+    }
+    let starting: Vec<_> = configs
+        .iter()
+        .cloned()
+        .map(|config| tokio::spawn(async move { Node::start(&config).await }))
+        .collect();
+    for handle in starting {
+        nodes.push(Some(handle.await.expect("task").expect("node restarts")));
+    }
+    for planned in &moves {
+        let queue = planned["queue"].as_str().expect("queue").to_string();
+        let wanted: BTreeSet<u64> = planned["to"]
+            .as_array()
+            .expect("to")
+            .iter()
+            .map(|n| n.as_u64().expect("id"))
+            .collect();
+        until(
+            &format!("{queue} after the restart: the planned voters, in sync"),
+            || {
+                nodes.iter().flatten().find_map(|n| {
+                    let p = n.broker().info(&queue).ok()?.partitions[0].clone();
+                    let voters: BTreeSet<u64> = p.replicas.iter().copied().collect();
+                    let in_sync: BTreeSet<u64> = p.in_sync.iter().copied().collect();
+                    (p.leading && voters == wanted && in_sync == wanted).then_some(())
+                })
+            },
+        )
+        .await;
+        publish(&nodes, &queue, 1_000)
+            .await
+            .expect("a publish after the restart is confirmed");
+    }
+    until("the metadata voters after the restart", || {
+        let (_, document) = http(node(&nodes, 1).http_addr(), "GET", "/api/v1/cluster");
+        (document["meta_voters"] == serde_json::json!([1, 2, 3, 4])).then_some(())
+    })
+    .await;
     for n in nodes.into_iter().flatten() {
         n.shutdown().await.expect("shutdown");
     }
