@@ -741,12 +741,7 @@ impl Broker {
     ) -> BrokerResult<QueueInfo> {
         let inner = &self.inner;
         let claim = inner.claim(name).await?;
-        let decl = inner
-            .meta_state()
-            .catalog
-            .by_name(name)
-            .cloned()
-            .ok_or_else(|| BrokerError::NotFound(name.into()))?;
+        let decl = inner.declared(name)?;
         let settings = update(&decl.settings)?;
         settings.validate(name)?;
         if decl.settings.replicas != settings.replicas {
@@ -883,12 +878,7 @@ impl Broker {
     ) -> BrokerResult<()> {
         let inner = &self.inner;
         let claim = inner.claim(name).await?;
-        let decl = inner
-            .meta_state()
-            .catalog
-            .by_name(name)
-            .cloned()
-            .ok_or_else(|| BrokerError::NotFound(name.into()))?;
+        let decl = inner.declared(name)?;
         let i = index as usize;
         let before = match decl.replicas.get(i) {
             Some(before) if !replicas.is_empty() => before.clone(),
@@ -1206,6 +1196,15 @@ impl BrokerInner {
     fn queue(&self, name: &str) -> BrokerResult<Arc<Queue>> {
         self.queues_read()
             .get(name)
+            .cloned()
+            .ok_or_else(|| BrokerError::NotFound(name.into()))
+    }
+
+    /// Queue `name`'s declaration as the node's metadata holds it.
+    fn declared(&self, name: &str) -> BrokerResult<QueueDecl> {
+        self.meta_state()
+            .catalog
+            .by_name(name)
             .cloned()
             .ok_or_else(|| BrokerError::NotFound(name.into()))
     }

@@ -354,15 +354,9 @@ impl ClusterNode {
                 .await
                 .map_err(RemoveNodeError::Metadata)?;
         }
-        for planned in &moves {
-            self.decide(ClusterRecord::PartitionReplicasChanged {
-                name: planned.queue.clone(),
-                index: planned.partition,
-                replicas: planned.to.clone(),
-            })
+        self.propose_moves(&moves)
             .await
             .map_err(RemoveNodeError::Metadata)?;
-        }
         tracing::info!(
             node = id,
             moves = moves.len(),
@@ -431,17 +425,24 @@ impl ClusterNode {
         let catalog = self.applied.catalog();
         let nodes: Vec<u64> = catalog.nodes(&self.formed).into_keys().collect();
         let moves = plan_rebalance(&catalog, id, &nodes);
-        for planned in &moves {
+        self.propose_moves(&moves)
+            .await
+            .map_err(AddNodeError::Metadata)?;
+        tracing::info!(node = id, moves = moves.len(), "node added to the cluster");
+        Ok(moves)
+    }
+
+    /// Propose each move's record in turn, each applied here before the next.
+    async fn propose_moves(&self, moves: &[PlannedMove]) -> Result<(), String> {
+        for planned in moves {
             self.decide(ClusterRecord::PartitionReplicasChanged {
                 name: planned.queue.clone(),
                 index: planned.partition,
                 replicas: planned.to.clone(),
             })
-            .await
-            .map_err(AddNodeError::Metadata)?;
+            .await?;
         }
-        tracing::info!(node = id, moves = moves.len(), "node added to the cluster");
-        Ok(moves)
+        Ok(())
     }
 
     /// Propose `record` and wait until this node applied it; why not, if not.

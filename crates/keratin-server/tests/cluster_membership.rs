@@ -33,11 +33,15 @@ const QUEUE: &str = "moving";
 const NODES: u64 = 4;
 const WAIT: Duration = Duration::from_secs(60);
 
-fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, Value) {
+/// `method path` on an admin port, with a JSON body if given: the status and the JSON answer.
+fn http_body(addr: SocketAddr, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+    let body = body.map(Value::to_string).unwrap_or_default();
     let mut stream = TcpStream::connect(addr).expect("connect");
     write!(
         stream,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
     )
     .expect("send");
     let mut response = String::new();
@@ -52,6 +56,14 @@ fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, Value) {
         .map(|(_, b)| b.to_string())
         .unwrap_or_default();
     (status, serde_json::from_str(&body).unwrap_or(Value::Null))
+}
+
+fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, Value) {
+    http_body(addr, method, path, None)
+}
+
+fn http_json(addr: SocketAddr, path: &str, body: &Value) -> (u16, Value) {
+    http_body(addr, "POST", path, Some(body))
 }
 
 async fn until<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
@@ -611,27 +623,4 @@ async fn an_added_node_joins_the_metadata_group_and_takes_its_share_of_replicas(
     for n in nodes.into_iter().flatten() {
         n.shutdown().await.expect("shutdown");
     }
-}
-
-fn http_json(addr: SocketAddr, path: &str, body: &Value) -> (u16, Value) {
-    let body = body.to_string();
-    let mut stream = TcpStream::connect(addr).expect("connect");
-    write!(
-        stream,
-        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .expect("send");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).expect("read");
-    let status = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
 }

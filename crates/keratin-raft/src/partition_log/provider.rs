@@ -287,18 +287,8 @@ impl ReplicatedLogs {
             return Ok(());
         }
         tracing::info!(queue = %place.queue, partition = place.index, dir = %place.dir.display(), "removing the files of a replica this node no longer holds");
-        let options = LogOptions {
-            full_segment_size_bytes: place.segment_size_bytes,
-            ..LogOptions::default()
-        };
         let invalid = |e: RaftError| BrokerError::Log(log_error("removing a former replica", e));
-        let logs = GroupLogs::open(
-            place.io.clone(),
-            &place.dir,
-            options,
-            Some(place.pool.clone()),
-        )
-        .map_err(invalid)?;
+        let logs = open_group_logs(place).map_err(invalid)?;
         match logs.try_delete() {
             Ok(result) => result.map_err(invalid)?,
             Err(_) => {
@@ -356,6 +346,20 @@ impl ReplicatedLogs {
     }
 }
 
+/// A replica's logs in `place.dir`, on the node's pool (blocking).
+fn open_group_logs(place: &PartitionPlace) -> Result<GroupLogs, RaftError> {
+    let options = LogOptions {
+        full_segment_size_bytes: place.segment_size_bytes,
+        ..LogOptions::default()
+    };
+    GroupLogs::open(
+        place.io.clone(),
+        &place.dir,
+        options,
+        Some(place.pool.clone()),
+    )
+}
+
 /// How a replica whose log holds no membership yet starts.
 #[derive(Debug)]
 enum Opening {
@@ -381,18 +385,8 @@ impl PartitionLogs for ReplicatedLogs {
                 place.dir.display()
             )))
         })?;
-        let options = LogOptions {
-            full_segment_size_bytes: place.segment_size_bytes,
-            ..LogOptions::default()
-        };
         // The node's pool: replicas allocate their segments like every other log of the node.
-        let logs = GroupLogs::open(
-            place.io.clone(),
-            &place.dir,
-            options,
-            Some(place.pool.clone()),
-        )
-        .map_err(invalid)?;
+        let logs = open_group_logs(place).map_err(invalid)?;
         let replica = handle
             .block_on(self.start_group(group, logs, opening))
             .map_err(invalid)?;
