@@ -18,11 +18,13 @@
 
 mod common;
 
+use common::brokers::{body, three_replicas as settings};
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use common::brokers::{wait_info, BrokerNode};
-use keratin_broker::{Broker, BrokerError, Consumer, Message, QueueSettings};
+use keratin_broker::{Broker, BrokerError, Consumer, Message};
 use keratin_log::MIN_SEGMENT_SIZE_BYTES;
 use keratin_net::GroupId;
 use keratin_raft::partition_log::partition_group;
@@ -32,23 +34,9 @@ use openraft::async_runtime::watch::WatchReceiver;
 const QUEUE: &str = "moves";
 const QUEUE_ID: u64 = 9;
 const WAIT: Duration = Duration::from_secs(30);
-const BODY_BYTES: usize = 1_000;
 
 fn group() -> GroupId {
     partition_group(QUEUE_ID, 0).expect("group id")
-}
-
-fn settings() -> QueueSettings {
-    QueueSettings {
-        replicas: Some(3),
-        ..QueueSettings::default()
-    }
-}
-
-fn body(prefix: &str, n: usize) -> String {
-    let mut body = format!("{prefix} {n} ");
-    body.extend(std::iter::repeat_n('x', BODY_BYTES - body.len()));
-    body
 }
 
 fn bodies(prefix: &str, count: usize) -> Vec<String> {
@@ -203,6 +191,16 @@ async fn delivers_exactly(nodes: &BTreeMap<u64, BrokerNode>, ids: &BTreeSet<u64>
     }
 }
 
+/// Four nodes' network, nodes 1 to 3 started with the group formed on them.
+async fn start_three() -> (common::tcp::Loopback, BTreeMap<u64, BrokerNode>) {
+    let mut net = common::tcp::nodes(4).await;
+    let mut nodes = BTreeMap::new();
+    for id in 1..=3 {
+        nodes.insert(id, start_node(&mut net, id, &[1, 2, 3], &[1, 2, 3]).await);
+    }
+    (net, nodes)
+}
+
 async fn stop_all(nodes: BTreeMap<u64, BrokerNode>) {
     for (_, node) in nodes {
         node.stop().await;
@@ -211,11 +209,7 @@ async fn stop_all(nodes: BTreeMap<u64, BrokerNode>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_replica_moves_to_a_new_node_while_publishes_go_on() {
-    let mut net = common::tcp::nodes(4).await;
-    let mut nodes = BTreeMap::new();
-    for id in 1..=3 {
-        nodes.insert(id, start_node(&mut net, id, &[1, 2, 3], &[1, 2, 3]).await);
-    }
+    let (mut net, mut nodes) = start_three().await;
     let first = leader_among(&nodes, &[1, 2, 3].into()).await;
     let acked = bodies("acked", 1_000);
     let mut live = bodies("live", 100);
@@ -421,11 +415,7 @@ async fn a_joining_replica_never_initializes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_joining_node_restarted_mid_catch_up_completes() {
-    let mut net = common::tcp::nodes(4).await;
-    let mut nodes = BTreeMap::new();
-    for id in 1..=3 {
-        nodes.insert(id, start_node(&mut net, id, &[1, 2, 3], &[1, 2, 3]).await);
-    }
+    let (mut net, mut nodes) = start_three().await;
     let first = leader_among(&nodes, &[1, 2, 3].into()).await;
     // Enough live messages (6 MB) that catching up takes a while.
     let live = bodies("live", 6_000);
@@ -486,11 +476,7 @@ async fn a_joining_node_restarted_mid_catch_up_completes() {
 /// says so, and the voters stay as they were.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_new_node_that_does_not_catch_up_leaves_the_voters_unchanged() {
-    let mut net = common::tcp::nodes(4).await;
-    let mut nodes = BTreeMap::new();
-    for id in 1..=3 {
-        nodes.insert(id, start_node(&mut net, id, &[1, 2, 3], &[1, 2, 3]).await);
-    }
+    let (_net, nodes) = start_three().await;
     let first = leader_among(&nodes, &[1, 2, 3].into()).await;
     let brokers: BTreeMap<u64, &Broker> = [(first, &nodes[&first].broker)].into();
     publish(&brokers, &bodies("live", 10)).await;

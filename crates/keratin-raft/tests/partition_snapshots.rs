@@ -17,11 +17,13 @@
 
 mod common;
 
+use common::brokers::{body, three_replicas as settings};
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use common::brokers::{wait_info, BrokerNode};
-use keratin_broker::{Broker, BrokerError, Consumer, Message, QueueSettings};
+use keratin_broker::{Broker, BrokerError, Consumer, Message};
 use keratin_log::MIN_SEGMENT_SIZE_BYTES;
 
 const QUEUE: &str = "events";
@@ -31,20 +33,6 @@ const WAIT: Duration = Duration::from_secs(20);
 const ACKED: usize = 2_000;
 /// Messages left live at the end.
 const LIVE: usize = 50;
-const BODY_BYTES: usize = 1_000;
-
-fn settings() -> QueueSettings {
-    QueueSettings {
-        replicas: Some(3),
-        ..QueueSettings::default()
-    }
-}
-
-fn body(prefix: &str, n: usize) -> String {
-    let mut body = format!("{prefix} {n} ");
-    body.extend(std::iter::repeat_n('x', BODY_BYTES - body.len()));
-    body
-}
 
 async fn leader(nodes: &BTreeMap<u64, BrokerNode>) -> u64 {
     common::brokers::agreed_leader(nodes, QUEUE, WAIT).await

@@ -10,11 +10,10 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use keratin_broker::{BrokerError, Message, QueueSettings};
-use keratin_net::{ClusterConfig, PeerSpec};
 use keratin_server::attention::AttentionKind;
 use keratin_server::config::Config;
 use keratin_server::Node;
@@ -74,38 +73,6 @@ async fn until<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
     }
 }
 
-fn configs(dirs: &[tempfile::TempDir]) -> Vec<Config> {
-    // Ports chosen by the system, then released for the nodes to bind.
-    let addrs: Vec<SocketAddr> = (0..3)
-        .map(|_| {
-            let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-            listener.local_addr().expect("addr")
-        })
-        .collect();
-    let peers: Vec<PeerSpec> = addrs
-        .iter()
-        .enumerate()
-        .map(|(i, addr)| PeerSpec {
-            id: i as u64 + 1,
-            addr: *addr,
-        })
-        .collect();
-    (1..=3u64)
-        .zip(dirs)
-        .map(|(id, dir)| {
-            let mut config = common::node_config(dir.path());
-            config.cluster = Some(ClusterConfig {
-                node_id: id,
-                listen: None,
-                peers: peers.clone(),
-                name: "health".into(),
-                join: false,
-            });
-            config
-        })
-        .collect()
-}
-
 /// Node `id` of `nodes`, if running.
 fn node(nodes: &[Option<Node>], id: u64) -> Option<&Node> {
     nodes[(id - 1) as usize].as_ref()
@@ -120,7 +87,7 @@ async fn replica_health_shows_in_the_cluster_document_metrics_and_attention() {
     let dirs: Vec<tempfile::TempDir> = (0..3)
         .map(|_| tempfile::tempdir().expect("tempdir"))
         .collect();
-    let configs = configs(&dirs);
+    let configs = common::cluster_configs(&dirs, 3, "health");
     let starting: Vec<_> = configs
         .iter()
         .cloned()

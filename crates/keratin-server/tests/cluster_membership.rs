@@ -20,11 +20,10 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use keratin_broker::{Broker, BrokerError, Message, QueueSettings};
-use keratin_net::{ClusterConfig, PeerSpec};
 use keratin_server::config::Config;
 use keratin_server::Node;
 use serde_json::Value;
@@ -80,45 +79,14 @@ async fn until<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
     }
 }
 
-/// Configurations of [`NODES`] nodes: nodes `1..=formed` form the cluster (each lists them),
-/// the others list every node and join it later (`[cluster] join`).
+/// [`common::cluster_configs`] of [`NODES`] nodes, nodes `1..=formed` forming the cluster, with
+/// small segments: the acked prefix is freed and a new replica starts from a snapshot.
 fn configs(dirs: &[tempfile::TempDir], formed: u64) -> Vec<Config> {
-    let addrs: Vec<SocketAddr> = (0..NODES)
-        .map(|_| {
-            let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-            listener.local_addr().expect("addr")
-        })
-        .collect();
-    let peers: Vec<PeerSpec> = addrs
-        .iter()
-        .enumerate()
-        .map(|(i, addr)| PeerSpec {
-            id: i as u64 + 1,
-            addr: *addr,
-        })
-        .collect();
-    (1..=NODES)
-        .zip(dirs)
-        .map(|(id, dir)| {
-            let mut config = common::node_config(dir.path());
-            // Small segments: the acked prefix is freed and the new node starts from a
-            // snapshot.
-            config.storage.segment_bytes = 256 << 10;
-            let join = id > formed;
-            config.cluster = Some(ClusterConfig {
-                node_id: id,
-                listen: join.then_some(peers[(id - 1) as usize].addr),
-                peers: if join {
-                    peers.clone()
-                } else {
-                    peers[..formed as usize].to_vec()
-                },
-                name: "membership".into(),
-                join,
-            });
-            config
-        })
-        .collect()
+    let mut configs = common::cluster_configs(dirs, formed, "membership");
+    for config in &mut configs {
+        config.storage.segment_bytes = 256 << 10;
+    }
+    configs
 }
 
 fn node(nodes: &[Option<Node>], id: u64) -> &Node {
@@ -211,15 +179,7 @@ async fn a_removed_leaders_partition_moves_to_another_node_and_keeps_every_confi
         .map(|_| tempfile::tempdir().expect("tempdir"))
         .collect();
     let configs = configs(&dirs, NODES);
-    let starting: Vec<_> = configs
-        .iter()
-        .cloned()
-        .map(|config| tokio::spawn(async move { Node::start(&config).await }))
-        .collect();
-    let mut nodes: Vec<Option<Node>> = Vec::new();
-    for handle in starting {
-        nodes.push(Some(handle.await.expect("task").expect("node starts")));
-    }
+    let mut nodes = common::start_all(&configs).await;
     let settings = QueueSettings {
         replicas: Some(3),
         ..QueueSettings::default()
@@ -416,15 +376,7 @@ async fn an_added_node_joins_the_metadata_group_and_takes_its_share_of_replicas(
         .map(|_| tempfile::tempdir().expect("tempdir"))
         .collect();
     let configs = configs(&dirs, 3);
-    let starting: Vec<_> = configs[..3]
-        .iter()
-        .cloned()
-        .map(|config| tokio::spawn(async move { Node::start(&config).await }))
-        .collect();
-    let mut nodes: Vec<Option<Node>> = Vec::new();
-    for handle in starting {
-        nodes.push(Some(handle.await.expect("task").expect("node starts")));
-    }
+    let mut nodes = common::start_all(&configs[..3]).await;
     nodes.push(None);
     let queues: Vec<String> = (0..4).map(|q| format!("grow-{q}")).collect();
     let settings = QueueSettings {
@@ -583,14 +535,7 @@ async fn an_added_node_joins_the_metadata_group_and_takes_its_share_of_replicas(
     for n in std::mem::take(&mut nodes).into_iter().flatten() {
         n.shutdown().await.expect("shutdown");
     }
-    let starting: Vec<_> = configs
-        .iter()
-        .cloned()
-        .map(|config| tokio::spawn(async move { Node::start(&config).await }))
-        .collect();
-    for handle in starting {
-        nodes.push(Some(handle.await.expect("task").expect("node restarts")));
-    }
+    nodes = common::start_all(&configs).await;
     for planned in &moves {
         let queue = planned["queue"].as_str().expect("queue").to_string();
         let wanted: BTreeSet<u64> = planned["to"]

@@ -232,14 +232,29 @@ pub async fn declare_everywhere(
     queue_id: u64,
     queue: &str,
 ) {
-    let settings = keratin_broker::QueueSettings {
-        replicas: Some(3),
-        ..keratin_broker::QueueSettings::default()
-    };
+    let settings = three_replicas();
     for node in nodes.values() {
         node.broker
             .declare_replicated(queue_id, queue, settings.clone(), vec![vec![1, 2, 3]])
             .await
             .expect("declare");
     }
+}
+
+/// Settings of a queue with three replicas.
+pub fn three_replicas() -> keratin_broker::QueueSettings {
+    keratin_broker::QueueSettings {
+        replicas: Some(3),
+        ..keratin_broker::QueueSettings::default()
+    }
+}
+
+/// Bytes of a [`body`].
+pub const BODY_BYTES: usize = 1_000;
+
+/// A [`BODY_BYTES`] message body starting with `prefix` and `n` (for counting what arrived).
+pub fn body(prefix: &str, n: usize) -> String {
+    let mut body = format!("{prefix} {n} ");
+    body.extend(std::iter::repeat_n('x', BODY_BYTES - body.len()));
+    body
 }
