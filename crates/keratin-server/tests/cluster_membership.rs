@@ -89,6 +89,29 @@ fn configs(dirs: &[tempfile::TempDir], formed: u64) -> Vec<Config> {
     configs
 }
 
+/// `Some` once a running node leads `queue`'s partition with exactly `wanted` as its voters,
+/// all in sync.
+fn led_by_all_in_sync(nodes: &[Option<Node>], queue: &str, wanted: &BTreeSet<u64>) -> Option<()> {
+    nodes.iter().flatten().find_map(|n| {
+        let p = n.broker().info(queue).ok()?.partitions[0].clone();
+        let voters: BTreeSet<u64> = p.replicas.iter().copied().collect();
+        let in_sync: BTreeSet<u64> = p.in_sync.iter().copied().collect();
+        (p.leading && voters == *wanted && in_sync == *wanted).then_some(())
+    })
+}
+
+/// A planned move of an add/remove answer: its queue and the replicas it goes to.
+fn planned_move(planned: &Value) -> (String, BTreeSet<u64>) {
+    let queue = planned["queue"].as_str().expect("queue").to_string();
+    let to = planned["to"]
+        .as_array()
+        .expect("to")
+        .iter()
+        .map(|n| n.as_u64().expect("id"))
+        .collect();
+    (queue, to)
+}
+
 fn node(nodes: &[Option<Node>], id: u64) -> &Node {
     nodes[(id - 1) as usize].as_ref().expect("node running")
 }
@@ -281,12 +304,7 @@ async fn a_removed_leaders_partition_moves_to_another_node_and_keeps_every_confi
                 }
             }
         }
-        nodes.iter().flatten().find_map(|n| {
-            let p = n.broker().info(QUEUE).ok()?.partitions[0].clone();
-            let voters: BTreeSet<u64> = p.replicas.iter().copied().collect();
-            let in_sync: BTreeSet<u64> = p.in_sync.iter().copied().collect();
-            (p.leading && voters == target && in_sync == target).then_some(())
-        })
+        led_by_all_in_sync(&nodes, QUEUE, &target)
     })
     .await;
     let removed_dir = dirs[(leader - 1) as usize]
@@ -441,21 +459,10 @@ async fn an_added_node_joins_the_metadata_group_and_takes_its_share_of_replicas(
     })
     .await;
     for planned in &moves {
-        let queue = planned["queue"].as_str().expect("queue").to_string();
-        let wanted: BTreeSet<u64> = planned["to"]
-            .as_array()
-            .expect("to")
-            .iter()
-            .map(|n| n.as_u64().expect("id"))
-            .collect();
+        let (queue, wanted) = planned_move(planned);
         assert!(wanted.contains(&4), "{planned}");
         until(&format!("{queue}: the planned voters, all in sync"), || {
-            nodes.iter().flatten().find_map(|n| {
-                let p = n.broker().info(&queue).ok()?.partitions[0].clone();
-                let voters: BTreeSet<u64> = p.replicas.iter().copied().collect();
-                let in_sync: BTreeSet<u64> = p.in_sync.iter().copied().collect();
-                (p.leading && voters == wanted && in_sync == wanted).then_some(())
-            })
+            led_by_all_in_sync(&nodes, &queue, &wanted)
         })
         .await;
         let q = queues
@@ -537,23 +544,10 @@ async fn an_added_node_joins_the_metadata_group_and_takes_its_share_of_replicas(
     }
     nodes = common::start_all(&configs).await;
     for planned in &moves {
-        let queue = planned["queue"].as_str().expect("queue").to_string();
-        let wanted: BTreeSet<u64> = planned["to"]
-            .as_array()
-            .expect("to")
-            .iter()
-            .map(|n| n.as_u64().expect("id"))
-            .collect();
+        let (queue, wanted) = planned_move(planned);
         until(
             &format!("{queue} after the restart: the planned voters, in sync"),
-            || {
-                nodes.iter().flatten().find_map(|n| {
-                    let p = n.broker().info(&queue).ok()?.partitions[0].clone();
-                    let voters: BTreeSet<u64> = p.replicas.iter().copied().collect();
-                    let in_sync: BTreeSet<u64> = p.in_sync.iter().copied().collect();
-                    (p.leading && voters == wanted && in_sync == wanted).then_some(())
-                })
-            },
+            || led_by_all_in_sync(&nodes, &queue, &wanted),
         )
         .await;
         publish(&nodes, &queue, 1_000)

@@ -56,12 +56,7 @@ pub(super) async fn remove_node(State(admin): State<Admin>, Path(id): Path<u64>)
                 E::NoRoom { .. } => (StatusCode::CONFLICT, "no_room"),
                 E::Metadata(_) => (StatusCode::SERVICE_UNAVAILABLE, "metadata_unavailable"),
             };
-            let body = json!({
-                "code": status.as_u16(),
-                "message": error.to_string(),
-                "reason": code,
-            });
-            (status, Json(body)).into_response()
+            refusal(status, code, &error)
         }
     }
 }
@@ -100,23 +95,27 @@ pub(super) async fn add_node(State(admin): State<Admin>, Json(request): Json<Add
                 E::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid"),
                 E::Metadata(_) => (StatusCode::SERVICE_UNAVAILABLE, "metadata_unavailable"),
             };
-            let body = json!({
-                "code": status.as_u16(),
-                "message": error.to_string(),
-                "reason": code,
-            });
-            (status, Json(body)).into_response()
+            refusal(status, code, &error)
         }
     }
 }
 
 fn not_a_cluster() -> Response {
+    refusal(
+        StatusCode::NOT_FOUND,
+        "not_a_cluster",
+        &"this node runs alone: start it with --node-id and --peer (or [cluster]) to form a cluster",
+    )
+}
+
+/// A refused cluster operation: the error body every endpoint uses, with a `reason` word.
+fn refusal(status: StatusCode, reason: &str, message: &dyn std::fmt::Display) -> Response {
     let body = json!({
-        "code": 404,
-        "message": "this node runs alone: start it with --node-id and --peer (or [cluster]) to form a cluster",
-        "reason": "not_a_cluster",
+        "code": status.as_u16(),
+        "message": message.to_string(),
+        "reason": reason,
     });
-    (StatusCode::NOT_FOUND, Json(body)).into_response()
+    (status, Json(body)).into_response()
 }
 
 /// One partition of the document (see the module docs).
