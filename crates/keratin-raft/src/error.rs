@@ -34,6 +34,18 @@ pub enum RaftError {
     /// openraft asked for something the adapter cannot do without a change to the segment log.
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// A leader's replication stream asked to send from an entry this node purged (see
+    /// `network::client`, "Stale streams").
+    #[error(
+        "entries from {next} were purged on this node (its log starts at {floor}): the follower \
+         needs the snapshot, not this append"
+    )]
+    Purged {
+        /// The first entry the append would have carried.
+        next: u64,
+        /// The first entry this node holds.
+        floor: u64,
+    },
     /// Bad arguments (a reserved record type, an oversize membership).
     #[error("invalid argument: {0}")]
     Invalid(String),

@@ -7,6 +7,19 @@
 //! connection, a timeout, a refusal (a follower fenced or without room) — reaches openraft as
 //! `Unreachable`, never as a storage error, and openraft backs off and retries. A fenced group
 //! sends nothing and drops replies that arrive after it tripped (`crate::Fence`).
+//!
+//! Stale streams. openraft 0.10.0-alpha.37 can leave a replication stream working on a payload
+//! the leader's core has given up: a heartbeat finds a follower's log reverted (its data
+//! directory was wiped), the core resets that follower's progress, which lets the purge it had
+//! postponed go ahead, and sends the snapshot; the stream meanwhile still sends "entries since
+//! X" with X below the new purge point. The follower, which installed the snapshot, accepts
+//! X as matched; the stream's reads of the purged entries come back empty (openraft then sends
+//! the append without entries, "as a heartbeat"), and since there is always a later entry to
+//! send, the stream never looks for the core's new command: the follower receives nothing
+//! more, for good (issue 14's cluster test, round 5). So a client that knows its group's log
+//! (`NetworkFactory::with_log_view`) refuses an append without entries whose next entry lies
+//! below this node's log start, as unreachable: the stream's session ends, the core resets the
+//! follower's progress on the error and sends from the follower's real position.
 
 use std::future::Future;
 use std::marker::PhantomData;
@@ -24,6 +37,7 @@ use openraft::OptionalSend;
 use super::rpc::{self, SnapshotWire};
 use crate::error::RaftError;
 use crate::fence::Fence;
+use crate::store::LogStoreReader;
 use crate::types::{LeaderId, NodeAddr, TypeConfig, Vote};
 
 /// Builds the group's connections to its peers (one [`GroupNetwork`] per target; openraft
@@ -33,6 +47,7 @@ pub struct NetworkFactory<D> {
     transport: Transport,
     group: GroupId,
     fence: Fence,
+    view: Option<LogStoreReader>,
     _data: PhantomData<fn() -> D>,
 }
 
@@ -43,8 +58,16 @@ impl<D> NetworkFactory<D> {
             transport,
             group,
             fence,
+            view: None,
             _data: PhantomData,
         }
+    }
+
+    /// Refuse the appends of stale replication streams, which start below the start of the
+    /// group's log `view` (module docs, "Stale streams").
+    pub fn with_log_view(mut self, view: LogStoreReader) -> NetworkFactory<D> {
+        self.view = Some(view);
+        self
     }
 
     fn client(&self, target: u64, heartbeats: bool) -> GroupNetwork<D> {
@@ -53,6 +76,7 @@ impl<D> NetworkFactory<D> {
             group: self.group,
             target,
             fence: self.fence.clone(),
+            view: self.view.clone(),
             heartbeats,
             _data: PhantomData,
         }
@@ -78,6 +102,8 @@ pub struct GroupNetwork<D> {
     group: GroupId,
     target: u64,
     fence: Fence,
+    /// The group's log, for refusing stale streams (module docs).
+    view: Option<LogStoreReader>,
     /// Empty appends go coalesced (openraft's heartbeat client).
     heartbeats: bool,
     _data: PhantomData<fn() -> D>,
@@ -88,6 +114,26 @@ fn unreachable(error: &(impl std::error::Error + 'static)) -> Unreachable<TypeCo
 }
 
 impl<D> GroupNetwork<D> {
+    /// An append without entries from a replication stream whose next entry this node purged
+    /// (module docs, "Stale streams").
+    fn check_stale(
+        &self,
+        rpc: &AppendEntriesRequest<TypeConfig>,
+    ) -> Result<(), Unreachable<TypeConfig>> {
+        let Some(view) = self.view.as_ref() else {
+            return Ok(());
+        };
+        if self.heartbeats || !rpc.entries.is_empty() {
+            return Ok(());
+        }
+        let next = rpc.prev_log_id.as_ref().map_or(0, |prev| prev.index + 1);
+        let floor = view.floor();
+        if next < floor {
+            return Err(unreachable(&RaftError::Purged { next, floor }));
+        }
+        Ok(())
+    }
+
     fn check_fence(&self) -> Result<(), Unreachable<TypeConfig>> {
         match self.fence.reason() {
             Some(reason) => Err(unreachable(&reason)),
@@ -136,6 +182,7 @@ impl<D: SnapshotWire + Sync> RaftNetworkV2<TypeConfig> for GroupNetwork<D> {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.check_stale(&rpc)?;
         let coalesce = self.heartbeats && rpc.entries.is_empty();
         let body = decoded(rpc::encode_append(&rpc))?;
         let reply = self.send(rpc::KIND_APPEND, body, &option, coalesce).await?;

@@ -140,7 +140,8 @@ impl Replica {
         let notifier =
             CommitNotifier::new(fence.clone(), store.snapshot_keeper(), view.clone()).await;
         store.watch_purges(notifier.committed_sender());
-        let network = NetworkFactory::<AppliedImage>::new(transport, group, fence.clone());
+        let network = NetworkFactory::<AppliedImage>::new(transport, group, fence.clone())
+            .with_log_view(view.clone());
         let raft = ReplicaRaft::new(id, config, network, store, notifier.clone())
             .await
             .map_err(|e| RaftError::Invalid(format!("start group {}: {e}", group.0)))?;
