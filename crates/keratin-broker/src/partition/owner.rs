@@ -23,6 +23,9 @@ mod delivery;
 mod disk;
 mod follow;
 mod idle;
+#[cfg(test)]
+mod mem_log;
+mod rebuild;
 mod reclaim;
 mod role;
 mod settle;
@@ -58,6 +61,7 @@ pub(crate) use append::Submission;
 pub(crate) use delivery::ReadBatch;
 pub(crate) use disk::{JobDone, RelocationRead};
 pub(crate) use follow::FollowRead;
+pub(crate) use rebuild::rebuild;
 
 /// Relocation copies at most this many payload bytes per round, so that one round never holds
 /// up the partition for long: 4 MiB is a few milliseconds of disk bandwidth.
@@ -750,54 +754,4 @@ async fn sleep_until(at: Option<Instant>) {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
-}
-
-/// Rebuild a partition's state by applying its log's records from the start, up to `until`
-/// (exclusive) or the committed end (blocking: reads the log).
-pub(crate) fn rebuild(log: &dyn PartitionLog, until: Option<u64>) -> BrokerResult<PartitionState> {
-    let start = log.start_offset();
-    let end = until.unwrap_or_else(|| log.committed_offset());
-    let mut state = PartitionState::new(start);
-    for record in log.reader(start) {
-        let record = record?;
-        if record.offset >= end {
-            break;
-        }
-        let decoded = PartitionRecord::decode(record.record_type, &record.payload, record.offset)?;
-        state.apply(record.offset, &decoded)?;
-    }
-    if state.recount_due() {
-        recount(log, &mut state, end)?;
-    }
-    Ok(state)
-}
-
-/// Count the live messages and their bytes from the records that hold their payloads: each
-/// live message's `ENQUEUE`, or its latest `RELOCATE` (the one `payload_offset` names). A second
-/// read of the log, needed only after a purge named messages below the log's start.
-fn recount(log: &dyn PartitionLog, state: &mut PartitionState, end: u64) -> BrokerResult<()> {
-    let mut count = 0u64;
-    let mut bytes = 0u64;
-    for record in log.reader(state.start()) {
-        let record = record?;
-        if record.offset >= end {
-            break;
-        }
-        let (message, size_bytes) = match record.record_type {
-            ENQUEUE => (record.offset, record.payload.len() as u64),
-            RELOCATE => match PartitionRecord::decode(RELOCATE, &record.payload, record.offset)? {
-                PartitionRecord::Relocate(relocate) => {
-                    (relocate.message, relocate.payload.len() as u64)
-                }
-                _ => continue,
-            },
-            _ => continue,
-        };
-        if state.is_live(message) && state.payload_offset(message) == record.offset {
-            count += 1;
-            bytes += size_bytes;
-        }
-    }
-    state.recount(count, bytes);
-    Ok(())
 }
