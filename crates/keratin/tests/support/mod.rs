@@ -44,6 +44,12 @@ pub const HOST_DISK_LIMITS: &[(&str, &str)] = &[
     ("KERATIN_LIMITS__DISK__RESERVE_FLOOR_BYTES", "67108864"),
 ];
 
+/// The servers' log filter: `KERATIN_TEST_NODE_LOG` when set (to chase a failure, for example
+/// `info,openraft=debug`), otherwise info with openraft's errors only.
+pub fn node_log_filter() -> String {
+    std::env::var("KERATIN_TEST_NODE_LOG").unwrap_or_else(|_| "info,openraft=error".to_owned())
+}
+
 /// A running `keratin serve`, killed by PID when dropped.
 pub struct Server {
     pub child: Option<Child>,
@@ -74,7 +80,7 @@ impl Server {
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
-            .env("KERATIN_LOG", "info,openraft=error");
+            .env("KERATIN_LOG", node_log_filter());
         let mut child = command.spawn().expect("spawn keratin");
         let pid = child.id();
         let stdout = child.stdout.take().expect("stdout");
