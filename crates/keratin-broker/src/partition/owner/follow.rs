@@ -13,7 +13,8 @@
 //!
 //! A replicated log whose start moved past the head (a lagging follower that installed the
 //! leader's snapshot: the records below hold nothing live) is not read: the state is rebuilt
-//! from the log's start instead, as at open.
+//! from the log's start instead, as at open; so is one whose start moved past a read while it
+//! ran (the read fails, and is no reason to stop the partition).
 
 use super::*;
 
@@ -114,6 +115,16 @@ impl Owner {
         // An own proposal may have waited for these records.
         self.act_on_answers();
         if let Some(error) = read.error {
+            if self
+                .log
+                .as_ref()
+                .is_some_and(|log| log.start_offset() > self.state.head())
+            {
+                // The log restarted past the read (a snapshot from the leader installed
+                // meanwhile): `maybe_follow` rebuilds from its new start.
+                tracing::info!(queue = %self.ctx.queue, partition = self.ctx.index, %error, "the log restarted past the records being read (a snapshot from the leader); rebuilding from its new start");
+                return;
+            }
             tracing::error!(queue = %self.ctx.queue, partition = self.ctx.index, %error, "cannot read committed records to apply them");
             self.stop(LogError::Invalid(format!(
                 "reading committed records at offset {} failed: {error}",
@@ -236,5 +247,62 @@ mod tests {
         let (live, rebuilt) = handle.state().await.expect("state");
         assert_eq!((live.head(), live.live_count()), (5, 3));
         assert_eq!(live, rebuilt);
+    }
+
+    /// A follower's log restarts at 6 (the leader's snapshot) while the owner reads the
+    /// records committed elsewhere: the read stops at 2 with an error. The owner rebuilds from
+    /// the new start instead of stopping the partition (it stopped and healed before: a
+    /// stop, refused appends and an error in the log, for a normal event of a follower).
+    #[tokio::test]
+    async fn a_log_restarting_under_a_follow_read_is_rebuilt_without_a_stop() {
+        let log = Arc::new(MemLog::default());
+        let figures = Arc::new(crate::queue::PartitionFigures::default());
+        let handle = spawn(
+            context(),
+            log.clone(),
+            PartitionState::new(0),
+            Some(figures.clone()),
+        );
+        let enqueues = |bodies: &[&str]| -> Vec<(u8, Vec<u8>)> {
+            bodies
+                .iter()
+                .map(|body| (crate::record::ENQUEUE, payload(body)))
+                .collect()
+        };
+        log.push(&enqueues(&["a", "bb", "ccc"]));
+        log.restart_during_next_read(2, 6);
+        log.commit_foreign(&[PartitionRecord::Noop]);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while log.start_offset() != 6 {
+            assert!(
+                Instant::now() < deadline,
+                "the owner never read the records"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // Two more after the snapshot, at 6 and 7.
+        let range = log.push(&enqueues(&["d", "e"]));
+        assert_eq!(range, 6..8);
+        log.commit_foreign(&[]);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let (live, rebuilt) = loop {
+            let (live, rebuilt) = handle.state().await.expect("state");
+            if live.head() == 8 || Instant::now() > deadline {
+                break (live, rebuilt);
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        };
+        assert_eq!(
+            live.head(),
+            8,
+            "the records after the new start were not applied"
+        );
+        assert_eq!((live.start(), live.live_count()), (6, 2));
+        assert_eq!(live, rebuilt);
+        assert_eq!(
+            figures.stops.load(Ordering::Relaxed),
+            0,
+            "the partition stopped for a restart of its log"
+        );
     }
 }
