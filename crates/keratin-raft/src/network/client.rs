@@ -3,7 +3,7 @@
 //!
 //! Heartbeats (openraft's heartbeat clients) go through [`Transport::heartbeat`], coalesced with
 //! every other group's heartbeats to the same node into one frame per tick; appends with
-//! entries, votes and snapshots are [`Transport::call`]s. Every transport failure — no
+//! entries, votes, snapshots and leadership transfers are [`Transport::call`]s. Every transport failure — no
 //! connection, a timeout, a refusal (a follower fenced or without room) — reaches openraft as
 //! `Unreachable`, never as a storage error, and openraft backs off and retries. A fenced group
 //! sends nothing and drops replies that arrive after it tripped (`crate::Fence`).
@@ -29,7 +29,8 @@ use keratin_net::{GroupId, NetError, Transport};
 use openraft::errors::{RPCError, ReplicationClosed, StreamingError, Unreachable};
 use openraft::network::{RPCOption, RaftNetworkFactory, RaftNetworkV2};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest,
+    TransferLeaderResponse, VoteRequest, VoteResponse,
 };
 use openraft::storage::Snapshot;
 use openraft::OptionalSend;
@@ -209,6 +210,18 @@ impl<D: SnapshotWire + Sync> RaftNetworkV2<TypeConfig> for GroupNetwork<D> {
             .send(rpc::KIND_PRE_VOTE, rpc::encode_vote(&rpc), &option, false)
             .await?;
         Ok(decoded(rpc::decode_vote_reply(&reply))?)
+    }
+
+    async fn transfer_leader(
+        &mut self,
+        rpc: TransferLeaderRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let body = rpc::encode_transfer_leader(&rpc);
+        let reply = self
+            .send(rpc::KIND_TRANSFER_LEADER, body, &option, false)
+            .await?;
+        Ok(decoded(rpc::decode_transfer_leader_reply(&reply))?)
     }
 
     async fn full_snapshot(

@@ -1,6 +1,6 @@
 //! The bodies of the Raft RPCs between nodes, byte by byte as `docs/cluster-protocol.md` ("Raft
-//! bodies") specifies: append-entries, vote (and pre-vote) and full snapshots, their replies,
-//! and the kinds that name them in a `keratin-net` request.
+//! bodies") specifies: append-entries, vote (and pre-vote), full snapshots and leadership
+//! transfers, their replies, and the kinds that name them in a `keratin-net` request.
 //!
 //! Entries travel in the replicated-log record format ([`crate::entry_format`]): what a follower
 //! receives is what it stores, checked by the same decoder. Input from the network never
@@ -8,7 +8,10 @@
 //! [`BAD_BODY`](super::codes::BAD_BODY).
 
 use bytes::Bytes;
-use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, VoteRequest, VoteResponse};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, TransferLeaderError, TransferLeaderRequest,
+    VoteRequest, VoteResponse,
+};
 
 use crate::entry_format::{
     decode_membership, decode_shared, encode_entry, encode_membership, entry_prefix,
@@ -26,6 +29,8 @@ pub const KIND_VOTE: u8 = 2;
 pub const KIND_PRE_VOTE: u8 = 3;
 /// Request kind: a whole snapshot in one body.
 pub const KIND_SNAPSHOT: u8 = 4;
+/// Request kind: the leader hands its leadership to a voter (openraft's `TransferLeader`).
+pub const KIND_TRANSFER_LEADER: u8 = 5;
 
 /// Version byte that opens every Raft body; a receiver refuses other versions.
 pub const RPC_VERSION: u8 = 1;
@@ -411,6 +416,77 @@ pub fn decode_snapshot_reply(body: &[u8]) -> Result<Vote, RaftError> {
     Ok(vote)
 }
 
+// ---------------------------------------------------------------------------------------------
+// Leadership transfer
+
+/// A leadership transfer: the leader's vote, the node to take over, and the last log id it
+/// must hold first.
+pub fn encode_transfer_leader(rpc: &TransferLeaderRequest<TypeConfig>) -> Vec<u8> {
+    let mut w = Writer::new();
+    w.vote(rpc.from_leader());
+    w.u64(*rpc.to_node_id());
+    w.log_id(rpc.last_log_id());
+    w.0
+}
+
+/// Reads a leadership transfer.
+pub fn decode_transfer_leader(body: &[u8]) -> Result<TransferLeaderRequest<TypeConfig>, RaftError> {
+    let mut r = Reader::open(body, "transfer leader")?;
+    let from = r.vote()?;
+    let to = r.u64()?;
+    let last_log_id = r.log_id()?;
+    r.finish()?;
+    Ok(TransferLeaderRequest::new(from, to, last_log_id))
+}
+
+/// Transfer reply outcomes (the byte after the version).
+const TRANSFER_ACCEPTED: u8 = 0;
+const TRANSFER_VOTE_CHANGED: u8 = 1;
+const TRANSFER_LOG_NOT_FLUSHED: u8 = 2;
+
+/// A leadership transfer's reply: accepted, or why not (the votes, or the log ids, expected
+/// and seen).
+pub fn encode_transfer_leader_reply(
+    reply: &Result<(), TransferLeaderError<TypeConfig>>,
+) -> Vec<u8> {
+    let mut w = Writer::new();
+    match reply {
+        Ok(()) => w.u8(TRANSFER_ACCEPTED),
+        Err(TransferLeaderError::VoteChanged { expected, actual }) => {
+            w.u8(TRANSFER_VOTE_CHANGED);
+            w.vote(expected);
+            w.vote(actual);
+        }
+        Err(TransferLeaderError::LogNotFlushed { expected, actual }) => {
+            w.u8(TRANSFER_LOG_NOT_FLUSHED);
+            w.log_id(expected.as_ref());
+            w.log_id(actual.as_ref());
+        }
+    }
+    w.0
+}
+
+/// Reads a leadership transfer's reply.
+pub fn decode_transfer_leader_reply(
+    body: &[u8],
+) -> Result<Result<(), TransferLeaderError<TypeConfig>>, RaftError> {
+    let mut r = Reader::open(body, "transfer leader reply")?;
+    let reply = match r.u8()? {
+        TRANSFER_ACCEPTED => Ok(()),
+        TRANSFER_VOTE_CHANGED => Err(TransferLeaderError::VoteChanged {
+            expected: r.vote()?,
+            actual: r.vote()?,
+        }),
+        TRANSFER_LOG_NOT_FLUSHED => Err(TransferLeaderError::LogNotFlushed {
+            expected: r.log_id()?,
+            actual: r.log_id()?,
+        }),
+        other => return Err(r.bad(format!("unknown transfer outcome {other}"))),
+    };
+    r.finish()?;
+    Ok(reply)
+}
+
 /// The test state machine's image: its records by offset.
 impl SnapshotWire for RecordsImage {
     fn encode(&self, dst: &mut Vec<u8>) -> Result<(), RaftError> {
@@ -559,6 +635,26 @@ mod tests {
         let body = encode_snapshot(&vote.vote, &meta, &image).unwrap();
         let (got_vote, got_meta, got_image) = decode_snapshot::<RecordsImage>(&body).unwrap();
         assert_eq!((got_vote, got_meta, got_image), (vote.vote, meta, image));
+        let transfer = TransferLeaderRequest::new(vote.vote, 2, Some(LogId::new(leader(5, 3), 40)));
+        let got = decode_transfer_leader(&encode_transfer_leader(&transfer)).unwrap();
+        assert_eq!(format!("{got}"), format!("{transfer}"));
+        for reply in [
+            Ok(()),
+            Err(TransferLeaderError::VoteChanged {
+                expected: vote.vote,
+                actual: Vote {
+                    leader_id: leader(6, 2),
+                    committed: true,
+                },
+            }),
+            Err(TransferLeaderError::LogNotFlushed {
+                expected: Some(LogId::new(leader(5, 3), 40)),
+                actual: None,
+            }),
+        ] {
+            let body = encode_transfer_leader_reply(&reply);
+            assert_eq!(decode_transfer_leader_reply(&body).unwrap(), reply);
+        }
     }
 
     #[test]
@@ -599,6 +695,8 @@ mod tests {
             let _ = decode_append_reply(&bytes);
             let _ = decode_vote(&bytes);
             let _ = decode_vote_reply(&bytes);
+            let _ = decode_transfer_leader(&bytes);
+            let _ = decode_transfer_leader_reply(&bytes);
         }
     }
 }

@@ -110,6 +110,14 @@ where
                 .map_err(raft_refused)?;
             Ok(rpc::encode_snapshot_reply(&reply.vote))
         }
+        rpc::KIND_TRANSFER_LEADER => {
+            let request = rpc::decode_transfer_leader(body).map_err(bad_body)?;
+            let reply = raft
+                .handle_transfer_leader(request)
+                .await
+                .map_err(raft_refused)?;
+            Ok(rpc::encode_transfer_leader_reply(&reply))
+        }
         other => Err(RemoteError::new(
             codes::UNKNOWN_KIND,
             format!("request kind {other} is not a Raft request this node knows"),

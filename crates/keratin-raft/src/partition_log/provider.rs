@@ -304,6 +304,13 @@ impl ReplicatedLogs {
         Ok(())
     }
 
+    /// Hand the leadership of `group`, which this node leads, to voter `to` if it is nearly
+    /// caught up (see [`Replica::transfer_leader`]): `Ok(true)` once asked.
+    pub async fn transfer_leader(&self, group: GroupId, to: u64) -> Result<bool, MembershipError> {
+        let raft = self.running_raft(group)?;
+        membership::transfer_leader(&raft, group.0, to).await
+    }
+
     /// Whether this node's replica of `group` leads it (openraft's view: a leader cut off from
     /// the others still says so until it learns otherwise).
     pub fn leads(&self, group: GroupId) -> bool {

@@ -24,9 +24,14 @@
 //! leader that is a *learner* leading, so it then removes itself from the nodes too (a
 //! second, single-step membership entry). Once that commits, openraft's step-down watcher
 //! (`Config::removed_leader_step_down`, 150 ms by default) asks the most up-to-date voter to
-//! take over (the `transfer_leader` RPC, which the cluster transport does not carry yet: the
-//! request fails) and, a heartbeat later, reverts the node to a follower that is no voter; the
-//! voters elect one of them after their election timeout. The former leader knows that a
+//! take over (the `transfer_leader` RPC) and, a heartbeat later, reverts the node to a follower
+//! that is no voter; the voter asked campaigns at once (the others, told of the transfer,
+//! grant it), else the voters elect one of them after their election timeout.
+//!
+//! Handing leadership over ([`Replica::transfer_leader`], on the leader): to a voter that holds
+//! nearly all of the leader's log and answered it lately, else nothing is done. openraft stops
+//! proposing on the leader and asks every voter to accept the new one; the one named campaigns
+//! once it holds the leader's last entry. The former leader knows that a
 //! committed membership no longer names it, so it retires at once.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -45,6 +50,13 @@ use crate::types::{NodeAddr, TypeConfig};
 /// (`docs/cluster.md`, "Snapshots and rebuild"); 60 s moves a few GiB over a LAN, and a
 /// larger backlog is retried (the learner keeps catching up meanwhile).
 pub const CATCH_UP_WAIT: Duration = Duration::from_secs(60);
+
+/// [`Replica::transfer_leader`] hands over only to a voter at most this many entries behind
+/// the leader...
+pub const TRANSFER_LAG_MAX: u64 = 256;
+
+/// ...that acknowledged the leader this recently (ten heartbeat intervals).
+pub const TRANSFER_ACK_AGE_MAX: Duration = Duration::from_secs(1);
 
 /// How often the waits below look at openraft's metrics when nothing changed (they also wake
 /// on every change).
@@ -211,6 +223,22 @@ impl Replica {
         catch_up_wait: Duration,
     ) -> Result<GroupMembers, MembershipError> {
         change_voters(&self.raft, self.group.0, target, catch_up_wait).await
+    }
+
+    /// Add `learners` (node id to cluster address) that are not members yet: they receive
+    /// the log without voting. Does not wait for them to catch up.
+    pub async fn add_learners(
+        &self,
+        learners: &BTreeMap<u64, String>,
+    ) -> Result<GroupMembers, MembershipError> {
+        add_learners(&self.raft, self.group.0, learners).await
+    }
+
+    /// Hand the leadership over to voter `to` if it is nearly caught up (see the module
+    /// docs): `Ok(true)` once openraft was asked to, `Ok(false)` if `to` is not ready (or
+    /// already leads).
+    pub async fn transfer_leader(&self, to: u64) -> Result<bool, MembershipError> {
+        transfer_leader(&self.raft, self.group.0, to).await
     }
 
     /// Forget `learners` (nodes that left the voters and retired): the leader stops
@@ -383,6 +411,69 @@ async fn wait_caught_up(
         // Woken by a change of the metrics or after a short nap, whichever first.
         let _ = tokio::time::timeout(nap, watched.changed()).await;
     }
+}
+
+/// See [`Replica::transfer_leader`].
+pub(crate) async fn transfer_leader(
+    raft: &ReplicaRaft,
+    group: u64,
+    to: u64,
+) -> Result<bool, MembershipError> {
+    let ready = {
+        let metrics = raft.metrics().borrow_watched().clone();
+        ensure_leader(&metrics, group)?;
+        if to == metrics.id || !metrics.membership_config.voter_ids().any(|id| id == to) {
+            return Ok(false);
+        }
+        let end = metrics.last_log_index.map_or(0, |index| index + 1);
+        let matched_end = metrics
+            .replication
+            .as_ref()
+            .and_then(|replication| replication.get(&to).cloned().flatten())
+            .map_or(0, |log_id| log_id.index + 1);
+        let acked_ago = metrics
+            .heartbeat
+            .as_ref()
+            .and_then(|heartbeat| heartbeat.get(&to).cloned().flatten())
+            .map(|at| openraft::Instant::elapsed(&*at));
+        end.saturating_sub(matched_end) <= TRANSFER_LAG_MAX
+            && acked_ago.is_some_and(|ago| ago <= TRANSFER_ACK_AGE_MAX)
+    };
+    if !ready {
+        return Ok(false);
+    }
+    raft.trigger()
+        .transfer_leader(to)
+        .await
+        .map_err(|fatal| MembershipError::Stopped {
+            group,
+            reason: fatal.to_string(),
+        })?;
+    tracing::info!(group, to, "leadership handed over");
+    Ok(true)
+}
+
+/// See [`Replica::add_learners`].
+pub(crate) async fn add_learners(
+    raft: &ReplicaRaft,
+    group: u64,
+    learners: &BTreeMap<u64, String>,
+) -> Result<GroupMembers, MembershipError> {
+    let (node, current) = {
+        let metrics = raft.metrics().borrow_watched().clone();
+        ensure_leader(&metrics, group)?;
+        (metrics.id, GroupMembers::of(&metrics.membership_config))
+    };
+    for (id, addr) in learners {
+        if current.voters.contains(id) || current.learners.contains(id) {
+            continue;
+        }
+        let node_addr = NodeAddr { addr: addr.clone() };
+        raft.add_learner(*id, node_addr, false)
+            .await
+            .map_err(|e| write_error(group, node, e))?;
+    }
+    Ok(members(raft, group).await?.1)
 }
 
 /// See [`Replica::remove_learners`].
