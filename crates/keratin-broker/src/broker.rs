@@ -248,6 +248,10 @@ pub struct PartitionInfo {
     pub leader_addr: Option<String>,
     /// The nodes holding a replica (the group's voters), ascending; empty on a single node.
     pub replicas: Vec<u64>,
+    /// The node meant to lead the partition: the first of its replicas as the cluster placed
+    /// them (placement rotates it over the nodes, and the leader hands the partition back to
+    /// it once it is caught up); `None` on a single node.
+    pub preferred_leader: Option<u64>,
     /// The replicas in sync with the leader (`partition::replication`), ascending: known on
     /// the leader only, empty elsewhere.
     pub in_sync: Vec<u64>,
@@ -1491,6 +1495,12 @@ impl BrokerInner {
     }
 
     fn info_of(&self, queue: &Queue) -> QueueInfo {
+        let preferred: Vec<Option<u64>> = self
+            .meta_state()
+            .catalog
+            .by_name(&queue.name)
+            .map(|decl| decl.replicas.iter().map(|r| r.first().copied()).collect())
+            .unwrap_or_default();
         let placement = self
             .placements
             .read()
@@ -1531,6 +1541,7 @@ impl BrokerInner {
                         .map(|r| (r.node, r.lag_entries))
                         .collect(),
                     replicas: replication.replicas,
+                    preferred_leader: preferred.get(p.index as usize).copied().flatten(),
                     leader_changes: f.leader_changes.load(Ordering::Relaxed),
                     leaderless_ms: replication.leaderless_ms,
                     committed_offset,

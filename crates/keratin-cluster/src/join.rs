@@ -34,7 +34,7 @@ pub enum AddNodeError {
         id: u64,
     },
     /// The cluster is at its size bound.
-    #[error("the cluster has {nodes} nodes, the most this version runs (every node votes in the metadata group); remove one first")]
+    #[error("the cluster has {nodes} nodes, the most this version runs; remove one first")]
     Full {
         /// Its nodes.
         nodes: usize,

@@ -14,6 +14,7 @@
 //! - `directory`: the nodes' client and admin addresses.
 //! - `elsewhere`: the log of a partition with no replica on this node.
 //! - `reconcile`: brings the groups this node leads to the members the metadata names.
+//! - `balance`: hands partitions back to their preferred leaders.
 //! - `remove`: where a removed node's replicas go.
 //! - `join`: which replicas move onto an added node.
 //! - `node`: [`ClusterNode`], starting and stopping all of it.
@@ -21,6 +22,7 @@
 #![deny(missing_docs)]
 
 mod applier;
+mod balance;
 pub mod catalog;
 pub mod directory;
 pub mod elsewhere;
@@ -38,6 +40,8 @@ pub use directory::{Directory, NodeInfo};
 pub use hook::{DEFAULT_REPLICAS, METADATA_TIMEOUT};
 pub use join::AddNodeError;
 pub use meta::{META_GROUP, META_VOTERS_MAX};
-pub use node::{ClusterNode, ClusterStatus, MakePartitionLogs, NodeStatus, PreparedCluster};
+pub use node::{
+    ClusterNode, ClusterStatus, MakePartitionLogs, NodeStatus, PreparedCluster, CLUSTER_NODES_MAX,
+};
 pub use remove::{PlannedMove, RemoveNodeError};
 pub use service::SERVICE_GROUP;

@@ -3,7 +3,7 @@
 //! [`ClusterRecord`]s; every node applies them (`applier.rs`). A record is proposed on the
 //! group's leader: a node that does not lead forwards it there through the cluster service.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,9 +25,26 @@ use crate::service::{KIND_PROPOSE, NOT_META_LEADER, PROPOSAL_FAILED, SERVICE_GRO
 /// The metadata group's id.
 pub const META_GROUP: GroupId = GroupId(0);
 
-/// At most this many voters; further nodes would follow as learners (not built yet: a cluster
-/// of more than 5 nodes is refused at start).
+/// At most this many voters; the cluster's further nodes are learners of the metadata group:
+/// they receive and apply every record, and answer reads from their copy, without voting (a
+/// larger quorum would only slow every metadata change). See [`meta_voters`].
 pub const META_VOTERS_MAX: usize = 5;
+
+/// The metadata group's voters among `nodes` (id to cluster address), given its `current`
+/// voters: the current ones that are still nodes, then the nodes of lowest id, up to
+/// [`META_VOTERS_MAX`]. Keeping the current voters first means a node joining or leaving
+/// changes at most the voters it must.
+pub(crate) fn meta_voters(
+    nodes: &BTreeMap<u64, String>,
+    current: &BTreeSet<u64>,
+) -> BTreeMap<u64, String> {
+    let kept = nodes.iter().filter(|(id, _)| current.contains(id));
+    let others = nodes.iter().filter(|(id, _)| !current.contains(id));
+    kept.chain(others)
+        .take(META_VOTERS_MAX)
+        .map(|(id, addr)| (*id, addr.clone()))
+        .collect()
+}
 
 /// Between two attempts to reach the metadata group's leader.
 const RETRY_PAUSE: Duration = Duration::from_millis(100);
@@ -121,10 +138,19 @@ impl MetaGroup {
         self.replica.change_voters(voters, catch_up_wait).await
     }
 
+    /// Make `learners` (node id to cluster address) learners unless they are members, on the
+    /// group's leader.
+    pub(crate) async fn add_learners(
+        &self,
+        learners: &BTreeMap<u64, String>,
+    ) -> Result<GroupMembers, MembershipError> {
+        self.replica.add_learners(learners).await
+    }
+
     /// Forget `learners` (removed nodes), on the group's leader.
     pub(crate) async fn remove_learners(
         &self,
-        learners: &std::collections::BTreeSet<u64>,
+        learners: &BTreeSet<u64>,
     ) -> Result<GroupMembers, MembershipError> {
         self.replica.remove_learners(learners).await
     }
@@ -239,4 +265,37 @@ fn failed(record: &ClusterRecord, reason: String) -> BrokerError {
         "queue {:?}: the cluster's metadata group refused the change: {reason}",
         record.queue()
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nodes(ids: impl IntoIterator<Item = u64>) -> BTreeMap<u64, String> {
+        ids.into_iter()
+            .map(|id| (id, format!("127.0.0.1:{}", 7000 + id)))
+            .collect()
+    }
+
+    fn ids(voters: &BTreeMap<u64, String>) -> Vec<u64> {
+        voters.keys().copied().collect()
+    }
+
+    #[test]
+    fn at_most_five_voters_and_the_current_ones_stay() {
+        // Formed with seven: the five of lowest id vote.
+        assert_eq!(
+            ids(&meta_voters(&nodes(1..=7), &BTreeSet::new())),
+            [1, 2, 3, 4, 5]
+        );
+        // Up to five nodes: every one votes.
+        assert_eq!(ids(&meta_voters(&nodes(1..=3), &[1, 2].into())), [1, 2, 3]);
+        // Node 2 removed: one learner takes its place, the other voters stay.
+        let current: BTreeSet<u64> = [1, 2, 3, 4, 5].into();
+        let left = nodes([1, 3, 4, 5, 6, 7]);
+        assert_eq!(ids(&meta_voters(&left, &current)), [1, 3, 4, 5, 6]);
+        // A node of lower id added later does not push a current voter out.
+        let current: BTreeSet<u64> = [3, 4, 5, 6, 7].into();
+        assert_eq!(ids(&meta_voters(&nodes(1..=7), &current)), [3, 4, 5, 6, 7]);
+    }
 }

@@ -3,7 +3,7 @@
 //! the broker is opened with ([`PreparedCluster`]); [`ClusterNode::start`], given the opened
 //! broker, starts this node's member of the metadata group, the applier and the directory.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, OnceLock};
 
 use keratin_broker::partition::log::{
@@ -21,7 +21,7 @@ use crate::elsewhere::ElsewhereLog;
 use crate::hook::MetadataHook;
 use crate::hook::METADATA_TIMEOUT;
 use crate::join::{plan_rebalance, AddNodeError};
-use crate::meta::{MetaGroup, META_VOTERS_MAX};
+use crate::meta::{meta_voters, MetaGroup};
 use crate::placement::eligible;
 use crate::reconcile::Reconciler;
 use crate::records::ClusterRecord;
@@ -30,6 +30,11 @@ use crate::service::{ClusterService, SERVICE_GROUP};
 
 /// The metadata group's logs, under the first storage directory.
 pub const META_DIR_NAME: &str = "cluster-meta";
+
+/// At most this many nodes in a cluster: [`crate::META_VOTERS_MAX`] of them vote in the
+/// metadata group, the others follow it as learners; every node keeps one connection to every
+/// other (`keratin-net`), so the bound keeps a node's connections and heartbeats bounded.
+pub const CLUSTER_NODES_MAX: usize = 32;
 
 /// Opens this node's replicated partition logs (the replication adapter's provider), given the
 /// transport, the node's groups handler and the directory.
@@ -48,6 +53,7 @@ pub struct PreparedCluster {
     applied: Arc<AppliedState>,
     replicated: Arc<ReplicatedLogs>,
     join: bool,
+    leader_balance: bool,
     /// For `BrokerConfig::partition_logs`.
     pub partition_logs: Arc<dyn PartitionLogs>,
     /// For `BrokerConfig::cluster_metadata`.
@@ -59,6 +65,13 @@ impl PreparedCluster {
     /// group, it waits for `keratin cluster add-node` to admit it.
     pub fn joining(mut self, join: bool) -> PreparedCluster {
         self.join = join;
+        self
+    }
+
+    /// Hand partitions back to their preferred leaders (`[cluster] leader_balance`, on by
+    /// default; `docs/cluster.md`, "Leader balancing").
+    pub fn leader_balance(mut self, on: bool) -> PreparedCluster {
+        self.leader_balance = on;
         self
     }
 }
@@ -122,6 +135,9 @@ pub struct ClusterStatus {
     pub meta_applied: u64,
     /// The metadata group's voters in the membership this node knows committed.
     pub meta_voters: Vec<u64>,
+    /// Its learners in that membership: the nodes beyond [`crate::META_VOTERS_MAX`] voters
+    /// (and, for a moment, a node being added or a removed one).
+    pub meta_learners: Vec<u64>,
 }
 
 /// Opens a partition's log: replicated where this node holds a replica, an empty follower
@@ -152,17 +168,17 @@ impl PartitionLogs for ClusterLogs {
 
 impl ClusterNode {
     /// Start the transport on `cluster.listen` and build the broker's hooks. Refuses a cluster
-    /// of more than [`META_VOTERS_MAX`] nodes (learners of the metadata group are not built).
+    /// of more than [`CLUSTER_NODES_MAX`] nodes.
     pub async fn prepare(
         cluster: ResolvedCluster,
         options: TransportOptions,
         make_partition_logs: MakePartitionLogs,
     ) -> Result<PreparedCluster, String> {
         let nodes = cluster.peers.len() + 1;
-        if nodes > META_VOTERS_MAX {
+        if nodes > CLUSTER_NODES_MAX {
             return Err(format!(
                 "the cluster lists {nodes} nodes; this version runs clusters of at most \
-                 {META_VOTERS_MAX} (every node votes in the metadata group)"
+                 {CLUSTER_NODES_MAX}"
             ));
         }
         let groups = Arc::new(Groups::new());
@@ -196,6 +212,7 @@ impl ClusterNode {
             }),
             replicated,
             join: false,
+            leader_balance: true,
             metadata,
             cluster,
             transport,
@@ -224,11 +241,16 @@ impl ClusterNode {
             applied,
             replicated,
             join,
+            leader_balance,
             ..
         } = prepared;
         directory.insert(own.clone());
         let _ = own_cell.set(own);
         let voters = formed(&cluster);
+        // The first voters form the metadata group; a node beyond them starts like a joining
+        // one and the group's leader makes it a learner (`reconcile`).
+        let forming = meta_voters(&voters, &BTreeSet::new());
+        let forms = !join && forming.contains_key(&cluster.node_id);
         let config = broker.config();
         let dir = config
             .dirs
@@ -245,7 +267,7 @@ impl ClusterNode {
                 transport.clone(),
                 &groups,
                 &cluster.name,
-                (!join).then(|| voters.clone()),
+                forms.then(|| forming.clone()),
                 config.clock.clone(),
             )
             .await?,
@@ -265,7 +287,14 @@ impl ClusterNode {
             applied.clone(),
             stopped.clone(),
         )));
-        let reconciler = Reconciler::new(replicated, meta.clone(), applied.clone(), voters.clone());
+        let reconciler = Reconciler::new(
+            cluster.node_id,
+            replicated,
+            meta.clone(),
+            applied.clone(),
+            voters.clone(),
+        )
+        .balancing(leader_balance);
         tasks.push(tokio::spawn(reconciler.run(stopped.clone())));
         for (&peer, &addr) in &cluster.peers {
             if peer == cluster.node_id {
@@ -407,7 +436,7 @@ impl ClusterNode {
                 })
             }
             Some(_) => {}
-            None if nodes.len() >= META_VOTERS_MAX => {
+            None if nodes.len() >= CLUSTER_NODES_MAX => {
                 return Err(AddNodeError::Full { nodes: nodes.len() })
             }
             None => {
@@ -470,6 +499,12 @@ impl ClusterNode {
     pub async fn status(&self) -> ClusterStatus {
         let removed = self.applied.catalog().removed().clone();
         let meta_leader = self.meta.leader().await;
+        let (meta_voters, meta_learners) = self
+            .meta
+            .members()
+            .await
+            .map(|(_, committed)| (committed.voters, committed.learners))
+            .unwrap_or_default();
         let mut nodes = vec![NodeStatus {
             id: self.cluster.node_id,
             cluster_addr: self.cluster.listen.to_string(),
@@ -495,12 +530,8 @@ impl ClusterNode {
             nodes,
             meta_leader,
             meta_applied: self.applied.applied(),
-            meta_voters: self
-                .meta
-                .members()
-                .await
-                .map(|(_, committed)| committed.voters.into_iter().collect())
-                .unwrap_or_default(),
+            meta_voters: meta_voters.into_iter().collect(),
+            meta_learners: meta_learners.into_iter().collect(),
         }
     }
 

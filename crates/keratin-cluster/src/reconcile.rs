@@ -5,8 +5,13 @@
 //!   then joint consensus). One change per group at a time, on a task of its own.
 //! - Learners that are no longer replicas (voters that left) are forgotten once they had
 //!   [`LEARNER_GRACE`] to learn that the change committed (they retire on seeing it).
-//! - The metadata group's voters are the cluster's nodes (those it was formed with and the
-//!   added ones, but the removed ones), with the same steps.
+//! - The metadata group's voters are up to [`crate::META_VOTERS_MAX`] of the cluster's nodes
+//!   (those it was formed with and the added ones, but the removed ones; `meta::meta_voters`
+//!   says which), with the same steps; the other nodes are made learners.
+//!
+//! - A partition group led here whose voters are settled hands its leadership back to its
+//!   preferred leader, the first of its replicas in the catalog (`balance.rs`), one group
+//!   per round.
 //!
 //! It only acts on a group whose membership is settled (not joint, the latest committed), so
 //! it never races a change in flight, including one of a leader before this one.
@@ -21,7 +26,8 @@ use keratin_raft::replica::CATCH_UP_WAIT;
 use tokio::sync::watch;
 
 use crate::applier::AppliedState;
-use crate::meta::MetaGroup;
+use crate::balance::LeaderBalance;
+use crate::meta::{meta_voters, MetaGroup};
 
 /// How often the groups are looked at.
 pub(crate) const ROUND: Duration = Duration::from_secs(1);
@@ -42,10 +48,15 @@ pub(crate) struct Reconciler {
     busy: Arc<Mutex<BTreeSet<u64>>>,
     /// When each stale learner was first seen, by group.
     stale_since: BTreeMap<(u64, u64), Instant>,
+    /// This node's id.
+    node_id: u64,
+    /// Handing groups back to their preferred leaders (`balance.rs`); `None`: off.
+    balance: Option<LeaderBalance>,
 }
 
 impl Reconciler {
     pub(crate) fn new(
+        node_id: u64,
         logs: Arc<ReplicatedLogs>,
         meta: Arc<MetaGroup>,
         applied: Arc<AppliedState>,
@@ -58,7 +69,15 @@ impl Reconciler {
             formed,
             busy: Arc::default(),
             stale_since: BTreeMap::new(),
+            node_id,
+            balance: Some(LeaderBalance::default()),
         }
+    }
+
+    /// Hand groups back to their preferred leaders (`on`) or never.
+    pub(crate) fn balancing(mut self, on: bool) -> Reconciler {
+        self.balance = on.then(LeaderBalance::default);
+        self
     }
 
     /// Reconcile every [`ROUND`] until `stop`.
@@ -78,6 +97,7 @@ impl Reconciler {
     async fn round(&mut self) {
         let catalog = self.applied.catalog();
         let mut seen = BTreeSet::new();
+        let mut settled_led = Vec::new();
         for entry in catalog.queues().values() {
             for (index, replicas) in entry.replicas.iter().enumerate() {
                 // A leader that is moving off still leads the change.
@@ -88,16 +108,54 @@ impl Reconciler {
                     continue;
                 }
                 seen.insert(group.0);
-                self.partition(group, replicas.iter().copied().collect())
+                let settled = self
+                    .partition(group, replicas.iter().copied().collect())
                     .await;
+                if let (true, Some(&preferred)) = (settled, replicas.first()) {
+                    settled_led.push((group, preferred));
+                }
             }
         }
+        self.balance(&settled_led).await;
         if self.meta.leads().await {
             seen.insert(crate::meta::META_GROUP.0);
             self.metadata(catalog.nodes(&self.formed)).await;
         }
         self.stale_since
             .retain(|(group, _), _| seen.contains(group));
+    }
+
+    /// Hand one group led here back to its preferred leader, if one is due (`balance.rs`).
+    async fn balance(&mut self, led: &[(GroupId, u64)]) {
+        let now = Instant::now();
+        let node_id = self.node_id;
+        let Some(balance) = self.balance.as_mut() else {
+            return;
+        };
+        let Some((group, preferred)) = balance.pick(node_id, now, led) else {
+            return;
+        };
+        if self
+            .busy
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&group.0)
+        {
+            return;
+        }
+        let outcome = self.logs.transfer_leader(group, preferred).await;
+        let Some(balance) = self.balance.as_mut() else {
+            return;
+        };
+        match outcome {
+            Ok(true) => balance.tried(group, now),
+            // Not caught up yet: the next round looks again.
+            Ok(false) => {}
+            Err(error) => {
+                tracing::warn!(group = group.0, to = preferred, %error, "handing a partition to its preferred leader");
+                balance.tried(group, now);
+            }
+        }
     }
 
     /// Whether `group` may be changed now: no change of ours under way.
@@ -122,16 +180,17 @@ impl Reconciler {
             .collect()
     }
 
-    async fn partition(&mut self, group: GroupId, target: BTreeSet<u64>) {
+    /// Returns whether the group's voters are settled at `target` (no change under way).
+    async fn partition(&mut self, group: GroupId, target: BTreeSet<u64>) -> bool {
         let Ok((effective, committed)) = self.logs.members(group).await else {
-            return;
+            return false;
         };
         if effective.joint || effective != committed {
-            return;
+            return false;
         }
         if committed.voters != target {
             let Some(guard) = self.claim(group.0) else {
-                return;
+                return false;
             };
             let logs = self.logs.clone();
             tokio::spawn(async move {
@@ -145,15 +204,15 @@ impl Reconciler {
                     }
                 }
             });
-            return;
+            return false;
         }
         let stale: BTreeSet<u64> = committed.learners.difference(&target).copied().collect();
         let expired = self.expired(group.0, &stale);
         if expired.is_empty() {
-            return;
+            return true;
         }
         let Some(_guard) = self.claim(group.0) else {
-            return;
+            return true;
         };
         match self.logs.remove_learners(group, &expired).await {
             Ok(_) => {
@@ -161,10 +220,10 @@ impl Reconciler {
             }
             Err(error) => tracing::warn!(group = group.0, %error, "forgetting former replicas"),
         }
+        true
     }
 
     async fn metadata(&mut self, nodes: BTreeMap<u64, String>) {
-        let target: BTreeSet<u64> = nodes.keys().copied().collect();
         let group = crate::meta::META_GROUP.0;
         let Ok((effective, committed)) = self.meta.members().await else {
             return;
@@ -172,17 +231,18 @@ impl Reconciler {
         if effective.joint || effective != committed {
             return;
         }
+        let voters = meta_voters(&nodes, &committed.voters);
+        let target: BTreeSet<u64> = voters.keys().copied().collect();
         if committed.voters != target {
             let Some(guard) = self.claim(group) else {
                 return;
             };
-            let voters = nodes;
             let meta = self.meta.clone();
             tokio::spawn(async move {
                 let _guard = guard;
                 match meta.change_voters(&voters, CATCH_UP_WAIT).await {
                     Ok(members) => {
-                        tracing::info!(voters = ?members.voters, "metadata group voters changed")
+                        tracing::info!(voters = ?members.voters, learners = ?members.learners, "metadata group voters changed")
                     }
                     Err(error) => {
                         tracing::warn!(%error, "changing the metadata group's voters; retrying")
@@ -191,7 +251,30 @@ impl Reconciler {
             });
             return;
         }
-        let stale: BTreeSet<u64> = committed.learners.difference(&target).copied().collect();
+        // The nodes beyond the voters follow as learners.
+        let missing: BTreeMap<u64, String> = nodes
+            .iter()
+            .filter(|(id, _)| !committed.voters.contains(id) && !committed.learners.contains(id))
+            .map(|(id, addr)| (*id, addr.clone()))
+            .collect();
+        if !missing.is_empty() {
+            let Some(_guard) = self.claim(group) else {
+                return;
+            };
+            match self.meta.add_learners(&missing).await {
+                Ok(members) => {
+                    tracing::info!(learners = ?members.learners, "nodes follow the metadata group as learners")
+                }
+                Err(error) => tracing::warn!(%error, "adding learners to the metadata group"),
+            }
+            return;
+        }
+        let stale: BTreeSet<u64> = committed
+            .learners
+            .iter()
+            .filter(|id| !nodes.contains_key(id))
+            .copied()
+            .collect();
         let expired = self.expired(group, &stale);
         if expired.is_empty() {
             return;

@@ -56,10 +56,20 @@ pub struct ClusterConfig {
     /// node is one of the nodes the cluster was formed with.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub join: bool,
+    /// A partition's leader hands it back to its preferred leader (the first of its replicas
+    /// as placed) once that one is caught up, so leaders stay spread after failovers
+    /// (`docs/cluster.md`, "Leader balancing"). `false`: leaders stay where elections put
+    /// them.
+    #[serde(default = "default_leader_balance")]
+    pub leader_balance: bool,
 }
 
 fn default_name() -> String {
     DEFAULT_CLUSTER_NAME.to_string()
+}
+
+fn default_leader_balance() -> bool {
+    true
 }
 
 /// One `ID=ADDR` peer entry, for example `2=10.0.0.2:5690`.
@@ -286,6 +296,7 @@ mod tests {
             peers: peers.iter().map(|peer| peer.parse().unwrap()).collect(),
             name: DEFAULT_CLUSTER_NAME.to_string(),
             join: false,
+            leader_balance: true,
         }
     }
 

@@ -255,6 +255,7 @@ mod tests {
             leader: leading.then_some(1),
             leader_addr: None,
             replicas: vec![1, 2, 3],
+            preferred_leader: None,
             in_sync: in_sync.to_vec(),
             replica_lag: if leading {
                 BTreeMap::from([(1, 0), (2, 0), (3, 4_321)])

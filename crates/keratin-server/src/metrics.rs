@@ -442,6 +442,7 @@ mod tests {
             } else {
                 Vec::new()
             },
+            preferred_leader: None,
             in_sync: if leading { vec![1, 2] } else { Vec::new() },
             replica_lag: if leading {
                 BTreeMap::from([(1, 0), (2, 1), (3, 2_500)])

@@ -306,7 +306,11 @@ async fn prepare_cluster(
         make_logs,
     )
     .await
-    .map(|prepared| prepared.joining(cluster.join))
+    .map(|prepared| {
+        prepared
+            .joining(cluster.join)
+            .leader_balance(cluster.leader_balance)
+    })
     .map_err(NodeError::Cluster)
 }
 

@@ -424,6 +424,11 @@ fn cluster_text(document: &Value) -> String {
         field(document, "meta_applied"),
     );
     let mut nodes = Table::new(&["NODE", "CLUSTER", "CLIENT", "ADMIN", "REACHABLE", "ROLE"]);
+    let listed = |name: &str, id: &Value| {
+        document[name]
+            .as_array()
+            .is_some_and(|ids| ids.contains(id))
+    };
     for node in document["nodes"].as_array().map_or(&[][..], Vec::as_slice) {
         let info = &node["info"];
         nodes.row(vec![
@@ -437,13 +442,16 @@ fn cluster_text(document: &Value) -> String {
                 "no"
             }
             .to_owned(),
-            match (
-                node["meta_leader"].as_bool() == Some(true),
-                node["removed"].as_bool() == Some(true),
-            ) {
-                (_, true) => "removed",
-                (true, false) => "metadata leader",
-                (false, false) => "-",
+            if node["removed"].as_bool() == Some(true) {
+                "removed"
+            } else if node["meta_leader"].as_bool() == Some(true) {
+                "metadata leader"
+            } else if listed("meta_voters", &node["id"]) {
+                "metadata voter"
+            } else if listed("meta_learners", &node["id"]) {
+                "metadata learner"
+            } else {
+                "-"
             }
             .to_owned(),
         ]);
@@ -490,6 +498,7 @@ mod tests {
     fn the_text_names_nodes_and_partition_leaders() {
         let document = serde_json::json!({
             "node_id": 2, "name": "keratin", "meta_leader": 1, "meta_applied": 7,
+            "meta_voters": [1], "meta_learners": [2],
             "nodes": [
                 {"id": 1, "cluster_addr": "127.0.0.1:5690", "reachable": true, "meta_leader": true,
                  "info": {"id": 1, "client": "127.0.0.1:5680", "admin": "127.0.0.1:5681"}},
@@ -532,6 +541,7 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("metadata leader 1"), "{text}");
+        assert!(text.contains("metadata learner"), "{text}");
         assert!(text.contains("127.0.0.1:5681"), "{text}");
         assert!(text.contains("orders"), "{text}");
         assert!(text.contains("follows"), "{text}");

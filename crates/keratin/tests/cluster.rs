@@ -173,6 +173,9 @@ impl Cluster {
             args.push("--join");
         }
         let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_keratin"));
+        // The rounds kill, stop and cut the leader they found: leaders stay where elections
+        // put them (leader balancing has its own test, keratin-server `cluster_balance.rs`).
+        command.env("KERATIN_CLUSTER__LEADER_BALANCE", "false");
         command.envs(node.env.iter().copied());
         node.server = Some(Server::start_with(command, &args));
     }

@@ -142,6 +142,7 @@ fn partition_json(p: &keratin_broker::PartitionInfo) -> Value {
         "ready": p.ready,
         "inflight": p.inflight,
         "replicas": p.replicas,
+        "preferred_leader": p.preferred_leader,
         "in_sync": in_sync,
         "replica_lag": lag,
         "max_lag": max_lag,

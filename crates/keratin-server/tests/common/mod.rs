@@ -2,12 +2,16 @@
 
 #![allow(dead_code)]
 
-use std::net::{SocketAddr, TcpListener};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
+use std::time::Duration;
 
+use keratin_broker::{Broker, BrokerError, Message};
 use keratin_net::{ClusterConfig, PeerSpec};
 use keratin_server::config::Config;
 use keratin_server::Node;
+use serde_json::Value;
 
 /// Tiny disk thresholds: these tests must not slow down or fail because the host's disk
 /// happens to be 90% full (the defaults put soft at 10% free).
@@ -60,6 +64,9 @@ pub fn cluster_configs(dirs: &[tempfile::TempDir], formed: u64, name: &str) -> V
                 },
                 name: name.into(),
                 join,
+                // Off: these tests stop and cut chosen leaders; `cluster_balance.rs` turns it
+                // on.
+                leader_balance: false,
             });
             config
         })
@@ -78,4 +85,134 @@ pub async fn start_all(configs: &[Config]) -> Vec<Option<Node>> {
         nodes.push(Some(handle.await.expect("task").expect("node starts")));
     }
     nodes
+}
+
+/// How long the cluster tests wait for a change to show.
+pub const WAIT: Duration = Duration::from_secs(60);
+
+/// `method path` on an admin port, with a JSON body if given: the status and the JSON answer.
+pub fn http_body(addr: SocketAddr, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+    let body = body.map(Value::to_string).unwrap_or_default();
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read");
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
+}
+
+pub fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, Value) {
+    http_body(addr, method, path, None)
+}
+
+pub fn http_json(addr: SocketAddr, path: &str, body: &Value) -> (u16, Value) {
+    http_body(addr, "POST", path, Some(body))
+}
+
+pub async fn until<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: not within {WAIT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+pub fn node(nodes: &[Option<Node>], id: u64) -> &Node {
+    nodes[(id - 1) as usize].as_ref().expect("node running")
+}
+
+/// The leader every running node agrees on.
+pub async fn agreed_leader(nodes: &[Option<Node>], queue: &str) -> u64 {
+    let mut polls = 0;
+    until("a leader the running nodes agree on", || {
+        // Nodes holding a replica: one that holds none names the preferred leader.
+        let leaders: Vec<Option<u64>> = nodes
+            .iter()
+            .flatten()
+            .filter_map(|n| {
+                let p = n.broker().info(queue).ok()?.partitions[0].clone();
+                (!p.replicas.is_empty()).then_some(p.leader)
+            })
+            .collect();
+        polls += 1;
+        if polls % 50 == 0 {
+            eprintln!("leaders seen: {leaders:?}");
+        }
+        let first = leaders.first().copied().flatten()?;
+        leaders
+            .iter()
+            .all(|l| *l == Some(first))
+            .then_some(first)
+            .filter(|l| nodes[(*l - 1) as usize].is_some())
+    })
+    .await
+}
+
+pub fn body(n: usize) -> String {
+    let mut body = format!("m{n} ");
+    body.extend(std::iter::repeat_n('x', 2_000));
+    body
+}
+
+/// Publish message `n` on whichever node leads, until confirmed or known refused for good.
+/// `Err` when its outcome is unknown (the leader lost its leadership with it in flight).
+pub async fn publish(nodes: &[Option<Node>], queue: &str, n: usize) -> Result<(), String> {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let leader = agreed_leader(nodes, queue).await;
+        let broker = node(nodes, leader).broker().clone();
+        let mut results = broker.publish(queue, vec![Message::new(body(n))]).await;
+        match results.remove(0) {
+            Ok(_) => return Ok(()),
+            Err(BrokerError::NotLeader { .. }) | Err(BrokerError::Limited { .. }) => {}
+            Err(error @ (BrokerError::LeadershipLost { .. } | BrokerError::TimedOut { .. })) => {
+                return Err(error.to_string())
+            }
+            Err(other) => panic!("publish m{n}: {other}"),
+        }
+        assert!(tokio::time::Instant::now() < deadline, "publish m{n}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Take up to `count` deliveries from `broker` (which must lead), acking each if `ack`; the
+/// bodies' numbers.
+pub async fn take(broker: &Broker, queue: &str, count: usize, ack: bool) -> Vec<usize> {
+    let mut consumer = broker
+        .subscribe(queue, 50)
+        .expect("subscribe at the leader");
+    let mut seen = Vec::new();
+    while seen.len() < count {
+        let next = tokio::time::timeout(Duration::from_secs(3), consumer.recv()).await;
+        let Ok(Some(delivery)) = next else { break };
+        let text = String::from_utf8_lossy(&delivery.message.body).to_string();
+        let n: usize = text[1..text.find(' ').expect("numbered body")]
+            .parse()
+            .expect("number");
+        seen.push(n);
+        if ack {
+            consumer.ack(&[delivery.tag]);
+        }
+    }
+    seen
 }
