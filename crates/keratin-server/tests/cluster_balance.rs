@@ -52,13 +52,7 @@ fn led_by(nodes: &[Option<Node>], id: u64) -> Option<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_leadership_comes_back_to_the_preferred_leader_after_a_failover() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
-    let dirs: Vec<tempfile::TempDir> = (0..3)
-        .map(|_| tempfile::tempdir().expect("tempdir"))
-        .collect();
+    let dirs = common::cluster_test_dirs(3);
     let mut configs = common::cluster_configs(&dirs, 3, "balance");
     for config in &mut configs {
         config.cluster.as_mut().expect("cluster").leader_balance = true;

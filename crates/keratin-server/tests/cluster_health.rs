@@ -9,8 +9,7 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use keratin_broker::{BrokerError, Message, QueueSettings};
@@ -23,18 +22,7 @@ const QUEUE: &str = "watched";
 const WAIT: Duration = Duration::from_secs(20);
 
 fn get(addr: SocketAddr, path: &str) -> String {
-    let mut stream = TcpStream::connect(addr).expect("connect");
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .expect("send");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).expect("read");
-    response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default()
+    common::http_text(addr, "GET", path, "").1
 }
 
 /// Partition 0 of the queue in `node`'s cluster document.
@@ -59,18 +47,8 @@ fn active(node: &Node, kind: AttentionKind) -> Vec<String> {
         .collect()
 }
 
-async fn until<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        if let Some(value) = check() {
-            return value;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{what}: not within {WAIT:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+async fn until<T>(what: &str, check: impl FnMut() -> Option<T>) -> T {
+    common::until_within(what, WAIT, check).await
 }
 
 /// Node `id` of `nodes`, if running.

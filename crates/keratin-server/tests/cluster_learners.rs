@@ -13,8 +13,6 @@
 
 mod common;
 
-use std::time::Duration;
-
 use common::{http, node, until};
 use keratin_broker::QueueSettings;
 use keratin_server::Node;
@@ -39,25 +37,12 @@ async fn declare(node: &Node, queue: &str) {
         replicas: Some(3),
         ..QueueSettings::default()
     };
-    let deadline = tokio::time::Instant::now() + common::WAIT;
-    while let Err(error) = node.broker().declare(queue, settings.clone()).await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "declare {queue}: {error}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::declare(node, queue, &settings).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sixth_node_follows_the_metadata_group_as_a_learner_and_replaces_a_removed_voter() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
-    let dirs: Vec<tempfile::TempDir> = (0..NODES)
-        .map(|_| tempfile::tempdir().expect("tempdir"))
-        .collect();
+    let dirs = common::cluster_test_dirs(NODES);
     let mut configs = common::cluster_configs(&dirs, NODES, "learners");
     for config in &mut configs {
         config.cluster.as_mut().expect("cluster").leader_balance = true;

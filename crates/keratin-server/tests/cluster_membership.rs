@@ -18,10 +18,9 @@
 
 mod common;
 
-use common::{agreed_leader, http, http_json, node, publish, take, until, WAIT};
+use common::{agreed_leader, http, http_json, node, publish, take, until};
 
 use std::collections::BTreeSet;
-use std::time::Duration;
 
 use keratin_broker::QueueSettings;
 use keratin_server::config::Config;
@@ -66,28 +65,14 @@ fn planned_move(planned: &Value) -> (String, BTreeSet<u64>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_removed_leaders_partition_moves_to_another_node_and_keeps_every_confirmed_message() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
-    let dirs: Vec<tempfile::TempDir> = (0..NODES)
-        .map(|_| tempfile::tempdir().expect("tempdir"))
-        .collect();
+    let dirs = common::cluster_test_dirs(NODES);
     let configs = configs(&dirs, NODES);
     let mut nodes = common::start_all(&configs).await;
     let settings = QueueSettings {
         replicas: Some(3),
         ..QueueSettings::default()
     };
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while let Err(error) = node(&nodes, 1)
-        .broker()
-        .declare(QUEUE, settings.clone())
-        .await
-    {
-        assert!(tokio::time::Instant::now() < deadline, "declare: {error}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::declare(node(&nodes, 1), QUEUE, &settings).await;
     let leader = agreed_leader(&nodes, QUEUE).await;
     let before: Vec<u64> = node(&nodes, leader)
         .broker()
@@ -258,13 +243,7 @@ async fn a_removed_leaders_partition_moves_to_another_node_and_keeps_every_confi
 /// serve with node 4 again and it is still a metadata voter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_added_node_joins_the_metadata_group_and_takes_its_share_of_replicas() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
-    let dirs: Vec<tempfile::TempDir> = (0..NODES)
-        .map(|_| tempfile::tempdir().expect("tempdir"))
-        .collect();
+    let dirs = common::cluster_test_dirs(NODES);
     let configs = configs(&dirs, 3);
     let mut nodes = common::start_all(&configs[..3]).await;
     nodes.push(None);
@@ -274,15 +253,7 @@ async fn an_added_node_joins_the_metadata_group_and_takes_its_share_of_replicas(
         ..QueueSettings::default()
     };
     for queue in &queues {
-        let deadline = tokio::time::Instant::now() + WAIT;
-        while let Err(error) = node(&nodes, 1)
-            .broker()
-            .declare(queue, settings.clone())
-            .await
-        {
-            assert!(tokio::time::Instant::now() < deadline, "declare: {error}");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        common::declare(node(&nodes, 1), queue, &settings).await;
     }
     let mut confirmed: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); queues.len()];
     for (q, queue) in queues.iter().enumerate() {

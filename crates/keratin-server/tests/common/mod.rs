@@ -90,9 +90,9 @@ pub async fn start_all(configs: &[Config]) -> Vec<Option<Node>> {
 /// How long the cluster tests wait for a change to show.
 pub const WAIT: Duration = Duration::from_secs(60);
 
-/// `method path` on an admin port, with a JSON body if given: the status and the JSON answer.
-pub fn http_body(addr: SocketAddr, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
-    let body = body.map(Value::to_string).unwrap_or_default();
+/// `method path` on an admin port with `body` (JSON, possibly empty): the status and the
+/// answer's body as text.
+pub fn http_text(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
     let mut stream = TcpStream::connect(addr).expect("connect");
     write!(
         stream,
@@ -112,7 +112,14 @@ pub fn http_body(addr: SocketAddr, method: &str, path: &str, body: Option<&Value
         .split_once("\r\n\r\n")
         .map(|(_, b)| b.to_string())
         .unwrap_or_default();
-    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
+    (status, body)
+}
+
+/// `method path` on an admin port, with a JSON body if given: the status and the JSON answer.
+pub fn http_body(addr: SocketAddr, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+    let body = body.map(Value::to_string).unwrap_or_default();
+    let (status, answer) = http_text(addr, method, path, &body);
+    (status, serde_json::from_str(&answer).unwrap_or(Value::Null))
 }
 
 pub fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, Value) {
@@ -123,15 +130,24 @@ pub fn http_json(addr: SocketAddr, path: &str, body: &Value) -> (u16, Value) {
     http_body(addr, "POST", path, Some(body))
 }
 
-pub async fn until<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
-    let deadline = tokio::time::Instant::now() + WAIT;
+pub async fn until<T>(what: &str, check: impl FnMut() -> Option<T>) -> T {
+    until_within(what, WAIT, check).await
+}
+
+/// `Some` from `check` (polled every 100 ms) within `wait`, or the test fails naming `what`.
+pub async fn until_within<T>(
+    what: &str,
+    wait: Duration,
+    mut check: impl FnMut() -> Option<T>,
+) -> T {
+    let deadline = tokio::time::Instant::now() + wait;
     loop {
         if let Some(value) = check() {
             return value;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "{what}: not within {WAIT:?}"
+            "{what}: not within {wait:?}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -215,4 +231,29 @@ pub async fn take(broker: &Broker, queue: &str, count: usize, ack: bool) -> Vec<
         }
     }
     seen
+}
+
+/// Declare `queue` with `settings` through `node`, again until the cluster takes it (its
+/// metadata group elects a leader first) or [`WAIT`] runs out.
+pub async fn declare(node: &Node, queue: &str, settings: &keratin_broker::QueueSettings) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while let Err(error) = node.broker().declare(queue, settings.clone()).await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "declare {queue}: {error}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The nodes' logs in the test's output (filtered by `RUST_LOG`), and `count` temporary data
+/// directories: how every in-process cluster test starts.
+pub fn cluster_test_dirs(count: u64) -> Vec<tempfile::TempDir> {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    (0..count)
+        .map(|_| tempfile::tempdir().expect("tempdir"))
+        .collect()
 }
