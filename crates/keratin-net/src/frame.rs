@@ -23,9 +23,11 @@ pub const BODY_OFFSET: usize = TYPE_OFFSET + 1;
 /// Size of the frame header (length prefix and type byte).
 pub const HEADER_SIZE: usize = BODY_OFFSET;
 
-/// Default and largest frame size limit (the value of `length`): 16 MiB. An install-snapshot
-/// chunk of the Raft adapter must fit in one frame, with room for its own header.
-pub const FRAME_SIZE_BYTES_MAX: u32 = 16 * 1024 * 1024;
+/// Default and largest frame size limit (the value of `length`): 16 MiB + 64 KiB. One Raft
+/// append carrying a single entry must fit however large the entry, and the largest entry holds
+/// the largest message of a client frame (16 MiB) plus its record and entry headers; a
+/// snapshot sent whole must fit too.
+pub const FRAME_SIZE_BYTES_MAX: u32 = (16 << 20) + (64 << 10);
 
 /// Fixed fields of a `Request` body: request_id u64, group u64, kind u8.
 const REQUEST_FIXED_SIZE: usize = 8 + 8 + 1;

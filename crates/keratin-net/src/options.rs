@@ -8,8 +8,8 @@ use crate::frame::{FRAME_SIZE_BYTES_MAX, HEADER_SIZE};
 /// Bounds and timers of a [`crate::Transport`].
 #[derive(Debug, Clone)]
 pub struct TransportOptions {
-    /// Largest frame accepted or sent (the `length` field). Default 16 MiB, the protocol maximum:
-    /// a 4 MiB install-snapshot chunk fits four times over.
+    /// Largest frame accepted or sent (the `length` field). Default 16 MiB + 64 KiB, the protocol
+    /// maximum: an append of one entry carrying the largest message of a client frame fits.
     pub frame_size_bytes_max: u32,
     /// Outgoing calls in flight per connection; a call beyond it waits (within its timeout) for
     /// a slot. Default 4,096: 2,000 groups each with a couple of outstanding appends.

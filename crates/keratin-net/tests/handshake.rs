@@ -196,7 +196,7 @@ async fn an_oversize_length_gets_an_error_frame_before_any_allocation() {
         let error = error_frame(&frames_until_close(&mut stream).await);
         assert_eq!(error.code, codes::FRAME_TOO_LARGE);
         assert!(
-            error.message.contains("4294967295") && error.message.contains("16777216"),
+            error.message.contains("4294967295") && error.message.contains("16842752"),
             "{}",
             error.message
         );

@@ -35,6 +35,7 @@ use openraft::raft::{
 use openraft::storage::Snapshot;
 use openraft::OptionalSend;
 
+use super::parts;
 use super::rpc::{self, SnapshotWire};
 use crate::error::RaftError;
 use crate::fence::Fence;
@@ -169,6 +170,19 @@ impl<D> GroupNetwork<D> {
     }
 }
 
+impl<D> GroupNetwork<D> {
+    async fn send_append(
+        &self,
+        rpc: &AppendEntriesRequest<TypeConfig>,
+        option: &RPCOption,
+        coalesce: bool,
+    ) -> Result<AppendEntriesResponse<TypeConfig>, Unreachable<TypeConfig>> {
+        let body = decoded(rpc::encode_append(rpc))?;
+        let reply = self.send(rpc::KIND_APPEND, body, option, coalesce).await?;
+        decoded(rpc::decode_append_reply(&reply))
+    }
+}
+
 fn decoded<T>(result: Result<T, RaftError>) -> Result<T, Unreachable<TypeConfig>> {
     // A reply that does not decode comes from a node of another version or a broken one: treat
     // it as unreachable (openraft retries later), never as a storage error.
@@ -185,9 +199,21 @@ impl<D: SnapshotWire + Sync> RaftNetworkV2<TypeConfig> for GroupNetwork<D> {
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
         self.check_stale(&rpc)?;
         let coalesce = self.heartbeats && rpc.entries.is_empty();
-        let body = decoded(rpc::encode_append(&rpc))?;
-        let reply = self.send(rpc::KIND_APPEND, body, &option, coalesce).await?;
-        Ok(decoded(rpc::decode_append_reply(&reply))?)
+        let mut parts = parts::split(rpc, parts::APPEND_PART_BYTES);
+        if parts.len() == 1 {
+            let rpc = parts.pop().expect("one part");
+            return Ok(self.send_append(&rpc, &option, coalesce).await?);
+        }
+        // Too large for one body ("Large appends" in `parts`): one part after the other.
+        let mut combined = parts::Combined::default();
+        for part in parts {
+            let last = part.entries.last().map(|entry| entry.log_id);
+            let reply = self.send_append(&part, &option, false).await?;
+            if let Some(answer) = combined.reply(reply, last) {
+                return Ok(answer);
+            }
+        }
+        Ok(combined.done())
     }
 
     async fn vote(

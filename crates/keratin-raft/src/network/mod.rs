@@ -4,11 +4,13 @@
 //!
 //! - `rpc`: the bodies of the Raft requests and replies, byte by byte
 //!   (`docs/cluster-protocol.md`, "Raft bodies").
-//! - `client`: [`NetworkFactory`] and [`GroupNetwork`], openraft's sending side.
+//! - `client`: [`NetworkFactory`] and [`GroupNetwork`], openraft's sending side; `parts`, an
+//!   append too large for one body sent as consecutive appends.
 //! - `server`: [`Groups`], the node's handler that routes requests to each group's `Raft`.
 //! - [`codes`]: the refusals a group answers with (application codes of `keratin-net`).
 
 mod client;
+mod parts;
 pub mod rpc;
 mod server;
 

@@ -197,6 +197,15 @@ impl<'a> Reader<'a> {
 /// the count.
 const APPEND_HEAD_BYTES: usize = 1 + 17 + 2 * 25 + 4;
 
+/// The bytes `entry` takes in an append-entries body: a normal entry's exact size (index, type,
+/// timestamp, length, prefix, body); the others are small and may take a little more.
+pub fn append_entry_bytes(entry: &Entry) -> usize {
+    match &entry.payload {
+        Payload::Normal(record) => ENTRY_SIZE_MIN + ENTRY_PREFIX_SIZE + record.payload.len(),
+        _ => ENTRY_SIZE_MIN + ENTRY_PREFIX_SIZE,
+    }
+}
+
 /// An append-entries request (with or without entries).
 pub fn encode_append(rpc: &AppendEntriesRequest<TypeConfig>) -> Result<Vec<u8>, RaftError> {
     let count = u32::try_from(rpc.entries.len())
@@ -205,16 +214,8 @@ pub fn encode_append(rpc: &AppendEntriesRequest<TypeConfig>) -> Result<Vec<u8>, 
         .ok_or_else(|| {
             RaftError::Invalid(format!("{} entries in one append", rpc.entries.len()))
         })?;
-    // One allocation for the whole body: a normal entry's exact size (index, type, timestamp,
-    // length, prefix, body); the others are small and may grow it.
-    let entries_bytes: usize = rpc
-        .entries
-        .iter()
-        .map(|entry| match &entry.payload {
-            Payload::Normal(record) => ENTRY_SIZE_MIN + ENTRY_PREFIX_SIZE + record.payload.len(),
-            _ => ENTRY_SIZE_MIN + ENTRY_PREFIX_SIZE,
-        })
-        .sum();
+    // One allocation for the whole body.
+    let entries_bytes: usize = rpc.entries.iter().map(append_entry_bytes).sum();
     let mut w = Writer(Vec::with_capacity(APPEND_HEAD_BYTES + entries_bytes));
     w.u8(RPC_VERSION);
     w.vote(&rpc.vote);
