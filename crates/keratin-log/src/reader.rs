@@ -28,6 +28,8 @@ struct Cursor {
 pub struct LogReader {
     shared: Arc<Shared>,
     next: u64,
+    /// It ends before this offset ([`LogReader::until`]).
+    end: u64,
     chunk_bytes: usize,
     cursor: Option<Cursor>,
 }
@@ -37,9 +39,18 @@ impl LogReader {
         LogReader {
             shared,
             next: offset,
+            end: u64::MAX,
             chunk_bytes,
             cursor: None,
         }
+    }
+
+    /// This reader, ending before offset `end`, and reading no more of a segment file than the
+    /// records before `end` need (within one index interval): a reader of a few records near
+    /// the durable end does not read the file up to it, one chunk of it at a time.
+    pub fn until(mut self, end: u64) -> LogReader {
+        self.end = end;
+        self
     }
 
     /// The offset the next call to `next` returns.
@@ -58,17 +69,23 @@ impl LogReader {
                 end: state.durable_next,
             }));
         }
-        if self.next >= state.durable_next {
+        if self.next >= state.durable_next || self.next >= self.end {
             return None;
         }
         let (_, segment) = state.segments.range(..=self.next).next_back()?;
         if self.next >= segment.next_offset {
             return None;
         }
+        let end_offset = segment.next_offset.min(self.end);
+        let limit = if self.end < segment.next_offset {
+            segment.position_bound(self.end)
+        } else {
+            segment.end_position
+        };
         match &mut self.cursor {
             Some(cursor) if cursor.base == segment.base && cursor.offset == self.next => {
-                cursor.end_offset = segment.next_offset;
-                cursor.chunks.set_limit(segment.end_position);
+                cursor.end_offset = end_offset;
+                cursor.chunks.set_limit(limit);
             }
             _ => {
                 let (position, offset) = segment.lookup(self.next);
@@ -76,14 +93,10 @@ impl LogReader {
                     base: segment.base,
                     generation: segment.generation,
                     path: segment.path.clone(),
-                    chunks: ChunkReader::new(
-                        segment.file.clone(),
-                        segment.end_position,
-                        self.chunk_bytes,
-                    ),
+                    chunks: ChunkReader::new(segment.file.clone(), limit, self.chunk_bytes),
                     position,
                     offset,
-                    end_offset: segment.next_offset,
+                    end_offset,
                 });
             }
         }

@@ -124,6 +124,19 @@ impl Segment {
         }
     }
 
+    /// A byte position at or past the end of every durable record before `end`: the position
+    /// of the first indexed record at or past `end`, or the durable end. (At most one index
+    /// interval and one record past what those records need.)
+    pub(crate) fn position_bound(&self, end: u64) -> u64 {
+        let delta = end.saturating_sub(self.base);
+        let at = self
+            .index
+            .partition_point(|entry| u64::from(entry.offset_delta) < delta);
+        self.index.get(at).map_or(self.end_position, |entry| {
+            u64::from(entry.position).min(self.end_position)
+        })
+    }
+
     /// The byte position of the indexed record at or before `offset`, and that record's offset.
     pub(crate) fn lookup(&self, offset: u64) -> (u64, u64) {
         let delta = offset.saturating_sub(self.base);

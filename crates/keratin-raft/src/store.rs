@@ -360,7 +360,9 @@ impl Shared {
         let ReadPlan { mut found, disk } = plan;
         let mut failure = None;
         if let Some((disk_lo, disk_hi)) = disk {
-            for result in self.entries.reader(disk_lo) {
+            // Bounded: a read of a few hundred entries just behind the durable end (a
+            // follower applying, a replication stream) reads those, not the file up to the end.
+            for result in self.entries.reader(disk_lo).until(disk_hi) {
                 let record = match result {
                     Ok(record) => record,
                     Err(e) => {
