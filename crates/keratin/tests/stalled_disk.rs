@@ -246,6 +246,11 @@ async fn timed_cli_status(http: SocketAddr) -> Duration {
 /// instead of freezing the test.
 #[test]
 fn admin_reads_and_other_queues_stay_fast_while_a_disk_stalls() {
+    // Declared first, dropped last: when the test fails, the node's runtime (dropped before
+    // it) stops the node before its directories go. Removed under a live node, they made its
+    // logs fail and heal onto nothing, and the owner's "the healed log lost applied records"
+    // assertion fired on top of the test's own failure (seen once after a 126 ms publish).
+    let tmp = tempfile::tempdir().expect("tmp");
     let node_runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .max_blocking_threads(16)
@@ -258,7 +263,6 @@ fn admin_reads_and_other_queues_stay_fast_while_a_disk_stalls() {
         .enable_all()
         .build()
         .expect("test runtime");
-    let tmp = tempfile::tempdir().expect("tmp");
     let (fast_dir, slow_dir) = (tmp.path().join("fast"), tmp.path().join("slow"));
     let stall = Arc::new(Stall {
         dir: slow_dir.clone(),
