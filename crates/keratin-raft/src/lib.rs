@@ -88,7 +88,7 @@ pub use state_machine::{
 };
 pub use store::{
     GroupLogs, LogStore, LogStoreReader, SnapshotKeeper, ENTRIES_DIR_NAME, GAP_FILL_MAX,
-    STATE_DIR_NAME,
+    HOLD_BYTES_MAX, STATE_DIR_NAME,
 };
 pub use types::{
     CommittedOffsets, Entry, LeaderId, LogId, Membership, NodeAddr, PartitionRecord, Payload,

@@ -11,6 +11,13 @@
 //! right after its commit). Unapplied entries are the ones openraft has in flight, so the tail
 //! stays as bounded as openraft's pipeline.
 //!
+//! On a follower the partition owner reads every committed entry too, just after the state
+//! machine applied it (`LogEvent::Committed` comes from the apply). So while the replica
+//! follows (`LogStoreReader::set_hold`), an applied entry stays until a committed reader took it
+//! (`LogStoreReader::consumed`) or the tail holds more than [`HOLD_BYTES_MAX`]: the owner reads
+//! from memory instead of reading back the record it has just written. A leader's owner
+//! proposed the records itself and does not read them: nothing is held there.
+//!
 //! Raft index == log offset. A purge point past the log's end (after a snapshot install)
 //! restarts the entry log there (`Log::restart_at`), so the next entry lands at its index; an
 //! entry appended past the end without one (openraft does not) is preceded by gap records.
@@ -45,6 +52,23 @@ pub const STATE_DIR_NAME: &str = "raft-state";
 /// bytes are 3.3 MiB; a larger jump needs a segment-log operation that restarts a log at a
 /// higher offset (crate docs, "What is left").
 pub const GAP_FILL_MAX: u64 = 65_536;
+
+/// Most bytes of entries the view's tail holds for a follower's owner (module docs); past it,
+/// applied entries leave as they would on a leader, and the owner reads them from the file.
+pub const HOLD_BYTES_MAX: usize = 4 << 20;
+
+/// What an entry counts for in the tail's bytes: its payload and a little for the rest.
+fn entry_bytes(entry: &Entry) -> usize {
+    const OVERHEAD: usize = 64;
+    match &entry.payload {
+        openraft::EntryPayload::Normal(record) => OVERHEAD + record.payload.len(),
+        _ => OVERHEAD,
+    }
+}
+
+fn entries_bytes<'a>(tail: impl IntoIterator<Item = &'a TailEntry>) -> usize {
+    tail.into_iter().map(|t| entry_bytes(&t.entry)).sum()
+}
 
 /// The two logs of one partition group: the entry log (the partition's segment log: record
 /// offset == Raft index) and the small state log (vote, committed, purge point). They outlive
@@ -200,6 +224,9 @@ impl GroupLogs {
         let view = View {
             tail: BTreeMap::new(),
             applied_next: 0,
+            hold: false,
+            consumed_next: 0,
+            tail_bytes: 0,
             next_index: end,
             disk_limit: u64::MAX,
             last_log_id,
@@ -235,8 +262,15 @@ struct View {
     /// Entries appended and not yet both durable and applied, by index (module docs).
     tail: BTreeMap<u64, TailEntry>,
     /// One past the last entry the state machine applied: below it, durable entries leave the
-    /// tail.
+    /// tail (unless held, see `hold`).
     applied_next: u64,
+    /// The replica follows: applied entries stay until a committed reader took them, within
+    /// [`HOLD_BYTES_MAX`] (module docs).
+    hold: bool,
+    /// One past the last entry a committed reader took.
+    consumed_next: u64,
+    /// [`entry_bytes`] of the tail's entries.
+    tail_bytes: usize,
     /// One past the last entry. Unless fenced, also the entry log's next offset.
     next_index: u64,
     /// Disk records from here on are stale: a truncation made while fenced never reached the
@@ -253,7 +287,8 @@ impl View {
     fn put(&mut self, first: u64, entries: Vec<Entry>) -> u64 {
         let batch = self.next_batch;
         self.next_batch += 1;
-        drop(self.tail.split_off(&first));
+        self.cut_from(first);
+        self.tail_bytes += entries.iter().map(entry_bytes).sum::<usize>();
         if let Some(last) = entries.last() {
             self.next_index = last.log_id.index + 1;
             self.last_log_id = Some(last.log_id);
@@ -271,14 +306,33 @@ impl View {
         batch
     }
 
-    /// Drop the durable and applied entries at the front of the tail. Batches become durable
-    /// in index order, so once the front is not, nothing behind it is either.
+    /// Drop the tail's entries from `index` on.
+    fn cut_from(&mut self, index: u64) {
+        let cut = self.tail.split_off(&index);
+        self.tail_bytes -= entries_bytes(cut.values());
+    }
+
+    /// Drop the tail's entries up to and including `index`.
+    fn cut_through(&mut self, index: u64) {
+        let kept = self.tail.split_off(&(index + 1));
+        let cut = std::mem::replace(&mut self.tail, kept);
+        self.tail_bytes -= entries_bytes(cut.values());
+    }
+
+    /// Drop the durable and applied entries at the front of the tail, but those held for a
+    /// follower's owner (module docs). Batches become durable in index order, so once the front
+    /// is not, nothing behind it is either.
     fn sweep(&mut self) {
         while let Some(first) = self.tail.first_entry() {
-            if *first.key() >= self.applied_next || !first.get().flushed {
+            let index = *first.key();
+            if index >= self.applied_next || !first.get().flushed {
                 break;
             }
-            first.remove();
+            if self.hold && index >= self.consumed_next && self.tail_bytes <= HOLD_BYTES_MAX {
+                break;
+            }
+            let gone = first.remove();
+            self.tail_bytes -= entry_bytes(&gone.entry);
         }
     }
 
@@ -552,6 +606,30 @@ impl LogStoreReader {
         }
     }
 
+    /// Hold applied entries for a committed reader (the replica follows), or not (it leads):
+    /// module docs.
+    pub(crate) fn set_hold(&self, hold: bool) {
+        let mut view = self.shared.view();
+        if view.hold != hold {
+            view.hold = hold;
+            view.sweep();
+        }
+    }
+
+    /// A committed reader took every entry below `next`: held ones leave the tail.
+    pub(crate) fn consumed(&self, next: u64) {
+        let mut view = self.shared.view();
+        if next > view.consumed_next {
+            view.consumed_next = next;
+            view.sweep();
+        }
+    }
+
+    /// Bytes of the entries in the view's tail (see [`HOLD_BYTES_MAX`]).
+    pub fn tail_bytes(&self) -> usize {
+        self.shared.view().tail_bytes
+    }
+
     /// The first index this node holds or will hold: past the purge point and the entry log's
     /// start.
     pub fn floor(&self) -> u64 {
@@ -731,7 +809,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             if cut >= view.next_index {
                 return Ok(());
             }
-            drop(view.tail.split_off(&cut));
+            view.cut_from(cut);
             view.next_index = cut;
             view.last_log_id = last_log_id.or_else(|| view.state.purged);
             if fenced {
@@ -767,8 +845,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 view.last_log_id = Some(log_id);
             }
             view.state.purged = Some(log_id);
-            let kept = view.tail.split_off(&(log_id.index + 1));
-            view.tail = kept;
+            view.cut_through(log_id.index);
             (view.state.clone(), past_end)
         };
         if self.shared.fence.is_tripped() {

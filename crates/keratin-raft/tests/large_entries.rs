@@ -13,64 +13,15 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
-use common::tcp::Loopback;
-use keratin_log::{LogOptions, RealIo};
-use keratin_net::{GroupId, Transport, TransportOptions};
-use keratin_raft::network::Groups;
-use keratin_raft::replica::{replica_config, ProposeError, Replica};
-use keratin_raft::{GroupLogs, PartitionRecord};
-use tokio::net::TcpListener;
+use common::tcp::{leader_of, start_group, stop_group, ReplicaNode};
+use keratin_net::GroupId;
+use keratin_raft::replica::ProposeError;
+use keratin_raft::PartitionRecord;
 
 const GROUP: GroupId = GroupId(11);
 const WAIT: Duration = Duration::from_secs(30);
-
-struct Node {
-    transport: Transport,
-    groups: Arc<Groups>,
-    replica: Replica,
-}
-
-async fn start(id: u64, dir: &Path, listener: TcpListener, net: &Loopback) -> Node {
-    let groups = Arc::new(Groups::new());
-    let transport = Transport::start_on(
-        listener,
-        net.cluster(id),
-        TransportOptions::default(),
-        Arc::clone(&groups) as Arc<dyn keratin_net::Handler>,
-    )
-    .expect("transport");
-    let logs =
-        GroupLogs::open(Arc::new(RealIo::new()), dir, LogOptions::default(), None).expect("logs");
-    let config = replica_config("test").expect("config");
-    let replica = Replica::start(id, GROUP, logs, config, transport.clone(), &groups)
-        .await
-        .expect("replica");
-    Node {
-        transport,
-        groups,
-        replica,
-    }
-}
-
-async fn leader(nodes: &BTreeMap<u64, Node>) -> u64 {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        for (id, node) in nodes {
-            if node.replica.leader().await == Some(*id) {
-                return *id;
-            }
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no leader in {WAIT:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 fn records(count: usize, size: usize) -> Vec<PartitionRecord> {
     (0..count)
@@ -82,11 +33,11 @@ fn records(count: usize, size: usize) -> Vec<PartitionRecord> {
 }
 
 /// Proposes `records` as one batch on the leader and waits until every node has committed it.
-async fn commit_everywhere(nodes: &BTreeMap<u64, Node>, records: Vec<PartitionRecord>) {
+async fn commit_everywhere(nodes: &BTreeMap<u64, ReplicaNode>, records: Vec<PartitionRecord>) {
     let count = records.len() as u64;
     let deadline = tokio::time::Instant::now() + WAIT;
     let offsets = loop {
-        let id = leader(nodes).await;
+        let id = leader_of(nodes, WAIT).await;
         let proposed =
             tokio::time::timeout_at(deadline, nodes[&id].replica.propose(records.clone()))
                 .await
@@ -121,27 +72,12 @@ async fn commit_everywhere(nodes: &BTreeMap<u64, Node>, records: Vec<PartitionRe
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn appends_over_the_frame_limit_replicate_in_parts() {
     let mut net = common::tcp::three_nodes().await;
-    let mut nodes = BTreeMap::new();
-    for id in 1..=3 {
-        let listener = net.listeners.remove(&id).expect("listener");
-        let dir = net.dirs[&id].path().join("group");
-        nodes.insert(id, start(id, &dir, listener, &net).await);
-    }
-    nodes[&1]
-        .replica
-        .raft()
-        .initialize(net.members())
-        .await
-        .expect("initialize");
+    let nodes = start_group(&mut net, GROUP).await;
 
     // 40 MiB in one batch: openraft puts up to 300 of them in one append.
     commit_everywhere(&nodes, records(40, 1 << 20)).await;
     // One record as large as the largest message body a client frame can carry.
     commit_everywhere(&nodes, records(1, 16 << 20)).await;
 
-    for (id, node) in nodes {
-        node.transport.shutdown();
-        let logs = node.replica.shutdown(&node.groups).await;
-        common::tcp::close_logs(&format!("node {id}"), logs).await;
-    }
+    stop_group(nodes).await;
 }

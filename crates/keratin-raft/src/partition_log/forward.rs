@@ -1,6 +1,7 @@
 //! The forwarder task of a [`ReplicatedLog`]: commits and role changes to the owner.
 
 use super::*;
+use crate::store::LogStoreReader;
 
 /// Forwards the replica's commits and changes of leadership to the owner, until stopped or the
 /// group is gone. When the replica's storage fails (its fence trips) it tells the owner this
@@ -14,6 +15,7 @@ use super::*;
 pub(super) async fn forward(
     answers: Answers,
     raft: ReplicaRaft,
+    view: LogStoreReader,
     mut committed: watch::Receiver<u64>,
     mut stop: watch::Receiver<bool>,
     mut seen: (bool, Option<u64>, Option<String>),
@@ -72,6 +74,7 @@ pub(super) async fn forward(
         drop(now);
         let now_seen = (role.leading, role.leader, role.addr.clone());
         if now_seen != seen {
+            view.set_hold(!now_seen.0);
             seen = now_seen;
             answers.events.send(LogEvent::Role(role));
         }

@@ -7,7 +7,9 @@
 //!   on every change of leadership seen in openraft's metrics (the leading flag or the leader's
 //!   id), with the leader's *client* address from the node's resolver;
 //! - [`LogEvent::Committed`]: the same task forwards every move of the replica's committed
-//!   offset (records another node proposed, and the adapter's own entries, included);
+//!   offset (records another node proposed, and the adapter's own entries, included); it also
+//!   tells the replica's log view whether to hold applied entries for the owner's reads (a
+//!   follower's owner reads every committed entry; `crate::store`, module docs);
 //! - [`LogEvent::Proposed`]: a proposal refused at once when this node does not lead (nothing
 //!   written); otherwise it waits for room in a bounded queue (the owner's back-pressure) that
 //!   one submitter task drains in proposal order, handing each proposal to openraft as one
@@ -349,6 +351,7 @@ impl ReplicatedLog {
             &self.client_addrs,
         );
         let seen = (role.leading, role.leader, role.addr.clone());
+        running.replica.hold_for_reader(!role.leading);
         events.send(LogEvent::Role(role));
         let answers = self.answers(&running.replica, events.clone());
         let (submitter, queue) = mpsc::channel(SUBMIT_QUEUE_MAX);
@@ -356,6 +359,7 @@ impl ReplicatedLog {
         tokio::spawn(forward(
             answers.clone(),
             raft.clone(),
+            running.replica.view(),
             running.replica.committed(),
             running.stop.subscribe(),
             seen,

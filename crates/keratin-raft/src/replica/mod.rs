@@ -222,6 +222,22 @@ impl Replica {
         self.notifier.committed()
     }
 
+    /// Hold applied entries in memory for the owner's committed reader while this replica
+    /// follows (`crate::store`, module docs); not while it leads.
+    pub fn hold_for_reader(&self, hold: bool) {
+        self.view.set_hold(hold);
+    }
+
+    /// Bytes of entries this replica keeps in memory (the log view's tail).
+    pub fn tail_bytes(&self) -> usize {
+        self.view.tail_bytes()
+    }
+
+    /// The replica's log view (for the forwarder, which sets its hold).
+    pub(crate) fn view(&self) -> LogStoreReader {
+        self.view.clone()
+    }
+
     /// The partition's committed records from `offset` on (blocking iteration: run it on the
     /// blocking pool).
     pub fn reader(&self, offset: u64) -> CommittedReader {

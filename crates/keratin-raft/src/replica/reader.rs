@@ -86,6 +86,8 @@ impl CommittedReader {
         }
         self.next += entries.len() as u64;
         self.buffered.extend(entries);
+        // A follower's view held them for this read (`store`, module docs).
+        self.view.consumed(self.next);
         Ok(())
     }
 }

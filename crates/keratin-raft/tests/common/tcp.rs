@@ -94,3 +94,91 @@ pub async fn close_logs(what: &str, mut logs: GroupLogs) {
     }
     panic!("{what}: logs still held 5 s after shutdown");
 }
+
+/// A replica of one group on a node of a [`Loopback`], with its own transport.
+pub struct ReplicaNode {
+    pub transport: keratin_net::Transport,
+    pub groups: std::sync::Arc<keratin_raft::network::Groups>,
+    pub replica: keratin_raft::replica::Replica,
+}
+
+/// Start node `id`'s replica of `group` on `listener`, its logs in `dir` (default options).
+pub async fn start_replica(
+    id: u64,
+    group: keratin_net::GroupId,
+    dir: &std::path::Path,
+    listener: TcpListener,
+    net: &Loopback,
+) -> ReplicaNode {
+    use std::sync::Arc;
+    let groups = Arc::new(keratin_raft::network::Groups::new());
+    let transport = keratin_net::Transport::start_on(
+        listener,
+        net.cluster(id),
+        keratin_net::TransportOptions::default(),
+        Arc::clone(&groups) as Arc<dyn keratin_net::Handler>,
+    )
+    .expect("transport");
+    let logs = GroupLogs::open(
+        Arc::new(keratin_log::RealIo::new()),
+        dir,
+        keratin_log::LogOptions::default(),
+        None,
+    )
+    .expect("logs");
+    let config = keratin_raft::replica::replica_config("test").expect("config");
+    let replica =
+        keratin_raft::replica::Replica::start(id, group, logs, config, transport.clone(), &groups)
+            .await
+            .expect("replica");
+    ReplicaNode {
+        transport,
+        groups,
+        replica,
+    }
+}
+
+/// Start the replicas of `group` on every node of `net` and form the group from node 1.
+pub async fn start_group(
+    net: &mut Loopback,
+    group: keratin_net::GroupId,
+) -> BTreeMap<u64, ReplicaNode> {
+    let mut nodes = BTreeMap::new();
+    for (id, listener) in std::mem::take(&mut net.listeners) {
+        let dir = net.dirs[&id].path().join("group");
+        nodes.insert(id, start_replica(id, group, &dir, listener, net).await);
+    }
+    nodes[&1]
+        .replica
+        .raft()
+        .initialize(net.members())
+        .await
+        .expect("initialize");
+    nodes
+}
+
+/// The node that leads, within `wait`.
+pub async fn leader_of(nodes: &BTreeMap<u64, ReplicaNode>, wait: Duration) -> u64 {
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        for (id, node) in nodes {
+            if node.replica.leader().await == Some(*id) {
+                return *id;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no leader in {wait:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Stop every node and close its logs.
+pub async fn stop_group(nodes: BTreeMap<u64, ReplicaNode>) {
+    for (id, node) in nodes {
+        node.transport.shutdown();
+        let logs = node.replica.shutdown(&node.groups).await;
+        close_logs(&format!("node {id}"), logs).await;
+    }
+}
