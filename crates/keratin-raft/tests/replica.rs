@@ -14,7 +14,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::tcp::Loopback;
+use common::tcp::{leader_of, Loopback, ReplicaNode as Node};
 use keratin_log::RealIo;
 use keratin_net::{GroupId, Transport, TransportOptions};
 use keratin_raft::network::Groups;
@@ -24,12 +24,6 @@ use tokio::net::TcpListener;
 
 const GROUP: GroupId = GroupId(7);
 const WAIT: Duration = Duration::from_secs(10);
-
-struct Node {
-    transport: Transport,
-    groups: Arc<Groups>,
-    replica: Replica,
-}
 
 async fn start(id: u64, dir: &Path, listener: TcpListener, net: &Loopback) -> Node {
     let groups = Arc::new(Groups::new());
@@ -60,22 +54,6 @@ async fn stop(id: u64, node: Node) {
     common::tcp::close_logs(&format!("node {id}"), logs).await;
 }
 
-async fn leader(nodes: &BTreeMap<u64, Node>) -> u64 {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        for (id, node) in nodes {
-            if node.replica.leader().await == Some(*id) {
-                return *id;
-            }
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no leader in {WAIT:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 fn batch(first: u64, count: u64) -> Vec<PartitionRecord> {
     (first..first + count)
         .map(|n| {
@@ -98,7 +76,7 @@ async fn propose(
         let records = batch(first + b * size, size);
         let deadline = tokio::time::Instant::now() + WAIT;
         loop {
-            let id = leader(nodes).await;
+            let id = leader_of(nodes, WAIT).await;
             match nodes[&id].replica.propose(records.clone()).await {
                 Ok(offsets) => {
                     assert_eq!(offsets.end - offsets.start, size);
@@ -183,7 +161,7 @@ async fn replicas_commit_read_and_survive_the_loss_of_the_leader() {
     }
     // A follower refuses, naming the leader and its cluster address. (Under load leadership
     // may move meanwhile: a proposal that was taken is simply one more committed batch.)
-    let first_leader = leader(&nodes).await;
+    let first_leader = leader_of(&nodes, WAIT).await;
     let follower = *nodes
         .keys()
         .find(|id| **id != first_leader)
@@ -205,7 +183,7 @@ async fn replicas_commit_read_and_survive_the_loss_of_the_leader() {
         check_reads(*id, node, &expected).await;
     }
 
-    let first_leader = leader(&nodes).await;
+    let first_leader = leader_of(&nodes, WAIT).await;
     let old = nodes.remove(&first_leader).expect("leader");
     stop(first_leader, old).await;
     for (offsets, records) in propose(&nodes, 1_000, 20, 25).await {
