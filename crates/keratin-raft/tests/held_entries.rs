@@ -94,11 +94,14 @@ async fn a_following_replica_holds_applied_entries_until_its_reader_took_them() 
                 .count()
         });
         assert_eq!(read, 200, "follower {id} read every record");
-        assert!(
-            nodes[id].replica.tail_bytes() < RECORD_BYTES,
-            "follower {id} still holds {} bytes its reader took",
-            nodes[id].replica.tail_bytes()
-        );
+        // The applied watch moves entry by entry; the view lets a batch go once the whole batch
+        // is applied (and durable), so this can trail the reader by one batch.
+        let node = &nodes[id];
+        until(
+            &format!("follower {id} lets go of what its reader took"),
+            || node.replica.tail_bytes() < RECORD_BYTES,
+        )
+        .await;
     }
 
     // Nobody reads: a follower holds at most the bound (plus the batch in flight).
@@ -121,11 +124,11 @@ async fn a_following_replica_holds_applied_entries_until_its_reader_took_them() 
         .await;
         // A follower that becomes leader lets them go.
         node.replica.hold_for_reader(false);
-        assert!(
-            node.replica.tail_bytes() < RECORD_BYTES,
-            "follower {id} holds {} bytes after the hold ended",
-            node.replica.tail_bytes()
-        );
+        until(
+            &format!("follower {id} lets go once the hold ended"),
+            || node.replica.tail_bytes() < RECORD_BYTES,
+        )
+        .await;
     }
     stop_group(nodes).await;
 }
