@@ -12,8 +12,10 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGua
 
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use tokio::sync::watch;
 
+use crate::frame::Frame;
 use crate::handler::Handler;
 use crate::options::TransportOptions;
 use crate::peer::Peer;
@@ -31,6 +33,8 @@ pub(crate) struct Context {
     generations: AtomicU64,
     /// When an unknown node's refusal was last logged at `info` (see `listener.rs`).
     unknown_node_logged: Mutex<Option<Instant>>,
+    /// This node's label (`Transport::set_label`); empty: none yet, nothing is sent.
+    label: Mutex<Bytes>,
 }
 
 impl Context {
@@ -52,7 +56,26 @@ impl Context {
             shutdown,
             generations: AtomicU64::new(1),
             unknown_node_logged: Mutex::new(None),
+            label: Mutex::new(Bytes::new()),
         }
+    }
+
+    /// This node's label as a frame to send, unless it has none.
+    pub(crate) fn label_frame(&self) -> Option<Frame> {
+        let label = self
+            .label
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        (!label.is_empty()).then_some(Frame::Label { label })
+    }
+
+    /// Replace this node's label; whether it changed.
+    pub(crate) fn replace_label(&self, label: Bytes) -> bool {
+        let mut current = self.label.lock().unwrap_or_else(PoisonError::into_inner);
+        let changed = *current != label;
+        *current = label;
+        changed
     }
 
     /// The peer `id`, if it is one now.

@@ -111,6 +111,14 @@ pub enum NetError {
         /// The limit (`TransportOptions::frame_size_bytes_max`).
         limit_bytes: u32,
     },
+    /// A node label over [`crate::frame::LABEL_BYTES_MAX`] (`Transport::set_label`).
+    #[error("a node label of {size_bytes} bytes exceeds the limit of {limit_bytes} bytes")]
+    LabelTooLarge {
+        /// The label's size.
+        size_bytes: usize,
+        /// The limit.
+        limit_bytes: usize,
+    },
     /// The cluster listen address could not be bound.
     #[error("cannot listen on {addr}: {reason}")]
     Bind {

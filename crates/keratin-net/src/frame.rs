@@ -41,7 +41,11 @@ const HEARTBEAT_REPLY_SIZE_MIN: usize = 8 + 1 + 4;
 const _: () = assert!(HEADER_SIZE == 5);
 const _: () = assert!((FRAME_SIZE_BYTES_MAX as u64) + (LENGTH_SIZE as u64) <= usize::MAX as u64);
 
-/// Type numbers of protocol version 1. They never change meaning.
+/// The longest node label ([`Frame::Label`]): a node's levels per file system and memory take a
+/// few hundred bytes; the bound keeps a peer from making every other node hold megabytes.
+pub const LABEL_BYTES_MAX: usize = 64 * 1024;
+
+/// Type numbers of protocol version 1 (and 2, which adds `LABEL`). They never change meaning.
 mod types {
     pub const REQUEST: u8 = 0x01;
     pub const RESPONSE: u8 = 0x02;
@@ -50,10 +54,12 @@ mod types {
     pub const HEARTBEAT_REPLIES: u8 = 0x11;
     pub const PING: u8 = 0x20;
     pub const PONG: u8 = 0x21;
+    /// Protocol version 2.
+    pub const LABEL: u8 = 0x22;
     pub const ERROR: u8 = 0x30;
 }
 
-/// One frame of cluster protocol version 1.
+/// One frame of cluster protocol versions 1 and 2 (`Label` is version 2's).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Frame {
     /// A call to the receiver's handler. Answered by `Response` or `Refusal` with the same id.
@@ -105,6 +111,13 @@ pub enum Frame {
         /// The ping's nonce.
         nonce: u64,
     },
+    /// The sender's node label (protocol version 2): opaque to the transport, at most
+    /// [`LABEL_BYTES_MAX`] bytes, the newest replaces any earlier one. Sent after the handshake,
+    /// whenever it changes and with every ping.
+    Label {
+        /// The label.
+        label: Bytes,
+    },
     /// A fatal error; the sender closes the connection after it.
     Error(RemoteError),
 }
@@ -137,6 +150,7 @@ impl Frame {
             Frame::HeartbeatReplies { .. } => "HeartbeatReplies",
             Frame::Ping { .. } => "Ping",
             Frame::Pong { .. } => "Pong",
+            Frame::Label { .. } => "Label",
             Frame::Error(_) => "Error",
         }
     }
@@ -238,6 +252,7 @@ impl Frame {
                 8 + 4 + replies.iter().map(|(_, r)| reply_size(r)).sum::<usize>()
             }
             Frame::Ping { .. } | Frame::Pong { .. } => 8,
+            Frame::Label { label } => label.len(),
             Frame::Error(error) => 2 + string_size(&error.message),
         };
         HEADER_SIZE + body
@@ -252,6 +267,7 @@ impl Frame {
             Frame::HeartbeatReplies { .. } => types::HEARTBEAT_REPLIES,
             Frame::Ping { .. } => types::PING,
             Frame::Pong { .. } => types::PONG,
+            Frame::Label { .. } => types::LABEL,
             Frame::Error(_) => types::ERROR,
         }
     }
@@ -290,6 +306,7 @@ impl Frame {
                 }
             }
             Frame::Ping { nonce } | Frame::Pong { nonce } => buf.put_u64_le(*nonce),
+            Frame::Label { label } => buf.put_slice(label),
             Frame::Error(error) => put_error(buf, error),
         }
     }
@@ -304,6 +321,7 @@ fn type_name(frame_type: u8) -> Option<&'static str> {
         types::HEARTBEAT_REPLIES => "HeartbeatReplies",
         types::PING => "Ping",
         types::PONG => "Pong",
+        types::LABEL => "Label",
         types::ERROR => "Error",
         _ => return None,
     })
@@ -329,6 +347,13 @@ fn decode_body(frame_type: u8, body: &mut Reader) -> Result<Frame, FrameError> {
         types::HEARTBEAT_REPLIES => decode_heartbeat_replies(body)?,
         types::PING => Frame::Ping { nonce: body.u64()? },
         types::PONG => Frame::Pong { nonce: body.u64()? },
+        types::LABEL => {
+            let label = body.rest();
+            if label.len() > LABEL_BYTES_MAX {
+                return Err(body.malformed("label longer than LABEL_BYTES_MAX"));
+            }
+            Frame::Label { label }
+        }
         types::ERROR => Frame::Error(read_error(body)?),
         other => return Err(FrameError::UnknownType(other)),
     })
@@ -455,7 +480,28 @@ mod tests {
         });
         roundtrip(Frame::Ping { nonce: 5 });
         roundtrip(Frame::Pong { nonce: 5 });
+        roundtrip(Frame::Label {
+            label: Bytes::from_static(b"{\"level\":\"normal\"}"),
+        });
+        roundtrip(Frame::Label {
+            label: Bytes::new(),
+        });
         roundtrip(Frame::Error(error));
+    }
+
+    #[test]
+    fn a_label_over_the_limit_is_malformed() {
+        let frame = Frame::Label {
+            label: Bytes::from(vec![b'x'; LABEL_BYTES_MAX + 1]),
+        };
+        let encoded = frame.encode();
+        let mut wire = BytesMut::new();
+        wire.put_slice(&encoded.head);
+        wire.put_slice(&encoded.tail);
+        assert!(matches!(
+            Frame::decode(wire.freeze()),
+            Err(FrameError::Malformed { frame: "Label", .. })
+        ));
     }
 
     #[test]

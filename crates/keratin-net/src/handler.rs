@@ -49,4 +49,11 @@ pub trait Handler: Send + Sync + 'static {
             .collect();
         Box::pin(std::future::ready(replies))
     }
+
+    /// Node `from` told its label ([`crate::Transport::set_label`]): the newest replaces any
+    /// earlier one. Called on the connection's reader, so it must not block. The default
+    /// ignores it.
+    fn label(&self, from: NodeId, label: Bytes) {
+        let _ = (from, label);
+    }
 }

@@ -12,8 +12,8 @@ use crate::NodeId;
 
 /// The four bytes that open every hello and reply: ASCII `KRCL` ("Keratin cluster").
 pub const MAGIC: [u8; 4] = *b"KRCL";
-/// The cluster protocol version this crate speaks.
-pub const PROTOCOL_VERSION: u16 = 1;
+/// The cluster protocol version this crate speaks. Version 2 added the `Label` frame.
+pub const PROTOCOL_VERSION: u16 = 2;
 /// Longest cluster name in a hello, in bytes. Names are short labels (`prod-eu-1`); the bound
 /// keeps the unframed hello small (4 + 2 + 8 + 8 + 2 + 255 = 279 bytes at most).
 pub const CLUSTER_NAME_BYTES_MAX: usize = 255;

@@ -1,5 +1,6 @@
 //! One connection's life after its handshake: install it in the peer's slot, start its writer,
-//! read and dispatch frames (replies to our calls, requests for our handler, heartbeats, pings)
+//! read and dispatch frames (replies to our calls, requests for our handler, heartbeats, pings,
+//! labels)
 //! until the socket ends, a protocol error, the idle timeout, shutdown or the peer's retirement
 //! (removed, or moved to another address); then close it so every waiter learns. Serving
 //! requests belongs to `serve.rs`.
@@ -60,6 +61,10 @@ pub(crate) async fn run_session(context: Arc<Context>, peer: Arc<Peer>, stream: 
         write,
         Arc::clone(&context.stats),
     ));
+    // The peer learns this node's label at once, not at the next ping.
+    if let Some(label) = context.label_frame() {
+        let _ = connection.try_send(&label);
+    }
     let end = read_frames(&context, &peer, &connection, read).await;
     let mode = match end {
         ReadEnd::Closed => CloseMode::Now,
@@ -129,6 +134,11 @@ async fn read_frames(
                         ));
                     }
                     let _ = connection.try_send(&Frame::Ping { nonce: peer.liveness.now_us() });
+                    // Refreshed with every ping, so a label lost with a connection (or one
+                    // a peer dropped) is back within a ping interval.
+                    if let Some(label) = context.label_frame() {
+                        let _ = connection.try_send(&label);
+                    }
                 }
                 read_result = read.read_buf(&mut buffer) => match read_result {
                     Ok(0) if buffer.is_empty() => return ReadEnd::Closed,
@@ -184,6 +194,7 @@ fn dispatch(
             let _ = connection.try_send(&Frame::Pong { nonce });
         }
         Frame::Pong { nonce } => peer.liveness.pong(nonce),
+        Frame::Label { label } => context.handler.label(peer.id, label),
         Frame::Error(error) => return Some(ReadEnd::PeerError(error)),
     }
     None

@@ -36,7 +36,7 @@ use tracing::info;
 use crate::config::ResolvedCluster;
 use crate::context::Context;
 use crate::dialer::run_dialer;
-use crate::frame::Frame;
+use crate::frame::{Frame, LABEL_BYTES_MAX};
 use crate::handler::Handler;
 use crate::heartbeat::{enqueue, run_heartbeats, ENTRY_FIXED_SIZE};
 use crate::listener::run_listener;
@@ -277,6 +277,29 @@ impl Transport {
     /// The transport's counters since start.
     pub fn stats(&self) -> TransportStats {
         self.context.stats.snapshot()
+    }
+
+    /// Set this node's label, which every peer's [`crate::Handler::label`] receives: at once
+    /// when it changed, after each handshake, and with every ping. Refuses a label over
+    /// [`LABEL_BYTES_MAX`] (the receiver would drop the connection).
+    pub fn set_label(&self, label: Bytes) -> Result<(), NetError> {
+        if label.len() > LABEL_BYTES_MAX {
+            return Err(NetError::LabelTooLarge {
+                size_bytes: label.len(),
+                limit_bytes: LABEL_BYTES_MAX,
+            });
+        }
+        if !self.context.replace_label(label.clone()) {
+            return Ok(());
+        }
+        let frame = Frame::Label { label };
+        for peer in self.context.peers() {
+            if let Some(connection) = peer.current() {
+                // A full write queue drops it: the next ping carries it again.
+                let _ = connection.try_send(&frame);
+            }
+        }
+        Ok(())
     }
 
     /// Stops every task and closes every connection (outstanding calls get

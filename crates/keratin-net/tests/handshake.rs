@@ -300,7 +300,10 @@ async fn wrong_direction_and_wrong_node_are_refused() {
             .unwrap_err();
         assert_eq!(error.code, codes::VERSION);
         assert!(
-            error.message.contains("version 1") && error.message.contains("speaks 9"),
+            error
+                .message
+                .contains(&format!("version {PROTOCOL_VERSION}"))
+                && error.message.contains("speaks 9"),
             "{}",
             error.message
         );

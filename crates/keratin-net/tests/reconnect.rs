@@ -14,16 +14,6 @@ use common::*;
 use keratin_net::{GroupId, NetError, Transport};
 use tokio::net::TcpListener;
 
-async fn bind_again(addr: SocketAddr) -> TcpListener {
-    for _ in 0..200 {
-        if let Ok(listener) = TcpListener::bind(addr).await {
-            return listener;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("could not bind {addr} again");
-}
-
 fn start(listener: TcpListener, id: u64, nodes: &[(u64, SocketAddr)]) -> Transport {
     Transport::start_on(
         listener,

@@ -24,6 +24,8 @@ pub struct Echo {
     pub node: NodeId,
     pub heartbeat_batches: AtomicUsize,
     pub heartbeat_sizes: std::sync::Mutex<Vec<usize>>,
+    /// Every label received, in order, with the sender.
+    pub labels: std::sync::Mutex<Vec<(NodeId, Bytes)>>,
 }
 
 impl Echo {
@@ -32,6 +34,7 @@ impl Echo {
             node,
             heartbeat_batches: AtomicUsize::new(0),
             heartbeat_sizes: std::sync::Mutex::new(Vec::new()),
+            labels: std::sync::Mutex::new(Vec::new()),
         })
     }
 }
@@ -76,12 +79,39 @@ impl Handler for Echo {
             batch.into_iter().map(|(g, p)| (g, Ok(p))).collect(),
         ))
     }
+
+    fn label(&self, from: NodeId, label: Bytes) {
+        self.labels.lock().expect("lock").push((from, label));
+    }
+}
+
+impl Echo {
+    /// The newest label received from `from`.
+    pub fn label_from(&self, from: NodeId) -> Option<Bytes> {
+        let labels = self.labels.lock().expect("lock");
+        labels
+            .iter()
+            .rev()
+            .find(|(id, _)| *id == from)
+            .map(|(_, l)| l.clone())
+    }
 }
 
 pub async fn bind() -> TcpListener {
     TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind 127.0.0.1:0")
+}
+
+/// Binds `addr` again once the transport that held it let go (within 2 s).
+pub async fn bind_again(addr: SocketAddr) -> TcpListener {
+    for _ in 0..200 {
+        if let Ok(listener) = TcpListener::bind(addr).await {
+            return listener;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("could not bind {addr} again");
 }
 
 pub fn cluster(node_id: NodeId, nodes: &[(NodeId, SocketAddr)], name: &str) -> ResolvedCluster {
