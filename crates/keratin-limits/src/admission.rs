@@ -18,7 +18,7 @@
 //! reject, the reason is `disk` if any disk rejects (freeing disk is what the operator must do,
 //! and a disk limit is the one that stops logs), and the hint is the longest of their hints.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::level::{Level, Thresholds};
 use crate::settings::LimitsSettings;
@@ -29,7 +29,7 @@ pub const RETRY_AFTER_MS_MIN: u64 = 100;
 
 /// What a resource looks like to the admission decision: its level and where it stands between
 /// its thresholds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LevelInput {
     /// The level, with hysteresis.
     pub level: Level,
@@ -78,6 +78,44 @@ pub enum Decision {
         /// When a retry may succeed.
         retry_after_ms: u64,
     },
+}
+
+impl Decision {
+    /// The stricter of two decisions for the same batch (a partition whose copies live in
+    /// several places is limited by the worst of them): a rejection over a delay over an
+    /// admission; between two rejections the reason and level as in [`Admission::decide`] and
+    /// the longer hint; between two delays the longer.
+    pub fn stricter(self, other: Decision) -> Decision {
+        match (self, other) {
+            (
+                Decision::Reject {
+                    reason,
+                    level,
+                    retry_after_ms,
+                },
+                Decision::Reject {
+                    reason: other_reason,
+                    level: other_level,
+                    retry_after_ms: other_ms,
+                },
+            ) => {
+                let (reason, level) =
+                    Admission::reject_reason(reason, level, other_reason, other_level);
+                Decision::Reject {
+                    reason,
+                    level,
+                    retry_after_ms: retry_after_ms.max(other_ms),
+                }
+            }
+            (reject @ Decision::Reject { .. }, _) | (_, reject @ Decision::Reject { .. }) => reject,
+            (Decision::Slow { delay_ms }, Decision::Slow { delay_ms: other }) => Decision::Slow {
+                delay_ms: delay_ms.max(other),
+            },
+            (slow @ Decision::Slow { .. }, Decision::Admit)
+            | (Decision::Admit, slow @ Decision::Slow { .. }) => slow,
+            (Decision::Admit, Decision::Admit) => Decision::Admit,
+        }
+    }
 }
 
 /// The admission rule, built from the settings.

@@ -78,7 +78,7 @@ impl std::fmt::Display for Level {
 ///
 /// Invariant (asserted by [`Thresholds::new`]): `reserve <= hard <= soft`, so a deeper level is
 /// always entered with less headroom.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Thresholds {
     /// Soft is entered at or below this headroom.
     pub soft_bytes: u64,

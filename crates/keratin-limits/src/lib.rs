@@ -11,6 +11,8 @@
 //! - [`admission`]: `Admission::decide` (admit, slow, reject with a retry hint) and
 //!   `OperationClass` (what each level allows).
 //! - [`monitor`]: `Monitor`, the per-node state: levels per device and memory, level changes.
+//! - [`report`]: `NodeReport`, what a cluster node tells the others about its resources, and
+//!   the decision for a copy on that node.
 //! - [`error`]: the crate's error, `LimitsError`.
 #![deny(missing_docs)]
 
@@ -21,6 +23,7 @@ pub mod level;
 pub mod memory;
 pub mod memory_limit;
 pub mod monitor;
+pub mod report;
 pub mod settings;
 
 pub use admission::{Admission, Decision, LevelInput, OperationClass, Reason};
@@ -30,4 +33,5 @@ pub use level::{Level, Thresholds};
 pub use memory::{read_resident_bytes, MemoryLevels, MemorySample};
 pub use memory_limit::{discover_limit, LimitSource, MemoryLimit, SystemRoots};
 pub use monitor::{DiskStatus, LevelChange, MemoryStatus, Monitor};
+pub use report::{FilesystemReport, MemoryReport, NodeReport, Resource};
 pub use settings::{DiskSettings, LimitsSettings, MemorySettings};

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::admission::{Admission, Decision, OperationClass};
+use crate::admission::{Admission, Decision, LevelInput, OperationClass};
 use crate::disk::{DeviceId, DiskLevels, DiskSample};
 use crate::level::{Level, Thresholds};
 use crate::memory::{MemoryLevels, MemorySample};
@@ -276,6 +276,22 @@ impl Monitor {
         self.disk_states(devices)
             .map(|state| state.levels.level())
             .fold(memory, Level::max)
+    }
+
+    /// The admission rule in force.
+    pub fn admission(&self) -> Admission {
+        self.admission
+    }
+
+    /// One filesystem's level and position, as the admission decision sees it; `None` if it
+    /// was never sampled.
+    pub fn disk_input(&self, device: DeviceId) -> Option<LevelInput> {
+        self.disks.get(&device).map(|state| state.levels.input())
+    }
+
+    /// Memory's level and position, `None` before the first memory sample.
+    pub fn memory_input(&self) -> Option<LevelInput> {
+        self.memory.as_ref().map(|state| state.levels.input())
     }
 
     /// The level of one filesystem, `None` if it was never sampled.
