@@ -33,6 +33,22 @@ pub trait PublishGate: Send + Sync + Debug {
     /// The decision for a batch of `batch_bytes` bound for a partition on file system `device`.
     fn publish(&self, device: u64, batch_bytes: u64) -> GateDecision;
 
+    /// Whether a publish may depend on other nodes' levels now: some peer of this node is at
+    /// soft or deeper. Asked before every publish of a replicated partition, so it must be
+    /// cheap; while it is false the leader asks [`PublishGate::publish`] only.
+    fn replicas_limited(&self) -> bool {
+        false
+    }
+
+    /// The decision for a batch of `batch_bytes` bound for a partition on file system `device`
+    /// here and with in-sync copies on the nodes `replicas` (this node not among them): the
+    /// strictest of this node's answer and each replica's, as its node last reported its
+    /// levels (`docs/cluster.md`, "Cluster-wide limits").
+    fn publish_replicated(&self, device: u64, batch_bytes: u64, replicas: &[u64]) -> GateDecision {
+        let _ = replicas;
+        self.publish(device, batch_bytes)
+    }
+
     /// Whether a log stopped by a write error on `device` may be healed now (the file system is
     /// back above its reserve level).
     fn may_heal(&self, device: u64) -> bool;

@@ -91,7 +91,8 @@ impl Directory {
         self.get(id).map(|info| info.client)
     }
 
-    /// Update node `id`'s resource level and free bytes (this node's own, sampled locally).
+    /// Update node `id`'s resource level and free bytes (this node's own, sampled locally, or a
+    /// peer's from its label).
     pub fn set_health(&self, id: u64, level: &str, free_bytes: u64) {
         let mut nodes = self.nodes.write().unwrap_or_else(|e| e.into_inner());
         if let Some(info) = nodes.get_mut(&id) {

@@ -12,6 +12,7 @@
 //! - `hook`: the broker's `ClusterMetadata`.
 //! - `service`: node-to-node requests that are not Raft's (who are you, propose this).
 //! - `directory`: the nodes' client and admin addresses.
+//! - `levels`: every node's resource report, carried by node labels.
 //! - `elsewhere`: the log of a partition with no replica on this node.
 //! - `reconcile`: brings the groups this node leads to the members the metadata names.
 //! - `balance`: hands partitions back to their preferred leaders.
@@ -28,6 +29,7 @@ pub mod directory;
 pub mod elsewhere;
 mod hook;
 pub mod join;
+pub mod levels;
 mod meta;
 mod node;
 pub mod placement;
@@ -39,6 +41,7 @@ mod service;
 pub use directory::{Directory, NodeInfo};
 pub use hook::{DEFAULT_REPLICAS, METADATA_TIMEOUT};
 pub use join::AddNodeError;
+pub use levels::{ClusterLevels, HeardReport, NodeLabel};
 pub use meta::{META_GROUP, META_VOTERS_MAX};
 pub use node::{
     ClusterNode, ClusterStatus, MakePartitionLogs, NodeStatus, PreparedCluster, CLUSTER_NODES_MAX,

@@ -10,6 +10,7 @@ use keratin_broker::partition::log::{
     ClusterMetadata, PartitionLog, PartitionLogs, PartitionPlace,
 };
 use keratin_broker::{Broker, BrokerResult};
+use keratin_limits::NodeReport;
 use keratin_net::{ResolvedCluster, Transport, TransportOptions};
 use keratin_raft::network::Groups;
 use keratin_raft::partition_log::ReplicatedLogs;
@@ -21,6 +22,7 @@ use crate::elsewhere::ElsewhereLog;
 use crate::hook::MetadataHook;
 use crate::hook::METADATA_TIMEOUT;
 use crate::join::{plan_rebalance, AddNodeError};
+use crate::levels::{ClusterLevels, NodeLabel};
 use crate::meta::{meta_voters, MetaGroup};
 use crate::placement::eligible;
 use crate::reconcile::Reconciler;
@@ -52,6 +54,7 @@ pub struct PreparedCluster {
     meta: Arc<OnceLock<Arc<MetaGroup>>>,
     applied: Arc<AppliedState>,
     replicated: Arc<ReplicatedLogs>,
+    levels: ClusterLevels,
     join: bool,
     leader_balance: bool,
     /// For `BrokerConfig::partition_logs`.
@@ -61,6 +64,12 @@ pub struct PreparedCluster {
 }
 
 impl PreparedCluster {
+    /// Every node's resource report as this node hears it (for the publish gate, which exists
+    /// before the cluster starts).
+    pub fn levels(&self) -> &ClusterLevels {
+        &self.levels
+    }
+
     /// This node joins a running cluster (`[cluster] join`): it never forms the metadata
     /// group, it waits for `keratin cluster add-node` to admit it.
     pub fn joining(mut self, join: bool) -> PreparedCluster {
@@ -88,6 +97,29 @@ fn formed(cluster: &ResolvedCluster) -> BTreeMap<u64, String> {
     nodes
 }
 
+/// A report's worst level, and the free bytes (spares included) of its fullest file system.
+fn health_of(report: &NodeReport) -> (keratin_limits::Level, u64) {
+    let free_bytes = report
+        .filesystems
+        .iter()
+        .map(|fs| fs.free_bytes.saturating_add(fs.spare_bytes))
+        .min()
+        .unwrap_or(0);
+    (report.level(), free_bytes)
+}
+
+/// Where peers' labels go: the cluster's levels, and the directory's level and free bytes
+/// (placement reads those; labels refresh them sooner than `HELLO`).
+fn label_sink(levels: ClusterLevels, directory: Directory) -> keratin_raft::network::LabelSink {
+    Arc::new(move |from, label| {
+        levels.heard(from, &label);
+        if let Some(heard) = levels.get(from) {
+            let (level, free_bytes) = health_of(&heard.report);
+            directory.set_health(from, level.as_str(), free_bytes);
+        }
+    })
+}
+
 /// A cluster node, running. See the module docs.
 #[derive(Debug)]
 pub struct ClusterNode {
@@ -95,6 +127,7 @@ pub struct ClusterNode {
     transport: Transport,
     groups: Arc<Groups>,
     directory: Directory,
+    levels: ClusterLevels,
     meta: Arc<MetaGroup>,
     applied: Arc<AppliedState>,
     /// The nodes the cluster was formed with (the catalog adds and removes nodes).
@@ -118,6 +151,10 @@ pub struct NodeStatus {
     pub meta_leader: bool,
     /// It was removed from the cluster (`keratin cluster remove-node`).
     pub removed: bool,
+    /// Its resources as it last reported them (its label), `None` until heard.
+    pub levels: Option<NodeReport>,
+    /// How long ago that report arrived, in ms (0 for this node).
+    pub levels_age_ms: Option<u64>,
 }
 
 /// The cluster as this node sees it.
@@ -193,6 +230,8 @@ impl ClusterNode {
                 meta: meta.clone(),
             }),
         );
+        let levels = ClusterLevels::new(cluster.node_id);
+        groups.on_label(label_sink(levels.clone(), directory.clone()));
         let transport = Transport::start(cluster.clone(), options, groups.clone())
             .await
             .map_err(|e| format!("cluster transport: {e}"))?;
@@ -211,6 +250,7 @@ impl ClusterNode {
                 replicated: replicated.clone(),
             }),
             replicated,
+            levels,
             join: false,
             leader_balance: true,
             metadata,
@@ -240,6 +280,7 @@ impl ClusterNode {
             meta: meta_cell,
             applied,
             replicated,
+            levels,
             join,
             leader_balance,
             ..
@@ -314,6 +355,7 @@ impl ClusterNode {
             transport,
             groups,
             directory,
+            levels,
             meta,
             applied,
             stop,
@@ -326,11 +368,35 @@ impl ClusterNode {
         self.directory.all()
     }
 
-    /// This node's resource level (`normal`, `soft`, `hard`, `reserve`) and the free bytes of
-    /// its fullest data file system, as its `HELLO` tells the others (placement).
-    pub fn set_health(&self, level: &str, free_bytes: u64) {
+    /// This node's resources at its last sample: its label tells every peer at once (their
+    /// publish gates judge the partitions with a copy here by it), and its `HELLO` tells its
+    /// worst level and the free bytes of its fullest data file system (placement).
+    pub fn set_levels(&self, report: NodeReport) {
+        let (level, free_bytes) = health_of(&report);
         self.directory
-            .set_health(self.cluster.node_id, level, free_bytes);
+            .set_health(self.cluster.node_id, level.as_str(), free_bytes);
+        // Replication catch-up stops at reserve: followed partitions leave the in-sync sets
+        // rather than fill the last of the disk (`Groups::refuse_appends`).
+        let refusal = report.at_reserve().map(|fs| {
+            format!(
+                "node {}'s file system {} is at its reserve level ({} MiB free): it takes no \
+                 new entries for the partitions it follows until space is freed there",
+                self.cluster.node_id,
+                fs.path,
+                fs.free_bytes.saturating_add(fs.spare_bytes) >> 20
+            )
+        });
+        self.groups.refuse_appends(refusal);
+        self.levels.insert(self.cluster.node_id, report.clone());
+        let label = NodeLabel { levels: report }.encode();
+        if let Err(error) = self.transport.set_label(label) {
+            tracing::warn!(%error, "this node's label was not sent");
+        }
+    }
+
+    /// Every node's resource report as this node last heard it.
+    pub fn levels(&self) -> &ClusterLevels {
+        &self.levels
     }
 
     /// The directory of node addresses (shared, it fills as peers answer).
@@ -512,6 +578,8 @@ impl ClusterNode {
             reachable: true,
             meta_leader: meta_leader == Some(self.cluster.node_id),
             removed: removed.contains(&self.cluster.node_id),
+            levels: None,
+            levels_age_ms: None,
         }];
         for peer in self.transport.peers_status() {
             nodes.push(NodeStatus {
@@ -521,9 +589,17 @@ impl ClusterNode {
                 reachable: peer.connected,
                 meta_leader: meta_leader == Some(peer.id),
                 removed: removed.contains(&peer.id),
+                levels: None,
+                levels_age_ms: None,
             });
         }
         nodes.sort_by_key(|n| n.id);
+        for node in &mut nodes {
+            if let Some(heard) = self.levels.get(node.id) {
+                node.levels = Some(heard.report);
+                node.levels_age_ms = Some(u64::try_from(heard.age.as_millis()).unwrap_or(u64::MAX));
+            }
+        }
         ClusterStatus {
             node_id: self.cluster.node_id,
             name: self.cluster.name.clone(),

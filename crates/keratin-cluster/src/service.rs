@@ -2,7 +2,7 @@
 //! of the node's `keratin-net` handler ([`SERVICE_GROUP`]). Bodies are JSON
 //! (`docs/cluster-protocol.md`, "Cluster service"):
 //! - [`KIND_HELLO`]: empty request; the reply is this node's [`NodeInfo`], with its current
-//!   resource level and free disk (`ClusterNode::set_health`).
+//!   resource level and free disk (`ClusterNode::set_levels`).
 //! - [`KIND_PROPOSE`]: a metadata record ([`ClusterRecord`]) for the metadata group; a node
 //!   that leads the group proposes it and replies with its offset (8 bytes, little-endian)
 //!   once it is committed; any other node refuses with [`NOT_META_LEADER`], and the sender

@@ -284,6 +284,8 @@ mod tests {
             reachable,
             meta_leader: false,
             removed: false,
+            levels: None,
+            levels_age_ms: None,
         }
     }
 

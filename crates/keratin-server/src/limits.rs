@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use keratin_broker::{Broker, GateDecision, PublishGate};
+use keratin_cluster::ClusterLevels;
 use keratin_limits::{
     discover_limit, read_resident_bytes, sample_filesystem, Decision, DeviceId, DiskSample, Level,
     LevelChange, LimitSource, LimitsSettings, MemoryLimit, MemorySample, Monitor, Reason,
@@ -24,6 +25,8 @@ use serde_json::{json, Value};
 use tokio::sync::{watch, Notify};
 
 use crate::attention::{Attention, AttentionKind, Raise, Severity};
+
+mod replicas;
 
 /// A storage file system: its device and the storage directories on it.
 #[derive(Debug, Clone)]
@@ -45,6 +48,10 @@ pub struct PublishCounters {
     pub rejected_disk: AtomicU64,
     /// Rejected for memory.
     pub rejected_memory: AtomicU64,
+    /// Of the delayed ones, those delayed for another node's level (an in-sync replica's).
+    pub delayed_for_replica: AtomicU64,
+    /// Of the rejected ones, those rejected for another node's level.
+    pub rejected_for_replica: AtomicU64,
 }
 
 /// The node's resource limits.
@@ -71,6 +78,10 @@ pub struct NodeLimits {
     stopped_logs: Mutex<BTreeMap<String, LogFigures>>,
     /// Each queue's dead-letter failures at the last sample, and when they last grew.
     dead_letter_failures: Mutex<BTreeMap<String, DeadLetterFigures>>,
+    /// In a cluster: every node's reported levels (`replicas.rs`).
+    cluster_levels: OnceLock<ClusterLevels>,
+    /// Counts sample rounds, so that a cluster node reports each one at once.
+    sampled: watch::Sender<u64>,
 }
 
 /// A queue's dead-letter failures as the sampler last saw them.
@@ -150,6 +161,8 @@ impl NodeLimits {
             history: FreeSpaceHistory::new(),
             stopped_logs: Mutex::new(BTreeMap::new()),
             dead_letter_failures: Mutex::new(BTreeMap::new()),
+            cluster_levels: OnceLock::new(),
+            sampled: watch::Sender::new(0),
         })
     }
 
@@ -560,6 +573,7 @@ impl NodeLimits {
             let limits = self.clone();
             // statvfs and /proc reads are quick but blocking: keep them off the async workers.
             let _ = tokio::task::spawn_blocking(move || limits.sample()).await;
+            self.sampled.send_modify(|rounds| *rounds += 1);
         }
     }
 
@@ -764,6 +778,41 @@ fn limit_source_text(source: &LimitSource) -> String {
 impl PublishGate for NodeLimits {
     fn publish(&self, device: u64, batch_bytes: u64) -> GateDecision {
         let decision = lock(&self.monitor).decide(&[DeviceId(device)], batch_bytes);
+        self.answer(device, decision)
+    }
+
+    fn replicas_limited(&self) -> bool {
+        self.cluster_levels
+            .get()
+            .is_some_and(|levels| levels.peer_limited())
+    }
+
+    fn publish_replicated(&self, device: u64, batch_bytes: u64, replicas: &[u64]) -> GateDecision {
+        self.decide_replicated(device, batch_bytes, replicas)
+    }
+
+    fn may_heal(&self, device: u64) -> bool {
+        lock(&self.monitor)
+            .disk_level(DeviceId(device))
+            .is_none_or(|level| level < Level::Reserve)
+    }
+
+    fn free_bytes(&self, device: u64) -> Option<u64> {
+        lock(&self.monitor)
+            .disks()
+            .find(|d| d.device == DeviceId(device))
+            .map(|d| d.sample.effective_free_bytes())
+    }
+
+    fn segment_rolled(&self, _device: u64) {
+        self.nudge.notify_one();
+    }
+}
+
+impl NodeLimits {
+    /// The gate's answer for this node's own `decision` on a partition on `device`: counted,
+    /// and a rejection explained.
+    fn answer(&self, device: u64, decision: Decision) -> GateDecision {
         match decision {
             Decision::Admit => GateDecision::Admit,
             Decision::Slow { delay_ms } => {
@@ -795,22 +844,5 @@ impl PublishGate for NodeLimits {
                 }
             }
         }
-    }
-
-    fn may_heal(&self, device: u64) -> bool {
-        lock(&self.monitor)
-            .disk_level(DeviceId(device))
-            .is_none_or(|level| level < Level::Reserve)
-    }
-
-    fn free_bytes(&self, device: u64) -> Option<u64> {
-        lock(&self.monitor)
-            .disks()
-            .find(|d| d.device == DeviceId(device))
-            .map(|d| d.sample.effective_free_bytes())
-    }
-
-    fn segment_rolled(&self, _device: u64) {
-        self.nudge.notify_one();
     }
 }

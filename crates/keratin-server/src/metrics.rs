@@ -23,6 +23,18 @@ struct FsLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NodeResourceLabels {
+    node: String,
+    resource: String,
+    path: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DecisionLabels {
+    decision: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabels {
     reason: String,
 }
@@ -206,6 +218,7 @@ pub fn render(broker: &Broker, limits: &NodeLimits) -> String {
     let pool = broker.pool();
     register_log_figures(&mut registry, broker, &queues);
     register_replication(&mut registry, &queues);
+    register_cluster_levels(&mut registry, limits);
     let spares = gauge_family::<PoolLabels>(
         &mut registry,
         "pool_spares",
@@ -364,6 +377,66 @@ fn register_replication(registry: &mut Registry, queues: &[keratin_broker::Queue
                 set(&lag.get_or_create(&labels), *entries);
             }
         }
+    }
+}
+
+/// In a cluster: every node's levels as it last reported them (this node's included), labelled
+/// by node, and the publishes this node's partitions delayed or refused for another node's
+/// level (an in-sync replica's).
+fn register_cluster_levels(registry: &mut Registry, limits: &NodeLimits) {
+    let Some(levels) = limits.cluster_levels() else {
+        return;
+    };
+    let level = gauge_family::<NodeResourceLabels>(
+        registry,
+        "cluster_node_level",
+        "Each node's level per file system and for memory, as it last reported: 0 normal, 1 soft, 2 hard, 3 reserve",
+    );
+    let free = gauge_family::<NodeResourceLabels>(
+        registry,
+        "cluster_node_free_bytes",
+        "Each node's free bytes per file system (spares included) and memory headroom, as it last reported",
+    );
+    for (node, heard) in levels.all() {
+        let resources = heard
+            .report
+            .filesystems
+            .iter()
+            .map(|fs| ("disk", fs.path.clone(), fs.input))
+            .chain(
+                heard
+                    .report
+                    .memory
+                    .iter()
+                    .map(|m| ("memory", String::new(), m.input)),
+            );
+        for (resource, path, input) in resources {
+            let labels = NodeResourceLabels {
+                node: node.to_string(),
+                resource: resource.to_string(),
+                path,
+            };
+            level.get_or_create(&labels).set(input.level as i64);
+            free.get_or_create(&labels)
+                .set(i64::try_from(input.headroom_bytes).unwrap_or(i64::MAX));
+        }
+    }
+    let limited = Family::<DecisionLabels, Counter>::default();
+    registry.register(
+        "publishes_limited_by_replica",
+        "Publish batches delayed or rejected for an in-sync replica's node level (also counted in publishes_delayed / publishes_rejected)",
+        limited.clone(),
+    );
+    let counters = &limits.counters;
+    for (decision, value) in [
+        ("delayed", &counters.delayed_for_replica),
+        ("rejected", &counters.rejected_for_replica),
+    ] {
+        limited
+            .get_or_create(&DecisionLabels {
+                decision: decision.to_string(),
+            })
+            .inc_by(value.load(Ordering::Relaxed));
     }
 }
 

@@ -109,6 +109,7 @@ impl Node {
             None => None,
         };
         if let Some(prepared) = &prepared {
+            limits.attach_cluster(prepared.levels().clone());
             broker_config.partition_logs = Some(prepared.partition_logs.clone());
             broker_config.cluster_metadata = Some(prepared.metadata.clone());
         }
@@ -180,7 +181,7 @@ impl Node {
         let sampler = tokio::spawn(limits.clone().run_sampler(stopped.clone()));
         let health = cluster
             .clone()
-            .map(|cluster| tokio::spawn(report_health(cluster, limits.clone(), stopped.clone())));
+            .map(|cluster| tokio::spawn(report_levels(cluster, limits.clone(), stopped.clone())));
         let admin = crate::http::Admin {
             broker: broker.clone(),
             limits: limits.clone(),
@@ -357,35 +358,24 @@ impl DeliveryBudgets {
     }
 }
 
-/// How often a cluster node refreshes the level and free space its `HELLO` tells the others.
-const HEALTH_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+/// A cluster node reports its levels at least this often, even if no sample round ends (its
+/// label also goes with every ping; this keeps the report's figures fresh).
+const REPORT_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Tell the cluster this node's worst resource level (its data file systems' and memory's) and
-/// the free bytes of its fullest data file system, every [`HEALTH_EVERY`] until stopped:
-/// placement gives new replicas only to nodes below soft, the emptiest first.
-async fn report_health(
+/// Tell the cluster this node's resources after every sample round (and at least every
+/// [`REPORT_EVERY`]) until stopped: its label carries them to every peer at once, where the
+/// leaders of the partitions with a copy here judge their publishes by them, and placement
+/// gives new replicas only to nodes below soft, the emptiest first.
+async fn report_levels(
     cluster: Arc<ClusterNode>,
     limits: Arc<NodeLimits>,
     mut stopped: watch::Receiver<bool>,
 ) {
+    let mut samples = limits.samples();
     loop {
-        let snapshot = limits.snapshot();
-        let level = snapshot
-            .filesystems
-            .iter()
-            .map(|fs| fs.level)
-            .chain([snapshot.memory_level])
-            .max()
-            .unwrap_or(keratin_limits::Level::Normal);
-        let free = snapshot
-            .filesystems
-            .iter()
-            .map(|fs| fs.free_bytes.saturating_add(fs.spare_bytes))
-            .min()
-            .unwrap_or(0);
-        cluster.set_health(level.as_str(), free);
+        cluster.set_levels(limits.node_report());
         tokio::select! {
-            _ = tokio::time::sleep(HEALTH_EVERY) => {}
+            _ = tokio::time::timeout(REPORT_EVERY, samples.changed()) => {}
             _ = stopped.wait_for(|stop| *stop) => return,
         }
     }

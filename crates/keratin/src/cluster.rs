@@ -414,6 +414,65 @@ fn field(value: &Value, name: &str) -> String {
     }
 }
 
+/// Every node's file systems and memory as it last reported them (its label).
+fn resources_text(document: &Value) -> String {
+    let mut table = Table::new(&["NODE", "RESOURCE", "LEVEL", "FREE", "TOTAL", "HEARD"]);
+    let mib = |value: &Value| {
+        value
+            .as_u64()
+            .map_or_else(|| "-".to_owned(), |bytes| format!("{} MiB", bytes >> 20))
+    };
+    for node in document["nodes"].as_array().map_or(&[][..], Vec::as_slice) {
+        let levels = &node["levels"];
+        let heard = node["levels_age_ms"].as_u64().map_or_else(
+            || "never".to_owned(),
+            |ms| format!("{:.1} s ago", ms as f64 / 1000.0),
+        );
+        if levels.is_null() {
+            table.row(vec![
+                field(node, "id"),
+                "-".to_owned(),
+                "-".to_owned(),
+                "-".to_owned(),
+                "-".to_owned(),
+                heard,
+            ]);
+            continue;
+        }
+        for fs in levels["filesystems"]
+            .as_array()
+            .map_or(&[][..], Vec::as_slice)
+        {
+            let free =
+                fs["free_bytes"].as_u64().unwrap_or(0) + fs["spare_bytes"].as_u64().unwrap_or(0);
+            table.row(vec![
+                field(node, "id"),
+                field(fs, "path"),
+                field(fs, "level"),
+                mib(&Value::from(free)),
+                mib(&fs["total_bytes"]),
+                heard.clone(),
+            ]);
+        }
+        let memory = &levels["memory"];
+        if !memory.is_null() {
+            let free = memory["limit_bytes"]
+                .as_u64()
+                .unwrap_or(0)
+                .saturating_sub(memory["resident_bytes"].as_u64().unwrap_or(0));
+            table.row(vec![
+                field(node, "id"),
+                "memory".to_owned(),
+                field(memory, "level"),
+                mib(&Value::from(free)),
+                mib(&memory["limit_bytes"]),
+                heard.clone(),
+            ]);
+        }
+    }
+    table.render()
+}
+
 /// The human rendering: the cluster line, a table of nodes, a table of partitions.
 fn cluster_text(document: &Value) -> String {
     let mut out = format!(
@@ -457,6 +516,8 @@ fn cluster_text(document: &Value) -> String {
         ]);
     }
     out.push_str(&nodes.render());
+    out.push('\n');
+    out.push_str(&resources_text(document));
     let mut partitions = Table::new(&[
         "QUEUE",
         "PARTITION",
@@ -557,6 +618,54 @@ mod tests {
             vec!["orders/1"],
             "partition 0's leader counts 1,2,3; partition 1 has no leader view"
         );
+    }
+
+    #[test]
+    fn the_text_lists_every_node_s_file_systems_and_memory() {
+        let document = serde_json::json!({
+            "node_id": 1, "name": "keratin", "meta_leader": 1, "meta_applied": 7,
+            "nodes": [
+                {"id": 1, "cluster_addr": "127.0.0.1:5690", "reachable": true, "meta_leader": true,
+                 "levels_age_ms": 0, "levels": {
+                    "filesystems": [{"path": "/data", "level": "normal", "free_bytes": 4294967296_u64,
+                                     "spare_bytes": 1048576, "total_bytes": 8589934592_u64}],
+                    "memory": {"level": "normal", "resident_bytes": 104857600,
+                               "limit_bytes": 1073741824}}},
+                {"id": 3, "cluster_addr": "127.0.0.1:5692", "reachable": true, "meta_leader": false,
+                 "levels_age_ms": 1500, "levels": {
+                    "filesystems": [{"path": "/small", "level": "hard", "free_bytes": 73400320,
+                                     "spare_bytes": 0, "total_bytes": 268435456}],
+                    "memory": null}},
+                {"id": 4, "cluster_addr": "127.0.0.1:5693", "reachable": false, "meta_leader": false,
+                 "levels": null, "levels_age_ms": null}
+            ],
+            "queues": []
+        });
+        let text = resources_text(&document);
+        let row = |node: &str, what: &str| {
+            text.lines()
+                .find(|l| l.starts_with(node) && l.contains(what))
+                .unwrap_or_else(|| panic!("no row {node} {what}: {text}"))
+                .to_owned()
+        };
+        let small = row("3", "/small");
+        assert!(
+            small.contains("hard") && small.contains("70 MiB") && small.contains("256 MiB"),
+            "{small}"
+        );
+        assert!(small.contains("1.5 s ago"), "{small}");
+        let data = row("1", "/data");
+        assert!(
+            data.contains("4097 MiB") && data.contains("normal"),
+            "{data}"
+        );
+        let memory = row("1", "memory");
+        assert!(
+            memory.contains("924 MiB") && memory.contains("1024 MiB"),
+            "{memory}"
+        );
+        assert!(row("4", "never").contains('-'));
+        assert!(cluster_text(&document).contains("/small"));
     }
 
     #[test]

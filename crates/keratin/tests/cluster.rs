@@ -38,8 +38,7 @@ mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -49,7 +48,8 @@ use keratin_client::proto::{
     FRAME_SIZE_BYTES_MAX,
 };
 use keratin_client::{Client, ClientOptions, OutgoingMessage, QueueSettings};
-use support::{body, seq_of, with_buffer, IptablesRules, Server};
+use support::cluster::Cluster;
+use support::{body, seq_of, with_buffer, IptablesRules};
 
 const QUEUE: &str = "orders";
 /// The test publisher's idempotent producer id.
@@ -69,174 +69,7 @@ const PROBE_LINGER: Duration = Duration::from_secs(3);
 /// The probe's thread ends after this whatever happens.
 const PROBE_RUN_MAX: Duration = Duration::from_secs(120);
 
-/// One node's fixed addresses and its process while it runs.
-struct Node {
-    id: u64,
-    protocol: SocketAddr,
-    http: SocketAddr,
-    cluster: SocketAddr,
-    dir: PathBuf,
-    server: Option<Server>,
-    /// Environment given to this node's process (over the test defaults).
-    env: Vec<(&'static str, &'static str)>,
-    /// Started with `--join` (it joins the running cluster).
-    join: bool,
-}
-
-struct Cluster {
-    nodes: BTreeMap<u64, Node>,
-    _root: tempfile::TempDir,
-}
-
-/// Ports the nodes listen on are picked from here: below Linux's ephemeral range (32768 on),
-/// so that no outgoing connection (a client's, a peer's) holds a node's port as its local port
-/// when the node restarts and binds it again (seen: a restart after the cut round failed).
-const NODE_PORTS: std::ops::Range<u16> = 20_000..32_000;
-
-/// A free port on 127.0.0.1 in [`NODE_PORTS`] (bound and released: another process could take
-/// it meanwhile, which makes the node fail to start with a clear message).
-fn free_addr() -> SocketAddr {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let span = u32::from(NODE_PORTS.end - NODE_PORTS.start);
-    let start = std::process::id().wrapping_mul(7_919) % span;
-    for _ in 0..span {
-        let offset = (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
-        let port = NODE_PORTS.start + u16::try_from(offset).expect("below the span");
-        if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)) {
-            return listener.local_addr().expect("address");
-        }
-    }
-    panic!("no free port in {NODE_PORTS:?}");
-}
-
 impl Cluster {
-    fn start() -> Cluster {
-        Cluster::start_with_env(BTreeMap::new())
-    }
-
-    /// Three nodes, node `id` with `envs[id]` in its environment.
-    fn start_with_env(envs: BTreeMap<u64, Vec<(&'static str, &'static str)>>) -> Cluster {
-        let root = tempfile::tempdir().expect("tempdir");
-        let mut nodes = BTreeMap::new();
-        for id in 1..=3u64 {
-            nodes.insert(
-                id,
-                Node {
-                    id,
-                    protocol: free_addr(),
-                    http: free_addr(),
-                    cluster: free_addr(),
-                    dir: root.path().join(format!("node-{id}")),
-                    server: None,
-                    env: envs.get(&id).cloned().unwrap_or_default(),
-                    join: false,
-                },
-            );
-        }
-        let mut cluster = Cluster { nodes, _root: root };
-        for id in 1..=3 {
-            cluster.start_node(id);
-        }
-        cluster
-    }
-
-    fn start_node(&mut self, id: u64) {
-        let peers: Vec<String> = self
-            .nodes
-            .values()
-            .map(|n| format!("{}={}", n.id, n.cluster))
-            .collect();
-        let node = self.nodes.get_mut(&id).expect("node");
-        let dir = node.dir.to_string_lossy().into_owned();
-        let (protocol, http, id_text) = (
-            node.protocol.to_string(),
-            node.http.to_string(),
-            id.to_string(),
-        );
-        let mut args: Vec<&str> = vec![
-            "serve",
-            "--data-dir",
-            &dir,
-            "--listen",
-            &protocol,
-            "--http",
-            &http,
-            "--node-id",
-            &id_text,
-        ];
-        for peer in &peers {
-            args.push("--peer");
-            args.push(peer);
-        }
-        if node.join {
-            args.push("--join");
-        }
-        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_keratin"));
-        // The rounds kill, stop and cut the leader they found: leaders stay where elections
-        // put them (leader balancing has its own test, keratin-server `cluster_balance.rs`).
-        command.env("KERATIN_CLUSTER__LEADER_BALANCE", "false");
-        command.envs(node.env.iter().copied());
-        node.server = Some(Server::start_with(command, &args));
-    }
-
-    /// Start node `id`, new, with `--join` and every node in its peer list.
-    fn start_joining(&mut self, id: u64) {
-        let dir = self._root.path().join(format!("node-{id}"));
-        self.nodes.insert(
-            id,
-            Node {
-                id,
-                protocol: free_addr(),
-                http: free_addr(),
-                cluster: free_addr(),
-                dir,
-                server: None,
-                env: Vec::new(),
-                join: true,
-            },
-        );
-        self.start_node(id);
-    }
-
-    /// `keratin ARGS --server <node id's address>`: exit status and output.
-    fn cli(&self, id: u64, args: &[&str]) -> (bool, String) {
-        let output = std::process::Command::new(env!("CARGO_BIN_EXE_keratin"))
-            .args(args)
-            .args(["--server", &self.nodes[&id].protocol.to_string()])
-            .output()
-            .expect("run keratin");
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-        (output.status.success(), text)
-    }
-
-    fn kill9(&mut self, id: u64) {
-        if let Some(mut server) = self.nodes.get_mut(&id).and_then(|n| n.server.take()) {
-            server.kill9();
-        }
-    }
-
-    fn signal(&self, id: u64, signal: &str) {
-        let pid = self.nodes[&id].server.as_ref().expect("running").pid;
-        let status = std::process::Command::new("kill")
-            .args([signal, &pid.to_string()])
-            .status()
-            .expect("kill");
-        assert!(status.success(), "kill {signal} {pid}");
-    }
-
-    fn live(&self) -> Vec<SocketAddr> {
-        self.nodes
-            .values()
-            .filter(|n| n.server.is_some())
-            .map(|n| n.protocol)
-            .collect()
-    }
-
     /// The node leading the queue's partition, as the nodes' cluster documents say.
     fn leader(&self) -> Option<u64> {
         self.leader_among(&[1, 2, 3])
@@ -311,15 +144,6 @@ impl Cluster {
             self.partitions_seen_by(*id)
                 .is_some_and(|ps| ps.iter().any(|p| p["leading"].as_bool() == Some(true)))
         })
-    }
-
-    /// `GET /api/v1/cluster` of a running node, if it answers with JSON.
-    fn cluster_document(&self, id: u64) -> Option<serde_json::Value> {
-        let node = self.nodes.get(&id).filter(|n| n.server.is_some())?;
-        let text =
-            std::panic::catch_unwind(|| support::http_get(node.http, "/api/v1/cluster")).ok()?;
-        let json = text.find('{').map(|at| &text[at..])?;
-        serde_json::from_str(json).ok()
     }
 
     /// The queue's partitions as node `id` sees them.

@@ -16,7 +16,7 @@ mod server;
 
 pub use client::{GroupNetwork, NetworkFactory};
 pub use rpc::SnapshotWire;
-pub use server::{GroupEndpoint, Groups, RaftEndpoint};
+pub use server::{GroupEndpoint, Groups, LabelSink, RaftEndpoint};
 
 /// Refusals of the Raft handler; `keratin-net` application codes (from `APP_CODE_MIN`). The
 /// sender maps every one to `Unreachable`: openraft backs off and retries.
@@ -33,4 +33,7 @@ pub mod codes {
     pub const RAFT: u16 = APP_CODE_MIN + 3;
     /// A request kind this node does not know.
     pub const UNKNOWN_KIND: u16 = APP_CODE_MIN + 4;
+    /// The node's storage is at its reserve level: a partition group's append with entries is
+    /// refused (`Groups::refuse_appends`).
+    pub const NO_ROOM: u16 = APP_CODE_MIN + 5;
 }

@@ -125,10 +125,18 @@ where
     }
 }
 
-/// The groups this node serves, by id: the node's [`Handler`] for `keratin-net`.
+/// What receives the node labels peers send (`Groups::on_label`).
+pub type LabelSink = Arc<dyn Fn(NodeId, Bytes) + Send + Sync>;
+
+/// The groups this node serves, by id: the node's [`Handler`] for `keratin-net`. Node labels
+/// go to the sink the cluster layer set, not to any group.
 #[derive(Default)]
 pub struct Groups {
     groups: RwLock<HashMap<u64, Arc<dyn GroupEndpoint>>>,
+    label_sink: RwLock<Option<LabelSink>>,
+    /// Set while the node's storage is at reserve: why partition groups' appends with entries
+    /// are refused (`Groups::refuse_appends`).
+    append_refusal: RwLock<Option<String>>,
 }
 
 impl std::fmt::Debug for Groups {
@@ -157,6 +165,38 @@ impl Groups {
             .insert(group.0, endpoint);
     }
 
+    /// Hand every node label a peer sends to `sink` from now on (it must not block).
+    pub fn on_label(&self, sink: LabelSink) {
+        *self.label_sink.write().unwrap_or_else(|e| e.into_inner()) = Some(sink);
+    }
+
+    /// While `reason` is set (the node's storage is at its reserve level), refuse every append
+    /// that carries entries to a partition group with [`codes::NO_ROOM`]: replication catch-up
+    /// stops at reserve, and the follower leaves the in-sync sets as after a fault. Heartbeats,
+    /// votes, snapshot installs (a partition's snapshot carries no data) and the metadata group (group 0) are still served, so no
+    /// election starts and the cluster's metadata keeps working. `None` lifts it.
+    pub fn refuse_appends(&self, reason: Option<String>) {
+        *self
+            .append_refusal
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = reason;
+    }
+
+    /// Why an append of `body` to `group` is refused now, if it is.
+    fn append_refused(&self, group: GroupId, kind: u8, body: &Bytes) -> Option<RemoteError> {
+        if kind != rpc::KIND_APPEND || group.0 == 0 {
+            return None;
+        }
+        let reason = self
+            .append_refusal
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()?;
+        // Only at reserve does the body get looked at: a heartbeat (no entries) passes.
+        let carries_entries = rpc::decode_append_shared(body).is_ok_and(|r| !r.entries.is_empty());
+        carries_entries.then(|| RemoteError::new(codes::NO_ROOM, reason))
+    }
+
     /// Stop serving `group` (it is being rebuilt, or was deleted).
     pub fn remove(&self, group: GroupId) {
         self.groups
@@ -183,6 +223,9 @@ impl Handler for Groups {
         kind: u8,
         body: Bytes,
     ) -> BoxFuture<Result<Bytes, RemoteError>> {
+        if let Some(refusal) = self.append_refused(group, kind, &body) {
+            return Box::pin(std::future::ready(Err(refusal)));
+        }
         match self.get(group) {
             Ok(endpoint) => endpoint.serve(kind, body),
             Err(error) => Box::pin(std::future::ready(Err(error))),
@@ -197,7 +240,10 @@ impl Handler for Groups {
         let served: Vec<_> = batch
             .into_iter()
             .map(|(group, body)| {
-                let endpoint = self.get(group);
+                let endpoint = match self.append_refused(group, rpc::KIND_APPEND, &body) {
+                    Some(refusal) => Err(refusal),
+                    None => self.get(group),
+                };
                 async move {
                     let reply = match endpoint {
                         Ok(endpoint) => endpoint.serve(rpc::KIND_APPEND, body).await,
@@ -208,5 +254,16 @@ impl Handler for Groups {
             })
             .collect();
         Box::pin(join_all(served))
+    }
+
+    fn label(&self, from: NodeId, label: Bytes) {
+        let sink = self
+            .label_sink
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(sink) = sink {
+            sink(from, label);
+        }
     }
 }

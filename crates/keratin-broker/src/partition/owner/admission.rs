@@ -37,7 +37,15 @@ impl Owner {
         let now = Instant::now();
         // Behind a delayed publish, a new one waits too: publishes keep their order.
         let after = self.delayed.back().map_or(now, |d| d.ready_at);
-        match self.ctx.gate.publish(self.ctx.device, bytes) {
+        let decision = if self.ctx.gate.replicas_limited() {
+            let replicas = self.in_sync_replicas();
+            self.ctx
+                .gate
+                .publish_replicated(self.ctx.device, bytes, &replicas)
+        } else {
+            self.ctx.gate.publish(self.ctx.device, bytes)
+        };
+        match decision {
             GateDecision::Reject {
                 reason,
                 retry_after_ms,
@@ -63,6 +71,20 @@ impl Owner {
             }),
             GateDecision::Admit => self.admit_and_write(payloads, timestamp_ms, reply),
         }
+    }
+
+    /// The other nodes with an in-sync copy of this partition, as its leader sees them (none
+    /// for a local log): a publish waits for them, so their levels limit it too.
+    fn in_sync_replicas(&self) -> Vec<u64> {
+        let status = self.log.as_ref().and_then(|log| log.replication());
+        status.map_or_else(Vec::new, |status| {
+            status
+                .progress
+                .iter()
+                .filter(|p| p.in_sync && Some(p.node) != status.leader)
+                .map(|p| p.node)
+                .collect()
+        })
     }
 
     /// A publish the gate admitted: pass the queue limits (dropping the oldest messages when

@@ -1,0 +1,651 @@
+//! Cluster-wide limits (issue 15, the seed's cluster test): three real `keratin serve`
+//! processes on 127.0.0.1, node 3 with its storage on a 256 MiB tmpfs, nodes 1 and 2 on the
+//! host's disk (with a 256 MiB storage budget, so that placement treats the three alike). Queues of two replicas are declared until one (A) has a replica on node 3 and
+//! its leader elsewhere, and one (B) has no replica on node 3. Then:
+//! - B publishes at a paced rate (its rate before the fill);
+//! - A is filled with no consumer: its leader (node 1 or 2, whose own disk is fine) learns
+//!   node 3's levels from node 3's heartbeat label, slows A's publishes at soft and refuses
+//!   them at hard with `ERR_LIMITED` (429), reason `disk`, a retry hint, and a message naming
+//!   node 3 and its path; the time from node 3 reaching hard to the first 429 is printed;
+//! - meanwhile **B keeps publishing at ≥ 0.9 of its rate before the fill** (measured while A
+//!   is refused, same run);
+//! - no log stopped on any node;
+//! - consuming A frees space on node 3 and A's publisher is accepted again by itself;
+//! - every message of A confirmed is delivered.
+//!
+//! Root only (tmpfs): skipped loudly otherwise, a failure under
+//! `KERATIN_REQUIRE_PRIVILEGED_TESTS=1`. Bounded: each phase has a deadline, the whole test
+//! takes about a minute; the processes are killed by PID and the tmpfs unmounted when dropped.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use keratin_client::{Client, ClientError, ClientOptions, OutgoingMessage, QueueSettings};
+use support::cluster::Cluster;
+use support::{body, seq_of, Tmpfs};
+
+const SMALL_MIB: u64 = 256;
+/// A's messages: 64 KiB, in batches of 16 (1 MiB a batch).
+const A_BODY_BYTES: usize = 64 * 1024;
+const A_BATCH: usize = 16;
+/// B's pace: one confirmed batch of 10 small messages every 20 ms (500 messages a second),
+/// far below what the cluster can take, so its rate shows whether it is held back at all.
+const B_BATCH: usize = 10;
+const B_EVERY: Duration = Duration::from_millis(20);
+const B_BODY_BYTES: usize = 512;
+/// How long B's rate is measured, before the fill and while A is refused.
+const B_WINDOW: Duration = Duration::from_secs(3);
+const PHASE_MAX: Duration = Duration::from_secs(60);
+
+/// Environment of every node: leader balancing, small segments (the tmpfs holds 64 of them),
+/// sampling every 100 ms.
+const COMMON: &[(&str, &str)] = &[
+    // Partitions go back to their preferred leaders (the first of each replica set): node 3,
+    // whose tmpfs syncs fastest, wins most elections, and A needs a leader elsewhere.
+    ("KERATIN_CLUSTER__LEADER_BALANCE", "true"),
+    ("KERATIN_STORAGE__SEGMENT_BYTES", "4194304"),
+    ("KERATIN_LIMITS__SAMPLE_INTERVAL_MS", "100"),
+    ("KERATIN_LIMITS__MAX_DELAY_MS", "50"),
+];
+
+/// Nodes 1 and 2: a storage budget of 256 MiB on the host's disk, so that placement sees about
+/// as much free space on them as on node 3 and rotates replica sets over all three (it gives
+/// them to the emptiest nodes otherwise), with levels far below what the test writes there.
+const BUDGET: &[(&str, &str)] = &[
+    ("KERATIN_STORAGE__MAX_BYTES", "268435456"),
+    ("KERATIN_LIMITS__DISK__SOFT_FRACTION", "0.05"),
+    ("KERATIN_LIMITS__DISK__HARD_FRACTION", "0.03"),
+    ("KERATIN_LIMITS__DISK__RESERVE_FRACTION", "0.01"),
+    ("KERATIN_LIMITS__DISK__SOFT_FLOOR_BYTES", "0"),
+    ("KERATIN_LIMITS__DISK__HARD_FLOOR_BYTES", "0"),
+    ("KERATIN_LIMITS__DISK__RESERVE_FLOOR_BYTES", "0"),
+    ("KERATIN_LIMITS__DISK__CLEAR_MARGIN_FRACTION", "0.005"),
+];
+
+/// Node 3's disk levels on its 256 MiB tmpfs: soft at 50 % free (128 MiB), hard at 30 %,
+/// reserve at 10 %, no floors.
+const SMALL: &[(&str, &str)] = &[
+    ("KERATIN_LIMITS__DISK__SOFT_FRACTION", "0.5"),
+    ("KERATIN_LIMITS__DISK__HARD_FRACTION", "0.3"),
+    ("KERATIN_LIMITS__DISK__RESERVE_FRACTION", "0.1"),
+    ("KERATIN_LIMITS__DISK__SOFT_FLOOR_BYTES", "0"),
+    ("KERATIN_LIMITS__DISK__HARD_FLOOR_BYTES", "0"),
+    ("KERATIN_LIMITS__DISK__RESERVE_FLOOR_BYTES", "0"),
+    ("KERATIN_LIMITS__DISK__CLEAR_MARGIN_FRACTION", "0.02"),
+];
+
+fn options(publish_timeout: Duration) -> ClientOptions {
+    ClientOptions {
+        publish_timeout,
+        ..ClientOptions::default()
+    }
+}
+
+async fn connect(addr: SocketAddr, publish_timeout: Duration) -> Client {
+    let deadline = Instant::now() + PHASE_MAX;
+    loop {
+        match Client::connect(addr, options(publish_timeout)).await {
+            Ok(client) => return client,
+            Err(error) => {
+                assert!(Instant::now() < deadline, "connect to {addr}: {error}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
+/// Each queue's first partition: (replicas, leader), as the nodes holding it see it (a node
+/// with no replica of a queue lists none).
+fn placements(cluster: &Cluster) -> BTreeMap<String, (Vec<u64>, Option<u64>)> {
+    let mut placed: BTreeMap<String, (Vec<u64>, Option<u64>)> = BTreeMap::new();
+    for id in 1..=3 {
+        let Some(document) = cluster.cluster_document(id) else {
+            continue;
+        };
+        for queue in document["queues"].as_array().into_iter().flatten() {
+            let Some(partition) = queue["partitions"].as_array().and_then(|p| p.first()) else {
+                continue;
+            };
+            let replicas: Vec<u64> = partition["replicas"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(serde_json::Value::as_u64)
+                .collect();
+            let Some(name) = queue["name"].as_str() else {
+                continue;
+            };
+            if replicas.is_empty() {
+                continue;
+            }
+            let entry = placed.entry(name.to_owned()).or_default();
+            entry.0 = replicas;
+            if partition["leading"] == true {
+                entry.1 = Some(id);
+            }
+        }
+    }
+    placed
+}
+
+/// Node `id`'s level of its first file system, from its own status document.
+fn disk_level(cluster: &Cluster, id: u64) -> Option<String> {
+    let status = std::panic::catch_unwind(|| support::status(cluster.nodes[&id].http)).ok()?;
+    status["filesystems"][0]["level"]
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// Confirmed messages per second B's paced publisher reached over `window`.
+async fn b_rate(client: &Client, queue: &str, window: Duration, next_seq: &mut u64) -> f64 {
+    let started = Instant::now();
+    let mut confirmed = 0u64;
+    let mut tick = tokio::time::interval(B_EVERY);
+    while started.elapsed() < window {
+        tick.tick().await;
+        let batch: Vec<OutgoingMessage> = (0..B_BATCH)
+            .map(|_| {
+                *next_seq += 1;
+                OutgoingMessage::new(body(*next_seq, B_BODY_BYTES))
+            })
+            .collect();
+        for result in client.publish_batch(queue, batch).await {
+            match result {
+                Ok(_) => confirmed += 1,
+                Err(failed) => panic!("B's publish failed: {}", failed.error),
+            }
+        }
+    }
+    confirmed as f64 / started.elapsed().as_secs_f64()
+}
+
+/// What A's publisher saw.
+#[derive(Default)]
+struct ALedger {
+    confirmed: BTreeSet<u64>,
+    /// The first `ERR_LIMITED` (reason, retry hint, message) and when it came.
+    first_limited: Option<(String, u32, String, Instant)>,
+    limited: u64,
+    /// Confirms after the last refusal (A resumed).
+    confirmed_after_limited: u64,
+    next_seq: u64,
+}
+
+/// Publishes A's batches until `stop`, retrying refused ones after their hint.
+async fn a_publisher(
+    client: Client,
+    queue: String,
+    ledger: Arc<Mutex<ALedger>>,
+    stop: Arc<AtomicBool>,
+) {
+    while !stop.load(Ordering::Relaxed) {
+        let first = {
+            let mut ledger = ledger.lock().expect("lock");
+            let first = ledger.next_seq;
+            ledger.next_seq += A_BATCH as u64;
+            first
+        };
+        let batch: Vec<OutgoingMessage> = (first..first + A_BATCH as u64)
+            .map(|seq| OutgoingMessage::new(body(seq, A_BODY_BYTES)))
+            .collect();
+        let mut wait = Duration::ZERO;
+        for (seq, result) in (first..).zip(client.publish_batch(&queue, batch).await) {
+            let mut ledger = ledger.lock().expect("lock");
+            match result {
+                Ok(_) => {
+                    ledger.confirmed.insert(seq);
+                    if ledger.limited > 0 {
+                        ledger.confirmed_after_limited += 1;
+                    }
+                }
+                Err(failed) => match failed.error {
+                    ClientError::Limited {
+                        reason,
+                        retry_after_ms,
+                        message,
+                        ..
+                    } => {
+                        ledger.limited += 1;
+                        ledger.confirmed_after_limited = 0;
+                        if ledger.first_limited.is_none() {
+                            ledger.first_limited = Some((
+                                reason.name().to_owned(),
+                                retry_after_ms,
+                                message,
+                                Instant::now(),
+                            ));
+                        }
+                        wait = wait.max(Duration::from_millis(u64::from(retry_after_ms)));
+                    }
+                    other => panic!("A's publish of {seq} failed: {other}"),
+                },
+            }
+        }
+        tokio::time::sleep(wait).await;
+    }
+}
+
+/// Consumes and acks A's messages until `stop`; every sequence number delivered.
+async fn a_consumer(
+    client: Client,
+    queue: String,
+    delivered: Arc<Mutex<BTreeSet<u64>>>,
+    stop: Arc<AtomicBool>,
+) {
+    let mut consumer = client.subscribe(&queue, 64).await.expect("subscribe to A");
+    while !stop.load(Ordering::Relaxed) {
+        let Ok(Some(delivery)) =
+            tokio::time::timeout(Duration::from_millis(300), consumer.recv()).await
+        else {
+            continue;
+        };
+        let seq = seq_of(&delivery.body).expect("A's body checksum");
+        delivered.lock().expect("lock").insert(seq);
+        delivery.ack().expect("ack");
+    }
+}
+
+/// A 256 MiB tmpfs for node 3 (unmounted when the second value drops, before the directory).
+fn small_tmpfs() -> (tempfile::TempDir, Tmpfs) {
+    let small = tempfile::tempdir().expect("tempdir");
+    let tmpfs = Tmpfs::mount(small.path(), SMALL_MIB);
+    (small, tmpfs)
+}
+
+/// Nodes 1 and 2 with their budgets on the host's disk, node 3 on the tmpfs at `small`.
+fn start_cluster(small: &std::path::Path) -> Cluster {
+    let host: Vec<(&'static str, &'static str)> = COMMON.iter().chain(BUDGET).copied().collect();
+    let small_env: Vec<(&'static str, &'static str)> =
+        COMMON.iter().chain(SMALL).copied().collect();
+    let mut cluster = Cluster::new(BTreeMap::from([
+        (1, host.clone()),
+        (2, host),
+        (3, small_env),
+    ]));
+    cluster.nodes.get_mut(&3).expect("node 3").dir = small.join("node-3");
+    for id in 1..=3 {
+        cluster.start_node(id);
+    }
+    cluster
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+#[test]
+fn a_full_node_limits_only_the_partitions_with_a_copy_on_it() {
+    if !support::privileged("a_full_node_limits_only_the_partitions_with_a_copy_on_it") {
+        return;
+    }
+    let (small, _tmpfs) = small_tmpfs();
+    // Declared after the mount: dropped first, so the processes end before the unmount.
+    let cluster = start_cluster(small.path());
+    runtime().block_on(async {
+        let node1 = cluster.nodes[&1].protocol;
+        let admin = connect(node1, Duration::from_secs(10)).await;
+        // Queues of two replicas until one has a copy on node 3 led elsewhere, and one has
+        // none there (placement rotates replica sets by a hash of the name).
+        let deadline = Instant::now() + PHASE_MAX;
+        let (queue_a, queue_b) = 'found: loop {
+            for n in 0..12 {
+                let name = format!("q{n}");
+                let settings = QueueSettings {
+                    replicas: Some(2),
+                    ..QueueSettings::default()
+                };
+                if let Err(error) = admin.declare(&name, settings).await {
+                    eprintln!("declare {name}: {error} (the cluster may still be forming)");
+                }
+            }
+            let placed = placements(&cluster);
+            let a = placed
+                .iter()
+                .find(|(_, (replicas, leader))| {
+                    replicas.contains(&3) && leader.is_some_and(|l| l != 3)
+                })
+                .map(|(name, _)| name.clone());
+            let b = placed
+                .iter()
+                .find(|(_, (replicas, leader))| !replicas.contains(&3) && leader.is_some())
+                .map(|(name, _)| name.clone());
+            if let (Some(a), Some(b)) = (a, b) {
+                break 'found (a, b);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no queue pair found: {placed:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        };
+        let placed = placements(&cluster);
+        eprintln!("A = {queue_a} {:?}, B = {queue_b} {:?}", placed[&queue_a], placed[&queue_b]);
+
+        // B's rate before the fill.
+        let b_client = connect(node1, Duration::from_secs(10)).await;
+        let mut b_seq = 0u64;
+        let before = b_rate(&b_client, &queue_b, B_WINDOW, &mut b_seq).await;
+
+        // Fill A with no consumer until it is refused.
+        let a_ledger = Arc::new(Mutex::new(ALedger::default()));
+        let a_stop = Arc::new(AtomicBool::new(false));
+        let a_task = tokio::spawn(a_publisher(
+            connect(node1, Duration::from_millis(300)).await,
+            queue_a.clone(),
+            a_ledger.clone(),
+            a_stop.clone(),
+        ));
+        let mut hard_at = None;
+        let deadline = Instant::now() + PHASE_MAX;
+        let first_limited = loop {
+            if hard_at.is_none() && disk_level(&cluster, 3).as_deref() == Some("hard") {
+                hard_at = Some(Instant::now());
+            }
+            if let Some(first) = a_ledger.lock().expect("lock").first_limited.clone() {
+                break first;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "A was never refused; node 3 at {:?}, {} confirmed",
+                disk_level(&cluster, 3),
+                a_ledger.lock().expect("lock").confirmed.len()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let (reason, retry_after_ms, message, limited_at) = first_limited;
+        eprintln!("A refused: {reason}, retry after {retry_after_ms} ms: {message}");
+        assert_eq!(reason, "disk", "{message}");
+        assert!(retry_after_ms >= 100, "a retry hint: {retry_after_ms}");
+        assert!(message.contains("node 3"), "the message names node 3: {message}");
+        assert!(
+            message.contains(&small.path().display().to_string()),
+            "the message names node 3's path: {message}"
+        );
+        match hard_at {
+            Some(hard_at) => eprintln!(
+                "node 3 at hard (its status, polled every 20 ms) to A's first 429 as the client \
+                 reports it (after its own retries within its 300 ms publish timeout): {} ms",
+                limited_at.saturating_duration_since(hard_at).as_millis()
+            ),
+            None => eprintln!("A's first 429 came before node 3's status showed hard"),
+        }
+        let delayed = support::metric(
+            cluster.nodes[&placed[&queue_a].1.expect("A's leader")].http,
+            "keratin_publishes_limited_by_replica_total",
+            "decision=\"delayed\"",
+        );
+        eprintln!("A's leader delayed {delayed} batches for node 3's soft level");
+        assert!(delayed > 0.0, "A's publishes were slowed before being refused");
+
+        // B while A is refused.
+        let during = b_rate(&b_client, &queue_b, B_WINDOW, &mut b_seq).await;
+        let ratio = during / before;
+        eprintln!("B: {before:.0} msg/s before the fill, {during:.0} msg/s while A is refused: {ratio:.2}x");
+        assert!(ratio >= 0.9, "B slowed to {ratio:.2}x of its rate before the fill");
+        assert!(
+            a_ledger.lock().expect("lock").limited > 0,
+            "A is still refused while B was measured"
+        );
+
+        for id in 1..=3 {
+            let stops = support::metric(cluster.nodes[&id].http, "keratin_log_stops_total", "");
+            assert_eq!(stops, 0.0, "node {id} stopped a log");
+        }
+
+        // Consume A: node 3 frees space and A's publisher is accepted again by itself.
+        let delivered = Arc::new(Mutex::new(BTreeSet::new()));
+        let c_stop = Arc::new(AtomicBool::new(false));
+        let c_task = tokio::spawn(a_consumer(
+            connect(node1, Duration::from_secs(10)).await,
+            queue_a.clone(),
+            delivered.clone(),
+            c_stop.clone(),
+        ));
+        let deadline = Instant::now() + PHASE_MAX;
+        while a_ledger.lock().expect("lock").confirmed_after_limited < 10 * A_BATCH as u64 {
+            assert!(
+                Instant::now() < deadline,
+                "A never resumed; node 3 at {:?}, {} delivered",
+                disk_level(&cluster, 3),
+                delivered.lock().expect("lock").len()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        a_stop.store(true, Ordering::Relaxed);
+        a_task.await.expect("A's publisher");
+        // Every confirmed message of A is delivered.
+        let confirmed = a_ledger.lock().expect("lock").confirmed.clone();
+        let deadline = Instant::now() + PHASE_MAX;
+        loop {
+            let missing = confirmed
+                .difference(&delivered.lock().expect("lock"))
+                .count();
+            if missing == 0 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{missing} of {} confirmed messages of A never delivered",
+                confirmed.len()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        c_stop.store(true, Ordering::Relaxed);
+        c_task.await.expect("A's consumer");
+        eprintln!(
+            "A: {} confirmed, all delivered; {} refusals",
+            confirmed.len(),
+            a_ledger.lock().expect("lock").limited
+        );
+    });
+}
+
+/// The partition of `queue` as node `id` sees it.
+fn partition_on(cluster: &Cluster, id: u64, queue: &str) -> Option<serde_json::Value> {
+    let document = cluster.cluster_document(id)?;
+    document["queues"]
+        .as_array()?
+        .iter()
+        .find(|q| q["name"] == queue)?["partitions"]
+        .as_array()?
+        .first()
+        .cloned()
+}
+
+/// Node 3 filled from outside to its reserve level: it refuses new entries for the partitions
+/// it follows and leaves their in-sync sets, while a queue of three replicas led elsewhere
+/// keeps confirming on the other two; once the filler is removed it catches up and is back in
+/// sync. No log stops anywhere.
+#[test]
+fn a_follower_at_reserve_leaves_the_in_sync_set_and_catches_up_after() {
+    if !support::privileged("a_follower_at_reserve_leaves_the_in_sync_set_and_catches_up_after") {
+        return;
+    }
+    let (small, _tmpfs) = small_tmpfs();
+    let cluster = start_cluster(small.path());
+    runtime().block_on(async {
+        let node1 = cluster.nodes[&1].protocol;
+        let admin = connect(node1, Duration::from_secs(10)).await;
+        // A queue of three replicas whose leader is not node 3 (leaders go to the first of
+        // each rotated replica set).
+        let deadline = Instant::now() + PHASE_MAX;
+        let queue = 'found: loop {
+            for n in 0..6 {
+                let name = format!("r{n}");
+                let settings = QueueSettings {
+                    replicas: Some(3),
+                    ..QueueSettings::default()
+                };
+                if let Err(error) = admin.declare(&name, settings).await {
+                    eprintln!("declare {name}: {error} (the cluster may still be forming)");
+                }
+            }
+            let placed = placements(&cluster);
+            if let Some((name, _)) = placed.iter().find(|(name, (replicas, leader))| {
+                name.starts_with('r') && replicas.len() == 3 && leader.is_some_and(|l| l != 3)
+            }) {
+                break 'found name.clone();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no queue led off node 3: {placed:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        };
+        let leader = placements(&cluster)[&queue].1.expect("leader");
+        eprintln!("queue {queue}, led by node {leader}");
+
+        // A publisher that never stops confirming: small batches, as fast as they confirm.
+        let ledger = Arc::new(Mutex::new(ALedger::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let publisher = tokio::spawn(small_publisher(
+            connect(node1, Duration::from_secs(10)).await,
+            queue.clone(),
+            ledger.clone(),
+            stop.clone(),
+        ));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+
+        // Fill node 3's tmpfs from outside to below its reserve level (10 % of 256 MiB).
+        let (free, _) = support::free_and_total(small.path());
+        let filler = small.path().join("filler");
+        let keep = 12 << 20;
+        let status = std::process::Command::new("fallocate")
+            .args(["-l", &(free - keep).to_string()])
+            .arg(&filler)
+            .status()
+            .expect("fallocate");
+        assert!(status.success(), "fallocate");
+        let filled = Instant::now();
+        let deadline = filled + PHASE_MAX;
+        while disk_level(&cluster, 3).as_deref() != Some("reserve") {
+            assert!(Instant::now() < deadline, "node 3 never reached reserve");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // It leaves the in-sync set (it falls behind) while the publishes keep confirming.
+        let confirmed_at_reserve = ledger.lock().expect("lock").confirmed.len();
+        loop {
+            let in_sync = partition_on(&cluster, leader, &queue)
+                .map(|p| p["in_sync"].clone())
+                .unwrap_or_default();
+            let out = in_sync
+                .as_array()
+                .is_some_and(|set| !set.is_empty() && !set.contains(&serde_json::Value::from(3)));
+            if out {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node 3 never left the in-sync set: {in_sync}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let left = filled.elapsed();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let confirmed_out = ledger.lock().expect("lock").confirmed.len();
+        assert!(
+            confirmed_out > confirmed_at_reserve,
+            "publishes kept confirming on the other two ({confirmed_at_reserve} -> {confirmed_out})"
+        );
+        assert_eq!(
+            ledger.lock().expect("lock").limited,
+            0,
+            "nothing was refused"
+        );
+
+        // The filler goes: node 3 catches up and is back in sync.
+        std::fs::remove_file(&filler).expect("remove the filler");
+        let freed = Instant::now();
+        let deadline = freed + PHASE_MAX;
+        loop {
+            let in_sync = partition_on(&cluster, leader, &queue)
+                .map(|p| p["in_sync"].clone())
+                .unwrap_or_default();
+            if in_sync
+                .as_array()
+                .is_some_and(|set| set.contains(&serde_json::Value::from(3)))
+            {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node 3 never came back in sync: {in_sync}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let back = freed.elapsed();
+        stop.store(true, Ordering::Relaxed);
+        publisher.await.expect("publisher");
+        // Node 3 holds what the others confirmed meanwhile.
+        let leader_offset = partition_on(&cluster, leader, &queue).expect("leader's view")
+            ["committed_offset"]
+            .as_u64()
+            .expect("offset");
+        let deadline = Instant::now() + PHASE_MAX;
+        loop {
+            let offset = partition_on(&cluster, 3, &queue)
+                .and_then(|p| p["committed_offset"].as_u64())
+                .unwrap_or(0);
+            if offset >= leader_offset {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node 3 at {offset} of {leader_offset}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        for id in 1..=3 {
+            let stops = support::metric(cluster.nodes[&id].http, "keratin_log_stops_total", "");
+            assert_eq!(stops, 0.0, "node {id} stopped a log");
+        }
+        eprintln!(
+            "node 3 at reserve: out of the in-sync set {:.1} s after the fill, back {:.1} s \
+             after the filler went; {} confirmed",
+            left.as_secs_f64(),
+            back.as_secs_f64(),
+            ledger.lock().expect("lock").confirmed.len()
+        );
+    });
+}
+
+/// Publishes small batches of 4 as fast as they confirm until `stop`; a refusal is counted.
+async fn small_publisher(
+    client: Client,
+    queue: String,
+    ledger: Arc<Mutex<ALedger>>,
+    stop: Arc<AtomicBool>,
+) {
+    while !stop.load(Ordering::Relaxed) {
+        let first = {
+            let mut ledger = ledger.lock().expect("lock");
+            let first = ledger.next_seq;
+            ledger.next_seq += 4;
+            first
+        };
+        let batch: Vec<OutgoingMessage> = (first..first + 4)
+            .map(|seq| OutgoingMessage::new(body(seq, B_BODY_BYTES)))
+            .collect();
+        for (seq, result) in (first..).zip(client.publish_batch(&queue, batch).await) {
+            let mut ledger = ledger.lock().expect("lock");
+            match result {
+                Ok(_) => {
+                    ledger.confirmed.insert(seq);
+                }
+                Err(failed) => {
+                    ledger.limited += 1;
+                    eprintln!("publish of {seq} failed: {}", failed.error);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,193 @@
+//! A three-node cluster of real `keratin serve` processes on 127.0.0.1, each with its own data
+//! directory under one temporary root: starting, killing and signalling nodes by PID, the CLI
+//! against a node, and a node's cluster document. Tests add what they need about their queues.
+
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+
+use super::Server;
+
+/// One node's fixed addresses and its process while it runs.
+pub struct Node {
+    pub id: u64,
+    pub protocol: SocketAddr,
+    pub http: SocketAddr,
+    pub cluster: SocketAddr,
+    pub dir: PathBuf,
+    pub server: Option<Server>,
+    /// Environment given to this node's process (over the test defaults).
+    pub env: Vec<(&'static str, &'static str)>,
+    /// Started with `--join` (it joins the running cluster).
+    pub join: bool,
+}
+
+pub struct Cluster {
+    pub nodes: BTreeMap<u64, Node>,
+    pub root: tempfile::TempDir,
+}
+
+/// Ports the nodes listen on are picked from here: below Linux's ephemeral range (32768 on),
+/// so that no outgoing connection (a client's, a peer's) holds a node's port as its local port
+/// when the node restarts and binds it again (seen: a restart after the cut round failed).
+pub const NODE_PORTS: std::ops::Range<u16> = 20_000..32_000;
+
+/// A free port on 127.0.0.1 in [`NODE_PORTS`] (bound and released: another process could take
+/// it meanwhile, which makes the node fail to start with a clear message).
+pub fn free_addr() -> SocketAddr {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let span = u32::from(NODE_PORTS.end - NODE_PORTS.start);
+    let start = std::process::id().wrapping_mul(7_919) % span;
+    for _ in 0..span {
+        let offset = (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+        let port = NODE_PORTS.start + u16::try_from(offset).expect("below the span");
+        if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)) {
+            return listener.local_addr().expect("address");
+        }
+    }
+    panic!("no free port in {NODE_PORTS:?}");
+}
+
+impl Cluster {
+    pub fn start() -> Cluster {
+        Cluster::start_with_env(BTreeMap::new())
+    }
+
+    /// Three nodes, node `id` with `envs[id]` in its environment.
+    pub fn start_with_env(envs: BTreeMap<u64, Vec<(&'static str, &'static str)>>) -> Cluster {
+        let mut cluster = Cluster::new(envs);
+        for id in 1..=3 {
+            cluster.start_node(id);
+        }
+        cluster
+    }
+
+    /// Three nodes as [`Cluster::start_with_env`] makes them, none started yet (a test can
+    /// still move a node's data directory).
+    pub fn new(envs: BTreeMap<u64, Vec<(&'static str, &'static str)>>) -> Cluster {
+        let root = tempfile::tempdir().expect("tempdir");
+        let mut nodes = BTreeMap::new();
+        for id in 1..=3u64 {
+            nodes.insert(
+                id,
+                Node {
+                    id,
+                    protocol: free_addr(),
+                    http: free_addr(),
+                    cluster: free_addr(),
+                    dir: root.path().join(format!("node-{id}")),
+                    server: None,
+                    env: envs.get(&id).cloned().unwrap_or_default(),
+                    join: false,
+                },
+            );
+        }
+        Cluster { nodes, root }
+    }
+
+    pub fn start_node(&mut self, id: u64) {
+        let peers: Vec<String> = self
+            .nodes
+            .values()
+            .map(|n| format!("{}={}", n.id, n.cluster))
+            .collect();
+        let node = self.nodes.get_mut(&id).expect("node");
+        let dir = node.dir.to_string_lossy().into_owned();
+        let (protocol, http, id_text) = (
+            node.protocol.to_string(),
+            node.http.to_string(),
+            id.to_string(),
+        );
+        let mut args: Vec<&str> = vec![
+            "serve",
+            "--data-dir",
+            &dir,
+            "--listen",
+            &protocol,
+            "--http",
+            &http,
+            "--node-id",
+            &id_text,
+        ];
+        for peer in &peers {
+            args.push("--peer");
+            args.push(peer);
+        }
+        if node.join {
+            args.push("--join");
+        }
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_keratin"));
+        // The rounds kill, stop and cut the leader they found: leaders stay where elections
+        // put them (leader balancing has its own test, keratin-server `cluster_balance.rs`).
+        command.env("KERATIN_CLUSTER__LEADER_BALANCE", "false");
+        command.envs(node.env.iter().copied());
+        node.server = Some(Server::start_with(command, &args));
+    }
+
+    /// Start node `id`, new, with `--join` and every node in its peer list.
+    pub fn start_joining(&mut self, id: u64) {
+        let dir = self.root.path().join(format!("node-{id}"));
+        self.nodes.insert(
+            id,
+            Node {
+                id,
+                protocol: free_addr(),
+                http: free_addr(),
+                cluster: free_addr(),
+                dir,
+                server: None,
+                env: Vec::new(),
+                join: true,
+            },
+        );
+        self.start_node(id);
+    }
+
+    /// `keratin ARGS --server <node id's address>`: exit status and output.
+    pub fn cli(&self, id: u64, args: &[&str]) -> (bool, String) {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_keratin"))
+            .args(args)
+            .args(["--server", &self.nodes[&id].protocol.to_string()])
+            .output()
+            .expect("run keratin");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        (output.status.success(), text)
+    }
+
+    pub fn kill9(&mut self, id: u64) {
+        if let Some(mut server) = self.nodes.get_mut(&id).and_then(|n| n.server.take()) {
+            server.kill9();
+        }
+    }
+
+    pub fn signal(&self, id: u64, signal: &str) {
+        let pid = self.nodes[&id].server.as_ref().expect("running").pid;
+        let status = std::process::Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill {signal} {pid}");
+    }
+
+    pub fn live(&self) -> Vec<SocketAddr> {
+        self.nodes
+            .values()
+            .filter(|n| n.server.is_some())
+            .map(|n| n.protocol)
+            .collect()
+    }
+
+    /// `GET /api/v1/cluster` of a running node, if it answers with JSON.
+    pub fn cluster_document(&self, id: u64) -> Option<serde_json::Value> {
+        let node = self.nodes.get(&id).filter(|n| n.server.is_some())?;
+        let text =
+            std::panic::catch_unwind(|| super::http_get(node.http, "/api/v1/cluster")).ok()?;
+        let json = text.find('{').map(|at| &text[at..])?;
+        serde_json::from_str(json).ok()
+    }
+}
