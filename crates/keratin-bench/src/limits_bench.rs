@@ -63,6 +63,44 @@ pub struct LimitsBenchConfig {
     pub tmpfs_mib: u64,
 }
 
+/// Which publish gate a [`Server`] runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GateKind {
+    /// `OpenGate`: no limits.
+    Open,
+    /// `NodeLimits`: a single node's gate.
+    Node,
+    /// `NodeLimits` with a cluster's levels attached, every peer heard at normal: what each
+    /// publish of a cluster node's partition pays for replica levels when nothing is limited
+    /// (issue 15).
+    Replicas,
+}
+
+/// Every level normal, as a peer would report it.
+fn normal_report() -> keratin_limits::NodeReport {
+    let thresholds = keratin_limits::Thresholds {
+        soft_bytes: 4 << 30,
+        hard_bytes: 2 << 30,
+        reserve_bytes: Some(1 << 29),
+        clear_margin_bytes: 1 << 28,
+    };
+    keratin_limits::NodeReport {
+        filesystems: vec![keratin_limits::FilesystemReport {
+            path: "/var/lib/keratin".to_string(),
+            free_bytes: 100 << 30,
+            total_bytes: 200 << 30,
+            spare_bytes: 0,
+            input: keratin_limits::LevelInput {
+                level: keratin_limits::Level::Normal,
+                headroom_bytes: 100 << 30,
+                thresholds,
+            },
+        }],
+        memory: None,
+        sampled_at_ms: 0,
+    }
+}
+
 /// A protocol server as `Node` assembles it, with limits on (`NodeLimits`) or off (`OpenGate`).
 struct Server {
     broker: Broker,
@@ -81,13 +119,20 @@ async fn wait_stop(mut stopped: watch::Receiver<bool>) {
 }
 
 impl Server {
-    async fn start(dir: &Path, limits_on: bool) -> BenchResult<Server> {
+    async fn start(dir: &Path, gate: GateKind) -> BenchResult<Server> {
         std::fs::create_dir_all(dir)?;
         let dirs = vec![dir.to_path_buf()];
         let mut broker_config = BrokerConfig::new(dirs.clone());
-        let limits = if limits_on {
+        let limits = if gate != GateKind::Open {
             let limits = Arc::new(NodeLimits::new(&dirs, LimitsSettings::default(), 0)?);
             limits.sample();
+            if gate == GateKind::Replicas {
+                let levels = keratin_cluster::ClusterLevels::new(1);
+                for peer in [2, 3] {
+                    levels.insert(peer, normal_report());
+                }
+                limits.attach_cluster(levels);
+            }
             broker_config.gate = limits.clone();
             Some(limits)
         } else {
@@ -138,11 +183,11 @@ impl Server {
 fn admission_run(
     config: &LimitsBenchConfig,
     dir: &Path,
-    limits_on: bool,
+    gate: GateKind,
 ) -> BenchResult<(f64, String)> {
     let rt = runtime()?;
     let out = rt.block_on(async {
-        let server = Server::start(dir, limits_on).await?;
+        let server = Server::start(dir, gate).await?;
         let client = Client::connect(server.addr, ClientOptions::default()).await?;
         client.declare(QUEUE, QueueSettings::default()).await?;
         let body = Bytes::from(vec![0x5a_u8; config.body_bytes]);
@@ -190,6 +235,26 @@ fn gate_ns(gate: &dyn PublishGate, device: u64, calls: u32) -> f64 {
     began.elapsed().as_nanos() as f64 / f64::from(calls.max(1))
 }
 
+/// Nanoseconds per decision as a cluster node's partition leader asks it: whether any peer
+/// is limited, then the replica-aware decision if so (with `replicas` in sync) or the plain
+/// one.
+fn replica_gate_ns(gate: &dyn PublishGate, device: u64, replicas: &[u64], calls: u32) -> f64 {
+    let began = Instant::now();
+    let mut admitted = 0u32;
+    for _ in 0..calls {
+        let decision = if gate.replicas_limited() {
+            gate.publish_replicated(std::hint::black_box(device), 1024, replicas)
+        } else {
+            gate.publish(std::hint::black_box(device), std::hint::black_box(1024))
+        };
+        if matches!(decision, GateDecision::Admit) {
+            admitted += 1;
+        }
+    }
+    std::hint::black_box(admitted);
+    began.elapsed().as_nanos() as f64 / f64::from(calls.max(1))
+}
+
 fn admission(config: &LimitsBenchConfig, report: &mut Report) -> BenchResult<()> {
     eprintln!(
         "limits: confirmed publish with limits on vs off, {} round(s)",
@@ -197,32 +262,33 @@ fn admission(config: &LimitsBenchConfig, report: &mut Report) -> BenchResult<()>
     );
     let mut on = Vec::new();
     let mut off = Vec::new();
+    let mut replicas = Vec::new();
     let mut levels = Vec::new();
     for round in 0..config.rounds {
-        let order = if round % 2 == 0 {
-            [true, false]
-        } else {
-            [false, true]
-        };
-        for limits_on in order {
-            let dir = config.dir.join(format!(
-                "admission-{round}-{}",
-                if limits_on { "on" } else { "off" }
-            ));
-            let (rate, level) = admission_run(config, &dir, limits_on)?;
-            if limits_on {
-                on.push(rate);
-                levels.push(level);
-            } else {
-                off.push(rate);
+        // Each kind first, middle and last in turn: A B C, B C A, C A B, ...
+        let mut order = [GateKind::Node, GateKind::Open, GateKind::Replicas];
+        order.rotate_left(round % 3);
+        for gate in order {
+            let dir = config.dir.join(format!("admission-{round}-{gate:?}"));
+            let (rate, level) = admission_run(config, &dir, gate)?;
+            match gate {
+                GateKind::Node => {
+                    on.push(rate);
+                    levels.push(level);
+                }
+                GateKind::Open => off.push(rate),
+                GateKind::Replicas => replicas.push(rate),
             }
         }
         eprintln!(
-            "  round {}: on {:.0} msg/s, off {:.0} msg/s, ratio {:.3}",
+            "  round {}: on {:.0} msg/s, off {:.0} msg/s, ratio {:.3}; with replica levels {:.0} \
+             msg/s, ratio to on {:.3}",
             round + 1,
             on[round],
             off[round],
-            on[round] / off[round].max(1e-9)
+            on[round] / off[round].max(1e-9),
+            replicas[round],
+            replicas[round] / on[round].max(1e-9)
         );
     }
     let ratios: Vec<f64> = on.iter().zip(&off).map(|(a, b)| a / b.max(1e-9)).collect();
@@ -243,6 +309,34 @@ fn admission(config: &LimitsBenchConfig, report: &mut Report) -> BenchResult<()>
             levels.join("; ")
         ),
     });
+    let replica_ratios: Vec<f64> = replicas
+        .iter()
+        .zip(&on)
+        .map(|(a, b)| a / b.max(1e-9))
+        .collect();
+    report.rows.push(Row {
+        case: format!(
+            "publish+confirm {} B, replica levels (peers all normal) / single-node gate",
+            config.body_bytes
+        ),
+        keratin: format!(
+            "replicas {:.0} msg/s {:.2} MB/s",
+            median(&replicas),
+            mb(median(&replicas))
+        ),
+        reference: format!(
+            "single {:.0} msg/s {:.2} MB/s",
+            median(&on),
+            mb(median(&on))
+        ),
+        ratio: median(&replica_ratios),
+        round_ratios: replica_ratios.clone(),
+        goal: Some(ADMISSION_GOAL),
+        note: "issue 15: the NodeLimits gate with a cluster's levels attached (two peers heard \
+               at normal), as a cluster node's partition leader asks it before every publish, \
+               against the same gate alone; same runs as the row above"
+            .to_string(),
+    });
     // The decision itself, without the disk: a gate over the bench directory's file system.
     let gate_dir = config.dir.join("gate");
     std::fs::create_dir_all(&gate_dir)?;
@@ -258,17 +352,38 @@ fn admission(config: &LimitsBenchConfig, report: &mut Report) -> BenchResult<()>
         gate_ns(&limits, device, calls),
         gate_ns(&OpenGate, device, calls),
     );
+    // The same gate on a cluster node: peers all normal (the check is one atomic load), then
+    // one peer at soft that is not among the partition's replicas (the leader then asks the
+    // replica-aware decision, which finds nothing to limit).
+    let levels = keratin_cluster::ClusterLevels::new(1);
+    levels.insert(2, normal_report());
+    levels.insert(3, normal_report());
+    limits.attach_cluster(levels.clone());
+    let replicas_normal_ns = replica_gate_ns(&limits, device, &[2, 3], calls);
+    let mut soft = normal_report();
+    soft.filesystems[0].input.level = keratin_limits::Level::Soft;
+    levels.insert(4, soft);
+    let replicas_soft_elsewhere_ns = replica_gate_ns(&limits, device, &[2, 3], calls);
     remove_and_settle(&gate_dir)?;
     report.diagnostics.push(format!(
         "gate decision, {calls} calls on one thread: NodeLimits {limits_ns:.1} ns, OpenGate \
-         {open_ns:.1} ns per publish request"
+         {open_ns:.1} ns per publish request; on a cluster node (issue 15), peers all normal \
+         {replicas_normal_ns:.1} ns, a peer outside the partition at soft \
+         {replicas_soft_elsewhere_ns:.1} ns (2 in-sync replicas looked up)"
     ));
     report.json_cases.push(json!({
         "case": "admission",
         "on_per_s": on,
         "off_per_s": off,
+        "replicas_per_s": replicas,
         "ratios": ratios,
-        "gate_ns": {"node_limits": limits_ns, "open": open_ns},
+        "replica_ratios": replica_ratios,
+        "gate_ns": {
+            "node_limits": limits_ns,
+            "open": open_ns,
+            "replicas_normal": replicas_normal_ns,
+            "replicas_soft_elsewhere": replicas_soft_elsewhere_ns,
+        },
     }));
     Ok(())
 }

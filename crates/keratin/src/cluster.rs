@@ -414,8 +414,10 @@ fn field(value: &Value, name: &str) -> String {
     }
 }
 
-/// Every node's file systems and memory as it last reported them (its label).
-fn resources_text(document: &Value) -> String {
+/// Every node's file systems and memory as it last reported them (its label), from a
+/// document whose `nodes` carry `id`, `levels` and `levels_age_ms` (the cluster document, or
+/// the status document's `cluster`).
+pub(crate) fn resources_text(document: &Value) -> String {
     let mut table = Table::new(&["NODE", "RESOURCE", "LEVEL", "FREE", "TOTAL", "HEARD"]);
     let mib = |value: &Value| {
         value

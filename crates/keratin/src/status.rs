@@ -1,5 +1,6 @@
-//! `keratin status`: the node's filesystems and memory with their limit levels, read from the
-//! HTTP admin port's `GET /api/v1/status` (see [`crate::admin`] for the request).
+//! `keratin status`: the node's filesystems and memory with their limit levels, and on a cluster
+//! node every node's as their labels last reported, read from the HTTP admin port's
+//! `GET /api/v1/status` (see [`crate::admin`] for the request).
 //!
 //! Owns the human rendering. The document itself is the server's (`keratin-server`
 //! `limits.rs`, `status()`); `--json` prints it unchanged.
@@ -89,6 +90,11 @@ fn status_text(document: &Value) -> String {
             pair("consumers"),
         ));
     }
+    let cluster = &document["cluster"];
+    if cluster.is_object() {
+        out.push_str("\ncluster nodes, as their labels last reported\n");
+        out.push_str(&crate::cluster::resources_text(cluster));
+    }
     out
 }
 
@@ -119,5 +125,31 @@ mod tests {
             text.contains("bounds  queues 3 of 10000, partitions 4 of 16384, consumers 0 of 16384"),
             "{text}"
         );
+        assert!(
+            !text.contains("cluster nodes"),
+            "a node alone lists no cluster: {text}"
+        );
+    }
+
+    #[test]
+    fn a_cluster_node_s_status_lists_every_node_s_file_systems() {
+        let document = serde_json::json!({
+            "node": "n1",
+            "filesystems": [],
+            "memory": {},
+            "cluster": {"nodes": [
+                {"id": 2, "levels_age_ms": 300, "levels": {
+                    "filesystems": [{"path": "/small", "level": "hard", "free_bytes": 73400320,
+                                     "spare_bytes": 0, "total_bytes": 268435456}],
+                    "memory": null}}
+            ]},
+        });
+        let text = status_text(&document);
+        assert!(text.contains("cluster nodes"), "{text}");
+        let row = text
+            .lines()
+            .find(|l| l.starts_with('2') && l.contains("/small"))
+            .unwrap_or_else(|| panic!("{text}"));
+        assert!(row.contains("hard") && row.contains("70 MiB"), "{row}");
     }
 }

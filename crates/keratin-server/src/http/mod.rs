@@ -138,6 +138,21 @@ async fn status(State(admin): State<Admin>) -> Json<Value> {
         "partitions": pair(bounds.partitions),
         "consumers": pair(bounds.consumers),
     });
+    // In a cluster: every node's file systems and memory as their labels last reported.
+    if let Some(levels) = admin.limits.cluster_levels() {
+        let nodes: Vec<Value> = levels
+            .all()
+            .into_iter()
+            .map(|(id, heard)| {
+                json!({
+                    "id": id,
+                    "levels": heard.report,
+                    "levels_age_ms": u64::try_from(heard.age.as_millis()).unwrap_or(u64::MAX),
+                })
+            })
+            .collect();
+        document["cluster"] = json!({ "nodes": nodes });
+    }
     Json(document)
 }
 
