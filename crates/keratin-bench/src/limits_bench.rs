@@ -394,12 +394,12 @@ pub fn is_root() -> bool {
 }
 
 /// A tmpfs mounted at a path of our own, unmounted (by that path) when dropped.
-struct Tmpfs {
-    path: PathBuf,
+pub(crate) struct Tmpfs {
+    pub(crate) path: PathBuf,
 }
 
 impl Tmpfs {
-    fn mount(path: &Path, mib: u64) -> BenchResult<Tmpfs> {
+    pub(crate) fn mount(path: &Path, mib: u64) -> BenchResult<Tmpfs> {
         std::fs::create_dir_all(path)?;
         let status = std::process::Command::new("mount")
             .args(["-t", "tmpfs", "-o", &format!("size={mib}m,mode=0755")])
@@ -417,10 +417,28 @@ impl Tmpfs {
 
 impl Drop for Tmpfs {
     fn drop(&mut self) {
-        let status = std::process::Command::new("umount")
-            .arg(&self.path)
-            .status();
-        if !status.is_ok_and(|s| s.success()) {
+        // A node's worker threads may close their last files a moment after its shutdown
+        // (seen with the cluster case's three nodes): try for 2 s, then detach it lazily.
+        let umount = |lazy: bool| {
+            let mut command = std::process::Command::new("umount");
+            if lazy {
+                command.arg("-l");
+            }
+            command
+                .arg(&self.path)
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        let mut unmounted = false;
+        for _ in 0..20 {
+            if umount(false) {
+                unmounted = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        if !unmounted && !umount(true) {
             eprintln!("limits: umount {} failed", self.path.display());
         }
         let _ = std::fs::remove_dir(&self.path);
@@ -428,13 +446,13 @@ impl Drop for Tmpfs {
 }
 
 /// Free bytes for unprivileged users, and total bytes, of the file system at `path`.
-fn free_total(path: &Path) -> BenchResult<(u64, u64)> {
+pub(crate) fn free_total(path: &Path) -> BenchResult<(u64, u64)> {
     let st = rustix::fs::statvfs(path)?;
     Ok((st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize))
 }
 
 /// Levels scaled to a small file system: soft below 50% free, hard below 40%, reserve 10%.
-fn tmpfs_settings(interval_ms: u64) -> LimitsSettings {
+pub(crate) fn tmpfs_settings(interval_ms: u64) -> LimitsSettings {
     let mut settings = LimitsSettings {
         sample_interval_ms: interval_ms,
         ..LimitsSettings::default()
@@ -449,7 +467,7 @@ fn tmpfs_settings(interval_ms: u64) -> LimitsSettings {
 }
 
 /// Milliseconds since `base`, as a stamp (0 = never).
-fn stamp(base: Instant) -> u64 {
+pub(crate) fn stamp(base: Instant) -> u64 {
     u64::try_from(base.elapsed().as_micros())
         .unwrap_or(u64::MAX)
         .max(1)
@@ -465,7 +483,11 @@ struct Seen {
 }
 
 /// Poll until `stamp_of()` is at or after `since`, for at most `limit`: the stamp, or None.
-async fn wait_stamp(stamp_of: impl Fn() -> u64, since: u64, limit: Duration) -> Option<u64> {
+pub(crate) async fn wait_stamp(
+    stamp_of: impl Fn() -> u64,
+    since: u64,
+    limit: Duration,
+) -> Option<u64> {
     let began = Instant::now();
     loop {
         let seen = stamp_of();
@@ -729,5 +751,11 @@ pub fn run(config: &LimitsBenchConfig) -> BenchResult<Report> {
     let mut report = Report::default();
     admission(config, &mut report)?;
     reaction(config, &mut report)?;
+    crate::limits_cluster::cluster_reaction(
+        &config.dir,
+        config.trials,
+        config.tmpfs_mib,
+        &mut report,
+    )?;
     Ok(report)
 }

@@ -38,6 +38,7 @@ mod idle_bench;
 mod keratin;
 mod keratin_cluster_peer;
 mod limits_bench;
+mod limits_cluster;
 mod log_bench;
 mod net_bench;
 mod overflow_bench;
