@@ -166,6 +166,19 @@ async fn trials(
             // A phase unrelated to node 3's sampler.
             let jitter = (trial as u64 * 373 + 101) % SAMPLE_MS;
             tokio::time::sleep(Duration::from_millis(500 + jitter)).await;
+            // Node 3 counts only while the leader has it in sync (a replica still catching up
+            // after the declaration holds nothing back, and is not asked about).
+            let deadline = Instant::now() + WAIT;
+            while !nodes[leader].broker().info(&queue).is_ok_and(|info| {
+                info.partitions
+                    .first()
+                    .is_some_and(|p| p.in_sync.contains(&3))
+            }) {
+                if Instant::now() > deadline {
+                    return Err("node 3 never in sync with the leader".into());
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
             let (free, total) = free_total(small)?;
             // Hard at 40 % free, reserve at 10 %: leave 28 %.
             let fill = free.saturating_sub(total * 28 / 100);
