@@ -54,6 +54,27 @@ pub struct PublishCounters {
     pub rejected_for_replica: AtomicU64,
 }
 
+impl PublishCounters {
+    /// A publish batch delayed, for memory or for disk.
+    fn delayed(&self, memory: bool) {
+        let counter = if memory {
+            &self.delayed_memory
+        } else {
+            &self.delayed_disk
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A publish batch rejected for `reason`.
+    fn rejected(&self, reason: Reason) {
+        let counter = match reason {
+            Reason::Disk => &self.rejected_disk,
+            _ => &self.rejected_memory,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// The node's resource limits.
 #[derive(Debug)]
 pub struct NodeLimits {
@@ -819,12 +840,7 @@ impl NodeLimits {
                 let memory_soft = lock(&self.monitor)
                     .memory_level()
                     .is_some_and(|l| l >= Level::Soft);
-                let counter = if memory_soft {
-                    &self.counters.delayed_memory
-                } else {
-                    &self.counters.delayed_disk
-                };
-                counter.fetch_add(1, Ordering::Relaxed);
+                self.counters.delayed(memory_soft);
                 GateDecision::Slow { delay_ms }
             }
             Decision::Reject {
@@ -832,11 +848,7 @@ impl NodeLimits {
                 level,
                 retry_after_ms,
             } => {
-                let counter = match reason {
-                    Reason::Disk => &self.counters.rejected_disk,
-                    _ => &self.counters.rejected_memory,
-                };
-                counter.fetch_add(1, Ordering::Relaxed);
+                self.counters.rejected(reason);
                 GateDecision::Reject {
                     reason: reason.as_str().to_string(),
                     retry_after_ms: u32::try_from(retry_after_ms).unwrap_or(u32::MAX),

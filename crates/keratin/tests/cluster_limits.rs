@@ -133,6 +133,41 @@ fn placements(cluster: &Cluster) -> BTreeMap<String, (Vec<u64>, Option<u64>)> {
     placed
 }
 
+/// Declares queues `{prefix}0..{prefix}{count}` of `replicas` replicas (again, while the
+/// cluster forms) until `pick` finds what it needs among their placements, within
+/// [`PHASE_MAX`].
+async fn declare_until<T>(
+    cluster: &Cluster,
+    admin: &Client,
+    prefix: &str,
+    count: usize,
+    replicas: u32,
+    pick: impl Fn(&BTreeMap<String, (Vec<u64>, Option<u64>)>) -> Option<T>,
+) -> T {
+    let deadline = Instant::now() + PHASE_MAX;
+    loop {
+        for n in 0..count {
+            let name = format!("{prefix}{n}");
+            let settings = QueueSettings {
+                replicas: Some(replicas),
+                ..QueueSettings::default()
+            };
+            if let Err(error) = admin.declare(&name, settings).await {
+                eprintln!("declare {name}: {error} (the cluster may still be forming)");
+            }
+        }
+        let placed: BTreeMap<_, _> = placements(cluster)
+            .into_iter()
+            .filter(|(name, _)| name.starts_with(prefix))
+            .collect();
+        if let Some(found) = pick(&placed) {
+            return found;
+        }
+        assert!(Instant::now() < deadline, "no fitting queue: {placed:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 /// Node `id`'s level of its first file system, from its own status document.
 fn disk_level(cluster: &Cluster, id: u64) -> Option<String> {
     let status = std::panic::catch_unwind(|| support::status(cluster.nodes[&id].http)).ok()?;
@@ -295,19 +330,7 @@ fn a_full_node_limits_only_the_partitions_with_a_copy_on_it() {
         let admin = connect(node1, Duration::from_secs(10)).await;
         // Queues of two replicas until one has a copy on node 3 led elsewhere, and one has
         // none there (placement rotates replica sets by a hash of the name).
-        let deadline = Instant::now() + PHASE_MAX;
-        let (queue_a, queue_b) = 'found: loop {
-            for n in 0..12 {
-                let name = format!("q{n}");
-                let settings = QueueSettings {
-                    replicas: Some(2),
-                    ..QueueSettings::default()
-                };
-                if let Err(error) = admin.declare(&name, settings).await {
-                    eprintln!("declare {name}: {error} (the cluster may still be forming)");
-                }
-            }
-            let placed = placements(&cluster);
+        let (queue_a, queue_b) = declare_until(&cluster, &admin, "q", 12, 2, |placed| {
             let a = placed
                 .iter()
                 .find(|(_, (replicas, leader))| {
@@ -318,15 +341,9 @@ fn a_full_node_limits_only_the_partitions_with_a_copy_on_it() {
                 .iter()
                 .find(|(_, (replicas, leader))| !replicas.contains(&3) && leader.is_some())
                 .map(|(name, _)| name.clone());
-            if let (Some(a), Some(b)) = (a, b) {
-                break 'found (a, b);
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no queue pair found: {placed:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        };
+            a.zip(b)
+        })
+        .await;
         let placed = placements(&cluster);
         eprintln!("A = {queue_a} {:?}, B = {queue_b} {:?}", placed[&queue_a], placed[&queue_b]);
 
@@ -477,30 +494,15 @@ fn a_follower_at_reserve_leaves_the_in_sync_set_and_catches_up_after() {
         let admin = connect(node1, Duration::from_secs(10)).await;
         // A queue of three replicas whose leader is not node 3 (leaders go to the first of
         // each rotated replica set).
-        let deadline = Instant::now() + PHASE_MAX;
-        let queue = 'found: loop {
-            for n in 0..6 {
-                let name = format!("r{n}");
-                let settings = QueueSettings {
-                    replicas: Some(3),
-                    ..QueueSettings::default()
-                };
-                if let Err(error) = admin.declare(&name, settings).await {
-                    eprintln!("declare {name}: {error} (the cluster may still be forming)");
-                }
-            }
-            let placed = placements(&cluster);
-            if let Some((name, _)) = placed.iter().find(|(name, (replicas, leader))| {
-                name.starts_with('r') && replicas.len() == 3 && leader.is_some_and(|l| l != 3)
-            }) {
-                break 'found name.clone();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no queue led off node 3: {placed:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        };
+        let queue = declare_until(&cluster, &admin, "r", 6, 3, |placed| {
+            placed
+                .iter()
+                .find(|(_, (replicas, leader))| {
+                    replicas.len() == 3 && leader.is_some_and(|l| l != 3)
+                })
+                .map(|(name, _)| name.clone())
+        })
+        .await;
         let leader = placements(&cluster)[&queue].1.expect("leader");
         eprintln!("queue {queue}, led by node {leader}");
 

@@ -123,11 +123,8 @@ impl NodeLimits {
         match decision {
             Decision::Admit => GateDecision::Admit,
             Decision::Slow { delay_ms } => {
-                let counter = match report.culprit(&decision) {
-                    Some(Resource::Memory(_)) => &self.counters.delayed_memory,
-                    _ => &self.counters.delayed_disk,
-                };
-                counter.fetch_add(1, Ordering::Relaxed);
+                let memory = matches!(report.culprit(&decision), Some(Resource::Memory(_)));
+                self.counters.delayed(memory);
                 self.counters
                     .delayed_for_replica
                     .fetch_add(1, Ordering::Relaxed);
@@ -138,11 +135,7 @@ impl NodeLimits {
                 level,
                 retry_after_ms,
             } => {
-                let counter = match reason {
-                    Reason::Disk => &self.counters.rejected_disk,
-                    _ => &self.counters.rejected_memory,
-                };
-                counter.fetch_add(1, Ordering::Relaxed);
+                self.counters.rejected(reason);
                 self.counters
                     .rejected_for_replica
                     .fetch_add(1, Ordering::Relaxed);
