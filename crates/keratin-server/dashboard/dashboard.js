@@ -108,6 +108,23 @@ function renderFilesystems(status) {
   replace(container, ...list.map((fs, index) => filesystemCard(fs, index)));
 }
 
+// The projection at the recent fill rate (null while free space is flat or growing); never
+// what limits publishes, which only levels do.
+function timeToFullText(projection) {
+  if (!projection) return "not filling";
+  const rate = `${bytes(projection.fill_bytes_per_s)}/s`;
+  return `hard in ${duration(projection.to_hard_ms)}, reserve in ${duration(projection.to_reserve_ms)} (filling at ${rate})`;
+}
+
+function duration(ms) {
+  if (!isNumber(ms)) return "?";
+  const s = Math.floor(ms / 1000);
+  if (s < 120) return `${s} s`;
+  if (s < 7200) return `${Math.floor(s / 60)} min`;
+  if (s < 172800) return `${(s / 3600).toFixed(1)} h`;
+  return `${Math.floor(s / 86400)} d`;
+}
+
 function filesystemCard(fs, index) {
   const level = levelOf(fs.level);
   const banner = el(
@@ -132,6 +149,8 @@ function filesystemCard(fs, index) {
     el("dd", {}, bytes(t.hard_bytes)),
     el("dt", {}, "Reserve below"),
     el("dd", {}, bytes(t.reserve_bytes)),
+    el("dt", {}, "Time to full"),
+    el("dd", { id: `fs-time-to-full-${index}` }, timeToFullText(fs.time_to_full)),
   );
   const top = Array.isArray(fs.top_queues) ? fs.top_queues : null;
   let topList;
@@ -243,6 +262,53 @@ function renderMemory(status) {
       ),
     ),
   );
+}
+
+// --- cluster ---------------------------------------------------------------------------------
+
+// On a cluster node the status carries every node's last report (its label): one banner per
+// node and file system, and one for its memory.
+function renderCluster(status) {
+  const section = document.getElementById("cluster-section");
+  const nodes = Array.isArray(status.cluster?.nodes) ? status.cluster.nodes : null;
+  if (nodes === null) {
+    section.hidden = true;
+    return;
+  }
+  section.hidden = false;
+  const cards = [];
+  for (const node of nodes) {
+    const heard = isNumber(node.levels_age_ms) ? `heard ${(node.levels_age_ms / 1000).toFixed(1)} s ago` : "not heard yet";
+    const levels = node.levels || {};
+    const resources = (Array.isArray(levels.filesystems) ? levels.filesystems : []).map((fs) => ({
+      what: fs.path ?? "?",
+      level: levelOf(fs.level),
+      figures: `${bytes((fs.free_bytes ?? 0) + (fs.spare_bytes ?? 0))} free of ${bytes(fs.total_bytes)}`,
+    }));
+    if (levels.memory)
+      resources.push({
+        what: "memory",
+        level: levelOf(levels.memory.level),
+        figures: `${bytes(levels.memory.resident_bytes)} resident of ${bytes(levels.memory.limit_bytes)}`,
+      });
+    if (resources.length === 0) resources.push({ what: "no report yet", level: "normal", figures: "" });
+    for (const resource of resources)
+      cards.push(
+        el(
+          "article",
+          { class: "card", "data-node": String(node.id ?? "?"), "data-path": resource.what },
+          el(
+            "div",
+            { class: `banner level-${resource.level}`, "data-level": resource.level, role: "status" },
+            el("span", { class: "level" }, resource.level),
+            el("span", { class: "what" }, `node ${node.id ?? "?"}: ${resource.figures}`),
+            el("span", { class: "why" }, LEVEL_TEXT[resource.level]),
+            el("span", { class: "path" }, `${resource.what} (${heard})`),
+          ),
+        ),
+      );
+  }
+  replace(document.getElementById("cluster"), ...cards);
 }
 
 // --- queues ----------------------------------------------------------------------------------
@@ -392,6 +458,7 @@ async function refresh() {
     document.getElementById("node").textContent = `node ${status.body.node ?? "?"}`;
     renderFilesystems(status.body);
     renderMemory(status.body);
+    renderCluster(status.body);
     document.title = `${worstLevel(status.body)} · Keratin ${status.body.node ?? ""}`;
     updated.dataset.state = "ok";
     updated.textContent = `updated ${clock(Date.now())}`;

@@ -55,6 +55,13 @@ pub enum AttentionKind {
     /// A cluster peer's transport connection has been down for a while (subject:
     /// `node-ID`). Raised by `cluster_watch.rs`.
     NodeUnreachable,
+    /// A file system is projected to reach its hard level within the hour at its recent fill
+    /// rate (subject: its path); cleared beyond an hour and a quarter. `time_to_full.rs`.
+    DiskFilling,
+    /// A cluster peer reports a file system or its memory at soft or worse (subject:
+    /// `node-ID:PATH` or `node-ID:memory`): the partitions with an in-sync copy there are
+    /// slowed or refused. Raised by `cluster_watch.rs` from the peer's label.
+    NodeLimited,
 }
 
 impl AttentionKind {
@@ -69,6 +76,8 @@ impl AttentionKind {
             AttentionKind::DeadLetterFailed => "dead_letter_failed",
             AttentionKind::PartitionBelowMajority => "partition_below_majority",
             AttentionKind::NodeUnreachable => "node_unreachable",
+            AttentionKind::NodeLimited => "node_limited",
+            AttentionKind::DiskFilling => "disk_filling",
         }
     }
 }

@@ -8,7 +8,11 @@
 //!   counts as knowing none: `keratin-raft`, "A cut-off leader" in `docs/cluster.md`);
 //! - `node_unreachable` (subject `node-ID`): a peer's connection has been down for
 //!   [`UNREACHABLE_AFTER`] (a node removed from the cluster is not watched: it is expected to
-//!   go away).
+//!   go away);
+//! - `node_limited` (subject `node-ID:PATH` or `node-ID:memory`, with the level): a peer's
+//!   label reports a file system or its memory at soft or worse; raised again when the level
+//!   changes, cleared when it is back to normal (this node's own levels are the sampler's
+//!   `disk_level` and `memory_level` items).
 //!
 //! An item is raised when its cause appears and cleared when it goes (or its partition or
 //! node does), not raised again every round. The state it keeps is the set of causes seen,
@@ -21,6 +25,7 @@ use std::time::{Duration, Instant};
 use keratin_broker::partition::replication::{IN_SYNC_ACK_AGE_MAX, IN_SYNC_LAG_ENTRIES_MAX};
 use keratin_broker::{Broker, PartitionInfo, QueueInfo};
 use keratin_cluster::{ClusterNode, NodeStatus};
+use keratin_limits::Level;
 use tokio::sync::watch;
 
 use crate::attention::{Attention, AttentionKind, Raise, Severity};
@@ -47,6 +52,8 @@ pub struct ClusterWatch {
     down_since: BTreeMap<u64, Instant>,
     /// Peers with an active item.
     nodes: BTreeSet<u64>,
+    /// Peers' resources at soft or worse with an active item, and the level it names.
+    limited: BTreeMap<String, Level>,
 }
 
 impl ClusterWatch {
@@ -67,6 +74,77 @@ impl ClusterWatch {
     ) {
         self.check_partitions(attention, queues);
         self.check_nodes(attention, nodes, own_id, now);
+        self.check_levels(attention, nodes, own_id);
+    }
+
+    fn check_levels(&mut self, attention: &Attention, nodes: &[NodeStatus], own_id: u64) {
+        let mut now_limited = BTreeMap::new();
+        for node in nodes.iter().filter(|n| n.id != own_id && !n.removed) {
+            let Some(report) = &node.levels else {
+                continue;
+            };
+            let resources = report
+                .filesystems
+                .iter()
+                .map(|fs| {
+                    let free = fs.free_bytes.saturating_add(fs.spare_bytes);
+                    (
+                        fs.path.clone(),
+                        fs.input.level,
+                        format!("{} MiB free of {} MiB", free >> 20, fs.total_bytes >> 20),
+                    )
+                })
+                .chain(report.memory.iter().map(|m| {
+                    (
+                        "memory".to_string(),
+                        m.input.level,
+                        format!(
+                            "{} MiB resident of a {} MiB limit",
+                            m.resident_bytes >> 20,
+                            m.limit_bytes >> 20
+                        ),
+                    )
+                }));
+            for (what, level, figures) in resources {
+                if level < Level::Soft {
+                    continue;
+                }
+                let subject = format!("node-{}:{what}", node.id);
+                if self.limited.get(&subject) != Some(&level) {
+                    let effect = match level {
+                        Level::Soft => "publishes to the partitions with an in-sync copy there are slowed",
+                        Level::Hard => "publishes to the partitions with an in-sync copy there are refused (429)",
+                        _ => "it takes no new entries for the partitions it follows: they go on without it, out of its in-sync sets",
+                    };
+                    let message = format!(
+                        "node {} reports {what} at {level} level ({figures}): {effect}; free \
+                         space or memory there (consume or purge its largest queues; `keratin \
+                         cluster status` shows every node)",
+                        node.id
+                    );
+                    tracing::warn!("{message}");
+                    attention.raise(Raise {
+                        kind: AttentionKind::NodeLimited,
+                        subject: subject.clone(),
+                        severity: if level >= Level::Hard {
+                            Severity::Critical
+                        } else {
+                            Severity::Warning
+                        },
+                        level: Some(level.as_str().to_string()),
+                        message,
+                    });
+                }
+                now_limited.insert(subject, level);
+            }
+        }
+        for subject in self.limited.keys() {
+            if !now_limited.contains_key(subject) {
+                tracing::info!(%subject, "node resource back to normal");
+                attention.clear(AttentionKind::NodeLimited, subject);
+            }
+        }
+        self.limited = now_limited;
     }
 
     fn check_partitions(&mut self, attention: &Attention, queues: &[QueueInfo]) {
@@ -433,6 +511,87 @@ mod tests {
                 start + round * UNREACHABLE_AFTER,
             );
         }
+        assert!(active(&attention).is_empty(), "{:?}", active(&attention));
+    }
+
+    fn limited(id: u64, level: Level) -> NodeStatus {
+        use keratin_limits::{FilesystemReport, LevelInput, NodeReport, Thresholds};
+        NodeStatus {
+            levels: Some(NodeReport {
+                filesystems: vec![FilesystemReport {
+                    path: "/small".into(),
+                    free_bytes: 70 << 20,
+                    total_bytes: 256 << 20,
+                    spare_bytes: 0,
+                    input: LevelInput {
+                        level,
+                        headroom_bytes: 70 << 20,
+                        thresholds: Thresholds {
+                            soft_bytes: 128 << 20,
+                            hard_bytes: 76 << 20,
+                            reserve_bytes: Some(25 << 20),
+                            clear_margin_bytes: 5 << 20,
+                        },
+                    },
+                }],
+                memory: None,
+                sampled_at_ms: 1,
+            }),
+            ..node(id, true)
+        }
+    }
+
+    #[test]
+    fn a_limited_node_is_raised_with_its_level_and_cleared_at_normal() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let attention = Attention::open(dir.path());
+        let mut watch = ClusterWatch::new();
+        let now = Instant::now();
+        watch.check(
+            &attention,
+            &[],
+            &[node(1, true), limited(3, Level::Soft)],
+            1,
+            now,
+        );
+        assert_eq!(
+            active(&attention),
+            vec![("node_limited".into(), "node-3:/small".into())]
+        );
+        // Same level: not raised again.
+        watch.check(
+            &attention,
+            &[],
+            &[node(1, true), limited(3, Level::Soft)],
+            1,
+            now,
+        );
+        assert_eq!(attention.items().len(), 1);
+        // Deeper: the item is replaced, critical, naming the node and the effect.
+        watch.check(
+            &attention,
+            &[],
+            &[node(1, true), limited(3, Level::Hard)],
+            1,
+            now,
+        );
+        let items = attention.active();
+        assert_eq!(items.len(), 1);
+        assert_eq!(items[0].severity, Severity::Critical);
+        assert_eq!(items[0].level.as_deref(), Some("hard"));
+        assert!(
+            items[0].message.contains("node 3") && items[0].message.contains("refused"),
+            "{}",
+            items[0].message
+        );
+        // This node's own levels are the sampler's items, not these.
+        watch.check(
+            &attention,
+            &[],
+            &[limited(1, Level::Hard), limited(3, Level::Normal)],
+            1,
+            now,
+        );
         assert!(active(&attention).is_empty(), "{:?}", active(&attention));
     }
 }

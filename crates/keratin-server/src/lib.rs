@@ -10,12 +10,13 @@
 //!   `/api/v1/attention`, `/api/v1/settings`, `/metrics`, and the dashboard at `/`.
 //! - [`attention`]: [`attention::Attention`], the persisted list of what needs an operator.
 //! - [`cluster_watch`]: [`cluster_watch::ClusterWatch`], a cluster node's attention items
-//!   (partitions below a majority in sync or without a leader, unreachable nodes).
+//!   (partitions below a majority in sync or without a leader, unreachable or limited nodes).
 //! - [`limits`]: [`limits::NodeLimits`], the sampler and the publish gate over `keratin-limits`.
 //! - [`metrics`]: `/metrics` in the Prometheus text format.
 //! - [`settings`]: runtime settings: overrides stored in the node metadata, checked whole and
 //!   applied live (`GET/PUT /api/v1/settings`).
 //! - [`history`]: the recent free space of each file system, for the dashboard's plot.
+//! - [`time_to_full`]: each file system's projected time to its hard and reserve levels.
 //! - [`convert`]: wire types to broker types and back.
 #![deny(missing_docs)]
 
@@ -30,5 +31,6 @@ pub mod metrics;
 pub mod node;
 pub mod settings;
 pub mod tcp;
+pub mod time_to_full;
 
 pub use node::{Node, NodeError};

@@ -21,11 +21,13 @@ use keratin_limits::{
 use keratin_log::SegmentPool;
 
 use crate::history::FreeSpaceHistory;
+use crate::time_to_full::Projection;
 use serde_json::{json, Value};
 use tokio::sync::{watch, Notify};
 
 use crate::attention::{Attention, AttentionKind, Raise, Severity};
 
+mod filling;
 mod replicas;
 
 /// A storage file system: its device and the storage directories on it.
@@ -103,6 +105,8 @@ pub struct NodeLimits {
     cluster_levels: OnceLock<ClusterLevels>,
     /// Counts sample rounds, so that a cluster node reports each one at once.
     sampled: watch::Sender<u64>,
+    /// File systems with an active `disk_filling` item (`filling.rs`).
+    filling: filling::Filling,
 }
 
 /// A queue's dead-letter failures as the sampler last saw them.
@@ -184,6 +188,7 @@ impl NodeLimits {
             dead_letter_failures: Mutex::new(BTreeMap::new()),
             cluster_levels: OnceLock::new(),
             sampled: watch::Sender::new(0),
+            filling: Mutex::new(BTreeSet::new()),
         })
     }
 
@@ -276,6 +281,7 @@ impl NodeLimits {
             if let Some(change) = change {
                 self.report(&change, Some(fs));
             }
+            self.check_filling(fs);
         }
         match read_resident_bytes(
             &self.roots.proc_dir,
@@ -647,14 +653,15 @@ impl NodeLimits {
     /// The status document of `GET /api/v1/status` and `keratin status --json`.
     pub fn status(&self, node: &str) -> Value {
         // Gathered before taking the monitor's lock, which every publish takes: listing the
-        // queues asks every partition for its size.
-        let extras: Vec<(Value, Value)> = self
+        // queues asks every partition for its size (and a projection takes the lock itself).
+        let extras: Vec<(Value, Value, Option<Projection>)> = self
             .filesystems
             .iter()
             .map(|fs| {
                 (
                     self.history_json(fs.device),
                     self.top_queues_json(fs.device),
+                    self.projection(fs.device),
                 )
             })
             .collect();
@@ -663,7 +670,7 @@ impl NodeLimits {
             .filesystems
             .iter()
             .zip(extras)
-            .map(|(fs, (history, top_queues))| {
+            .map(|(fs, (history, top_queues, projection))| {
                 let status = monitor.disks().find(|d| d.device == DeviceId(fs.device));
                 let spare = self.pool.get().map_or(0, |p| p.spare_bytes(fs.device));
                 json!({
@@ -680,6 +687,11 @@ impl NodeLimits {
                     })),
                     "history": history,
                     "top_queues": top_queues,
+                    "time_to_full": projection.map(|p| json!({
+                        "fill_bytes_per_s": p.fill_bytes_per_s.round() as u64,
+                        "to_hard_ms": p.to_hard_ms,
+                        "to_reserve_ms": p.to_reserve_ms,
+                    })),
                 })
             })
             .collect();

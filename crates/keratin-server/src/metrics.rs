@@ -14,7 +14,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::limits::NodeLimits;
+use crate::limits::{LimitsSnapshot, NodeLimits};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FsLabels {
@@ -145,6 +145,7 @@ pub fn render(broker: &Broker, limits: &NodeLimits) -> String {
         set(&total.get_or_create(&labels), fs.total_bytes);
         set(&spare.get_or_create(&labels), fs.spare_bytes);
     }
+    register_time_to_full(&mut registry, limits, &snapshot);
     gauge(
         &mut registry,
         "memory_resident_bytes",
@@ -377,6 +378,47 @@ fn register_replication(registry: &mut Registry, queues: &[keratin_broker::Queue
                 set(&lag.get_or_create(&labels), *entries);
             }
         }
+    }
+}
+
+/// Time to full per file system, only while its free space falls (`time_to_full.rs`): the fill
+/// rate and the projected seconds to the hard and reserve levels.
+fn register_time_to_full(registry: &mut Registry, limits: &NodeLimits, snapshot: &LimitsSnapshot) {
+    let rate = gauge_family::<FsLabels>(
+        registry,
+        "disk_fill_bytes_per_second",
+        "How fast free space fell over the last 5 minutes (absent while flat or growing)",
+    );
+    let to_hard = gauge_family::<FsLabels>(
+        registry,
+        "disk_time_to_hard_seconds",
+        "Projected time until the hard level at that rate (absent while flat or growing)",
+    );
+    let to_reserve = gauge_family::<FsLabels>(
+        registry,
+        "disk_time_to_reserve_seconds",
+        "Projected time until the reserve level at that rate (absent while flat or growing)",
+    );
+    for fs in &snapshot.filesystems {
+        let Some(projection) = limits.projection(fs.device) else {
+            continue;
+        };
+        let labels = FsLabels {
+            path: fs.path.clone(),
+            device: fs.device.to_string(),
+        };
+        set(
+            &rate.get_or_create(&labels),
+            projection.fill_bytes_per_s.round() as u64,
+        );
+        set(
+            &to_hard.get_or_create(&labels),
+            projection.to_hard_ms / 1000,
+        );
+        set(
+            &to_reserve.get_or_create(&labels),
+            projection.to_reserve_ms / 1000,
+        );
     }
 }
 

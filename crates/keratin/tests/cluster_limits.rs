@@ -651,3 +651,126 @@ async fn small_publisher(
         }
     }
 }
+
+/// Memory: node 3 runs in a 512 MiB cgroup v1 memory group (its limit comes from it). Queues
+/// are placed while it is normal; then its memory thresholds are lowered live below its
+/// resident size (`keratin settings set` on node 3), which puts it at hard at its next sample
+/// as load would. A queue with a copy there, led elsewhere, is refused with `429 memory`
+/// naming node 3, while a queue without one keeps confirming; once the settings are reset, the
+/// first queue is accepted again.
+#[test]
+fn a_node_short_of_memory_limits_only_its_partitions() {
+    let test = "a_node_short_of_memory_limits_only_its_partitions";
+    if !support::memory_cgroups(test) {
+        return;
+    }
+    let cgroup = support::MemoryCgroup::create(512 << 20);
+    let (small, _tmpfs) = small_tmpfs();
+    let host: Vec<(&'static str, &'static str)> = COMMON.iter().chain(BUDGET).copied().collect();
+    let small_env: Vec<(&'static str, &'static str)> =
+        COMMON.iter().chain(SMALL).copied().collect();
+    let mut cluster = Cluster::new(BTreeMap::from([
+        (1, host.clone()),
+        (2, host),
+        (3, small_env),
+    ]));
+    {
+        let node3 = cluster.nodes.get_mut(&3).expect("node 3");
+        node3.dir = small.path().join("node-3");
+        node3.cgroup = Some(cgroup.path.clone());
+    }
+    for id in 1..=3 {
+        cluster.start_node(id);
+    }
+    runtime().block_on(async {
+        let node1 = cluster.nodes[&1].protocol;
+        let admin = connect(node1, Duration::from_secs(10)).await;
+        let (queue_a, queue_b) = declare_until(&cluster, &admin, "m", 12, 2, |placed| {
+            let a = placed
+                .iter()
+                .find(|(_, (replicas, leader))| {
+                    replicas.contains(&3) && leader.is_some_and(|l| l != 3)
+                })
+                .map(|(name, _)| name.clone());
+            let b = placed
+                .iter()
+                .find(|(_, (replicas, leader))| !replicas.contains(&3) && leader.is_some())
+                .map(|(name, _)| name.clone());
+            a.zip(b)
+        })
+        .await;
+        let limit = support::status(cluster.nodes[&3].http)["memory"]["limit_bytes"]
+            .as_u64()
+            .expect("limit");
+        assert_eq!(limit, 512 << 20, "node 3 takes its limit from the cgroup");
+
+        // Node 3's thresholds below its resident size: hard at its next sample.
+        let (ok, out) = cluster.cli(
+            3,
+            &[
+                "settings",
+                "set",
+                "limits.memory.soft_fraction=0.002",
+                "limits.memory.hard_fraction=0.003",
+                "limits.memory.clear_margin_fraction=0.001",
+            ],
+        );
+        assert!(ok, "settings set: {out}");
+        let deadline = Instant::now() + PHASE_MAX;
+        while support::status(cluster.nodes[&3].http)["memory"]["level"] != "hard" {
+            assert!(Instant::now() < deadline, "node 3 never at memory hard");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+
+        let client = connect(node1, Duration::from_millis(300)).await;
+        let deadline = Instant::now() + PHASE_MAX;
+        let refusal = loop {
+            let result = client
+                .publish(&queue_a, OutgoingMessage::new(body(1, B_BODY_BYTES)))
+                .await;
+            match result {
+                Err(failed) => match failed.error {
+                    ClientError::Limited {
+                        reason, message, ..
+                    } => break (reason.name().to_owned(), message),
+                    other => panic!("A's publish: {other}"),
+                },
+                Ok(_) => {
+                    assert!(Instant::now() < deadline, "A never refused");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        };
+        eprintln!("A refused: {refusal:?}");
+        assert_eq!(refusal.0, "memory", "{}", refusal.1);
+        assert!(refusal.1.contains("node 3"), "{}", refusal.1);
+        for seq in 0..20 {
+            client
+                .publish(&queue_b, OutgoingMessage::new(body(seq, B_BODY_BYTES)))
+                .await
+                .unwrap_or_else(|failed| panic!("B is not limited: {}", failed.error));
+        }
+
+        let (ok, out) = cluster.cli(
+            3,
+            &[
+                "settings",
+                "reset",
+                "limits.memory.soft_fraction",
+                "limits.memory.hard_fraction",
+                "limits.memory.clear_margin_fraction",
+            ],
+        );
+        assert!(ok, "settings reset: {out}");
+        let deadline = Instant::now() + PHASE_MAX;
+        while client
+            .publish(&queue_a, OutgoingMessage::new(body(2, B_BODY_BYTES)))
+            .await
+            .is_err()
+        {
+            assert!(Instant::now() < deadline, "A never accepted again");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(cgroup.oom_kills(), 0, "node 3 was never OOM-killed");
+    });
+}

@@ -20,6 +20,9 @@ pub struct Node {
     pub env: Vec<(&'static str, &'static str)>,
     /// Started with `--join` (it joins the running cluster).
     pub join: bool,
+    /// A cgroup v1 memory group the process joins before it starts (it reads its memory limit
+    /// from it).
+    pub cgroup: Option<PathBuf>,
 }
 
 pub struct Cluster {
@@ -80,6 +83,7 @@ impl Cluster {
                     server: None,
                     env: envs.get(&id).cloned().unwrap_or_default(),
                     join: false,
+                    cgroup: None,
                 },
             );
         }
@@ -117,7 +121,20 @@ impl Cluster {
         if node.join {
             args.push("--join");
         }
-        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_keratin"));
+        let mut command = match &node.cgroup {
+            // A shell joins the group, then becomes the node.
+            Some(cgroup) => {
+                let mut shell = std::process::Command::new("sh");
+                shell.arg("-c").arg(format!(
+                    "echo $$ > {}/cgroup.procs && exec {} \"$@\"",
+                    cgroup.display(),
+                    env!("CARGO_BIN_EXE_keratin")
+                ));
+                shell.arg("keratin");
+                shell
+            }
+            None => std::process::Command::new(env!("CARGO_BIN_EXE_keratin")),
+        };
         // The rounds kill, stop and cut the leader they found: leaders stay where elections
         // put them (leader balancing has its own test, keratin-server `cluster_balance.rs`).
         command.env("KERATIN_CLUSTER__LEADER_BALANCE", "false");
@@ -139,6 +156,7 @@ impl Cluster {
                 server: None,
                 env: Vec::new(),
                 join: true,
+                cgroup: None,
             },
         );
         self.start_node(id);
