@@ -81,7 +81,10 @@ mod tests {
         (dir, limits)
     }
 
-    /// Two minutes of history from now on, free space falling by `per_s` from hard + `above`.
+    /// Two minutes of history ending 80 s ago, free space falling by `per_s` from hard +
+    /// `above`. It starts before the sampler's real point (now), so the ring starts over (as
+    /// after a clock step back) and holds these points only: a point of the real disk in the
+    /// same ring made the fall steep (CI: 18.8 MB/s instead of 1 MiB/s).
     fn record_fall(limits: &NodeLimits, device: u64, above: u64, per_s: u64) {
         let hard = lock(&limits.monitor)
             .disks()
@@ -89,7 +92,7 @@ mod tests {
             .expect("sampled")
             .thresholds
             .hard_bytes;
-        let start = now_ms() + 1_000;
+        let start = now_ms() - 200_000;
         for i in 0..=60 {
             limits
                 .history
@@ -126,8 +129,8 @@ mod tests {
             status["filesystems"][0]["time_to_full"]["to_hard_ms"].as_u64() > Some(0),
             "{status}"
         );
-        // Flat from now on (a new stretch, the clock "stepped back" to restart the ring).
-        let start = now_ms() + 1_000;
+        // Flat (a new stretch starting before the last one, so the ring starts over).
+        let start = now_ms() - 250_000;
         for i in 0..=60 {
             limits
                 .history
