@@ -155,6 +155,12 @@ mod tests {
         let projection = limits.projection(fs.device).expect("projected");
         assert!(projection.to_hard_ms > FILLING_WITHIN_MS, "{projection:?}");
         limits.check_filling(&fs);
-        assert!(limits.attention().active().is_empty());
+        // Only the filling item is this test's: the real disk under the temporary directory
+        // may be at some level of its own (seen: 9.5 % free, soft by default).
+        assert!(limits
+            .attention()
+            .active()
+            .iter()
+            .all(|i| i.kind != AttentionKind::DiskFilling));
     }
 }
