@@ -536,11 +536,29 @@ impl Broker {
     /// any log exists, so a crash leaves either no queue or a declared one whose logs the next
     /// start opens.
     pub async fn declare(&self, name: &str, settings: QueueSettings) -> BrokerResult<QueueInfo> {
+        self.declare_on(name, settings, Vec::new()).await
+    }
+
+    /// [`Broker::declare`] with the queue's replicas pinned to `nodes` (cluster node ids, the
+    /// first being partition 0's preferred leader); empty lets the cluster place them. A node
+    /// that runs alone refuses a non-empty `nodes`. Ignored when the queue exists.
+    pub async fn declare_on(
+        &self,
+        name: &str,
+        settings: QueueSettings,
+        nodes: Vec<u64>,
+    ) -> BrokerResult<QueueInfo> {
         if let Some(cluster) = &self.inner.config.cluster_metadata {
             validate_queue_name(name)?;
             settings.validate(name)?;
-            cluster.declare(name.to_string(), settings).await?;
+            cluster.declare(name.to_string(), settings, nodes).await?;
             return self.info(name);
+        }
+        if !nodes.is_empty() {
+            return Err(BrokerError::Invalid(format!(
+                "queue {name:?}: nodes {nodes:?} named, and this node runs alone; start a \
+                 cluster (keratin serve --node-id N --peer ID=ADDR ...) to place replicas"
+            )));
         }
         // On a task of its own: a caller that goes away (a closed connection) does not cut the
         // declare between its durable record and the start of its queue.

@@ -118,11 +118,25 @@ impl Client {
     /// `settings.replicas` needs protocol version 4 (a node that speaks only an older one
     /// refuses nothing but cannot carry it: the call fails with [`ClientError::Encode`]).
     pub async fn declare(&self, queue: &str, settings: QueueSettings) -> Result<(), ClientError> {
+        self.declare_on(queue, settings, &[]).await
+    }
+
+    /// [`Client::declare`] with the queue's replicas pinned to `nodes` (a cluster's node ids;
+    /// the first is partition 0's preferred leader, the next partitions' rotate over them).
+    /// Needs protocol version 5 when `nodes` is not empty (an older node: the call fails with
+    /// [`ClientError::Encode`]); `nodes` is ignored when the queue exists.
+    pub async fn declare_on(
+        &self,
+        queue: &str,
+        settings: QueueSettings,
+        nodes: &[u64],
+    ) -> Result<(), ClientError> {
         self.request_ok_routed(format!("declare {queue}"), |request_id| {
             Frame::Declare(Declare {
                 request_id,
                 queue: queue.to_owned(),
                 settings: settings.clone(),
+                nodes: nodes.to_vec(),
             })
         })
         .await

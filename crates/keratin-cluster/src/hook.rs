@@ -13,7 +13,7 @@ use keratin_broker::{BrokerError, QueueSettings};
 use crate::applier::AppliedState;
 use crate::directory::Directory;
 use crate::meta::MetaGroup;
-use crate::placement::{eligible, name_hash, place_by_space};
+use crate::placement::{eligible, name_hash, place_by_space, place_pinned};
 use crate::records::ClusterRecord;
 
 /// A metadata change answers within this (the group may be electing a leader).
@@ -69,18 +69,48 @@ impl MetadataHook {
 }
 
 impl ClusterMetadata for MetadataHook {
-    fn declare(&self, name: String, settings: QueueSettings) -> MetadataFuture {
+    fn declare(&self, name: String, settings: QueueSettings, pinned: Vec<u64>) -> MetadataFuture {
         let meta = self.meta.get().cloned();
         let applied = self.applied.clone();
         let formed = self.formed.clone();
         let directory = self.directory.clone();
         Box::pin(async move {
+            let mut settings = settings;
+            if !pinned.is_empty() {
+                let count = pinned.len() as u32;
+                match settings.replicas {
+                    None => settings.replicas = Some(count),
+                    Some(replicas) if replicas == count => {}
+                    Some(replicas) => {
+                        return Err(BrokerError::Invalid(format!(
+                            "queue {name:?}: replicas = {replicas}, and {count} nodes are named \
+                             ({pinned:?}); name one node per replica, or leave --replicas out"
+                        )))
+                    }
+                }
+            }
             let catalog = applied.catalog();
             if let Some(entry) = catalog.get(&name) {
                 return same_or_conflict(&name, &entry.settings, &settings);
             }
             // Removed nodes take no replicas; added ones do.
             let nodes: Vec<u64> = catalog.nodes(&formed).into_keys().collect();
+            if !pinned.is_empty() {
+                let replicas =
+                    pinned_replicas(&name, &pinned, &nodes, &directory, settings.partitions)?;
+                let record = ClusterRecord::QueueDeclared {
+                    name: name.clone(),
+                    settings: settings.clone(),
+                    replicas,
+                };
+                MetadataHook::change(meta, applied.clone(), record).await?;
+                return match applied.catalog().get(&name) {
+                    Some(entry) => same_or_conflict(&name, &entry.settings, &settings),
+                    None => Err(BrokerError::Invalid(format!(
+                        "queue {name:?}: the cluster did not take the declaration (deleted meanwhile?)"
+                    ))),
+                };
+            }
             let count = nodes.len() as u32;
             let replicas = settings.replicas.unwrap_or(DEFAULT_REPLICAS.min(count));
             if replicas > count {
@@ -162,6 +192,46 @@ impl ClusterMetadata for MetadataHook {
             }
         })
     }
+}
+
+/// The replica sets of a queue pinned to `pinned`: each must be one of the cluster's `nodes`,
+/// named once, and below the soft level (as the directory last heard).
+fn pinned_replicas(
+    name: &str,
+    pinned: &[u64],
+    nodes: &[u64],
+    directory: &Directory,
+    partitions: u32,
+) -> Result<Vec<Vec<u64>>, BrokerError> {
+    let mut seen = std::collections::BTreeSet::new();
+    for id in pinned {
+        if !nodes.contains(id) {
+            return Err(BrokerError::Invalid(format!(
+                "queue {name:?}: node {id} is not one of the cluster's nodes ({nodes:?})"
+            )));
+        }
+        if !seen.insert(*id) {
+            return Err(BrokerError::Invalid(format!(
+                "queue {name:?}: node {id} is named twice; a partition has one replica per node"
+            )));
+        }
+    }
+    let (_, left_out) = eligible(pinned, |id| {
+        directory
+            .get(id)
+            .map_or((None, None), |info| (info.level, info.free_bytes))
+    });
+    if let Some((id, level)) = left_out.first() {
+        return Err(BrokerError::Limited {
+            reason: "disk".into(),
+            retry_after_ms: PLACEMENT_RETRY_AFTER_MS,
+            message: format!(
+                "queue {name:?}: node {id} is at the {level} level and takes no new replicas; \
+                 free space there, name other nodes, or leave --nodes out"
+            ),
+        });
+    }
+    Ok(place_pinned(pinned, partitions))
 }
 
 fn same_or_conflict(

@@ -79,6 +79,22 @@ pub fn place_by_space(
         .collect()
 }
 
+/// The replica sets of `partitions` partitions pinned to `nodes` (`keratin queue declare
+/// --nodes`): every partition on every named node, partition `p`'s list starting at the
+/// `p mod n`-th node, so the first named leads partition 0 and the preferred leaders rotate.
+pub fn place_pinned(nodes: &[u64], partitions: u32) -> Vec<Vec<u64>> {
+    if nodes.is_empty() {
+        return vec![Vec::new(); partitions as usize];
+    }
+    (0..partitions as usize)
+        .map(|p| {
+            (0..nodes.len())
+                .map(|k| nodes[(p + k) % nodes.len()])
+                .collect()
+        })
+        .collect()
+}
+
 /// A stable hash of a queue name (FNV-1a), to rotate placements between queues.
 pub fn name_hash(name: &str) -> u64 {
     name.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
@@ -137,6 +153,15 @@ mod tests {
         }
         assert_eq!(used.into_iter().collect::<Vec<_>>(), vec![1, 2, 3, 4]);
         assert_eq!(place_by_space(&[], 2, 3, 0), vec![Vec::<u64>::new(); 2]);
+    }
+
+    #[test]
+    fn pinned_replicas_keep_the_named_nodes_and_rotate_leaders() {
+        assert_eq!(
+            place_pinned(&[3, 1], 3),
+            vec![vec![3, 1], vec![1, 3], vec![3, 1]]
+        );
+        assert_eq!(place_pinned(&[2], 2), vec![vec![2], vec![2]]);
     }
 
     #[test]

@@ -39,6 +39,8 @@ const PREFETCH_BYTES_SINCE: u16 = 2;
 /// The protocol version that added `QueueSettings.replicas`, the partition leader fields of
 /// `QueueInfoReply` and the error body's `leader_addr`.
 pub(crate) const CLUSTER_FIELDS_SINCE: u16 = 4;
+/// The protocol version that added `Declare.nodes` (a queue's replicas pinned to nodes).
+pub(crate) const PINNED_NODES_SINCE: u16 = 5;
 /// The version 4 fields of a partition info at their smallest: `leading` bool, absent `leader`
 /// and `leader_addr` tags.
 const PARTITION_LEADER_SIZE_MIN: usize = 1 + 1 + 1;
@@ -60,7 +62,19 @@ pub(crate) fn encode_body(
                     reason: "protocol versions before 4 cannot carry replicas",
                 });
             }
-            put_settings(dst, &declare.settings, version)
+            put_settings(dst, &declare.settings, version)?;
+            if version >= PINNED_NODES_SINCE {
+                put_count_u16(dst, "nodes", declare.nodes.len())?;
+                for node in &declare.nodes {
+                    dst.put_u64_le(*node);
+                }
+            } else if !declare.nodes.is_empty() {
+                return Err(ProtoError::InvalidValue {
+                    field: "nodes",
+                    reason: "protocol versions before 5 cannot carry a queue's nodes",
+                });
+            }
+            Ok(())
         }
         Frame::Delete(request) | Frame::Purge(request) | Frame::QueueInfo(request) => {
             dst.put_u64_le(request.request_id);
@@ -159,6 +173,11 @@ pub(crate) fn decode_body(
             request_id: r.u64("request_id")?,
             queue: r.string("queue")?,
             settings: read_settings(r, version)?,
+            nodes: if version >= PINNED_NODES_SINCE {
+                r.list_u16("nodes", 8, |r| r.u64("nodes"))?
+            } else {
+                Vec::new()
+            },
         }),
         FrameType::Delete => Frame::Delete(read_queue_request(r)?),
         FrameType::Purge => Frame::Purge(read_queue_request(r)?),

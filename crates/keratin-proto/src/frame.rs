@@ -287,6 +287,10 @@ pub struct Declare {
     pub queue: String,
     /// Its settings; a queue that exists with other settings is a 409.
     pub settings: QueueSettings,
+    /// Version 5 and later: the nodes that hold each partition's replicas (a cluster's node
+    /// ids, the first being the preferred leader of partition 0, rotating over the others);
+    /// empty lets the cluster place them. Ignored when the queue exists.
+    pub nodes: Vec<u64>,
 }
 
 /// Body of [`Frame::Delete`], [`Frame::Purge`] and [`Frame::QueueInfo`]: a request naming a queue.

@@ -17,12 +17,13 @@ use crate::error_body::ErrorBody;
 use crate::wire::{put_count_u16, put_option, put_string, Reader};
 
 /// The protocol version this crate speaks. See `docs/protocol.md`, "Version changes".
-pub const PROTOCOL_VERSION: u16 = 4;
+pub const PROTOCOL_VERSION: u16 = 5;
 
 /// The oldest protocol version a server still accepts: version 1 differs only in `Subscribe`,
 /// which has no `prefetch_bytes`, and version 2 only in the accepted `ServerHello`, which has no
 /// [`ServerInfo`], and versions 1 to 3 have no queue `replicas`, partition leaders or error
-/// `leader_addr` (see `docs/protocol.md`, "Version changes").
+/// `leader_addr`, and versions 1 to 4 no `Declare.nodes` (see `docs/protocol.md`, "Version
+/// changes").
 pub const PROTOCOL_VERSION_MIN: u16 = 1;
 
 /// The first version whose accepted `ServerHello` carries a [`ServerInfo`].
@@ -358,7 +359,7 @@ mod tests {
     fn client_hello_layout_and_roundtrip() {
         let mut dst = BytesMut::new();
         ClientHello::new("cli").encode(&mut dst).unwrap();
-        assert_eq!(&dst[..], b"KRTN\x04\x00\x03\x00cli");
+        assert_eq!(&dst[..], b"KRTN\x05\x00\x03\x00cli");
         for cut in 0..dst.len() {
             let mut partial = BytesMut::from(&dst[..cut]);
             assert_eq!(ClientHello::decode(&mut partial).unwrap(), None);
@@ -483,7 +484,7 @@ mod tests {
         let answer = ServerHello::answer(&ClientHello::new("cli"), "node-1", one_node_info());
         let mut dst = BytesMut::new();
         answer.encode(&mut dst).unwrap();
-        let expected: &[u8] = b"KRTN\x04\x00\x00\x06\x00node-1\
+        let expected: &[u8] = b"KRTN\x05\x00\x00\x06\x00node-1\
             \x01\x03\x00h:2\
             \x01\x00\x01\x00n\x03\x00h:1\x00";
         assert_eq!(&dst[..], expected);

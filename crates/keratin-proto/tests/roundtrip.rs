@@ -207,12 +207,13 @@ fn queue_request() -> impl Strategy<Value = QueueRequest> {
 
 fn request_frame() -> Vec<BoxedStrategy<Frame>> {
     vec![
-        (any::<u64>(), text(), settings())
-            .prop_map(|(request_id, queue, settings)| {
+        (any::<u64>(), text(), settings(), vec(any::<u64>(), 0..5))
+            .prop_map(|(request_id, queue, settings, nodes)| {
                 Frame::Declare(Declare {
                     request_id,
                     queue,
                     settings,
+                    nodes,
                 })
             })
             .boxed(),
@@ -695,7 +696,7 @@ fn assert_example(name: &str, encoded: &[u8]) {
 #[test]
 fn spec_examples_match_the_encoder() {
     let examples = SPEC.matches("<!-- example: ").count();
-    assert_eq!(examples, 9, "every example in the spec is checked here");
+    assert_eq!(examples, 10, "every example in the spec is checked here");
 
     assert_example("heartbeat", &encode(&Frame::Heartbeat));
     assert_example(
@@ -757,6 +758,13 @@ fn spec_examples_match_the_encoder() {
         error: ErrorBody::not_leader(Some("h:1".into()), "led by 2"),
     });
     assert_example("not_leader", &encode(&not_leader));
+    let pinned = Frame::Declare(Declare {
+        request_id: 3,
+        queue: "q".into(),
+        settings: QueueSettings::default(),
+        nodes: vec![1, 3],
+    });
+    assert_example("declare_pinned", &encode(&pinned));
     let queue_info = Frame::QueueInfoReply(QueueInfoReply {
         request_id: 5,
         queue: "q".into(),
@@ -894,6 +902,7 @@ fn cluster_fields_exist_from_version_4() {
                 replicas,
                 ..QueueSettings::default()
             },
+            nodes: Vec::new(),
         })
     };
     assert!(encode_in(&declare(Some(3)), 3).is_err());
@@ -949,4 +958,54 @@ fn cluster_fields_exist_from_version_4() {
     // magic, version, status, code, reason tag, retry tag, message "no": no leader tag.
     assert_eq!(bytes.len(), 4 + 2 + 1 + 2 + 1 + 1 + 2 + 2);
     assert_eq!(ServerHello::decode(&mut bytes).ok(), Some(Some(refused)));
+}
+
+/// Version 5 adds `nodes` to `Declare` (a queue's replicas pinned to named nodes): a `list16`
+/// of node ids after the settings. A version 4 `Declare` has no such field and cannot carry
+/// pinned nodes; an empty list is two bytes.
+#[test]
+fn declare_nodes_exist_from_version_5() {
+    let encode_in = |frame: &Frame, version| {
+        let mut dst = BytesMut::new();
+        frame
+            .encode_version(&mut dst, FRAME_SIZE_BYTES_MAX, version)
+            .map(|()| dst)
+    };
+    let declare = |nodes: Vec<u64>| {
+        Frame::Declare(Declare {
+            request_id: 7,
+            queue: "pinned".into(),
+            settings: QueueSettings {
+                replicas: Some(2),
+                ..QueueSettings::default()
+            },
+            nodes,
+        })
+    };
+    let v5 = encode_in(&declare(vec![1, 3]), 5).expect("v5 declare");
+    let v5_empty = encode_in(&declare(Vec::new()), 5).expect("v5 declare");
+    let v4 = encode_in(&declare(Vec::new()), 4).expect("v4 declare");
+    assert_eq!(
+        v5_empty.len(),
+        v4.len() + 2,
+        "an empty list is its u16 count"
+    );
+    assert_eq!(v5.len(), v5_empty.len() + 16, "two u64 node ids");
+    assert_eq!(
+        &v5[v5.len() - 18..v5.len() - 16],
+        &[2, 0],
+        "count 2, little-endian"
+    );
+    assert_eq!(
+        Frame::decode_version(v5.freeze(), 5).expect("v5 decodes"),
+        declare(vec![1, 3])
+    );
+    assert_eq!(
+        Frame::decode_version(v4.freeze(), 4).expect("v4 decodes"),
+        declare(Vec::new())
+    );
+    assert!(
+        encode_in(&declare(vec![1]), 4).is_err(),
+        "version 4 cannot carry pinned nodes"
+    );
 }

@@ -86,6 +86,7 @@ async fn declare(conn: &mut Framed<TcpStream, FrameCodec>, queue: &str) {
         request_id: 1,
         queue: queue.into(),
         settings: QueueSettings::default(),
+        nodes: Vec::new(),
     }))
     .await
     .expect("send");

@@ -296,8 +296,14 @@ pub type MetadataFuture = Pin<Box<dyn Future<Output = BrokerResult<()>> + Send>>
 /// queue as the cluster decided, through [`crate::Broker::declare_replicated`],
 /// [`crate::Broker::delete_replicated`] and [`crate::Broker::set_settings_replicated`]).
 pub trait ClusterMetadata: Send + Sync + 'static {
-    /// Declare queue `name` with `settings` in the cluster.
-    fn declare(&self, name: String, settings: crate::QueueSettings) -> MetadataFuture;
+    /// Declare queue `name` with `settings` in the cluster, its replicas on `nodes` (empty:
+    /// placed by the cluster).
+    fn declare(
+        &self,
+        name: String,
+        settings: crate::QueueSettings,
+        nodes: Vec<u64>,
+    ) -> MetadataFuture;
     /// Delete queue `name` in the cluster.
     fn delete(&self, name: String) -> MetadataFuture;
     /// Replace the settings of live queue `name` in the cluster.

@@ -433,7 +433,7 @@ impl Conn {
         let settings = convert::settings_from_wire(&d.settings);
         let result = self
             .broker
-            .declare(&d.queue, settings)
+            .declare_on(&d.queue, settings, d.nodes)
             .await
             .map(|_| {
                 Frame::Ok(OkReply {
