@@ -15,6 +15,9 @@
 //!   that formed the group would hold one at offset 0, as node 1 does in the same test).
 //! - Node 4 stopped in the middle of catching up and started again resumes, and the change
 //!   completes.
+//! - A voter of a group that has committed nothing yet (no leader ever elected) is still a
+//!   voter: it may not retire, though the membership it knows committed is empty (it retired
+//!   at once before, and its data went while the group needed its vote).
 
 mod common;
 
@@ -396,9 +399,26 @@ async fn a_joining_replica_never_initializes() {
     );
     // A forming replica (node 1, in the formation) holds the formation at offset 0.
     let forming = start_node(&mut net, 1, &[1, 2, 3], &[1, 2, 3]).await;
-    let (latest, _) = forming.logs.members(group()).await.expect("members");
+    let (latest, committed) = forming.logs.members(group()).await.expect("members");
     assert_eq!(latest.offset, Some(0), "{latest:?}");
     assert_eq!(latest.voters, [1, 2, 3].into());
+    // Nothing committed yet (nodes 2 and 3 are down: no leader), yet node 1 votes: it may
+    // not retire. The joining node 4, in no membership, may.
+    assert!(committed.voters.is_empty(), "{committed:?}");
+    let still = forming
+        .logs
+        .wait_retired(group(), Duration::from_millis(300))
+        .await
+        .expect_err("a voter of a young group does not retire");
+    assert!(
+        matches!(still, MembershipError::StillVoter { node: 1, .. }),
+        "{still}"
+    );
+    joining
+        .logs
+        .wait_retired(group(), Duration::from_millis(300))
+        .await
+        .expect("a replica in no membership holds no vote");
     // An empty target is refused before anything else.
     let empty = forming
         .logs

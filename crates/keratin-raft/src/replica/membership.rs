@@ -250,8 +250,10 @@ impl Replica {
         remove_learners(&self.raft, self.group.0, learners).await
     }
 
-    /// Waits up to `wait` until this replica's committed membership no longer names it a
-    /// voter, the condition for removing its data: its vote can no longer be needed.
+    /// Waits up to `wait` until neither this replica's latest membership nor its committed one
+    /// names it a voter, the condition for removing its data: its vote can no longer be
+    /// needed. (A group that committed nothing yet has no committed membership, and its
+    /// voters are voters all the same.)
     pub async fn wait_retired(&self, wait: Duration) -> Result<(), MembershipError> {
         wait_retired(&self.raft, self.group.0, wait).await
     }
@@ -516,9 +518,12 @@ pub(crate) async fn wait_retired(
     let deadline = tokio::time::Instant::now() + wait;
     let mut watched = raft.metrics();
     loop {
-        let (_, committed) = members(raft, group).await?;
-        // Not formed here at all (a joining replica never added) holds no vote either.
-        if !committed.voters.contains(&node) {
+        let (latest, committed) = members(raft, group).await?;
+        // Retired once neither the latest membership nor the committed one names it (a
+        // joining replica never added is in neither). The committed one alone is not enough:
+        // a young group that committed nothing yet knows no committed membership, though this
+        // node is one of its voters.
+        if !latest.voters.contains(&node) && !committed.voters.contains(&node) {
             return Ok(());
         }
         let now = tokio::time::Instant::now();
@@ -526,7 +531,11 @@ pub(crate) async fn wait_retired(
             return Err(MembershipError::StillVoter {
                 group,
                 node,
-                voters: committed.voters,
+                voters: if committed.voters.contains(&node) {
+                    committed.voters
+                } else {
+                    latest.voters
+                },
             });
         }
         let _ = tokio::time::timeout(METRICS_POLL.min(deadline - now), watched.changed()).await;
