@@ -6,11 +6,12 @@
 //! the node's queues follow the metadata in order or not at all.
 //!
 //! A partition that moves off this node is the exception: its replica may go only once the
-//! group's committed voters no longer name this node (its vote may be needed until then), so
-//! a task waits for that and then moves the broker's partition (`retire_then_move`), while
-//! the records after it apply. The broker ignores a move older than the partition's current
+//! group's voters (latest and committed) no longer name this node (its vote may be needed
+//! until then), so a task waits for that and then moves the broker's partition
+//! (`retire_then_move`), while the records after it apply. The broker ignores a move older than the partition's current
 //! one (each move carries its record's offset as its version).
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -51,6 +52,8 @@ pub(crate) struct ApplyContext {
 pub(crate) struct AppliedState {
     catalog: RwLock<ClusterCatalog>,
     applied: watch::Sender<u64>,
+    /// The cluster-wide runtime settings as applied (the catalog's, published on change).
+    runtime_settings: watch::Sender<BTreeMap<String, serde_json::Value>>,
 }
 
 impl AppliedState {
@@ -58,7 +61,13 @@ impl AppliedState {
         AppliedState {
             catalog: RwLock::new(ClusterCatalog::default()),
             applied: watch::channel(0).0,
+            runtime_settings: watch::channel(BTreeMap::new()).0,
         }
+    }
+
+    /// The cluster-wide runtime settings as applied here, as they change.
+    pub(crate) fn runtime_settings(&self) -> watch::Receiver<BTreeMap<String, serde_json::Value>> {
+        self.runtime_settings.subscribe()
     }
 
     /// A copy of the catalog as applied.
@@ -170,6 +179,9 @@ pub(crate) async fn run(
             }
             if let Change::NodeAdded { id, cluster_addr } = &change {
                 admit(&ctx, *id, cluster_addr, &stop);
+            }
+            if let Change::RuntimeSettings { overrides } = &change {
+                state.runtime_settings.send_replace(overrides.clone());
             }
             loop {
                 match act(&broker, &ctx, &change, record.offset).await {
@@ -324,7 +336,9 @@ async fn act(
             Ok(()) | Err(BrokerError::NotFound(_)) => Ok(()),
             Err(error) => Err(error),
         },
-        Change::NodeRemoved { .. } | Change::NodeAdded { .. } => Ok(()),
+        Change::NodeRemoved { .. } | Change::NodeAdded { .. } | Change::RuntimeSettings { .. } => {
+            Ok(())
+        }
         Change::Declared { name, entry } => {
             match broker
                 .declare_replicated(

@@ -66,6 +66,11 @@ pub enum Change {
         /// The node.
         id: u64,
     },
+    /// The cluster-wide runtime settings changed.
+    RuntimeSettings {
+        /// Every cluster-wide value in force from here on, by dotted key.
+        overrides: BTreeMap<String, serde_json::Value>,
+    },
     /// Nothing changed, and why (a declare of a name taken, a delete of a name not there: a
     /// proposer raced another; its caller sees the catalog as it is).
     Ignored(String),
@@ -78,6 +83,7 @@ pub struct ClusterCatalog {
     next_id: u64,
     removed: BTreeSet<u64>,
     added: BTreeMap<u64, String>,
+    settings: BTreeMap<String, serde_json::Value>,
 }
 
 impl ClusterCatalog {
@@ -185,6 +191,22 @@ impl ClusterCatalog {
                     Change::Ignored(format!("node {id} was removed already"))
                 }
             }
+            ClusterRecord::RuntimeSettingsChanged { changes } => {
+                let before = self.settings.clone();
+                for (key, value) in changes {
+                    if value.is_null() {
+                        self.settings.remove(&key);
+                    } else {
+                        self.settings.insert(key, value);
+                    }
+                }
+                if self.settings == before {
+                    return Change::Ignored("the cluster-wide settings are so already".into());
+                }
+                Change::RuntimeSettings {
+                    overrides: self.settings.clone(),
+                }
+            }
         }
     }
 
@@ -207,6 +229,11 @@ impl ClusterCatalog {
     /// The nodes removed from the cluster.
     pub fn removed(&self) -> &BTreeSet<u64> {
         &self.removed
+    }
+
+    /// The cluster-wide runtime settings in force, by dotted key.
+    pub fn runtime_settings(&self) -> &BTreeMap<String, serde_json::Value> {
+        &self.settings
     }
 
     /// A queue by name.
@@ -250,6 +277,39 @@ mod tests {
         assert!(matches!(catalog.apply(deleted), Change::Ignored(_)));
         assert!(
             matches!(catalog.apply(declared("a")), Change::Declared { entry, .. } if entry.id == 2)
+        );
+    }
+
+    #[test]
+    fn runtime_settings_merge_key_by_key_and_null_drops_a_key() {
+        let mut catalog = ClusterCatalog::default();
+        let change = |pairs: &[(&str, serde_json::Value)]| ClusterRecord::RuntimeSettingsChanged {
+            changes: pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect(),
+        };
+        let soft = ("limits.disk.soft_fraction", serde_json::json!(0.3));
+        let max = ("storage.max_bytes", serde_json::json!(1_000_000));
+        catalog.apply(change(std::slice::from_ref(&soft)));
+        assert_eq!(
+            catalog.apply(change(std::slice::from_ref(&max))),
+            Change::RuntimeSettings {
+                overrides: [soft.clone(), max.clone()]
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v))
+                    .collect()
+            },
+            "a change keeps the keys it does not name"
+        );
+        assert!(matches!(
+            catalog.apply(change(std::slice::from_ref(&max))),
+            Change::Ignored(_)
+        ));
+        catalog.apply(change(&[(soft.0, serde_json::Value::Null)]));
+        assert_eq!(
+            catalog.runtime_settings().keys().collect::<Vec<_>>(),
+            vec!["storage.max_bytes"]
         );
     }
 

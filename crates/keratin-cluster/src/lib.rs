@@ -18,6 +18,7 @@
 //! - `balance`: hands partitions back to their preferred leaders.
 //! - `remove`: where a removed node's replicas go.
 //! - `join`: which replicas move onto an added node.
+//! - `moves`: moving one replica to another node (`keratin queue move`).
 //! - `node`: [`ClusterNode`], starting and stopping all of it.
 
 #![deny(missing_docs)]
@@ -31,6 +32,7 @@ mod hook;
 pub mod join;
 pub mod levels;
 mod meta;
+pub mod moves;
 mod node;
 pub mod placement;
 mod reconcile;
@@ -43,6 +45,7 @@ pub use hook::{DEFAULT_REPLICAS, METADATA_TIMEOUT};
 pub use join::AddNodeError;
 pub use levels::{ClusterLevels, HeardReport, NodeLabel};
 pub use meta::{META_GROUP, META_VOTERS_MAX};
+pub use moves::MoveReplicaError;
 pub use node::{
     ClusterNode, ClusterStatus, MakePartitionLogs, NodeStatus, PreparedCluster, CLUSTER_NODES_MAX,
 };

@@ -24,6 +24,7 @@ use crate::hook::METADATA_TIMEOUT;
 use crate::join::{plan_rebalance, AddNodeError};
 use crate::levels::{ClusterLevels, NodeLabel};
 use crate::meta::{meta_voters, MetaGroup};
+use crate::moves::{plan_move, MoveReplicaError};
 use crate::placement::eligible;
 use crate::reconcile::Reconciler;
 use crate::records::ClusterRecord;
@@ -525,6 +526,47 @@ impl ClusterNode {
             .map_err(AddNodeError::Metadata)?;
         tracing::info!(node = id, moves = moves.len(), "node added to the cluster");
         Ok(moves)
+    }
+
+    /// Move partition `partition` of `queue`'s replica from node `from` to node `to`, live:
+    /// `to` joins the partition's group as a learner, catches up, then takes `from`'s place
+    /// among the voters, and `from`'s copy retires (run by the group's leader, as for
+    /// [`ClusterNode::remove_node`]). Returns the planned move; `keratin queue info` and
+    /// `cluster status` show its progress. A target at the soft level or worse is refused.
+    pub async fn move_replica(
+        &self,
+        queue: &str,
+        partition: u32,
+        from: u64,
+        to: u64,
+    ) -> Result<PlannedMove, MoveReplicaError> {
+        let catalog = self.applied.catalog();
+        let nodes = catalog.nodes(&self.formed);
+        let planned = plan_move(&catalog, &nodes, queue, partition, from, to, |id| {
+            self.directory.get(id).and_then(|info| info.level)
+        })?;
+        self.propose_moves(std::slice::from_ref(&planned))
+            .await
+            .map_err(MoveReplicaError::Metadata)?;
+        tracing::info!(queue, partition, from, to, "replica move proposed");
+        Ok(planned)
+    }
+
+    /// The cluster-wide runtime settings as applied here (the metadata group's), as they
+    /// change; every node applies them under its own overrides.
+    pub fn runtime_settings(&self) -> watch::Receiver<BTreeMap<String, serde_json::Value>> {
+        self.applied.runtime_settings()
+    }
+
+    /// Change cluster-wide runtime settings (`null` drops a key's cluster-wide value); returns
+    /// once this node applied the change. The caller checked the values.
+    pub async fn change_runtime_settings(
+        &self,
+        changes: BTreeMap<String, serde_json::Value>,
+    ) -> Result<BTreeMap<String, serde_json::Value>, String> {
+        self.decide(ClusterRecord::RuntimeSettingsChanged { changes })
+            .await?;
+        Ok(self.applied.catalog().runtime_settings().clone())
     }
 
     /// Propose each move's record in turn, each applied here before the next.

@@ -3,6 +3,8 @@
 //! because these records are rare, small and read by people debugging a cluster; the hot path
 //! never touches them (the node metadata log made the same choice).
 
+use std::collections::BTreeMap;
+
 use keratin_broker::QueueSettings;
 use serde::{Deserialize, Serialize};
 
@@ -61,6 +63,14 @@ pub enum ClusterRecord {
         /// The node.
         id: u64,
     },
+    /// Cluster-wide runtime settings change (`keratin settings set`): each key (dotted, as
+    /// `limits.disk.soft_fraction`) takes its value on every node, under the node's own
+    /// overrides; a `null` value drops the key's cluster-wide value. Checked by the proposer;
+    /// every node applies what its configuration accepts.
+    RuntimeSettingsChanged {
+        /// The keys that change, with their values (`null`: back to each node's configuration).
+        changes: BTreeMap<String, serde_json::Value>,
+    },
 }
 
 impl ClusterRecord {
@@ -87,7 +97,9 @@ impl ClusterRecord {
             | ClusterRecord::QueueDeleted { name }
             | ClusterRecord::QueueSettingsChanged { name, .. }
             | ClusterRecord::PartitionReplicasChanged { name, .. } => name,
-            ClusterRecord::NodeRemoved { .. } | ClusterRecord::NodeAdded { .. } => "",
+            ClusterRecord::NodeRemoved { .. }
+            | ClusterRecord::NodeAdded { .. }
+            | ClusterRecord::RuntimeSettingsChanged { .. } => "",
         }
     }
 }
@@ -119,6 +131,16 @@ mod tests {
             ClusterRecord::NodeAdded {
                 id: 4,
                 cluster_addr: "10.0.0.4:5690".into(),
+            },
+            ClusterRecord::RuntimeSettingsChanged {
+                changes: [
+                    (
+                        "limits.disk.soft_fraction".to_string(),
+                        serde_json::json!(0.3),
+                    ),
+                    ("storage.max_bytes".to_string(), serde_json::Value::Null),
+                ]
+                .into(),
             },
         ] {
             let payload = record.encode();

@@ -182,6 +182,7 @@ impl Node {
         let health = cluster
             .clone()
             .map(|cluster| tokio::spawn(report_levels(cluster, limits.clone(), stopped.clone())));
+        let settings_for_cluster = settings.clone();
         let admin = crate::http::Admin {
             broker: broker.clone(),
             limits: limits.clone(),
@@ -206,6 +207,13 @@ impl Node {
             }),
         ];
         if let Some(cluster) = &cluster {
+            tasks.push(tokio::spawn(follow_cluster_settings(
+                cluster.runtime_settings(),
+                settings_for_cluster,
+                broker.clone(),
+                limits.clone(),
+                stop.subscribe(),
+            )));
             let watch = crate::cluster_watch::run(
                 cluster.clone(),
                 broker.clone(),
@@ -377,6 +385,25 @@ async fn report_levels(
         tokio::select! {
             _ = tokio::time::timeout(REPORT_EVERY, samples.changed()) => {}
             _ = stopped.wait_for(|stop| *stop) => return,
+        }
+    }
+}
+
+/// Apply the cluster-wide runtime settings as this node's copy of the metadata group says,
+/// at start (once the records are replayed) and after every change, until `stop`.
+async fn follow_cluster_settings(
+    mut values: watch::Receiver<BTreeMap<String, serde_json::Value>>,
+    settings: Arc<NodeSettings>,
+    broker: Broker,
+    limits: Arc<NodeLimits>,
+    mut stop: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    loop {
+        let current = values.borrow_and_update().clone();
+        settings.set_cluster(current, &broker, &limits).await;
+        tokio::select! {
+            changed = values.changed() => if changed.is_err() { return Ok(()) },
+            _ = stop.changed() => return Ok(()),
         }
     }
 }

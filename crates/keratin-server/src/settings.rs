@@ -9,6 +9,13 @@
 //! override (a `null` value) goes back to the configured value. This is how Kafka's dynamic
 //! broker configs relate to `server.properties`.
 //!
+//! In a cluster the same keys also have *cluster-wide* values: stored in the cluster's
+//! metadata group (so every node, and every restart, sees the same), applied by every node
+//! under its own overrides. The value in force on a node is its own override, else the
+//! cluster-wide value, else the configured value. `keratin settings set` changes the
+//! cluster-wide value in a cluster (`--node` changes only the node's override), the node's
+//! override on a node that runs alone.
+//!
 //! A change is checked whole before anything happens: every key must be a runtime key, every
 //! value must have the key's type, and the resulting configuration must pass the same checks as
 //! a configuration file. A refused change stores and applies nothing. An accepted one is synced
@@ -22,11 +29,16 @@ use keratin_limits::LimitsError;
 use serde_json::{json, Map, Value};
 use tokio::sync::Mutex;
 
+use keratin_cluster::ClusterNode;
+
 use crate::config::{startup_fields, Config, Origin};
 use crate::limits::NodeLimits;
 
-/// The origin shown for a value that a runtime override set.
+/// The origin shown for a value that a runtime override of this node set.
 pub const RUNTIME_ORIGIN: &str = "runtime";
+
+/// The origin shown for a value that a cluster-wide runtime setting set.
+pub const CLUSTER_ORIGIN: &str = "cluster";
 
 /// Why a settings change was refused or could not be applied.
 #[derive(Debug, thiserror::Error)]
@@ -65,6 +77,18 @@ pub enum SettingsError {
     /// The metadata log could not store the change; nothing was applied.
     #[error("the change could not be stored in the node metadata, so nothing was changed: {0}")]
     Store(String),
+    /// The cluster's metadata group did not take a cluster-wide change.
+    #[error(
+        "the cluster's metadata group did not take the change, so nothing was changed: {0}; \
+         try again once the cluster has a leader (`keratin cluster status`)"
+    )]
+    Cluster(String),
+    /// A cluster-wide change asked of a node that runs alone.
+    #[error(
+        "this node runs alone, so there are no cluster-wide settings; change its own settings \
+         (without scope=cluster)"
+    )]
+    NotACluster,
     /// Stored, but applying part of it failed (it is retried at the next start).
     #[error("the change is stored but applying it failed: {0}")]
     Apply(String),
@@ -77,8 +101,9 @@ impl SettingsError {
             SettingsError::BadRequest(_)
             | SettingsError::UnknownKey { .. }
             | SettingsError::StartupKey { .. }
-            | SettingsError::Invalid { .. } => 400,
-            SettingsError::Store(_) => 503,
+            | SettingsError::Invalid { .. }
+            | SettingsError::NotACluster => 400,
+            SettingsError::Store(_) | SettingsError::Cluster(_) => 503,
             SettingsError::Apply(_) => 500,
         }
     }
@@ -103,7 +128,71 @@ pub struct NodeSettings {
     origins: BTreeMap<String, Origin>,
     /// The overrides in force. The lock also serializes changes: each is stored and applied
     /// before the next one is checked.
-    overrides: Mutex<BTreeMap<String, Value>>,
+    overrides: Mutex<Layers>,
+}
+
+/// The two layers of runtime values above the configuration.
+#[derive(Debug, Default)]
+struct Layers {
+    /// This node's own overrides (the node metadata log).
+    node: BTreeMap<String, Value>,
+    /// The cluster-wide values (the cluster's metadata group); empty on a node alone.
+    cluster: BTreeMap<String, Value>,
+}
+
+impl Layers {
+    /// Every value in force above the configuration: the node's over the cluster's.
+    fn merged(
+        cluster: &BTreeMap<String, Value>,
+        node: &BTreeMap<String, Value>,
+    ) -> BTreeMap<String, Value> {
+        let mut merged = cluster.clone();
+        merged.extend(node.iter().map(|(k, v)| (k.clone(), v.clone())));
+        merged
+    }
+}
+
+/// `base` with `changes` applied (`null` removes a key), and the map to check: the same, with
+/// a removed key that is not a runtime key kept as `null` so that a typo is refused.
+fn changed(
+    base: &BTreeMap<String, Value>,
+    changes: &Map<String, Value>,
+) -> (BTreeMap<String, Value>, BTreeMap<String, Value>) {
+    let mut next = base.clone();
+    for (key, value) in changes {
+        if value.is_null() {
+            next.remove(key);
+        } else {
+            next.insert(key.clone(), value.clone());
+        }
+    }
+    // Exactly the runtime keys: `is_runtime_key` answers by prefix, so a typo under
+    // `limits.` would pass it.
+    let known: Vec<String> = runtime_keys().into_iter().map(|(key, _)| key).collect();
+    let mut checked = next.clone();
+    for (key, value) in changes {
+        if value.is_null() && !known.contains(key) {
+            checked.insert(key.clone(), Value::Null);
+        }
+    }
+    (next, checked)
+}
+
+/// The changes of a request body: a non-empty object.
+fn changes_of(changes: &Value) -> Result<&Map<String, Value>, SettingsError> {
+    let Some(changes) = changes.as_object() else {
+        return Err(SettingsError::BadRequest(
+            "expected a JSON object of dotted keys to values, such as \
+             {\"limits.disk.soft_fraction\": 0.2}; null removes a runtime override"
+                .into(),
+        ));
+    };
+    if changes.is_empty() {
+        return Err(SettingsError::BadRequest(
+            "no settings given; expected at least one dotted key".into(),
+        ));
+    }
+    Ok(changes)
 }
 
 /// Whether `key` (dotted) can change at run time.
@@ -220,7 +309,7 @@ impl NodeSettings {
             configured,
             configured_values,
             origins,
-            overrides: Mutex::new(BTreeMap::new()),
+            overrides: Mutex::new(Layers::default()),
         }
     }
 
@@ -281,14 +370,15 @@ impl NodeSettings {
         if stored.is_empty() {
             return Ok(());
         }
-        match self.resolve(&stored) {
+        let mut layers = self.overrides.lock().await;
+        match self.resolve(&Layers::merged(&layers.cluster, &stored)) {
             Ok(effective) => {
                 tracing::info!(
                     overrides = stored.len(),
                     "runtime settings from the node metadata are in force"
                 );
                 apply(&effective, broker, limits)?;
-                *self.overrides.lock().await = stored;
+                layers.node = stored;
             }
             Err(error) => tracing::error!(
                 %error,
@@ -308,55 +398,93 @@ impl NodeSettings {
         broker: &Broker,
         limits: &NodeLimits,
     ) -> Result<Value, SettingsError> {
-        let Some(changes) = changes.as_object() else {
-            return Err(SettingsError::BadRequest(
-                "expected a JSON object of dotted keys to values, such as \
-                 {\"limits.disk.soft_fraction\": 0.2}; null removes a runtime override"
-                    .into(),
-            ));
-        };
-        if changes.is_empty() {
-            return Err(SettingsError::BadRequest(
-                "no settings given; expected at least one dotted key".into(),
-            ));
-        }
-        let mut overrides = self.overrides.lock().await;
-        let mut next = overrides.clone();
-        for (key, value) in changes {
-            if value.is_null() {
-                next.remove(key);
-            } else {
-                next.insert(key.clone(), value.clone());
-            }
-        }
-        // Checks the keys being removed too, so that a typo is not silently accepted.
-        let mut checked = next.clone();
-        for (key, value) in changes {
-            if value.is_null() && !is_runtime_key(key) {
-                checked.insert(key.clone(), Value::Null);
-            }
-        }
-        let effective = self.resolve(&checked)?;
+        let changes = changes_of(changes)?;
+        let mut layers = self.overrides.lock().await;
+        let (next, checked) = changed(&layers.node, changes);
+        let effective = self.resolve(&Layers::merged(&layers.cluster, &checked))?;
         broker
             .set_node_settings(next.clone())
             .await
             .map_err(|e| SettingsError::Store(e.to_string()))?;
-        *overrides = next;
-        let document = self.render(&overrides);
-        drop(overrides);
+        layers.node = next;
+        let document = self.render(&layers);
+        drop(layers);
         let changed = Value::Object(changes.clone());
-        tracing::info!(changes = %changed, "runtime settings changed");
+        tracing::info!(changes = %changed, "runtime settings of this node changed");
         apply(&effective, broker, limits)?;
         Ok(document)
     }
 
-    /// The settings document of `GET /api/v1/settings`.
-    pub async fn document(&self) -> Value {
-        let overrides = self.overrides.lock().await;
-        self.render(&overrides)
+    /// Change cluster-wide runtime settings through `cluster` (its metadata group): checked
+    /// whole here (under this node's own overrides) first, then proposed, then applied here
+    /// at once (the other nodes apply it as their copies of the metadata reach it, through
+    /// [`NodeSettings::set_cluster`]); returns this node's new document.
+    pub async fn update_cluster(
+        &self,
+        changes: &Value,
+        cluster: &ClusterNode,
+        broker: &Broker,
+        limits: &NodeLimits,
+    ) -> Result<Value, SettingsError> {
+        let changes = changes_of(changes)?;
+        let mut layers = self.overrides.lock().await;
+        let (_, checked) = changed(&layers.cluster, changes);
+        self.resolve(&Layers::merged(&checked, &layers.node))?;
+        let applied = cluster
+            .change_runtime_settings(changes.clone().into_iter().collect())
+            .await
+            .map_err(SettingsError::Cluster)?;
+        layers.cluster = applied;
+        let effective = self.resolve(&Layers::merged(&layers.cluster, &layers.node))?;
+        let document = self.render(&layers);
+        drop(layers);
+        let changed = Value::Object(changes.clone());
+        tracing::info!(changes = %changed, "cluster-wide runtime settings changed");
+        apply(&effective, broker, limits)?;
+        Ok(document)
     }
 
-    fn render(&self, overrides: &BTreeMap<String, Value>) -> Value {
+    /// The cluster-wide values as this node's copy of the metadata group says (at start and
+    /// after every change): applied under this node's overrides. Values this node's
+    /// configuration does not accept are not applied (the node keeps what it had and says
+    /// why in its log); they stay listed in the document.
+    pub async fn set_cluster(
+        &self,
+        values: BTreeMap<String, Value>,
+        broker: &Broker,
+        limits: &NodeLimits,
+    ) {
+        let mut layers = self.overrides.lock().await;
+        if layers.cluster == values {
+            return;
+        }
+        layers.cluster = values;
+        match self.resolve(&Layers::merged(&layers.cluster, &layers.node)) {
+            Ok(effective) => {
+                drop(layers);
+                match apply(&effective, broker, limits) {
+                    Ok(()) => tracing::info!("cluster-wide runtime settings are in force"),
+                    Err(error) => {
+                        tracing::error!(%error, "applying the cluster-wide runtime settings")
+                    }
+                }
+            }
+            Err(error) => tracing::error!(
+                %error,
+                "the cluster-wide runtime settings do not fit this node's configuration; it \
+                 keeps its settings (fix them with `keratin settings set`, or set this node's \
+                 own with `keratin settings set --node`)"
+            ),
+        }
+    }
+
+    /// The settings document of `GET /api/v1/settings`.
+    pub async fn document(&self) -> Value {
+        let layers = self.overrides.lock().await;
+        self.render(&layers)
+    }
+
+    fn render(&self, layers: &Layers) -> Value {
         let mut keys: BTreeMap<String, Value> = self.configured_values.clone();
         for (key, _) in runtime_keys() {
             keys.entry(key).or_insert(Value::Null);
@@ -371,11 +499,12 @@ impl NodeSettings {
                     .unwrap_or(Origin::Default)
                     .to_string();
                 let live = is_runtime_key(&key);
-                match overrides.get(&key) {
+                let (node, cluster) = (layers.node.get(&key), layers.cluster.get(&key));
+                let mut entry = match node.or(cluster) {
                     Some(value) => json!({
                         "key": key,
                         "value": value,
-                        "origin": RUNTIME_ORIGIN,
+                        "origin": if node.is_some() { RUNTIME_ORIGIN } else { CLUSTER_ORIGIN },
                         "live": live,
                         "configured_value": configured,
                         "configured_origin": configured_origin,
@@ -386,10 +515,18 @@ impl NodeSettings {
                         "origin": configured_origin,
                         "live": live,
                     }),
+                };
+                if let (Some(_), Some(cluster)) = (node, cluster) {
+                    entry["cluster_value"] = cluster.clone();
                 }
+                entry
             })
             .collect();
-        json!({ "settings": settings, "overrides": overrides })
+        json!({
+            "settings": settings,
+            "overrides": layers.node,
+            "cluster_overrides": layers.cluster,
+        })
     }
 }
 
@@ -489,6 +626,39 @@ mod tests {
     }
 
     #[test]
+    fn the_nodes_own_value_beats_the_clusters_which_beats_the_configured_one() {
+        let s = settings();
+        let cluster = overrides(&[
+            ("limits.disk.soft_fraction", json!(0.3)),
+            ("limits.sample_interval_ms", json!(250)),
+        ]);
+        let node = overrides(&[("limits.disk.soft_fraction", json!(0.4))]);
+        let effective = s.resolve(&Layers::merged(&cluster, &node)).expect("valid");
+        assert_eq!(effective.config.limits.disk.soft_fraction, 0.4);
+        assert_eq!(effective.config.limits.sample_interval_ms, 250);
+        assert_eq!(
+            effective.config.limits.disk.hard_fraction,
+            Config::default().limits.disk.hard_fraction
+        );
+        let removal: Map<String, Value> = [("limits.sample_interval_ms".to_string(), Value::Null)]
+            .into_iter()
+            .collect();
+        let (next, _) = changed(&cluster, &removal);
+        assert_eq!(
+            next,
+            overrides(&[("limits.disk.soft_fraction", json!(0.3))])
+        );
+        let typo: Map<String, Value> = [("limits.sample_intervl_ms".to_string(), Value::Null)]
+            .into_iter()
+            .collect();
+        let (_, checked) = changed(&cluster, &typo);
+        assert!(
+            s.resolve(&checked).is_err(),
+            "removing an unknown key is refused"
+        );
+    }
+
+    #[test]
     fn the_document_names_origins_and_overrides() {
         let mut origins = BTreeMap::new();
         origins.insert(
@@ -496,7 +666,13 @@ mod tests {
             Origin::Env("KERATIN_LIMITS__DISK__HARD_FRACTION".into()),
         );
         let s = NodeSettings::new(Config::default(), origins);
-        let doc = s.render(&overrides(&[("limits.disk.soft_fraction", json!(0.3))]));
+        let doc = s.render(&Layers {
+            node: overrides(&[("limits.disk.soft_fraction", json!(0.3))]),
+            cluster: overrides(&[
+                ("limits.disk.soft_fraction", json!(0.25)),
+                ("limits.disk.reserve_fraction", json!(0.01)),
+            ]),
+        });
         let find = |key: &str| {
             doc["settings"]
                 .as_array()
@@ -510,6 +686,18 @@ mod tests {
         assert_eq!(soft["value"], json!(0.3));
         assert_eq!(soft["origin"], RUNTIME_ORIGIN);
         assert_eq!(soft["configured_value"], json!(0.1));
+        assert_eq!(
+            soft["cluster_value"],
+            json!(0.25),
+            "hidden by the node's own"
+        );
+        let reserve = find("limits.disk.reserve_fraction");
+        assert_eq!(reserve["value"], json!(0.01));
+        assert_eq!(reserve["origin"], CLUSTER_ORIGIN);
+        assert_eq!(
+            doc["cluster_overrides"]["limits.disk.reserve_fraction"],
+            json!(0.01)
+        );
         let hard = find("limits.disk.hard_fraction");
         assert_eq!(hard["origin"], "env KERATIN_LIMITS__DISK__HARD_FRACTION");
         assert_eq!(hard["live"], true);

@@ -164,6 +164,36 @@ async fn remove_node(args: RemoveArgs) -> Result<ExitCode, Failure> {
     )
 }
 
+/// `keratin queue move NAME --partition P --from NODE --to NODE [--wait SECS]`: move one
+/// replica live (`POST /api/v1/queues/{name}/partitions/{p}/move`); prints the move, and with
+/// `--wait` polls until the partition's leader counts the new replicas.
+pub(crate) async fn move_replica(
+    common: &CommonArgs,
+    http: Option<&str>,
+    queue: &str,
+    partition: u32,
+    (from, to): (u64, u64),
+    wait: Option<u64>,
+) -> Result<ExitCode, Failure> {
+    // A queue name is letters, digits, '.', '_' and '-': safe in a path as it is.
+    keratin_broker::validate_queue_name(queue).map_err(|e| Failure::new(e.to_string()))?;
+    let http = admin::address(common, http).await?;
+    let path = format!("/api/v1/queues/{queue}/partitions/{partition}/move");
+    let body = serde_json::json!({ "from": from, "to": to });
+    let answer = admin::request(&http, "POST", &path, Some(&body))?;
+    let answer = serde_json::json!({ "moves": [answer["move"].clone()] });
+    let pending = |document: &Value| not_moved(document, &answer["moves"]);
+    let remaining = wait_for(&http, wait, pending).await;
+    report(
+        &answer,
+        common,
+        &format!("replica of {queue}/{partition} moving from node {from} to node {to}"),
+        remaining,
+        wait,
+        &format!("node {to} holds the replica, node {from} no longer does"),
+    )
+}
+
 /// With `wait`, poll the cluster document (with the leaders' views) until `pending` finds
 /// nothing, at most `wait` seconds; what is still pending then. `None` without `wait`.
 async fn wait_for(

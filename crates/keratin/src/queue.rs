@@ -1,7 +1,8 @@
 //! `keratin queue declare|list|info|purge|delete`: the admin verbs, each one request to the
 //! broker, printed as a table or as one JSON object.
 //! `keratin queue set NAME ...` changes the settings of a live queue (limits, overflow,
-//! dead-letter queue, max deliveries).
+//! dead-letter queue, max deliveries). `keratin queue move NAME --partition P --from N --to M`
+//! moves one replica in a cluster (`cluster.rs`, through the HTTP admin port).
 
 use std::process::ExitCode;
 
@@ -37,6 +38,29 @@ enum QueueVerb {
     Delete { name: String },
     /// Change a live queue's settings; `none` unsets a limit or the dead-letter queue.
     Set(SetArgs),
+    /// Move one partition's replica to another node, live (a cluster): the new node catches
+    /// up as a learner, then takes the old one's place; the old copy is then removed.
+    Move(MoveArgs),
+}
+
+#[derive(Debug, Args)]
+struct MoveArgs {
+    name: String,
+    /// The partition whose replica moves.
+    #[arg(long, value_name = "P")]
+    partition: u32,
+    /// The node the replica leaves.
+    #[arg(long, value_name = "NODE")]
+    from: u64,
+    /// The node that takes it (below the soft level, without a replica of the partition).
+    #[arg(long, value_name = "NODE")]
+    to: u64,
+    /// The HTTP admin address (default: the one the node at --server names).
+    #[arg(long, env = "KERATIN_HTTP", value_name = "ADDR")]
+    http: Option<String>,
+    /// Wait up to this many seconds until the move is done; exits 1 if it is not then.
+    #[arg(long, value_name = "SECS")]
+    wait: Option<u64>,
 }
 
 /// `reject` or `drop_oldest`, as the CLI spells them.
@@ -164,6 +188,10 @@ struct DeclareArgs {
     /// declaration. A node that runs alone refuses more than 1.
     #[arg(long, value_name = "R", value_parser = clap::value_parser!(u32).range(1..))]
     replicas: Option<u32>,
+    /// Pin the replicas to these cluster nodes (comma-separated ids; the first leads
+    /// partition 0, the next partitions' leaders rotate); one node per replica.
+    #[arg(long, value_name = "ID,ID,...", value_delimiter = ',')]
+    nodes: Vec<u64>,
 }
 
 /// Runs one queue verb.
@@ -175,6 +203,19 @@ pub async fn run(args: QueueArgs) -> Result<ExitCode, Failure> {
         QueueVerb::List => run_list(&client, json).await,
         QueueVerb::Info { name } => run_info(&client, &name, json).await,
         QueueVerb::Set(set) => run_set(&client, set, json).await,
+        QueueVerb::Move(m) => {
+            // Through the HTTP admin port, like `keratin cluster`.
+            client.close().await;
+            return crate::cluster::move_replica(
+                &args.common,
+                m.http.as_deref(),
+                &m.name,
+                m.partition,
+                (m.from, m.to),
+                m.wait,
+            )
+            .await;
+        }
         QueueVerb::Purge { name } => {
             let outcome = client.purge(&name).await;
             outcome.map_err(|error| Failure::client(format!("purge {name}"), &error))?;
@@ -219,7 +260,7 @@ async fn run_declare(client: &Client, args: DeclareArgs, json: bool) -> Result<(
         replicas: args.replicas,
     };
     client
-        .declare(&args.name, settings.clone())
+        .declare_on(&args.name, settings.clone(), &args.nodes)
         .await
         .map_err(|error| Failure::client(format!("declare {}", args.name), &error))?;
     let text = format!(
@@ -228,11 +269,14 @@ async fn run_declare(client: &Client, args: DeclareArgs, json: bool) -> Result<(
         settings.partitions,
         if settings.partitions == 1 { "" } else { "s" }
     );
-    let object = json!({
+    let mut object = json!({
         "queue": args.name,
         "declared": true,
         "settings": settings_json(&settings),
     });
+    if !args.nodes.is_empty() {
+        object["nodes"] = json!(args.nodes);
+    }
     done(json, object, text);
     Ok(())
 }

@@ -1,8 +1,10 @@
 //! `keratin settings get|set|reset`: the node's runtime settings through the HTTP admin port
 //! (`GET/PUT /api/v1/settings`). A set is checked whole by the node: when one value is refused,
 //! nothing changes and the node's reason is printed. `reset` removes runtime overrides, going back
-//! to the configured values. The settings document is the server's (`keratin-server`
-//! `settings.rs`); `--json` prints it unchanged.
+//! to the configured values. In a cluster, `set` and `reset` change the cluster-wide values
+//! (every node applies them, and they survive restarts of every node); `--node` changes only
+//! the node at `--server` (its own value wins over the cluster's). The settings document is
+//! the server's (`keratin-server` `settings.rs`); `--json` prints it unchanged.
 
 use std::process::ExitCode;
 
@@ -39,18 +41,25 @@ enum SettingsVerb {
         all: bool,
     },
     /// Change runtime settings live, all or nothing: KEY=VALUE..., e.g.
-    /// limits.disk.soft_fraction=0.2 limits.sample_interval_ms=500. Stored in the node's
-    /// metadata, so they survive restarts.
+    /// limits.disk.soft_fraction=0.2 limits.sample_interval_ms=500. Stored in the metadata
+    /// (the cluster's in a cluster: every node takes them), so they survive restarts.
     Set {
-        /// KEY=VALUE pairs; VALUE is a number (or `null` to remove the override).
+        /// KEY=VALUE pairs; VALUE is a number (or `null` to remove the value).
         #[arg(required = true, value_name = "KEY=VALUE")]
         pairs: Vec<String>,
+        /// In a cluster: change only this node's own values, which win over the cluster's.
+        #[arg(long)]
+        node: bool,
     },
-    /// Remove runtime overrides: the keys go back to their configured values.
+    /// Remove runtime values: the keys go back to the cluster-wide value (with --node) or to
+    /// each node's configured value.
     Reset {
         /// Dotted keys.
         #[arg(required = true, value_name = "KEY")]
         keys: Vec<String>,
+        /// In a cluster: remove only this node's own values.
+        #[arg(long)]
+        node: bool,
     },
 }
 
@@ -69,18 +78,18 @@ pub async fn run(args: SettingsArgs) -> Result<ExitCode, Failure> {
             }
             (document, Shown { keys, all })
         }
-        SettingsVerb::Set { pairs } => {
+        SettingsVerb::Set { pairs, node } => {
             let changes = parse_pairs(&pairs)?;
             let keys = changes.keys().cloned().collect();
             let document =
-                admin::request(&http, "PUT", SETTINGS_PATH, Some(&Value::Object(changes)))?;
+                admin::request(&http, "PUT", put_path(node), Some(&Value::Object(changes)))?;
             (document, Shown { keys, all: false })
         }
-        SettingsVerb::Reset { keys } => {
+        SettingsVerb::Reset { keys, node } => {
             let changes: Map<String, Value> =
                 keys.iter().map(|k| (k.clone(), Value::Null)).collect();
             let document =
-                admin::request(&http, "PUT", SETTINGS_PATH, Some(&Value::Object(changes)))?;
+                admin::request(&http, "PUT", put_path(node), Some(&Value::Object(changes)))?;
             (document, Shown { keys, all: false })
         }
     };
@@ -90,6 +99,16 @@ pub async fn run(args: SettingsArgs) -> Result<ExitCode, Failure> {
         print!("{}", settings_text(&document, &shown));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Where a change goes: the node's own values (`--node`), else the default scope (the
+/// cluster's in a cluster, the node's alone).
+fn put_path(node: bool) -> &'static str {
+    if node {
+        "/api/v1/settings?scope=node"
+    } else {
+        SETTINGS_PATH
+    }
 }
 
 /// Which entries to print: the named keys, else every live one (and the others with `all`).
@@ -154,6 +173,9 @@ fn settings_text(document: &Value, shown: &Shown) -> String {
             continue;
         }
         let mut origin = entry["origin"].as_str().unwrap_or("?").to_owned();
+        if let Some(cluster) = entry.get("cluster_value") {
+            origin = format!("{origin} over cluster {}", value_text(cluster));
+        }
         if let Some(configured) = entry.get("configured_value") {
             origin = format!(
                 "{origin} (configured {} from {})",

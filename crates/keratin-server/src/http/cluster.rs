@@ -9,6 +9,10 @@
 //!
 //! `POST /api/v1/cluster/nodes/{id}/remove`: remove a node (`ClusterNode::remove_node`); the
 //! answer lists the partitions' moves, which the groups then carry out.
+//!
+//! `POST /api/v1/queues/{name}/partitions/{index}/move` (`{"from", "to"}`): move one replica
+//! (`ClusterNode::move_replica`); the answer is the planned move, which the partition's group
+//! then carries out.
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -54,6 +58,44 @@ pub(super) async fn remove_node(State(admin): State<Admin>, Path(id): Path<u64>)
                 E::Unknown { .. } => (StatusCode::NOT_FOUND, "unknown_node"),
                 E::Last { .. } => (StatusCode::CONFLICT, "last_node"),
                 E::NoRoom { .. } => (StatusCode::CONFLICT, "no_room"),
+                E::Metadata(_) => (StatusCode::SERVICE_UNAVAILABLE, "metadata_unavailable"),
+            };
+            refusal(status, code, &error)
+        }
+    }
+}
+
+/// What `POST /api/v1/queues/{name}/partitions/{index}/move` takes.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct MoveReplica {
+    from: u64,
+    to: u64,
+}
+
+/// Move one replica of a partition (see the module docs).
+pub(super) async fn move_replica(
+    State(admin): State<Admin>,
+    Path((name, index)): Path<(String, u32)>,
+    Json(request): Json<MoveReplica>,
+) -> Response {
+    let Some(cluster) = &admin.cluster else {
+        return not_a_cluster();
+    };
+    use keratin_cluster::MoveReplicaError as E;
+    match cluster
+        .move_replica(&name, index, request.from, request.to)
+        .await
+    {
+        Ok(planned) => Json(json!({ "move": planned })).into_response(),
+        Err(error) => {
+            let (status, code) = match &error {
+                E::UnknownQueue(_) => (StatusCode::NOT_FOUND, "unknown_queue"),
+                E::UnknownPartition { .. } => (StatusCode::NOT_FOUND, "unknown_partition"),
+                E::UnknownNode { .. } => (StatusCode::NOT_FOUND, "unknown_node"),
+                E::NotHeld { .. } => (StatusCode::CONFLICT, "not_held"),
+                E::AlreadyHeld { .. } => (StatusCode::CONFLICT, "already_held"),
+                E::TargetLimited { .. } => (StatusCode::TOO_MANY_REQUESTS, "target_limited"),
                 E::Metadata(_) => (StatusCode::SERVICE_UNAVAILABLE, "metadata_unavailable"),
             };
             refusal(status, code, &error)

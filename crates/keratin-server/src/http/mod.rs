@@ -67,6 +67,10 @@ pub fn router(admin: Admin) -> Router {
             "/api/v1/queues/{name}/settings",
             axum::routing::put(put_settings),
         )
+        .route(
+            "/api/v1/queues/{name}/partitions/{index}/move",
+            axum::routing::post(cluster::move_replica),
+        )
         .merge(dashboard::routes())
         .with_state(admin)
 }
@@ -109,14 +113,34 @@ async fn get_node_settings(State(admin): State<Admin>) -> Json<Value> {
 }
 
 /// `PUT /api/v1/settings`: change runtime settings. The body maps dotted keys to values; `null`
-/// removes a runtime override. Checked whole: a refused change changes nothing (400 with the
-/// key, the value and what it accepts).
-async fn put_node_settings(State(admin): State<Admin>, Json(body): Json<Value>) -> Response {
-    match admin
-        .settings
-        .update(&body, &admin.broker, &admin.limits)
-        .await
-    {
+/// removes a value. Checked whole: a refused change changes nothing (400 with the key, the
+/// value and what it accepts). In a cluster the change is cluster-wide (every node, through
+/// the metadata group) unless `?scope=node` (this node's own override); a node alone has only
+/// its own (`?scope=cluster` is refused there).
+async fn put_node_settings(
+    State(admin): State<Admin>,
+    Query(query): Query<SettingsScope>,
+    Json(body): Json<Value>,
+) -> Response {
+    let result = match (query.scope.as_deref(), &admin.cluster) {
+        (None | Some("cluster"), Some(cluster)) => {
+            admin
+                .settings
+                .update_cluster(&body, cluster, &admin.broker, &admin.limits)
+                .await
+        }
+        (Some("cluster"), None) => Err(crate::settings::SettingsError::NotACluster),
+        (None | Some("node"), _) => {
+            admin
+                .settings
+                .update(&body, &admin.broker, &admin.limits)
+                .await
+        }
+        (Some(other), _) => Err(crate::settings::SettingsError::BadRequest(format!(
+            "scope {other:?}: expected cluster (every node) or node (this node only)"
+        ))),
+    };
+    match result {
         Ok(document) => Json(document).into_response(),
         Err(error) => {
             let code = error.http_status();
@@ -127,6 +151,13 @@ async fn put_node_settings(State(admin): State<Admin>, Json(body): Json<Value>) 
                 .into_response()
         }
     }
+}
+
+/// The query of `PUT /api/v1/settings`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SettingsScope {
+    scope: Option<String>,
 }
 
 async fn status(State(admin): State<Admin>) -> Json<Value> {
