@@ -95,6 +95,7 @@ fn normal_report() -> keratin_limits::NodeReport {
                 headroom_bytes: 100 << 30,
                 thresholds,
             },
+            largest_queues: Vec::new(),
         }],
         memory: None,
         sampled_at_ms: 0,

@@ -176,6 +176,7 @@ mod tests {
                         clear_margin_bytes: 1 << 20,
                     },
                 },
+                largest_queues: Vec::new(),
             }],
             memory: None,
             sampled_at_ms: 1,

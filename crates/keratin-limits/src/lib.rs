@@ -33,5 +33,7 @@ pub use level::{Level, Thresholds};
 pub use memory::{read_resident_bytes, MemoryLevels, MemorySample};
 pub use memory_limit::{discover_limit, LimitSource, MemoryLimit, SystemRoots};
 pub use monitor::{DiskStatus, LevelChange, MemoryStatus, Monitor};
-pub use report::{FilesystemReport, MemoryReport, NodeReport, Resource};
+pub use report::{
+    FilesystemReport, MemoryReport, NodeReport, QueueUsage, Resource, LARGEST_QUEUES_REPORTED,
+};
 pub use settings::{DiskSettings, LimitsSettings, MemorySettings};

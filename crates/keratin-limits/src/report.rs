@@ -24,6 +24,22 @@ pub struct FilesystemReport {
     /// Its level and where it stands between its thresholds.
     #[serde(flatten)]
     pub input: LevelInput,
+    /// The queues using the most space on it, largest first (at most
+    /// [`LARGEST_QUEUES_REPORTED`]), so that every node can show what fills a peer.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub largest_queues: Vec<QueueUsage>,
+}
+
+/// How many of a file system's largest queues a report names.
+pub const LARGEST_QUEUES_REPORTED: usize = 3;
+
+/// A queue's bytes on one file system.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueUsage {
+    /// The queue.
+    pub queue: String,
+    /// Its partitions' bytes there (logs on disk).
+    pub bytes: u64,
 }
 
 /// A node's memory, as it reports it.
@@ -156,6 +172,7 @@ mod tests {
                 headroom_bytes: headroom_mib * MIB,
                 thresholds: thresholds(),
             },
+            largest_queues: Vec::new(),
         }
     }
 

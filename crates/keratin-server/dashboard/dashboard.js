@@ -267,7 +267,7 @@ function renderMemory(status) {
 // --- cluster ---------------------------------------------------------------------------------
 
 // On a cluster node the status carries every node's last report (its label): one banner per
-// node and file system, and one for its memory.
+// node and file system, with the largest queues there, and one for its memory.
 function renderCluster(status) {
   const section = document.getElementById("cluster-section");
   const nodes = Array.isArray(status.cluster?.nodes) ? status.cluster.nodes : null;
@@ -284,6 +284,7 @@ function renderCluster(status) {
       what: fs.path ?? "?",
       level: levelOf(fs.level),
       figures: `${bytes((fs.free_bytes ?? 0) + (fs.spare_bytes ?? 0))} free of ${bytes(fs.total_bytes)}`,
+      largest: Array.isArray(fs.largest_queues) ? fs.largest_queues : [],
     }));
     if (levels.memory)
       resources.push({
@@ -305,6 +306,16 @@ function renderCluster(status) {
             el("span", { class: "why" }, LEVEL_TEXT[resource.level]),
             el("span", { class: "path" }, `${resource.what} (${heard})`),
           ),
+          ...(resource.largest && resource.largest.length
+            ? [
+                el(
+                  "p",
+                  { class: "largest" },
+                  "Largest queues here: ",
+                  resource.largest.map((q) => `${q.queue ?? "?"} ${bytes(q.bytes)}`).join(", "),
+                ),
+              ]
+            : []),
         ),
       );
   }

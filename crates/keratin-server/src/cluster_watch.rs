@@ -533,6 +533,7 @@ mod tests {
                             clear_margin_bytes: 5 << 20,
                         },
                     },
+                    largest_queues: Vec::new(),
                 }],
                 memory: None,
                 sampled_at_ms: 1,

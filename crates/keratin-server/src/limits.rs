@@ -107,6 +107,9 @@ pub struct NodeLimits {
     sampled: watch::Sender<u64>,
     /// File systems with an active `disk_filling` item (`filling.rs`).
     filling: filling::Filling,
+    /// Each file system's largest queues for the node's report, and when they were counted
+    /// (`replicas.rs`: counted at most every few seconds, as listing every queue costs).
+    largest_queues: Mutex<Option<(std::time::Instant, Vec<Vec<keratin_limits::QueueUsage>>)>>,
 }
 
 /// A queue's dead-letter failures as the sampler last saw them.
@@ -189,6 +192,7 @@ impl NodeLimits {
             cluster_levels: OnceLock::new(),
             sampled: watch::Sender::new(0),
             filling: Mutex::new(BTreeSet::new()),
+            largest_queues: Mutex::new(None),
         })
     }
 

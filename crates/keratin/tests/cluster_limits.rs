@@ -381,6 +381,28 @@ fn a_full_node_limits_only_the_partitions_with_a_copy_on_it() {
         );
         eprintln!("A's leader delayed {delayed} batches for node 3's soft level");
         assert!(delayed > 0.0, "A's publishes were slowed before being refused");
+        // Every node shows what fills node 3: node 1's status names A as the largest queue
+        // on node 3's file system (from node 3's label; counted every 5 s there).
+        let deadline = Instant::now() + PHASE_MAX;
+        loop {
+            let status = support::status(cluster.nodes[&1].http);
+            let node3 = status["cluster"]["nodes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|n| n["id"] == 3)
+                .cloned()
+                .unwrap_or_default();
+            let largest = &node3["levels"]["filesystems"][0]["largest_queues"][0];
+            if largest["queue"] == queue_a.as_str() && largest["bytes"].as_u64() > Some(64 << 20) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node 1 does not show A as node 3's largest queue: {node3}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
 
         // B while A is refused.
         let during = b_rate(&b_client, &queue_b, B_WINDOW, &mut b_seq).await;

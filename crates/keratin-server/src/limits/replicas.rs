@@ -6,9 +6,14 @@
 //! at its reserve level not even then (it refuses new entries, so it is leaving the in-sync
 //! sets; the others confirm without it).
 
-use keratin_limits::{FilesystemReport, MemoryReport, NodeReport, Resource};
+use keratin_limits::{
+    FilesystemReport, MemoryReport, NodeReport, QueueUsage, Resource, LARGEST_QUEUES_REPORTED,
+};
 
 use super::*;
+
+/// A node's report names its largest queues as counted at most this long ago.
+const LARGEST_QUEUES_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// How strict a decision is, for picking the one that limits a publish: a rejection (for disk
 /// before memory, the deeper level first) over a delay (the longer first) over an admission.
@@ -39,11 +44,13 @@ impl NodeLimits {
 
     /// This node's resources at the last sample, as it reports them to the other nodes.
     pub fn node_report(&self) -> NodeReport {
+        let mut largest = self.largest_queues();
         let monitor = lock(&self.monitor);
         let filesystems = self
             .filesystems
             .iter()
-            .filter_map(|fs| {
+            .zip(largest.iter_mut())
+            .filter_map(|(fs, largest)| {
                 let status = monitor.disks().find(|d| d.device == DeviceId(fs.device))?;
                 Some(FilesystemReport {
                     path: fs.path.display().to_string(),
@@ -51,6 +58,7 @@ impl NodeLimits {
                     total_bytes: status.sample.total_bytes,
                     spare_bytes: status.sample.spare_bytes,
                     input: monitor.disk_input(DeviceId(fs.device))?,
+                    largest_queues: std::mem::take(largest),
                 })
             })
             .collect();
@@ -66,6 +74,30 @@ impl NodeLimits {
             memory,
             sampled_at_ms: now_ms(),
         }
+    }
+
+    /// Each file system's largest queues, counted again once the last count is
+    /// [`LARGEST_QUEUES_EVERY`] old (listing every queue costs; a report goes out every sample).
+    fn largest_queues(&self) -> Vec<Vec<QueueUsage>> {
+        let mut cached = lock(&self.largest_queues);
+        if let Some((at, largest)) = cached.as_ref() {
+            if at.elapsed() < LARGEST_QUEUES_EVERY {
+                return largest.clone();
+            }
+        }
+        // Not under the monitor's lock: the queues' figures come from the broker.
+        let largest: Vec<Vec<QueueUsage>> = self
+            .filesystems
+            .iter()
+            .map(|fs| {
+                self.top_queues(fs.device, LARGEST_QUEUES_REPORTED)
+                    .into_iter()
+                    .map(|(queue, bytes)| QueueUsage { queue, bytes })
+                    .collect()
+            })
+            .collect();
+        *cached = Some((std::time::Instant::now(), largest.clone()));
+        largest
     }
 
     /// The decision for a batch of `batch_bytes` on a partition on `device` here with in-sync
@@ -196,6 +228,7 @@ mod tests {
                         clear_margin_bytes: MIB,
                     },
                 },
+                largest_queues: Vec::new(),
             }],
             memory: None,
             sampled_at_ms: 1,
