@@ -277,6 +277,37 @@ async fn a_consumer(
     }
 }
 
+/// Waits until every sequence number of `confirmed` is in `delivered`, within [`PHASE_MAX`].
+async fn wait_all_delivered(
+    confirmed: &BTreeSet<u64>,
+    delivered: &Mutex<BTreeSet<u64>>,
+    queue: &str,
+) {
+    let deadline = Instant::now() + PHASE_MAX;
+    loop {
+        let missing = confirmed
+            .difference(&delivered.lock().expect("lock"))
+            .count();
+        if missing == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{missing} of {} confirmed messages of {queue} never delivered",
+            confirmed.len()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// No node stopped a log (a write or sync failed).
+fn assert_no_log_stopped(cluster: &Cluster) {
+    for id in 1..=3 {
+        let stops = support::metric(cluster.nodes[&id].http, "keratin_log_stops_total", "");
+        assert_eq!(stops, 0.0, "node {id} stopped a log");
+    }
+}
+
 /// A 256 MiB tmpfs for node 3 (unmounted when the second value drops, before the directory).
 fn small_tmpfs() -> (tempfile::TempDir, Tmpfs) {
     let small = tempfile::tempdir().expect("tempdir");
@@ -286,6 +317,11 @@ fn small_tmpfs() -> (tempfile::TempDir, Tmpfs) {
 
 /// Nodes 1 and 2 with their budgets on the host's disk, node 3 on the tmpfs at `small`.
 fn start_cluster(small: &std::path::Path) -> Cluster {
+    start_cluster_in(small, None)
+}
+
+/// [`start_cluster`], node 3 in the memory `cgroup` if given.
+fn start_cluster_in(small: &std::path::Path, cgroup: Option<std::path::PathBuf>) -> Cluster {
     let host: Vec<(&'static str, &'static str)> = COMMON.iter().chain(BUDGET).copied().collect();
     let small_env: Vec<(&'static str, &'static str)> =
         COMMON.iter().chain(SMALL).copied().collect();
@@ -294,7 +330,9 @@ fn start_cluster(small: &std::path::Path) -> Cluster {
         (2, host),
         (3, small_env),
     ]));
-    cluster.nodes.get_mut(&3).expect("node 3").dir = small.join("node-3");
+    let node3 = cluster.nodes.get_mut(&3).expect("node 3");
+    node3.dir = small.join("node-3");
+    node3.cgroup = cgroup;
     for id in 1..=3 {
         cluster.start_node(id);
     }
@@ -414,10 +452,7 @@ fn a_full_node_limits_only_the_partitions_with_a_copy_on_it() {
             "A is still refused while B was measured"
         );
 
-        for id in 1..=3 {
-            let stops = support::metric(cluster.nodes[&id].http, "keratin_log_stops_total", "");
-            assert_eq!(stops, 0.0, "node {id} stopped a log");
-        }
+        assert_no_log_stopped(&cluster);
 
         // Consume A: node 3 frees space and A's publisher is accepted again by itself.
         let delivered = Arc::new(Mutex::new(BTreeSet::new()));
@@ -442,21 +477,7 @@ fn a_full_node_limits_only_the_partitions_with_a_copy_on_it() {
         a_task.await.expect("A's publisher");
         // Every confirmed message of A is delivered.
         let confirmed = a_ledger.lock().expect("lock").confirmed.clone();
-        let deadline = Instant::now() + PHASE_MAX;
-        loop {
-            let missing = confirmed
-                .difference(&delivered.lock().expect("lock"))
-                .count();
-            if missing == 0 {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{missing} of {} confirmed messages of A never delivered",
-                confirmed.len()
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        wait_all_delivered(&confirmed, &delivered, "A").await;
         c_stop.store(true, Ordering::Relaxed);
         c_task.await.expect("A's consumer");
         eprintln!(
@@ -598,10 +619,7 @@ fn a_follower_at_reserve_leaves_the_in_sync_set_and_catches_up_after() {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        for id in 1..=3 {
-            let stops = support::metric(cluster.nodes[&id].http, "keratin_log_stops_total", "");
-            assert_eq!(stops, 0.0, "node {id} stopped a log");
-        }
+        assert_no_log_stopped(&cluster);
         eprintln!(
             "node 3 at reserve: out of the in-sync set {:.1} s after the fill, back {:.1} s \
              after the filler went; {} confirmed",
@@ -658,22 +676,7 @@ fn a_node_short_of_memory_limits_only_its_partitions() {
     }
     let cgroup = support::MemoryCgroup::create(512 << 20);
     let (small, _tmpfs) = small_tmpfs();
-    let host: Vec<(&'static str, &'static str)> = COMMON.iter().chain(BUDGET).copied().collect();
-    let small_env: Vec<(&'static str, &'static str)> =
-        COMMON.iter().chain(SMALL).copied().collect();
-    let mut cluster = Cluster::new(BTreeMap::from([
-        (1, host.clone()),
-        (2, host),
-        (3, small_env),
-    ]));
-    {
-        let node3 = cluster.nodes.get_mut(&3).expect("node 3");
-        node3.dir = small.path().join("node-3");
-        node3.cgroup = Some(cgroup.path.clone());
-    }
-    for id in 1..=3 {
-        cluster.start_node(id);
-    }
+    let cluster = start_cluster_in(small.path(), Some(cgroup.path.clone()));
     runtime().block_on(async {
         let node1 = cluster.nodes[&1].protocol;
         let admin = connect(node1, Duration::from_secs(10)).await;
@@ -861,27 +864,10 @@ fn a_replica_moves_off_the_small_node_under_load_and_nothing_is_lost() {
             c_stop.clone(),
         ));
         let confirmed = ledger.lock().expect("lock").confirmed.clone();
-        let deadline = Instant::now() + PHASE_MAX;
-        loop {
-            let missing = confirmed
-                .difference(&delivered.lock().expect("lock"))
-                .count();
-            if missing == 0 {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{missing} of {} confirmed messages never delivered",
-                confirmed.len()
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        wait_all_delivered(&confirmed, &delivered, "A").await;
         c_stop.store(true, Ordering::Relaxed);
         consumer.await.expect("consumer");
-        for id in 1..=3 {
-            let stops = support::metric(cluster.nodes[&id].http, "keratin_log_stops_total", "");
-            assert_eq!(stops, 0.0, "node {id} stopped a log");
-        }
+        assert_no_log_stopped(&cluster);
         let failed = ledger.lock().expect("lock").limited;
         eprintln!(
             "move off node 3 under load: {:.1} s; {confirmed_during} confirmed during it, {} in \

@@ -16,18 +16,9 @@ use support::cluster::Cluster;
 
 const WAIT_MAX: Duration = Duration::from_secs(60);
 
-/// `keratin ARGS` against node `id` until it succeeds (the cluster may still elect its
-/// metadata leader), within [`WAIT_MAX`].
+/// `keratin ARGS` against node `id` until it succeeds, within [`WAIT_MAX`].
 fn cli_until_ok(cluster: &Cluster, id: u64, args: &[&str]) -> String {
-    let deadline = Instant::now() + WAIT_MAX;
-    loop {
-        let (ok, out) = cluster.cli(id, args);
-        if ok {
-            return out;
-        }
-        assert!(Instant::now() < deadline, "keratin {args:?}: {out}");
-        std::thread::sleep(Duration::from_millis(300));
-    }
+    cluster.cli_until_ok(id, args, WAIT_MAX)
 }
 
 /// The preferred leader and replica lists of `queue`'s partitions as node `id`'s cluster
@@ -65,36 +56,21 @@ fn replicas(cluster: &Cluster, id: u64, queue: &str) -> Vec<Vec<u64>> {
 #[test]
 fn declare_pins_replicas_to_the_named_nodes_and_move_changes_one() {
     let cluster = Cluster::start();
-    let out = cli_until_ok(
-        &cluster,
-        1,
-        &[
-            "queue",
-            "declare",
-            "pinned",
-            "--partitions",
-            "3",
-            "--nodes",
-            "3,1",
-        ],
-    );
+    let declare = [
+        "queue",
+        "declare",
+        "pinned",
+        "--partitions",
+        "3",
+        "--nodes",
+        "3,1",
+    ];
+    let out = cli_until_ok(&cluster, 1, &declare);
     assert!(out.contains("declared queue pinned"), "{out}");
     // Every partition on 3 and 1, the preferred leaders rotating from 3.
     wait_replicas(&cluster, "pinned", &[vec![3, 1], vec![1, 3], vec![3, 1]]);
     // Declared again with the same nodes: the same queue (replicas = 2 either way).
-    cli_until_ok(
-        &cluster,
-        2,
-        &[
-            "queue",
-            "declare",
-            "pinned",
-            "--partitions",
-            "3",
-            "--nodes",
-            "3,1",
-        ],
-    );
+    cli_until_ok(&cluster, 2, &declare);
 
     for (args, expected) in [
         (
@@ -117,54 +93,27 @@ fn declare_pins_replicas_to_the_named_nodes_and_move_changes_one() {
     assert!(!ok, "nothing was declared: {out}");
 
     // Moves: refusals first, then one that is done.
-    let (ok, out) = cluster.cli(
-        2,
-        &[
+    let move_args = |partition: &'static str, from: &'static str, to: &'static str| {
+        [
             "queue",
             "move",
             "pinned",
             "--partition",
-            "1",
+            partition,
             "--from",
-            "2",
+            from,
             "--to",
-            "3",
-        ],
-    );
-    assert!(!ok && out.contains("no replica on node 2"), "{out}");
-    let (ok, out) = cluster.cli(
-        2,
-        &[
-            "queue",
-            "move",
-            "pinned",
-            "--partition",
-            "1",
-            "--from",
-            "1",
-            "--to",
-            "3",
-        ],
-    );
-    assert!(
-        !ok && out.contains("has a replica on node 3 already"),
-        "{out}"
-    );
-    let (ok, out) = cluster.cli(
-        2,
-        &[
-            "queue",
-            "move",
-            "pinned",
-            "--partition",
-            "7",
-            "--from",
-            "1",
-            "--to",
-            "2",
-        ],
-    );
-    assert!(!ok && out.contains("there is no partition 7"), "{out}");
+            to,
+        ]
+    };
+    for ((partition, from, to), expected) in [
+        (("1", "2", "3"), "no replica on node 2"),
+        (("1", "1", "3"), "has a replica on node 3 already"),
+        (("7", "1", "2"), "there is no partition 7"),
+    ] {
+        let (ok, out) = cluster.cli(2, &move_args(partition, from, to));
+        assert!(!ok && out.contains(expected), "{out}");
+    }
     let out = cli_until_ok(
         &cluster,
         2,

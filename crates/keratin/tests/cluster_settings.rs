@@ -55,18 +55,25 @@ fn soft_fraction_in_force(cluster: &Cluster, id: u64) -> f64 {
     soft / total
 }
 
-/// `keratin ARGS` against node `id` until it succeeds (the cluster may still elect its
-/// metadata leader), within [`WAIT_MAX`].
-fn cli_until_ok(cluster: &Cluster, id: u64, args: &[&str]) -> String {
+/// Waits until every node applies a soft threshold of 30 % of its file system (the floors
+/// are far below that on a disk that can hold the tests); `why` names the step.
+fn wait_soft_applied(cluster: &Cluster, why: &str) {
     let deadline = Instant::now() + WAIT_MAX;
-    loop {
-        let (ok, out) = cluster.cli(id, args);
-        if ok {
-            return out;
+    for id in 1..=3 {
+        while soft_fraction_in_force(cluster, id) < 0.29 {
+            assert!(
+                Instant::now() < deadline,
+                "{why}: node {id} applies soft at {:.3} of its disk",
+                soft_fraction_in_force(cluster, id)
+            );
+            std::thread::sleep(Duration::from_millis(100));
         }
-        assert!(Instant::now() < deadline, "keratin {args:?}: {out}");
-        std::thread::sleep(Duration::from_millis(300));
     }
+}
+
+/// `keratin ARGS` against node `id` until it succeeds, within [`WAIT_MAX`].
+fn cli_until_ok(cluster: &Cluster, id: u64, args: &[&str]) -> String {
+    cluster.cli_until_ok(id, args, WAIT_MAX)
 }
 
 #[test]
@@ -99,19 +106,8 @@ fn a_cluster_wide_setting_reaches_every_node_and_survives_a_full_restart() {
         wait_setting(&cluster, id, soft, &Value::from(0.3), "cluster");
         wait_setting(&cluster, id, interval, &Value::from(300), "cluster");
     }
-    // Applied, not only shown: each node's soft threshold is 30 % of its file system (the
-    // floors are far below that on a disk that can hold the tests).
-    let deadline = Instant::now() + WAIT_MAX;
-    for id in 1..=3 {
-        while soft_fraction_in_force(&cluster, id) < 0.29 {
-            assert!(
-                Instant::now() < deadline,
-                "node {id} applies soft at {:.3} of its disk",
-                soft_fraction_in_force(&cluster, id)
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
+    // Applied, not only shown.
+    wait_soft_applied(&cluster, "set on node 1");
 
     // Node 2's own value wins there only.
     let out = cli_until_ok(
@@ -149,16 +145,7 @@ fn a_cluster_wide_setting_reaches_every_node_and_survives_a_full_restart() {
     for id in [1, 3] {
         wait_setting(&cluster, id, interval, &Value::from(300), "cluster");
     }
-    let deadline = Instant::now() + WAIT_MAX;
-    for id in 1..=3 {
-        while soft_fraction_in_force(&cluster, id) < 0.29 {
-            assert!(
-                Instant::now() < deadline,
-                "node {id} lost the cluster's value at restart"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
+    wait_soft_applied(&cluster, "after the restart");
 
     // A refused change changes nothing anywhere; reset goes back to the configured values.
     let (ok, out) = cluster.cli(

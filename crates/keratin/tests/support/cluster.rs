@@ -177,6 +177,23 @@ impl Cluster {
         (output.status.success(), text)
     }
 
+    /// [`Cluster::cli`] until it succeeds (the cluster may still elect its metadata leader),
+    /// for at most `within`; its output.
+    pub fn cli_until_ok(&self, id: u64, args: &[&str], within: std::time::Duration) -> String {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let (ok, out) = self.cli(id, args);
+            if ok {
+                return out;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "keratin {args:?}: {out}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        }
+    }
+
     pub fn kill9(&mut self, id: u64) {
         if let Some(mut server) = self.nodes.get_mut(&id).and_then(|n| n.server.take()) {
             server.kill9();
