@@ -502,8 +502,9 @@ fn partition_on(cluster: &Cluster, id: u64, queue: &str) -> Option<serde_json::V
 
 /// Node 3 filled from outside to its reserve level: it refuses new entries for the partitions
 /// it follows and leaves their in-sync sets, while a queue of three replicas led elsewhere
-/// keeps confirming on the other two; once the filler is removed it catches up and is back in
-/// sync. No log stops anywhere.
+/// keeps confirming on the other two, and consuming, acknowledging, purging, declaring and
+/// deleting keep working; once the filler is removed it catches up and is back in sync. No log
+/// stops anywhere.
 #[test]
 fn a_follower_at_reserve_leaves_the_in_sync_set_and_catches_up_after() {
     if !support::privileged("a_follower_at_reserve_leaves_the_in_sync_set_and_catches_up_after") {
@@ -576,6 +577,33 @@ fn a_follower_at_reserve_leaves_the_in_sync_set_and_catches_up_after() {
             0,
             "nothing was refused"
         );
+        // Consuming, acknowledging, purging and metadata changes go on with the two nodes
+        // that have room (a new queue of two replicas is placed on them).
+        let mut consumer = admin.subscribe(&queue, 16).await.expect("subscribe");
+        for _ in 0..16 {
+            let delivery = tokio::time::timeout(PHASE_MAX, consumer.recv())
+                .await
+                .expect("a delivery in time")
+                .expect("a delivery");
+            delivery.ack().expect("ack while node 3 is at reserve");
+        }
+        drop(consumer);
+        admin
+            .purge(&queue)
+            .await
+            .expect("purge while node 3 is at reserve");
+        let two = QueueSettings {
+            replicas: Some(2),
+            ..QueueSettings::default()
+        };
+        admin
+            .declare("meta", two)
+            .await
+            .expect("declare while node 3 is at reserve");
+        admin
+            .delete("meta")
+            .await
+            .expect("delete while node 3 is at reserve");
 
         // The filler goes: node 3 catches up and is back in sync.
         std::fs::remove_file(&filler).expect("remove the filler");
