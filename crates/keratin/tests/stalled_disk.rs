@@ -3,8 +3,8 @@
 //! An in-process node (`keratin_server::Node`, two worker threads) runs on two storage
 //! directories through a test `Io` that passes everything to the real disk, except that
 //! `sync_data` of files under the second directory blocks while the test holds it stalled (and
-//! that directory reports its own device, as a second disk would; it lives on /dev/shm where
-//! there is one, so that its writeback shares no journal with the first directory's disk). Queues `slow-a` and `slow-b`
+//! that directory reports its own device, as a second disk would; it lives on a tmpfs of its own,
+//! so that its writeback shares no journal with the first directory's disk). Queues `slow-a` and `slow-b`
 //! live there, `fast` on the first directory. While the stall lasts:
 //! - `/health`, `/api/v1/status`, `/metrics`, `/api/v1/queues` and `keratin status` (the CLI
 //!   binary against the node's HTTP port) answer, and confirmed publishes to `fast` complete, each
@@ -29,7 +29,49 @@ use keratin_log::{FsStats, Io, IoError, IoFile, OpenMode, RealIo};
 use keratin_server::config::Config;
 use keratin_server::Node;
 
+mod support;
+
 type IoResult<T> = Result<T, IoError>;
+
+/// Room the stalled directory's file system must have: the stalled publishes' 150 MiB, under
+/// the levels' floors (soft at 256 MiB free) with room to spare.
+const SLOW_FS_MIB: u64 = 1024;
+
+/// Where the stalled directory lives: a tmpfs of its own (root), else /dev/shm when it has
+/// the room (a container's is often 64 MiB: the stalled writes filled it and the directory
+/// was at the hard level before the test began), else the first directory's file system,
+/// said loudly.
+enum SlowFs {
+    Mounted(support::Tmpfs),
+    Shm(tempfile::TempDir),
+    Shared(PathBuf),
+}
+
+impl SlowFs {
+    fn new(tmp: &Path) -> SlowFs {
+        if support::is_root() {
+            return SlowFs::Mounted(support::Tmpfs::mount(&tmp.join("slow-fs"), SLOW_FS_MIB));
+        }
+        if let Ok(shm) = tempfile::tempdir_in("/dev/shm") {
+            if support::free_and_total(shm.path()).0 >= SLOW_FS_MIB << 20 {
+                return SlowFs::Shm(shm);
+            }
+        }
+        eprintln!(
+            "!!! not root and no /dev/shm with {SLOW_FS_MIB} MiB free: the stalled directory \
+             shares the fast one's file system (a fast publish may wait behind its writeback)"
+        );
+        SlowFs::Shared(tmp.to_path_buf())
+    }
+
+    fn dir(&self) -> &Path {
+        match self {
+            SlowFs::Mounted(tmpfs) => &tmpfs.path,
+            SlowFs::Shm(dir) => dir.path(),
+            SlowFs::Shared(dir) => dir,
+        }
+    }
+}
 
 /// What every operation measured during the stall must stay under.
 const FAST: Duration = Duration::from_millis(100);
@@ -255,15 +297,11 @@ fn admin_reads_and_other_queues_stay_fast_while_a_disk_stalls() {
     // logs fail and heal onto nothing, and the owner's "the healed log lost applied records"
     // assertion fired on top of the test's own failure (seen once after a 126 ms publish).
     let tmp = tempfile::tempdir().expect("tmp");
-    // The stalled directory on another file system where there is one (/dev/shm, a tmpfs any
-    // user may write): on the same disk as `fast`, the kernel's writeback of the stalled
-    // files' 150 MiB (their syncs block, their pages do not) made one `fast` fdatasync wait
-    // about a second behind it in ext4's journal (seen once in CI: 999 ms). A second disk, as
-    // the test means, shares no journal.
-    let slow_tmp = tempfile::tempdir_in("/dev/shm").unwrap_or_else(|_| {
-        eprintln!("no /dev/shm: the stalled directory shares the fast one's file system");
-        tempfile::tempdir().expect("tmp")
-    });
+    // The stalled directory on another file system: on the same disk as `fast`, the kernel's
+    // writeback of the stalled files' 150 MiB (their syncs block, their pages do not) made one
+    // `fast` fdatasync wait about a second behind it in ext4's journal (seen once in CI:
+    // 999 ms). A second disk, as the test means, shares no journal.
+    let slow_fs = SlowFs::new(tmp.path());
     let node_runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .max_blocking_threads(16)
@@ -276,7 +314,7 @@ fn admin_reads_and_other_queues_stay_fast_while_a_disk_stalls() {
         .enable_all()
         .build()
         .expect("test runtime");
-    let (fast_dir, slow_dir) = (tmp.path().join("fast"), slow_tmp.path().join("slow"));
+    let (fast_dir, slow_dir) = (tmp.path().join("fast"), slow_fs.dir().join("slow"));
     let stall = Arc::new(Stall {
         dir: slow_dir.clone(),
         stalled: Mutex::new(false),

@@ -12,16 +12,20 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// True if privileged tests may run. Without root they skip loudly, unless
-/// `KERATIN_REQUIRE_PRIVILEGED_TESTS=1`, where skipping is a failure.
-pub fn privileged(test: &str) -> bool {
+/// True if this process runs as root (its real user id is 0).
+pub fn is_root() -> bool {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let root = status
+    status
         .lines()
         .find(|l| l.starts_with("Uid:"))
         .and_then(|l| l.split_whitespace().nth(1))
-        == Some("0");
-    if root {
+        == Some("0")
+}
+
+/// True if privileged tests may run. Without root they skip loudly, unless
+/// `KERATIN_REQUIRE_PRIVILEGED_TESTS=1`, where skipping is a failure.
+pub fn privileged(test: &str) -> bool {
+    if is_root() {
         return true;
     }
     if std::env::var("KERATIN_REQUIRE_PRIVILEGED_TESTS").as_deref() == Ok("1") {
