@@ -56,6 +56,9 @@ impl Owner {
     /// Read the next batch of foreign records when some are committed and not applied, and
     /// nothing of this owner's is in the way (see the module docs).
     pub(super) fn maybe_follow(&mut self) {
+        if self.state.recount_due() {
+            self.recount();
+        }
         let from = self.state.head();
         let Some(until) = self.follow_limit() else {
             return;
@@ -81,6 +84,23 @@ impl Owner {
             let read = read_committed(log.as_ref(), from, until);
             let _ = commands.send(Command::FollowRead(read));
         });
+    }
+
+    /// A PURGE named messages this state never knew (a follower whose log starts past
+    /// messages the leader still counted): its byte total is not this state's, and only the
+    /// records tell the live bytes. A rebuild from the log recounts them, once nothing of this
+    /// owner's is pending (a rebuild replaces the state: see `rebuilt`); until then the live
+    /// byte total is short by what the record counted twice, and following goes on.
+    fn recount(&mut self) {
+        if self.pending.is_empty()
+            && !self.following
+            && self.stopped.is_none()
+            && self.log_job.is_none()
+            && self.log.is_some()
+        {
+            tracing::info!(queue = %self.ctx.queue, partition = self.ctx.index, "a purge named messages below the log's start: recounting the live bytes from the log");
+            self.start_log_job(|log| JobDone::Restarted(super::rebuild(log.as_ref(), None)));
+        }
     }
 
     /// A batch of foreign records was read: apply it if the state is still where it started.
@@ -304,5 +324,49 @@ mod tests {
             0,
             "the partition stopped for a restart of its log"
         );
+    }
+
+    /// A follower rebuilt from a log whose start lies past messages the leader still knows
+    /// (their payloads below it, as after a snapshot) applies the leader's PURGE naming them:
+    /// the record's byte total covers bytes this state never counted. The owner recounts
+    /// from its log; before, its live byte total stayed short (saturating) and differed from
+    /// the state rebuilt from the same log (seen in CI: queue "r", 156702 bytes live against
+    /// 158834 rebuilt, and the debug check's panic).
+    #[tokio::test]
+    async fn a_purge_naming_messages_below_the_start_is_recounted() {
+        let log = Arc::new(MemLog::default());
+        let bodies = ["a", "bb", "ccc", "dddd"];
+        let encoded: Vec<(u8, Vec<u8>)> = bodies
+            .iter()
+            .map(|body| (crate::record::ENQUEUE, payload(body)))
+            .collect();
+        log.push(&encoded);
+        log.restart(2);
+        let state = super::super::rebuild(log.as_ref(), None).expect("rebuilt");
+        assert_eq!((state.start(), state.live_count()), (2, 2));
+        let handle = spawn(context(), log.clone(), state, None);
+        let size = |i: usize| payload(bodies[i]).len() as u64;
+        log.commit_foreign(&[PartitionRecord::Purge(crate::record::Purge {
+            ranges: vec![(0, 3)],
+            count: 3,
+            bytes: size(0) + size(1) + size(2),
+        })]);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let (live, rebuilt) = loop {
+            let (live, rebuilt) = handle.state().await.expect("state");
+            let settled = live.head() == 5 && !live.recount_due();
+            if settled || Instant::now() > deadline {
+                break (live, rebuilt);
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        };
+        assert_eq!(live.head(), 5, "the purge was not applied");
+        assert_eq!(live.live_count(), 1, "message 3 is live");
+        assert_eq!(
+            live.live_bytes(),
+            size(3),
+            "the live bytes were not recounted"
+        );
+        assert_eq!(live, rebuilt);
     }
 }

@@ -57,6 +57,11 @@ impl MemLog {
         *self.restart_mid_read.lock().expect("lock") = Some((at, new_start));
     }
 
+    /// The log restarts at `new_start` now (a snapshot installed before the owner opened).
+    pub(super) fn restart(&self, new_start: u64) {
+        self.restart_at(new_start);
+    }
+
     fn restart_at(&self, new_start: u64) {
         let mut held = self.records.lock().expect("lock");
         // Offsets up to the new start are taken by records nobody reads again.

@@ -55,15 +55,15 @@ impl Owner {
     pub(super) fn restart_done(&mut self, rebuilt: BrokerResult<PartitionState>) {
         match rebuilt {
             Ok(state) if self.stopped.is_none() && self.pending.is_empty() => {
-                tracing::info!(queue = %self.ctx.queue, partition = self.ctx.index, start = state.start(), head = state.head(), "state rebuilt from the log after a snapshot from the leader");
+                tracing::info!(queue = %self.ctx.queue, partition = self.ctx.index, start = state.start(), head = state.head(), "state rebuilt from the log (after a snapshot from the leader, or to recount a purge)");
                 self.rebuilt(state);
             }
             // Stopped or proposing meanwhile: the next follow looks again.
             Ok(_) => {}
             Err(error) => {
-                tracing::warn!(queue = %self.ctx.queue, partition = self.ctx.index, %error, "rebuild after a snapshot from the leader failed");
+                tracing::warn!(queue = %self.ctx.queue, partition = self.ctx.index, %error, "rebuild from the log failed");
                 self.stop(LogError::Invalid(format!(
-                    "rebuilding the partition after a snapshot from the leader failed: {error}"
+                    "rebuilding the partition from its log (after a snapshot from the leader, or to recount a purge) failed: {error}"
                 )));
             }
         }
