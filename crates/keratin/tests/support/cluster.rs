@@ -220,8 +220,9 @@ impl Cluster {
     /// `GET /api/v1/cluster` of a running node, if it answers with JSON.
     pub fn cluster_document(&self, id: u64) -> Option<serde_json::Value> {
         let node = self.nodes.get(&id).filter(|n| n.server.is_some())?;
+        let http = node.http;
         let text =
-            std::panic::catch_unwind(|| super::http_get(node.http, "/api/v1/cluster")).ok()?;
+            std::panic::catch_unwind(move || super::http_get(http, "/api/v1/cluster")).ok()?;
         let json = text.find('{').map(|at| &text[at..])?;
         serde_json::from_str(json).ok()
     }

@@ -62,6 +62,12 @@ pub struct Server {
     pub protocol: SocketAddr,
     pub http: SocketAddr,
     pub pid: u32,
+    /// Forwards the node's stderr to the test's and keeps the first line of each panic it
+    /// printed: a panic on one of the node's threads (a debug assertion in a partition owner)
+    /// does not end the node, and the test would pass over it. Dropping the server fails the
+    /// test when there was one.
+    /// (Unwind safe: only `Drop` touches it.)
+    stderr: Option<std::panic::AssertUnwindSafe<std::thread::JoinHandle<Vec<String>>>>,
 }
 
 impl Server {
@@ -85,10 +91,23 @@ impl Server {
         command
             .args(args)
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .env("KERATIN_LOG", node_log_filter());
         let mut child = command.spawn().expect("spawn keratin");
         let pid = child.id();
+        let stderr = child.stderr.take().expect("stderr");
+        let stderr = std::thread::spawn(move || {
+            use std::io::Write;
+            let mut panics = Vec::new();
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if line.contains("panicked at") && panics.len() < 8 {
+                    panics.push(line.clone());
+                }
+                let _ = writeln!(std::io::stderr(), "{line}");
+            }
+            panics
+        });
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
@@ -118,6 +137,7 @@ impl Server {
             http: field("http="),
             pid,
             child: Some(child),
+            stderr: Some(std::panic::AssertUnwindSafe(stderr)),
         }
     }
 
@@ -172,6 +192,19 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         self.kill9();
+        // The pipe closes with the process: every line it printed is in.
+        let panics = self
+            .stderr
+            .take()
+            .and_then(|forward| forward.0.join().ok())
+            .unwrap_or_default();
+        if !panics.is_empty() && !std::thread::panicking() {
+            panic!(
+                "keratin node (pid {}) panicked while the test ran (its log above): {}",
+                self.pid,
+                panics.join(" | ")
+            );
+        }
     }
 }
 
