@@ -1,0 +1,343 @@
+//! The user table: users, their password hashes and grants, as a state machine of
+//! [`UserChange`]s. The broker stores the changes (the node's metadata log on a single node,
+//! the cluster log in a cluster) and applies them here in log order, so every node holds the
+//! same table; a change that does not apply (an unknown user, a duplicate) is refused before it
+//! is stored, and refused the same way if it is ever replayed.
+
+use std::collections::BTreeMap;
+
+use crate::error::{AuthError, AuthResult};
+use crate::password::PasswordDigest;
+use crate::rules::{Grants, Pattern, Permission, Permissions};
+
+/// The most users a table holds.
+pub const MAX_USERS: usize = 10_000;
+
+/// One user.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct User {
+    /// Its name.
+    pub name: String,
+    /// Its password's hash.
+    pub password: PasswordDigest,
+    /// What it may do.
+    pub grants: Grants,
+}
+
+/// A change to the user table, as stored.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "change", rename_all = "snake_case")]
+pub enum UserChange {
+    /// A new user (refused if the name is taken).
+    Add {
+        /// Its name.
+        name: String,
+        /// Its password's hash.
+        password: PasswordDigest,
+        /// Admin or not.
+        admin: bool,
+    },
+    /// A new password for a user.
+    Password {
+        /// The user.
+        name: String,
+        /// The new hash.
+        password: PasswordDigest,
+    },
+    /// Make a user an admin or not.
+    Admin {
+        /// The user.
+        name: String,
+        /// Admin or not.
+        admin: bool,
+    },
+    /// Add permissions on a pattern.
+    Grant {
+        /// The user.
+        name: String,
+        /// The queues.
+        pattern: Pattern,
+        /// What is added.
+        permissions: Permissions,
+    },
+    /// Take permissions on a pattern.
+    Revoke {
+        /// The user.
+        name: String,
+        /// The queues.
+        pattern: Pattern,
+        /// What is taken.
+        permissions: Permissions,
+    },
+    /// Remove a user.
+    Delete {
+        /// The user.
+        name: String,
+    },
+}
+
+impl UserChange {
+    /// The user it changes.
+    pub fn user(&self) -> &str {
+        match self {
+            UserChange::Add { name, .. }
+            | UserChange::Password { name, .. }
+            | UserChange::Admin { name, .. }
+            | UserChange::Grant { name, .. }
+            | UserChange::Revoke { name, .. }
+            | UserChange::Delete { name } => name,
+        }
+    }
+}
+
+/// Check a user name: 1 to 64 letters, digits, `.`, `_`, `-` or `@`.
+pub fn check_user_name(name: &str) -> AuthResult<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'@'));
+    if ok {
+        Ok(())
+    } else {
+        Err(AuthError::Invalid(format!(
+            "user name {name:?}: expected 1 to 64 letters, digits, '.', '_', '-' or '@'"
+        )))
+    }
+}
+
+/// The users, by name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UserTable {
+    users: BTreeMap<String, User>,
+}
+
+impl UserTable {
+    /// An empty table.
+    pub fn new() -> UserTable {
+        UserTable::default()
+    }
+
+    /// The user called `name`.
+    pub fn get(&self, name: &str) -> Option<&User> {
+        self.users.get(name)
+    }
+
+    /// Every user, by name.
+    pub fn iter(&self) -> impl Iterator<Item = &User> {
+        self.users.values()
+    }
+
+    /// How many users.
+    pub fn len(&self) -> usize {
+        self.users.len()
+    }
+
+    /// True if there is none.
+    pub fn is_empty(&self) -> bool {
+        self.users.is_empty()
+    }
+
+    /// True if `user` may do `permission` to `queue` (false for an unknown user).
+    pub fn allows(&self, user: &str, queue: &str, permission: Permission) -> bool {
+        self.users
+            .get(user)
+            .is_some_and(|u| u.grants.allows(queue, permission))
+    }
+
+    /// True if `user` is an admin.
+    pub fn is_admin(&self, user: &str) -> bool {
+        self.users.get(user).is_some_and(|u| u.grants.admin)
+    }
+
+    /// Check that `change` applies, without applying it: what the broker asks before it
+    /// stores the change.
+    pub fn check(&self, change: &UserChange) -> AuthResult<()> {
+        self.clone().apply(change)
+    }
+
+    /// Apply a change. A refused change leaves the table as it was.
+    pub fn apply(&mut self, change: &UserChange) -> AuthResult<()> {
+        check_user_name(change.user())?;
+        if let UserChange::Add {
+            name,
+            password,
+            admin,
+        } = change
+        {
+            if self.users.contains_key(name) {
+                return Err(AuthError::Invalid(format!(
+                    "user {name:?} exists: change its password with `keratin user passwd`"
+                )));
+            }
+            if self.users.len() >= MAX_USERS {
+                return Err(AuthError::Invalid(format!(
+                    "the broker holds at most {MAX_USERS} users: delete some first"
+                )));
+            }
+            self.users.insert(
+                name.clone(),
+                User {
+                    name: name.clone(),
+                    password: password.clone(),
+                    grants: Grants {
+                        admin: *admin,
+                        rules: Vec::new(),
+                    },
+                },
+            );
+            return Ok(());
+        }
+        if let UserChange::Delete { name } = change {
+            if self.users.remove(name).is_none() {
+                return Err(unknown(name));
+            }
+            return Ok(());
+        }
+        let user = self
+            .users
+            .get_mut(change.user())
+            .ok_or_else(|| unknown(change.user()))?;
+        match change {
+            UserChange::Password { password, .. } => user.password = password.clone(),
+            UserChange::Admin { admin, .. } => user.grants.admin = *admin,
+            UserChange::Grant {
+                pattern,
+                permissions,
+                ..
+            } => {
+                let mut grants = user.grants.clone();
+                grants.grant(pattern.clone(), *permissions)?;
+                user.grants = grants;
+            }
+            UserChange::Revoke {
+                pattern,
+                permissions,
+                ..
+            } => {
+                let mut grants = user.grants.clone();
+                grants.revoke(pattern, *permissions)?;
+                user.grants = grants;
+            }
+            UserChange::Add { .. } | UserChange::Delete { .. } => {
+                unreachable!("handled above")
+            }
+        }
+        Ok(())
+    }
+
+    /// The number of admins: the broker refuses a change that would leave none (no one could
+    /// manage users again).
+    pub fn admins(&self) -> usize {
+        self.users.values().filter(|u| u.grants.admin).count()
+    }
+}
+
+fn unknown(name: &str) -> AuthError {
+    AuthError::Invalid(format!("no user {name:?} (`keratin user list` shows them)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn digest() -> PasswordDigest {
+        // One hash for all: hashing is the slow part of these tests.
+        static DIGEST: std::sync::OnceLock<PasswordDigest> = std::sync::OnceLock::new();
+        DIGEST
+            .get_or_init(|| PasswordDigest::hash("password1").expect("hashed"))
+            .clone()
+    }
+
+    fn add(name: &str, admin: bool) -> UserChange {
+        UserChange::Add {
+            name: name.into(),
+            password: digest(),
+            admin,
+        }
+    }
+
+    #[test]
+    fn changes_apply_in_order_and_refusals_change_nothing() {
+        let mut table = UserTable::new();
+        table.apply(&add("alice", false)).expect("added");
+        assert!(table.apply(&add("alice", false)).is_err(), "a duplicate");
+        assert!(table.apply(&add("bad name", false)).is_err());
+        let grant = UserChange::Grant {
+            name: "alice".into(),
+            pattern: Pattern::new("orders.*").expect("p"),
+            permissions: Permissions::parse("publish").expect("p"),
+        };
+        table.apply(&grant).expect("granted");
+        assert!(table.allows("alice", "orders.eu", Permission::Publish));
+        assert!(!table.allows("alice", "orders.eu", Permission::Consume));
+        assert!(!table.allows("bob", "orders.eu", Permission::Publish));
+        let before = table.clone();
+        let bad_revoke = UserChange::Revoke {
+            name: "alice".into(),
+            pattern: Pattern::new("billing").expect("p"),
+            permissions: Permissions::ALL,
+        };
+        assert!(table.check(&bad_revoke).is_err());
+        assert!(table.apply(&bad_revoke).is_err());
+        assert_eq!(table, before, "a refused change leaves the table");
+        table
+            .apply(&UserChange::Admin {
+                name: "alice".into(),
+                admin: true,
+            })
+            .expect("admin");
+        assert_eq!(table.admins(), 1);
+        assert!(table.is_admin("alice"));
+        table
+            .apply(&UserChange::Delete {
+                name: "alice".into(),
+            })
+            .expect("deleted");
+        assert!(table.is_empty());
+        assert!(table
+            .apply(&UserChange::Delete {
+                name: "alice".into()
+            })
+            .is_err());
+    }
+
+    #[test]
+    fn changes_round_trip_through_json_and_replay_to_the_same_table() {
+        let changes = vec![
+            add("admin", true),
+            add("app", false),
+            UserChange::Grant {
+                name: "app".into(),
+                pattern: Pattern::new("*").expect("p"),
+                permissions: Permissions::parse("publish,consume").expect("p"),
+            },
+            UserChange::Password {
+                name: "app".into(),
+                password: digest(),
+            },
+        ];
+        let mut table = UserTable::new();
+        let mut stored = Vec::new();
+        for change in &changes {
+            table.apply(change).expect("applied");
+            stored.push(serde_json::to_string(change).expect("json"));
+        }
+        assert!(
+            stored[2].starts_with(r#"{"change":"grant","name":"app""#),
+            "{}",
+            stored[2]
+        );
+        let mut replayed = UserTable::new();
+        for text in &stored {
+            let change: UserChange = serde_json::from_str(text).expect("parsed");
+            replayed.apply(&change).expect("replayed");
+        }
+        assert_eq!(replayed, table);
+        assert!(replayed
+            .get("app")
+            .expect("app")
+            .password
+            .verify("password1"));
+    }
+}
