@@ -136,13 +136,13 @@ fn each_source_overrides_the_ones_below_it() {
     // Flags over the environment.
     let flags = CliOverrides {
         data_dirs: vec!["/flag".into()],
-        http: Some(addr("0.0.0.0:1004")),
+        http: Some(addr("127.0.0.5:1004")),
         ..flags
     };
     let loaded = load(&flags, env).expect("flags");
     let config = loaded.config();
     assert_eq!(config.server.listen, addr("127.0.0.4:1003"));
-    assert_eq!(config.server.http, addr("0.0.0.0:1004"));
+    assert_eq!(config.server.http, addr("127.0.0.5:1004"));
     assert_eq!(config.storage.dirs, vec![PathBuf::from("/flag")]);
     assert_eq!(
         loaded.origin("server.listen"),
@@ -469,4 +469,61 @@ fn the_cluster_section_comes_from_file_environment_and_flags() {
     )];
     let error = load(&with_file(&file), twice).expect_err("a duplicate id");
     assert!(error.to_string().contains("cluster"), "{error}");
+}
+
+/// A listener off loopback, with neither TLS nor logins in this version, needs
+/// `server.insecure`: without it the configuration is refused, naming the key, its value and
+/// what to do; with it (flag, env or file) the node may listen anywhere.
+#[test]
+fn a_listener_off_loopback_needs_insecure() {
+    let exposed = CliOverrides {
+        listen: Some(addr("0.0.0.0:5680")),
+        ..CliOverrides::default()
+    };
+    let error = load_error(&exposed, &[]);
+    assert_invalid(
+        error,
+        "server.listen",
+        "0.0.0.0:5680",
+        "--insecure",
+        &Origin::Flag("--listen".into()),
+    );
+    let error = load_error(
+        &CliOverrides::default(),
+        &[("KERATIN_SERVER__HTTP", "10.1.2.3:5681")],
+    );
+    assert_invalid(
+        error,
+        "server.http",
+        "10.1.2.3:5681",
+        "neither TLS nor logins",
+        &Origin::Env("KERATIN_SERVER__HTTP".into()),
+    );
+    let clustered = CliOverrides {
+        node_id: Some(1),
+        cluster_listen: Some(addr("192.168.1.1:5690")),
+        ..CliOverrides::default()
+    };
+    let error = load_error(&clustered, &[]);
+    assert!(error.to_string().contains("cluster.listen"), "{error}");
+
+    let insecure = CliOverrides {
+        insecure: true,
+        ..exposed.clone()
+    };
+    let loaded = load(&insecure, NO_ENV).expect("--insecure allows it");
+    assert!(loaded.config().server.insecure);
+    assert_eq!(
+        loaded.origin("server.insecure"),
+        Some(Origin::Flag("--insecure".into()))
+    );
+    load(&exposed, [("KERATIN_SERVER__INSECURE", "true")]).expect("so does the env");
+    load(&clustered, [("KERATIN_SERVER__INSECURE", "true")]).expect("for the cluster port too");
+    // Loopback in all its forms needs nothing.
+    let loopback = CliOverrides {
+        listen: Some(addr("127.0.0.9:5680")),
+        http: Some(addr("[::1]:5681")),
+        ..CliOverrides::default()
+    };
+    load(&loopback, NO_ENV).expect("loopback");
 }

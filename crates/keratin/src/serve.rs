@@ -39,6 +39,10 @@ pub struct ServeArgs {
     /// cluster's metadata group.
     #[arg(long)]
     join: bool,
+    /// Serve on addresses off loopback although this version has neither TLS nor logins
+    /// (server.insecure): anyone who reaches the ports may publish, consume and delete.
+    #[arg(long)]
+    insecure: bool,
     /// Print the effective configuration, with where each value came from, and exit.
     #[arg(long)]
     print_config: bool,
@@ -64,6 +68,7 @@ pub fn prepare(args: ServeArgs) -> Result<Prepared, String> {
         cluster_listen: args.cluster_listen,
         peers: args.peers,
         join: args.join,
+        insecure: args.insecure,
     };
     let loaded = load_from_process_env(&cli).map_err(|e| e.to_string())?;
     if args.print_config {

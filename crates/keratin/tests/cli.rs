@@ -635,3 +635,45 @@ fn status_without_a_reachable_node_says_to_pass_http() {
         describe(&output)
     );
 }
+
+/// `keratin serve` off loopback without `--insecure` refuses to start (before binding
+/// anything), naming the key, the address and the flag; with `--insecure` the same
+/// configuration is accepted (`--print-config`, so the test binds nothing off loopback).
+#[test]
+fn serve_off_loopback_needs_insecure() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let data_dir = data.path().to_str().expect("utf8");
+    let serve = |extra: &[&str]| {
+        Command::new(BIN)
+            .args(["serve", "--data-dir", data_dir, "--listen", "0.0.0.0:5680"])
+            .args(extra)
+            .env_remove("KERATIN_SERVER__INSECURE")
+            .stdin(Stdio::null())
+            .output()
+            .expect("the keratin binary runs")
+    };
+    let refused = serve(&[]);
+    assert!(!refused.status.success(), "{}", describe(&refused));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    for part in [
+        "server.listen",
+        "0.0.0.0:5680",
+        "--insecure",
+        "neither TLS nor logins",
+    ] {
+        assert!(
+            stderr.contains(part),
+            "{part:?} missing: {}",
+            describe(&refused)
+        );
+    }
+    let accepted = serve(&["--insecure", "--print-config"]);
+    assert!(accepted.status.success(), "{}", describe(&accepted));
+    let stdout = String::from_utf8_lossy(&accepted.stdout);
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("insecure = true") && l.ends_with("# flag --insecure")),
+        "{stdout}"
+    );
+}

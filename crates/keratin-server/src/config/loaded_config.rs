@@ -35,6 +35,7 @@ impl LoadedConfig {
         Ok(loaded)
     }
 
+    /// Checks every key, and that no listener leaves loopback unless `server.insecure`.
     fn validate(&self) -> Result<(), ConfigError> {
         let key_error = |error: KeyError| {
             ConfigError::invalid(&self.figment, error.key, error.value, error.expected)
@@ -42,10 +43,25 @@ impl LoadedConfig {
         self.config.node.validate().map_err(key_error)?;
         self.config.server.validate().map_err(key_error)?;
         self.config.storage.validate().map_err(key_error)?;
+        let mut listeners = vec![
+            ("server.listen", self.config.server.listen),
+            ("server.http", self.config.server.http),
+        ];
         if let Some(cluster) = &self.config.cluster {
-            cluster.resolve().map_err(|error| ConfigError::Source {
+            let resolved = cluster.resolve().map_err(|error| ConfigError::Source {
                 message: format!("[cluster]: {error}"),
             })?;
+            listeners.push(("cluster.listen", resolved.listen));
+        }
+        if !self.config.server.insecure {
+            if let Some((key, addr)) = listeners.iter().find(|(_, a)| !a.ip().is_loopback()) {
+                return Err(ConfigError::invalid(
+                    &self.figment,
+                    key,
+                    addr.to_string(),
+                    EXPOSED_EXPECTED,
+                ));
+            }
         }
         self.config.limits.validate().map_err(|error| match error {
             LimitsError::InvalidSetting {
@@ -233,3 +249,9 @@ fn oversized_integer(value: &Value, path: &mut Vec<String>) -> Option<(String, V
         _ => None,
     }
 }
+
+/// What a listener off loopback needs (see `server.insecure`).
+const EXPOSED_EXPECTED: &str = "a loopback address (127.0.0.0/8 or ::1): this version has \
+     neither TLS nor logins, so anyone who reaches the port may publish, consume, delete queues \
+     and change settings; to serve it that way anyway, set server.insecure = true (flag \
+     --insecure, env KERATIN_SERVER__INSECURE=true)";

@@ -135,6 +135,11 @@ pub struct ServerSection {
     /// A publish not confirmed within this many milliseconds is answered 504 (outcome
     /// unknown) instead of waiting on for a stalled disk. Startup field.
     pub publish_timeout_ms: u64,
+    /// Serve on addresses other than loopback although this version has neither TLS nor
+    /// logins: anyone who reaches such a port may publish, consume, delete queues and change
+    /// settings. Without it, a `server.listen`, `server.http` or `cluster.listen` off loopback
+    /// refuses to start. Startup field.
+    pub insecure: bool,
 }
 
 /// Default `server.blocking_threads_max`: blocking work is disk work, which a few threads keep
@@ -190,6 +195,7 @@ impl Default for ServerSection {
             worker_threads: 0,
             blocking_threads_max: BLOCKING_THREADS_MAX_DEFAULT,
             publish_timeout_ms: keratin_broker::PUBLISH_TIMEOUT_DEFAULT.as_millis() as u64,
+            insecure: false,
         }
     }
 }

@@ -46,6 +46,8 @@ pub struct CliOverrides {
     pub peers: Vec<keratin_net::PeerSpec>,
     /// `--join`: sets `cluster.join` (the node joins a running cluster).
     pub join: bool,
+    /// `--insecure`: sets `server.insecure` (listeners off loopback with no TLS or login).
+    pub insecure: bool,
 }
 
 /// Loads the configuration from every source, with `env` as the environment (pairs of name and
@@ -197,6 +199,9 @@ fn flag_layer(cli: &CliOverrides) -> Layer {
     }
     if let Some(http) = cli.http {
         set("server.http", "--http", Value::from(http.to_string()));
+    }
+    if cli.insecure {
+        set("server.insecure", "--insecure", Value::from(true));
     }
     if let Some(node_id) = cli.node_id {
         set("cluster.node_id", "--node-id", Value::from(node_id));
