@@ -26,6 +26,11 @@ use keratin_proto::{
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, ToSocketAddrs};
+
+/// The connection's byte stream: plain TCP, or TLS over it.
+trait ByteStream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
+impl<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> ByteStream for S {}
+type BoxStream = Box<dyn ByteStream>;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::codec::{Framed, FramedParts};
@@ -194,7 +199,7 @@ pub(crate) struct Handle {
 
 /// What an accepted handshake gives.
 struct Accepted {
-    framed: Framed<TcpStream, keratin_proto::FrameCodec>,
+    framed: Framed<BoxStream, keratin_proto::FrameCodec>,
     node_id: String,
     info: ServerInfo,
     version: u16,
@@ -283,12 +288,30 @@ async fn handshake(
     options: &ClientOptions,
     version: u16,
 ) -> Result<Accepted, ClientError> {
-    let mut stream = TcpStream::connect(addrs)
+    let tcp = TcpStream::connect(addrs)
         .await
         .map_err(|error| ClientError::io("connect to the broker", error))?;
-    stream
-        .set_nodelay(true)
+    tcp.set_nodelay(true)
         .map_err(|error| ClientError::io("set TCP_NODELAY", error))?;
+    let mut stream: BoxStream = match &options.tls {
+        None => Box::new(tcp),
+        Some(tls) => {
+            let peer = tcp
+                .peer_addr()
+                .map_err(|error| ClientError::io("read the broker's address", error))?;
+            let tls_stream = tls
+                .connector()
+                .connect(tls.name_for(peer), tcp)
+                .await
+                .map_err(|error| {
+                    ClientError::io(
+                        format!("TLS handshake with the broker at {peer} (is it serving TLS, and is its certificate from the CA given?)"),
+                        error,
+                    )
+                })?;
+            Box::new(tls_stream)
+        }
+    };
     let mut hello = BytesMut::new();
     ClientHello {
         version,
@@ -348,7 +371,7 @@ pub(crate) fn duration_ms(duration: Duration) -> u64 {
 }
 
 struct Connection {
-    framed: Framed<TcpStream, keratin_proto::FrameCodec>,
+    framed: Framed<BoxStream, keratin_proto::FrameCodec>,
     commands: mpsc::Receiver<Command>,
     control: mpsc::UnboundedReceiver<Control>,
     control_tx: mpsc::UnboundedSender<Control>,

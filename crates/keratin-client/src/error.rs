@@ -17,6 +17,14 @@ use crate::publisher::OutgoingMessage;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ClientError {
+    /// TLS could not be set up: a CA file or server name that cannot be used. (A certificate
+    /// the broker presents and the client refuses is an [`ClientError::Io`] of the handshake,
+    /// with the verifier's reason.)
+    #[error("TLS: {detail}")]
+    Tls {
+        /// What is wrong.
+        detail: String,
+    },
     /// Connecting or talking to the socket failed.
     #[error("{context}: {source}")]
     Io {

@@ -89,6 +89,7 @@ pub mod error;
 pub mod options;
 pub mod publisher;
 mod routing;
+pub mod tls;
 
 pub use client::Client;
 pub use consumer::{Consumer, Delivery, PREFETCH_MAX};
@@ -99,6 +100,7 @@ pub use publisher::{
     RETRY_DELAY_MS_MIN,
 };
 pub use routing::{NOT_LEADER_BACKOFF_MAX, NOT_LEADER_BACKOFF_MIN, NOT_LEADER_RETRIES_MAX};
+pub use tls::ClientTls;
 
 /// The wire protocol crate, for anything not re-exported here.
 pub use keratin_proto as proto;

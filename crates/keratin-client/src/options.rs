@@ -52,6 +52,8 @@ pub struct ClientOptions {
     /// example to publish again after a restart of your application what it may have
     /// published before: a sequence the partition stored already under this id is dropped.
     pub producer_id: Option<u64>,
+    /// TLS to a broker that serves it (`server.tls_cert_file`); `None`: plain TCP.
+    pub tls: Option<crate::tls::ClientTls>,
 }
 
 impl Default for ClientOptions {
@@ -65,6 +67,7 @@ impl Default for ClientOptions {
             server_silence_timeout: SERVER_SILENCE_TIMEOUT_DEFAULT,
             idempotent: true,
             producer_id: None,
+            tls: None,
         }
     }
 }

@@ -18,6 +18,7 @@
 //! - [`history`]: the recent free space of each file system, for the dashboard's plot.
 //! - [`time_to_full`]: each file system's projected time to its hard and reserve levels.
 //! - [`convert`]: wire types to broker types and back.
+//! - [`tls`]: TLS on the protocol port, its certificate reloaded on SIGHUP.
 #![deny(missing_docs)]
 
 pub mod attention;
@@ -32,5 +33,6 @@ pub mod node;
 pub mod settings;
 pub mod tcp;
 pub mod time_to_full;
+pub mod tls;
 
 pub use node::{Node, NodeError};

@@ -18,6 +18,7 @@ use crate::config::{Config, LoadedConfig, Origin};
 use crate::limits::NodeLimits;
 use crate::settings::NodeSettings;
 use crate::tcp::TcpOptions;
+use crate::tls::ServerTls;
 
 /// Why a node could not start.
 #[derive(Debug, thiserror::Error)]
@@ -40,6 +41,9 @@ pub enum NodeError {
     /// The node could not join its cluster.
     #[error("cluster: {0}")]
     Cluster(String),
+    /// The protocol port's certificate or key cannot be used.
+    #[error("{0}; fix server.tls_cert_file / server.tls_key_file")]
+    Tls(#[from] crate::tls::TlsError),
 }
 
 /// A running node.
@@ -53,6 +57,8 @@ pub struct Node {
     limits: Arc<NodeLimits>,
     /// The node's cluster membership (`[cluster]`); `None` when it runs alone.
     cluster: Option<Arc<ClusterNode>>,
+    /// The protocol port's TLS, if configured.
+    tls: Option<Arc<ServerTls>>,
 }
 
 impl Node {
@@ -77,6 +83,11 @@ impl Node {
         io: Arc<dyn Io>,
         origins: BTreeMap<String, Origin>,
     ) -> Result<Node, NodeError> {
+        // Before anything is opened: a bad certificate stops the start at once.
+        let tls = match (&config.server.tls_cert_file, &config.server.tls_key_file) {
+            (Some(cert), Some(key)) => Some(Arc::new(ServerTls::load(cert, key)?)),
+            _ => None,
+        };
         let limits = Arc::new(
             NodeLimits::new(
                 &config.storage.dirs,
@@ -175,6 +186,7 @@ impl Node {
             peers: cluster
                 .as_ref()
                 .map(|cluster| cluster_peers(cluster.clone())),
+            tls: tls.clone(),
             ..TcpOptions::default()
         };
         let node_id = options.node_id.clone();
@@ -234,7 +246,18 @@ impl Node {
             tasks,
             limits,
             cluster,
+            tls,
         })
+    }
+
+    /// Read the protocol port's certificate and key files again (SIGHUP): connections made
+    /// from now on get them, open ones keep theirs. Nothing changes on an error; `Ok(false)`
+    /// when the node serves no TLS.
+    pub fn reload_tls(&self) -> Result<bool, crate::tls::TlsError> {
+        match &self.tls {
+            Some(tls) => tls.reload().map(|()| true),
+            None => Ok(false),
+        }
     }
 
     /// The node's cluster membership, if it is in a cluster.

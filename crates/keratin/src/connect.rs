@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use clap::Args;
-use keratin_client::{Client, ClientOptions};
+use keratin_client::{Client, ClientOptions, ClientTls};
 
 use crate::output::Failure;
 
@@ -23,6 +23,10 @@ pub struct CommonArgs {
     /// Print one JSON object on stdout instead of human-readable text.
     #[arg(long, global = true)]
     pub json: bool,
+    /// Connect with TLS, verifying the broker's certificate against the CA certificates in
+    /// this PEM file (for a broker with server.tls_cert_file).
+    #[arg(long, env = "KERATIN_CA", value_name = "FILE", global = true)]
+    pub ca: Option<std::path::PathBuf>,
 }
 
 /// Connects to `--server` with `publish_timeout` (the client's default when `None`).
@@ -36,6 +40,25 @@ pub async fn connect(
     };
     if let Some(timeout) = publish_timeout {
         options.publish_timeout = timeout;
+    }
+    if let Some(ca) = &common.ca {
+        let tls = ClientTls::from_ca_file(ca)
+            .map_err(|error| Failure::client("cannot set up TLS".to_string(), &error))?;
+        // A host name in --server is the name the certificate must carry; an IP address is
+        // checked as an IP (the client's default).
+        let host = common
+            .server
+            .rsplit_once(':')
+            .map_or(common.server.as_str(), |(host, _)| host)
+            .trim_start_matches('[')
+            .trim_end_matches(']');
+        let tls = if host.parse::<std::net::IpAddr>().is_ok() {
+            tls
+        } else {
+            tls.with_server_name(host)
+                .map_err(|error| Failure::client("cannot set up TLS".to_string(), &error))?
+        };
+        options.tls = Some(tls);
     }
     Client::connect(common.server.as_str(), options)
         .await

@@ -102,7 +102,7 @@ pub async fn run(loaded: LoadedConfig) -> Result<ExitCode, String> {
         node.protocol_addr(),
         node.http_addr()
     );
-    wait_for_signal().await?;
+    wait_for_signal(&node).await?;
     tracing::info!("shutting down");
     node.shutdown().await.map_err(|e| e.to_string())?;
     tracing::info!("stopped cleanly");
@@ -171,13 +171,20 @@ fn init_logging() {
         .try_init();
 }
 
-async fn wait_for_signal() -> Result<(), String> {
+async fn wait_for_signal(node: &Node) -> Result<(), String> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).map_err(|e| format!("SIGTERM handler: {e}"))?;
     let mut int = signal(SignalKind::interrupt()).map_err(|e| format!("SIGINT handler: {e}"))?;
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+    let mut hup = signal(SignalKind::hangup()).map_err(|e| format!("SIGHUP handler: {e}"))?;
+    loop {
+        tokio::select! {
+            _ = term.recv() => return Ok(()),
+            _ = int.recv() => return Ok(()),
+            _ = hup.recv() => match node.reload_tls() {
+                Ok(true) => tracing::info!("SIGHUP: the TLS certificate and key were read again; new connections get them"),
+                Ok(false) => tracing::info!("SIGHUP: no TLS configured, nothing to reload"),
+                Err(error) => tracing::error!(%error, "SIGHUP: the TLS certificate was not reloaded; connections keep getting the one before"),
+            },
+        }
     }
-    Ok(())
 }

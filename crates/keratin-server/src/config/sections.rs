@@ -140,6 +140,13 @@ pub struct ServerSection {
     /// settings. Without it, a `server.listen`, `server.http` or `cluster.listen` off loopback
     /// refuses to start. Startup field.
     pub insecure: bool,
+    /// TLS on the protocol port: the PEM certificate chain (server certificate first). With
+    /// `tls_key_file`; both or neither. Read again on SIGHUP. Startup field.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// The certificate's private key (PEM: PKCS#8, PKCS#1 or SEC1). Startup field.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_key_file: Option<PathBuf>,
 }
 
 /// Default `server.blocking_threads_max`: blocking work is disk work, which a few threads keep
@@ -196,6 +203,8 @@ impl Default for ServerSection {
             blocking_threads_max: BLOCKING_THREADS_MAX_DEFAULT,
             publish_timeout_ms: keratin_broker::PUBLISH_TIMEOUT_DEFAULT.as_millis() as u64,
             insecure: false,
+            tls_cert_file: None,
+            tls_key_file: None,
         }
     }
 }
@@ -265,6 +274,25 @@ impl ServerSection {
                 value: self.publish_timeout_ms.to_string(),
                 expected: "milliseconds from 1 to 3600000 (an hour)",
             });
+        }
+        match (&self.tls_cert_file, &self.tls_key_file) {
+            (Some(_), None) => {
+                return Err(KeyError {
+                    key: "server.tls_key_file",
+                    value: "not set".into(),
+                    expected:
+                        "the private key of server.tls_cert_file (a PEM file): TLS needs both",
+                })
+            }
+            (None, Some(_)) => {
+                return Err(KeyError {
+                    key: "server.tls_cert_file",
+                    value: "not set".into(),
+                    expected:
+                        "the certificate chain for server.tls_key_file (a PEM file): TLS needs both",
+                })
+            }
+            _ => {}
         }
         if self.blocking_threads_max == 0 || self.blocking_threads_max > THREADS_MAX {
             return Err(KeyError {

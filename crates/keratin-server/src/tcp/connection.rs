@@ -27,13 +27,12 @@ use keratin_proto::frame::{
 };
 use keratin_proto::{ClientHello, ErrorBody, FrameCodec, NodeAddress, ServerHello, ServerInfo};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::OwnedWriteHalf;
-use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinHandle;
 use tokio_util::codec::{FramedRead, FramedWrite};
 
 use super::errors::error_body;
+use super::stream::ProtocolStream;
 use super::TcpOptions;
 use crate::convert;
 
@@ -84,15 +83,14 @@ struct Conn {
     version: u16,
 }
 
-pub(super) async fn run(
-    stream: TcpStream,
+pub(super) async fn run<S: ProtocolStream>(
+    stream: S,
     peer: SocketAddr,
     broker: Broker,
     options: Arc<TcpOptions>,
     publish_bytes: Arc<Semaphore>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let _ = stream.set_nodelay(true);
     let (stream, leftover, version) = match handshake(stream, &options).await {
         Some(accepted) => accepted,
         None => return,
@@ -100,7 +98,7 @@ pub(super) async fn run(
     tracing::debug!(%peer, "connection open");
     let codec =
         FrameCodec::with_frame_size_bytes_max(options.frame_size_bytes_max).with_version(version);
-    let (read_half, write_half) = stream.into_split();
+    let (read_half, write_half) = stream.split_owned();
     let mut frames = FramedRead::new(read_half, codec.clone());
     frames.read_buffer_mut().extend_from_slice(&leftover);
     let sink = FramedWrite::new(write_half, codec);
@@ -156,13 +154,13 @@ pub(super) async fn run(
 
 /// Read the client's hello and answer it; the bytes read past the hello and the agreed protocol
 /// version are returned.
-async fn handshake(
-    mut stream: TcpStream,
+async fn handshake<S: ProtocolStream>(
+    mut stream: S,
     options: &TcpOptions,
-) -> Option<(TcpStream, BytesMut, u16)> {
+) -> Option<(S, BytesMut, u16)> {
     let mut buf = BytesMut::with_capacity(256);
     let hello = read_hello(&mut stream, &mut buf, options.handshake_timeout).await?;
-    let info = server_info(options, stream.local_addr().ok());
+    let info = server_info(options, stream.local_addr());
     let answer = ServerHello::answer(&hello, options.node_id.clone(), info);
     let accepted = match &answer {
         ServerHello::Accepted { version, .. } => Some(*version),
@@ -222,8 +220,8 @@ fn server_info(options: &TcpOptions, local: Option<SocketAddr>) -> ServerInfo {
 
 /// The client's hello, or `None` for a peer that is not speaking the protocol, closes, or is
 /// too slow.
-async fn read_hello(
-    stream: &mut TcpStream,
+async fn read_hello<S: ProtocolStream>(
+    stream: &mut S,
     buf: &mut BytesMut,
     timeout: std::time::Duration,
 ) -> Option<ClientHello> {
@@ -250,7 +248,11 @@ async fn read_hello(
 
 /// Refuse a connection the node has no room for: read its hello, answer it refused with
 /// `error` (the client shows it, for example 429 `connections`), and close.
-pub(super) async fn refuse(mut stream: TcpStream, options: Arc<TcpOptions>, error: ErrorBody) {
+pub(super) async fn refuse<S: ProtocolStream>(
+    mut stream: S,
+    options: Arc<TcpOptions>,
+    error: ErrorBody,
+) {
     let mut buf = BytesMut::with_capacity(256);
     if read_hello(&mut stream, &mut buf, options.handshake_timeout)
         .await
@@ -271,8 +273,8 @@ pub(super) async fn refuse(mut stream: TcpStream, options: Arc<TcpOptions>, erro
 /// The writer task: sends queued frames, flushing when the queue runs dry, and a heartbeat when
 /// nothing was sent for a while. The delivery budget bytes of the frames fed are given back
 /// only after the flush: until then their encoded bytes sit in the sink's buffer.
-async fn write_frames(
-    mut sink: FramedWrite<OwnedWriteHalf, FrameCodec>,
+async fn write_frames<W: tokio::io::AsyncWrite + Send + Unpin>(
+    mut sink: FramedWrite<W, FrameCodec>,
     mut frames: mpsc::Receiver<Outgoing>,
     heartbeat: std::time::Duration,
 ) {

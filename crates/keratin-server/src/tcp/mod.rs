@@ -2,6 +2,7 @@
 
 mod connection;
 pub mod errors;
+mod stream;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -95,6 +96,9 @@ pub struct TcpOptions {
     pub handshake_timeout: Duration,
     /// On shutdown, how long connections get to deliver outstanding confirms.
     pub drain_timeout: Duration,
+    /// TLS for every connection (`None`: plain TCP). The TLS handshake counts against
+    /// `handshake_timeout` with the protocol's.
+    pub tls: Option<Arc<crate::tls::ServerTls>>,
 }
 
 impl Default for TcpOptions {
@@ -114,6 +118,7 @@ impl Default for TcpOptions {
             idle_timeout: Duration::from_secs(30),
             handshake_timeout: Duration::from_secs(10),
             drain_timeout: Duration::from_secs(5),
+            tls: None,
         }
     }
 }
@@ -146,11 +151,22 @@ pub async fn serve(
                         continue;
                     }
                 };
+                let _ = stream.set_nodelay(true);
                 if connections.len() >= options.connections_max {
                     tracing::warn!(%peer, connections_max = options.connections_max, "too many connections; refusing the new one");
                     if refusals.len() < REFUSALS_MAX {
                         let error = connections_refusal(options.connections_max);
-                        refusals.spawn(connection::refuse(stream, options.clone(), error));
+                        let options = options.clone();
+                        refusals.spawn(async move {
+                            match options.tls.clone() {
+                                None => connection::refuse(stream, options, error).await,
+                                Some(tls) => {
+                                    if let Some(stream) = tls_accept(&tls, stream, peer, &options).await {
+                                        connection::refuse(stream, options, error).await;
+                                    }
+                                }
+                            }
+                        });
                     }
                     continue;
                 }
@@ -159,7 +175,14 @@ pub async fn serve(
                 let stop = stop_rx.clone();
                 let publish_bytes = publish_bytes.clone();
                 connections.spawn(async move {
-                    connection::run(stream, peer, broker, options, publish_bytes, stop).await;
+                    match options.tls.clone() {
+                        None => connection::run(stream, peer, broker, options, publish_bytes, stop).await,
+                        Some(tls) => {
+                            if let Some(stream) = tls_accept(&tls, stream, peer, &options).await {
+                                connection::run(stream, peer, broker, options, publish_bytes, stop).await;
+                            }
+                        }
+                    }
                 });
             }
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
@@ -179,6 +202,29 @@ pub async fn serve(
         connections.abort_all();
     }
     Ok(())
+}
+
+/// The TLS handshake of a new connection, within the handshake timeout. A client that does
+/// not speak TLS (a plaintext hello), presents nothing in time or rejects the certificate is
+/// closed here, logged at debug level: these are the client's errors, and the client sees its
+/// own (a closed connection, or its verifier's reason).
+async fn tls_accept(
+    tls: &crate::tls::ServerTls,
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    options: &TcpOptions,
+) -> Option<tokio_rustls::server::TlsStream<tokio::net::TcpStream>> {
+    match tokio::time::timeout(options.handshake_timeout, tls.acceptor().accept(stream)).await {
+        Ok(Ok(stream)) => Some(stream),
+        Ok(Err(error)) => {
+            tracing::debug!(%peer, %error, "TLS handshake failed; closing");
+            None
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "no TLS handshake in time; closing");
+            None
+        }
+    }
 }
 
 /// The answer to a connection past `connections_max`: 429 `connections`, not applied, retry.
