@@ -47,6 +47,7 @@ mod peers;
 mod pool_bench;
 mod raw;
 mod report;
+mod tls_bench;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -89,6 +90,8 @@ enum Command {
     /// Per-queue limits: publishing into a full drop_oldest queue (each publish drops one)
     /// vs into an unlimited queue.
     Overflow(OverflowArgs),
+    /// TLS on the protocol port: confirmed publish over TLS vs plain TCP, alternating.
+    Tls(TlsArgs),
     /// Keratin against RabbitMQ (classic and quorum queues) and NATS JetStream, started by
     /// bench/compare.sh, and the raw disk: one table of figures and ratios (Keratin / peer).
     Compare(Box<CompareArgs>),
@@ -348,6 +351,26 @@ struct IdleArgs {
 }
 
 #[derive(Debug, clap::Args)]
+struct TlsArgs {
+    /// Directory on the file system under test; a `keratin-bench-<pid>` directory is made in it
+    /// and removed afterwards.
+    #[arg(long, default_value = "/var/tmp")]
+    dir: PathBuf,
+    /// Seconds of each publish run.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    /// Rounds; TLS and plain alternate within them.
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    /// Most confirmed publishes in flight from the one producer.
+    #[arg(long, default_value_t = 1000)]
+    in_flight: usize,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, clap::Args)]
 struct OverflowArgs {
     /// Directory on the file system under test.
     #[arg(long, default_value = "/var/tmp")]
@@ -547,6 +570,7 @@ fn main() -> ExitCode {
         Command::Broker(args) => run_broker(&args),
         Command::Net(args) => run_net(&args),
         Command::Limits(args) => run_limits(&args),
+        Command::Tls(args) => run_tls(&args),
         Command::Overflow(args) => overflow_bench::run(&overflow_config(&args)),
         Command::BrokerRss {
             dir,
@@ -773,6 +797,13 @@ fn run_smoke(json: bool) -> BenchResult<()> {
         json,
     };
     run_limits(&limits)?;
+    run_tls(&TlsArgs {
+        dir: std::env::var_os("TMPDIR").map_or_else(|| PathBuf::from("/var/tmp"), PathBuf::from),
+        seconds: 0.5,
+        rounds: 1,
+        in_flight: 1000,
+        json,
+    })?;
     overflow_bench::run(&overflow_config(&OverflowArgs {
         dir: std::env::var_os("TMPDIR").map_or_else(|| PathBuf::from("/var/tmp"), PathBuf::from),
         seconds: 0.5,
@@ -1013,6 +1044,37 @@ fn run_limits(args: &LimitsArgs) -> BenchResult<()> {
             "{} round(s), limits on and off alternating (on off, off on, ...); {} s per run; \
              a server assembled as Node does (broker + tcp::serve), client over TCP on \
              127.0.0.1; medians; ratio = on / off, median of per-round ratios",
+            args.rounds, args.seconds
+        ),
+    ));
+    report.context = context;
+    print_report(&report, args.json)
+}
+
+fn run_tls(args: &TlsArgs) -> BenchResult<()> {
+    if args.rounds == 0 || args.in_flight == 0 {
+        return Err("--rounds and --in-flight must be at least 1".into());
+    }
+    let work_dir = make_work_dir(&args.dir)?;
+    let load_before = load_average();
+    let config = tls_bench::TlsBenchConfig {
+        dir: work_dir.clone(),
+        duration: Duration::from_secs_f64(args.seconds),
+        rounds: args.rounds,
+        body_bytes: 1024,
+        in_flight: args.in_flight,
+    };
+    let result = tls_bench::run(&config);
+    let mut context = run_context(&work_dir, &load_before);
+    let cleanup = std::fs::remove_dir_all(&work_dir);
+    let mut report = result?;
+    cleanup.map_err(|e| format!("remove {}: {e}", work_dir.display()))?;
+    context.push((
+        "method".into(),
+        format!(
+            "{} round(s), TLS and plain alternating (T P, P T, ...); {} s per run; a node in \
+             process per run, the Rust client over 127.0.0.1; ratio = TLS / plain, median of \
+             per-round ratios",
             args.rounds, args.seconds
         ),
     ));
