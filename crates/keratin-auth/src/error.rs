@@ -8,15 +8,6 @@ pub enum AuthError {
     /// A user name, password, pattern or token that cannot be used.
     #[error("{0}")]
     Invalid(String),
-    /// A stored password hash or token digest that this broker cannot trust (bad text, another
-    /// algorithm, a cost past the bounds): the stored record is damaged or was not made here.
-    #[error("stored credential of {user:?} is unusable: {reason}; set a new password (`keratin user passwd`)")]
-    Stored {
-        /// The user it belongs to.
-        user: String,
-        /// What is wrong with it.
-        reason: String,
-    },
     /// The user name or password is wrong (the two are not told apart).
     #[error("login failed: unknown user or wrong password")]
     LoginFailed,
@@ -36,6 +27,10 @@ pub enum AuthError {
     /// The operating system gave no random bytes.
     #[error("no random bytes from the operating system: {0}")]
     Random(String),
+    /// Hashing or verifying could not run (a failed blocking task, a hasher error): a fault
+    /// of the broker, not of the credentials.
+    #[error("password hashing failed: {0}")]
+    Hashing(String),
 }
 
 /// A result of access control.

@@ -128,7 +128,7 @@ impl LoginGate {
             }
         })
         .await
-        .map_err(|error| AuthError::Random(format!("verification task failed: {error}")))??;
+        .map_err(|error| AuthError::Hashing(format!("the verification task failed: {error}")))??;
         let mut backoff = self.backoff();
         if verified {
             backoff.succeeded(from);

@@ -39,7 +39,7 @@ impl PasswordDigest {
         check_password(password)?;
         let hash = Argon2::default()
             .hash_password(password.as_bytes())
-            .map_err(|error| AuthError::Random(error.to_string()))?;
+            .map_err(|error| AuthError::Hashing(error.to_string()))?;
         Ok(PasswordDigest(hash.to_string()))
     }
 
