@@ -55,6 +55,11 @@ impl TokenDigest {
         TokenDigest::of(token).0.ct_eq(&self.0).into()
     }
 
+    /// True if both are the same digest, compared in constant time.
+    pub fn same_as(&self, other: &TokenDigest) -> bool {
+        self.0.ct_eq(&other.0).into()
+    }
+
     /// True if `text` looks like a token (the prefix and 64 hex digits): a cheap check
     /// before a lookup.
     pub fn looks_like_token(text: &str) -> bool {

@@ -9,9 +9,13 @@ use std::collections::BTreeMap;
 use crate::error::{AuthError, AuthResult};
 use crate::password::PasswordDigest;
 use crate::rules::{Grants, Pattern, Permission, Permissions};
+use crate::token::TokenDigest;
 
 /// The most users a table holds.
 pub const MAX_USERS: usize = 10_000;
+
+/// The most API tokens one user holds.
+pub const MAX_TOKENS_PER_USER: usize = 16;
 
 /// One user.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -22,6 +26,9 @@ pub struct User {
     pub password: PasswordDigest,
     /// What it may do.
     pub grants: Grants,
+    /// Its API tokens by name, stored as digests.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tokens: BTreeMap<String, TokenDigest>,
 }
 
 /// A change to the user table, as stored.
@@ -74,6 +81,22 @@ pub enum UserChange {
         /// The user.
         name: String,
     },
+    /// Give a user an API token (refused if it has one of that name).
+    TokenAdd {
+        /// The user.
+        name: String,
+        /// The token's name, to list and delete it by.
+        token: String,
+        /// The token's digest.
+        digest: TokenDigest,
+    },
+    /// Take a user's API token.
+    TokenDelete {
+        /// The user.
+        name: String,
+        /// The token's name.
+        token: String,
+    },
 }
 
 impl UserChange {
@@ -85,7 +108,9 @@ impl UserChange {
             | UserChange::Admin { name, .. }
             | UserChange::Grant { name, .. }
             | UserChange::Revoke { name, .. }
-            | UserChange::Delete { name } => name,
+            | UserChange::Delete { name }
+            | UserChange::TokenAdd { name, .. }
+            | UserChange::TokenDelete { name, .. } => name,
         }
     }
 }
@@ -184,6 +209,7 @@ impl UserTable {
                         admin: *admin,
                         rules: Vec::new(),
                     },
+                    tokens: BTreeMap::new(),
                 },
             );
             return Ok(());
@@ -219,6 +245,29 @@ impl UserTable {
                 grants.revoke(pattern, *permissions)?;
                 user.grants = grants;
             }
+            UserChange::TokenAdd { token, digest, .. } => {
+                check_token_name(token)?;
+                if user.tokens.contains_key(token) {
+                    return Err(AuthError::Invalid(format!(
+                        "user {:?} has a token named {token:?}: delete it first or pick another name",
+                        user.name
+                    )));
+                }
+                if user.tokens.len() >= MAX_TOKENS_PER_USER {
+                    return Err(AuthError::Invalid(format!(
+                        "a user holds at most {MAX_TOKENS_PER_USER} tokens: delete one first"
+                    )));
+                }
+                user.tokens.insert(token.clone(), *digest);
+            }
+            UserChange::TokenDelete { token, .. } => {
+                if user.tokens.remove(token).is_none() {
+                    return Err(AuthError::Invalid(format!(
+                        "user {:?} has no token named {token:?}",
+                        user.name
+                    )));
+                }
+            }
             UserChange::Add { .. } | UserChange::Delete { .. } => {
                 unreachable!("handled above")
             }
@@ -226,11 +275,35 @@ impl UserTable {
         Ok(())
     }
 
+    /// The user holding the API token `presented`, if any. Every stored digest is compared
+    /// in constant time.
+    pub fn user_of_token(&self, presented: &str) -> Option<&User> {
+        if !TokenDigest::looks_like_token(presented) {
+            return None;
+        }
+        let digest = TokenDigest::of(presented);
+        let mut found = None;
+        for user in self.users.values() {
+            for stored in user.tokens.values() {
+                if stored.same_as(&digest) {
+                    found = Some(user);
+                }
+            }
+        }
+        found
+    }
+
     /// The number of admins: the broker refuses a change that would leave none (no one could
     /// manage users again).
     pub fn admins(&self) -> usize {
         self.users.values().filter(|u| u.grants.admin).count()
     }
+}
+
+/// Check a token name: the same characters as a user name.
+fn check_token_name(token: &str) -> AuthResult<()> {
+    check_user_name(token)
+        .map_err(|_| AuthError::Invalid(format!("token name {token:?}: expected 1 to 64 letters, digits, '.', '_', '-' or '@'")))
 }
 
 fn unknown(name: &str) -> AuthError {
@@ -339,5 +412,56 @@ mod tests {
             .expect("app")
             .password
             .verify("password1"));
+    }
+
+    #[test]
+    fn tokens_are_found_by_their_text_and_go_with_their_user() {
+        let mut table = UserTable::new();
+        table.apply(&add("ci", false)).expect("added");
+        let token = crate::ApiToken::generate().expect("token");
+        let add_token = UserChange::TokenAdd {
+            name: "ci".into(),
+            token: "deploy".into(),
+            digest: token.digest(),
+        };
+        table.apply(&add_token).expect("token added");
+        assert!(table.apply(&add_token).is_err(), "a second token of that name");
+        assert_eq!(
+            table.user_of_token(token.reveal()).map(|u| u.name.as_str()),
+            Some("ci")
+        );
+        let other = crate::ApiToken::generate().expect("token");
+        assert!(table.user_of_token(other.reveal()).is_none());
+        assert!(table.user_of_token("not a token").is_none());
+        let json = serde_json::to_string(&add_token).expect("json");
+        let back: UserChange = serde_json::from_str(&json).expect("parsed");
+        assert_eq!(back, add_token);
+        table
+            .apply(&UserChange::TokenDelete {
+                name: "ci".into(),
+                token: "deploy".into(),
+            })
+            .expect("deleted");
+        assert!(table.user_of_token(token.reveal()).is_none());
+        for i in 0..MAX_TOKENS_PER_USER {
+            let t = crate::ApiToken::generate().expect("token");
+            table
+                .apply(&UserChange::TokenAdd {
+                    name: "ci".into(),
+                    token: format!("t{i}"),
+                    digest: t.digest(),
+                })
+                .expect("under the bound");
+        }
+        let over = UserChange::TokenAdd {
+            name: "ci".into(),
+            token: "one-more".into(),
+            digest: other.digest(),
+        };
+        assert!(table.apply(&over).is_err(), "over the bound");
+        table
+            .apply(&UserChange::Delete { name: "ci".into() })
+            .expect("deleted");
+        assert!(table.user_of_token(token.reveal()).is_none());
     }
 }

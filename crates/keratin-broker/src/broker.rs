@@ -15,6 +15,7 @@ use crate::consumer::{Consumer, ConsumerLink, ConsumerSlot, Credit, SubscribeOpt
 use crate::error::{BrokerError, BrokerResult};
 use crate::gate::{OpenGate, PublishGate};
 use crate::meta::{Catalog, MetaFigures, MetaLog, MetaRecord, QueueDecl};
+use keratin_auth::{UserChange, UserTable};
 use crate::partition::dead_letter::{DeadLetterSink, DeadLettering};
 use crate::partition::local_log::{remove_if_no_segments, LocalLog};
 use crate::partition::log::{ClusterMetadata, PartitionLog, PartitionLogs, PartitionPlace};
@@ -347,6 +348,8 @@ pub(crate) struct BrokerInner {
     meta_state: std::sync::Mutex<MetaState>,
     /// Orders writes of the node setting overrides (each record holds all of them).
     node_settings_write: Mutex<()>,
+    /// Orders user changes: each is checked against the table the ones before it made.
+    users_write: Mutex<()>,
     queues: RwLock<BTreeMap<String, Arc<Queue>>>,
     placements: RwLock<BTreeMap<String, Vec<PathBuf>>>,
     next_consumer: AtomicU64,
@@ -491,6 +494,7 @@ impl Broker {
                 ..MetaState::default()
             }),
             node_settings_write: Mutex::new(()),
+            users_write: Mutex::new(()),
             queues: RwLock::new(BTreeMap::new()),
             placements: RwLock::new(BTreeMap::new()),
             next_consumer: AtomicU64::new(1),
@@ -826,6 +830,40 @@ impl Broker {
             .await?;
         inner.meta_state().catalog.apply(record);
         Ok(())
+    }
+
+    /// The node's users as its metadata log holds them (a single node's: a cluster keeps its
+    /// users in its metadata group). A snapshot: changes after this call make a new table.
+    pub fn users(&self) -> Arc<UserTable> {
+        self.inner.meta_state().catalog.users.clone()
+    }
+
+    /// Store a change to the node's users durably, then apply it; returns the new table. A
+    /// change that does not apply (an unknown user, a duplicate name) or that would leave the
+    /// node without an admin once it has one is refused ([`BrokerError::Invalid`]) and not
+    /// stored.
+    pub async fn change_users(&self, change: UserChange) -> BrokerResult<Arc<UserTable>> {
+        let inner = &self.inner;
+        let _ordered = inner.users_write.lock().await;
+        let current = self.users();
+        let mut next = (*current).clone();
+        next.apply(&change)
+            .map_err(|e| BrokerError::Invalid(e.to_string()))?;
+        if current.admins() > 0 && next.admins() == 0 {
+            return Err(BrokerError::Invalid(format!(
+                "this change leaves no admin (user {:?} is the last): make another user an \
+                 admin first",
+                change.user()
+            )));
+        }
+        let record = MetaRecord::UserChanged { change };
+        inner
+            .meta_log()?
+            .write(&record, (inner.config.clock)())
+            .await?;
+        let mut state = inner.meta_state();
+        state.catalog.apply(record);
+        Ok(state.catalog.users.clone())
     }
 
     /// Delete a queue with its messages; its consumers see the end of their stream. The

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use keratin_auth::{UserChange, UserTable};
 use keratin_log::{Io, Log, LogOptions, Record, SegmentPool, SizeClass};
 use serde::{Deserialize, Serialize};
 
@@ -105,6 +106,11 @@ pub(crate) enum MetaRecord {
     NodeSettingsChanged {
         overrides: BTreeMap<String, serde_json::Value>,
     },
+    /// A change to the node's users (issue 16), checked against the table before it was
+    /// stored.
+    UserChanged {
+        change: UserChange,
+    },
 }
 
 /// What the metadata log says: the declared queues, the next queue id and the node's setting
@@ -116,6 +122,8 @@ pub(crate) struct Catalog {
     by_name: BTreeMap<String, u64>,
     pub(crate) next_id: u64,
     pub(crate) node_settings: BTreeMap<String, serde_json::Value>,
+    /// The node's users (a single node's; a cluster keeps its users in its metadata group).
+    pub(crate) users: Arc<UserTable>,
 }
 
 impl Catalog {
@@ -155,6 +163,13 @@ impl Catalog {
             }
             MetaRecord::NodeSettingsChanged { overrides } => {
                 self.node_settings = overrides;
+            }
+            MetaRecord::UserChanged { change } => {
+                // Checked before it was stored, so it applies; a refusal here (a table a
+                // newer version wrote) leaves the table as it was, and says so.
+                if let Err(error) = Arc::make_mut(&mut self.users).apply(&change) {
+                    tracing::warn!(%error, user = change.user(), "a stored user change does not apply; skipped");
+                }
             }
         }
     }
