@@ -275,6 +275,22 @@ impl UserTable {
         Ok(())
     }
 
+    /// The table after `change`, or why it is refused: the change must apply, and must not
+    /// leave a table that has an admin without one (no one could manage users again). What
+    /// the broker checks before it stores a change, and again when it applies a stored one.
+    pub fn changed(&self, change: &UserChange) -> AuthResult<UserTable> {
+        let mut next = self.clone();
+        next.apply(change)?;
+        if self.admins() > 0 && next.admins() == 0 {
+            return Err(AuthError::Invalid(format!(
+                "this change leaves no admin (user {:?} is the last): make another user an \
+                 admin first",
+                change.user()
+            )));
+        }
+        Ok(next)
+    }
+
     /// The user holding the API token `presented`, if any. Every stored digest is compared
     /// in constant time.
     pub fn user_of_token(&self, presented: &str) -> Option<&User> {
@@ -302,8 +318,11 @@ impl UserTable {
 
 /// Check a token name: the same characters as a user name.
 fn check_token_name(token: &str) -> AuthResult<()> {
-    check_user_name(token)
-        .map_err(|_| AuthError::Invalid(format!("token name {token:?}: expected 1 to 64 letters, digits, '.', '_', '-' or '@'")))
+    check_user_name(token).map_err(|_| {
+        AuthError::Invalid(format!(
+            "token name {token:?}: expected 1 to 64 letters, digits, '.', '_', '-' or '@'"
+        ))
+    })
 }
 
 fn unknown(name: &str) -> AuthError {
@@ -425,7 +444,10 @@ mod tests {
             digest: token.digest(),
         };
         table.apply(&add_token).expect("token added");
-        assert!(table.apply(&add_token).is_err(), "a second token of that name");
+        assert!(
+            table.apply(&add_token).is_err(),
+            "a second token of that name"
+        );
         assert_eq!(
             table.user_of_token(token.reveal()).map(|u| u.name.as_str()),
             Some("ci")

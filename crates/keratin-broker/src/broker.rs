@@ -15,7 +15,6 @@ use crate::consumer::{Consumer, ConsumerLink, ConsumerSlot, Credit, SubscribeOpt
 use crate::error::{BrokerError, BrokerResult};
 use crate::gate::{OpenGate, PublishGate};
 use crate::meta::{Catalog, MetaFigures, MetaLog, MetaRecord, QueueDecl};
-use keratin_auth::{UserChange, UserTable};
 use crate::partition::dead_letter::{DeadLetterSink, DeadLettering};
 use crate::partition::local_log::{remove_if_no_segments, LocalLog};
 use crate::partition::log::{ClusterMetadata, PartitionLog, PartitionLogs, PartitionPlace};
@@ -23,6 +22,7 @@ use crate::partition::owner::{self, rebuild, Command, OwnerContext};
 use crate::partition::state::PartitionState;
 use crate::queue::{validate_queue_name, DeadLetterFailure, Queue, QueueSettings};
 use crate::record::Message;
+use keratin_auth::{UserChange, UserTable};
 
 /// Milliseconds since the Unix epoch; injected so that tests control time.
 pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
@@ -845,17 +845,9 @@ impl Broker {
     pub async fn change_users(&self, change: UserChange) -> BrokerResult<Arc<UserTable>> {
         let inner = &self.inner;
         let _ordered = inner.users_write.lock().await;
-        let current = self.users();
-        let mut next = (*current).clone();
-        next.apply(&change)
+        self.users()
+            .changed(&change)
             .map_err(|e| BrokerError::Invalid(e.to_string()))?;
-        if current.admins() > 0 && next.admins() == 0 {
-            return Err(BrokerError::Invalid(format!(
-                "this change leaves no admin (user {:?} is the last): make another user an \
-                 admin first",
-                change.user()
-            )));
-        }
         let record = MetaRecord::UserChanged { change };
         inner
             .meta_log()?

@@ -167,8 +167,13 @@ impl Catalog {
             MetaRecord::UserChanged { change } => {
                 // Checked before it was stored, so it applies; a refusal here (a table a
                 // newer version wrote) leaves the table as it was, and says so.
-                if let Err(error) = Arc::make_mut(&mut self.users).apply(&change) {
-                    tracing::warn!(%error, user = change.user(), "a stored user change does not apply; skipped");
+                match self.users.changed(&change) {
+                    Ok(table) => self.users = Arc::new(table),
+                    Err(error) => tracing::warn!(
+                        %error,
+                        user = change.user(),
+                        "a stored user change does not apply; skipped"
+                    ),
                 }
             }
         }

@@ -29,7 +29,10 @@ async fn users_are_stored_checked_and_read_back_after_a_restart() {
         .await
         .expect("open");
     assert!(broker.users().is_empty(), "a new node has no users");
-    broker.change_users(add("admin", true)).await.expect("admin");
+    broker
+        .change_users(add("admin", true))
+        .await
+        .expect("admin");
     broker.change_users(add("app", false)).await.expect("app");
     let grant = UserChange::Grant {
         name: "app".into(),
@@ -41,11 +44,19 @@ async fn users_are_stored_checked_and_read_back_after_a_restart() {
 
     // Refused, and nothing stored: a duplicate, an unknown user, the last admin.
     let duplicate = broker.change_users(add("app", false)).await;
-    assert!(matches!(duplicate, Err(BrokerError::Invalid(_))), "{duplicate:?}");
+    assert!(
+        matches!(duplicate, Err(BrokerError::Invalid(_))),
+        "{duplicate:?}"
+    );
     let unknown = broker
-        .change_users(UserChange::Delete { name: "ghost".into() })
+        .change_users(UserChange::Delete {
+            name: "ghost".into(),
+        })
         .await;
-    assert!(matches!(unknown, Err(BrokerError::Invalid(_))), "{unknown:?}");
+    assert!(
+        matches!(unknown, Err(BrokerError::Invalid(_))),
+        "{unknown:?}"
+    );
     let last_admin = broker
         .change_users(UserChange::Admin {
             name: "admin".into(),
@@ -67,6 +78,10 @@ async fn users_are_stored_checked_and_read_back_after_a_restart() {
     assert!(after.is_admin("admin"));
     assert!(after.allows("app", "orders.eu", Permission::Consume));
     assert!(!after.allows("app", "billing", Permission::Consume));
-    assert!(after.get("app").expect("app").password.verify("correct horse"));
+    assert!(after
+        .get("app")
+        .expect("app")
+        .password
+        .verify("correct horse"));
     broker.shutdown().await.expect("shutdown");
 }

@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use keratin_auth::UserTable;
 use keratin_broker::{Broker, BrokerError};
 use keratin_raft::partition_log::{partition_group, ReplicatedLogs};
 use keratin_raft::replica::MembershipError;
@@ -54,6 +55,8 @@ pub(crate) struct AppliedState {
     applied: watch::Sender<u64>,
     /// The cluster-wide runtime settings as applied (the catalog's, published on change).
     runtime_settings: watch::Sender<BTreeMap<String, serde_json::Value>>,
+    /// The cluster's users as applied (the catalog's, published on change).
+    users: watch::Sender<Arc<UserTable>>,
 }
 
 impl AppliedState {
@@ -62,12 +65,18 @@ impl AppliedState {
             catalog: RwLock::new(ClusterCatalog::default()),
             applied: watch::channel(0).0,
             runtime_settings: watch::channel(BTreeMap::new()).0,
+            users: watch::channel(Arc::new(UserTable::new())).0,
         }
     }
 
     /// The cluster-wide runtime settings as applied here, as they change.
     pub(crate) fn runtime_settings(&self) -> watch::Receiver<BTreeMap<String, serde_json::Value>> {
         self.runtime_settings.subscribe()
+    }
+
+    /// The cluster's users as applied here, as they change.
+    pub(crate) fn users(&self) -> watch::Receiver<Arc<UserTable>> {
+        self.users.subscribe()
     }
 
     /// A copy of the catalog as applied.
@@ -182,6 +191,9 @@ pub(crate) async fn run(
             }
             if let Change::RuntimeSettings { overrides } = &change {
                 state.runtime_settings.send_replace(overrides.clone());
+            }
+            if let Change::Users { table } = &change {
+                state.users.send_replace(table.clone());
             }
             loop {
                 match act(&broker, &ctx, &change, record.offset).await {
@@ -336,9 +348,10 @@ async fn act(
             Ok(()) | Err(BrokerError::NotFound(_)) => Ok(()),
             Err(error) => Err(error),
         },
-        Change::NodeRemoved { .. } | Change::NodeAdded { .. } | Change::RuntimeSettings { .. } => {
-            Ok(())
-        }
+        Change::NodeRemoved { .. }
+        | Change::NodeAdded { .. }
+        | Change::RuntimeSettings { .. }
+        | Change::Users { .. } => Ok(()),
         Change::Declared { name, entry } => {
             match broker
                 .declare_replicated(

@@ -3,7 +3,9 @@
 //! the same catalog, queue ids included, on every node.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
+use keratin_auth::UserTable;
 use keratin_broker::QueueSettings;
 
 use crate::records::ClusterRecord;
@@ -71,6 +73,11 @@ pub enum Change {
         /// Every cluster-wide value in force from here on, by dotted key.
         overrides: BTreeMap<String, serde_json::Value>,
     },
+    /// The users changed.
+    Users {
+        /// The table from here on.
+        table: Arc<UserTable>,
+    },
     /// Nothing changed, and why (a declare of a name taken, a delete of a name not there: a
     /// proposer raced another; its caller sees the catalog as it is).
     Ignored(String),
@@ -84,6 +91,7 @@ pub struct ClusterCatalog {
     removed: BTreeSet<u64>,
     added: BTreeMap<u64, String>,
     settings: BTreeMap<String, serde_json::Value>,
+    users: Arc<UserTable>,
 }
 
 impl ClusterCatalog {
@@ -191,6 +199,15 @@ impl ClusterCatalog {
                     Change::Ignored(format!("node {id} was removed already"))
                 }
             }
+            ClusterRecord::UserChanged { change } => match self.users.changed(&change) {
+                Ok(table) => {
+                    self.users = Arc::new(table);
+                    Change::Users {
+                        table: self.users.clone(),
+                    }
+                }
+                Err(error) => Change::Ignored(error.to_string()),
+            },
             ClusterRecord::RuntimeSettingsChanged { changes } => {
                 let before = self.settings.clone();
                 for (key, value) in changes {
@@ -229,6 +246,11 @@ impl ClusterCatalog {
     /// The nodes removed from the cluster.
     pub fn removed(&self) -> &BTreeSet<u64> {
         &self.removed
+    }
+
+    /// The cluster's users.
+    pub fn users(&self) -> &Arc<UserTable> {
+        &self.users
     }
 
     /// The cluster-wide runtime settings in force, by dotted key.
@@ -416,5 +438,39 @@ mod tests {
             },
         };
         assert!(matches!(catalog.apply(more), Change::Ignored(_)));
+    }
+
+    #[test]
+    fn user_changes_apply_in_log_order_and_a_raced_one_changes_nothing() {
+        let digest = keratin_auth::PasswordDigest::hash("password1").expect("hashed");
+        let add = |name: &str, admin: bool| ClusterRecord::UserChanged {
+            change: keratin_auth::UserChange::Add {
+                name: name.into(),
+                password: digest.clone(),
+                admin,
+            },
+        };
+        let mut catalog = ClusterCatalog::default();
+        assert!(matches!(
+            catalog.apply(add("admin", true)),
+            Change::Users { .. }
+        ));
+        // A second node proposed the same bootstrap admin before it saw the first: ignored.
+        assert!(matches!(
+            catalog.apply(add("admin", true)),
+            Change::Ignored(_)
+        ));
+        let demote = ClusterRecord::UserChanged {
+            change: keratin_auth::UserChange::Admin {
+                name: "admin".into(),
+                admin: false,
+            },
+        };
+        let Change::Ignored(reason) = catalog.apply(demote) else {
+            panic!("the last admin went");
+        };
+        assert!(reason.contains("no admin"), "{reason}");
+        assert!(catalog.users().is_admin("admin"));
+        assert_eq!(catalog.users().len(), 1);
     }
 }

@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, OnceLock};
 
+use keratin_auth::{UserChange, UserTable};
 use keratin_broker::partition::log::{
     ClusterMetadata, PartitionLog, PartitionLogs, PartitionPlace,
 };
@@ -567,6 +568,26 @@ impl ClusterNode {
         self.decide(ClusterRecord::RuntimeSettingsChanged { changes })
             .await?;
         Ok(self.applied.catalog().runtime_settings().clone())
+    }
+
+    /// The cluster's users as applied here, as they change.
+    pub fn users(&self) -> watch::Receiver<Arc<UserTable>> {
+        self.applied.users()
+    }
+
+    /// Change the cluster's users; returns the table once this node applied the change.
+    /// Checked first against this node's copy (a change that does not apply, or would leave
+    /// no admin, is refused here and not proposed). Two proposers that race are ordered by
+    /// the log: the later change, if it no longer applies, changes nothing anywhere, and the
+    /// table returned shows it.
+    pub async fn change_users(&self, change: UserChange) -> Result<Arc<UserTable>, String> {
+        self.applied
+            .catalog()
+            .users()
+            .changed(&change)
+            .map_err(|e| e.to_string())?;
+        self.decide(ClusterRecord::UserChanged { change }).await?;
+        Ok(self.applied.catalog().users().clone())
     }
 
     /// Propose each move's record in turn, each applied here before the next.

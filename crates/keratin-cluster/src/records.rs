@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use keratin_auth::UserChange;
 use keratin_broker::QueueSettings;
 use serde::{Deserialize, Serialize};
 
@@ -71,6 +72,13 @@ pub enum ClusterRecord {
         /// The keys that change, with their values (`null`: back to each node's configuration).
         changes: BTreeMap<String, serde_json::Value>,
     },
+    /// A change to the cluster's users (issue 16): checked by the proposer against its copy
+    /// of the table; every node applies it in log order, and one that no longer applies (two
+    /// proposers raced) or would leave no admin changes nothing on any node.
+    UserChanged {
+        /// The change.
+        change: UserChange,
+    },
 }
 
 impl ClusterRecord {
@@ -99,7 +107,8 @@ impl ClusterRecord {
             | ClusterRecord::PartitionReplicasChanged { name, .. } => name,
             ClusterRecord::NodeRemoved { .. }
             | ClusterRecord::NodeAdded { .. }
-            | ClusterRecord::RuntimeSettingsChanged { .. } => "",
+            | ClusterRecord::RuntimeSettingsChanged { .. }
+            | ClusterRecord::UserChanged { .. } => "",
         }
     }
 }
@@ -141,6 +150,9 @@ mod tests {
                     ("storage.max_bytes".to_string(), serde_json::Value::Null),
                 ]
                 .into(),
+            },
+            ClusterRecord::UserChanged {
+                change: UserChange::Delete { name: "app".into() },
             },
         ] {
             let payload = record.encode();
