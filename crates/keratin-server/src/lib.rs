@@ -21,6 +21,7 @@
 //! - [`tls`]: TLS on the protocol port, its certificate reloaded on SIGHUP.
 #![deny(missing_docs)]
 
+pub mod access;
 pub mod attention;
 pub mod cluster_watch;
 pub mod config;

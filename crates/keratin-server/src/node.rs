@@ -14,11 +14,13 @@ use tokio::task::JoinHandle;
 
 use keratin_cluster::{ClusterNode, NodeInfo, PreparedCluster};
 
+use crate::access::{bootstrap_admin, Access, AuthMode, UserStore};
 use crate::config::{Config, LoadedConfig, Origin};
 use crate::limits::NodeLimits;
 use crate::settings::NodeSettings;
 use crate::tcp::TcpOptions;
 use crate::tls::ServerTls;
+use keratin_auth::GateConfig;
 
 /// Why a node could not start.
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +43,9 @@ pub enum NodeError {
     /// The node could not join its cluster.
     #[error("cluster: {0}")]
     Cluster(String),
+    /// The first admin could not be created.
+    #[error("creating the first admin user: {0}")]
+    Users(String),
     /// The protocol port's certificate or key cannot be used.
     #[error("{0}; fix server.tls_cert_file / server.tls_key_file")]
     Tls(#[from] crate::tls::TlsError),
@@ -59,6 +64,8 @@ pub struct Node {
     cluster: Option<Arc<ClusterNode>>,
     /// The protocol port's TLS, if configured.
     tls: Option<Arc<ServerTls>>,
+    /// Logins and permissions.
+    access: Arc<Access>,
 }
 
 impl Node {
@@ -170,6 +177,21 @@ impl Node {
             }
             None => None,
         };
+        let store = match &cluster {
+            Some(cluster) => UserStore::Cluster(cluster.clone()),
+            None => UserStore::Node(broker.clone()),
+        };
+        let access = Arc::new(Access::new(
+            config.server.auth,
+            store,
+            GateConfig::default(),
+        ));
+        let admin_dir = config.storage.dirs.first().cloned().unwrap_or_default();
+        if cluster.is_none() {
+            bootstrap_admin(&access, &admin_dir)
+                .await
+                .map_err(NodeError::Users)?;
+        }
         let (stop, stopped) = watch::channel(false);
         // Each unanswered publish byte is held about twice (the decoded message, the encoded
         // record) until its sync: an eighth of the limit keeps that under a quarter of it.
@@ -187,6 +209,8 @@ impl Node {
                 .as_ref()
                 .map(|cluster| cluster_peers(cluster.clone())),
             tls: tls.clone(),
+            access: Some(access.clone()),
+            insecure: config.server.insecure,
             ..TcpOptions::default()
         };
         let node_id = options.node_id.clone();
@@ -201,6 +225,7 @@ impl Node {
             settings,
             node_id,
             cluster: cluster.clone(),
+            access: access.clone(),
         };
         let mut tasks = vec![
             tokio::spawn(crate::tcp::serve(
@@ -219,6 +244,11 @@ impl Node {
             }),
         ];
         if let Some(cluster) = &cluster {
+            tasks.push(tokio::spawn(bootstrap_cluster_admin(
+                access.clone(),
+                admin_dir,
+                stop.subscribe(),
+            )));
             tasks.push(tokio::spawn(follow_cluster_settings(
                 cluster.runtime_settings(),
                 settings_for_cluster,
@@ -247,7 +277,13 @@ impl Node {
             limits,
             cluster,
             tls,
+            access,
         })
+    }
+
+    /// Logins and permissions.
+    pub fn access(&self) -> &Arc<Access> {
+        &self.access
     }
 
     /// Read the protocol port's certificate and key files again (SIGHUP): connections made
@@ -304,6 +340,38 @@ impl Node {
             }
         }
         Ok(())
+    }
+}
+
+/// A cluster node's first start with logins: the users live in the metadata group, which needs
+/// a leader and this node's copy of its records before it can tell whether the cluster has
+/// users. Tries every second until the cluster has users (made here or by another node) or
+/// the node stops.
+async fn bootstrap_cluster_admin(
+    access: Arc<Access>,
+    dir: std::path::PathBuf,
+    mut stop: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    if access.mode() != AuthMode::Users {
+        return Ok(());
+    }
+    // Let the node catch up with the records it has before it decides the table is empty.
+    let mut pause = std::time::Duration::from_secs(2);
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            _ = stop.changed() => return Ok(()),
+        }
+        if !access.table().is_empty() {
+            return Ok(());
+        }
+        match bootstrap_admin(&access, &dir).await {
+            Ok(_) => return Ok(()),
+            Err(error) => {
+                tracing::info!(%error, "the first admin is not made yet; retrying");
+                pause = std::time::Duration::from_secs(1);
+            }
+        }
     }
 }
 

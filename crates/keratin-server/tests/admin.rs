@@ -21,6 +21,8 @@ async fn status_queues_and_metrics() {
     config.storage.dirs = vec![dir.path().join("data")];
     config.storage.segment_bytes = 1 << 20;
     config.server.listen = "127.0.0.1:0".parse().expect("addr");
+    // Anyone may connect: these tests are not about logins (`access.rs` is).
+    config.server.auth = keratin_server::access::AuthMode::None;
     config.server.http = "127.0.0.1:0".parse().expect("addr");
     common::host_disk_limits(&mut config);
     let node = Node::start(&config).await.expect("start");
@@ -99,6 +101,8 @@ async fn a_stopped_log_raises_attention_and_its_heal_clears_it() {
     config.storage.dirs = vec![dir.path().join("data")];
     config.storage.segment_bytes = 1 << 20;
     config.server.listen = "127.0.0.1:0".parse().expect("addr");
+    // Anyone may connect: these tests are not about logins (`access.rs` is).
+    config.server.auth = keratin_server::access::AuthMode::None;
     config.server.http = "127.0.0.1:0".parse().expect("addr");
     common::host_disk_limits(&mut config);
     // The owner heals at once when the disk works again, usually before any sample: the

@@ -23,6 +23,8 @@ async fn start(dir: &tempfile::TempDir) -> Node {
     config.storage.dirs = vec![dir.path().join("data")];
     config.storage.segment_bytes = 1 << 20;
     config.server.listen = "127.0.0.1:0".parse().expect("addr");
+    // Anyone may connect: these tests are not about logins (`access.rs` is).
+    config.server.auth = keratin_server::access::AuthMode::None;
     config.server.http = "127.0.0.1:0".parse().expect("addr");
     common::host_disk_limits(&mut config);
     Node::start(&config).await.expect("start node")
@@ -563,6 +565,8 @@ async fn consumers_and_connections_are_bounded() {
     config.storage.dirs = vec![dir.path().join("data")];
     config.storage.segment_bytes = 1 << 20;
     config.server.listen = "127.0.0.1:0".parse().expect("addr");
+    // Anyone may connect: these tests are not about logins (`access.rs` is).
+    config.server.auth = keratin_server::access::AuthMode::None;
     config.server.http = "127.0.0.1:0".parse().expect("addr");
     config.server.connections_max = 2;
     common::host_disk_limits(&mut config);

@@ -70,6 +70,8 @@ async fn start(dir: &Path, cert: &Path, key: &Path) -> Node {
     config.storage.dirs = vec![dir.join("data")];
     config.storage.segment_bytes = 1 << 20;
     config.server.listen = "127.0.0.1:0".parse().expect("addr");
+    // Anyone may connect: these tests are not about logins (`access.rs` is).
+    config.server.auth = keratin_server::access::AuthMode::None;
     config.server.http = "127.0.0.1:0".parse().expect("addr");
     config.server.tls_cert_file = Some(cert.to_path_buf());
     config.server.tls_key_file = Some(key.to_path_buf());

@@ -147,6 +147,11 @@ pub struct ServerSection {
     /// The certificate's private key (PEM: PKCS#8, PKCS#1 or SEC1). Startup field.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls_key_file: Option<PathBuf>,
+    /// Whether clients log in: `users` (the default: every connection and HTTP request logs
+    /// in as a user and is held to its permissions; the first start creates `admin`) or
+    /// `none` (anyone who reaches a port may do anything: loopback only, unless
+    /// `server.insecure`). Startup field.
+    pub auth: crate::access::AuthMode,
 }
 
 /// Default `server.blocking_threads_max`: blocking work is disk work, which a few threads keep
@@ -205,6 +210,7 @@ impl Default for ServerSection {
             insecure: false,
             tls_cert_file: None,
             tls_key_file: None,
+            auth: crate::access::AuthMode::Users,
         }
     }
 }

@@ -1,8 +1,10 @@
 //! The HTTP admin port (axum): `/health` and the JSON queue API. The limits, settings, metrics
 //! and dashboard issues add their routes here; the dashboard's files are in [`dashboard`].
 
+mod auth;
 mod cluster;
 pub mod dashboard;
+mod users;
 
 use std::future::Future;
 
@@ -33,6 +35,8 @@ pub struct Admin {
     pub node_id: String,
     /// The node's cluster membership; `None` when it runs alone.
     pub cluster: Option<Arc<keratin_cluster::ClusterNode>>,
+    /// Logins and permissions.
+    pub access: Arc<crate::access::Access>,
 }
 
 impl FromRef<Admin> for Broker {
@@ -71,7 +75,43 @@ pub fn router(admin: Admin) -> Router {
             "/api/v1/queues/{name}/partitions/{index}/move",
             axum::routing::post(cluster::move_replica),
         )
+        .route("/api/v1/login", axum::routing::post(auth::login))
+        .route("/api/v1/logout", axum::routing::post(auth::logout))
+        .route("/api/v1/whoami", get(auth::whoami))
+        .route("/api/v1/users", get(users::list).post(users::add))
+        .route(
+            "/api/v1/users/{name}",
+            get(users::get).delete(users::delete),
+        )
+        .route(
+            "/api/v1/users/{name}/password",
+            axum::routing::put(users::password),
+        )
+        .route(
+            "/api/v1/users/{name}/admin",
+            axum::routing::put(users::set_admin),
+        )
+        .route(
+            "/api/v1/users/{name}/grant",
+            axum::routing::post(users::grant),
+        )
+        .route(
+            "/api/v1/users/{name}/revoke",
+            axum::routing::post(users::revoke),
+        )
+        .route(
+            "/api/v1/users/{name}/tokens",
+            axum::routing::post(users::add_token),
+        )
+        .route(
+            "/api/v1/users/{name}/tokens/{token}",
+            axum::routing::delete(users::delete_token),
+        )
         .merge(dashboard::routes())
+        .layer(axum::middleware::from_fn_with_state(
+            admin.clone(),
+            auth::authenticate,
+        ))
         .with_state(admin)
 }
 
@@ -81,9 +121,12 @@ pub async fn serve(
     admin: Admin,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(admin))
-        .with_graceful_shutdown(shutdown)
-        .await
+    axum::serve(
+        listener,
+        router(admin).into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await
 }
 
 /// The query of `GET /api/v1/attention`.
@@ -203,8 +246,17 @@ async fn health() -> Json<Value> {
     Json(json!({ "status": "ok" }))
 }
 
-async fn queues(State(broker): State<Broker>) -> Json<Value> {
-    let list: Vec<Value> = broker.list().iter().map(queue_json).collect();
+/// `GET /api/v1/queues`: the queues the user has a permission on.
+async fn queues(
+    State(broker): State<Broker>,
+    axum::Extension(grant): axum::Extension<crate::access::Grant>,
+) -> Json<Value> {
+    let list: Vec<Value> = broker
+        .list()
+        .iter()
+        .filter(|q| grant.sees(&q.name))
+        .map(queue_json)
+        .collect();
     Json(json!({ "queues": list }))
 }
 

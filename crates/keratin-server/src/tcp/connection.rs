@@ -34,7 +34,10 @@ use tokio_util::codec::{FramedRead, FramedWrite};
 use super::errors::error_body;
 use super::stream::ProtocolStream;
 use super::TcpOptions;
+use crate::access::{Grant, Login};
 use crate::convert;
+use keratin_auth::Permission;
+use keratin_proto::codes::ERR_UNAUTHENTICATED;
 
 /// A frame to send, with the delivery budget bytes it holds until it is flushed (none for
 /// frames other than `Deliver`).
@@ -81,6 +84,8 @@ struct Conn {
     outbound_bytes: Arc<ByteBudget>,
     /// The protocol version agreed in the handshake.
     version: u16,
+    /// Who logged in, and what it may do.
+    grant: Grant,
 }
 
 pub(super) async fn run<S: ProtocolStream>(
@@ -91,7 +96,7 @@ pub(super) async fn run<S: ProtocolStream>(
     publish_bytes: Arc<Semaphore>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let (stream, leftover, version) = match handshake(stream, &options).await {
+    let (stream, leftover, version, grant) = match handshake(stream, peer, &options).await {
         Some(accepted) => accepted,
         None => return,
     };
@@ -115,6 +120,7 @@ pub(super) async fn run<S: ProtocolStream>(
         next_delivery: Arc::new(AtomicU64::new(1)),
         outbound_bytes: ByteBudget::new(options.outbound_bytes_max as u64),
         version,
+        grant,
     };
     loop {
         let next = tokio::select! {
@@ -152,24 +158,67 @@ pub(super) async fn run<S: ProtocolStream>(
     tracing::debug!(%peer, "connection closed");
 }
 
-/// Read the client's hello and answer it; the bytes read past the hello and the agreed protocol
-/// version are returned.
+/// Read the client's hello, log it in, and answer it; the bytes read past the hello, the
+/// agreed protocol version and what the login may do are returned.
 async fn handshake<S: ProtocolStream>(
     mut stream: S,
+    peer: SocketAddr,
     options: &TcpOptions,
-) -> Option<(S, BytesMut, u16)> {
+) -> Option<(S, BytesMut, u16, Grant)> {
     let mut buf = BytesMut::with_capacity(256);
     let hello = read_hello(&mut stream, &mut buf, options.handshake_timeout).await?;
     let info = server_info(options, stream.local_addr());
-    let answer = ServerHello::answer(&hello, options.node_id.clone(), info);
-    let accepted = match &answer {
-        ServerHello::Accepted { version, .. } => Some(*version),
-        ServerHello::Refused { .. } => None,
-    };
+    let mut answer = ServerHello::answer(&hello, options.node_id.clone(), info);
+    let mut grant = None;
+    if let ServerHello::Accepted { version, .. } = &answer {
+        match login(&hello, peer, &stream, options).await {
+            Ok(logged_in) => grant = Some(logged_in),
+            Err(error) => {
+                tracing::info!(%peer, client = hello.client_name, error = error.message(), "login refused");
+                answer = ServerHello::Refused {
+                    version: *version,
+                    error,
+                };
+            }
+        }
+    }
     let mut out = BytesMut::new();
     answer.encode(&mut out).ok()?;
     stream.write_all(&out).await.ok()?;
-    accepted.map(|version| (stream, buf, version))
+    match answer {
+        ServerHello::Accepted { version, .. } => Some((stream, buf, version, grant?)),
+        ServerHello::Refused { .. } => None,
+    }
+}
+
+/// Log a hello in: what it may do, or the 401 that refuses it.
+async fn login<S: ProtocolStream>(
+    hello: &ClientHello,
+    peer: SocketAddr,
+    stream: &S,
+    options: &TcpOptions,
+) -> Result<Grant, ErrorBody> {
+    let Some(access) = &options.access else {
+        return Ok(Grant::anyone());
+    };
+    let presented = presented_login(hello);
+    let secret = !matches!(presented, Login::Nothing);
+    let on_loopback = stream.local_addr().is_some_and(|a| a.ip().is_loopback());
+    if secret && !stream.is_tls() && !on_loopback && !options.insecure {
+        return Err(ErrorBody::new(
+            ERR_UNAUTHENTICATED,
+            "a password or token over plain TCP off loopback would travel in the clear: \
+             connect with TLS (the node's server.tls_cert_file; the client's --ca), or start \
+             the node with --insecure",
+        ));
+    }
+    let identity = access.login(&presented, peer.ip()).await?;
+    Ok(access.grant(identity))
+}
+
+/// What the hello presents to log in with.
+fn presented_login(_hello: &ClientHello) -> Login {
+    Login::Nothing
 }
 
 /// What the handshake tells a client about where to reach this node: its admin address and the
@@ -372,6 +421,10 @@ impl Conn {
         if is_request {
             self.publishes_answered().await;
         }
+        if let Some((request_id, refused)) = self.refused(&frame) {
+            self.reply(request_id, Err(refused)).await;
+            return true;
+        }
         match frame {
             Frame::Declare(d) => self.declare(d).await,
             Frame::Delete(q) => {
@@ -431,6 +484,28 @@ impl Conn {
         true
     }
 
+    /// The 403 of a request this connection's user may not make, with the request's id; a
+    /// publish it may not make is answered with a `PublishError` here. `None`: allowed (or
+    /// not a request on a queue).
+    fn refused(&self, frame: &Frame) -> Option<(u64, ErrorBody)> {
+        let (request_id, queue, permission) = match frame {
+            Frame::Declare(d) => (d.request_id, &d.queue, Permission::Manage),
+            Frame::Delete(q) | Frame::Purge(q) => (q.request_id, &q.queue, Permission::Manage),
+            Frame::SetQueueSettings(s) => (s.request_id, &s.queue, Permission::Manage),
+            Frame::Subscribe(s) => (s.request_id, &s.queue, Permission::Consume),
+            Frame::QueueInfo(q) => {
+                if self.grant.sees(&q.queue) {
+                    return None;
+                }
+                let refused = self.grant.check(&q.queue, Permission::Consume).err()?;
+                return Some((q.request_id, refused));
+            }
+            _ => return None,
+        };
+        let refused = self.grant.check(queue, permission).err()?;
+        Some((request_id, refused))
+    }
+
     async fn declare(&self, d: Declare) {
         let settings = convert::settings_from_wire(&d.settings);
         let result = self
@@ -460,10 +535,12 @@ impl Conn {
         }))
     }
 
+    /// The queues this connection's user may do anything on.
     fn queue_list(&self) -> Vec<QueueSummary> {
         self.broker
             .list()
             .iter()
+            .filter(|q| self.grant.sees(&q.name))
             .map(|q| QueueSummary {
                 queue: q.name.clone(),
                 partitions: q.partitions.len() as u32,
@@ -478,6 +555,15 @@ impl Conn {
     /// answer it from a task once the outcomes are known. A joinable frame for a queue with
     /// limits is handed over message by message: each is admitted on its own.
     async fn publish(&self, p: Publish) {
+        if let Err(refused) = self.grant.check(&p.queue, Permission::Publish) {
+            let ids: Vec<u64> = p.messages.iter().map(|m| m.publish_id).collect();
+            self.send(Frame::PublishError(PublishError {
+                ranges: ranges(&ids),
+                error: refused,
+            }))
+            .await;
+            return;
+        }
         if p.joinable && p.messages.len() > 1 && !self.broker.publishes_may_join(&p.queue) {
             for message in p.messages {
                 self.publish_batch(Publish {

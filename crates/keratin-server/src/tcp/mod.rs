@@ -99,6 +99,11 @@ pub struct TcpOptions {
     /// TLS for every connection (`None`: plain TCP). The TLS handshake counts against
     /// `handshake_timeout` with the protocol's.
     pub tls: Option<Arc<crate::tls::ServerTls>>,
+    /// Logins and permissions; `None`: anyone may do anything.
+    pub access: Option<Arc<crate::access::Access>>,
+    /// Password and token logins over plain TCP off loopback are refused unless this is set
+    /// (`server.insecure`): they would send the secret in the clear.
+    pub insecure: bool,
 }
 
 impl Default for TcpOptions {
@@ -119,6 +124,8 @@ impl Default for TcpOptions {
             handshake_timeout: Duration::from_secs(10),
             drain_timeout: Duration::from_secs(5),
             tls: None,
+            access: None,
+            insecure: false,
         }
     }
 }

@@ -17,6 +17,8 @@ pub(crate) trait ProtocolStream: AsyncRead + AsyncWrite + Send + Unpin + 'static
     type Writer: AsyncWrite + Send + Unpin + 'static;
     /// The local address the client reached.
     fn local_addr(&self) -> Option<SocketAddr>;
+    /// True over TLS.
+    fn is_tls(&self) -> bool;
     /// The halves, for the reading loop and the writer task.
     fn split_owned(self) -> (Self::Reader, Self::Writer);
 }
@@ -27,6 +29,10 @@ impl ProtocolStream for TcpStream {
 
     fn local_addr(&self) -> Option<SocketAddr> {
         TcpStream::local_addr(self).ok()
+    }
+
+    fn is_tls(&self) -> bool {
+        false
     }
 
     fn split_owned(self) -> (OwnedReadHalf, OwnedWriteHalf) {
@@ -40,6 +46,10 @@ impl ProtocolStream for TlsStream<TcpStream> {
 
     fn local_addr(&self) -> Option<SocketAddr> {
         self.get_ref().0.local_addr().ok()
+    }
+
+    fn is_tls(&self) -> bool {
+        true
     }
 
     fn split_owned(self) -> (Self::Reader, Self::Writer) {

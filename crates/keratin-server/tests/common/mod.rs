@@ -32,6 +32,8 @@ pub fn node_config(dir: &Path) -> Config {
     config.storage.dirs = vec![dir.join("data")];
     config.storage.segment_bytes = 1 << 20;
     config.server.listen = "127.0.0.1:0".parse().expect("addr");
+    // Anyone may connect: these tests are not about logins (`access.rs` is).
+    config.server.auth = keratin_server::access::AuthMode::None;
     config.server.http = "127.0.0.1:0".parse().expect("addr");
     host_disk_limits(&mut config);
     config
