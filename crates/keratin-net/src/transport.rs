@@ -302,6 +302,16 @@ impl Transport {
         Ok(())
     }
 
+    /// Reads the mutual-TLS files again ([`crate::ClusterTls::reload`]): connections made from
+    /// now on use the new certificate, key and CA; open ones keep their session. `Ok(false)`
+    /// without TLS (nothing to read). On an error nothing changes.
+    pub fn reload_tls(&self) -> Result<bool, NetError> {
+        match &self.context.options.tls {
+            Some(tls) => tls.reload().map(|()| true),
+            None => Ok(false),
+        }
+    }
+
     /// Stops every task and closes every connection (outstanding calls get
     /// [`NetError::Closed`]). Dropping the last handle does the same.
     pub fn shutdown(&self) {
