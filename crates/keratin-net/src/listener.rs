@@ -17,7 +17,7 @@
 //! claim to be node 3. A mismatch is refused with `WRONG_IDENTITY` and logged at `warn` with
 //! both ids. A failed TLS handshake (a plaintext dialer, a certificate from another CA) and a
 //! TLS hello on a plaintext port are logged at `warn` at most once per
-//! [`UNKNOWN_NODE_LOG_INTERVAL`] and at `debug` otherwise, like unknown nodes: a misconfigured
+//! [`TLS_FAILURE_LOG_INTERVAL`] and at `debug` otherwise, like unknown nodes: a misconfigured
 //! peer repeats them every backoff, and a port scan would too.
 
 use std::sync::Arc;
@@ -50,6 +50,10 @@ const HANDSHAKES_MAX: usize = 64;
 /// until it learns, so one line per 30 s says it is happening without repeating it 15 times.
 pub(crate) const UNKNOWN_NODE_LOG_INTERVAL: std::time::Duration =
     std::time::Duration::from_secs(30);
+/// At most one `warn` line per this interval for failed TLS handshakes (and TLS hellos on a
+/// plaintext port): a misconfigured peer repeats them every `reconnect_backoff_max`, a port scan
+/// as fast as it likes; the same 30 s as for unknown nodes, for the same reason.
+const TLS_FAILURE_LOG_INTERVAL: std::time::Duration = UNKNOWN_NODE_LOG_INTERVAL;
 
 /// Accepts connections until shutdown.
 pub(crate) async fn run_listener(context: Arc<Context>, listener: TcpListener) {
@@ -98,13 +102,13 @@ async fn accept(
         return Some((peer, Established::Plain(stream)));
     };
     let timeout = context.options.handshake_timeout;
-    let stream = match tokio::time::timeout(timeout, tls.acceptor().accept(stream)).await {
+    let mut stream = match tokio::time::timeout(timeout, tls.acceptor().accept(stream)).await {
         Ok(Ok(stream)) => tokio_rustls::TlsStream::Server(stream),
         Ok(Err(error)) => {
             add(&context.stats.tls_handshakes_failed, 1);
             let message = "cluster TLS handshake failed (a peer without TLS, or a certificate \
                            not signed by cluster.tls_ca_file?)";
-            if context.tls_failure_log_due(UNKNOWN_NODE_LOG_INTERVAL) {
+            if context.tls_failure_log_due(TLS_FAILURE_LOG_INTERVAL) {
                 warn!(%remote, %error, "{message}");
             } else {
                 debug!(%remote, %error, "{message}");
@@ -122,7 +126,6 @@ async fn accept(
         .peer_certificates()
         .and_then(|chain| chain.first())
         .map(|certificate| certificate.clone().into_owned());
-    let mut stream = stream;
     let identity = Identity::Certificate(certificate);
     let peer = accept_hello(context, &mut stream, remote, identity).await?;
     Some((peer, Established::Tls(Box::new(stream))))
@@ -150,7 +153,7 @@ async fn accept_hello<S: AsyncRead + AsyncWrite + Unpin>(
             let code = match error {
                 FrameError::BadMagic(magic) => {
                     if looks_like_tls(magic)
-                        && context.tls_failure_log_due(UNKNOWN_NODE_LOG_INTERVAL)
+                        && context.tls_failure_log_due(TLS_FAILURE_LOG_INTERVAL)
                     {
                         warn!(%remote, "a peer speaks TLS to this plaintext cluster port; set cluster.tls_cert_file, tls_key_file and tls_ca_file on every node or on none");
                     }

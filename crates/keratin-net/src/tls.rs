@@ -70,6 +70,8 @@ impl std::fmt::Debug for ClusterTls {
 struct Endpoints {
     acceptor: TlsAcceptor,
     connector: TlsConnector,
+    /// This node's certificate (the chain's first), for [`ClusterTls::names`].
+    certificate: CertificateDer<'static>,
 }
 
 impl ClusterTls {
@@ -90,6 +92,13 @@ impl ClusterTls {
         // A panic while writing left a whole value in place: overwrite it.
         *self.current.write().unwrap_or_else(PoisonError::into_inner) = endpoints;
         Ok(())
+    }
+
+    /// Whether the certificate now in use names node `id` ([`node_name`]). A node whose
+    /// certificate does not name its own id is refused by every peer it dials and by every
+    /// dialer; the embedder should refuse to start, `Transport::start` logs it at `warn`.
+    pub fn names(&self, id: NodeId) -> bool {
+        certificate_names(&self.endpoints().certificate, id)
     }
 
     /// The files this was loaded from.
@@ -118,6 +127,7 @@ impl Endpoints {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let roots = Arc::new(load_roots(&files.ca_file)?);
         let chain = load_chain(&files.cert_file)?;
+        let certificate = chain[0].clone();
         let key = load_key(&files.key_file)?;
         let key_error = |error: rustls::Error| {
             tls_error(
@@ -148,6 +158,7 @@ impl Endpoints {
         Ok(Endpoints {
             acceptor: TlsAcceptor::from(Arc::new(server)),
             connector: TlsConnector::from(Arc::new(client)),
+            certificate,
         })
     }
 }

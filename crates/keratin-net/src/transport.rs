@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::config::ResolvedCluster;
 use crate::context::Context;
@@ -112,6 +112,16 @@ impl Transport {
             .filter(|(id, _)| **id != cluster.node_id)
             .map(|(&id, &addr)| (id, Arc::new(Peer::new(id, addr, Liveness::new(epoch)))))
             .collect();
+        if let Some(tls) = &options.tls {
+            if !tls.names(cluster.node_id) {
+                warn!(
+                    node = cluster.node_id,
+                    cert_file = %tls.files().cert_file.display(),
+                    "this node's cluster certificate does not name {}; every peer will refuse it",
+                    crate::tls::node_name(cluster.node_id)
+                );
+            }
+        }
         let (shutdown, shutdown_signal) = watch::channel(false);
         let context = Arc::new(Context::new(
             cluster.node_id,

@@ -212,7 +212,9 @@ async fn a_node_with_node_2s_certificate_cannot_be_node_3() {
         let ca = Ca::new("cluster CA");
         let impostor = || {
             let files = ca.node_files(dir.path(), "impostor", &["node-2.keratin"]);
-            ClusterTls::load(files).expect("load")
+            let tls = ClusterTls::load(files).expect("load");
+            assert!(tls.names(2) && !tls.names(3));
+            tls
         };
 
         // As the dialer: node 4's listener reads node 3's hello, then finds the certificate
@@ -290,6 +292,7 @@ async fn reload_serves_new_connections_and_keeps_open_ones() {
         let (old_ca, new_ca) = (Ca::new("old CA"), Ca::new("new CA"));
         let (mut listeners, nodes) = bind_nodes(&[1, 2]).await;
         let two_tls = old_ca.node(dir.path(), 2);
+        assert!(two_tls.names(2) && !two_tls.names(1));
         let t1 = start(
             listeners.remove(0),
             1,
