@@ -27,6 +27,9 @@ pub const UNKNOWN_NODE: u16 = 13;
 pub const WRONG_NODE: u16 = 14;
 /// Handshake: the dialer has the higher node id; only the lower id of a pair dials.
 pub const WRONG_DIRECTION: u16 = 15;
+/// Handshake (mutual TLS): the dialer's certificate does not name the node id its hello claims
+/// (`node-<id>.keratin`).
+pub const WRONG_IDENTITY: u16 = 16;
 
 /// `Error` frame: a frame that does not follow the protocol; the sender closes after it.
 pub const PROTOCOL: u16 = 20;

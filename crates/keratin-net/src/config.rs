@@ -21,10 +21,25 @@
 //! string). Listing every node, this one included, lets every node share one `peers` list; this
 //! node's own entry must then match `listen`, or stands for it when `listen` is absent.
 //! [`parse_peer_list`] parses the comma-separated form for flags.
+//!
+//! # Mutual TLS: [`ClusterTlsConfig`]
+//!
+//! | key | type | default | meaning |
+//! |---|---|---|---|
+//! | `tls_cert_file` | path | unset | this node's certificate chain (PEM, its own first); it must name `node-<node_id>.keratin` |
+//! | `tls_key_file` | path | unset | its private key (PEM: PKCS#8, PKCS#1 or SEC1) |
+//! | `tls_ca_file` | path | unset | the CA that signs every node's certificate (PEM) |
+//!
+//! All three or none ([`ClusterTlsConfig::files`]); with them every cluster connection is
+//! mutual TLS (`crate::tls`). These keys belong in the `[cluster]` section, but they are a
+//! type of their own rather than fields of [`ClusterConfig`], whose struct literals other crates
+//! build: the embedder reads them from the same table (they flatten into it, see the tests) and
+//! hands [`ClusterTlsConfig::files`] to [`crate::ClusterTls::load`].
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
@@ -150,6 +165,63 @@ fn deserialize_peers<'de, D: serde::Deserializer<'de>>(
         PeersInput::Text(text) => parse_peer_list(&text),
     };
     parsed.map_err(serde::de::Error::custom)
+}
+
+/// The mutual-TLS keys of the `[cluster]` section (see the module docs). No
+/// `deny_unknown_fields`: it is read from a table that holds [`ClusterConfig`]'s keys too, and
+/// flattens into a struct that denies them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default)]
+pub struct ClusterTlsConfig {
+    /// This node's certificate chain, PEM, its own certificate first; the certificate must
+    /// carry the DNS name `node-<node_id>.keratin` ([`crate::tls::node_name`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// The private key of `tls_cert_file`, PEM (PKCS#8, PKCS#1 or SEC1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_key_file: Option<PathBuf>,
+    /// The CA certificates (PEM) that sign every node's certificate; a peer's certificate must
+    /// chain to one of them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_ca_file: Option<PathBuf>,
+}
+
+/// The three files of mutual TLS, all given: what [`crate::ClusterTls::load`] reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterTlsFiles {
+    /// This node's certificate chain.
+    pub cert_file: PathBuf,
+    /// Its private key.
+    pub key_file: PathBuf,
+    /// The cluster's CA.
+    pub ca_file: PathBuf,
+}
+
+impl ClusterTlsConfig {
+    /// `None` when no key is set (plain TCP), the files when all three are, and
+    /// [`ConfigError::TlsIncomplete`] naming the missing keys otherwise.
+    pub fn files(&self) -> Result<Option<ClusterTlsFiles>, ConfigError> {
+        match (&self.tls_cert_file, &self.tls_key_file, &self.tls_ca_file) {
+            (None, None, None) => Ok(None),
+            (Some(cert), Some(key), Some(ca)) => Ok(Some(ClusterTlsFiles {
+                cert_file: cert.clone(),
+                key_file: key.clone(),
+                ca_file: ca.clone(),
+            })),
+            (cert, key, ca) => {
+                let missing = [
+                    (cert.is_none(), "cluster.tls_cert_file"),
+                    (key.is_none(), "cluster.tls_key_file"),
+                    (ca.is_none(), "cluster.tls_ca_file"),
+                ]
+                .into_iter()
+                .filter_map(|(missing, key)| missing.then_some(key))
+                .collect::<Vec<_>>()
+                .join(", ");
+                Err(ConfigError::TlsIncomplete { missing })
+            }
+        }
+    }
 }
 
 /// A checked cluster configuration: what [`crate::Transport`] runs on.
@@ -283,6 +355,12 @@ pub enum ConfigError {
         /// The name.
         name: String,
     },
+    /// Some of the mutual-TLS keys are set, not all three.
+    #[error("cluster TLS needs tls_cert_file, tls_key_file and tls_ca_file together; missing {missing} (set all three, or none for plain TCP)")]
+    TlsIncomplete {
+        /// The keys not set, comma-separated.
+        missing: String,
+    },
 }
 
 #[cfg(test)]
@@ -396,5 +474,59 @@ mod tests {
         let config: ClusterConfig =
             toml::from_str("node_id = 1\nlisten = \"127.0.0.1:1\"").unwrap();
         assert_eq!(config.name, DEFAULT_CLUSTER_NAME);
+    }
+
+    #[test]
+    fn tls_keys_come_all_three_or_none() {
+        let none = ClusterTlsConfig::default();
+        assert_eq!(none.files(), Ok(None));
+        let all: ClusterTlsConfig = toml::from_str(
+            "tls_cert_file = \"n.pem\"\ntls_key_file = \"n.key\"\ntls_ca_file = \"ca.pem\"",
+        )
+        .unwrap();
+        let files = all.files().unwrap().unwrap();
+        assert_eq!(files.ca_file, PathBuf::from("ca.pem"));
+        let some = ClusterTlsConfig {
+            tls_cert_file: Some("n.pem".into()),
+            ..ClusterTlsConfig::default()
+        };
+        let error = some.files().unwrap_err().to_string();
+        assert!(
+            error.contains("missing cluster.tls_key_file, cluster.tls_ca_file"),
+            "{error}"
+        );
+    }
+
+    /// The `[cluster]` table holds `ClusterConfig`'s keys and the TLS keys: `ClusterTlsConfig`
+    /// reads its own and ignores the rest, and flattens into a struct that denies unknown keys
+    /// (how an embedder can read both from one table and still catch typos).
+    #[test]
+    fn tls_keys_read_from_the_cluster_table() {
+        let text = r#"
+            node_id = 1
+            listen = "127.0.0.1:7001"
+            tls_cert_file = "node-1.pem"
+            tls_key_file = "node-1.key"
+            tls_ca_file = "ca.pem"
+        "#;
+        let tls: ClusterTlsConfig = toml::from_str(text).unwrap();
+        assert_eq!(tls.tls_cert_file, Some(PathBuf::from("node-1.pem")));
+
+        #[derive(Debug, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Section {
+            #[expect(dead_code, reason = "only deserialized")]
+            node_id: u64,
+            #[expect(dead_code, reason = "only deserialized")]
+            listen: SocketAddr,
+            #[serde(flatten)]
+            tls: ClusterTlsConfig,
+        }
+        let section: Section = toml::from_str(text).unwrap();
+        assert!(section.tls.files().unwrap().is_some());
+        let error = toml::from_str::<Section>(&format!("{text}\ntls_ca_flie = \"x\""))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("tls_ca_flie"), "{error}");
     }
 }

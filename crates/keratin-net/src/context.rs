@@ -33,6 +33,8 @@ pub(crate) struct Context {
     generations: AtomicU64,
     /// When an unknown node's refusal was last logged at `info` (see `listener.rs`).
     unknown_node_logged: Mutex<Option<Instant>>,
+    /// When a failed TLS handshake (or TLS on a plaintext port) was last logged at `warn`.
+    tls_failure_logged: Mutex<Option<Instant>>,
     /// This node's label (`Transport::set_label`); empty: none yet, nothing is sent.
     label: Mutex<Bytes>,
 }
@@ -56,6 +58,7 @@ impl Context {
             shutdown,
             generations: AtomicU64::new(1),
             unknown_node_logged: Mutex::new(None),
+            tls_failure_logged: Mutex::new(None),
             label: Mutex::new(Bytes::new()),
         }
     }
@@ -101,16 +104,12 @@ impl Context {
     /// Whether `interval` has passed since an unknown node's refusal was last logged at `info`;
     /// if so, the caller logs it now.
     pub(crate) fn unknown_node_log_due(&self, interval: Duration) -> bool {
-        let mut last = self
-            .unknown_node_logged
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let now = Instant::now();
-        let due = last.is_none_or(|at| now.duration_since(at) >= interval);
-        if due {
-            *last = Some(now);
-        }
-        due
+        log_due(&self.unknown_node_logged, interval)
+    }
+
+    /// The same for failed TLS handshakes, logged at `warn` when due.
+    pub(crate) fn tls_failure_log_due(&self, interval: Duration) -> bool {
+        log_due(&self.tls_failure_logged, interval)
     }
 
     /// A number for a new connection, unique within this transport.
@@ -122,6 +121,17 @@ impl Context {
     pub(crate) fn shutdown_signal(&self) -> watch::Receiver<bool> {
         self.shutdown.clone()
     }
+}
+
+/// Whether `interval` has passed since `last`; if so, `last` becomes now.
+fn log_due(last: &Mutex<Option<Instant>>, interval: Duration) -> bool {
+    let mut last = last.lock().unwrap_or_else(PoisonError::into_inner);
+    let now = Instant::now();
+    let due = last.is_none_or(|at| now.duration_since(at) >= interval);
+    if due {
+        *last = Some(now);
+    }
+    due
 }
 
 /// Resolves when the transport shuts down (or its last handle is gone).

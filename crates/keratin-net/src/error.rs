@@ -4,6 +4,7 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
 use crate::GroupId;
 use crate::NodeId;
@@ -118,6 +119,17 @@ pub enum NetError {
         size_bytes: usize,
         /// The limit.
         limit_bytes: usize,
+    },
+    /// A mutual-TLS file (`cluster.tls_cert_file`, `tls_key_file`, `tls_ca_file`) cannot be
+    /// used: at [`crate::ClusterTls::load`], or at a reload, which then changes nothing.
+    #[error("cluster TLS {what} {}: {reason}", path.display())]
+    Tls {
+        /// `certificate file`, `key file` or `CA file`.
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
     },
     /// The cluster listen address could not be bound.
     #[error("cannot listen on {addr}: {reason}")]

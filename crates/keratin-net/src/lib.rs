@@ -12,6 +12,9 @@
 //! - Heartbeat coalescing ([`Transport::heartbeat`]): all groups' heartbeats to a peer leave in
 //!   one frame per tick; the peer answers them all in one frame.
 //! - Liveness ([`Transport::peer_status`]): connected, last contact, round-trip estimate.
+//! - Mutual TLS (optional, [`ClusterTls`] in [`TransportOptions::tls`]): every connection
+//!   verifies both certificates against the cluster's CA, and each names its node
+//!   (`node-<id>.keratin`); [`Transport::reload_tls`] swaps the certificate for new connections.
 //! - Peers that change at run time ([`Transport::add_peer`], [`Transport::remove_peer`]): the
 //!   peers given at start are the first set; the cluster layer adds and removes nodes of a live
 //!   cluster with the same rules (the lower id dials, an unknown node's hello is refused).
@@ -38,6 +41,8 @@
 //! - [`transport`]: `Transport`, the public API; `options`: its bounds and timers.
 //! - [`handler`]: the `Handler` trait the application implements.
 //! - [`frame`], [`handshake`]: the wire format (no I/O besides reading a hello); `wire.rs`: fields.
+//! - [`tls`]: `ClusterTls`, the certificates and the naming rule; `stream.rs`: a connection's
+//!   bytes over TCP or TLS.
 //! - `listener.rs`, `dialer.rs`: establishing connections; `session.rs`: reading one;
 //!   `writer.rs`: writing one; `connection.rs`: its shared state; `serve.rs`: serving requests;
 //!   `heartbeat.rs`: the coalescing ticker; `peer.rs`: per-peer state; `context.rs`: what all
@@ -63,16 +68,22 @@ mod peer;
 mod serve;
 mod session;
 pub mod stats;
+mod stream;
+pub mod tls;
 pub mod transport;
 mod wire;
 mod writer;
 
-pub use config::{parse_peer_list, ClusterConfig, ConfigError, PeerSpec, ResolvedCluster};
+pub use config::{
+    parse_peer_list, ClusterConfig, ClusterTlsConfig, ClusterTlsFiles, ConfigError, PeerSpec,
+    ResolvedCluster,
+};
 pub use error::{FrameError, NetError, RemoteError};
 pub use handler::{BoxFuture, Handler};
 pub use liveness::PeerStatus;
 pub use options::TransportOptions;
 pub use stats::TransportStats;
+pub use tls::ClusterTls;
 pub use transport::Transport;
 
 /// A node's id in the cluster (at least 1).

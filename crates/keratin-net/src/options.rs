@@ -1,9 +1,12 @@
 //! [`TransportOptions`]: the transport's bounds and timers, each with the arithmetic behind its
 //! default. These are tuning knobs for the node, not cluster configuration: peers may differ.
+//! The exception is `tls`, which every node of a cluster sets or none does; it sits here because
+//! the options are what the cluster layer passes through to [`crate::Transport::start`].
 
 use std::time::Duration;
 
 use crate::frame::{FRAME_SIZE_BYTES_MAX, HEADER_SIZE};
+use crate::tls::ClusterTls;
 
 /// Bounds and timers of a [`crate::Transport`].
 #[derive(Debug, Clone)]
@@ -40,6 +43,10 @@ pub struct TransportOptions {
     pub reconnect_backoff_min: Duration,
     /// Largest reconnect delay. Default 2 s: a restarted peer is found within 2 s of listening.
     pub reconnect_backoff_max: Duration,
+    /// Mutual TLS on every cluster connection (`crate::tls`), from the `[cluster]` TLS keys
+    /// ([`crate::ClusterTlsConfig`]); `None` (the default): plain TCP. Every node of a cluster
+    /// needs the same choice: a TLS node and a plain one never complete a handshake.
+    pub tls: Option<ClusterTls>,
 }
 
 impl Default for TransportOptions {
@@ -56,6 +63,7 @@ impl Default for TransportOptions {
             handshake_timeout: Duration::from_secs(2),
             reconnect_backoff_min: Duration::from_millis(20),
             reconnect_backoff_max: Duration::from_secs(2),
+            tls: None,
         }
     }
 }

@@ -9,9 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use tokio::io::AsyncReadExt;
-use tokio::net::tcp::OwnedReadHalf;
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncReadExt};
 use tracing::{debug, info, warn};
 
 use crate::connection::{CloseMode, Connection};
@@ -21,6 +19,7 @@ use crate::frame::Frame;
 use crate::peer::{wait_retired, Peer};
 use crate::serve::{serve_heartbeats, serve_request};
 use crate::stats::add;
+use crate::stream::{Established, PeerStream};
 use crate::writer::run_writer;
 
 /// Read chunk: at least this much room is made before each read, 64 KiB like the write buffer,
@@ -43,9 +42,16 @@ enum ReadEnd {
 
 /// Runs an established connection to `peer` until it ends; returns after it is closed and
 /// removed from the peer's slot.
-pub(crate) async fn run_session(context: Arc<Context>, peer: Arc<Peer>, stream: TcpStream) {
+pub(crate) async fn run_session(context: Arc<Context>, peer: Arc<Peer>, stream: Established) {
+    match stream {
+        Established::Plain(stream) => run_session_on(context, peer, stream).await,
+        Established::Tls(stream) => run_session_on(context, peer, *stream).await,
+    }
+}
+
+async fn run_session_on<S: PeerStream>(context: Arc<Context>, peer: Arc<Peer>, stream: S) {
     let generation = context.next_generation();
-    let (read, write) = stream.into_split();
+    let (read, write) = stream.split_owned();
     let (connection, queue) = Connection::new(
         peer.id,
         generation,
@@ -99,11 +105,11 @@ pub(crate) async fn run_session(context: Arc<Context>, peer: Arc<Peer>, stream: 
     }
 }
 
-async fn read_frames(
+async fn read_frames<R: AsyncRead + Unpin>(
     context: &Context,
     peer: &Peer,
     connection: &Arc<Connection>,
-    mut read: OwnedReadHalf,
+    mut read: R,
 ) -> ReadEnd {
     let mut buffer = BytesMut::with_capacity(READ_CHUNK_BYTES);
     let mut shutdown = context.shutdown_signal();

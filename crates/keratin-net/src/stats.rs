@@ -10,8 +10,12 @@ pub struct TransportStats {
     pub connections_accepted: u64,
     /// Connections dialed that completed the handshake.
     pub connections_dialed: u64,
-    /// Handshakes this node refused (wrong magic, version, cluster, node id or direction).
+    /// Handshakes this node refused (wrong magic, version, cluster, node id, direction or
+    /// certificate identity).
     pub handshakes_refused: u64,
+    /// Accepted connections whose TLS handshake failed (a plaintext dialer, a certificate not
+    /// signed by the cluster's CA); always 0 without TLS.
+    pub tls_handshakes_failed: u64,
     /// Connections closed for a protocol error (ours to send or the peer's).
     pub protocol_errors: u64,
     /// Frames written.
@@ -52,6 +56,7 @@ counters!(
     connections_accepted,
     connections_dialed,
     handshakes_refused,
+    tls_handshakes_failed,
     protocol_errors,
     frames_written,
     write_batches,

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::config::ResolvedCluster;
 use crate::context::Context;
@@ -112,6 +112,16 @@ impl Transport {
             .filter(|(id, _)| **id != cluster.node_id)
             .map(|(&id, &addr)| (id, Arc::new(Peer::new(id, addr, Liveness::new(epoch)))))
             .collect();
+        if let Some(tls) = &options.tls {
+            if !tls.names(cluster.node_id) {
+                warn!(
+                    node = cluster.node_id,
+                    cert_file = %tls.files().cert_file.display(),
+                    "this node's cluster certificate does not name {}; every peer will refuse it",
+                    crate::tls::node_name(cluster.node_id)
+                );
+            }
+        }
         let (shutdown, shutdown_signal) = watch::channel(false);
         let context = Arc::new(Context::new(
             cluster.node_id,
@@ -300,6 +310,16 @@ impl Transport {
             }
         }
         Ok(())
+    }
+
+    /// Reads the mutual-TLS files again ([`crate::ClusterTls::reload`]): connections made from
+    /// now on use the new certificate, key and CA; open ones keep their session. `Ok(false)`
+    /// without TLS (nothing to read). On an error nothing changes.
+    pub fn reload_tls(&self) -> Result<bool, NetError> {
+        match &self.context.options.tls {
+            Some(tls) => tls.reload().map(|()| true),
+            None => Ok(false),
+        }
     }
 
     /// Stops every task and closes every connection (outstanding calls get

@@ -1,12 +1,11 @@
-//! The writer task of one connection: drains the bounded write queue in batches into a buffered
+//! The writer task of one connection (over TCP or TLS, `stream.rs`): drains the bounded write queue in batches into a buffered
 //! socket and flushes when the queue is empty (or a batch is full), so many groups' small frames
 //! share one write syscall. Large payloads bypass the buffer (`BufWriter` writes them directly),
 //! so a payload is never copied twice.
 
 use std::sync::Arc;
 
-use tokio::io::{AsyncWriteExt, BufWriter};
-use tokio::net::tcp::OwnedWriteHalf;
+use tokio::io::{AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::sync::{mpsc, watch};
 
 use crate::connection::{CloseMode, Connection, Outgoing};
@@ -20,10 +19,10 @@ const WRITE_BUFFER_BYTES: usize = 64 * 1024;
 const WRITE_BATCH_FRAMES_MAX: usize = 1024;
 
 /// Writes queued frames until the connection closes or the socket fails; returns why it stopped.
-pub(crate) async fn run_writer(
+pub(crate) async fn run_writer<W: AsyncWrite + Unpin>(
     connection: Arc<Connection>,
     mut queue: mpsc::Receiver<Outgoing>,
-    socket: OwnedWriteHalf,
+    socket: W,
     stats: Arc<Stats>,
 ) -> Result<(), String> {
     let mut socket = BufWriter::with_capacity(WRITE_BUFFER_BYTES, socket);
@@ -50,10 +49,10 @@ pub(crate) async fn run_writer(
     }
 }
 
-async fn write_batch(
+async fn write_batch<W: AsyncWrite + Unpin>(
     first: Outgoing,
     queue: &mut mpsc::Receiver<Outgoing>,
-    socket: &mut BufWriter<OwnedWriteHalf>,
+    socket: &mut BufWriter<W>,
     stats: &Stats,
 ) -> std::io::Result<()> {
     write_one(first, socket).await?;
@@ -81,9 +80,9 @@ async fn write_batch(
     Ok(())
 }
 
-async fn write_one(
+async fn write_one<W: AsyncWrite + Unpin>(
     outgoing: Outgoing,
-    socket: &mut BufWriter<OwnedWriteHalf>,
+    socket: &mut BufWriter<W>,
 ) -> std::io::Result<()> {
     socket.write_all(&outgoing.frame.head).await?;
     if !outgoing.frame.tail.is_empty() {
@@ -93,9 +92,9 @@ async fn write_one(
 }
 
 /// Writes whatever is queued now, bounded by one batch: the `Error` frame before a close.
-async fn drain(
+async fn drain<W: AsyncWrite + Unpin>(
     queue: &mut mpsc::Receiver<Outgoing>,
-    socket: &mut BufWriter<OwnedWriteHalf>,
+    socket: &mut BufWriter<W>,
     stats: &Stats,
 ) -> Result<(), String> {
     if let Ok(first) = queue.try_recv() {
