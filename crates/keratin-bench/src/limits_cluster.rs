@@ -78,6 +78,7 @@ async fn start_nodes(dir: &Path, small: &Path) -> BenchResult<Vec<Node>> {
             name: "bench-limits".into(),
             join: false,
             leader_balance: true,
+            tls: Default::default(),
         });
         starting.push(tokio::spawn(async move { Node::start(&config).await }));
     }

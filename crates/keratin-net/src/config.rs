@@ -77,6 +77,10 @@ pub struct ClusterConfig {
     /// them.
     #[serde(default = "default_leader_balance")]
     pub leader_balance: bool,
+    /// Mutual TLS between the nodes (`tls_cert_file`, `tls_key_file`, `tls_ca_file`, all
+    /// three or none).
+    #[serde(flatten)]
+    pub tls: ClusterTlsConfig,
 }
 
 fn default_name() -> String {
@@ -375,6 +379,7 @@ mod tests {
             name: DEFAULT_CLUSTER_NAME.to_string(),
             join: false,
             leader_balance: true,
+            tls: ClusterTlsConfig::default(),
         }
     }
 

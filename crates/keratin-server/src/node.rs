@@ -66,6 +66,8 @@ pub struct Node {
     tls: Option<Arc<ServerTls>>,
     /// Logins and permissions.
     access: Arc<Access>,
+    /// The cluster port's mutual TLS, if configured.
+    cluster_tls: Option<keratin_net::ClusterTls>,
 }
 
 impl Node {
@@ -122,8 +124,12 @@ impl Node {
         broker_config.idle_release_after =
             std::time::Duration::from_millis(config.storage.idle_release_after_ms);
         broker_config.commit_workers_per_filesystem = config.storage.commit_workers as usize;
+        let cluster_tls = match &config.cluster {
+            Some(cluster) => load_cluster_tls(cluster)?,
+            None => None,
+        };
         let prepared = match &config.cluster {
-            Some(cluster) => Some(prepare_cluster(cluster).await?),
+            Some(cluster) => Some(prepare_cluster(cluster, cluster_tls.clone()).await?),
             None => None,
         };
         if let Some(prepared) = &prepared {
@@ -278,7 +284,18 @@ impl Node {
             cluster,
             tls,
             access,
+            cluster_tls,
         })
+    }
+
+    /// Read the cluster port's certificate, key and CA files again (SIGHUP): connections to
+    /// and from peers made from now on use them, open ones keep theirs. Nothing changes on an
+    /// error; `Ok(false)` when the cluster port serves no TLS (or the node is alone).
+    pub fn reload_cluster_tls(&self) -> Result<bool, keratin_net::NetError> {
+        match &self.cluster_tls {
+            Some(tls) => tls.reload().map(|()| true),
+            None => Ok(false),
+        }
     }
 
     /// Logins and permissions.
@@ -375,9 +392,34 @@ async fn bootstrap_cluster_admin(
     }
 }
 
+/// The cluster port's mutual TLS (`[cluster]` `tls_*`), if configured; refused at once when the
+/// files cannot be used or this node's certificate does not name it (`node-<id>.keratin`).
+fn load_cluster_tls(
+    cluster: &keratin_net::ClusterConfig,
+) -> Result<Option<keratin_net::ClusterTls>, NodeError> {
+    let Some(files) = cluster
+        .tls
+        .files()
+        .map_err(|e| NodeError::Cluster(e.to_string()))?
+    else {
+        return Ok(None);
+    };
+    let tls = keratin_net::ClusterTls::load(files)
+        .map_err(|e| NodeError::Cluster(format!("{e}; fix cluster.tls_cert_file / tls_key_file / tls_ca_file")))?;
+    if !tls.names(cluster.node_id) {
+        return Err(NodeError::Cluster(format!(
+            "the certificate in cluster.tls_cert_file does not name this node: it must carry \
+             the DNS name {} (peers check it)",
+            keratin_net::tls::node_name(cluster.node_id)
+        )));
+    }
+    Ok(Some(tls))
+}
+
 /// Start the transport of a cluster node and build the broker's hooks.
 async fn prepare_cluster(
     cluster: &keratin_net::ClusterConfig,
+    tls: Option<keratin_net::ClusterTls>,
 ) -> Result<PreparedCluster, NodeError> {
     let resolved = cluster
         .resolve()
@@ -402,7 +444,10 @@ async fn prepare_cluster(
         });
     ClusterNode::prepare(
         resolved,
-        keratin_net::TransportOptions::default(),
+        keratin_net::TransportOptions {
+            tls,
+            ..keratin_net::TransportOptions::default()
+        },
         make_logs,
     )
     .await

@@ -180,11 +180,18 @@ async fn wait_for_signal(node: &Node) -> Result<(), String> {
         tokio::select! {
             _ = term.recv() => return Ok(()),
             _ = int.recv() => return Ok(()),
-            _ = hup.recv() => match node.reload_tls() {
-                Ok(true) => tracing::info!("SIGHUP: the TLS certificate and key were read again; new connections get them"),
-                Ok(false) => tracing::info!("SIGHUP: no TLS configured, nothing to reload"),
-                Err(error) => tracing::error!(%error, "SIGHUP: the TLS certificate was not reloaded; connections keep getting the one before"),
-            },
+            _ = hup.recv() => {
+                match node.reload_tls() {
+                    Ok(true) => tracing::info!("SIGHUP: the protocol port's TLS certificate and key were read again; new connections get them"),
+                    Ok(false) => tracing::info!("SIGHUP: no TLS on the protocol port, nothing to reload"),
+                    Err(error) => tracing::error!(%error, "SIGHUP: the protocol port's TLS certificate was not reloaded; connections keep getting the one before"),
+                }
+                match node.reload_cluster_tls() {
+                    Ok(true) => tracing::info!("SIGHUP: the cluster port's certificate, key and CA were read again; new peer connections use them"),
+                    Ok(false) => {}
+                    Err(error) => tracing::error!(%error, "SIGHUP: the cluster port's TLS files were not reloaded; peer connections keep the ones before"),
+                }
+            }
         }
     }
 }

@@ -69,6 +69,7 @@ pub fn cluster_configs(dirs: &[tempfile::TempDir], formed: u64, name: &str) -> V
                 // Off: these tests stop and cut chosen leaders; `cluster_balance.rs` turns it
                 // on.
                 leader_balance: false,
+                tls: Default::default(),
             });
             config
         })
