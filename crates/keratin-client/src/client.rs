@@ -98,6 +98,13 @@ impl Client {
         &self.inner.handle.info
     }
 
+    /// The user the node logged this connection in as, from its handshake: the user of
+    /// [`ClientOptions::credentials`], or the identity of the client certificate. `None`
+    /// without credentials (or from a node older than protocol version 6).
+    pub fn user(&self) -> Option<&str> {
+        self.inner.handle.user.as_deref()
+    }
+
     /// The protocol version agreed in the handshake ([`keratin_proto::PROTOCOL_VERSION`], or an
     /// older one the node speaks).
     pub fn protocol_version(&self) -> u16 {

@@ -21,8 +21,9 @@ use bytes::BytesMut;
 use futures_util::{SinkExt, StreamExt};
 use keratin_proto::codes::ERR_BAD_REQUEST;
 use keratin_proto::{
-    Ack, Cancel, ClientHello, Close, Frame, Message, ProtoError, Publish, PublishMode, QueueList,
-    Reject, ServerHello, ServerInfo, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
+    Ack, Auth, Cancel, ClientHello, Close, Frame, Message, ProtoError, Publish, PublishMode,
+    QueueList, Reject, ServerHello, ServerInfo, AUTH_VERSION, PROTOCOL_VERSION,
+    PROTOCOL_VERSION_MIN,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, ToSocketAddrs};
@@ -37,7 +38,7 @@ use tokio_util::codec::{Framed, FramedParts};
 
 use crate::consumer::{Delivery, DeliverySettle};
 use crate::error::ClientError;
-use crate::options::ClientOptions;
+use crate::options::{ClientOptions, Credentials};
 use crate::publisher::BufferedEntry;
 
 /// Capacity of a connection's read buffer: deliveries are read this much at a time at most, and
@@ -195,6 +196,8 @@ pub(crate) struct Handle {
     pub(crate) info: ServerInfo,
     /// The protocol version agreed in the handshake.
     pub(crate) version: u16,
+    /// The user the node logged this connection in as (`None`: no login).
+    pub(crate) user: Option<String>,
 }
 
 /// What an accepted handshake gives.
@@ -203,6 +206,7 @@ struct Accepted {
     node_id: String,
     info: ServerInfo,
     version: u16,
+    user: Option<String>,
 }
 
 /// Connects, shakes hands and spawns the task. Must be called inside a tokio runtime.
@@ -211,11 +215,13 @@ pub(crate) async fn open(
     options: &ClientOptions,
 ) -> Result<Handle, ClientError> {
     let timeout_ms = duration_ms(options.connect_timeout);
+    check_credentials(options)?;
     let Accepted {
         framed,
         node_id,
         info,
         version,
+        user,
     } = tokio::time::timeout(options.connect_timeout, negotiate(addr, options))
         .await
         .map_err(|_| ClientError::ConnectTimeout { timeout_ms })??;
@@ -253,7 +259,25 @@ pub(crate) async fn open(
         node_id,
         info,
         version,
+        user,
     })
+}
+
+/// Refuses a certificate login without a certificate to present, before connecting: the
+/// broker's 401 would not say that the certificate was missing on this side.
+fn check_credentials(options: &ClientOptions) -> Result<(), ClientError> {
+    let has_client_cert = options
+        .tls
+        .as_ref()
+        .is_some_and(|tls| tls.has_client_cert());
+    if options.credentials == Some(Credentials::Certificate) && !has_client_cert {
+        return Err(ClientError::InvalidArgument(
+            "a login by certificate needs TLS with a client certificate \
+             (ClientTls::with_client_cert)"
+                .into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Shakes hands in [`PROTOCOL_VERSION`]; a node that refuses it (400) because it speaks an older
@@ -288,6 +312,17 @@ async fn handshake(
     options: &ClientOptions,
     version: u16,
 ) -> Result<Accepted, ClientError> {
+    // Checked before connecting: after a node refused our version, there is no point in a
+    // second connection that cannot carry the login.
+    let auth = options
+        .credentials
+        .as_ref()
+        .map_or(Auth::None, Credentials::to_auth);
+    if version < AUTH_VERSION && auth != Auth::None {
+        return Err(ClientError::LoginUnsupported {
+            server_version: version,
+        });
+    }
     let tcp = TcpStream::connect(addrs)
         .await
         .map_err(|error| ClientError::io("connect to the broker", error))?;
@@ -316,6 +351,7 @@ async fn handshake(
     ClientHello {
         version,
         client_name: options.name.clone(),
+        auth,
     }
     .encode(&mut hello)?;
     stream
@@ -342,6 +378,7 @@ async fn handshake(
             node_id,
             info,
             version: agreed,
+            user,
         } => {
             // Frames the broker pipelined behind its hello stay in the read buffer. A fresh
             // one of READ_BUFFER_BYTES, not the handshake's: once frames are split off a buffer,
@@ -357,6 +394,7 @@ async fn handshake(
                 node_id,
                 info,
                 version: agreed,
+                user,
             })
         }
         ServerHello::Refused { version, error } => Err(ClientError::Refused {

@@ -7,7 +7,7 @@
 
 use std::io;
 
-use keratin_proto::codes::{ERR_GATEWAY_TIMEOUT, ERR_LIMITED};
+use keratin_proto::codes::{ERR_GATEWAY_TIMEOUT, ERR_LIMITED, ERR_UNAUTHENTICATED};
 use keratin_proto::{ErrorBody, LimitReason, ProtoError};
 
 use crate::publisher::OutgoingMessage;
@@ -40,13 +40,21 @@ pub enum ClientError {
         /// The configured `connect_timeout`.
         timeout_ms: u64,
     },
-    /// The broker refused the handshake (for example another protocol version).
-    #[error("the broker (protocol version {server_version}) refused the handshake: {error}")]
+    /// The broker refused the handshake: another protocol version, or (code 401) a failed or
+    /// missing login, whose `Display` says what to check.
+    #[error("{}", refused_display(*.server_version, .error))]
     Refused {
         /// The version the broker speaks.
         server_version: u16,
         /// The broker's code and message.
         error: ErrorBody,
+    },
+    /// Credentials were given, but the broker speaks only a protocol version older than 6,
+    /// which has no login: the client does not connect without the login it was asked to make.
+    #[error("the broker speaks protocol version {server_version}, which has no login (version 6 on); connect without credentials or upgrade the node")]
+    LoginUnsupported {
+        /// The version the broker speaks.
+        server_version: u16,
     },
     /// The broker answered a request, or a publish, with an error that is not retried here:
     /// 400, 404, 409, 413, 500, 503 (not applied: safe to retry later), unknown codes.
@@ -130,6 +138,19 @@ pub enum ClientError {
     /// The arguments were invalid (for example a prefetch of 0).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+}
+
+fn refused_display(server_version: u16, error: &ErrorBody) -> String {
+    if error.code() != ERR_UNAUTHENTICATED {
+        return format!(
+            "the broker (protocol version {server_version}) refused the handshake: {error}"
+        );
+    }
+    // The body shows the broker's retry hint, if it is slowing this address down.
+    format!(
+        "the broker refused the login: {error}; check --user/--password (KERATIN_USER, \
+         KERATIN_PASSWORD), or the token or client certificate given"
+    )
 }
 
 fn limited_display(
@@ -273,6 +294,36 @@ mod tests {
              (disk at hard level on /data); last retry hint 2000 ms"
         );
         assert_eq!(error.code_key().as_deref(), Some("429:disk"));
+    }
+
+    #[test]
+    fn a_refused_login_says_what_to_check() {
+        let body = ErrorBody::new(ERR_UNAUTHENTICATED, "wrong user or password");
+        let error = ClientError::Refused {
+            server_version: 6,
+            error: body.clone().with_retry_after_ms(1500),
+        };
+        let shown = error.to_string();
+        assert!(
+            shown.starts_with("the broker refused the login: 401"),
+            "{shown}"
+        );
+        assert!(shown.contains("wrong user or password"), "{shown}");
+        assert!(
+            shown.contains("--user/--password (KERATIN_USER, KERATIN_PASSWORD)"),
+            "{shown}"
+        );
+        assert!(shown.contains("[retry after 1500 ms]"), "{shown}");
+        assert_eq!(error.code(), Some(401));
+        let other = ClientError::Refused {
+            server_version: 6,
+            error: ErrorBody::new(keratin_proto::codes::ERR_BAD_REQUEST, "version 9"),
+        };
+        assert!(!other.to_string().contains("--user"), "{other}");
+        assert!(
+            other.to_string().contains("refused the handshake"),
+            "{other}"
+        );
     }
 
     #[test]

@@ -23,7 +23,8 @@
 //!   `ERR_LIMITED` hints, and the [`BufferedPublisher`] with its [`DroppedPublishes`].
 //! - [`consumer`]: [`Consumer`] (a `Stream` of [`Delivery`]) and ack/reject.
 //! - [`error`]: [`ClientError`] and [`PublishFailed`].
-//! - [`options`]: [`ClientOptions`] and [`BufferedOptions`] with their defaults.
+//! - [`options`]: [`ClientOptions`] with its login [`Credentials`], and [`BufferedOptions`],
+//!   with their defaults.
 //! - `routing` (private): following `ERR_NOT_LEADER` (421) to the leader a cluster node
 //!   names, over connections to the other nodes opened on demand; see "Clusters" below.
 //! - `connection` (private): the background task that owns the socket, multiplexes requests,
@@ -75,6 +76,16 @@
 //! those messages again with `redelivered` set, so an application that acked one before the
 //! move may see it twice (at-least-once).
 //!
+//! # Logins
+//! With [`ClientOptions::credentials`] the client logs in in its handshake (protocol version 6):
+//! a password, an API token or its TLS client certificate ([`ClientTls::with_client_cert`]).
+//! A refused login is [`ClientError::Refused`] with code 401 (and the broker's retry hint when
+//! it slows down repeated failures); a request the user may not make fails with
+//! [`ClientError::Server`], code 403. [`Client::user`] names the user the broker logged the
+//! connection in as. Connections opened to follow a leader log in with the same credentials. A
+//! broker older than version 6 cannot check a login, so the client does not connect to it with
+//! credentials ([`ClientError::LoginUnsupported`]).
+//!
 //! # Heartbeats
 //! The client sends a `Heartbeat` whenever it has written nothing for `heartbeat_interval`
 //! (default 5 s). It does not answer the broker's heartbeats (the protocol asks for no answer);
@@ -94,7 +105,7 @@ pub mod tls;
 pub use client::Client;
 pub use consumer::{Consumer, Delivery, PREFETCH_MAX};
 pub use error::{ClientError, PublishFailed};
-pub use options::{BufferedOptions, ClientOptions};
+pub use options::{BufferedOptions, ClientOptions, Credentials};
 pub use publisher::{
     BufferedPublisher, Confirmed, DroppedPublish, DroppedPublishes, OutgoingMessage,
     RETRY_DELAY_MS_MIN,

@@ -1,5 +1,5 @@
-//! Settings of a connection ([`ClientOptions`]) and of a buffered publisher
-//! ([`BufferedOptions`]), with their defaults and the reasoning behind them.
+//! Settings of a connection ([`ClientOptions`], with its login [`Credentials`]) and of a
+//! buffered publisher ([`BufferedOptions`]), with their defaults and the reasoning behind them.
 //!
 //! Owns only numbers and their defaults; the code that honours them lives in `connection.rs`
 //! (heartbeats, silence), `client.rs` (timeouts) and `publisher.rs` (buffer bound).
@@ -54,6 +54,53 @@ pub struct ClientOptions {
     pub producer_id: Option<u64>,
     /// TLS to a broker that serves it (`server.tls_cert_file`); `None`: plain TCP.
     pub tls: Option<crate::tls::ClientTls>,
+    /// How to log in (protocol version 6); `None`: no login. Every connection the client
+    /// opens, to follow a leader too, logs in with these. A broker refuses a password or a
+    /// token over plain TCP unless it listens on loopback or runs `--insecure`.
+    pub credentials: Option<Credentials>,
+}
+
+/// How a client logs in. `Debug` never shows a password or a token.
+#[derive(Clone, PartialEq, Eq)]
+pub enum Credentials {
+    /// A user name and its password (mechanism `plain`).
+    Password {
+        /// The user name, 1 to 255 bytes.
+        user: String,
+        /// The password, 1 to 1,024 bytes.
+        password: String,
+    },
+    /// An API token, `kt_` and 64 hex digits (mechanism `token`).
+    Token(String),
+    /// The identity of the TLS client certificate (mechanism `external`): needs a
+    /// [`crate::ClientTls::with_client_cert`] in [`ClientOptions::tls`].
+    Certificate,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Credentials::Password { user, .. } => {
+                write!(f, "Password {{ user: {user:?}, password: <redacted> }}")
+            }
+            Credentials::Token(_) => f.write_str("Token(<redacted>)"),
+            Credentials::Certificate => f.write_str("Certificate"),
+        }
+    }
+}
+
+impl Credentials {
+    /// The login these credentials make in a `ClientHello`.
+    pub(crate) fn to_auth(&self) -> keratin_proto::Auth {
+        match self {
+            Credentials::Password { user, password } => keratin_proto::Auth::Plain {
+                user: user.clone(),
+                password: password.clone(),
+            },
+            Credentials::Token(token) => keratin_proto::Auth::Token(token.clone()),
+            Credentials::Certificate => keratin_proto::Auth::External,
+        }
+    }
 }
 
 impl Default for ClientOptions {
@@ -68,6 +115,7 @@ impl Default for ClientOptions {
             idempotent: true,
             producer_id: None,
             tls: None,
+            credentials: None,
         }
     }
 }
@@ -86,5 +134,37 @@ impl Default for BufferedOptions {
         BufferedOptions {
             capacity: BUFFERED_CAPACITY_DEFAULT,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_never_shows_a_secret() {
+        let options = ClientOptions {
+            credentials: Some(Credentials::Password {
+                user: "bob".into(),
+                password: "hunter2".into(),
+            }),
+            ..ClientOptions::default()
+        };
+        let shown = format!("{options:?}");
+        assert!(
+            shown.contains("Password { user: \"bob\", password: <redacted> }"),
+            "{shown}"
+        );
+        assert!(!shown.contains("hunter2"), "{shown}");
+        let token = Credentials::Token("kt_secret".into());
+        assert_eq!(format!("{token:?}"), "Token(<redacted>)");
+        assert_eq!(
+            token.to_auth(),
+            keratin_proto::Auth::Token("kt_secret".into())
+        );
+        assert_eq!(
+            Credentials::Certificate.to_auth(),
+            keratin_proto::Auth::External
+        );
     }
 }

@@ -2,16 +2,21 @@
 //! broker's message; losing the connection mid-publish settles everything as the crate docs
 //! promise (confirmed publish → outcome unknown, request → connection lost, buffered → dropped
 //! path, consumer stream → ends); an idle client sends heartbeats; a silent broker counts as
-//! lost. A client that hung, lied about an outcome or never heartbeated fails these tests.
+//! lost. Logins: the hello carries the credentials (on a redirect to a leader too), the
+//! user the broker names is kept, a 401 refusal is an error with code 401 that says what to
+//! check, and credentials are never sent to a node too old to check them. A client that hung,
+//! lied about an outcome, never heartbeated or dropped its login fails these tests.
 
 mod fake;
 
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use keratin_client::{BufferedOptions, Client, ClientError, ClientOptions, OutgoingMessage};
-use keratin_proto::codes::ERR_BAD_REQUEST;
-use keratin_proto::{ErrorBody, Frame, SubscribeOk};
+use keratin_client::{
+    BufferedOptions, Client, ClientError, ClientOptions, Credentials, OutgoingMessage,
+};
+use keratin_proto::codes::{ERR_BAD_REQUEST, ERR_UNAUTHENTICATED};
+use keratin_proto::{Auth, ErrorBody, ErrorFrame, Frame, ServerHello, SubscribeOk};
 
 #[tokio::test]
 async fn a_refused_handshake_shows_the_brokers_message() {
@@ -152,7 +157,7 @@ async fn an_idle_client_sends_heartbeats() {
 async fn a_silent_broker_counts_as_lost() {
     let (addr, server) = fake::start(|mut conn| async move {
         // Read everything, answer nothing, until the client gives up and closes.
-        while conn.recv().await.is_some() {}
+        conn.until_close().await
     })
     .await;
     let options = ClientOptions {
@@ -174,4 +179,173 @@ async fn a_silent_broker_counts_as_lost() {
     );
     drop(client);
     server.await.unwrap();
+}
+
+fn with_credentials(credentials: Credentials) -> ClientOptions {
+    ClientOptions {
+        credentials: Some(credentials),
+        ..fake::options()
+    }
+}
+
+/// Each kind of credentials goes out as its mechanism in a version 6 hello, and the user the
+/// broker names is what `Client::user` says.
+#[tokio::test]
+async fn the_hello_carries_the_credentials_and_the_user_is_kept() {
+    let token = format!("kt_{}", "1f".repeat(32));
+    let cases = [
+        (
+            Credentials::Password {
+                user: "bob".into(),
+                password: "secret".into(),
+            },
+            Auth::Plain {
+                user: "bob".into(),
+                password: "secret".into(),
+            },
+        ),
+        (Credentials::Token(token.clone()), Auth::Token(token)),
+    ];
+    for (credentials, auth) in cases {
+        let (addr, server) = fake::start_login(
+            |hello| fake::accepted_as(hello, "bob"),
+            |mut conn| async move { conn.until_close().await },
+        )
+        .await;
+        let client = fake::connect(addr, with_credentials(credentials)).await;
+        assert_eq!(client.user(), Some("bob"));
+        assert_eq!(client.protocol_version(), keratin_proto::PROTOCOL_VERSION);
+        client.close().await;
+        let hello = server.await.expect("fake broker");
+        assert_eq!(hello.version, keratin_proto::AUTH_VERSION);
+        assert_eq!(hello.auth, auth);
+    }
+
+    // Without credentials: mechanism 0, and no user.
+    let (addr, server) = fake::start_login(
+        |hello| ServerHello::answer(hello, "fake-node", Default::default()),
+        |mut conn| async move { conn.until_close().await },
+    )
+    .await;
+    let client = fake::connect(addr, fake::options()).await;
+    assert_eq!(client.user(), None);
+    client.close().await;
+    assert_eq!(server.await.expect("fake broker").auth, Auth::None);
+}
+
+/// A broker that refuses the login answers 401: the error keeps the code and the broker's
+/// retry hint, says what to check, and the client does not try another version.
+#[tokio::test]
+async fn a_refused_login_is_an_error_with_code_401() {
+    let (addr, server) = fake::start_login(
+        |hello| ServerHello::Refused {
+            version: hello.version,
+            error: ErrorBody::new(ERR_UNAUTHENTICATED, "wrong user or password")
+                .with_retry_after_ms(2000),
+        },
+        |_| async {},
+    )
+    .await;
+    let credentials = Credentials::Password {
+        user: "bob".into(),
+        password: "wrong".into(),
+    };
+    let error = Client::connect(addr, with_credentials(credentials))
+        .await
+        .unwrap_err();
+    assert!(matches!(error, ClientError::Refused { .. }), "{error:?}");
+    assert_eq!(error.code(), Some(401));
+    let shown = error.to_string();
+    assert!(shown.contains("refused the login"), "{shown}");
+    assert!(shown.contains("wrong user or password"), "{shown}");
+    assert!(
+        shown.contains("--user/--password (KERATIN_USER, KERATIN_PASSWORD)"),
+        "{shown}"
+    );
+    assert!(shown.contains("[retry after 2000 ms]"), "{shown}");
+    assert!(!shown.contains("wrong\""), "no password in {shown}");
+    assert!(matches!(
+        server.await.expect("fake broker").auth,
+        Auth::Plain { .. }
+    ));
+}
+
+/// A node that speaks only version 5 cannot check a login: the client refuses to connect
+/// without it, after the one refused attempt, and says why.
+#[tokio::test]
+async fn credentials_are_not_dropped_for_an_older_node() {
+    let (addr, accepted) = fake::start_old(5).await;
+    let error = Client::connect(addr, with_credentials(Credentials::Token("kt_x".into())))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, ClientError::LoginUnsupported { server_version: 5 }),
+        "{error:?}"
+    );
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
+
+    // And a certificate login without a certificate is refused before connecting.
+    let error = Client::connect(addr, with_credentials(Credentials::Certificate))
+        .await
+        .unwrap_err();
+    assert!(matches!(error, ClientError::InvalidArgument(_)), "{error}");
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+/// A node that is not the leader names another (421): the client's connection to that node
+/// logs in with the same credentials.
+#[tokio::test]
+async fn following_a_leader_logs_in_again() {
+    let (leader, leader_task) = fake::start_login(
+        |hello| fake::accepted_as(hello, "bob"),
+        |mut conn| async move {
+            let Some(Frame::Declare(declare)) = conn.recv().await else {
+                panic!("expected Declare at the leader");
+            };
+            conn.ok(declare.request_id).await;
+            conn.until_close().await
+        },
+    )
+    .await;
+    let leader_addr = leader.to_string();
+    let (follower, follower_task) = fake::start_login(
+        |hello| fake::accepted_as(hello, "bob"),
+        |mut conn| async move {
+            let Some(Frame::Declare(declare)) = conn.recv().await else {
+                panic!("expected Declare");
+            };
+            conn.send(Frame::Error(ErrorFrame {
+                request_id: Some(declare.request_id),
+                fatal: false,
+                error: ErrorBody::not_leader(Some(leader_addr), "led elsewhere"),
+            }))
+            .await;
+            conn.until_close().await
+        },
+    )
+    .await;
+    let credentials = Credentials::Password {
+        user: "bob".into(),
+        password: "secret".into(),
+    };
+    let client = fake::connect(follower, with_credentials(credentials)).await;
+    tokio::time::timeout(
+        fake::TEST_WAIT,
+        client.declare("q", keratin_proto::QueueSettings::default()),
+    )
+    .await
+    .expect("declare timed out")
+    .expect("declare at the leader");
+    client.close().await;
+    drop(client);
+    let expected = Auth::Plain {
+        user: "bob".into(),
+        password: "secret".into(),
+    };
+    let leader_hello = tokio::time::timeout(fake::TEST_WAIT, leader_task)
+        .await
+        .expect("the leader's connection ends")
+        .expect("fake leader");
+    assert_eq!(leader_hello.auth, expected);
+    assert_eq!(follower_task.await.expect("fake node").auth, expected);
 }

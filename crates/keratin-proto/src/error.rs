@@ -110,6 +110,16 @@ pub enum Problem {
     InvalidValue(&'static str),
     /// Bytes remain after the last field.
     TrailingBytes(usize),
+    /// A string's length is outside the bounds its field allows, for example an empty user
+    /// name or a password over 1,024 bytes in a `ClientHello`.
+    SizeOutOfBounds {
+        /// The length the prefix announced, in bytes.
+        size: usize,
+        /// The shortest the field may be.
+        size_min: usize,
+        /// The longest the field may be.
+        size_max: usize,
+    },
 }
 
 impl fmt::Display for Problem {
@@ -120,6 +130,14 @@ impl fmt::Display for Problem {
             Problem::InvalidTag(tag) => write!(f, "tag {tag} is not defined"),
             Problem::InvalidValue(reason) => f.write_str(reason),
             Problem::TrailingBytes(count) => write!(f, "{count} bytes after the last field"),
+            Problem::SizeOutOfBounds {
+                size,
+                size_min,
+                size_max,
+            } => write!(
+                f,
+                "{size} bytes long; must be {size_min} to {size_max} bytes"
+            ),
         }
     }
 }

@@ -5,29 +5,40 @@
 //! the handshake belong to [`crate::codec`].
 //!
 //! The client sends a [`ClientHello`] and waits; the server answers with a [`ServerHello`]. If
-//! the server refuses (another version, a bad magic), it closes the connection after the answer.
+//! the server refuses (another version, a failed login), it closes the connection after the
+//! answer. From version 6 the hello carries the client's login ([`Auth`], in `auth.rs`) and the
+//! accepted answer the user the server logged the connection in as.
 //! A server that receives bytes that are not `KRTN` closes without answering: the peer does not
 //! speak this protocol and would not understand the answer.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
+use crate::auth::{put_auth, read_auth, Auth, AUTH_SIZE_MAX};
 use crate::body::{put_error_body, read_error_body};
 use crate::error::{Problem, ProtoError};
 use crate::error_body::ErrorBody;
 use crate::wire::{put_count_u16, put_option, put_string, Reader};
 
 /// The protocol version this crate speaks. See `docs/protocol.md`, "Version changes".
-pub const PROTOCOL_VERSION: u16 = 5;
+pub const PROTOCOL_VERSION: u16 = 6;
 
 /// The oldest protocol version a server still accepts: version 1 differs only in `Subscribe`,
 /// which has no `prefetch_bytes`, and version 2 only in the accepted `ServerHello`, which has no
 /// [`ServerInfo`], and versions 1 to 3 have no queue `replicas`, partition leaders or error
-/// `leader_addr`, and versions 1 to 4 no `Declare.nodes` (see `docs/protocol.md`, "Version
-/// changes").
+/// `leader_addr`, versions 1 to 4 no `Declare.nodes`, and versions 1 to 5 no authentication
+/// (their hello logs in as [`Auth::None`]; see `docs/protocol.md`, "Version changes").
 pub const PROTOCOL_VERSION_MIN: u16 = 1;
 
 /// The first version whose accepted `ServerHello` carries a [`ServerInfo`].
 pub const SERVER_INFO_VERSION: u16 = 3;
+
+/// The first version whose `ClientHello` carries an [`Auth`] and whose accepted `ServerHello`
+/// names the logged-in user.
+pub const AUTH_VERSION: u16 = 6;
+
+/// Longest `user` in an accepted `ServerHello`: a user name is at most
+/// [`crate::auth::AUTH_USER_BYTES_MAX`] bytes, and a certificate's identity is cut to the same.
+pub const SERVER_HELLO_USER_BYTES_MAX: usize = 255;
 
 /// Most nodes a [`ServerInfo`] lists: more than any cluster Keratin runs (metadata voters are at
 /// most 5), few enough that a hello stays small.
@@ -56,8 +67,9 @@ pub const STATUS_SIZE: usize = 1;
 /// Offset of the node id (accepted) or error body (refused) in a `ServerHello`.
 pub const SERVER_DETAIL_OFFSET: usize = STATUS_OFFSET + STATUS_SIZE;
 
-/// Largest `ClientHello`: magic, version and a name of 65,535 bytes behind its u16 length.
-pub const CLIENT_HELLO_SIZE_MAX: usize = CLIENT_NAME_OFFSET + 2 + u16::MAX as usize;
+/// Largest `ClientHello`: magic, version, a name of 65,535 bytes behind its u16 length, then
+/// the largest login (mechanism, user and password at their bounds; 1,284 bytes).
+pub const CLIENT_HELLO_SIZE_MAX: usize = CLIENT_NAME_OFFSET + 2 + u16::MAX as usize + AUTH_SIZE_MAX;
 /// Largest refused `ServerHello`: an error body with a reason and a message of 65,535 bytes
 /// each: code 2, reason 1 + 2 + 65,535, retry hint 1 + 4, message 2 + 65,535.
 const SERVER_HELLO_REFUSED_SIZE_MAX: usize =
@@ -67,12 +79,14 @@ const SERVER_HELLO_REFUSED_SIZE_MAX: usize =
 const INFO_FIELD_SIZE_MAX: usize = 2 + SERVER_INFO_FIELD_BYTES_MAX;
 
 /// Largest accepted `ServerHello`: a node id of 65,535 bytes, then the [`ServerInfo`] with an
-/// admin address and [`SERVER_INFO_NODES_MAX`] nodes whose fields are all at their longest.
+/// admin address and [`SERVER_INFO_NODES_MAX`] nodes whose fields are all at their longest,
+/// then a user of [`SERVER_HELLO_USER_BYTES_MAX`] bytes.
 const SERVER_HELLO_ACCEPTED_SIZE_MAX: usize = SERVER_DETAIL_OFFSET
     + (2 + u16::MAX as usize)
     + (1 + INFO_FIELD_SIZE_MAX)
     + 2
-    + SERVER_INFO_NODES_MAX * (INFO_FIELD_SIZE_MAX + INFO_FIELD_SIZE_MAX + 1 + INFO_FIELD_SIZE_MAX);
+    + SERVER_INFO_NODES_MAX * (INFO_FIELD_SIZE_MAX + INFO_FIELD_SIZE_MAX + 1 + INFO_FIELD_SIZE_MAX)
+    + (1 + 2 + SERVER_HELLO_USER_BYTES_MAX);
 
 /// Largest `ServerHello`, accepted or refused.
 pub const SERVER_HELLO_SIZE_MAX: usize =
@@ -86,13 +100,17 @@ const STATUS_ACCEPTED: u8 = 0;
 const STATUS_REFUSED: u8 = 1;
 const STATUS_COUNT: u8 = 2;
 
-/// The first message on a connection, from the client.
+/// The first message on a connection, from the client. `Debug` shows no password or token
+/// (see [`Auth`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientHello {
     /// The protocol version the client speaks.
     pub version: u16,
     /// Names the client in server logs, for example `keratin-cli 0.1.0`.
     pub client_name: String,
+    /// How the client logs in; on the wire from [`AUTH_VERSION`] on, always [`Auth::None`]
+    /// below it.
+    pub auth: Auth,
 }
 
 /// What a node tells a client about where to reach it and the other nodes of its cluster
@@ -128,40 +146,72 @@ pub enum ServerHello {
         node_id: String,
         /// Where to reach this node and its cluster; sent from version 3 on, empty below.
         info: ServerInfo,
+        /// The user the server logged the connection in as (at most
+        /// [`SERVER_HELLO_USER_BYTES_MAX`] bytes); `None` for a connection without a login.
+        /// Sent from [`AUTH_VERSION`] on: below it, not sent and decoded as `None`.
+        user: Option<String>,
     },
     /// The server closes the connection after this answer.
     Refused {
         /// The version the server speaks, so the client can say which one it needs.
         version: u16,
-        /// Why; a 400 for an unsupported version.
+        /// Why; a 400 for an unsupported version, a 401 for a failed or missing login.
         error: ErrorBody,
     },
 }
 
 impl ClientHello {
-    /// A hello for this crate's [`PROTOCOL_VERSION`].
+    /// A hello for this crate's [`PROTOCOL_VERSION`], without a login.
     pub fn new(client_name: impl Into<String>) -> ClientHello {
         ClientHello {
             version: PROTOCOL_VERSION,
             client_name: client_name.into(),
+            auth: Auth::None,
         }
     }
 
-    /// Appends the hello to `dst`; fails (leaving `dst` as it was) on a name over 65,535 bytes.
+    /// The same hello, logging in with `auth`.
+    pub fn with_auth(self, auth: Auth) -> ClientHello {
+        ClientHello { auth, ..self }
+    }
+
+    /// Appends the hello to `dst`. Fails, leaving `dst` as it was, on a name over 65,535 bytes,
+    /// a login field out of its bounds, or a login in a version before [`AUTH_VERSION`], which
+    /// cannot carry it.
     pub fn encode(&self, dst: &mut BytesMut) -> Result<(), ProtoError> {
+        if self.version < AUTH_VERSION && self.auth != Auth::None {
+            return Err(ProtoError::InvalidValue {
+                field: "auth",
+                reason: "protocol versions before 6 cannot carry a login",
+            });
+        }
         let start = dst.len();
         dst.put_slice(&MAGIC);
         dst.put_u16_le(self.version);
-        put_string(dst, "client_name", &self.client_name).inspect_err(|_| dst.truncate(start))
+        put_string(dst, "client_name", &self.client_name)
+            .and_then(|()| {
+                if self.version >= AUTH_VERSION {
+                    put_auth(dst, &self.auth)
+                } else {
+                    Ok(())
+                }
+            })
+            .inspect_err(|_| dst.truncate(start))
     }
 
     /// Takes a whole hello from the front of `src`, or returns `None` if more bytes are needed.
     /// A wrong magic fails as soon as four bytes are present.
     pub fn decode(src: &mut BytesMut) -> Result<Option<ClientHello>, ProtoError> {
         decode_incremental(src, "ClientHello", CLIENT_HELLO_SIZE_MAX, |r| {
+            let version = read_magic_and_version(r)?;
             Ok(ClientHello {
-                version: read_magic_and_version(r)?,
+                version,
                 client_name: r.string("client_name")?,
+                auth: if version >= AUTH_VERSION {
+                    read_auth(r)?
+                } else {
+                    Auth::None
+                },
             })
         })
     }
@@ -171,7 +221,10 @@ impl ServerHello {
     /// The server's answer to `hello`: accepted in the client's version if it is from
     /// [`PROTOCOL_VERSION_MIN`] to [`PROTOCOL_VERSION`], else refused with a 400 that names
     /// both versions.
-    /// `info` goes out only to a client of version 3 or later.
+    /// `info` goes out only to a client of version 3 or later. The login is not looked at: the
+    /// answer names no `user`. A server that checks logins answers a failed one with a
+    /// [`ServerHello::Refused`] of code 401, and a good one with its own `Accepted` naming the
+    /// user.
     pub fn answer(
         hello: &ClientHello,
         node_id: impl Into<String>,
@@ -187,6 +240,7 @@ impl ServerHello {
                 version: hello.version,
                 node_id: node_id.into(),
                 info,
+                user: None,
             };
         }
         let error = ProtoError::UnsupportedVersion {
@@ -200,6 +254,7 @@ impl ServerHello {
     }
 
     /// Appends the answer to `dst`; fails (leaving `dst` as it was) on an overlong string.
+    /// Like `info` below version 3, `user` is left out below [`AUTH_VERSION`].
     pub fn encode(&self, dst: &mut BytesMut) -> Result<(), ProtoError> {
         let start = dst.len();
         dst.put_slice(&MAGIC);
@@ -208,16 +263,27 @@ impl ServerHello {
                 version,
                 node_id,
                 info,
+                user,
             } => {
                 dst.put_u16_le(*version);
                 dst.put_u8(STATUS_ACCEPTED);
-                put_string(dst, "node_id", node_id).and_then(|()| {
-                    if *version >= SERVER_INFO_VERSION {
-                        put_server_info(dst, info)
-                    } else {
-                        Ok(())
-                    }
-                })
+                put_string(dst, "node_id", node_id)
+                    .and_then(|()| {
+                        if *version >= SERVER_INFO_VERSION {
+                            put_server_info(dst, info)
+                        } else {
+                            Ok(())
+                        }
+                    })
+                    .and_then(|()| {
+                        if *version >= AUTH_VERSION {
+                            put_option(dst, user.as_ref(), |dst, user| {
+                                put_bounded(dst, "user", user, SERVER_HELLO_USER_BYTES_MAX)
+                            })
+                        } else {
+                            Ok(())
+                        }
+                    })
             }
             ServerHello::Refused { version, error } => {
                 dst.put_u16_le(*version);
@@ -240,6 +306,13 @@ impl ServerHello {
                         read_server_info(r)?
                     } else {
                         ServerInfo::default()
+                    },
+                    user: if version >= AUTH_VERSION {
+                        r.option("user", |r| {
+                            r.string_sized("user", 0, SERVER_HELLO_USER_BYTES_MAX)
+                        })?
+                    } else {
+                        None
                     },
                 }),
                 _ => Ok(ServerHello::Refused {
@@ -274,11 +347,21 @@ fn put_server_info(dst: &mut BytesMut, info: &ServerInfo) -> Result<(), ProtoErr
 }
 
 fn put_info_field(dst: &mut BytesMut, field: &'static str, text: &str) -> Result<(), ProtoError> {
-    if text.len() > SERVER_INFO_FIELD_BYTES_MAX {
+    put_bounded(dst, field, text, SERVER_INFO_FIELD_BYTES_MAX)
+}
+
+/// Writes a string that may be at most `size_max` bytes long.
+fn put_bounded(
+    dst: &mut BytesMut,
+    field: &'static str,
+    text: &str,
+    size_max: usize,
+) -> Result<(), ProtoError> {
+    if text.len() > size_max {
         return Err(ProtoError::FieldTooLong {
             field,
             size: text.len(),
-            limit: SERVER_INFO_FIELD_BYTES_MAX,
+            limit: size_max,
         });
     }
     put_string(dst, field, text)
@@ -359,7 +442,7 @@ mod tests {
     fn client_hello_layout_and_roundtrip() {
         let mut dst = BytesMut::new();
         ClientHello::new("cli").encode(&mut dst).unwrap();
-        assert_eq!(&dst[..], b"KRTN\x05\x00\x03\x00cli");
+        assert_eq!(&dst[..], b"KRTN\x06\x00\x03\x00cli\x00");
         for cut in 0..dst.len() {
             let mut partial = BytesMut::from(&dst[..cut]);
             assert_eq!(ClientHello::decode(&mut partial).unwrap(), None);
@@ -384,6 +467,7 @@ mod tests {
         let hello = ClientHello {
             version: 9,
             client_name: "future".into(),
+            auth: Auth::None,
         };
         let answer = ServerHello::answer(&hello, "node-1", ServerInfo::default());
         let ServerHello::Refused { version, error } = &answer else {
@@ -411,6 +495,7 @@ mod tests {
                 admin: Some("a".repeat(SERVER_INFO_FIELD_BYTES_MAX)),
                 nodes: vec![node.clone(); SERVER_INFO_NODES_MAX],
             },
+            user: Some("u".repeat(SERVER_HELLO_USER_BYTES_MAX)),
         };
         let mut dst = BytesMut::new();
         largest.encode(&mut dst).unwrap();
@@ -425,6 +510,7 @@ mod tests {
                 admin: None,
                 nodes: vec![node.clone(); SERVER_INFO_NODES_MAX + 1],
             },
+            user: None,
         };
         assert!(too_many.encode(&mut BytesMut::new()).is_err());
         let too_long = ServerInfo {
@@ -454,10 +540,14 @@ mod tests {
 
     #[test]
     fn largest_hellos_fit_their_bounds() {
-        let hello = ClientHello::new("n".repeat(usize::from(u16::MAX)));
+        let hello = ClientHello::new("n".repeat(usize::from(u16::MAX))).with_auth(Auth::Plain {
+            user: "u".repeat(crate::auth::AUTH_USER_BYTES_MAX),
+            password: "p".repeat(crate::auth::AUTH_PASSWORD_BYTES_MAX),
+        });
         let mut dst = BytesMut::new();
         hello.encode(&mut dst).unwrap();
         assert_eq!(dst.len(), CLIENT_HELLO_SIZE_MAX);
+        assert_eq!(ClientHello::decode(&mut dst).unwrap(), Some(hello));
         let long = "m".repeat(usize::from(u16::MAX));
         let error = ErrorBody::limited(crate::LimitReason::Unknown(long.clone()), 1, long);
         let answer = ServerHello::Refused { version: 1, error };
@@ -484,9 +574,10 @@ mod tests {
         let answer = ServerHello::answer(&ClientHello::new("cli"), "node-1", one_node_info());
         let mut dst = BytesMut::new();
         answer.encode(&mut dst).unwrap();
-        let expected: &[u8] = b"KRTN\x05\x00\x00\x06\x00node-1\
+        let expected: &[u8] = b"KRTN\x06\x00\x00\x06\x00node-1\
             \x01\x03\x00h:2\
-            \x01\x00\x01\x00n\x03\x00h:1\x00";
+            \x01\x00\x01\x00n\x03\x00h:1\x00\
+            \x00";
         assert_eq!(&dst[..], expected);
         for cut in 0..dst.len() {
             let mut partial = BytesMut::from(&dst[..cut]);
@@ -501,6 +592,7 @@ mod tests {
             let hello = ClientHello {
                 version,
                 client_name: "old".into(),
+                auth: Auth::None,
             };
             let answer = ServerHello::answer(&hello, "node-1", one_node_info());
             let mut dst = BytesMut::new();

@@ -6,6 +6,7 @@
 //!
 //! # Layout
 //! - [`handshake`]: `ClientHello`/`ServerHello`, the magic and [`PROTOCOL_VERSION`].
+//! - [`auth`]: [`Auth`], the login a `ClientHello` carries (version 6 on), and its bounds.
 //! - [`frame`]: the [`Frame`] enum, its [`FrameType`] numbers and the struct each frame carries.
 //! - [`codec`]: the frame header, the size limit, [`Frame::check`]/[`Frame::decode`]/
 //!   [`Frame::encode`] and the `tokio_util` [`FrameCodec`].
@@ -24,6 +25,7 @@
 #![deny(missing_docs)]
 #![deny(clippy::big_endian_bytes, clippy::host_endian_bytes)]
 
+pub mod auth;
 mod body;
 pub mod codec;
 pub mod codes;
@@ -33,12 +35,13 @@ pub mod frame;
 pub mod handshake;
 mod wire;
 
+pub use auth::Auth;
 pub use codec::{FrameCodec, FrameStatus, FRAME_SIZE_BYTES_MAX};
 pub use codes::{Code, LimitReason, Retry};
 pub use error::{Problem, ProtoError};
 pub use error_body::ErrorBody;
 pub use frame::*;
 pub use handshake::{
-    ClientHello, NodeAddress, ServerHello, ServerInfo, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
-    SERVER_INFO_FIELD_BYTES_MAX, SERVER_INFO_NODES_MAX,
+    ClientHello, NodeAddress, ServerHello, ServerInfo, AUTH_VERSION, PROTOCOL_VERSION,
+    PROTOCOL_VERSION_MIN, SERVER_INFO_FIELD_BYTES_MAX, SERVER_INFO_NODES_MAX,
 };

@@ -132,6 +132,31 @@ impl Reader {
         }
     }
 
+    /// A u16-length-prefixed UTF-8 string of `size_min` to `size_max` bytes. A length out of
+    /// bounds is refused at the length prefix, before its bytes are awaited or copied.
+    pub(crate) fn string_sized(
+        &mut self,
+        field: &'static str,
+        size_min: usize,
+        size_max: usize,
+    ) -> Result<String, ProtoError> {
+        let start = self.position;
+        let size = usize::from(self.u16(field)?);
+        if !(size_min..=size_max).contains(&size) {
+            self.position = start;
+            return Err(self.error(
+                field,
+                Problem::SizeOutOfBounds {
+                    size,
+                    size_min,
+                    size_max,
+                },
+            ));
+        }
+        self.position = start;
+        self.string(field)
+    }
+
     /// A u32-length-prefixed byte string, sliced from the frame without copying.
     pub(crate) fn bytes(&mut self, field: &'static str) -> Result<Bytes, ProtoError> {
         let size = self.u32(field)?;

@@ -4,7 +4,10 @@
 //! - arbitrary bytes, random bodies behind valid headers and mutated valid frames never panic
 //!   the decoder, and every failure maps to a 400 or 413 answer;
 //! - an oversize length prefix is refused with 413 from its four bytes, before any buffer grows;
-//! - the example byte blocks in `docs/protocol.md` are exactly what the encoder writes.
+//! - the example byte blocks in `docs/protocol.md` are exactly what the encoder writes;
+//! - the login of a version 6 hello (every mechanism) roundtrips, respects its bounds both ways
+//!   (an out-of-bound field fails to encode, leaving the buffer as it was, and fails to decode),
+//!   is never on the wire below version 6, and never shows a secret in `Debug`.
 //!
 //! A failure prints the frame or bytes that broke and `KERATIN_SEED=<n>`; rerun with that
 //! variable set to replay the same cases. A drifted spec fails `spec_examples_match_the_encoder`
@@ -170,6 +173,16 @@ fn error_body() -> impl Strategy<Value = ErrorBody> {
 fn frame_error_body() -> impl Strategy<Value = ErrorBody> {
     (error_body(), proptest::option::of(text()))
         .prop_map(|(body, leader_addr)| body.with_leader_addr(leader_addr))
+}
+
+/// Every mechanism, with fields inside their bounds.
+fn auth() -> impl Strategy<Value = Auth> {
+    prop_oneof![
+        Just(Auth::None),
+        ("\\PC{1,8}", "\\PC{1,16}").prop_map(|(user, password)| Auth::Plain { user, password }),
+        Just(Auth::External),
+        "kt_[0-9a-f]{64}".prop_map(Auth::Token),
+    ]
 }
 
 fn ranges() -> impl Strategy<Value = Vec<PublishIdRange>> {
@@ -596,14 +609,26 @@ fn oversize_prefix_gets_413_before_any_allocation() {
 
 #[test]
 fn hellos_roundtrip_split_anywhere() {
-    let strategy = (text(), any::<u16>(), text(), any::<prop::sample::Index>());
+    let strategy = (
+        text(),
+        any::<u16>(),
+        text(),
+        any::<prop::sample::Index>(),
+        auth(),
+        proptest::option::of(text()),
+    );
     check(
         "hellos",
         strategy,
-        |(client_name, version, node_id, cut)| {
+        |(client_name, version, node_id, cut, auth, user)| {
             let hello = ClientHello {
                 version,
                 client_name,
+                auth: if version >= AUTH_VERSION {
+                    auth
+                } else {
+                    Auth::None
+                },
             };
             let mut bytes = BytesMut::new();
             hello
@@ -625,11 +650,20 @@ fn hellos_roundtrip_split_anywhere() {
                     admin: None,
                 }],
             };
-            let answer = ServerHello::answer(&hello, node_id, info);
+            let mut answer = ServerHello::answer(&hello, node_id, info);
+            if let ServerHello::Accepted { user: named, .. } = &mut answer {
+                *named = user;
+            }
             let mut bytes = BytesMut::new();
             answer
                 .encode(&mut bytes)
                 .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            // Below version 6 the user is not sent: it comes back as `None`.
+            if let ServerHello::Accepted { version, user, .. } = &mut answer {
+                if *version < AUTH_VERSION {
+                    *user = None;
+                }
+            }
             prop_assert_eq!(ServerHello::decode(&mut bytes).ok(), Some(Some(answer)));
             Ok(())
         },
@@ -696,7 +730,7 @@ fn assert_example(name: &str, encoded: &[u8]) {
 #[test]
 fn spec_examples_match_the_encoder() {
     let examples = SPEC.matches("<!-- example: ").count();
-    assert_eq!(examples, 10, "every example in the spec is checked here");
+    assert_eq!(examples, 11, "every example in the spec is checked here");
 
     assert_example("heartbeat", &encode(&Frame::Heartbeat));
     assert_example(
@@ -733,10 +767,13 @@ fn spec_examples_match_the_encoder() {
         error: ErrorBody::new(ERR_TOO_LARGE, "too big"),
     });
     assert_example("error", &encode(&error));
+    // The first two hello examples are of version 5, the last before logins.
+    let v5_hello = ClientHello {
+        version: 5,
+        ..ClientHello::new("cli")
+    };
     let mut hello = BytesMut::new();
-    ClientHello::new("cli")
-        .encode(&mut hello)
-        .expect("short name");
+    v5_hello.encode(&mut hello).expect("short name");
     assert_example("client_hello", &hello);
     let info = ServerInfo {
         admin: Some("h:2".into()),
@@ -747,10 +784,22 @@ fn spec_examples_match_the_encoder() {
         }],
     };
     let mut hello = BytesMut::new();
-    ServerHello::answer(&ClientHello::new("cli"), "n", info)
+    ServerHello::answer(&v5_hello, "n", info)
         .encode(&mut hello)
         .expect("short fields");
     assert_example("server_hello", &hello);
+    let plain = ClientHello::new("cli").with_auth(Auth::Plain {
+        user: "bob".into(),
+        password: "pw".into(),
+    });
+    let mut hello = BytesMut::new();
+    plain.encode(&mut hello).expect("short fields");
+    assert_example("client_hello_plain", &hello);
+    let mut spec_bytes = BytesMut::from(&spec_example("client_hello_plain")[..]);
+    assert_eq!(
+        ClientHello::decode(&mut spec_bytes).expect("spec bytes decode"),
+        Some(plain)
+    );
 
     let not_leader = Frame::Error(ErrorFrame {
         request_id: Some(9),
@@ -842,6 +891,7 @@ fn subscribe_prefetch_bytes_exists_from_version_2() {
     let hello = ClientHello {
         version: 1,
         client_name: "old".into(),
+        auth: Auth::None,
     };
     assert!(matches!(
         ServerHello::answer(&hello, "n", ServerInfo::default()),
@@ -944,6 +994,7 @@ fn cluster_fields_exist_from_version_4() {
     let hello = ClientHello {
         version: 3,
         client_name: "old".into(),
+        auth: Auth::None,
     };
     assert!(matches!(
         ServerHello::answer(&hello, "n", ServerInfo::default()),
@@ -1008,4 +1059,217 @@ fn declare_nodes_exist_from_version_5() {
         encode_in(&declare(vec![1]), 4).is_err(),
         "version 4 cannot carry pinned nodes"
     );
+}
+
+/// Version 6 adds the login: a `ClientHello` ends with the mechanism byte and its fields, an
+/// accepted `ServerHello` with `user` (`option<string>`). A version 5 hello has neither: it
+/// decodes as `Auth::None`, cannot carry a login (the encoder refuses, leaving the buffer as it
+/// was), and an answer to it leaves the user out.
+#[test]
+fn auth_exists_from_version_6() {
+    let v5 = ClientHello {
+        version: 5,
+        ..ClientHello::new("c")
+    };
+    let mut v5_bytes = BytesMut::new();
+    v5.encode(&mut v5_bytes).expect("v5 hello");
+    assert_eq!(&v5_bytes[..], b"KRTN\x05\x00\x01\x00c");
+    let mut v6_bytes = BytesMut::new();
+    ClientHello::new("c")
+        .encode(&mut v6_bytes)
+        .expect("v6 hello");
+    assert_eq!(
+        &v6_bytes[..],
+        b"KRTN\x06\x00\x01\x00c\x00",
+        "mechanism 0 after the name"
+    );
+    assert_eq!(
+        ClientHello::decode(&mut v5_bytes.clone()).expect("v5 decodes"),
+        Some(v5.clone())
+    );
+
+    for auth in [
+        Auth::Plain {
+            user: "bob".into(),
+            password: "pw".into(),
+        },
+        Auth::External,
+        Auth::Token(format!("kt_{}", "0f".repeat(32))),
+    ] {
+        let mut dst = BytesMut::from(&b"before"[..]);
+        let error = v5
+            .clone()
+            .with_auth(auth.clone())
+            .encode(&mut dst)
+            .expect_err("version 5 cannot carry a login");
+        assert!(error.to_string().contains("before 6"), "{error}");
+        assert_eq!(&dst[..], b"before", "a failed encode leaves dst as it was");
+
+        let hello = ClientHello::new("c").with_auth(auth.clone());
+        let mut bytes = BytesMut::new();
+        hello.encode(&mut bytes).expect("v6 login");
+        assert_eq!(bytes[v6_bytes.len() - 1], auth.mechanism());
+        assert_eq!(
+            ClientHello::decode(&mut bytes).expect("v6 decodes"),
+            Some(hello)
+        );
+        assert!(bytes.is_empty());
+    }
+
+    let accepted = |version| ServerHello::Accepted {
+        version,
+        node_id: "n".into(),
+        info: ServerInfo::default(),
+        user: Some("bob".into()),
+    };
+    let mut v6 = BytesMut::new();
+    accepted(6).encode(&mut v6).expect("v6 answer");
+    assert!(
+        v6.ends_with(b"\x00\x00\x00\x01\x03\x00bob"),
+        "info, then user"
+    );
+    assert_eq!(ServerHello::decode(&mut v6).ok(), Some(Some(accepted(6))));
+    let mut v5 = BytesMut::new();
+    accepted(5).encode(&mut v5).expect("v5 answer");
+    assert!(v5.ends_with(b"\x00\x00\x00"), "no user below version 6");
+    let Some(Some(ServerHello::Accepted { user, .. })) = ServerHello::decode(&mut v5).ok() else {
+        panic!("v5 answer decodes");
+    };
+    assert_eq!(user, None);
+    let answer = ServerHello::answer(&ClientHello::new("c"), "n", ServerInfo::default());
+    assert!(matches!(
+        answer,
+        ServerHello::Accepted {
+            version: 6,
+            user: None,
+            ..
+        }
+    ));
+}
+
+/// A version 6 `ClientHello` with a `Plain` login whose user is `user_size` bytes and password
+/// `password_size` bytes (`u` and `p` repeated), written by hand (the encoder refuses
+/// out-of-bound sizes).
+fn plain_hello_bytes(user_size: usize, password_size: usize) -> BytesMut {
+    let mut bytes = BytesMut::from(&b"KRTN\x06\x00\x01\x00c\x01"[..]);
+    for (letter, size) in [("u", user_size), ("p", password_size)] {
+        bytes.extend_from_slice(&u16::try_from(size).expect("test size").to_le_bytes());
+        bytes.extend_from_slice(&letter.repeat(size).into_bytes());
+    }
+    bytes
+}
+
+/// Each login field is bounded both ways: user 1 to 255 bytes, password 1 to 1,024, token 1
+/// to 255. The encoder refuses any other size and leaves the buffer as it was; the decoder
+/// refuses it at the field's length, naming the field. Unknown mechanisms are refused.
+#[test]
+fn auth_bounds_hold_both_ways() {
+    let strategy = (0..=300usize, 0..=1100usize, 0..=300usize);
+    check(
+        "auth_bounds",
+        strategy,
+        |(user_size, password_size, token_size)| {
+            let user_ok = (1..=255).contains(&user_size);
+            let password_ok = (1..=1024).contains(&password_size);
+            let plain = ClientHello::new("c").with_auth(Auth::Plain {
+                user: "u".repeat(user_size),
+                password: "p".repeat(password_size),
+            });
+            let mut dst = BytesMut::from(&b"kept"[..]);
+            let encoded = plain.encode(&mut dst);
+            prop_assert_eq!(encoded.is_ok(), user_ok && password_ok);
+            if encoded.is_err() {
+                prop_assert_eq!(&dst[..], b"kept");
+            }
+            let decoded = ClientHello::decode(&mut plain_hello_bytes(user_size, password_size));
+            match decoded {
+                Ok(Some(hello)) => {
+                    prop_assert!(user_ok && password_ok);
+                    prop_assert_eq!(hello, plain);
+                }
+                Err(ProtoError::Malformed {
+                    field,
+                    problem: Problem::SizeOutOfBounds { size, .. },
+                    ..
+                }) => {
+                    let expected = if user_ok {
+                        ("auth.password", password_size)
+                    } else {
+                        ("auth.user", user_size)
+                    };
+                    prop_assert_eq!((field, size), expected);
+                }
+                other => prop_assert!(false, "unexpected {:?}", other),
+            }
+
+            let token_ok = (1..=255).contains(&token_size);
+            let token = ClientHello::new("c").with_auth(Auth::Token("t".repeat(token_size)));
+            let mut dst = BytesMut::new();
+            prop_assert_eq!(token.encode(&mut dst).is_ok(), token_ok);
+            let mut bytes = BytesMut::from(&b"KRTN\x06\x00\x01\x00c\x03"[..]);
+            bytes.extend_from_slice(&u16::try_from(token_size).expect("size").to_le_bytes());
+            bytes.extend_from_slice(&"t".repeat(token_size).into_bytes());
+            match ClientHello::decode(&mut bytes) {
+                Ok(Some(hello)) => prop_assert!(token_ok && hello == token),
+                Err(error) => prop_assert!(!token_ok && error.to_string().contains("auth.token")),
+                Ok(None) => prop_assert!(false, "a whole hello is not incomplete"),
+            }
+            Ok(())
+        },
+    );
+    for mechanism in 4..=u8::MAX {
+        let mut bytes = BytesMut::from(&b"KRTN\x06\x00\x01\x00c"[..]);
+        bytes.extend_from_slice(&[mechanism]);
+        let error = ClientHello::decode(&mut bytes).expect_err("unknown mechanism");
+        assert_eq!(error.code(), ERR_BAD_REQUEST);
+        assert!(matches!(
+            error,
+            ProtoError::Malformed {
+                field: "auth.mechanism",
+                problem: Problem::InvalidTag(_),
+                ..
+            }
+        ));
+    }
+    // An accepted ServerHello's user is bounded at 255 bytes too.
+    let long_user = ServerHello::Accepted {
+        version: 6,
+        node_id: "n".into(),
+        info: ServerInfo::default(),
+        user: Some("u".repeat(256)),
+    };
+    let mut dst = BytesMut::new();
+    assert!(long_user.encode(&mut dst).is_err());
+    assert!(dst.is_empty());
+    let mut bytes = BytesMut::from(&b"KRTN\x06\x00\x00\x01\x00n\x00\x00\x00\x01"[..]);
+    bytes.extend_from_slice(&256u16.to_le_bytes());
+    bytes.extend_from_slice(&[b'u'; 256]);
+    assert!(ServerHello::decode(&mut bytes).is_err());
+}
+
+/// `Debug` of a login, and of a hello that carries one, names the user but never shows the
+/// password or the token.
+#[test]
+fn debug_never_shows_a_secret() {
+    let plain = Auth::Plain {
+        user: "bob".into(),
+        password: "hunter2".into(),
+    };
+    assert_eq!(
+        format!("{plain:?}"),
+        "Plain { user: \"bob\", password: <redacted> }"
+    );
+    let token = format!("kt_{}", "ab".repeat(32));
+    for auth in [plain, Auth::Token(token.clone())] {
+        let hello = ClientHello::new("cli").with_auth(auth);
+        for shown in [format!("{hello:?}"), format!("{hello:#?}")] {
+            assert!(
+                !shown.contains("hunter2") && !shown.contains(&token),
+                "{shown}"
+            );
+            assert!(shown.contains("<redacted>"), "{shown}");
+        }
+    }
+    assert_eq!(format!("{:?}", Auth::External), "External");
+    assert_eq!(format!("{:?}", Auth::None), "None");
 }

@@ -81,6 +81,7 @@ fn frames() -> Vec<(&'static str, Frame)> {
                 request_id: 1,
                 queue: "orders".into(),
                 settings: settings.clone(),
+                nodes: Vec::new(),
             }),
         ),
         ("delete", Frame::Delete(queue(2))),
@@ -294,10 +295,50 @@ fn handshake_seeds(out: &Path) {
     let other = ClientHello {
         version: 9,
         client_name: "future".into(),
+        auth: Auth::None,
     };
+    // Version 6 logins, one per mechanism with fields, and an answer naming the user.
+    let logins = [
+        (
+            "client_hello_plain",
+            Auth::Plain {
+                user: "bob".into(),
+                password: "pw".into(),
+            },
+        ),
+        ("client_hello_external", Auth::External),
+        (
+            "client_hello_token",
+            Auth::Token(format!("kt_{}", "0f".repeat(32))),
+        ),
+    ];
+    for (name, auth) in logins {
+        let mut bytes = BytesMut::new();
+        ClientHello::new("cli")
+            .with_auth(auth)
+            .encode(&mut bytes)
+            .expect("encode");
+        write(out, "handshake", name, &bytes);
+    }
+    let mut bytes = BytesMut::new();
+    ServerHello::Accepted {
+        version: keratin_proto::AUTH_VERSION,
+        node_id: "node-1".into(),
+        info: ServerInfo::default(),
+        user: Some("bob".into()),
+    }
+    .encode(&mut bytes)
+    .expect("encode");
+    write(out, "handshake", "server_accepted_user", &bytes);
     for (name, answer) in [
-        ("server_accepted", ServerHello::answer(&hello, "node-1", info)),
-        ("server_refused", ServerHello::answer(&other, "node-1", ServerInfo::default())),
+        (
+            "server_accepted",
+            ServerHello::answer(&hello, "node-1", info),
+        ),
+        (
+            "server_refused",
+            ServerHello::answer(&other, "node-1", ServerInfo::default()),
+        ),
     ] {
         let mut bytes = BytesMut::new();
         answer.encode(&mut bytes).expect("encode");

@@ -139,6 +139,49 @@ pub async fn start_refusing(error: ErrorBody) -> SocketAddr {
     addr
 }
 
+/// A fake broker that checks logins: it reads the hello of its first connection, answers it
+/// with `answer(&hello)` and, if that accepted, runs `script`. The task returns the hello.
+pub async fn start_login<A, F, Fut>(answer: A, script: F) -> (SocketAddr, JoinHandle<ClientHello>)
+where
+    A: FnOnce(&ClientHello) -> ServerHello + Send + 'static,
+    F: FnOnce(FakeConn) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("fake broker I/O");
+    let addr = listener.local_addr().expect("fake broker I/O");
+    let task = tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.expect("fake broker I/O");
+        let hello = read_client_hello(&mut stream).await;
+        let answer = answer(&hello);
+        let mut bytes = BytesMut::new();
+        answer.encode(&mut bytes).expect("fake broker I/O");
+        stream.write_all(&bytes).await.expect("fake broker I/O");
+        if let ServerHello::Accepted { version, .. } = answer {
+            let codec = FrameCodec::new().with_version(version);
+            let parts = FramedParts::new::<Frame>(stream, codec);
+            let conn = FakeConn {
+                framed: Framed::from_parts(parts),
+                heartbeats: 0,
+            };
+            script(conn).await;
+        }
+        hello
+    });
+    (addr, task)
+}
+
+/// An accepted answer to `hello` that names `user` as the logged-in user.
+pub fn accepted_as(hello: &ClientHello, user: &str) -> ServerHello {
+    ServerHello::Accepted {
+        version: hello.version,
+        node_id: "fake-node".into(),
+        info: ServerInfo::default(),
+        user: Some(user.into()),
+    }
+}
+
 async fn read_client_hello(stream: &mut TcpStream) -> ClientHello {
     let mut buf = BytesMut::new();
     loop {
@@ -223,6 +266,16 @@ impl FakeConn {
             error,
         }))
         .await;
+    }
+
+    /// Reads until the client's `Close` (answering it in kind) or the end of the stream.
+    pub async fn until_close(&mut self) {
+        while let Some(frame) = self.recv().await {
+            if let Frame::Close(close) = frame {
+                self.send(Frame::Close(close)).await;
+                return;
+            }
+        }
     }
 
     /// Answers `Ok` to a request.
