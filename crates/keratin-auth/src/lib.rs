@@ -27,4 +27,6 @@ pub use password::{
 };
 pub use rules::{Grants, Pattern, Permission, Permissions, Rule, MAX_RULES};
 pub use token::{ApiToken, TokenDigest};
-pub use users::{check_user_name, User, UserChange, UserTable, MAX_TOKENS_PER_USER, MAX_USERS};
+pub use users::{
+    check_user_name, Quota, User, UserChange, UserTable, MAX_TOKENS_PER_USER, MAX_USERS,
+};

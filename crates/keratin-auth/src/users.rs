@@ -29,6 +29,29 @@ pub struct User {
     /// Its API tokens by name, stored as digests.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub tokens: BTreeMap<String, TokenDigest>,
+    /// Its publish quota on each node (none: unlimited).
+    #[serde(default, skip_serializing_if = "Quota::is_unlimited")]
+    pub quota: Quota,
+}
+
+/// A user's publish quota, enforced on each node separately (Kafka's producer quotas are per
+/// broker too): at most this many bytes (message bodies) and messages per second. A short
+/// deficit delays the publish; a longer one refuses it with `ERR_LIMITED` reason `quota`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Quota {
+    /// Bytes per second, if limited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_per_s: Option<u64>,
+    /// Messages per second, if limited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub messages_per_s: Option<u64>,
+}
+
+impl Quota {
+    /// True when neither rate is limited.
+    pub fn is_unlimited(&self) -> bool {
+        self.bytes_per_s.is_none() && self.messages_per_s.is_none()
+    }
 }
 
 /// A change to the user table, as stored.
@@ -81,6 +104,14 @@ pub enum UserChange {
         /// The user.
         name: String,
     },
+    /// Set a user's publish quota (a rate of 0 is refused: delete the user or revoke
+    /// `publish` instead).
+    Quota {
+        /// The user.
+        name: String,
+        /// The quota from here on.
+        quota: Quota,
+    },
     /// Give a user an API token (refused if it has one of that name).
     TokenAdd {
         /// The user.
@@ -109,6 +140,7 @@ impl UserChange {
             | UserChange::Grant { name, .. }
             | UserChange::Revoke { name, .. }
             | UserChange::Delete { name }
+            | UserChange::Quota { name, .. }
             | UserChange::TokenAdd { name, .. }
             | UserChange::TokenDelete { name, .. } => name,
         }
@@ -210,6 +242,7 @@ impl UserTable {
                         rules: Vec::new(),
                     },
                     tokens: BTreeMap::new(),
+                    quota: Quota::default(),
                 },
             );
             return Ok(());
@@ -244,6 +277,16 @@ impl UserTable {
                 let mut grants = user.grants.clone();
                 grants.revoke(pattern, *permissions)?;
                 user.grants = grants;
+            }
+            UserChange::Quota { quota, .. } => {
+                if quota.bytes_per_s == Some(0) || quota.messages_per_s == Some(0) {
+                    return Err(AuthError::Invalid(
+                        "a quota of 0 per second would refuse every publish: revoke `publish` \
+                         instead"
+                            .into(),
+                    ));
+                }
+                user.quota = *quota;
             }
             UserChange::TokenAdd { token, digest, .. } => {
                 check_token_name(token)?;

@@ -86,7 +86,8 @@ async function getJson(path) {
   const controller = new AbortController();
   const timer = setTimeout(() => controller.abort(), REQUEST_TIMEOUT_MS);
   try {
-    const response = await fetch(path, { signal: controller.signal, cache: "no-store" });
+    const response = await fetch(path, { signal: controller.signal, cache: "no-store", headers: authHeaders() });
+    if (response.status === 401) needLogin();
     if (!response.ok) return { ok: false, status: response.status, body: null };
     return { ok: true, status: response.status, body: await response.json() };
   } catch (error) {
@@ -455,9 +456,73 @@ function worstLevel(status) {
   return levels.reduce((worst, level) => (LEVELS.indexOf(level) > LEVELS.indexOf(worst) ? level : worst), "normal");
 }
 
+// --- login -----------------------------------------------------------------------------------
+// A broker with logins (server.auth = users) answers 401 until the page logs in: the form asks
+// for a user and password once, trades them for a session token (POST /api/v1/login) kept in
+// this tab's sessionStorage, and sends that token as Bearer from then on. The password itself
+// is never stored.
+
+const SESSION_KEY = "keratin-session";
+
+function authHeaders() {
+  const token = sessionStorage.getItem(SESSION_KEY);
+  return token ? { Authorization: `Bearer ${token}` } : {};
+}
+
+function needLogin() {
+  sessionStorage.removeItem(SESSION_KEY);
+  document.getElementById("login").hidden = false;
+  document.getElementById("main").hidden = true;
+  document.getElementById("who").hidden = true;
+  document.getElementById("logout").hidden = true;
+}
+
+async function logIn(event) {
+  event.preventDefault();
+  const user = document.getElementById("login-user").value;
+  const password = document.getElementById("login-password").value;
+  const error = document.getElementById("login-error");
+  error.hidden = true;
+  try {
+    const basic = btoa(unescape(encodeURIComponent(`${user}:${password}`)));
+    const response = await fetch("/api/v1/login", { method: "POST", cache: "no-store", headers: { Authorization: `Basic ${basic}` } });
+    const body = await response.json().catch(() => ({}));
+    if (!response.ok || !body.token) {
+      error.textContent = body.message || `login refused (${response.status})`;
+      error.hidden = false;
+      return;
+    }
+    sessionStorage.setItem(SESSION_KEY, body.token);
+    document.getElementById("login-password").value = "";
+    document.getElementById("login").hidden = true;
+    document.getElementById("main").hidden = false;
+    showUser(body.user, body.admin);
+    await refresh();
+  } catch (failure) {
+    error.textContent = `cannot log in: ${failure}`;
+    error.hidden = false;
+  }
+}
+
+function showUser(user, admin) {
+  const who = document.getElementById("who");
+  who.textContent = user ? `${user}${admin ? " (admin)" : ""}` : "";
+  who.hidden = !user;
+  document.getElementById("logout").hidden = !sessionStorage.getItem(SESSION_KEY);
+}
+
+async function logOut() {
+  await fetch("/api/v1/logout", { method: "POST", cache: "no-store", headers: authHeaders() }).catch(() => {});
+  needLogin();
+}
+
+document.getElementById("login").addEventListener("submit", logIn);
+document.getElementById("logout").addEventListener("click", logOut);
+
 // --- poll loop -------------------------------------------------------------------------------
 
 async function refresh() {
+  if (!document.getElementById("login").hidden) return;
   const [status, queues, attention, settings] = await Promise.all([
     getJson("/api/v1/status"),
     getJson("/api/v1/queues"),
@@ -465,6 +530,7 @@ async function refresh() {
     getJson("/api/v1/settings"),
   ]);
   const updated = document.getElementById("updated");
+  if (status.status === 401) return;
   if (status.ok) {
     document.getElementById("node").textContent = `node ${status.body.node ?? "?"}`;
     renderFilesystems(status.body);
@@ -495,4 +561,7 @@ async function loop() {
   setTimeout(loop, POLL_MS);
 }
 
+getJson("/api/v1/whoami").then((me) => {
+  if (me.ok) showUser(me.body.user, me.body.admin);
+});
 loop();

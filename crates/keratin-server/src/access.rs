@@ -51,6 +51,9 @@ pub enum Login {
     },
     /// An API token.
     Token(String),
+    /// The identity of the TLS client certificate (its subject's common name), or `None`
+    /// when the connection presented no certificate the node verified.
+    Certificate,
 }
 
 impl std::fmt::Debug for Login {
@@ -59,6 +62,7 @@ impl std::fmt::Debug for Login {
             Login::Nothing => f.write_str("Nothing"),
             Login::Password { user, .. } => write!(f, "Password {{ user: {user:?}, .. }}"),
             Login::Token(_) => f.write_str("Token(..)"),
+            Login::Certificate => f.write_str("Certificate"),
         }
     }
 }
@@ -205,6 +209,13 @@ impl Access {
                     ERR_UNAUTHENTICATED,
                     "this broker requires a login: give a user and password (--user and \
                      --password, env KERATIN_USER and KERATIN_PASSWORD) or an API token",
+                ))
+            }
+            Login::Certificate => {
+                return Err(ErrorBody::new(
+                    ERR_UNAUTHENTICATED,
+                    "certificate logins are not accepted by this node: log in with a user and \
+                     password or an API token",
                 ))
             }
             Login::Token(token) => match self.session_user(token, &table) {

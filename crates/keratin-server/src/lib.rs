@@ -31,6 +31,7 @@ pub mod http;
 pub mod limits;
 pub mod metrics;
 pub mod node;
+pub mod quota;
 pub mod settings;
 pub mod tcp;
 pub mod time_to_full;

@@ -404,8 +404,11 @@ fn load_cluster_tls(
     else {
         return Ok(None);
     };
-    let tls = keratin_net::ClusterTls::load(files)
-        .map_err(|e| NodeError::Cluster(format!("{e}; fix cluster.tls_cert_file / tls_key_file / tls_ca_file")))?;
+    let tls = keratin_net::ClusterTls::load(files).map_err(|e| {
+        NodeError::Cluster(format!(
+            "{e}; fix cluster.tls_cert_file / tls_key_file / tls_ca_file"
+        ))
+    })?;
     if !tls.names(cluster.node_id) {
         return Err(NodeError::Cluster(format!(
             "the certificate in cluster.tls_cert_file does not name this node: it must carry \

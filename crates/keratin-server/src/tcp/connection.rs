@@ -25,7 +25,9 @@ use keratin_proto::frame::{
     Publish, PublishError, PublishIdRange, PublishMode, QueueInfoReply, QueueListReply,
     QueueSummary, Reject, SubscribeOk,
 };
-use keratin_proto::{ClientHello, ErrorBody, FrameCodec, NodeAddress, ServerHello, ServerInfo};
+use keratin_proto::{
+    Auth, ClientHello, ErrorBody, FrameCodec, NodeAddress, ServerHello, ServerInfo,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinHandle;
@@ -170,9 +172,12 @@ async fn handshake<S: ProtocolStream>(
     let info = server_info(options, stream.local_addr());
     let mut answer = ServerHello::answer(&hello, options.node_id.clone(), info);
     let mut grant = None;
-    if let ServerHello::Accepted { version, .. } = &answer {
+    if let ServerHello::Accepted { version, user, .. } = &mut answer {
         match login(&hello, peer, &stream, options).await {
-            Ok(logged_in) => grant = Some(logged_in),
+            Ok(logged_in) => {
+                *user = logged_in.identity().user().map(str::to_string);
+                grant = Some(logged_in);
+            }
             Err(error) => {
                 tracing::info!(%peer, client = hello.client_name, error = error.message(), "login refused");
                 answer = ServerHello::Refused {
@@ -217,8 +222,16 @@ async fn login<S: ProtocolStream>(
 }
 
 /// What the hello presents to log in with.
-fn presented_login(_hello: &ClientHello) -> Login {
-    Login::Nothing
+fn presented_login(hello: &ClientHello) -> Login {
+    match &hello.auth {
+        Auth::None => Login::Nothing,
+        Auth::Plain { user, password } => Login::Password {
+            user: user.clone(),
+            password: password.clone(),
+        },
+        Auth::Token(token) => Login::Token(token.clone()),
+        Auth::External => Login::Certificate,
+    }
 }
 
 /// What the handshake tells a client about where to reach this node: its admin address and the
