@@ -471,7 +471,8 @@ fn the_cluster_section_comes_from_file_environment_and_flags() {
     assert!(error.to_string().contains("cluster"), "{error}");
 }
 
-/// A listener off loopback, with neither TLS nor logins in this version, needs
+/// A listener off loopback needs what makes it safe there (the protocol port: logins and TLS;
+/// the cluster port: mutual TLS; the HTTP port, which has no TLS yet: nothing does) or
 /// `server.insecure`: without it the configuration is refused, naming the key, its value and
 /// what to do; with it (flag, env or file) the node may listen anywhere.
 #[test]
@@ -496,7 +497,7 @@ fn a_listener_off_loopback_needs_insecure() {
         error,
         "server.http",
         "10.1.2.3:5681",
-        "neither TLS nor logins",
+        "no TLS yet",
         &Origin::Env("KERATIN_SERVER__HTTP".into()),
     );
     let clustered = CliOverrides {
@@ -519,6 +520,18 @@ fn a_listener_off_loopback_needs_insecure() {
     );
     load(&exposed, [("KERATIN_SERVER__INSECURE", "true")]).expect("so does the env");
     load(&clustered, [("KERATIN_SERVER__INSECURE", "true")]).expect("for the cluster port too");
+    // The protocol port with logins (the default) and TLS may leave loopback; without logins
+    // it may not.
+    let tls = [
+        ("KERATIN_SERVER__TLS_CERT_FILE", "/etc/keratin/cert.pem"),
+        ("KERATIN_SERVER__TLS_KEY_FILE", "/etc/keratin/key.pem"),
+    ];
+    load(&exposed, tls).expect("logins and TLS");
+    let error = load_error(
+        &exposed,
+        &[tls[0], tls[1], ("KERATIN_SERVER__AUTH", "none")],
+    );
+    assert!(error.to_string().contains("server.listen"), "{error}");
     // Loopback in all its forms needs nothing.
     let loopback = CliOverrides {
         listen: Some(addr("127.0.0.9:5680")),

@@ -29,6 +29,7 @@ const RESPONSE_SIZE_BYTES_MAX: u64 = 4 * 1024 * 1024;
 /// default admin address (the same machine's node may refuse protocol connections at its bound
 /// and still answer `status`); elsewhere the failure says to pass `--http`.
 pub async fn address(common: &CommonArgs, http: Option<&str>) -> Result<String, Failure> {
+    connect::login(common)?;
     if let Some(http) = http {
         return Ok(http.to_owned());
     }
@@ -88,9 +89,12 @@ pub fn request(
     } else {
         String::new()
     };
+    let authorization = connect::current_login()
+        .map(|login| format!("Authorization: {}\r\n", login.authorization()))
+        .unwrap_or_default();
     let request = format!(
         "{method} {path} HTTP/1.1\r\nHost: {http}\r\nAccept: application/json\r\n{content}\
-         Connection: close\r\n\r\n{payload}"
+         {authorization}Connection: close\r\n\r\n{payload}"
     );
     stream.write_all(request.as_bytes()).map_err(io)?;
     let mut response = Vec::new();
@@ -99,10 +103,14 @@ pub fn request(
         .read_to_end(&mut response)
         .map_err(io)?;
     let body = http_body(&response).map_err(fail)?;
+    if body.is_empty() {
+        // 204: done, nothing to show.
+        return Ok(Value::Null);
+    }
     serde_json::from_slice(&body).map_err(|error| fail(format!("the body is not JSON: {error}")))
 }
 
-/// The body of a complete HTTP/1.1 response read until close, after checking for 200. For any
+/// The body of a complete HTTP/1.1 response read until close, after checking for 2xx. For any
 /// other status the error is the status line and the server's message (the `message` of a JSON
 /// error body, or the body's text).
 fn http_body(response: &[u8]) -> Result<Vec<u8>, String> {
@@ -123,7 +131,7 @@ fn http_body(response: &[u8]) -> Result<Vec<u8>, String> {
     } else {
         body.to_vec()
     };
-    if status != "200" {
+    if !(status.len() == 3 && status.starts_with('2')) {
         let message = serde_json::from_slice::<Value>(&body)
             .ok()
             .and_then(|v| v["message"].as_str().map(str::to_owned))

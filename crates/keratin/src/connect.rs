@@ -3,10 +3,11 @@
 //! Owns the default address and the client options the CLI uses; what each verb does with
 //! the connection belongs to its own module.
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use clap::Args;
-use keratin_client::{Client, ClientOptions, ClientTls};
+use keratin_client::{Client, ClientOptions, ClientTls, Credentials};
 
 use crate::output::Failure;
 
@@ -27,6 +28,129 @@ pub struct CommonArgs {
     /// this PEM file (for a broker with server.tls_cert_file).
     #[arg(long, env = "KERATIN_CA", value_name = "FILE", global = true)]
     pub ca: Option<std::path::PathBuf>,
+    /// Log in as this user (with --password). Without --user or --token, the CLI logs in as
+    /// `admin` with the password a node on this machine wrote at its first start
+    /// (`<data dir>/admin-password`, the data directory from KERATIN_DATA_DIR or
+    /// ./keratin-data), when it can read that file.
+    #[arg(long, env = "KERATIN_USER", value_name = "NAME", global = true)]
+    pub user: Option<String>,
+    /// The user's password.
+    #[arg(
+        long,
+        env = "KERATIN_PASSWORD",
+        value_name = "PASSWORD",
+        global = true,
+        hide_env_values = true
+    )]
+    pub password: Option<String>,
+    /// Log in with an API token (`keratin user token add`) instead of a password.
+    #[arg(
+        long,
+        env = "KERATIN_TOKEN",
+        value_name = "TOKEN",
+        global = true,
+        hide_env_values = true,
+        conflicts_with = "user"
+    )]
+    pub token: Option<String>,
+}
+
+/// Who the CLI logs in as.
+#[derive(Clone)]
+pub enum CliLogin {
+    /// A user and password.
+    Password {
+        /// The user.
+        user: String,
+        /// The password.
+        password: String,
+    },
+    /// An API token.
+    Token(String),
+}
+
+impl std::fmt::Debug for CliLogin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CliLogin::Password { user, .. } => write!(f, "Password {{ user: {user:?}, .. }}"),
+            CliLogin::Token(_) => f.write_str("Token(..)"),
+        }
+    }
+}
+
+impl CliLogin {
+    /// The value of an HTTP `Authorization` header for it.
+    pub fn authorization(&self) -> String {
+        use base64::Engine;
+        match self {
+            CliLogin::Password { user, password } => format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
+            ),
+            CliLogin::Token(token) => format!("Bearer {token}"),
+        }
+    }
+
+    /// The protocol client's credentials for it.
+    fn credentials(&self) -> Credentials {
+        match self {
+            CliLogin::Password { user, password } => Credentials::Password {
+                user: user.clone(),
+                password: password.clone(),
+            },
+            CliLogin::Token(token) => Credentials::Token(token.clone()),
+        }
+    }
+}
+
+/// The login of this run, resolved once from the first verb's flags (a CLI run is one verb).
+static LOGIN: OnceLock<Option<CliLogin>> = OnceLock::new();
+
+/// The file a node writes its first admin's password to, in its first data directory.
+const ADMIN_PASSWORD_FILE: &str = "admin-password";
+
+/// The login the flags give (see [`CommonArgs::user`]); resolved once per run.
+pub fn login(common: &CommonArgs) -> Result<Option<CliLogin>, Failure> {
+    if let Some(login) = LOGIN.get() {
+        return Ok(login.clone());
+    }
+    let login = resolve_login(common)?;
+    Ok(LOGIN.get_or_init(|| login).clone())
+}
+
+/// The login resolved by [`login`] (none before it ran).
+pub fn current_login() -> Option<CliLogin> {
+    LOGIN.get().cloned().flatten()
+}
+
+fn resolve_login(common: &CommonArgs) -> Result<Option<CliLogin>, Failure> {
+    if let Some(token) = &common.token {
+        return Ok(Some(CliLogin::Token(token.clone())));
+    }
+    if let Some(user) = &common.user {
+        let Some(password) = &common.password else {
+            return Err(Failure::new(format!(
+                "--user {user} needs --password (or KERATIN_PASSWORD)"
+            )));
+        };
+        return Ok(Some(CliLogin::Password {
+            user: user.clone(),
+            password: password.clone(),
+        }));
+    }
+    let dir = std::env::var_os("KERATIN_DATA_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from("keratin-data"));
+    // Unreadable or absent: no login (a node with `server.auth = none` needs none; one that
+    // needs it says so).
+    Ok(std::fs::read_to_string(dir.join(ADMIN_PASSWORD_FILE))
+        .ok()
+        .map(|text| text.trim().to_string())
+        .filter(|password| !password.is_empty())
+        .map(|password| CliLogin::Password {
+            user: "admin".into(),
+            password,
+        }))
 }
 
 /// Connects to `--server` with `publish_timeout` (the client's default when `None`).
@@ -41,6 +165,7 @@ pub async fn connect(
     if let Some(timeout) = publish_timeout {
         options.publish_timeout = timeout;
     }
+    options.credentials = login(common)?.map(|login| login.credentials());
     if let Some(ca) = &common.ca {
         let tls = ClientTls::from_ca_file(ca)
             .map_err(|error| Failure::client("cannot set up TLS".to_string(), &error))?;

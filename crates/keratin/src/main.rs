@@ -11,7 +11,11 @@
 //! - `settings`: `keratin settings get|set|reset`, runtime settings via `/api/v1/settings`.
 //! - `admin`: one HTTP/1.1 request to the admin port (JSON in, JSON out).
 //! - `attention`: `keratin attention`, what needs an operator, from `GET /api/v1/attention`.
-//! - `connect`: the flags every verb shares (`--server`, `--json`) and connecting with them.
+//! - `user`: `keratin user list|add|passwd|grant|revoke|admin|delete|token|whoami` via
+//!   `/api/v1/users`.
+//! - `connect`: the flags every verb shares (`--server`, `--json`, `--ca`, the login:
+//!   `--user`/`--password`, `--token`, or the admin password a node on this machine wrote)
+//!   and connecting with them.
 //! - `output`: tables, sizes, error keys, JSON printing and the progress bar.
 //! - `body`: the self-checking test body (sequence number + filler + CRC32C) that `publish`
 //!   writes and `consume --verify` checks.
@@ -33,6 +37,7 @@ mod queue;
 mod serve;
 mod settings;
 mod status;
+mod user;
 
 use std::process::ExitCode;
 
@@ -68,6 +73,9 @@ enum Command {
     /// Show what needs an operator: level changes, full queues, stopped and healed logs
     /// (active items and recent history; `--all` for everything kept).
     Attention(attention::AttentionArgs),
+    /// Users, their permissions and API tokens (admins; a user changes its own password and
+    /// tokens).
+    User(user::UserArgs),
 }
 
 impl Command {
@@ -82,6 +90,7 @@ impl Command {
             Command::Cluster(args) => args.json(),
             Command::Settings(args) => args.common.json,
             Command::Attention(args) => args.common.json,
+            Command::User(args) => args.common.json,
         }
     }
 }
@@ -136,6 +145,7 @@ fn run_verb(verb: Command) -> Result<ExitCode, Failure> {
             Command::Cluster(args) => cluster::run(args).await,
             Command::Settings(args) => settings::run(args).await,
             Command::Attention(args) => attention::run(args).await,
+            Command::User(args) => user::run(args).await,
         }
     })
 }

@@ -39,8 +39,9 @@ pub struct ServeArgs {
     /// cluster's metadata group.
     #[arg(long)]
     join: bool,
-    /// Serve on addresses off loopback although this version has neither TLS nor logins
-    /// (server.insecure): anyone who reaches the ports may publish, consume and delete.
+    /// Serve on addresses off loopback without what makes each port safe there (the protocol
+    /// port: logins and TLS; the cluster port: mutual TLS; the HTTP port has no TLS yet)
+    /// (server.insecure).
     #[arg(long)]
     insecure: bool,
     /// Print the effective configuration, with where each value came from, and exit.

@@ -7,6 +7,11 @@
 //! recorded sequence files), or if an error does not exit non-zero with the broker's message.
 //! Every wait is bounded; the server is stopped by PID (SIGTERM, then SIGKILL) by a guard, so a
 //! failing test never leaks it.
+//!
+//! The broker runs with logins (the default, `server.auth = users`), and the CLI gets no
+//! `--user`: like an operator on the broker's machine, it logs in as `admin` with the password
+//! the node wrote to its data directory (`KERATIN_DATA_DIR`). `keratin user` verbs and a user
+//! held to its permissions are checked too.
 
 mod support;
 
@@ -34,19 +39,35 @@ struct Server {
     protocol: String,
     http: String,
     dir: tempfile::TempDir,
+    /// The README's way: the node and the CLI run in `dir`, the node on its default data
+    /// directory (`./keratin-data`), the CLI finding it there with no flag or variable.
+    readme: bool,
 }
 
 impl Server {
     fn start() -> Server {
+        Server::start_as(false)
+    }
+
+    /// Like the README's first command (`keratin serve` with no flags), but on ports the
+    /// kernel chooses: the node runs in a new directory on `./keratin-data`.
+    fn start_readme() -> Server {
+        Server::start_as(true)
+    }
+
+    fn start_as(readme: bool) -> Server {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let data = dir.path().join("data");
         let log =
             std::fs::File::create(dir.path().join("server.log")).expect("the server log file");
-        let mut child = Command::new(BIN)
-            .arg("serve")
-            .arg("--data-dir")
-            .arg(&data)
+        let mut command = Command::new(BIN);
+        command.arg("serve").current_dir(dir.path());
+        if !readme {
+            command.arg("--data-dir").arg(&data);
+        }
+        let mut child = command
             .args(["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+            .env_remove("KERATIN_SERVER__AUTH")
             // Tiny disk thresholds: these tests must not depend on how full the host's disk is.
             .envs(support::HOST_DISK_LIMITS.iter().copied())
             .stdin(Stdio::null())
@@ -69,6 +90,7 @@ impl Server {
             protocol: String::new(),
             http: String::new(),
             dir,
+            readme,
         };
         let line = first_line
             .recv_timeout(START_TIMEOUT)
@@ -105,10 +127,20 @@ impl Server {
             Some(http) => command.env("KERATIN_HTTP", http),
             None => command.env_remove("KERATIN_HTTP"),
         };
+        if self.readme {
+            command
+                .current_dir(self.dir.path())
+                .env_remove("KERATIN_DATA_DIR");
+        } else {
+            command.env("KERATIN_DATA_DIR", self.dir.path().join("data"));
+        }
         let child = command
             .args(args)
             .args(["--server", &self.protocol])
             .env_remove("KERATIN_SERVER")
+            .env_remove("KERATIN_USER")
+            .env_remove("KERATIN_PASSWORD")
+            .env_remove("KERATIN_TOKEN")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -190,6 +222,164 @@ fn read_seqs(path: &Path) -> Vec<u64> {
         .lines()
         .map(|line| line.parse().expect("one number per line"))
         .collect()
+}
+
+/// The README's commands on a fresh machine: `keratin serve` with no flags (ports aside) makes
+/// its data directory and first admin, and the CLI run in the same directory with no flag
+/// finds the password and works, over the protocol and the admin port.
+#[test]
+fn the_readme_commands_work_with_logins_and_no_setup() {
+    let server = Server::start_readme();
+    let password = server
+        .dir
+        .path()
+        .join("keratin-data")
+        .join("admin-password");
+    assert!(
+        password.exists(),
+        "the first start wrote {}",
+        password.display()
+    );
+    let declared = server.json(&["queue", "declare", "readme"]);
+    assert_eq!(declared["queue"], "readme");
+    let published = server.json(&["publish", "readme", "--count", "10", "--size", "64"]);
+    assert_eq!(published["confirmed"], 10, "{published}");
+    let consumed = server.json(&["consume", "readme", "--count", "10"]);
+    assert_eq!(consumed["received"], 10, "{consumed}");
+    let me = server.json(&["user", "whoami"]);
+    assert_eq!(me, serde_json::json!({ "user": "admin", "admin": true }));
+    let status = server.run(&["status"]);
+    assert!(status.status.success(), "{}", describe(&status));
+    // Without the file (another directory), the broker says what is missing.
+    let elsewhere = tempfile::tempdir().expect("tmp");
+    let output = Command::new(BIN)
+        .args(["queue", "list", "--server", &server.protocol])
+        .current_dir(elsewhere.path())
+        .env_remove("KERATIN_DATA_DIR")
+        .env_remove("KERATIN_USER")
+        .env_remove("KERATIN_PASSWORD")
+        .env_remove("KERATIN_TOKEN")
+        .stdin(Stdio::null())
+        .output()
+        .expect("the CLI runs");
+    assert!(!output.status.success(), "{}", describe(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("401") && stderr.contains("--user"),
+        "{}",
+        describe(&output)
+    );
+}
+
+/// `keratin user` verbs: add, grant, passwd, tokens, delete; a user held to its permissions
+/// by every verb it runs (`--user`/`--password`, `--token`).
+#[test]
+fn user_verbs_and_a_user_held_to_its_permissions() {
+    let server = Server::start();
+    let listed = server.json(&["user", "list"]);
+    assert_eq!(listed["users"][0]["name"], "admin", "{listed}");
+    server.json(&["queue", "declare", "orders.eu"]);
+    server.json(&["queue", "declare", "billing"]);
+    let added = server.json(&["user", "add", "app", "--new-password", "app-password-1"]);
+    assert_eq!(added["name"], "app", "{added}");
+    let granted = server.json(&["user", "grant", "app", "orders.*", "publish,consume"]);
+    assert_eq!(granted["grants"][0]["pattern"], "orders.*", "{granted}");
+    let as_app = ["--user", "app", "--password", "app-password-1"];
+
+    let allowed = server.json(
+        &[
+            &["publish", "orders.eu", "--count", "3", "--size", "64"],
+            &as_app[..],
+        ]
+        .concat(),
+    );
+    assert_eq!(allowed["confirmed"], 3, "{allowed}");
+    let refused = server.run(
+        &[
+            &["publish", "billing", "--count", "1", "--size", "64"],
+            &as_app[..],
+        ]
+        .concat(),
+    );
+    assert!(!refused.status.success(), "{}", describe(&refused));
+    let text = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        text.contains("403") || text.contains("may not publish"),
+        "{}",
+        describe(&refused)
+    );
+    for verb in [
+        &["queue", "delete", "billing"][..],
+        &["queue", "purge", "orders.eu"],
+        &["user", "list"],
+        &["settings", "set", "limits.sample_interval_ms=500"],
+    ] {
+        let output = server.run(&[verb, &as_app[..]].concat());
+        assert!(
+            !output.status.success(),
+            "{verb:?} as app: {}",
+            describe(&output)
+        );
+    }
+    let seen = server.json(&[&["queue", "list"], &as_app[..]].concat());
+    let names: Vec<&str> = seen["queues"]
+        .as_array()
+        .expect("queues")
+        .iter()
+        .filter_map(|q| q["queue"].as_str().or(q["name"].as_str()))
+        .collect();
+    assert_eq!(names, ["orders.eu"], "{seen}");
+
+    // A new password, generated and printed once.
+    let changed = server.json(&["user", "passwd", "app"]);
+    let new_password = changed["password"]
+        .as_str()
+        .expect("a generated password")
+        .to_string();
+    let old = server.run(&[&["queue", "list"], &as_app[..]].concat());
+    assert!(
+        !old.status.success(),
+        "the old password: {}",
+        describe(&old)
+    );
+    let fresh = server.json(&[
+        "queue",
+        "list",
+        "--user",
+        "app",
+        "--password",
+        &new_password,
+    ]);
+    assert!(fresh["queues"].is_array(), "{fresh}");
+
+    // A token for app logs in on both ports, until deleted.
+    let token = server.json(&["user", "token", "add", "app", "ci"]);
+    let token = token["token"].as_str().expect("the token").to_string();
+    let me = server.json(&["user", "whoami", "--token", &token]);
+    assert_eq!(me["user"], "app", "{me}");
+    let listed = server.json(&["queue", "list", "--token", &token]);
+    assert!(listed["queues"].is_array(), "{listed}");
+    server.json(&["user", "token", "delete", "app", "ci"]);
+    let gone = server.run(&["user", "whoami", "--token", &token]);
+    assert!(!gone.status.success(), "{}", describe(&gone));
+
+    server.json(&["user", "delete", "app"]);
+    let deleted = server.run(&[
+        "queue",
+        "list",
+        "--user",
+        "app",
+        "--password",
+        &new_password,
+    ]);
+    assert!(!deleted.status.success(), "{}", describe(&deleted));
+    let last_admin = server.run(&["user", "delete", "admin"]);
+    assert!(!last_admin.status.success(), "{}", describe(&last_admin));
+    assert!(
+        String::from_utf8_lossy(&last_admin.stderr).contains("no admin"),
+        "{}",
+        describe(&last_admin)
+    );
 }
 
 #[test]
@@ -655,12 +845,7 @@ fn serve_off_loopback_needs_insecure() {
     let refused = serve(&[]);
     assert!(!refused.status.success(), "{}", describe(&refused));
     let stderr = String::from_utf8_lossy(&refused.stderr);
-    for part in [
-        "server.listen",
-        "0.0.0.0:5680",
-        "--insecure",
-        "neither TLS nor logins",
-    ] {
+    for part in ["server.listen", "0.0.0.0:5680", "--insecure", "with TLS"] {
         assert!(
             stderr.contains(part),
             "{part:?} missing: {}",

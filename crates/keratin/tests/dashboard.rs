@@ -263,6 +263,57 @@ fn run_chromium(chromium: &Path, url: &str, args: &[String]) -> String {
     std::fs::read_to_string(output.path()).expect("read chromium's output")
 }
 
+/// A broker with logins (`server.auth = users`): the page shows its login form instead of the
+/// figures, and the API it polls answered 401.
+#[test]
+fn chromium_shows_the_login_form_of_a_broker_with_logins() {
+    if !privileged("chromium_shows_the_login_form_of_a_broker_with_logins") {
+        return;
+    }
+    let Some(chromium) = find_chromium() else {
+        if std::env::var("KERATIN_REQUIRE_PRIVILEGED_TESTS").as_deref() == Ok("1") {
+            panic!(
+                "chromium is not installed and KERATIN_REQUIRE_PRIVILEGED_TESTS=1 forbids \
+                 skipping; install it with `apt-get install -y chromium`"
+            );
+        }
+        eprintln!(
+            "!!! SKIPPING chromium_shows_the_login_form_of_a_broker_with_logins: no `chromium` \
+             on PATH; install it with `apt-get install -y chromium`"
+        );
+        return;
+    };
+    let tmp = tempfile::tempdir().expect("tmp");
+    let data = tmp.path().join("data");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_keratin"));
+    command.env("KERATIN_SERVER__AUTH", "users");
+    let server = Server::start_with(
+        command,
+        &[
+            "serve",
+            "--data-dir",
+            data.to_str().expect("utf8"),
+            "--listen",
+            "127.0.0.1:0",
+            "--http",
+            "127.0.0.1:0",
+        ],
+    );
+    assert_eq!(get(server.http, "/api/v1/status").code, 401);
+    let url = format!("http://{}/", server.http);
+    let dom = run_chromium(&chromium, &url, &["--dump-dom".to_string()]);
+    assert_eq!(
+        attribute_of(&dom, "login", "hidden"),
+        None,
+        "the login form shows: {dom}"
+    );
+    assert_eq!(
+        attribute_of(&dom, "main", "hidden").as_deref(),
+        Some(""),
+        "the figures are hidden: {dom}"
+    );
+}
+
 /// The attribute `name` of the element with `id` in a dumped DOM.
 fn attribute_of(dom: &str, id: &str, name: &str) -> Option<String> {
     let start = dom.find(&format!("id=\"{id}\""))?;

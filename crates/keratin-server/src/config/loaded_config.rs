@@ -43,23 +43,42 @@ impl LoadedConfig {
         self.config.node.validate().map_err(key_error)?;
         self.config.server.validate().map_err(key_error)?;
         self.config.storage.validate().map_err(key_error)?;
+        // Each listener with what makes it safe off loopback: the protocol port with logins
+        // and TLS, the cluster port with mutual TLS; the HTTP port has no TLS yet.
+        let server = &self.config.server;
+        let protocol_safe =
+            server.auth == crate::access::AuthMode::Users && server.tls_cert_file.is_some();
         let mut listeners = vec![
-            ("server.listen", self.config.server.listen),
-            ("server.http", self.config.server.http),
+            (
+                "server.listen",
+                server.listen,
+                protocol_safe,
+                PROTOCOL_EXPOSED,
+            ),
+            ("server.http", server.http, false, HTTP_EXPOSED),
         ];
         if let Some(cluster) = &self.config.cluster {
             let resolved = cluster.resolve().map_err(|error| ConfigError::Source {
                 message: format!("[cluster]: {error}"),
             })?;
-            listeners.push(("cluster.listen", resolved.listen));
+            let cluster_safe = matches!(cluster.tls.files(), Ok(Some(_)));
+            listeners.push((
+                "cluster.listen",
+                resolved.listen,
+                cluster_safe,
+                CLUSTER_EXPOSED,
+            ));
         }
-        if !self.config.server.insecure {
-            if let Some((key, addr)) = listeners.iter().find(|(_, a)| !a.ip().is_loopback()) {
+        if !server.insecure {
+            if let Some((key, addr, _, expected)) = listeners
+                .iter()
+                .find(|(_, addr, safe, _)| !addr.ip().is_loopback() && !safe)
+            {
                 return Err(ConfigError::invalid(
                     &self.figment,
                     key,
                     addr.to_string(),
-                    EXPOSED_EXPECTED,
+                    expected,
                 ));
             }
         }
@@ -250,8 +269,20 @@ fn oversized_integer(value: &Value, path: &mut Vec<String>) -> Option<(String, V
     }
 }
 
-/// What a listener off loopback needs (see `server.insecure`).
-const EXPOSED_EXPECTED: &str = "a loopback address (127.0.0.0/8 or ::1): this version has \
-     neither TLS nor logins, so anyone who reaches the port may publish, consume, delete queues \
-     and change settings; to serve it that way anyway, set server.insecure = true (flag \
-     --insecure, env KERATIN_SERVER__INSECURE=true)";
+/// What the protocol port off loopback needs (see `server.insecure`).
+const PROTOCOL_EXPOSED: &str = "a loopback address (127.0.0.0/8 or ::1), or logins \
+     (server.auth = users, the default) with TLS (server.tls_cert_file and tls_key_file): \
+     without both, passwords or everything else travel in the clear or anyone who reaches the \
+     port may publish, consume and delete queues; to serve it that way anyway, set \
+     server.insecure = true (flag --insecure, env KERATIN_SERVER__INSECURE=true)";
+
+/// What the HTTP port off loopback needs.
+const HTTP_EXPOSED: &str = "a loopback address (127.0.0.0/8 or ::1): the HTTP admin port has \
+     no TLS yet, so its logins would travel in the clear; to serve it that way anyway, set \
+     server.insecure = true (flag --insecure, env KERATIN_SERVER__INSECURE=true)";
+
+/// What the cluster port off loopback needs.
+const CLUSTER_EXPOSED: &str = "a loopback address (127.0.0.0/8 or ::1), or mutual TLS between \
+     the nodes (cluster.tls_cert_file, tls_key_file and tls_ca_file): without it anyone who \
+     reaches the port could pose as a node; to serve it that way anyway, set \
+     server.insecure = true (flag --insecure, env KERATIN_SERVER__INSECURE=true)";

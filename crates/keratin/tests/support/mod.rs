@@ -88,6 +88,14 @@ impl Server {
                 }
             }
         }
+        // Anyone may connect unless the test asks for logins (`KERATIN_SERVER__AUTH=users`):
+        // most tests are not about them (`auth.rs` is).
+        if !command
+            .get_envs()
+            .any(|(key, _)| key == "KERATIN_SERVER__AUTH")
+        {
+            command.env("KERATIN_SERVER__AUTH", "none");
+        }
         command
             .args(args)
             .stdout(Stdio::piped())
