@@ -137,14 +137,17 @@ pub enum LimitReason {
     Connections,
     /// The node holds `server.consumers_max` consumers (a refused subscribe).
     Consumers,
+    /// The publishing user is past its publish quota on this node (bytes or messages per
+    /// second; added without a version change: older clients see `Unknown("quota")`).
+    Quota,
     /// A reason this version does not know, kept verbatim. Never holds one of the known names:
     /// [`LimitReason::from_name`] maps those to their variants.
     Unknown(String),
 }
 
 impl LimitReason {
-    /// The stable wire name: `disk`, `memory`, `queue_full`, `connections`, `consumers`, or the
-    /// unknown name verbatim.
+    /// The stable wire name: `disk`, `memory`, `queue_full`, `connections`, `consumers`,
+    /// `quota`, or the unknown name verbatim.
     pub fn name(&self) -> &str {
         match self {
             LimitReason::Disk => "disk",
@@ -152,6 +155,7 @@ impl LimitReason {
             LimitReason::QueueFull => "queue_full",
             LimitReason::Connections => "connections",
             LimitReason::Consumers => "consumers",
+            LimitReason::Quota => "quota",
             LimitReason::Unknown(name) => name,
         }
     }
@@ -164,6 +168,7 @@ impl LimitReason {
             "queue_full" => LimitReason::QueueFull,
             "connections" => LimitReason::Connections,
             "consumers" => LimitReason::Consumers,
+            "quota" => LimitReason::Quota,
             other => LimitReason::Unknown(other.to_owned()),
         }
     }
@@ -206,6 +211,7 @@ mod tests {
             LimitReason::QueueFull,
             LimitReason::Connections,
             LimitReason::Consumers,
+            LimitReason::Quota,
         ] {
             assert_eq!(LimitReason::from_name(reason.name()), reason);
         }

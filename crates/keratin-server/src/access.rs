@@ -124,6 +124,11 @@ pub struct Access {
     /// argon2 verification per request would let a dashboard's polling cost 19 MiB a call),
     /// by the digest of user and password, with the stored hash they matched.
     verified: std::sync::Mutex<HashMap<TokenDigest, Verified>>,
+    /// Publish quotas per user on this node.
+    quotas: crate::quota::Quotas,
+    /// Logins accepted and refused since start (metrics).
+    logins_ok: std::sync::atomic::AtomicU64,
+    logins_refused: std::sync::atomic::AtomicU64,
 }
 
 /// A dashboard session.
@@ -178,6 +183,9 @@ impl Access {
             changes: tokio::sync::Mutex::new(()),
             sessions: std::sync::Mutex::new(HashMap::new()),
             verified: std::sync::Mutex::new(HashMap::new()),
+            quotas: crate::quota::Quotas::default(),
+            logins_ok: std::sync::atomic::AtomicU64::new(0),
+            logins_refused: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -196,11 +204,41 @@ impl Access {
         self.gate.in_flight()
     }
 
+    /// The publish quotas of this node.
+    pub fn quotas(&self) -> &crate::quota::Quotas {
+        &self.quotas
+    }
+
+    /// Logins accepted and refused since the node started (`Nothing` under `auth = none`
+    /// not counted).
+    pub fn login_counts(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (
+            self.logins_ok.load(Relaxed),
+            self.logins_refused.load(Relaxed),
+        )
+    }
+
     /// Log in with what a client presented from `from`. With `server.auth = none` anyone
     /// is let in (a presented login is checked all the same, so a wrong password is never
     /// taken silently). Errors are 401 bodies that say why, with a retry hint when the
     /// address is slowed or the gate is full.
     pub async fn login(&self, login: &Login, from: IpAddr) -> Result<Identity, ErrorBody> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let result = self.login_uncounted(login, from).await;
+        match (&result, login) {
+            (Ok(_), Login::Nothing) => {}
+            (Ok(_), _) => {
+                self.logins_ok.fetch_add(1, Relaxed);
+            }
+            (Err(_), _) => {
+                self.logins_refused.fetch_add(1, Relaxed);
+            }
+        }
+        result
+    }
+
+    async fn login_uncounted(&self, login: &Login, from: IpAddr) -> Result<Identity, ErrorBody> {
         let table = self.table();
         let name = match login {
             Login::Nothing if self.mode == AuthMode::None => return Ok(Identity::Anyone),
@@ -360,6 +398,7 @@ impl Access {
             }
         };
         tracing::info!(user, "users changed");
+        self.quotas.retain(|name| table.get(name).is_some());
         Ok(table)
     }
 }
@@ -418,6 +457,15 @@ impl Grant {
         [Permission::Publish, Permission::Consume, Permission::Manage]
             .into_iter()
             .any(|p| self.allows(queue, p))
+    }
+
+    /// This identity's publish quota (none for anyone, or a user without one).
+    pub fn quota(&self) -> Option<(Arc<str>, keratin_auth::Quota)> {
+        let Identity::User(user) = &self.identity else {
+            return None;
+        };
+        let quota = self.table.borrow().get(user)?.quota;
+        (!quota.is_unlimited()).then(|| (user.clone(), quota))
     }
 
     /// True if this identity is an admin (node and cluster operations, users).

@@ -120,8 +120,9 @@ impl EncodeMetric for SyncLatency {
 }
 
 /// The metrics text of a node.
-pub fn render(broker: &Broker, limits: &NodeLimits) -> String {
+pub fn render(broker: &Broker, limits: &NodeLimits, access: &crate::access::Access) -> String {
     let mut registry = Registry::with_prefix("keratin");
+    register_access(&mut registry, access);
     let snapshot = limits.snapshot();
     let level = gauge_family::<FsLabels>(
         &mut registry,
@@ -329,6 +330,76 @@ pub fn render(broker: &Broker, limits: &NodeLimits) -> String {
         out.push_str("# error encoding metrics\n");
     }
     out
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct UserDecisionLabels {
+    user: String,
+    decision: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct UserLabels {
+    user: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: String,
+}
+
+/// Logins and publish quotas: logins accepted and refused, verifications in flight, and per
+/// user the publishes its quota delayed or refused and the delay it imposed (users whose
+/// quota never acted have no series).
+fn register_access(registry: &mut Registry, access: &crate::access::Access) {
+    let logins = Family::<OutcomeLabels, Counter<u64>>::default();
+    registry.register(
+        "logins",
+        "Logins (protocol handshakes and HTTP requests presenting a password or token) by outcome",
+        logins.clone(),
+    );
+    let (ok, refused) = access.login_counts();
+    for (outcome, count) in [("ok", ok), ("refused", refused)] {
+        logins
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.into(),
+            })
+            .inc_by(count);
+    }
+    gauge(
+        registry,
+        "logins_in_flight",
+        "Password logins waiting for or in an argon2 verification now",
+        access.logins_in_flight() as u64,
+    );
+    let decisions = Family::<UserDecisionLabels, Counter<u64>>::default();
+    registry.register(
+        "quota_publishes",
+        "Publishes a user's quota delayed or refused (429 reason quota) on this node",
+        decisions.clone(),
+    );
+    let delay = Family::<UserLabels, Counter<f64, std::sync::atomic::AtomicU64>>::default();
+    registry.register_with_unit(
+        "quota_delay",
+        "Delay a user's quota imposed on its publishes on this node",
+        Unit::Seconds,
+        delay.clone(),
+    );
+    for (user, figures) in access.quotas().figures() {
+        for (decision, count) in [("delayed", figures.delayed), ("refused", figures.refused)] {
+            decisions
+                .get_or_create(&UserDecisionLabels {
+                    user: user.to_string(),
+                    decision: decision.into(),
+                })
+                .inc_by(count);
+        }
+        delay
+            .get_or_create(&UserLabels {
+                user: user.to_string(),
+            })
+            .inc_by(figures.delay_s);
+    }
 }
 
 /// The replicated partitions on this node: replicas, leader changes, and on the leader the

@@ -38,10 +38,22 @@ struct Bucket {
     refilled: Instant,
 }
 
+/// What quotas did to one user's publishes on this node, since the node started (metrics).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct QuotaFigures {
+    /// Publishes delayed.
+    pub delayed: u64,
+    /// Publishes refused (`ERR_LIMITED` reason `quota`).
+    pub refused: u64,
+    /// Seconds of delay imposed, summed.
+    pub delay_s: f64,
+}
+
 /// See the module docs.
 #[derive(Debug, Default)]
 pub struct Quotas {
     buckets: Mutex<HashMap<Arc<str>, Bucket>>,
+    figures: Mutex<HashMap<Arc<str>, QuotaFigures>>,
 }
 
 impl Quotas {
@@ -104,9 +116,46 @@ impl Quotas {
         }
     }
 
-    /// Forget the buckets of users no longer in `keep` (deleted users).
+    /// Decide a publish as [`Quotas::admit`] does, and count the decision in the user's
+    /// figures.
+    pub fn admit_counted(
+        &self,
+        user: &Arc<str>,
+        quota: Quota,
+        messages: u64,
+        bytes: u64,
+    ) -> Admission {
+        let admission = self.admit(user, quota, messages, bytes, Instant::now());
+        if admission != Admission::Now {
+            let mut figures = self.figures.lock().unwrap_or_else(|e| e.into_inner());
+            let entry = figures.entry(user.clone()).or_default();
+            match admission {
+                Admission::After(delay) => {
+                    entry.delayed += 1;
+                    entry.delay_s += delay.as_secs_f64();
+                }
+                Admission::Refused(_) => entry.refused += 1,
+                Admission::Now => {}
+            }
+        }
+        admission
+    }
+
+    /// Every user's figures, by name.
+    pub fn figures(&self) -> Vec<(Arc<str>, QuotaFigures)> {
+        let figures = self.figures.lock().unwrap_or_else(|e| e.into_inner());
+        let mut all: Vec<_> = figures.iter().map(|(u, f)| (u.clone(), *f)).collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+
+    /// Forget the buckets and figures of users no longer in `keep` (deleted users).
     pub fn retain(&self, keep: impl Fn(&str) -> bool) {
         self.buckets
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|user, _| keep(user));
+        self.figures
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .retain(|user, _| keep(user));

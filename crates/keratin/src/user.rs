@@ -76,6 +76,18 @@ enum UserVerb {
         #[arg(value_parser = ["on", "off"])]
         state: String,
     },
+    /// A user's publish quota on each node: a short excess is delayed, a longer one refused
+    /// (429 reason quota). `none` removes a rate's limit.
+    Quota {
+        /// The user.
+        name: String,
+        /// Message body bytes per second, or `none`.
+        #[arg(long, value_name = "BYTES|none")]
+        bytes_per_s: Option<String>,
+        /// Messages per second, or `none`.
+        #[arg(long, value_name = "COUNT|none")]
+        messages_per_s: Option<String>,
+    },
     /// Remove a user (its connections lose every permission at once).
     Delete {
         /// The user.
@@ -182,6 +194,31 @@ pub async fn run(args: UserArgs) -> Result<ExitCode, Failure> {
             let path = format!("{}/admin", user_path(&name));
             admin::request(&http, "PUT", &path, Some(&body))?
         }
+        UserVerb::Quota {
+            name,
+            bytes_per_s,
+            messages_per_s,
+        } => {
+            let current = admin::request(&http, "GET", &user_path(&name), None)?;
+            let rate = |given: Option<String>, key: &str| -> Result<Value, Failure> {
+                match given.as_deref() {
+                    None => Ok(current["quota"][key].clone()),
+                    Some("none") => Ok(Value::Null),
+                    Some(text) => text.parse::<u64>().map(|n| json!(n)).map_err(|_| {
+                        Failure::new(format!(
+                            "--{} {text:?}: a whole number or none",
+                            key.replace('_', "-")
+                        ))
+                    }),
+                }
+            };
+            let body = json!({
+                "bytes_per_s": rate(bytes_per_s, "bytes_per_s")?,
+                "messages_per_s": rate(messages_per_s, "messages_per_s")?,
+            });
+            let path = format!("{}/quota", user_path(&name));
+            admin::request(&http, "PUT", &path, Some(&body))?
+        }
         UserVerb::Delete { name } => {
             admin::request(&http, "DELETE", &user_path(&name), None)?;
             if !json {
@@ -245,6 +282,22 @@ pub async fn run(args: UserArgs) -> Result<ExitCode, Failure> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// A quota as a table cell: `100 msg/s 1048576 B/s`, or `-`.
+fn quota_text(quota: &Value) -> String {
+    let mut parts = Vec::new();
+    if let Some(messages) = quota["messages_per_s"].as_u64() {
+        parts.push(format!("{messages} msg/s"));
+    }
+    if let Some(bytes) = quota["bytes_per_s"].as_u64() {
+        parts.push(format!("{bytes} B/s"));
+    }
+    if parts.is_empty() {
+        "-".into()
+    } else {
+        parts.join(" ")
+    }
+}
+
 /// The password given, or a generated one (true).
 fn password_or_generated(given: Option<String>) -> Result<(String, bool), Failure> {
     match given {
@@ -265,7 +318,7 @@ fn path_segment(name: &str) -> String {
 
 /// Users as a table: name, admin, grants, tokens.
 fn users_text(document: &Value) -> String {
-    let mut table = Table::new(&["USER", "ADMIN", "GRANTS", "TOKENS"]);
+    let mut table = Table::new(&["USER", "ADMIN", "GRANTS", "TOKENS", "QUOTA"]);
     for user in document["users"].as_array().into_iter().flatten() {
         let grants: Vec<String> = user["grants"]
             .as_array()
@@ -308,6 +361,7 @@ fn users_text(document: &Value) -> String {
             } else {
                 tokens.join(",")
             },
+            quota_text(&user["quota"]),
         ]);
     }
     table.render()

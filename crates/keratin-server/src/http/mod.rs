@@ -100,6 +100,10 @@ pub fn router(admin: Admin) -> Router {
             axum::routing::post(users::revoke),
         )
         .route(
+            "/api/v1/users/{name}/quota",
+            axum::routing::put(users::set_quota),
+        )
+        .route(
             "/api/v1/users/{name}/tokens",
             axum::routing::post(users::add_token),
         )
@@ -231,7 +235,7 @@ async fn status(State(admin): State<Admin>) -> Json<Value> {
 }
 
 async fn metrics(State(admin): State<Admin>) -> Response {
-    let text = crate::metrics::render(&admin.broker, &admin.limits);
+    let text = crate::metrics::render(&admin.broker, &admin.limits, &admin.access);
     (
         [(
             axum::http::header::CONTENT_TYPE,

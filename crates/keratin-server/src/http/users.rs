@@ -7,7 +7,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use keratin_auth::{
-    check_password, ApiToken, PasswordDigest, Pattern, Permissions, User, UserChange,
+    check_password, ApiToken, PasswordDigest, Pattern, Permissions, Quota, User, UserChange,
 };
 use keratin_proto::codes::{ERR_BAD_REQUEST, ERR_INTERNAL, ERR_NOT_FOUND, ERR_UNAVAILABLE};
 use keratin_proto::ErrorBody;
@@ -28,6 +28,10 @@ pub(crate) fn user_json(user: &User) -> Value {
             "permissions": rule.permissions.iter().map(|p| p.name()).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
         "tokens": user.tokens.keys().collect::<Vec<_>>(),
+        "quota": {
+            "bytes_per_s": user.quota.bytes_per_s,
+            "messages_per_s": user.quota.messages_per_s,
+        },
     })
 }
 
@@ -172,6 +176,20 @@ pub(crate) async fn revoke(
         name: name.clone(),
         pattern,
         permissions,
+    };
+    changed(&admin, change, &name, StatusCode::OK).await
+}
+
+/// `PUT /api/v1/users/{name}/quota`: the user's publish quota on each node (`null` or absent:
+/// that rate unlimited).
+pub(crate) async fn set_quota(
+    State(admin): State<Admin>,
+    Path(name): Path<String>,
+    Json(quota): Json<Quota>,
+) -> Response {
+    let change = UserChange::Quota {
+        name: name.clone(),
+        quota,
     };
     changed(&admin, change, &name, StatusCode::OK).await
 }

@@ -38,8 +38,10 @@ use super::stream::ProtocolStream;
 use super::TcpOptions;
 use crate::access::{Grant, Login};
 use crate::convert;
+use crate::quota::Admission;
 use keratin_auth::Permission;
 use keratin_proto::codes::ERR_UNAUTHENTICATED;
+use keratin_proto::LimitReason;
 
 /// A frame to send, with the delivery budget bytes it holds until it is flushed (none for
 /// frames other than `Deliver`).
@@ -577,6 +579,15 @@ impl Conn {
             .await;
             return;
         }
+        if let Err(refused) = self.quota(&p).await {
+            let ids: Vec<u64> = p.messages.iter().map(|m| m.publish_id).collect();
+            self.send(Frame::PublishError(PublishError {
+                ranges: ranges(&ids),
+                error: refused,
+            }))
+            .await;
+            return;
+        }
         if p.joinable && p.messages.len() > 1 && !self.broker.publishes_may_join(&p.queue) {
             for message in p.messages {
                 self.publish_batch(Publish {
@@ -591,6 +602,36 @@ impl Conn {
             return;
         }
         self.publish_batch(p).await;
+    }
+
+    /// Hold a publish to its user's quota on this node: at once, after a short delay (the
+    /// connection reads nothing meanwhile: back-pressure, like soft slowing), or the 429
+    /// `quota` that refuses it with the time it needs.
+    async fn quota(&self, p: &Publish) -> Result<(), ErrorBody> {
+        let (Some(access), Some((user, quota))) = (&self.options.access, self.grant.quota()) else {
+            return Ok(());
+        };
+        let bytes: u64 = p.messages.iter().map(|m| m.body.len() as u64).sum();
+        let messages = p.messages.len() as u64;
+        match access.quotas().admit_counted(&user, quota, messages, bytes) {
+            Admission::Now => Ok(()),
+            Admission::After(delay) => {
+                tokio::time::sleep(delay).await;
+                Ok(())
+            }
+            Admission::Refused(wait) => {
+                let retry_ms = u32::try_from(wait.as_millis()).unwrap_or(u32::MAX).max(1);
+                Err(ErrorBody::limited(
+                    LimitReason::Quota,
+                    retry_ms,
+                    format!(
+                        "user {user} is past its publish quota on this node ({}); retry after \
+                         {retry_ms} ms",
+                        quota_text(quota)
+                    ),
+                ))
+            }
+        }
     }
 
     /// Hand one all-or-nothing batch to the broker and answer it from a task.
@@ -877,6 +918,18 @@ fn publish_answers(
         }));
     }
     frames
+}
+
+/// A quota as people read it: `1000 messages/s, 1048576 bytes/s`.
+fn quota_text(quota: keratin_auth::Quota) -> String {
+    let mut parts = Vec::new();
+    if let Some(messages) = quota.messages_per_s {
+        parts.push(format!("{messages} messages/s"));
+    }
+    if let Some(bytes) = quota.bytes_per_s {
+        parts.push(format!("{bytes} bytes/s"));
+    }
+    parts.join(", ")
 }
 
 /// Merge ids into inclusive ranges of consecutive ids, in the order given.
