@@ -53,7 +53,7 @@ pub enum Login {
     Token(String),
     /// The identity of the TLS client certificate (its subject's common name), or `None`
     /// when the connection presented no certificate the node verified.
-    Certificate,
+    Certificate(Option<String>),
 }
 
 impl std::fmt::Debug for Login {
@@ -62,7 +62,7 @@ impl std::fmt::Debug for Login {
             Login::Nothing => f.write_str("Nothing"),
             Login::Password { user, .. } => write!(f, "Password {{ user: {user:?}, .. }}"),
             Login::Token(_) => f.write_str("Token(..)"),
-            Login::Certificate => f.write_str("Certificate"),
+            Login::Certificate(name) => write!(f, "Certificate({name:?})"),
         }
     }
 }
@@ -249,13 +249,25 @@ impl Access {
                      --password, env KERATIN_USER and KERATIN_PASSWORD) or an API token",
                 ))
             }
-            Login::Certificate => {
+            Login::Certificate(None) => {
                 return Err(ErrorBody::new(
                     ERR_UNAUTHENTICATED,
-                    "certificate logins are not accepted by this node: log in with a user and \
-                     password or an API token",
+                    "certificate login without a verified client certificate: the node needs \
+                     server.tls_client_ca_file, the client a certificate that CA signed",
                 ))
             }
+            Login::Certificate(Some(name)) => match table.get(name) {
+                Some(user) => user.name.clone(),
+                None => {
+                    return Err(ErrorBody::new(
+                        ERR_UNAUTHENTICATED,
+                        format!(
+                            "login failed: the client certificate names {name:?} (its common \
+                             name), which is no user here"
+                        ),
+                    ))
+                }
+            },
             Login::Token(token) => match self.session_user(token, &table) {
                 Some(user) => user.to_string(),
                 None => match table.user_of_token(token) {

@@ -94,7 +94,11 @@ impl Node {
     ) -> Result<Node, NodeError> {
         // Before anything is opened: a bad certificate stops the start at once.
         let tls = match (&config.server.tls_cert_file, &config.server.tls_key_file) {
-            (Some(cert), Some(key)) => Some(Arc::new(ServerTls::load(cert, key)?)),
+            (Some(cert), Some(key)) => Some(Arc::new(ServerTls::load_with_client_ca(
+                cert,
+                key,
+                config.server.tls_client_ca_file.as_deref(),
+            )?)),
             _ => None,
         };
         let limits = Arc::new(

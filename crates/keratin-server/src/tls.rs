@@ -62,12 +62,26 @@ impl ResolvesServerCert for CurrentCert {
 impl ServerTls {
     /// Read the files and make the acceptor.
     pub fn load(cert_file: &Path, key_file: &Path) -> Result<ServerTls, TlsError> {
+        ServerTls::load_with_client_ca(cert_file, key_file, None)
+    }
+
+    /// Like [`ServerTls::load`], and with `client_ca_file` the node asks clients for a
+    /// certificate signed by one of its CAs (optional: a client without one still connects,
+    /// and logs in some other way); [`peer_common_name`] names a verified one.
+    pub fn load_with_client_ca(
+        cert_file: &Path,
+        key_file: &Path,
+        client_ca_file: Option<&Path>,
+    ) -> Result<ServerTls, TlsError> {
         install_provider();
         let key = load_certified_key(cert_file, key_file)?;
         let current = Arc::new(CurrentCert(RwLock::new(Arc::new(key))));
-        let config = rustls::ServerConfig::builder()
-            .with_no_client_auth()
-            .with_cert_resolver(current.clone());
+        let builder = rustls::ServerConfig::builder();
+        let config = match client_ca_file {
+            None => builder.with_no_client_auth(),
+            Some(ca_file) => builder.with_client_cert_verifier(client_verifier(ca_file)?),
+        }
+        .with_cert_resolver(current.clone());
         Ok(ServerTls {
             cert_file: cert_file.to_path_buf(),
             key_file: key_file.to_path_buf(),
@@ -87,6 +101,45 @@ impl ServerTls {
     pub fn acceptor(&self) -> &TlsAcceptor {
         &self.acceptor
     }
+}
+
+/// Verifies client certificates against the CAs in `ca_file`; clients without one pass
+/// (they log in with a password or token).
+fn client_verifier(
+    ca_file: &Path,
+) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, TlsError> {
+    let error = |reason: String| TlsError {
+        what: "client CA file",
+        path: ca_file.to_path_buf(),
+        reason,
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(ca_file).map_err(|e| error(e.to_string()))? {
+        roots
+            .add(cert.map_err(|e| error(e.to_string()))?)
+            .map_err(|e| error(e.to_string()))?;
+    }
+    if roots.is_empty() {
+        return Err(error("no CERTIFICATE block".into()));
+    }
+    rustls::server::WebPkiClientVerifier::builder(Arc::new(roots))
+        .allow_unauthenticated()
+        .build()
+        .map_err(|e| error(e.to_string()))
+}
+
+/// The subject common name of a verified client certificate (its end-entity, DER), the user
+/// a certificate login logs in as.
+pub fn peer_common_name(certificate: &[u8]) -> Option<String> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(certificate).ok()?;
+    let name = parsed
+        .subject()
+        .iter_common_name()
+        .next()?
+        .as_str()
+        .ok()?
+        .to_string();
+    Some(name)
 }
 
 fn load_certified_key(cert_file: &Path, key_file: &Path) -> Result<CertifiedKey, TlsError> {

@@ -53,6 +53,26 @@ pub struct CommonArgs {
         conflicts_with = "user"
     )]
     pub token: Option<String>,
+    /// Log in with this client certificate (PEM; with --key and --ca) as the user its common
+    /// name names, on a node with server.tls_client_ca_file. Protocol verbs only: the HTTP
+    /// admin port takes a password or token.
+    #[arg(
+        long,
+        env = "KERATIN_CERT",
+        value_name = "FILE",
+        global = true,
+        requires = "key"
+    )]
+    pub cert: Option<std::path::PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(
+        long,
+        env = "KERATIN_KEY",
+        value_name = "FILE",
+        global = true,
+        requires = "cert"
+    )]
+    pub key: Option<std::path::PathBuf>,
 }
 
 /// Who the CLI logs in as.
@@ -166,6 +186,12 @@ pub async fn connect(
         options.publish_timeout = timeout;
     }
     options.credentials = login(common)?.map(|login| login.credentials());
+    let client_cert = common.cert.as_deref().zip(common.key.as_deref());
+    if client_cert.is_some() && common.ca.is_none() {
+        return Err(Failure::new(
+            "--cert needs --ca: a certificate login is over TLS".to_string(),
+        ));
+    }
     if let Some(ca) = &common.ca {
         let tls = ClientTls::from_ca_file(ca)
             .map_err(|error| Failure::client("cannot set up TLS".to_string(), &error))?;
@@ -182,6 +208,17 @@ pub async fn connect(
         } else {
             tls.with_server_name(host)
                 .map_err(|error| Failure::client("cannot set up TLS".to_string(), &error))?
+        };
+        let tls = match client_cert {
+            Some((cert, key)) => {
+                // The certificate is the login unless a user or token was given.
+                if common.user.is_none() && common.token.is_none() {
+                    options.credentials = Some(Credentials::Certificate);
+                }
+                tls.with_client_cert(cert, key)
+                    .map_err(|error| Failure::client("cannot set up TLS".to_string(), &error))?
+            }
+            None => tls,
         };
         options.tls = Some(tls);
     }

@@ -147,6 +147,14 @@ pub struct ServerSection {
     /// The certificate's private key (PEM: PKCS#8, PKCS#1 or SEC1). Startup field.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls_key_file: Option<PathBuf>,
+    /// Certificate logins on the protocol port: the CA certificates (PEM) that sign client
+    /// certificates. With it the node asks TLS clients for a certificate (optional: password
+    /// and token logins still work), and a client that logs in by certificate (mechanism
+    /// EXTERNAL) is the user named by its certificate's subject common name. Needs
+    /// `tls_cert_file`. Read at start only (SIGHUP reloads the node's own certificate, not
+    /// this CA). Startup field.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_client_ca_file: Option<PathBuf>,
     /// Whether clients log in: `users` (the default: every connection and HTTP request logs
     /// in as a user and is held to its permissions; the first start creates `admin`) or
     /// `none` (anyone who reaches a port may do anything: loopback only, unless
@@ -210,6 +218,7 @@ impl Default for ServerSection {
             insecure: false,
             tls_cert_file: None,
             tls_key_file: None,
+            tls_client_ca_file: None,
             auth: crate::access::AuthMode::Users,
         }
     }
@@ -279,6 +288,14 @@ impl ServerSection {
                 key: "server.publish_timeout_ms",
                 value: self.publish_timeout_ms.to_string(),
                 expected: "milliseconds from 1 to 3600000 (an hour)",
+            });
+        }
+        if self.tls_client_ca_file.is_some() && self.tls_cert_file.is_none() {
+            return Err(KeyError {
+                key: "server.tls_client_ca_file",
+                value: "set without server.tls_cert_file".into(),
+                expected: "certificate logins need TLS on the protocol port: set \
+                           server.tls_cert_file and server.tls_key_file too",
             });
         }
         match (&self.tls_cert_file, &self.tls_key_file) {

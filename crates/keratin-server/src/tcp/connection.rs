@@ -208,8 +208,8 @@ async fn login<S: ProtocolStream>(
     let Some(access) = &options.access else {
         return Ok(Grant::anyone());
     };
-    let presented = presented_login(hello);
-    let secret = !matches!(presented, Login::Nothing);
+    let presented = presented_login(hello, stream);
+    let secret = matches!(presented, Login::Password { .. } | Login::Token(_));
     let on_loopback = stream.local_addr().is_some_and(|a| a.ip().is_loopback());
     if secret && !stream.is_tls() && !on_loopback && !options.insecure {
         return Err(ErrorBody::new(
@@ -223,8 +223,9 @@ async fn login<S: ProtocolStream>(
     Ok(access.grant(identity))
 }
 
-/// What the hello presents to log in with.
-fn presented_login(hello: &ClientHello) -> Login {
+/// What the hello presents to log in with (a certificate login: the verified certificate's
+/// common name).
+fn presented_login<S: ProtocolStream>(hello: &ClientHello, stream: &S) -> Login {
     match &hello.auth {
         Auth::None => Login::Nothing,
         Auth::Plain { user, password } => Login::Password {
@@ -232,7 +233,7 @@ fn presented_login(hello: &ClientHello) -> Login {
             password: password.clone(),
         },
         Auth::Token(token) => Login::Token(token.clone()),
-        Auth::External => Login::Certificate,
+        Auth::External => Login::Certificate(stream.peer_common_name()),
     }
 }
 

@@ -19,6 +19,8 @@ pub(crate) trait ProtocolStream: AsyncRead + AsyncWrite + Send + Unpin + 'static
     fn local_addr(&self) -> Option<SocketAddr>;
     /// True over TLS.
     fn is_tls(&self) -> bool;
+    /// The subject common name of the client certificate the TLS handshake verified, if any.
+    fn peer_common_name(&self) -> Option<String>;
     /// The halves, for the reading loop and the writer task.
     fn split_owned(self) -> (Self::Reader, Self::Writer);
 }
@@ -33,6 +35,10 @@ impl ProtocolStream for TcpStream {
 
     fn is_tls(&self) -> bool {
         false
+    }
+
+    fn peer_common_name(&self) -> Option<String> {
+        None
     }
 
     fn split_owned(self) -> (OwnedReadHalf, OwnedWriteHalf) {
@@ -50,6 +56,11 @@ impl ProtocolStream for TlsStream<TcpStream> {
 
     fn is_tls(&self) -> bool {
         true
+    }
+
+    fn peer_common_name(&self) -> Option<String> {
+        let end_entity = self.get_ref().1.peer_certificates()?.first()?;
+        crate::tls::peer_common_name(end_entity)
     }
 
     fn split_owned(self) -> (Self::Reader, Self::Writer) {
