@@ -80,35 +80,35 @@ pub fn router(admin: Admin) -> Router {
         .route("/api/v1/whoami", get(auth::whoami))
         .route("/api/v1/users", get(users::list).post(users::add))
         .route(
-            "/api/v1/users/{name}",
+            "/api/v1/users/{user}",
             get(users::get).delete(users::delete),
         )
         .route(
-            "/api/v1/users/{name}/password",
+            "/api/v1/users/{user}/password",
             axum::routing::put(users::password),
         )
         .route(
-            "/api/v1/users/{name}/admin",
+            "/api/v1/users/{user}/admin",
             axum::routing::put(users::set_admin),
         )
         .route(
-            "/api/v1/users/{name}/grant",
+            "/api/v1/users/{user}/grant",
             axum::routing::post(users::grant),
         )
         .route(
-            "/api/v1/users/{name}/revoke",
+            "/api/v1/users/{user}/revoke",
             axum::routing::post(users::revoke),
         )
         .route(
-            "/api/v1/users/{name}/quota",
+            "/api/v1/users/{user}/quota",
             axum::routing::put(users::set_quota),
         )
         .route(
-            "/api/v1/users/{name}/tokens",
+            "/api/v1/users/{user}/tokens",
             axum::routing::post(users::add_token),
         )
         .route(
-            "/api/v1/users/{name}/tokens/{token}",
+            "/api/v1/users/{user}/tokens/{token}",
             axum::routing::delete(users::delete_token),
         )
         .merge(dashboard::routes())
