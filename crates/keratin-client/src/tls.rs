@@ -123,6 +123,12 @@ impl ClientTls {
             .unwrap_or_else(|| ServerName::IpAddress(addr.ip().into()))
     }
 
+    /// The rustls configuration, for a connection the client does not make itself (the CLI's
+    /// blocking requests to the HTTP admin port verify its certificate with the same CA).
+    pub fn rustls_config(&self) -> Arc<ClientConfig> {
+        self.config.clone()
+    }
+
     pub(crate) fn connector(&self) -> tokio_rustls::TlsConnector {
         tokio_rustls::TlsConnector::from(self.config.clone())
     }

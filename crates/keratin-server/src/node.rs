@@ -244,7 +244,12 @@ impl Node {
                 options,
                 wait_stop(stopped.clone()),
             )),
-            tokio::spawn(crate::http::serve(http, admin, wait_stop(stopped))),
+            tokio::spawn(crate::http::serve(
+                http,
+                admin,
+                tls.clone(),
+                wait_stop(stopped),
+            )),
             tokio::spawn(async move {
                 let _ = sampler.await;
                 if let Some(health) = health {

@@ -472,9 +472,9 @@ fn the_cluster_section_comes_from_file_environment_and_flags() {
 }
 
 /// A listener off loopback needs what makes it safe there (the protocol port: logins and TLS;
-/// the cluster port: mutual TLS; the HTTP port, which has no TLS yet: nothing does) or
-/// `server.insecure`: without it the configuration is refused, naming the key, its value and
-/// what to do; with it (flag, env or file) the node may listen anywhere.
+/// the HTTP port, which serves HTTPS with the same certificate: the same; the cluster port:
+/// mutual TLS) or `server.insecure`: without it the configuration is refused, naming the key,
+/// its value and what to do; with it (flag, env or file) the node may listen anywhere.
 #[test]
 fn a_listener_off_loopback_needs_insecure() {
     let exposed = CliOverrides {
@@ -497,7 +497,7 @@ fn a_listener_off_loopback_needs_insecure() {
         error,
         "server.http",
         "10.1.2.3:5681",
-        "no TLS yet",
+        "logins (server.auth = users, the default) with TLS",
         &Origin::Env("KERATIN_SERVER__HTTP".into()),
     );
     let clustered = CliOverrides {
@@ -532,6 +532,19 @@ fn a_listener_off_loopback_needs_insecure() {
         &[tls[0], tls[1], ("KERATIN_SERVER__AUTH", "none")],
     );
     assert!(error.to_string().contains("server.listen"), "{error}");
+    // So may the HTTP port, which serves HTTPS with the same certificate; not without logins.
+    let http_exposed = [("KERATIN_SERVER__HTTP", "10.1.2.3:5681"), tls[0], tls[1]];
+    load(&CliOverrides::default(), http_exposed).expect("HTTPS and logins");
+    let error = load_error(
+        &CliOverrides::default(),
+        &[
+            http_exposed[0],
+            http_exposed[1],
+            http_exposed[2],
+            ("KERATIN_SERVER__AUTH", "none"),
+        ],
+    );
+    assert!(error.to_string().contains("server.http"), "{error}");
     // Loopback in all its forms needs nothing.
     let loopback = CliOverrides {
         listen: Some(addr("127.0.0.9:5680")),

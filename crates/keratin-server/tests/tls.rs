@@ -6,6 +6,10 @@
 //! - a reload (what SIGHUP does) gives new connections the new certificate while an open
 //!   connection goes on publishing without an error; a reload with a key that does not match
 //!   changes nothing.
+//!
+//! The HTTP admin port serves HTTPS with the same certificate: `/health` answers a client that
+//! trusts the CA, plain HTTP gets no HTTP answer, and the same reload reaches it (new
+//! connections get the new certificate, a keep-alive connection opened before serves on).
 
 mod common;
 
@@ -245,5 +249,150 @@ async fn a_reload_serves_the_new_certificate_and_drops_no_connection() {
     );
     assert!(client.is_connected());
     client.close().await;
+    node.shutdown().await.expect("shutdown");
+}
+
+/// An HTTPS connection to the admin port that trusts only `ca_file`.
+async fn https_connect(
+    node: &Node,
+    ca_file: &Path,
+) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    use rustls_pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pki_types::CertificateDer::pem_file_iter(ca_file).expect("CA file") {
+        roots.add(cert.expect("CA cert")).expect("root");
+    }
+    let config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let stream = tokio::net::TcpStream::connect(node.http_addr()).await?;
+    let name = rustls_pki_types::ServerName::IpAddress(node.http_addr().ip().into());
+    tokio::time::timeout(Duration::from_secs(5), connector.connect(name, stream))
+        .await
+        .expect("handshake in time")
+}
+
+/// `GET path` on a keep-alive connection: the status line and the body.
+async fn http_get<S>(stream: &mut S, path: &str) -> (String, String)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("write");
+    let mut buf = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let head_end = loop {
+        if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break at + 4;
+        }
+        assert!(Instant::now() < deadline, "no response head in time");
+        let mut chunk = [0u8; 4096];
+        let read = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut chunk))
+            .await
+            .expect("read in time")
+            .expect("read");
+        assert!(read > 0, "closed before the response head");
+        buf.extend_from_slice(&chunk[..read]);
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
+    let length: usize = head
+        .lines()
+        .find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            name.eq_ignore_ascii_case("content-length")
+                .then(|| value.trim().parse().expect("length"))
+        })
+        .expect("content-length");
+    while buf.len() < head_end + length {
+        let mut chunk = [0u8; 4096];
+        let read = stream.read(&mut chunk).await.expect("read body");
+        assert!(read > 0, "closed in the body");
+        buf.extend_from_slice(&chunk[..read]);
+    }
+    let status = head.lines().next().unwrap_or_default().to_string();
+    let body = String::from_utf8_lossy(&buf[head_end..head_end + length]).to_string();
+    (status, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_port_serves_https_and_refuses_plain_http() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = Ca::new("keratin test CA");
+    let (cert, key) = ca.server_files(dir.path(), "node", false);
+    let node = start(dir.path(), &cert, &key).await;
+
+    let mut https = https_connect(&node, &ca.ca_file(dir.path(), "ca"))
+        .await
+        .expect("HTTPS handshake");
+    let (status, body) = http_get(&mut https, "/health").await;
+    assert!(status.contains(" 200 "), "{status}");
+    assert!(body.contains("ok"), "{body}");
+
+    // Plain HTTP: the server reads a non-TLS record and closes; no HTTP answer comes back.
+    let mut plain = tokio::net::TcpStream::connect(node.http_addr())
+        .await
+        .expect("connect");
+    plain
+        .write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        .await
+        .expect("write");
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), plain.read_to_end(&mut answer))
+        .await
+        .expect("the server closes the connection promptly");
+    assert!(
+        !answer.starts_with(b"HTTP/"),
+        "plain HTTP got an HTTP answer: {}",
+        String::from_utf8_lossy(&answer)
+    );
+
+    // The HTTPS port still serves after the failed handshake.
+    let (status, _) = http_get(&mut https, "/health").await;
+    assert!(status.contains(" 200 "), "{status}");
+    drop(https);
+    node.shutdown().await.expect("shutdown");
+}
+
+/// The protocol port's reload reaches the admin port: a certificate from a new CA is what new
+/// HTTPS connections get, and a keep-alive connection made before answers a second request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_reaches_the_admin_port_and_keeps_open_connections() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (old_ca, new_ca) = (Ca::new("old CA"), Ca::new("new CA"));
+    let (cert, key) = old_ca.server_files(dir.path(), "node", false);
+    let node = start(dir.path(), &cert, &key).await;
+    let (old_ca_file, new_ca_file) = (
+        old_ca.ca_file(dir.path(), "old"),
+        new_ca.ca_file(dir.path(), "new"),
+    );
+    let mut before = https_connect(&node, &old_ca_file).await.expect("HTTPS");
+    let (status, _) = http_get(&mut before, "/health").await;
+    assert!(status.contains(" 200 "), "{status}");
+
+    let (new_cert, new_key) = new_ca.server_files(dir.path(), "next", false);
+    std::fs::copy(&new_cert, &cert).expect("copy cert");
+    std::fs::copy(&new_key, &key).expect("copy key");
+    assert!(node.reload_tls().expect("reloaded"), "the node serves TLS");
+
+    let mut after = https_connect(&node, &new_ca_file)
+        .await
+        .expect("a new connection gets the new certificate");
+    let (status, _) = http_get(&mut after, "/health").await;
+    assert!(status.contains(" 200 "), "{status}");
+    let error = https_connect(&node, &old_ca_file)
+        .await
+        .expect_err("the old CA no longer verifies");
+    assert!(error.to_string().contains("UnknownIssuer"), "{error}");
+
+    let (status, body) = http_get(&mut before, "/health").await;
+    assert!(
+        status.contains(" 200 "),
+        "the open connection serves on: {status}"
+    );
+    assert!(body.contains("ok"), "{body}");
+    drop((before, after));
     node.shutdown().await.expect("shutdown");
 }

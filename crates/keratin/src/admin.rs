@@ -1,6 +1,8 @@
-//! The HTTP admin port from the command line: finding it, then one plain HTTP/1.1 request per
-//! call (a blocking `TcpStream`, `Connection: close`, bounded by timeouts and a size cap), JSON
-//! in and out. `keratin status`, `keratin settings` and `keratin attention` use it; the
+//! The HTTP admin port from the command line: finding it, then one HTTP/1.1 request per call
+//! (a blocking `TcpStream`, `Connection: close`, bounded by timeouts and a size cap), JSON in
+//! and out. With `--ca` the request goes over TLS: a node with `server.tls_cert_file` serves
+//! HTTPS on its admin port with the protocol port's certificate, so the CA that verifies one
+//! verifies the other; the certificate must name the admin address's host (or its IP). `keratin status`, `keratin settings` and `keratin attention` use it; the
 //! documents are the server's (`keratin-server` `http`).
 //!
 //! The admin address is `--http` (env `KERATIN_HTTP`) when given; otherwise the CLI asks the
@@ -9,7 +11,10 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
+
+use keratin_client::ClientTls;
 
 use serde_json::Value;
 
@@ -24,12 +29,26 @@ const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
 /// a Keratin node answered.
 const RESPONSE_SIZE_BYTES_MAX: u64 = 4 * 1024 * 1024;
 
+/// HTTPS to the admin port for this run (from `--ca`), set by [`address`]; `None`: plain HTTP.
+static ADMIN_TLS: OnceLock<Option<Arc<rustls::ClientConfig>>> = OnceLock::new();
+
 /// The admin address to use: `http` when given, else the one the node at `--server` names in
 /// its handshake. A node that cannot be reached at the default `--server` is looked for at the
 /// default admin address (the same machine's node may refuse protocol connections at its bound
 /// and still answer `status`); elsewhere the failure says to pass `--http`.
 pub async fn address(common: &CommonArgs, http: Option<&str>) -> Result<String, Failure> {
     connect::login(common)?;
+    if ADMIN_TLS.get().is_none() {
+        let tls = match &common.ca {
+            Some(ca) => Some(
+                ClientTls::from_ca_file(ca)
+                    .map_err(|error| Failure::client("cannot set up TLS".to_string(), &error))?
+                    .rustls_config(),
+            ),
+            None => None,
+        };
+        let _ = ADMIN_TLS.set(tls);
+    }
     if let Some(http) = http {
         return Ok(http.to_owned());
     }
@@ -66,13 +85,15 @@ pub fn request(
     path: &str,
     body: Option<&Value>,
 ) -> Result<Value, Failure> {
-    let fail = |what: String| Failure::new(format!("{method} http://{http}{path}: {what}"));
+    let tls = ADMIN_TLS.get().cloned().flatten();
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let fail = |what: String| Failure::new(format!("{method} {scheme}://{http}{path}: {what}"));
     let addr = http
         .to_socket_addrs()
         .map_err(|error| fail(format!("bad address: {error}")))?
         .next()
         .ok_or_else(|| fail("the address resolves to nothing".into()))?;
-    let mut stream = TcpStream::connect_timeout(&addr, HTTP_TIMEOUT).map_err(|error| {
+    let stream = TcpStream::connect_timeout(&addr, HTTP_TIMEOUT).map_err(|error| {
         fail(format!(
             "cannot connect: {error}; is the node running, and is --http its admin address?"
         ))
@@ -96,18 +117,65 @@ pub fn request(
         "{method} {path} HTTP/1.1\r\nHost: {http}\r\nAccept: application/json\r\n{content}\
          {authorization}Connection: close\r\n\r\n{payload}"
     );
-    stream.write_all(request.as_bytes()).map_err(io)?;
-    let mut response = Vec::new();
-    stream
-        .take(RESPONSE_SIZE_BYTES_MAX)
-        .read_to_end(&mut response)
-        .map_err(io)?;
+    let response = match tls {
+        None => exchange(stream, &request).map_err(io)?,
+        Some(config) => {
+            let connection = rustls::ClientConnection::new(config, tls_server_name(http)?)
+                .map_err(|error| fail(format!("TLS: {error}")))?;
+            exchange(rustls::StreamOwned::new(connection, stream), &request).map_err(|error| {
+                fail(format!(
+                    "{error}; does the node's admin port serve HTTPS (server.tls_cert_file), \
+                     and does --ca hold the CA that signed its certificate?"
+                ))
+            })?
+        }
+    };
+    // A TLS record (an alert, 0x15) or a bare close: the port serves HTTPS.
+    if response.is_empty() || response.first() == Some(&0x15) {
+        return Err(fail(
+            "no HTTP answer (the node closed the connection); if its admin port serves HTTPS \
+             (server.tls_cert_file), pass --ca FILE (env KERATIN_CA) with the CA that signed \
+             its certificate"
+                .into(),
+        ));
+    }
     let body = http_body(&response).map_err(fail)?;
     if body.is_empty() {
         // 204: done, nothing to show.
         return Ok(Value::Null);
     }
     serde_json::from_slice(&body).map_err(|error| fail(format!("the body is not JSON: {error}")))
+}
+
+/// Write `request`, then read the response until the server closes (at most
+/// [`RESPONSE_SIZE_BYTES_MAX`]). A TLS server that closes without `close_notify` after a
+/// complete response is taken as a close: the response is whole (`Connection: close`).
+fn exchange(mut stream: impl Read + Write, request: &str) -> std::io::Result<Vec<u8>> {
+    stream.write_all(request.as_bytes())?;
+    stream.flush()?;
+    let mut response = Vec::new();
+    match stream
+        .take(RESPONSE_SIZE_BYTES_MAX)
+        .read_to_end(&mut response)
+    {
+        Ok(_) => Ok(response),
+        Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof && !response.is_empty() => {
+            Ok(response)
+        }
+        Err(error) => Err(error),
+    }
+}
+
+/// The name the admin port's certificate must carry: the host of `http` (an IP address is
+/// checked as an IP).
+fn tls_server_name(http: &str) -> Result<rustls::pki_types::ServerName<'static>, Failure> {
+    let host = http
+        .rsplit_once(':')
+        .map_or(http, |(host, _)| host)
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    rustls::pki_types::ServerName::try_from(host.to_owned())
+        .map_err(|error| Failure::new(format!("TLS server name {host:?}: {error}")))
 }
 
 /// The body of a complete HTTP/1.1 response read until close, after checking for 2xx. For any

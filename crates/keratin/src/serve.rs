@@ -40,8 +40,7 @@ pub struct ServeArgs {
     #[arg(long)]
     join: bool,
     /// Serve on addresses off loopback without what makes each port safe there (the protocol
-    /// port: logins and TLS; the cluster port: mutual TLS; the HTTP port has no TLS yet)
-    /// (server.insecure).
+    /// and HTTP ports: logins and TLS; the cluster port: mutual TLS) (server.insecure).
     #[arg(long)]
     insecure: bool,
     /// Print the effective configuration, with where each value came from, and exit.
@@ -183,9 +182,9 @@ async fn wait_for_signal(node: &Node) -> Result<(), String> {
             _ = int.recv() => return Ok(()),
             _ = hup.recv() => {
                 match node.reload_tls() {
-                    Ok(true) => tracing::info!("SIGHUP: the protocol port's TLS certificate and key were read again; new connections get them"),
+                    Ok(true) => tracing::info!("SIGHUP: the TLS certificate and key of the protocol and HTTP admin ports were read again; new connections get them"),
                     Ok(false) => tracing::info!("SIGHUP: no TLS on the protocol port, nothing to reload"),
-                    Err(error) => tracing::error!(%error, "SIGHUP: the protocol port's TLS certificate was not reloaded; connections keep getting the one before"),
+                    Err(error) => tracing::error!(%error, "SIGHUP: the TLS certificate of the protocol and HTTP admin ports was not reloaded; connections keep getting the one before"),
                 }
                 match node.reload_cluster_tls() {
                     Ok(true) => tracing::info!("SIGHUP: the cluster port's certificate, key and CA were read again; new peer connections use them"),

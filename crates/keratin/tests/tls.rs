@@ -2,6 +2,8 @@
 //! environment (`KERATIN_SERVER__TLS_CERT_FILE`, `..._KEY_FILE`), CLI verbs with `--ca`, and
 //! SIGHUP: the node reads the files again and new connections get the new certificate, while
 //! the node keeps running (SIGHUP's default action would end it).
+//! The HTTP admin port serves HTTPS with the same certificate: `keratin status --ca` (which
+//! reads the admin port) works, and without `--ca` it fails saying to pass it.
 
 mod support;
 
@@ -124,5 +126,40 @@ fn the_cli_speaks_tls_and_sighup_reloads_the_certificate() {
     let (ok, out) = cli(&server, Some(&new_ca), &["consume", "q", "--count", "20"]);
     assert!(ok, "the messages published before the reload: {out}");
     assert!(server.alive(), "SIGHUP did not end the node");
+    assert!(server.terminate(Duration::from_secs(10)), "a clean stop");
+}
+
+#[test]
+fn status_reads_the_admin_port_over_https_with_ca() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (ca, cert, key) = Ca::new("keratin CA").files(dir.path(), "node");
+    let data = dir.path().join("data");
+    let mut command = Command::new(BIN);
+    command
+        .env("KERATIN_SERVER__TLS_CERT_FILE", &cert)
+        .env("KERATIN_SERVER__TLS_KEY_FILE", &key);
+    let mut server = Server::start_with(
+        command,
+        &[
+            "serve",
+            "--data-dir",
+            data.to_str().expect("utf8"),
+            "--listen",
+            "127.0.0.1:0",
+            "--http",
+            "127.0.0.1:0",
+        ],
+    );
+
+    let (ok, out) = cli(&server, Some(&ca), &["status", "--json"]);
+    assert!(ok, "status over HTTPS: {out}");
+    assert!(out.contains("levels") || out.contains("node"), "{out}");
+    // Plain HTTP to the HTTPS admin port (the admin address given, so the protocol port's
+    // own TLS refusal does not come first): a failure that says to pass --ca.
+    let http = server.http.to_string();
+    let (ok, out) = cli(&server, None, &["status", "--http", &http]);
+    assert!(!ok && out.contains("--ca"), "plain HTTP to HTTPS: {out}");
+    let (ok, out) = cli(&server, None, &["status"]);
+    assert!(!ok, "status without --ca: {out}");
     assert!(server.terminate(Duration::from_secs(10)), "a clean stop");
 }

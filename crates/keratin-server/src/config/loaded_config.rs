@@ -35,7 +35,8 @@ impl LoadedConfig {
         Ok(loaded)
     }
 
-    /// Checks every key, and that no listener leaves loopback unless `server.insecure`.
+    /// Checks every key, and that no listener leaves loopback unsafely (without logins and
+    /// TLS, or mutual TLS for the cluster port) unless `server.insecure`.
     fn validate(&self) -> Result<(), ConfigError> {
         let key_error = |error: KeyError| {
             ConfigError::invalid(&self.figment, error.key, error.value, error.expected)
@@ -43,19 +44,19 @@ impl LoadedConfig {
         self.config.node.validate().map_err(key_error)?;
         self.config.server.validate().map_err(key_error)?;
         self.config.storage.validate().map_err(key_error)?;
-        // Each listener with what makes it safe off loopback: the protocol port with logins
-        // and TLS, the cluster port with mutual TLS; the HTTP port has no TLS yet.
+        // Each listener with what makes it safe off loopback: the protocol and HTTP ports with
+        // logins and TLS (one certificate serves both), the cluster port with mutual TLS.
         let server = &self.config.server;
-        let protocol_safe =
+        let logins_and_tls =
             server.auth == crate::access::AuthMode::Users && server.tls_cert_file.is_some();
         let mut listeners = vec![
             (
                 "server.listen",
                 server.listen,
-                protocol_safe,
+                logins_and_tls,
                 PROTOCOL_EXPOSED,
             ),
-            ("server.http", server.http, false, HTTP_EXPOSED),
+            ("server.http", server.http, logins_and_tls, HTTP_EXPOSED),
         ];
         if let Some(cluster) = &self.config.cluster {
             let resolved = cluster.resolve().map_err(|error| ConfigError::Source {
@@ -276,10 +277,13 @@ const PROTOCOL_EXPOSED: &str = "a loopback address (127.0.0.0/8 or ::1), or logi
      port may publish, consume and delete queues; to serve it that way anyway, set \
      server.insecure = true (flag --insecure, env KERATIN_SERVER__INSECURE=true)";
 
-/// What the HTTP port off loopback needs.
-const HTTP_EXPOSED: &str = "a loopback address (127.0.0.0/8 or ::1): the HTTP admin port has \
-     no TLS yet, so its logins would travel in the clear; to serve it that way anyway, set \
-     server.insecure = true (flag --insecure, env KERATIN_SERVER__INSECURE=true)";
+/// What the HTTP port off loopback needs (see `server.insecure`).
+const HTTP_EXPOSED: &str = "a loopback address (127.0.0.0/8 or ::1), or logins \
+     (server.auth = users, the default) with TLS (server.tls_cert_file and tls_key_file, which \
+     serve HTTPS on this port too): without both, the admin API's passwords and tokens travel \
+     in the clear or anyone who reaches the port may change settings and delete queues; to \
+     serve it that way anyway, set server.insecure = true (flag --insecure, env \
+     KERATIN_SERVER__INSECURE=true)";
 
 /// What the cluster port off loopback needs.
 const CLUSTER_EXPOSED: &str = "a loopback address (127.0.0.0/8 or ::1), or mutual TLS between \

@@ -4,6 +4,7 @@
 mod auth;
 mod cluster;
 pub mod dashboard;
+mod tls_listener;
 mod users;
 
 use std::future::Future;
@@ -119,12 +120,27 @@ pub fn router(admin: Admin) -> Router {
         .with_state(admin)
 }
 
-/// Serve the admin API until `shutdown` completes.
+/// Serve the admin API until `shutdown` completes: HTTPS with `tls` (the protocol port's
+/// certificate, see [`tls_listener`]), else plain HTTP. At shutdown both stop accepting, close
+/// idle connections and let the requests in progress finish.
 pub async fn serve(
     listener: TcpListener,
     admin: Admin,
+    tls: Option<Arc<crate::tls::ServerTls>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let Some(tls) = tls else {
+        return axum::serve(
+            listener,
+            router(admin).into_make_service_with_connect_info::<std::net::SocketAddr>(),
+        )
+        .with_graceful_shutdown(shutdown)
+        .await;
+    };
+    // `tap_io` is a no-op here: it is what gives a custom listener's connections the
+    // `ConnectInfo<SocketAddr>` (axum implements that for `TapIo` and plain `TcpListener` only).
+    let listener =
+        axum::serve::ListenerExt::tap_io(tls_listener::TlsListener::new(listener, tls), |_| {});
     axum::serve(
         listener,
         router(admin).into_make_service_with_connect_info::<std::net::SocketAddr>(),
