@@ -68,6 +68,8 @@ pub struct Node {
     access: Arc<Access>,
     /// The cluster port's mutual TLS, if configured.
     cluster_tls: Option<keratin_net::ClusterTls>,
+    /// The audit trail.
+    audit: crate::audit::AuditLog,
 }
 
 impl Node {
@@ -198,6 +200,7 @@ impl Node {
                 .await
                 .map_err(NodeError::Users)?;
         }
+        let audit = open_audit(&admin_dir);
         let (stop, stopped) = watch::channel(false);
         // Each unanswered publish byte is held about twice (the decoded message, the encoded
         // record) until its sync: an eighth of the limit keeps that under a quarter of it.
@@ -217,6 +220,7 @@ impl Node {
             tls: tls.clone(),
             access: Some(access.clone()),
             insecure: config.server.insecure,
+            audit: Some(audit.clone()),
             ..TcpOptions::default()
         };
         let node_id = options.node_id.clone();
@@ -232,6 +236,7 @@ impl Node {
             node_id,
             cluster: cluster.clone(),
             access: access.clone(),
+            audit: audit.clone(),
         };
         let mut tasks = vec![
             tokio::spawn(crate::tcp::serve(
@@ -285,6 +290,7 @@ impl Node {
             tls,
             access,
             cluster_tls,
+            audit,
         })
     }
 
@@ -301,6 +307,11 @@ impl Node {
     /// Logins and permissions.
     pub fn access(&self) -> &Arc<Access> {
         &self.access
+    }
+
+    /// The audit trail.
+    pub fn audit(&self) -> &crate::audit::AuditLog {
+        &self.audit
     }
 
     /// Read the protocol port's certificate and key files again (SIGHUP): connections made
@@ -349,6 +360,8 @@ impl Node {
                 Err(error) => tracing::warn!(%error, "listener task failed"),
             }
         }
+        // The last records on disk before the next start reads them back.
+        self.audit.flush().await;
         self.broker.shutdown().await?;
         if let Some(cluster) = self.cluster {
             match Arc::try_unwrap(cluster) {
@@ -584,5 +597,21 @@ mod tests {
         let set = DeliveryBudgets::of(&config, 512 << 20);
         assert_eq!(set.node_bytes, 1 << 30);
         assert_eq!(set.connection_bytes, 32 << 20);
+    }
+}
+
+/// The audit trail in `dir`; in memory only (logged) if its files cannot be opened: a node
+/// never refuses to start over its audit file.
+fn open_audit(dir: &std::path::Path) -> crate::audit::AuditLog {
+    match crate::audit::AuditLog::open(dir) {
+        Ok(audit) => audit,
+        Err(error) => {
+            tracing::error!(
+                dir = %dir.display(),
+                %error,
+                "cannot open the audit trail's file; recording in memory only until a restart"
+            );
+            crate::audit::AuditLog::in_memory()
+        }
     }
 }
