@@ -577,6 +577,22 @@ fn cluster_peers(cluster: Arc<ClusterNode>) -> crate::tcp::ClusterPeers {
     }))
 }
 
+/// The audit trail in `dir`; in memory only (logged) if its files cannot be opened: a node
+/// never refuses to start over its audit file.
+fn open_audit(dir: &std::path::Path) -> crate::audit::AuditLog {
+    match crate::audit::AuditLog::open(dir) {
+        Ok(audit) => audit,
+        Err(error) => {
+            tracing::error!(
+                dir = %dir.display(),
+                %error,
+                "cannot open the audit trail's file; recording in memory only until a restart"
+            );
+            crate::audit::AuditLog::in_memory()
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -597,21 +613,5 @@ mod tests {
         let set = DeliveryBudgets::of(&config, 512 << 20);
         assert_eq!(set.node_bytes, 1 << 30);
         assert_eq!(set.connection_bytes, 32 << 20);
-    }
-}
-
-/// The audit trail in `dir`; in memory only (logged) if its files cannot be opened: a node
-/// never refuses to start over its audit file.
-fn open_audit(dir: &std::path::Path) -> crate::audit::AuditLog {
-    match crate::audit::AuditLog::open(dir) {
-        Ok(audit) => audit,
-        Err(error) => {
-            tracing::error!(
-                dir = %dir.display(),
-                %error,
-                "cannot open the audit trail's file; recording in memory only until a restart"
-            );
-            crate::audit::AuditLog::in_memory()
-        }
     }
 }
