@@ -8,6 +8,8 @@
 //!   heartbeats, graceful shutdown.
 //! - [`http`]: the admin API (axum): `/health`, `/api/v1/queues`, `/api/v1/status`,
 //!   `/api/v1/attention`, `/api/v1/settings`, `/metrics`, and the dashboard at `/`.
+//! - [`audit`]: [`audit::AuditLog`], the audit trail: who changed queues, settings, users and
+//!   the cluster, and refused logins, bounded in memory and in `audit.log` (`GET /api/v1/audit`).
 //! - [`attention`]: [`attention::Attention`], the persisted list of what needs an operator.
 //! - [`cluster_watch`]: [`cluster_watch::ClusterWatch`], a cluster node's attention items
 //!   (partitions below a majority in sync or without a leader, unreachable or limited nodes).
@@ -23,6 +25,7 @@
 
 pub mod access;
 pub mod attention;
+pub mod audit;
 pub mod cluster_watch;
 pub mod config;
 pub mod convert;

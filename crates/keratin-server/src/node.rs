@@ -68,6 +68,8 @@ pub struct Node {
     access: Arc<Access>,
     /// The cluster port's mutual TLS, if configured.
     cluster_tls: Option<keratin_net::ClusterTls>,
+    /// The audit trail.
+    audit: crate::audit::AuditLog,
 }
 
 impl Node {
@@ -202,6 +204,7 @@ impl Node {
                 .await
                 .map_err(NodeError::Users)?;
         }
+        let audit = open_audit(&admin_dir);
         let (stop, stopped) = watch::channel(false);
         // Each unanswered publish byte is held about twice (the decoded message, the encoded
         // record) until its sync: an eighth of the limit keeps that under a quarter of it.
@@ -221,6 +224,7 @@ impl Node {
             tls: tls.clone(),
             access: Some(access.clone()),
             insecure: config.server.insecure,
+            audit: Some(audit.clone()),
             ..TcpOptions::default()
         };
         let node_id = options.node_id.clone();
@@ -236,6 +240,7 @@ impl Node {
             node_id,
             cluster: cluster.clone(),
             access: access.clone(),
+            audit: audit.clone(),
         };
         let mut tasks = vec![
             tokio::spawn(crate::tcp::serve(
@@ -294,6 +299,7 @@ impl Node {
             tls,
             access,
             cluster_tls,
+            audit,
         })
     }
 
@@ -310,6 +316,11 @@ impl Node {
     /// Logins and permissions.
     pub fn access(&self) -> &Arc<Access> {
         &self.access
+    }
+
+    /// The audit trail.
+    pub fn audit(&self) -> &crate::audit::AuditLog {
+        &self.audit
     }
 
     /// Read the protocol port's certificate and key files again (SIGHUP): connections made
@@ -358,6 +369,8 @@ impl Node {
                 Err(error) => tracing::warn!(%error, "listener task failed"),
             }
         }
+        // The last records on disk before the next start reads them back.
+        self.audit.flush().await;
         self.broker.shutdown().await?;
         if let Some(cluster) = self.cluster {
             match Arc::try_unwrap(cluster) {
@@ -571,6 +584,22 @@ fn cluster_peers(cluster: Arc<ClusterNode>) -> crate::tcp::ClusterPeers {
             })
             .collect()
     }))
+}
+
+/// The audit trail in `dir`; in memory only (logged) if its files cannot be opened: a node
+/// never refuses to start over its audit file.
+fn open_audit(dir: &std::path::Path) -> crate::audit::AuditLog {
+    match crate::audit::AuditLog::open(dir) {
+        Ok(audit) => audit,
+        Err(error) => {
+            tracing::error!(
+                dir = %dir.display(),
+                %error,
+                "cannot open the audit trail's file; recording in memory only until a restart"
+            );
+            crate::audit::AuditLog::in_memory()
+        }
+    }
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("post", "/api/v1/cluster/nodes"),
     ("post", "/api/v1/cluster/nodes/{id}/remove"),
     ("get", "/api/v1/attention"),
+    ("get", "/api/v1/audit"),
     ("get", "/api/v1/queues"),
     ("get", "/api/v1/queues/{name}"),
     ("put", "/api/v1/queues/{name}/settings"),

@@ -11,6 +11,7 @@
 //! - `settings`: `keratin settings get|set|reset`, runtime settings via `/api/v1/settings`.
 //! - `admin`: one HTTP/1.1 request to the admin port (JSON in, JSON out).
 //! - `attention`: `keratin attention`, what needs an operator, from `GET /api/v1/attention`.
+//! - `audit`: `keratin audit`, the audit trail from `GET /api/v1/audit`.
 //! - `user`: `keratin user list|add|passwd|grant|revoke|admin|delete|token|whoami` via
 //!   `/api/v1/users`.
 //! - `connect`: the flags every verb shares (`--server`, `--json`, `--ca`, the login:
@@ -27,6 +28,7 @@
 
 mod admin;
 mod attention;
+mod audit;
 mod body;
 mod cluster;
 mod connect;
@@ -73,6 +75,9 @@ enum Command {
     /// Show what needs an operator: level changes, full queues, stopped and healed logs
     /// (active items and recent history; `--all` for everything kept).
     Attention(attention::AttentionArgs),
+    /// Show the audit trail (admins): who declared, deleted, purged, changed settings,
+    /// users or the cluster, and refused logins, newest first.
+    Audit(audit::AuditArgs),
     /// Users, their permissions and API tokens (admins; a user changes its own password and
     /// tokens).
     User(user::UserArgs),
@@ -90,6 +95,7 @@ impl Command {
             Command::Cluster(args) => args.json(),
             Command::Settings(args) => args.common.json,
             Command::Attention(args) => args.common.json,
+            Command::Audit(args) => args.common.json,
             Command::User(args) => args.common.json,
         }
     }
@@ -145,6 +151,7 @@ fn run_verb(verb: Command) -> Result<ExitCode, Failure> {
             Command::Cluster(args) => cluster::run(args).await,
             Command::Settings(args) => settings::run(args).await,
             Command::Attention(args) => attention::run(args).await,
+            Command::Audit(args) => audit::run(args).await,
             Command::User(args) => user::run(args).await,
         }
     })

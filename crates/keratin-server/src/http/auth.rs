@@ -21,8 +21,10 @@ use keratin_proto::codes::ERR_UNAUTHENTICATED;
 use keratin_proto::ErrorBody;
 use serde_json::json;
 
+use super::audit::Caller;
 use super::Admin;
 use crate::access::{Grant, Login, SESSION_TTL};
+use crate::audit::Via;
 
 /// The JSON error response of an error body (its code as the HTTP status).
 pub(crate) fn body_response(body: &ErrorBody) -> Response {
@@ -57,23 +59,52 @@ pub(crate) async fn authenticate(
     if is_open(request.uri().path()) {
         return next.run(request).await;
     }
-    let from = request
+    let peer = request
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
-        .map_or(IpAddr::V4(Ipv4Addr::LOCALHOST), |info| info.0.ip());
+        .map(|info| info.0);
+    let from = peer.map_or(IpAddr::V4(Ipv4Addr::LOCALHOST), |peer| peer.ip());
     let login = match presented(&request) {
         Ok(login) => login,
-        Err(error) => return body_response(&error),
+        Err(error) => return refused_login(&admin, peer, None, &error),
     };
     let grant = match admin.access.login(&login, from).await {
         Ok(identity) => admin.access.grant(identity),
-        Err(error) => return body_response(&error),
+        Err(error) if matches!(login, Login::Nothing) => return body_response(&error),
+        Err(error) => return refused_login(&admin, peer, login_user(&login), &error),
     };
     if let Err(error) = route_check(request.method(), request.uri().path(), &grant) {
         return body_response(&error);
     }
+    let caller = Caller {
+        user: grant.identity().user().map(str::to_string),
+        from: peer,
+    };
     request.extensions_mut().insert(grant);
+    request.extensions_mut().insert(caller);
     next.run(request).await
+}
+
+/// The 401 of a login that presented something wrong, recorded in the audit trail (a
+/// request presenting nothing is not a failed login: the dashboard asks that way first).
+fn refused_login(
+    admin: &Admin,
+    peer: Option<SocketAddr>,
+    user: Option<&str>,
+    error: &ErrorBody,
+) -> Response {
+    admin
+        .audit
+        .login_refused(Via::Http, peer, user, error.message());
+    body_response(error)
+}
+
+/// The user name a login presents, if any.
+fn login_user(login: &Login) -> Option<&str> {
+    match login {
+        Login::Password { user, .. } => Some(user),
+        _ => None,
+    }
 }
 
 /// What the request's `Authorization` header presents.

@@ -17,9 +17,10 @@
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use serde_json::{json, Value};
 
+use super::audit::{recorded, Caller};
 use super::Admin;
 
 pub(super) async fn cluster(State(admin): State<Admin>) -> Response {
@@ -46,7 +47,16 @@ pub(super) async fn cluster(State(admin): State<Admin>) -> Response {
 }
 
 /// Remove node `id` from the cluster (see the module docs).
-pub(super) async fn remove_node(State(admin): State<Admin>, Path(id): Path<u64>) -> Response {
+pub(super) async fn remove_node(
+    State(admin): State<Admin>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<u64>,
+) -> Response {
+    let entry = caller.entry("cluster.remove_node", Some(&id.to_string()));
+    recorded(&admin.audit, entry, node_removed(&admin, id).await).await
+}
+
+async fn node_removed(admin: &Admin, id: u64) -> Response {
     let Some(cluster) = &admin.cluster else {
         return not_a_cluster();
     };
@@ -76,15 +86,24 @@ pub(super) struct MoveReplica {
 /// Move one replica of a partition (see the module docs).
 pub(super) async fn move_replica(
     State(admin): State<Admin>,
+    Extension(caller): Extension<Caller>,
     Path((name, index)): Path<(String, u32)>,
     Json(request): Json<MoveReplica>,
 ) -> Response {
+    let entry = caller
+        .entry("replica.move", Some(&name))
+        .with_detail(json!({ "partition": index, "from": request.from, "to": request.to }));
+    let response = replica_moved(&admin, &name, index, request).await;
+    recorded(&admin.audit, entry, response).await
+}
+
+async fn replica_moved(admin: &Admin, name: &str, index: u32, request: MoveReplica) -> Response {
     let Some(cluster) = &admin.cluster else {
         return not_a_cluster();
     };
     use keratin_cluster::MoveReplicaError as E;
     match cluster
-        .move_replica(&name, index, request.from, request.to)
+        .move_replica(name, index, request.from, request.to)
         .await
     {
         Ok(planned) => Json(json!({ "move": planned })).into_response(),
@@ -118,7 +137,21 @@ fn yes() -> bool {
 }
 
 /// Add a node to the cluster (see the module docs).
-pub(super) async fn add_node(State(admin): State<Admin>, Json(request): Json<AddNode>) -> Response {
+pub(super) async fn add_node(
+    State(admin): State<Admin>,
+    Extension(caller): Extension<Caller>,
+    Json(request): Json<AddNode>,
+) -> Response {
+    let entry = caller
+        .entry("cluster.add_node", Some(&request.id.to_string()))
+        .with_detail(json!({
+            "cluster_addr": request.cluster_addr,
+            "rebalance": request.rebalance,
+        }));
+    recorded(&admin.audit, entry, node_added(&admin, request).await).await
+}
+
+async fn node_added(admin: &Admin, request: AddNode) -> Response {
     let Some(cluster) = &admin.cluster else {
         return not_a_cluster();
     };

@@ -1,6 +1,7 @@
 //! The HTTP admin port (axum): `/health` and the JSON queue API. The limits, settings, metrics
 //! and dashboard issues add their routes here; the dashboard's files are in [`dashboard`].
 
+mod audit;
 mod auth;
 mod cluster;
 pub mod dashboard;
@@ -38,6 +39,8 @@ pub struct Admin {
     pub cluster: Option<Arc<keratin_cluster::ClusterNode>>,
     /// Logins and permissions.
     pub access: Arc<crate::access::Access>,
+    /// The audit trail.
+    pub audit: crate::audit::AuditLog,
 }
 
 impl FromRef<Admin> for Broker {
@@ -62,6 +65,7 @@ pub fn router(admin: Admin) -> Router {
             axum::routing::post(cluster::remove_node),
         )
         .route("/api/v1/attention", get(attention))
+        .route("/api/v1/audit", get(audit::audit))
         .route(
             "/api/v1/settings",
             get(get_node_settings).put(put_node_settings),
@@ -182,21 +186,30 @@ async fn get_node_settings(State(admin): State<Admin>) -> Json<Value> {
 /// its own (`?scope=cluster` is refused there).
 async fn put_node_settings(
     State(admin): State<Admin>,
+    axum::Extension(caller): axum::Extension<audit::Caller>,
     Query(query): Query<SettingsScope>,
     Json(body): Json<Value>,
 ) -> Response {
+    let entry = caller
+        .entry("settings.set", None)
+        .with_detail(json!({ "scope": query.scope, "settings": body }));
+    let response = node_settings_update(&admin, query, &body).await;
+    audit::recorded(&admin.audit, entry, response).await
+}
+
+async fn node_settings_update(admin: &Admin, query: SettingsScope, body: &Value) -> Response {
     let result = match (query.scope.as_deref(), &admin.cluster) {
         (None | Some("cluster"), Some(cluster)) => {
             admin
                 .settings
-                .update_cluster(&body, cluster, &admin.broker, &admin.limits)
+                .update_cluster(body, cluster, &admin.broker, &admin.limits)
                 .await
         }
         (Some("cluster"), None) => Err(crate::settings::SettingsError::NotACluster),
         (None | Some("node"), _) => {
             admin
                 .settings
-                .update(&body, &admin.broker, &admin.limits)
+                .update(body, &admin.broker, &admin.limits)
                 .await
         }
         (Some(other), _) => Err(crate::settings::SettingsError::BadRequest(format!(
@@ -291,13 +304,22 @@ async fn queue(State(broker): State<Broker>, Path(name): Path<String>) -> Respon
 /// value (`null` clears it), keys absent keep theirs: `max_messages`, `max_bytes`, `overflow`
 /// (`reject` or `drop_oldest`), `dead_letter`, `max_deliveries`.
 async fn put_settings(
-    State(broker): State<Broker>,
+    State(admin): State<Admin>,
+    axum::Extension(caller): axum::Extension<audit::Caller>,
     Path(name): Path<String>,
     Json(body): Json<Value>,
 ) -> Response {
+    let entry = caller
+        .entry("queue.settings", Some(&name))
+        .with_detail(body.clone());
+    let response = queue_settings_update(&admin.broker, &name, &body).await;
+    audit::recorded(&admin.audit, entry, response).await
+}
+
+async fn queue_settings_update(broker: &Broker, name: &str, body: &Value) -> Response {
     // The body is checked before the queue is looked at, then applied to the settings in force
     // under the broker's metadata lock (a concurrent change of another setting stays).
-    if let Err(message) = settings_update(keratin_broker::QueueSettings::default(), &body) {
+    if let Err(message) = settings_update(keratin_broker::QueueSettings::default(), body) {
         return (
             StatusCode::BAD_REQUEST,
             Json(json!({ "code": 400, "message": message })),
@@ -305,9 +327,9 @@ async fn put_settings(
             .into_response();
     }
     let update = |current: &keratin_broker::QueueSettings| {
-        settings_update(current.clone(), &body).map_err(keratin_broker::BrokerError::Invalid)
+        settings_update(current.clone(), body).map_err(keratin_broker::BrokerError::Invalid)
     };
-    match broker.update_queue_settings(&name, update).await {
+    match broker.update_queue_settings(name, update).await {
         Ok(info) => Json(queue_json(&info)).into_response(),
         Err(error) => error_response(&error),
     }

@@ -37,6 +37,7 @@ use super::errors::error_body;
 use super::stream::ProtocolStream;
 use super::TcpOptions;
 use crate::access::{Grant, Login};
+use crate::audit::{AuditEntry, Via};
 use crate::convert;
 use crate::quota::Admission;
 use keratin_auth::Permission;
@@ -90,6 +91,8 @@ struct Conn {
     version: u16,
     /// Who logged in, and what it may do.
     grant: Grant,
+    /// The client's address, for the audit trail.
+    peer: SocketAddr,
 }
 
 pub(super) async fn run<S: ProtocolStream>(
@@ -125,6 +128,7 @@ pub(super) async fn run<S: ProtocolStream>(
         outbound_bytes: ByteBudget::new(options.outbound_bytes_max as u64),
         version,
         grant,
+        peer,
     };
     loop {
         let next = tokio::select! {
@@ -182,6 +186,7 @@ async fn handshake<S: ProtocolStream>(
             }
             Err(error) => {
                 tracing::info!(%peer, client = hello.client_name, error = error.message(), "login refused");
+                audit_login_refused(options, peer, &hello, &error);
                 answer = ServerHello::Refused {
                     version: *version,
                     error,
@@ -221,6 +226,23 @@ async fn login<S: ProtocolStream>(
     }
     let identity = access.login(&presented, peer.ip()).await?;
     Ok(access.grant(identity))
+}
+
+/// Record a refused protocol login (folded per source IP by the trail).
+fn audit_login_refused(
+    options: &TcpOptions,
+    peer: SocketAddr,
+    hello: &ClientHello,
+    error: &ErrorBody,
+) {
+    let Some(audit) = &options.audit else {
+        return;
+    };
+    let user = match &hello.auth {
+        Auth::Plain { user, .. } => Some(user.as_str()),
+        _ => None,
+    };
+    audit.login_refused(Via::Protocol, Some(peer), user, error.message());
 }
 
 /// What the hello presents to log in with (a certificate login: the verified certificate's
@@ -438,18 +460,26 @@ impl Conn {
             self.publishes_answered().await;
         }
         if let Some((request_id, refused)) = self.refused(&frame) {
+            self.audit_refused(&frame, &refused);
             self.reply(request_id, Err(refused)).await;
             return true;
         }
         match frame {
-            Frame::Declare(d) => self.declare(d).await,
+            Frame::Declare(d) => {
+                let (request_id, queue) = (d.request_id, d.queue.clone());
+                let result = self.declare(d).await;
+                self.audited("queue.declare", &queue, &result);
+                self.reply(request_id, result).await;
+            }
             Frame::Delete(q) => {
-                let result = self.broker.delete(&q.queue).await;
-                self.reply(q.request_id, ok(q.request_id, result)).await;
+                let result = ok(q.request_id, self.broker.delete(&q.queue).await);
+                self.audited("queue.delete", &q.queue, &result);
+                self.reply(q.request_id, result).await;
             }
             Frame::Purge(q) => {
-                let result = self.broker.purge(&q.queue).await;
-                self.reply(q.request_id, ok(q.request_id, result)).await;
+                let result = ok(q.request_id, self.broker.purge(&q.queue).await);
+                self.audited("queue.purge", &q.queue, &result);
+                self.reply(q.request_id, result).await;
             }
             Frame::QueueInfo(q) => {
                 let result = self.queue_info(q.request_id, &q.queue);
@@ -472,7 +502,9 @@ impl Conn {
                     })
                     .await
                     .map(|_| ());
-                self.reply(s.request_id, ok(s.request_id, result)).await;
+                let result = ok(s.request_id, result);
+                self.audited("queue.settings", &s.queue, &result);
+                self.reply(s.request_id, result).await;
             }
             Frame::Publish(p) => self.publish(p).await,
             Frame::Subscribe(s) => self.subscribe(s).await,
@@ -522,10 +554,10 @@ impl Conn {
         Some((request_id, refused))
     }
 
-    async fn declare(&self, d: Declare) {
+    /// Declare; the caller records and answers it.
+    async fn declare(&self, d: Declare) -> Result<Frame, ErrorBody> {
         let settings = convert::settings_from_wire(&d.settings);
-        let result = self
-            .broker
+        self.broker
             .declare_on(&d.queue, settings, d.nodes)
             .await
             .map(|_| {
@@ -533,8 +565,34 @@ impl Conn {
                     request_id: d.request_id,
                 })
             })
-            .map_err(|e| error_body(&e));
-        self.reply(d.request_id, result).await;
+            .map_err(|e| error_body(&e))
+    }
+
+    /// Record a manage verb's outcome in the audit trail.
+    fn audited<T>(&self, action: &str, queue: &str, result: &Result<T, ErrorBody>) {
+        let Some(audit) = &self.options.audit else {
+            return;
+        };
+        let outcome = match result {
+            Ok(_) => Ok(()),
+            Err(error) => Err((error.code().0, error.message())),
+        };
+        let entry = AuditEntry::new(Via::Protocol, action, Some(queue))
+            .by(self.grant.identity().user(), Some(self.peer))
+            .with_outcome(outcome);
+        audit.record(entry);
+    }
+
+    /// Record the refusal of a manage verb (other requests' refusals are not audited).
+    fn audit_refused(&self, frame: &Frame, refused: &ErrorBody) {
+        let (action, queue) = match frame {
+            Frame::Declare(d) => ("queue.declare", &d.queue),
+            Frame::Delete(q) => ("queue.delete", &q.queue),
+            Frame::Purge(q) => ("queue.purge", &q.queue),
+            Frame::SetQueueSettings(s) => ("queue.settings", &s.queue),
+            _ => return,
+        };
+        self.audited::<()>(action, queue, &Err(refused.clone()));
     }
 
     fn queue_info(&self, request_id: u64, name: &str) -> Result<Frame, ErrorBody> {

@@ -104,6 +104,9 @@ pub struct TcpOptions {
     /// Password and token logins over plain TCP off loopback are refused unless this is set
     /// (`server.insecure`): they would send the secret in the clear.
     pub insecure: bool,
+    /// The audit trail the connections record manage verbs and refused logins in; `None`:
+    /// not recorded.
+    pub audit: Option<crate::audit::AuditLog>,
 }
 
 impl Default for TcpOptions {
@@ -126,6 +129,7 @@ impl Default for TcpOptions {
             tls: None,
             access: None,
             insecure: false,
+            audit: None,
         }
     }
 }
