@@ -25,8 +25,12 @@
 //!   queue) and NATS (R3 stream) clusters started by `bench/cluster.sh` (`MODE=cluster`), and a
 //!   single Keratin node in the same run: confirmed publish, consume + ack, paced confirm
 //!   latency and leader failover (kill -9 by pid, restart through the script's `ctl` verbs).
+//! - `tls_bench`: the `tls` benchmark (issue 16): confirmed publish over TLS vs plain TCP.
+//! - `auth_bench`: the `auth` benchmark (issue 16): connections per second with a password or
+//!   token login vs none, and the cost of permission checks per confirmed publish.
 //! - `report`: the table, its JSON form, medians and percentiles.
 
+mod auth_bench;
 mod broker_bench;
 mod cluster_bench;
 mod cluster_ctl;
@@ -92,6 +96,9 @@ enum Command {
     Overflow(OverflowArgs),
     /// TLS on the protocol port: confirmed publish over TLS vs plain TCP, alternating.
     Tls(TlsArgs),
+    /// Logins and permission checks: connections per second with a password or token login
+    /// vs none, and confirmed publish as a user with ten rules vs a node without logins.
+    Auth(AuthArgs),
     /// Keratin against RabbitMQ (classic and quorum queues) and NATS JetStream, started by
     /// bench/compare.sh, and the raw disk: one table of figures and ratios (Keratin / peer).
     Compare(Box<CompareArgs>),
@@ -371,6 +378,35 @@ struct TlsArgs {
 }
 
 #[derive(Debug, clap::Args)]
+struct AuthArgs {
+    /// Directory on the file system under test; a `keratin-bench-<pid>` directory is made in it
+    /// and removed afterwards.
+    #[arg(long, default_value = "/var/tmp")]
+    dir: PathBuf,
+    /// Rounds of each part; the cases alternate within them.
+    #[arg(long, default_value_t = 7)]
+    rounds: usize,
+    /// Connections per round with no login, a cached password and a token.
+    #[arg(long, default_value_t = 500)]
+    connections: usize,
+    /// Connections per round with a password the node has not verified yet (argon2id each).
+    #[arg(long, default_value_t = 20)]
+    cold_connections: usize,
+    /// Seconds of each publish run.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    /// Most confirmed publishes in flight from the one producer.
+    #[arg(long, default_value_t = 64)]
+    in_flight: usize,
+    /// `Grant::check` calls timed per round.
+    #[arg(long, default_value_t = 1_000_000)]
+    check_calls: usize,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, clap::Args)]
 struct OverflowArgs {
     /// Directory on the file system under test.
     #[arg(long, default_value = "/var/tmp")]
@@ -571,6 +607,7 @@ fn main() -> ExitCode {
         Command::Net(args) => run_net(&args),
         Command::Limits(args) => run_limits(&args),
         Command::Tls(args) => run_tls(&args),
+        Command::Auth(args) => run_auth(&args),
         Command::Overflow(args) => overflow_bench::run(&overflow_config(&args)),
         Command::BrokerRss {
             dir,
@@ -802,6 +839,16 @@ fn run_smoke(json: bool) -> BenchResult<()> {
         seconds: 0.5,
         rounds: 1,
         in_flight: 1000,
+        json,
+    })?;
+    run_auth(&AuthArgs {
+        dir: std::env::var_os("TMPDIR").map_or_else(|| PathBuf::from("/var/tmp"), PathBuf::from),
+        rounds: 1,
+        connections: 20,
+        cold_connections: 2,
+        seconds: 0.3,
+        in_flight: 64,
+        check_calls: 10_000,
         json,
     })?;
     overflow_bench::run(&overflow_config(&OverflowArgs {
@@ -1075,6 +1122,41 @@ fn run_tls(args: &TlsArgs) -> BenchResult<()> {
             "{} round(s), TLS and plain alternating (T P, P T, ...); {} s per run; a node in \
              process per run, the Rust client over 127.0.0.1; ratio = TLS / plain, median of \
              per-round ratios",
+            args.rounds, args.seconds
+        ),
+    ));
+    report.context = context;
+    print_report(&report, args.json)
+}
+
+fn run_auth(args: &AuthArgs) -> BenchResult<()> {
+    if args.rounds == 0 || args.in_flight == 0 || args.connections == 0 {
+        return Err("--rounds, --in-flight and --connections must be at least 1".into());
+    }
+    let work_dir = make_work_dir(&args.dir)?;
+    let load_before = load_average();
+    let config = auth_bench::AuthBenchConfig {
+        dir: work_dir.clone(),
+        rounds: args.rounds,
+        connections: args.connections,
+        cold_connections: args.cold_connections,
+        duration: Duration::from_secs_f64(args.seconds),
+        body_bytes: 1024,
+        in_flight: args.in_flight,
+        check_calls: args.check_calls,
+    };
+    let result = auth_bench::run(&config);
+    let mut context = run_context(&work_dir, &load_before);
+    let cleanup = std::fs::remove_dir_all(&work_dir);
+    let mut report = result?;
+    cleanup.map_err(|e| format!("remove {}: {e}", work_dir.display()))?;
+    context.push((
+        "method".into(),
+        format!(
+            "{} round(s); connections: one connector, sequential connect + close, the four \
+             cases rotating (N C W T, T W C N, ...) on two nodes kept for the run; publish: a \
+             fresh node per run, user and none alternating (U N, N U, ...), {} s per run; the \
+             Rust client over 127.0.0.1; ratios are medians of per-round ratios",
             args.rounds, args.seconds
         ),
     ));
