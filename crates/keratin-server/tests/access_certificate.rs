@@ -126,7 +126,7 @@ async fn a_client_certificate_logs_in_as_the_user_it_names() {
         .with_client_cert(&ghost_cert, &ghost_key)
         .expect("client cert");
     let ghost = Client::connect(addr, options(tls, Credentials::Certificate)).await;
-    let error = ghost.err().expect("no user ghost");
+    let error = ghost.expect_err("no user ghost");
     assert_eq!(error.code(), Some(401), "{error}");
 
     // A certificate from another CA fails the TLS handshake: no login happens.
@@ -134,7 +134,7 @@ async fn a_client_certificate_logs_in_as_the_user_it_names() {
         .with_client_cert(&forged_cert, &forged_key)
         .expect("client cert");
     let forged = Client::connect(addr, options(tls, Credentials::Certificate)).await;
-    let error = forged.err().expect("a certificate from another CA");
+    let error = forged.expect_err("a certificate from another CA");
     assert_eq!(
         error.code(),
         None,
