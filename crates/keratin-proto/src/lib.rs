@@ -2,7 +2,8 @@
 //! codes. No I/O and no async runtime: the server and the client move bytes, this crate gives
 //! them meaning. The byte-by-byte specification is `docs/protocol.md`; the code derives its
 //! offsets and sizes from the tables there, and `tests/roundtrip.rs` checks the spec's example
-//! bytes against the encoder.
+//! bytes against the encoder. `tests/vectors.rs` writes and checks `docs/protocol-vectors.json`,
+//! the test vectors the Python client's tests read too.
 //!
 //! # Layout
 //! - [`handshake`]: `ClientHello`/`ServerHello`, the magic and [`PROTOCOL_VERSION`].
