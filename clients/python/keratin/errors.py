@@ -29,6 +29,8 @@ __all__ = [
     "ProtocolError",
     "KeratinTimeoutError",
     "LoginUnsupportedError",
+    "ConnectError",
+    "TLSError",
     "PublishBatchError",
     "error_from_body",
 ]
@@ -150,6 +152,17 @@ class ProtocolError(KeratinError):
 
 class KeratinTimeoutError(KeratinError, TimeoutError):
     """No answer within the bound (``connect_timeout``, ``request_timeout``)."""
+
+
+class ConnectError(KeratinError):
+    """Could not open a connection: the address does not answer, refuses TCP, or closed the
+    connection before the handshake completed."""
+
+
+class TLSError(ConnectError):
+    """The TLS handshake failed: the server's certificate is not trusted by the given CA or
+    does not name the host, the CA or client certificate files are unusable, or a plaintext
+    client reached a TLS port (or the reverse)."""
 
 
 class LoginUnsupportedError(KeratinError):
