@@ -145,13 +145,15 @@ class Consumer:
         """Subscribes (following 421 to the node that leads a partition of the queue)."""
         if not self._started:
             self._started = True
-            self._current = await self._client._routed("subscribe", self._subscribe_on)
+            await self._client._routed("subscribe", self._subscribe_on)
         return self
 
     async def _subscribe_on(self, conn: Connection) -> _Subscription:
         tag = conn.next_tag()
         sub = _Subscription(self, conn, tag)
         conn.add_consumer(tag, sub)
+        # Current before the reply: a Deliver or ConsumerEnd may follow SubscribeOk at once.
+        self._current = sub
         try:
             await conn.request(w.Subscribe(0, self.queue, self.prefetch, tag, self.prefetch_bytes))
         except BaseException:
@@ -178,7 +180,7 @@ class Consumer:
             target = await client._node_or_own(addr, retry, deadline)
             while True:
                 try:
-                    self._current = await self._subscribe_on(target)
+                    await self._subscribe_on(target)
                     log.info("consumer of %s moved to %s", self.queue, target.address)
                     return
                 except NotLeaderError as again:
