@@ -445,7 +445,7 @@ class Connection:
                 else:
                     ids = [i for i in table if first <= i <= last]
                 for publish_id in ids:
-                    slot = table.pop(publish_id)  # type: ignore[attr-defined]
+                    slot = table.pop(publish_id)
                     if isinstance(slot, asyncio.Future):
                         if not slot.done():
                             slot.set_result(error)
@@ -494,9 +494,9 @@ class Connection:
             "connection to %s lost after the publish was sent (%s); it may or may not be "
             "stored" % (self.address, error)
         )
-        for future in self._confirmed.values():
-            if not future.done():
-                future.set_result(unknown)
+        for publish in self._confirmed.values():
+            if not publish.done():
+                publish.set_result(unknown)
         self._confirmed.clear()
         buffered, self._buffered = self._buffered, OrderedDict()
         for slot in buffered.values():

@@ -545,7 +545,7 @@ Frame = Union[
 ]
 
 FRAME_TYPES: Dict[int, type] = {
-    cls.TYPE: cls  # type: ignore[attr-defined]
+    cls.TYPE: cls
     for cls in (
         Declare, Delete, Purge, QueueInfo, QueueList, SetQueueSettings, Publish, Subscribe,
         Cancel, Ack, Reject, Ok, QueueInfoReply, QueueListReply, SubscribeOk, Confirm,
@@ -791,7 +791,8 @@ def _d_info_reply(r: Reader, v: int) -> Frame:
             leader, addr = r.opt_u64("leader"), r.opt_string("leader_addr")
         else:
             leading, leader, addr = True, None, None
-        partitions.append(PartitionInfo(*counts, leading, leader, addr))
+        ready, inflight, size, disk = counts
+        partitions.append(PartitionInfo(ready, inflight, size, disk, leading, leader, addr))
     return QueueInfoReply(request_id, queue, settings, partitions)
 
 

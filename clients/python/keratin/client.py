@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, List, Optional, Sequence, TypeVar, Union
 
 from . import _wire as w
 from ._connection import Connection, Options, random_producer_id
@@ -24,6 +24,10 @@ from .errors import (
     NotLeaderError,
 )
 from .tls import TLSArg, resolve
+
+if TYPE_CHECKING:
+    from .consumer import Consumer
+    from .publisher import BufferedPublisher, DroppedPublish
 
 __all__ = [
     "Client",
@@ -274,9 +278,9 @@ class Client:
         self,
         queue: str,
         *,
-        on_dropped: Optional[Callable[..., Any]] = None,
+        on_dropped: Optional[Callable[["DroppedPublish"], Any]] = None,
         max_buffered: Optional[int] = None,
-    ) -> Any:
+    ) -> "BufferedPublisher":
         """A :class:`~keratin.BufferedPublisher` for ``queue``: publishes without waiting for
         confirms, holding at most ``max_buffered`` unsettled messages; ``on_dropped`` gets a
         :class:`~keratin.DroppedPublish` for each message the node refused or whose outcome
@@ -287,7 +291,7 @@ class Client:
             self, queue, on_dropped, BUFFERED_MAX_DEFAULT if max_buffered is None else max_buffered
         )
 
-    def consume(self, queue: str, prefetch: int = 100, *, prefetch_bytes: int = 0) -> Any:
+    def consume(self, queue: str, prefetch: int = 100, *, prefetch_bytes: int = 0) -> "Consumer":
         """A :class:`~keratin.Consumer` of ``queue``: an async iterator of
         :class:`~keratin.Delivery` (and an async context manager that cancels it on exit).
         At most ``prefetch`` (1 to 65,535) deliveries are unacknowledged at a time."""
