@@ -137,6 +137,7 @@ class Connection:
         self._consumers: Dict[str, _Sink] = {}
         self._next_tag = 1
         self._error: Optional[KeratinError] = None
+        self._close_sent = False
         self._closed = asyncio.Event()
         now = time.monotonic()
         self._last_received = now
@@ -413,10 +414,13 @@ class Connection:
         elif isinstance(frame, w.Error):
             self._dispatch_error(frame)
         elif isinstance(frame, w.Close):
-            try:
-                self._write(w.encode_frame(w.Close(""), self.version))
-            except KeratinError:
-                pass
+            if not self._close_sent:
+                # Nothing is owed to the server (a client answers no frames): answer at once.
+                self._close_sent = True
+                try:
+                    self._write(w.encode_frame(w.Close(""), self.version))
+                except KeratinError:
+                    pass
             raise ConnectionLostError(
                 "%s closed the connection: %s" % (self.address, frame.message or "no reason given")
             )
@@ -518,6 +522,7 @@ class Connection:
         then drops the socket. Idempotent."""
         if self._error is None:
             try:
+                self._close_sent = True
                 self._write(w.encode_frame(w.Close("client closing"), self.version))
                 await self._drain()
                 await asyncio.wait_for(self._closed.wait(), CLOSE_TIMEOUT)
