@@ -261,8 +261,14 @@ def test_an_idempotent_producer_stores_a_sequence_once(broker: Broker) -> None:
             await client.declare(q)
             await client.publish_batch(q, [keratin.Message(b"once", sequence=1)])
             await client.publish_batch(q, [keratin.Message(b"once", sequence=1)])
-            await client.publish(q, b"next")  # numbered by the client
+            await client.publish_batch(q, [keratin.Message(b"next", sequence=2)])
             assert (await client.info(q)).ready == 2
+        # A client-chosen producer numbers its own messages from 1 too, so an application that
+        # sets producer_id must give sequences that never repeat (as the Rust client).
+        async with await keratin.connect(broker.address) as fresh:
+            assert fresh.producer_id not in (None, 424242)
+            await fresh.publish(q, b"third")
+            assert (await fresh.info(q)).ready == 3
 
     run(go())
 
