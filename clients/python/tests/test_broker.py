@@ -295,3 +295,43 @@ def test_many_publishes_in_flight_at_once(broker: Broker) -> None:
                         break
 
     run(go(), timeout=25)
+
+
+def test_node_bounds_are_429_with_their_reason(start_broker: Any) -> None:
+    node = start_broker({"KERATIN_SERVER__CONSUMERS_MAX": "1", "KERATIN_SERVER__CONNECTIONS_MAX": "2"})
+
+    async def go() -> None:
+        q = name("bounds")
+        async with await keratin.connect(node.address) as client:
+            await client.declare(q)
+            async with client.consume(q, prefetch=1):
+                with pytest.raises(keratin.LimitedError) as consumers:
+                    await client.consume(q, prefetch=1).start()
+                assert consumers.value.reason == "consumers" and consumers.value.retry_after_ms is not None
+            async with await keratin.connect(node.address):
+                with pytest.raises(keratin.LimitedError) as connections:
+                    await keratin.connect(node.address)
+                assert connections.value.reason == "connections"
+
+    run(go())
+
+
+def test_a_node_that_stops_ends_consumers_and_requests_clearly(start_broker: Any) -> None:
+    node = start_broker()
+
+    async def go() -> None:
+        q = name("stopping")
+        client = await keratin.connect(node.address)
+        await client.declare(q)
+        consumer = await client.consume(q, prefetch=1).start()
+        await asyncio.get_running_loop().run_in_executor(None, node.stop)
+        with pytest.raises(keratin.ConnectionLostError):
+            await asyncio.wait_for(consumer.__anext__(), 5)
+        assert not client.is_connected
+        with pytest.raises(keratin.ConnectionLostError):
+            await client.publish(q, b"after")
+        with pytest.raises(keratin.ConnectError):
+            await keratin.connect(node.address, connect_timeout=2)
+        await client.close()
+
+    run(go())
