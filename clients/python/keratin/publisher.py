@@ -198,8 +198,14 @@ async def _send_round(
             if target is None:
                 answers.extend((a, e, False) for a in attempts)
                 continue
-            # The named node is unreachable: ask this one again, which names the leader.
+            # The named node is unreachable (it may have just failed): after a backoff, ask
+            # this one again, which names the leader it knows then (the Rust node_or_own).
+            from .client import not_leader_backoff
+
             client._set_leader_hint(queue, None)
+            retry = max(max(a.redirects for a in attempts), 1)
+            delay = not_leader_backoff(retry, None)
+            await asyncio.sleep(max(0.0, min(delay, deadline - time.monotonic())))
             conn = client._conn
         for chunk in _chunks(attempts, limit):
             ids = conn.publish_ids(len(chunk))
@@ -445,12 +451,19 @@ class BufferedPublisher:
                     self._settle(slot, ConnectionLostError("not sent: %s" % e))
 
     async def _send_to_new_peer(self, slots: List[_Slot], target: str) -> None:
+        from .client import not_leader_backoff
+
         try:
             await self._client._node(target)
         except KeratinError:
+            # Unreachable (it may have just failed): after a backoff, this node names the
+            # leader it knows then.
             self._client._set_leader_hint(self.queue, None)
-            target = None  # type: ignore[assignment]
-        self._send(slots, target if target in self._client._peers else None)
+            retry = max(max(s.redirects for s in slots), 1)
+            await asyncio.sleep(not_leader_backoff(retry, None))
+            self._send(slots, None)
+            return
+        self._send(slots, target)
 
     def _settle(self, slot: _Slot, error: Optional[KeratinError]) -> None:
         if isinstance(error, NotLeaderError) and slot.redirects < BUFFERED_REDIRECTS_MAX:
