@@ -99,8 +99,17 @@ class Client:
     and decide what to republish.
     """
 
-    def __init__(self, conn: Connection, options: Options, producer_id: Optional[int]) -> None:
+    def __init__(
+        self,
+        conn: Connection,
+        options: Options,
+        producer_id: Optional[int],
+        seeds: Sequence[str] = (),
+    ) -> None:
         self._conn = conn
+        # The addresses given to connect(): known nodes too, for a handshake taken before the
+        # node knew its cluster (it then lists itself alone).
+        self._seeds = [a for a in seeds if a != conn.address]
         self._options = options
         self._producer_id = producer_id
         self._sequence = 0
@@ -310,9 +319,15 @@ class Client:
         )
 
     async def _node(self, addr: Optional[str]) -> Connection:
-        """The connection to ``addr`` (``None``: this one), opened on first use and kept."""
-        if addr is None or self._is_own_address(addr):
+        """The connection to ``addr`` (``None``: this one), opened on first use and kept.
+        This client's own node, once its connection is lost, is reached like any other node:
+        a request routed there (a 421 naming it) needs a live connection."""
+        if addr is None:
             return self._conn
+        if self._is_own_address(addr):
+            if self._conn.is_connected:
+                return self._conn
+            addr = self._conn.address
         async with self._peers_lock:
             peer = self._peers.get(addr)
             if peer is not None and peer.is_connected:
@@ -329,21 +344,46 @@ class Client:
             return peer
 
     async def _node_or_own(self, addr: Optional[str], retry: int, deadline: float) -> Connection:
-        """The connection to ``addr``, or this one after a backoff when it cannot be reached
-        (this node then names the leader it knows)."""
+        """The connection to ``addr``, or after a backoff when it cannot be reached, this one
+        (it then names the leader it knows), or, when this one is lost too, any other known
+        node that answers."""
         try:
             return await self._node(addr)
         except KeratinError:
             delay = not_leader_backoff(retry, None)
             await asyncio.sleep(max(0.0, min(delay, deadline - time.monotonic())))
+            return await self._live_node(exclude=addr)
+
+    async def _live_node(self, exclude: Optional[str] = None) -> Connection:
+        """This connection while it is up, else the first other known node that accepts one
+        (``exclude`` skipped); raises the last failure when none does."""
+        if self._conn.is_connected:
             return self._conn
+        last: KeratinError = ConnectError("no known node left to ask")
+        for addr in self._known_nodes():
+            if addr == exclude or self._is_own_address(addr):
+                continue
+            try:
+                return await self._node(addr)
+            except KeratinError as e:
+                last = e
+        raise last
+
+    def _known_nodes(self) -> List[str]:
+        """The protocol addresses of the handshake's nodes, then the other addresses given to
+        connect(), each once."""
+        out: List[str] = []
+        for addr in [n.server for n in self.server_info.nodes] + self._seeds:
+            if addr not in out:
+                out.append(addr)
+        return out
 
     def _fallback_node(self, retry: int) -> Optional[str]:
-        """Where attempt ``retry`` goes when no leader is named: this node, then each node of
-        the handshake's list, in turn."""
-        nodes = self.server_info.nodes
+        """Where attempt ``retry`` goes when no leader is named: this node, then each known
+        node, in turn."""
+        nodes = self._known_nodes()
         index = retry % (len(nodes) + 1)
-        return None if index == 0 else nodes[index - 1].server
+        return None if index == 0 else nodes[index - 1]
 
     def _resend_node(self, failed: Optional[str], retry: int) -> Any:
         """Where to send again a publish whose outcome was unknown at ``failed`` (``None``:
@@ -351,12 +391,12 @@ class Client:
         connected. ``_UNSET``: no node is left to ask."""
         own_up = failed is not None and self._conn.is_connected
         candidates: List[Optional[str]] = []
-        for node in self.server_info.nodes:
-            if self._is_own_address(node.server):
-                if own_up:
+        for addr in self._known_nodes():
+            if self._is_own_address(addr):
+                if own_up and None not in candidates:
                     candidates.append(None)
-            elif node.server != failed:
-                candidates.append(node.server)
+            elif addr != failed:
+                candidates.append(addr)
         if not candidates:
             return _UNSET
         return candidates[max(retry - 1, 0) % len(candidates)]
@@ -468,7 +508,7 @@ async def connect(
             failures.append("%s: %s" % (addr, e))
             last = e
             continue
-        return Client(conn, options, producer_id)
+        return Client(conn, options, producer_id, addresses)
     if len(addresses) == 1 and last is not None:
         raise last
     raise ConnectError("no node accepted a connection: " + "; ".join(failures))

@@ -206,7 +206,11 @@ async def _send_round(
             retry = max(max(a.redirects for a in attempts), 1)
             delay = not_leader_backoff(retry, None)
             await asyncio.sleep(max(0.0, min(delay, deadline - time.monotonic())))
-            conn = client._conn
+            try:
+                conn = await client._live_node(exclude=target)
+            except KeratinError as lost:
+                answers.extend((a, lost, False) for a in attempts)
+                continue
         for chunk in _chunks(attempts, limit):
             ids = conn.publish_ids(len(chunk))
             for attempt, publish_id in zip(chunk, ids):
@@ -215,7 +219,7 @@ async def _send_round(
             try:
                 futures = conn.publish_confirmed(frame)
             except ConnectionLostError as e:
-                # Not written: safe to send again elsewhere.
+                # Not written (ConnectionLostError): an idempotent message goes again elsewhere.
                 answers.extend((a, e, False) for a in chunk)
                 continue
             waiting.extend(zip(chunk, [conn] * len(chunk), ids, futures))

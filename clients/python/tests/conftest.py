@@ -64,7 +64,7 @@ def keratin_binary() -> str:
 class Broker:
     """A running ``keratin serve``."""
 
-    def __init__(self, env: Dict[str, str], args: List[str]) -> None:
+    def __init__(self, env: Dict[str, str], args: List[str], listen: Optional[List[str]] = None) -> None:
         self.dir = tempfile.mkdtemp(prefix="keratin-py-")
         self.data = os.path.join(self.dir, "data")
         self.bin = keratin_binary()
@@ -76,7 +76,7 @@ class Broker:
         self.log_path = os.path.join(self.dir, "server.log")
         log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [self.bin, "serve", "--data-dir", self.data, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", *args],
+            [self.bin, "serve", "--data-dir", self.data, *(listen or ["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"]), *args],
             env=full_env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -166,3 +166,64 @@ def start_broker() -> Iterator[Callable[..., Broker]]:
     yield start
     for node in started:
         node.stop()
+
+
+#: Cluster nodes listen below Linux's ephemeral range (32768 on), so that no outgoing
+#: connection holds a node's port (crates/keratin/tests/support/cluster.rs, NODE_PORTS).
+NODE_PORTS = range(20_000, 32_000)
+
+
+def free_port() -> int:
+    import random
+    import socket
+
+    for _ in range(200):
+        port = random.choice(NODE_PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in %r" % (NODE_PORTS,))
+
+
+class Cluster:
+    """Three ``keratin serve`` nodes on loopback, node ids 1 to 3, peers of each other."""
+
+    def __init__(self) -> None:
+        self.ports = {i: (free_port(), free_port(), free_port()) for i in (1, 2, 3)}
+        peers: List[str] = []
+        for i, (_, _, cluster) in self.ports.items():
+            peers += ["--peer", "%d=127.0.0.1:%d" % (i, cluster)]
+        self.nodes: Dict[int, Broker] = {}
+        env = {"KERATIN_CLUSTER__LEADER_BALANCE": "false"}
+        try:
+            for i, (protocol, http, _) in self.ports.items():
+                listen = ["--listen", "127.0.0.1:%d" % protocol, "--http", "127.0.0.1:%d" % http]
+                self.nodes[i] = Broker(env, ["--node-id", str(i), *peers], listen=listen)
+        except BaseException:
+            self.stop()
+            raise
+
+    def addresses(self) -> List[str]:
+        return [n.address for n in self.nodes.values()]
+
+    def kill9(self, address: str) -> None:
+        for node in self.nodes.values():
+            if node.address == address:
+                node.proc.kill()
+                node.proc.wait()
+                return
+        raise KeyError(address)
+
+    def stop(self) -> None:
+        for node in self.nodes.values():
+            node.stop()
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    nodes = Cluster()
+    yield nodes
+    nodes.stop()
