@@ -48,6 +48,9 @@ NOT_LEADER_BACKOFF_MIN = 0.1
 #: Longest wait between attempts after 421s without a leader: a quarter of the shortest
 #: election timeout (500 ms), so a new leader is noticed within about a quarter second.
 NOT_LEADER_BACKOFF_MAX = 0.25
+#: Redirects to a named leader made without waiting; later ones (two nodes naming each other
+#: while a leadership moves) back off like a 421 without a leader. A move needs one redirect.
+NOT_LEADER_IMMEDIATE_MAX = 2
 #: Most connections to other nodes one client keeps: a handshake lists at most 64 nodes.
 PEERS_MAX = 64
 #: Most queues whose leader a client remembers; past it the memory starts over.
@@ -413,14 +416,26 @@ class Client:
         return self._leaders.get(queue)
 
     async def _next_node(
-        self, operation: str, error: NotLeaderError, retry: int, started: float, deadline: float
+        self,
+        operation: str,
+        error: NotLeaderError,
+        retry: int,
+        started: float,
+        deadline: float,
+        answered_by: Optional[str] = None,
     ) -> Optional[str]:
-        """After the 421 ``error`` of attempt ``retry``: the address to try next (``None``:
-        this node), after the backoff when no leader is named; raises once the count or the
-        deadline is reached."""
+        """After the 421 ``error`` of attempt ``retry`` (from the node at ``answered_by``):
+        the address to try next (``None``: this node). A named leader is tried at once for
+        the first :data:`NOT_LEADER_IMMEDIATE_MAX` redirects; after those, or when the node
+        named itself, and always when no leader is named, after the backoff: nodes that
+        disagree while a leadership moves would otherwise spend every retry in
+        milliseconds. Raises once the count or the deadline is reached."""
         if retry > NOT_LEADER_RETRIES_MAX or time.monotonic() >= deadline:
             raise self._not_leader_gave_up(operation, error, retry, started)
         if error.leader_addr is not None:
+            if error.leader_addr == answered_by or retry > NOT_LEADER_IMMEDIATE_MAX:
+                delay = not_leader_backoff(retry - NOT_LEADER_IMMEDIATE_MAX, error.retry_after_ms)
+                await asyncio.sleep(max(0.0, min(delay, deadline - time.monotonic())))
             return error.leader_addr
         delay = not_leader_backoff(retry, error.retry_after_ms)
         await asyncio.sleep(max(0.0, min(delay, deadline - time.monotonic())))
@@ -457,7 +472,7 @@ class Client:
                 return await call(target)
             except NotLeaderError as error:
                 retry += 1
-                addr = await self._next_node(operation, error, retry, started, deadline)
+                addr = await self._next_node(operation, error, retry, started, deadline, target.address)
                 target = await self._node_or_own(addr, retry, deadline)
 
 

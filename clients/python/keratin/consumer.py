@@ -166,18 +166,19 @@ class Consumer:
         if self._finished or sub is not self._current:
             return
         if isinstance(error, NotLeaderError):
-            self._resubscribing = asyncio.ensure_future(self._resubscribe(error))
+            log.info("consumer %s of %s ended by %s: %s", sub.tag, self.queue, sub.conn.address, error)
+            self._resubscribing = asyncio.ensure_future(self._resubscribe(error, sub.conn.address))
         else:
             self._items.put_nowait((None, error))
 
-    async def _resubscribe(self, error: NotLeaderError) -> None:
+    async def _resubscribe(self, error: NotLeaderError, answered_by: str) -> None:
         """Subscribes again at the leader the ``ConsumerEnd`` named, bounded like every 421."""
         client = self._client
         started = time.monotonic()
         deadline = started + client.options.request_timeout
         retry = 1
         try:
-            addr = await client._next_node("subscribe", error, retry, started, deadline)
+            addr = await client._next_node("subscribe", error, retry, started, deadline, answered_by)
             target = await client._node_or_own(addr, retry, deadline)
             while True:
                 try:
@@ -186,7 +187,9 @@ class Consumer:
                     return
                 except NotLeaderError as again:
                     retry += 1
-                    addr = await client._next_node("subscribe", again, retry, started, deadline)
+                    addr = await client._next_node(
+                        "subscribe", again, retry, started, deadline, target.address
+                    )
                     target = await client._node_or_own(addr, retry, deadline)
         except KeratinError as e:
             if not self._finished:

@@ -286,7 +286,7 @@ async def _redirect(
 ) -> List[_Attempt]:
     """Sends 421-refused messages to the leader named (remembered for the queue), or after a
     backoff to the next known node; gives up after the bounded count or the deadline."""
-    from .client import NOT_LEADER_RETRIES_MAX, not_leader_backoff
+    from .client import NOT_LEADER_IMMEDIATE_MAX, NOT_LEADER_RETRIES_MAX, not_leader_backoff
 
     out: List[_Attempt] = []
     waits: List[float] = []
@@ -301,6 +301,10 @@ async def _redirect(
             )
             continue
         if e.leader_addr is not None:
+            answered_by = attempt.target or client._conn.address
+            if e.leader_addr == answered_by or attempt.redirects > NOT_LEADER_IMMEDIATE_MAX:
+                # Leadership in transit (a node naming itself, or nodes naming each other).
+                waits.append(not_leader_backoff(attempt.redirects - NOT_LEADER_IMMEDIATE_MAX, e.retry_after_ms))
             client._set_leader_hint(queue, e.leader_addr)
             attempt.target = e.leader_addr
         else:

@@ -490,3 +490,31 @@ def test_bad_arguments_are_refused_before_sending() -> None:
         await node.stop()
 
     run(go())
+
+
+def test_two_nodes_naming_each_other_are_retried_with_backoff_not_in_a_busy_loop() -> None:
+    async def go() -> None:
+        a, b = await two_nodes()
+
+        def naming(other: FakeNode) -> Any:
+            async def handler(conn: FakeConn, frame: Any) -> None:
+                body = w.ErrorBody(421, "led elsewhere", leader_addr=other.address)
+                await conn.send(w.Error(frame.request_id, False, body))
+
+            return handler
+
+        a.on("Subscribe", naming(b))
+        b.on("Subscribe", naming(a))
+        client = await keratin.connect(a.address, request_timeout=1.0)
+        started = time.monotonic()
+        with pytest.raises(keratin.NotLeaderError, match="found no leader"):
+            await client.consume("q", prefetch=1).start()
+        assert time.monotonic() - started >= 0.9
+        attempts = len(a.received("Subscribe")) + len(b.received("Subscribe"))
+        # Two immediate redirects, then at most one attempt per 100-250 ms backoff.
+        assert 4 <= attempts <= 12, attempts
+        await client.close()
+        await a.stop()
+        await b.stop()
+
+    run(go())

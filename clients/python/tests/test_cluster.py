@@ -156,3 +156,47 @@ def test_losing_the_connected_leader_sends_idempotent_publishes_to_the_others(cl
             await client.close()
 
     run(go(), timeout=29)
+
+
+def test_a_consumer_follows_its_partition_when_the_leader_replica_moves(cluster: Cluster) -> None:
+    async def go() -> None:
+        queue = "moving-%s" % uuid.uuid4().hex[:6]
+        first = cluster.nodes[1]
+        async with await keratin.connect(first.address) as setup:
+            deadline = time.monotonic() + 15
+            while True:
+                try:
+                    await setup.declare(queue, nodes=[1, 2])  # replicas on nodes 1 and 2
+                    break
+                except (keratin.NotLeaderError, keratin.UnavailableError, keratin.BadRequestError,
+                        keratin.LimitedError):
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.3)
+            leader = await leader_of(setup, queue)
+        leader_id = next(i for i, n in cluster.nodes.items() if n.address == leader)
+        assert leader_id in (1, 2)
+        client = await keratin.connect(leader)
+        try:
+            await client.publish(queue, b"before the move")
+            bodies: List[bytes] = []
+            async with client.consume(queue, prefetch=10) as consumer:
+                async for d in consumer:
+                    bodies.append(d.body)
+                    await d.ack()
+                    break
+                assert consumer.node_address == leader
+                move = ("queue", "move", queue, "--partition", "0", "--from", str(leader_id), "--to", "3", "--wait", "20")
+                await asyncio.get_running_loop().run_in_executor(None, lambda: first.cli(*move))
+                await client.publish(queue, b"after the move")
+                async for d in consumer:
+                    bodies.append(d.body)
+                    await d.ack()
+                    if d.body == b"after the move":
+                        break
+                assert consumer.node_address != leader
+            assert bodies[0] == b"before the move" and bodies[-1] == b"after the move"
+        finally:
+            await client.close()
+
+    run(go(), timeout=29)
