@@ -413,6 +413,10 @@ class BufferedPublisher:
     ) -> None:
         """Buffers one message and returns once there was room for it (never waits for a
         confirm). Publishes made in one event-loop turn share a frame."""
+        if not self._client.is_connected:
+            raise ConnectionLostError(
+                "the client's connection is closed (%s); connect again" % self._client._conn.error
+            )
         message = body if isinstance(body, Message) else Message(body, headers, key)
         wire = _wire_message(self._client, message)
         if w.message_size(wire) > _frame_limit(self.queue):

@@ -387,6 +387,8 @@ def test_buffered_messages_are_dropped_as_unknown_when_the_connection_ends() -> 
         await pub.flush(timeout=2)
         assert len(dropped) == 3
         assert all(isinstance(d.error, keratin.OutcomeUnknownError) for d in dropped)
+        with pytest.raises(keratin.ConnectionLostError):
+            await pub.publish(b"after the end")
         await client.close()
         await node.stop()
 
