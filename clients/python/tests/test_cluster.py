@@ -1,0 +1,202 @@
+"""Against three real ``keratin`` nodes: a client connected to any node declares, publishes
+and consumes wherever the queue's leader is (following 421 by itself), and when the leader is
+killed a confirmed publish fails over to the new leader within publish_timeout without
+losing any confirmed message. Fails if routing or failover stops working (a NotLeaderError,
+a lost message, or a publish slower than its bound)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any, List, Set
+
+import pytest
+
+import keratin
+
+from .conftest import Cluster
+from .fake import run
+
+
+async def declared(client: keratin.Client, queue: str) -> None:
+    """Declares ``queue`` with 3 replicas, waiting (bounded) for the cluster to have a leader."""
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            await client.declare(queue, replicas=3)
+            return
+        except (keratin.NotLeaderError, keratin.UnavailableError, keratin.LimitedError):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.3)
+
+
+async def known(client: keratin.Client, queue: str) -> None:
+    """Waits (bounded) until the node ``client`` is connected to has applied the declare: a
+    follower that has not yet answers 404 (the metadata reaches it after the leader)."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            await client.info(queue)
+            return
+        except keratin.NotFoundError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+
+
+async def leader_of(client: keratin.Client, queue: str) -> str:
+    """The protocol address of the node leading ``queue``'s partition 0 (a leading node
+    reports no ``leader_addr`` for itself)."""
+    deadline = time.monotonic() + 10
+    while True:
+        partition = (await client.info(queue)).partitions[0]
+        if partition.leading:
+            return client.address
+        if partition.leader_addr is not None:
+            return partition.leader_addr
+        # Just declared: the partition's first election may not be over yet.
+        assert time.monotonic() < deadline, partition
+        await asyncio.sleep(0.1)
+
+
+async def drain(client: keratin.Client, queue: str, count: int) -> Set[bytes]:
+    bodies: Set[bytes] = set()
+
+    async def collect() -> None:
+        async with client.consume(queue, prefetch=50) as consumer:
+            async for d in consumer:
+                bodies.add(d.body)
+                await d.ack()
+                if len(bodies) == count:
+                    return
+
+    await asyncio.wait_for(collect(), 15)
+    return bodies
+
+
+def test_requests_publishes_and_consumers_reach_the_leader_from_any_node(cluster: Cluster) -> None:
+    async def go() -> None:
+        queue = "routed-%s" % uuid.uuid4().hex[:6]
+        addresses = cluster.addresses()
+        clients = [await keratin.connect(a) for a in addresses]
+        try:
+            await declared(clients[0], queue)
+            for i, client in enumerate(clients):
+                await known(client, queue)
+                await client.publish(queue, b"from node %d" % i)
+            leader = await leader_of(clients[1], queue)
+            assert leader in addresses
+            follower = next(c for c in clients if c.address != leader)
+            assert await drain(follower, queue, 3) == {b"from node 0", b"from node 1", b"from node 2"}
+        finally:
+            for client in clients:
+                await client.close()
+
+    run(go(), timeout=28)
+
+
+def test_a_killed_leader_fails_over_without_losing_confirmed_messages(cluster: Cluster) -> None:
+    async def go() -> None:
+        queue = "failover-%s" % uuid.uuid4().hex[:6]
+        client = await keratin.connect(cluster.addresses(), publish_timeout=15)
+        try:
+            await declared(client, queue)
+            confirmed: List[bytes] = []
+            for i in range(5):
+                body = b"before %d" % i
+                await client.publish(queue, body)
+                confirmed.append(body)
+            leader = await leader_of(client, queue)
+            for address in cluster.addresses():
+                async with await keratin.connect(address) as each:
+                    await known(each, queue)
+            cluster.kill9(leader)
+            started = time.monotonic()
+            for i in range(5):
+                body = b"after %d" % i
+                await client.publish(queue, body)
+                confirmed.append(body)
+            elapsed = time.monotonic() - started
+            assert elapsed < 15, elapsed
+            survivor = next(a for a in cluster.addresses() if a != leader)
+            async with await keratin.connect(survivor) as reader:
+                # At-least-once: every confirmed message is there (a resend may add a copy).
+                got = await drain(reader, queue, len(confirmed))
+            assert got == set(confirmed)
+        finally:
+            await client.close()
+
+    run(go(), timeout=29)
+
+
+def test_losing_the_connected_leader_sends_idempotent_publishes_to_the_others(cluster: Cluster) -> None:
+    async def go() -> None:
+        queue = "lost-%s" % uuid.uuid4().hex[:6]
+        async with await keratin.connect(cluster.addresses()) as setup:
+            await declared(setup, queue)
+            leader = await leader_of(setup, queue)
+        # Every node has applied the declare (a follower answers 404 until it has).
+        for address in cluster.addresses():
+            async with await keratin.connect(address) as each:
+                await known(each, queue)
+        # Connected to the leader itself, and told of the other nodes.
+        others = [a for a in cluster.addresses() if a != leader]
+        client = await keratin.connect([leader] + others, publish_timeout=15)
+        try:
+            assert client.address == leader
+            await client.publish(queue, b"before")
+            cluster.kill9(leader)
+            await client.publish(queue, b"after")  # sent again elsewhere, stored once
+            assert not client.is_connected
+            async with await keratin.connect(others) as reader:
+                assert await drain(reader, queue, 2) == {b"before", b"after"}
+        finally:
+            await client.close()
+
+    run(go(), timeout=29)
+
+
+def test_a_consumer_follows_its_partition_when_the_leader_replica_moves(cluster: Cluster) -> None:
+    async def go() -> None:
+        queue = "moving-%s" % uuid.uuid4().hex[:6]
+        first = cluster.nodes[1]
+        async with await keratin.connect(first.address) as setup:
+            deadline = time.monotonic() + 15
+            while True:
+                try:
+                    await setup.declare(queue, nodes=[1, 2])  # replicas on nodes 1 and 2
+                    break
+                except (keratin.NotLeaderError, keratin.UnavailableError, keratin.BadRequestError,
+                        keratin.LimitedError):
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.3)
+            leader = await leader_of(setup, queue)
+        leader_id = next(i for i, n in cluster.nodes.items() if n.address == leader)
+        assert leader_id in (1, 2)
+        client = await keratin.connect(leader)
+        try:
+            await client.publish(queue, b"before the move")
+            bodies: List[bytes] = []
+            async with client.consume(queue, prefetch=10) as consumer:
+                async for d in consumer:
+                    bodies.append(d.body)
+                    await d.ack()
+                    break
+                assert consumer.node_address == leader
+                move = ("queue", "move", queue, "--partition", "0", "--from", str(leader_id), "--to", "3", "--wait", "20")
+                await asyncio.get_running_loop().run_in_executor(None, lambda: first.cli(*move))
+                await client.publish(queue, b"after the move")
+                async for d in consumer:
+                    bodies.append(d.body)
+                    await d.ack()
+                    if d.body == b"after the move":
+                        break
+                assert consumer.node_address != leader
+            assert bodies[0] == b"before the move" and bodies[-1] == b"after the move"
+        finally:
+            await client.close()
+
+    run(go(), timeout=29)
