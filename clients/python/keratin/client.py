@@ -108,6 +108,7 @@ class Client:
         options: Options,
         producer_id: Optional[int],
         seeds: Sequence[str] = (),
+        own_producer: bool = False,
     ) -> None:
         self._conn = conn
         # The addresses given to connect(): known nodes too, for a handshake taken before the
@@ -115,6 +116,8 @@ class Client:
         self._seeds = [a for a in seeds if a != conn.address]
         self._options = options
         self._producer_id = producer_id
+        # A producer id the application chose: its sequences are the application's too.
+        self._own_producer = own_producer
         self._sequence = 0
         self._peers: Dict[str, Connection] = {}
         self._peers_lock = asyncio.Lock()
@@ -178,6 +181,14 @@ class Client:
     def _next_sequence(self) -> Optional[int]:
         if self._producer_id is None:
             return None
+        if self._own_producer:
+            # Numbering from 1 again under an id used before would make every partition that
+            # stored those sequences confirm the new messages and drop them.
+            raise ValueError(
+                "this client publishes as producer_id %d, chosen by the application: give each "
+                "message its own sequence, keratin.Message(body, sequence=n), never repeated "
+                "under that id" % self._producer_id
+            )
         self._sequence += 1
         return self._sequence
 
@@ -258,6 +269,7 @@ class Client:
         *,
         headers: Optional[Any] = None,
         key: Optional[str] = None,
+        sequence: Optional[int] = None,
     ) -> None:
         """Publishes one message and returns once the node confirmed it (it is durable:
         synced to disk). Retries by itself after ``ERR_LIMITED`` (429) on the node's
@@ -266,7 +278,7 @@ class Client:
         connection or a missing answer raise :class:`~keratin.OutcomeUnknownError`."""
         from .publisher import Message, publish_messages
 
-        results = await publish_messages(self, queue, [Message(body, headers, key)], joinable=True)
+        results = await publish_messages(self, queue, [Message(body, headers, key, sequence)], joinable=True)
         if results[0] is not None:
             raise results[0]
 
@@ -510,6 +522,7 @@ async def connect(
         user, password, token, external, tls, name,
         publish_timeout, request_timeout, connect_timeout, heartbeat_interval, server_silence_timeout,
     )
+    own_producer = producer_id is not None and idempotent
     if producer_id is None and idempotent:
         producer_id = random_producer_id()
     if not idempotent:
@@ -523,7 +536,7 @@ async def connect(
             failures.append("%s: %s" % (addr, e))
             last = e
             continue
-        return Client(conn, options, producer_id, addresses)
+        return Client(conn, options, producer_id, addresses, own_producer)
     if len(addresses) == 1 and last is not None:
         raise last
     raise ConnectError("no node accepted a connection: " + "; ".join(failures))

@@ -64,9 +64,15 @@ def keratin_binary() -> str:
 class Broker:
     """A running ``keratin serve``."""
 
-    def __init__(self, env: Dict[str, str], args: List[str], listen: Optional[List[str]] = None) -> None:
+    def __init__(
+        self,
+        env: Dict[str, str],
+        args: List[str],
+        listen: Optional[List[str]] = None,
+        data: Optional[str] = None,
+    ) -> None:
         self.dir = tempfile.mkdtemp(prefix="keratin-py-")
-        self.data = os.path.join(self.dir, "data")
+        self.data = data or os.path.join(self.dir, "data")
         self.bin = keratin_binary()
         full_env = dict(os.environ)
         full_env.update(HOST_DISK_LIMITS)
@@ -143,6 +149,19 @@ class Broker:
                 self.proc.kill()
                 self.proc.wait()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def privileged(test: str) -> None:
+    """Skips ``test`` loudly when not root (it mounts file systems), unless
+    ``KERATIN_REQUIRE_PRIVILEGED_TESTS=1``, where skipping is a failure."""
+    if os.geteuid() == 0:
+        return
+    if os.environ.get("KERATIN_REQUIRE_PRIVILEGED_TESTS") == "1":
+        pytest.fail("%s needs root (mount) and KERATIN_REQUIRE_PRIVILEGED_TESTS=1 forbids skipping" % test)
+    import sys
+
+    print("!!! SKIPPING %s: it needs root (mount)" % test, file=sys.stderr)
+    pytest.skip("%s needs root (mount)" % test)
 
 
 @pytest.fixture(scope="session")

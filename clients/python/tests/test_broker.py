@@ -268,13 +268,23 @@ def test_an_idempotent_producer_stores_a_sequence_once(broker: Broker) -> None:
             await client.publish_batch(q, [keratin.Message(b"once", sequence=1)])
             await client.publish_batch(q, [keratin.Message(b"once", sequence=1)])
             await client.publish_batch(q, [keratin.Message(b"next", sequence=2)])
+            await client.publish(q, b"next", sequence=2)
             assert (await client.info(q)).ready == 2
-        # A client-chosen producer numbers its own messages from 1 too, so an application that
-        # sets producer_id must give sequences that never repeat (as the Rust client).
+        # A process restarted under the same producer id: a message without a sequence of the
+        # application's is refused before it is sent (numbered from 1 again, it would be
+        # confirmed and dropped), and one with a new sequence is stored.
+        async with await keratin.connect(broker.address, producer_id=424242) as again:
+            with pytest.raises(ValueError, match="sequence"):
+                await again.publish(q, b"lost?")
+            with pytest.raises(ValueError, match="sequence"):
+                await again.publish_batch(q, [b"lost?"])
+            await again.publish(q, b"third", sequence=3)
+            assert (await again.info(q)).ready == 3
+        # A random producer id (the default) numbers its messages itself.
         async with await keratin.connect(broker.address) as fresh:
             assert fresh.producer_id not in (None, 424242)
-            await fresh.publish(q, b"third")
-            assert (await fresh.info(q)).ready == 3
+            await fresh.publish(q, b"fourth")
+            assert (await fresh.info(q)).ready == 4
 
     run(go())
 
