@@ -20,11 +20,12 @@
 //! Each message is settled exactly once; one the connection task lets go without settling it
 //! (a bug) is still reported, as `OutcomeUnknown`, when its entry is dropped.
 //!
-//! The barrier relies on an assumption the protocol does **not** guarantee: that the broker
-//! answers a `Publish` (with its `PublishError`s) before it answers a request sent after it on
-//! the same connection. The protocol allows replies in any order. A `PublishError` that arrives
-//! after its barrier is still counted in `dropped_count` and logged, but the message is no
-//! longer held, so it cannot be handed back.
+//! The barrier rests on the one ordering the protocol guarantees (`docs/protocol.md`,
+//! "Connection lifecycle"): the reply to a request comes after the answers (`Confirm`,
+//! `PublishError`) to every `Publish` the server received before it on the same connection.
+//! Should a `PublishError` still arrive after its barrier (a server breaking that rule), it is
+//! counted in `dropped_count` and logged, but the message is no longer held, so it cannot be
+//! handed back.
 
 #![expect(
     clippy::result_large_err,
