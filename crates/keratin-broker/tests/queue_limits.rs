@@ -337,7 +337,6 @@ async fn assert_states_match(broker: &keratin_broker::Broker, queue: &str) {
 /// toward the limit but could not be dropped, so most of the burst was refused as
 /// `queue_full`. A batch that fits the limit on its own is accepted behind such a burst too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "drop_oldest refuses a burst: publishes admitted and not yet applied count toward the limit but are not droppable"]
 async fn a_burst_into_drop_oldest_keeps_the_newest() {
     const LIMIT: u64 = 5;
     const BURST: u64 = 40;
@@ -414,5 +413,63 @@ async fn a_burst_into_drop_oldest_keeps_the_newest() {
     dead_seqs.sort_unstable();
     assert_eq!(dead_seqs, (0..BURST).collect::<Vec<_>>());
     assert_states_match(&broker, "with-dl").await;
+    broker.shutdown().await.expect("shutdown");
+}
+
+/// A burst into a `drop_oldest` queue whose consumer holds messages: the held (inflight)
+/// messages are never dropped, every single publish is confirmed (it fits beside them), and a
+/// batch that does not fit beside them is refused and drops nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_never_drops_inflight_messages() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let broker = open(&tmp).await;
+    broker
+        .declare("q", limited(Some(5), None, Overflow::DropOldest))
+        .await
+        .expect("declare");
+    for seq in 0..5 {
+        publish_one(&broker, "q", seq).await.expect("admit");
+    }
+    let mut consumer = broker.subscribe("q", 3).expect("subscribe");
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(recv(&mut consumer).await);
+    }
+    let singles: Vec<_> = (5..15)
+        .map(|seq| broker.publish_dispatch("q", vec![Message::new(body(seq, 100))]))
+        .collect();
+    // Three held plus three is over the limit, whatever is dropped.
+    let batch = (15..18).map(|seq| Message::new(body(seq, 100))).collect();
+    let batch = broker.publish_dispatch("q", batch);
+    for single in singles {
+        for result in single.wait().await {
+            result.expect("a single publish fits beside the held messages");
+        }
+    }
+    for result in batch.wait().await {
+        let err = result.expect_err("the batch does not fit beside the held messages");
+        assert!(is_queue_full(&err), "{err}");
+    }
+    assert!(
+        wait_until(std::time::Duration::from_secs(5), || {
+            let info = broker.info("q").expect("info");
+            info.ready() == 2 && info.partitions[0].overflowed == 10
+        })
+        .await,
+        "{:?}",
+        broker.info("q").expect("info")
+    );
+    assert_states_match(&broker, "q").await;
+    let held_seqs: Vec<u64> = held.iter().map(|d| seq_of(&d.message.body)).collect();
+    assert_eq!(held_seqs, vec![0, 1, 2]);
+    consumer.ack(&held.iter().map(|d| d.tag).collect::<Vec<_>>());
+    let mut rest = Vec::new();
+    for _ in 0..2 {
+        let d = recv(&mut consumer).await;
+        rest.push(seq_of(&d.message.body));
+        consumer.ack(&[d.tag]);
+    }
+    assert_eq!(rest, vec![13, 14], "the newest singles stay");
+    assert_idle(&mut consumer).await;
     broker.shutdown().await.expect("shutdown");
 }
