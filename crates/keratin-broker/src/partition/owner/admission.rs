@@ -255,9 +255,10 @@ impl Owner {
 
     /// Drop what earlier admissions owe: a `drop_oldest` partition whose live messages plus
     /// the publishes admitted and not yet applied exceed its limit drops its oldest ready
-    /// messages until they fit. Runs once per round that applied records, before delivering.
-    /// A partition that does not lead, or whose log is stopped, leaves it to the next round
-    /// (the trim is due again when records are applied, and after a heal).
+    /// messages until they fit. Runs when records were applied, before they are answered, and
+    /// in the round after a heal, before delivering. A partition that does not lead, or whose
+    /// log is stopped, leaves it (the trim is due again when records are applied, and after a
+    /// heal).
     pub(super) fn trim_to_limits(&mut self) {
         if !std::mem::take(&mut self.trim_due)
             || self.limits.overflow != Overflow::DropOldest
