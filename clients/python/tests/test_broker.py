@@ -237,12 +237,6 @@ def test_buffered_publisher_reports_queue_full_drops(broker: Broker) -> None:
     run(go())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="broker: a joinable Publish to a drop_oldest queue refuses the messages past the limit "
-    "with 429 queue_full instead of dropping the oldest (protocol.md says each joinable message is "
-    "admitted as if in a frame of its own); the buffered publisher joins its messages",
-)
 def test_buffered_publisher_into_drop_oldest_drops_nothing(broker: Broker) -> None:
     async def go() -> None:
         q = name("buffered-ring")

@@ -320,3 +320,151 @@ async fn a_full_dead_letter_queue_drops_what_it_cannot_take() {
     assert_eq!(drain_seqs(&broker, "q", 1).await, vec![2]);
     broker.shutdown().await.expect("shutdown");
 }
+
+async fn assert_states_match(broker: &keratin_broker::Broker, queue: &str) {
+    for (live, rebuilt) in broker.check_states(queue).await.expect("states") {
+        assert_eq!(
+            live, rebuilt,
+            "live state differs from the state rebuilt from the log"
+        );
+    }
+}
+
+/// A burst of single publishes, more than the limit, all handed over before the first is
+/// durable: `drop_oldest` is a ring buffer, so every one is confirmed and the queue ends with
+/// the newest `max_messages`, the older ones dropped (dead-lettered when the queue has a
+/// dead-letter queue). Before the fix the publishes admitted and not yet applied counted
+/// toward the limit but could not be dropped, so most of the burst was refused as
+/// `queue_full`. A batch that fits the limit on its own is accepted behind such a burst too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_into_drop_oldest_keeps_the_newest() {
+    const LIMIT: u64 = 5;
+    const BURST: u64 = 40;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let broker = open(&tmp).await;
+    broker
+        .declare("dlq", QueueSettings::default())
+        .await
+        .expect("dlq");
+    let with_dl = QueueSettings {
+        dead_letter: Some("dlq".into()),
+        ..limited(Some(LIMIT), None, Overflow::DropOldest)
+    };
+    broker
+        .declare("plain", limited(Some(LIMIT), None, Overflow::DropOldest))
+        .await
+        .expect("declare");
+    broker.declare("with-dl", with_dl).await.expect("declare");
+    for queue in ["plain", "with-dl"] {
+        // Every publish is handed to the partition before any is awaited.
+        let mut pending: Vec<_> = (0..BURST)
+            .map(|seq| broker.publish_dispatch(queue, vec![Message::new(body(seq, 100))]))
+            .collect();
+        // Behind the burst, a batch of the limit's size: it fits on its own.
+        let batch = (BURST..BURST + LIMIT)
+            .map(|seq| Message::new(body(seq, 100)))
+            .collect();
+        pending.push(broker.publish_dispatch(queue, batch));
+        let mut refused = Vec::new();
+        for (i, p) in pending.into_iter().enumerate() {
+            for result in p.wait().await {
+                if let Err(e) = result {
+                    refused.push((i, e.to_string()));
+                }
+            }
+        }
+        assert!(
+            refused.is_empty(),
+            "{queue}: {} of {} messages refused, first {:?}",
+            refused.len(),
+            BURST + LIMIT,
+            refused.first()
+        );
+        // The drops a publish owed are made before it is confirmed.
+        let total = BURST + LIMIT;
+        let info = broker.info(queue).expect("info");
+        assert_eq!(
+            (info.ready(), info.partitions[0].overflowed),
+            (LIMIT, total - LIMIT),
+            "{queue}: {info:?}"
+        );
+        assert_states_match(&broker, queue).await;
+        assert_eq!(
+            drain_seqs(&broker, queue, LIMIT as usize).await,
+            (total - LIMIT..total).collect::<Vec<_>>()
+        );
+    }
+    // Every message dropped from the queue with a dead-letter queue went there (drops of
+    // separate rounds are dead-lettered by separate tasks, so their order is not checked).
+    let mut dead = broker.subscribe("dlq", 1000).expect("subscribe");
+    let mut dead_seqs = Vec::new();
+    for _ in 0..BURST {
+        let d = recv(&mut dead).await;
+        dead_seqs.push(seq_of(&d.message.body));
+        assert!(d
+            .message
+            .headers
+            .contains(&("x-death-reason".into(), "overflow".into())));
+        dead.ack(&[d.tag]);
+    }
+    assert_idle(&mut dead).await;
+    dead_seqs.sort_unstable();
+    assert_eq!(dead_seqs, (0..BURST).collect::<Vec<_>>());
+    assert_states_match(&broker, "with-dl").await;
+    broker.shutdown().await.expect("shutdown");
+}
+
+/// A burst into a `drop_oldest` queue whose consumer holds messages: the held (inflight)
+/// messages are never dropped, every single publish is confirmed (it fits beside them), and a
+/// batch that does not fit beside them is refused and drops nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_never_drops_inflight_messages() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let broker = open(&tmp).await;
+    broker
+        .declare("q", limited(Some(5), None, Overflow::DropOldest))
+        .await
+        .expect("declare");
+    for seq in 0..5 {
+        publish_one(&broker, "q", seq).await.expect("admit");
+    }
+    let mut consumer = broker.subscribe("q", 3).expect("subscribe");
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(recv(&mut consumer).await);
+    }
+    let singles: Vec<_> = (5..15)
+        .map(|seq| broker.publish_dispatch("q", vec![Message::new(body(seq, 100))]))
+        .collect();
+    // Three held plus three is over the limit, whatever is dropped.
+    let batch = (15..18).map(|seq| Message::new(body(seq, 100))).collect();
+    let batch = broker.publish_dispatch("q", batch);
+    for single in singles {
+        for result in single.wait().await {
+            result.expect("a single publish fits beside the held messages");
+        }
+    }
+    for result in batch.wait().await {
+        let err = result.expect_err("the batch does not fit beside the held messages");
+        assert!(is_queue_full(&err), "{err}");
+    }
+    let info = broker.info("q").expect("info");
+    assert_eq!(
+        (info.ready(), info.partitions[0].overflowed),
+        (2, 10),
+        "{info:?}"
+    );
+    assert_states_match(&broker, "q").await;
+    let held_seqs: Vec<u64> = held.iter().map(|d| seq_of(&d.message.body)).collect();
+    assert_eq!(held_seqs, vec![0, 1, 2]);
+    consumer.ack(&held.iter().map(|d| d.tag).collect::<Vec<_>>());
+    let mut rest = Vec::new();
+    for _ in 0..2 {
+        let d = recv(&mut consumer).await;
+        rest.push(seq_of(&d.message.body));
+        consumer.ack(&[d.tag]);
+    }
+    assert_eq!(rest, vec![13, 14], "the newest singles stay");
+    assert_idle(&mut consumer).await;
+    broker.shutdown().await.expect("shutdown");
+}

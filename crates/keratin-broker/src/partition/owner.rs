@@ -243,6 +243,14 @@ struct Owner {
     reserved_bytes: u64,
     /// Messages being removed by `drop_oldest`: they no longer count toward the limits.
     dropping: HashMap<u64, u32>,
+    /// Records were applied (or the log healed) since the last trim (see
+    /// [`Owner::trim_to_limits`]): a `drop_oldest` partition may hold more than its limit
+    /// until then, because publishes were admitted counting on dropping messages that were
+    /// not applied yet.
+    trim_due: bool,
+    /// `act_on_answers` is running: a call made from inside it (an append it caused, refused
+    /// at once) returns, and the running loop acts on the answer in its order.
+    acting: bool,
     /// Sum of `dropping`'s sizes, kept as it changes (the admission check runs per publish).
     dropping_bytes: u64,
     /// Purges written and not yet applied (or failed). While one is pending, nothing is
@@ -350,6 +358,8 @@ pub(crate) fn spawn(
         reserved_count: 0,
         reserved_bytes: 0,
         dropping: HashMap::new(),
+        trim_due: false,
+        acting: false,
         dropping_bytes: 0,
         purges: 0,
         purging_count: 0,
@@ -431,6 +441,9 @@ impl Owner {
             self.expire_publishes();
             self.maybe_heal();
             self.maybe_follow();
+            // Before delivering (a message owed to `drop_oldest` must not become inflight):
+            // what a trim skipped while the log was stopped is owed still after its heal.
+            self.trim_to_limits();
             self.deliver();
             self.maybe_reclaim();
             self.maybe_hand_back();
@@ -575,6 +588,10 @@ impl Owner {
             }
         }
         self.state_check_due = true;
+        // Before answering: the figures a publisher reads after its confirm show the drops it
+        // owed, and nothing applied here is delivered before the drops owed by it are picked.
+        self.trim_due = true;
+        self.trim_to_limits();
         match done {
             Done::Publish(reply) => {
                 // Figures first: a caller that reads them after its answer sees its effect.

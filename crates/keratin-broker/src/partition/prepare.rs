@@ -132,7 +132,7 @@ pub(crate) fn split_around(ranges: Vec<(u64, u64)>, busy: &BTreeSet<u64>) -> Vec
 pub(crate) enum LimitVerdict {
     /// It fits as things are.
     Fits,
-    /// It fits once the oldest ready messages are dropped (`drop_oldest`).
+    /// It fits once the oldest droppable messages are dropped (`drop_oldest`).
     FitsAfterDrop,
     /// It does not fit now: refuse as `queue_full`.
     Full,
@@ -145,8 +145,9 @@ pub(crate) type Amount = (u64, u64);
 
 /// Judge a batch of `batch` (messages, bytes) against `limits`, where `used` is what counts
 /// now (live, plus admitted and not applied, less what is leaving). `droppable` gives what
-/// `drop_oldest` may drop (the ready messages), or `None` when nothing may be dropped now (a
-/// purge is pending); it is asked only when the answer depends on it. All or nothing.
+/// `drop_oldest` may drop (the ready messages, and those of earlier publishes admitted and not
+/// yet applied: all but the inflight ones), or `None` when nothing may be dropped now (a purge
+/// is pending); it is asked only when the answer depends on it. All or nothing.
 pub(crate) fn limit_verdict(
     limits: &PartitionLimits,
     used: Amount,

@@ -140,15 +140,28 @@ impl Owner {
 
     /// Admit a batch of `count` messages and `bytes` under the queue limits: all or nothing
     /// (the verdict is `prepare::limit_verdict`). With `drop_oldest` the oldest ready messages
-    /// make room (only when `drop` is set; without it the call only checks that they could);
-    /// inflight ones are never dropped, so when only they remain it refuses like `reject`.
+    /// make room (only when `drop` is set; without it the call only checks that they could),
+    /// and so do the messages of earlier publishes not yet applied: what they owe is dropped
+    /// once they are applied (`trim_to_limits`). Inflight ones are never dropped, so a batch
+    /// that does not fit beside them is refused like `reject`.
     pub(super) fn queue_limits(&mut self, count: u64, bytes: u64, drop: bool) -> BrokerResult<()> {
         if !self.limits.is_set() {
             return Ok(());
         }
-        // Everything not inflight or leaving is ready, and droppable; while a purge is pending
-        // nothing is (the ready messages are leaving with it, and no longer count).
-        let droppable = || (self.purges == 0).then(|| self.ready_amount());
+        // Everything not inflight or leaving is ready, and droppable; so are the messages of
+        // publishes admitted before this one and not yet applied: they are older than this
+        // batch, and ready when applied (`trim_to_limits` drops what is owed in the round
+        // that applies them, before any delivery). While a purge is pending nothing is
+        // droppable (the ready messages are leaving with it, and no longer count).
+        let droppable = || {
+            (self.purges == 0).then(|| {
+                let (ready_count, ready_bytes) = self.ready_amount();
+                (
+                    ready_count + self.reserved_count,
+                    ready_bytes + self.reserved_bytes,
+                )
+            })
+        };
         match prepare::limit_verdict(&self.limits, self.queue_usage(), (count, bytes), droppable) {
             LimitVerdict::Fits => {
                 self.figures.full.store(0, Ordering::Relaxed);
@@ -208,6 +221,13 @@ impl Owner {
                     return Err(error);
                 }
             };
+            // Dropping a message a consumer holds would lose it under that consumer.
+            assert!(
+                !self.delivery.inflight.contains_key(&m) && !self.delivery.limbo.contains_key(&m),
+                "queue {:?} partition {}: drop_oldest picked message {m}, which is inflight or leaving",
+                self.ctx.queue,
+                self.ctx.index
+            );
             self.delivery.take_ready(m);
             self.delivery.limbo.insert(m, size);
             self.dropping.insert(m, size);
@@ -231,6 +251,29 @@ impl Owner {
             .fetch_add(dropped.len() as u64, Ordering::Relaxed);
         self.dead_letter(dropped);
         Ok(())
+    }
+
+    /// Drop what earlier admissions owe: a `drop_oldest` partition whose live messages plus
+    /// the publishes admitted and not yet applied exceed its limit drops its oldest ready
+    /// messages until they fit. Runs when records were applied, before they are answered, and
+    /// in the round after a heal, before delivering. A partition that does not lead, or whose
+    /// log is stopped, leaves it (the trim is due again when records are applied, and after a
+    /// heal).
+    pub(super) fn trim_to_limits(&mut self) {
+        if !std::mem::take(&mut self.trim_due)
+            || self.limits.overflow != Overflow::DropOldest
+            || !self.role.leading
+            || self.stopped.is_some()
+        {
+            return;
+        }
+        let (count, bytes) = self.queue_usage();
+        if !self.over_limits(count, bytes) {
+            return;
+        }
+        if let Err(error) = self.drop_oldest(0, 0) {
+            tracing::warn!(queue = %self.ctx.queue, partition = self.ctx.index, %error, "dropping the oldest messages to the limit failed; tried again when records are next applied");
+        }
     }
 
     /// New settings of a live queue: recorded in the partition's log, in force at once.

@@ -198,6 +198,28 @@ impl Owner {
     /// state's head waits: the records before it were proposed elsewhere (a predecessor's, or
     /// the replicated log's own entries) and are applied first (`follow.rs`).
     pub(super) fn act_on_answers(&mut self) {
+        // Applying may append (`drop_oldest` settles what a publish owes), and an append the
+        // log refuses at once is resolved in place: acting on it here, nested, would answer
+        // later appends before the one being applied. The running loop reaches it in order.
+        if self.acting {
+            return;
+        }
+        self.acting = true;
+        self.act_on_answers_in_order();
+        self.acting = false;
+        // Deadlines of answered appends go now: kept to their time, a busy partition would
+        // hold one per append of the last `publish_timeout`.
+        let next = self
+            .pending
+            .front()
+            .map_or(self.next_sequence, |p| p.sequence);
+        while self.deadlines.front().is_some_and(|d| d.sequence < next) {
+            self.deadlines.pop_front();
+        }
+    }
+
+    /// The loop of `act_on_answers`.
+    fn act_on_answers_in_order(&mut self) {
         while let Some(front) = self.pending.front() {
             match &front.result {
                 None => break,
@@ -223,15 +245,6 @@ impl Owner {
                 Some(AppendOutcome::Refused(error)) => self.fail(entry.records, entry.done, error),
                 None => {}
             }
-        }
-        // Deadlines of answered appends go now: kept to their time, a busy partition would
-        // hold one per append of the last `publish_timeout`.
-        let next = self
-            .pending
-            .front()
-            .map_or(self.next_sequence, |p| p.sequence);
-        while self.deadlines.front().is_some_and(|d| d.sequence < next) {
-            self.deadlines.pop_front();
         }
     }
 

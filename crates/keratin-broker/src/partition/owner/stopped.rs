@@ -97,6 +97,8 @@ impl Owner {
         self.delivery.forget_reader();
         self.reclaim_busy = false;
         self.reclaim_due = true;
+        // A trim skipped while stopped (or a drop whose SETTLE failed) is owed still.
+        self.trim_due = true;
     }
 
     /// Purge a stopped log that holds no delivered message: delete the log (its segments go to
