@@ -155,8 +155,10 @@ keratin_start() {
     [ -x "${KERATIN_BIN:-}" ] || die "KERATIN_BIN (${KERATIN_BIN:-unset}) is not an executable keratin"
     mkdir -p "$d/data"
     for m in 1 2 3; do peers+=(--peer "$m=127.0.0.1:$((KERATIN_PEER_BASE + m))"); done
+    # No logins: the benchmark measures the data path (RabbitMQ runs with its guest login,
+    # NATS without any); keratin-bench auth measures logins.
     (
-        setsid "$KERATIN_BIN" serve --node-id "$n" --listen "127.0.0.1:$((KERATIN_BASE + n))" \
+        KERATIN_SERVER__AUTH=none setsid "$KERATIN_BIN" serve --node-id "$n" --listen "127.0.0.1:$((KERATIN_BASE + n))" \
             --http "127.0.0.1:$((KERATIN_HTTP_BASE + n))" "${peers[@]}" --data-dir "$d/data" \
             >>"$d/server.log" 2>&1 </dev/null &
         echo $! >"$d/pid"

@@ -149,7 +149,9 @@ pub fn node_main(dir: &Path, config: Option<&Path>) -> BenchResult<()> {
         http: Some(loopback),
         ..CliOverrides::default()
     };
-    let config = load(&cli, std::iter::empty::<(String, String)>())?.into_config();
+    let mut config = load(&cli, std::iter::empty::<(String, String)>())?.into_config();
+    // The data path is measured, not logins (as net_bench::node_config).
+    config.server.auth = keratin_server::access::AuthMode::None;
     std::fs::create_dir_all(dir)?;
     let rt = runtime()?;
     let io = Arc::new(CountingIo::new(Arc::new(RealIo::new())));

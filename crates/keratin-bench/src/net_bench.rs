@@ -74,6 +74,10 @@ pub(crate) fn node_config(dir: &Path) -> Config {
     config.storage.dirs = vec![dir.to_path_buf()];
     config.server.listen = loopback_any();
     config.server.http = loopback_any();
+    // The benchmarks measure the data path; logins have their own (`auth`, which sets this
+    // back per node). The peers they compare with run without logins too (NATS) or with a
+    // fixed guest login (RabbitMQ).
+    config.server.auth = keratin_server::access::AuthMode::None;
     config
 }
 

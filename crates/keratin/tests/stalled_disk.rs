@@ -218,6 +218,8 @@ fn config(fast_dir: &Path, slow_dir: &Path) -> Config {
     config.storage.segment_bytes = 256 << 10;
     config.server.listen = "127.0.0.1:0".parse().expect("addr");
     config.server.http = "127.0.0.1:0".parse().expect("addr");
+    // The client connects without a login (logins have their own tests).
+    config.server.auth = keratin_server::access::AuthMode::None;
     // The host's disk may be fuller than the default levels allow (see support::HOST_DISK_LIMITS).
     config.limits.disk.soft_fraction = 0.002;
     config.limits.disk.hard_fraction = 0.001;
