@@ -91,8 +91,10 @@ impl Identity {
 pub enum UserStore {
     /// A single node: its metadata log.
     Node(Broker),
-    /// A cluster: its metadata group.
-    Cluster(Arc<ClusterNode>),
+    /// A cluster: its metadata group. Weak: the node's shutdown takes the cluster layer back
+    /// (`Arc::try_unwrap`) to stop its transport and groups, while connections still holding
+    /// this store may be ending; a change asked for after that is refused.
+    Cluster(std::sync::Weak<ClusterNode>),
 }
 
 /// Why a user change was not made.
@@ -172,7 +174,11 @@ impl Access {
                 let (sender, receiver) = watch::channel(broker.users());
                 (receiver, Some(sender))
             }
-            UserStore::Cluster(cluster) => (cluster.users(), None),
+            UserStore::Cluster(cluster) => match cluster.upgrade() {
+                Some(cluster) => (cluster.users(), None),
+                // Only while the node is stopping: no users, every login refused.
+                None => (watch::channel(Arc::new(UserTable::default())).1, None),
+            },
         };
         Access {
             mode,
@@ -403,6 +409,11 @@ impl Access {
                 self.table()
                     .changed(&change)
                     .map_err(|e| UserChangeError::Refused(e.to_string()))?;
+                let Some(cluster) = cluster.upgrade() else {
+                    return Err(UserChangeError::Store(
+                        "the node is stopping; change the users on a running node".into(),
+                    ));
+                };
                 cluster
                     .change_users(change)
                     .await

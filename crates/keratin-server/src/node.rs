@@ -190,7 +190,7 @@ impl Node {
             None => None,
         };
         let store = match &cluster {
-            Some(cluster) => UserStore::Cluster(cluster.clone()),
+            Some(cluster) => UserStore::Cluster(Arc::downgrade(cluster)),
             None => UserStore::Node(broker.clone()),
         };
         let access = Arc::new(Access::new(
