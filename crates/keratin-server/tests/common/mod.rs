@@ -39,16 +39,39 @@ pub fn node_config(dir: &Path) -> Config {
     config
 }
 
+/// Cluster ports are picked from here: below Linux's ephemeral range (32768 on), so that no
+/// outgoing connection (a client's, a peer's) holds a node's port as its local port when the
+/// node restarts and binds it again (seen under load: "cannot listen on 127.0.0.1:35087:
+/// Address already in use" when a stopped node started again). As `keratin`'s tests do.
+const NODE_PORTS: std::ops::Range<u16> = 20_000..32_000;
+
+/// A free port on 127.0.0.1 in [`NODE_PORTS`] (bound and released: another process could take
+/// it meanwhile, which makes the node fail to start with a clear message).
+fn free_node_addr() -> SocketAddr {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let span = u32::from(NODE_PORTS.end - NODE_PORTS.start);
+    // Another test binary of this run may hold ports too: start elsewhere than it.
+    let start = std::process::id().wrapping_mul(7_919) % span;
+    for _ in 0..span {
+        let offset = (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+        let port = NODE_PORTS.start + u16::try_from(offset).expect("below the span");
+        if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)) {
+            return listener.local_addr().expect("address");
+        }
+    }
+    panic!("no free port in {NODE_PORTS:?}");
+}
+
 /// Cluster configurations of one node per directory in `dirs` (ids from 1, ports chosen by the
 /// system on 127.0.0.1 and released for the nodes to bind), named `name`: nodes `1..=formed`
 /// form the cluster (each lists them); any others list every node and join it later
 /// (`[cluster] join`).
 pub fn cluster_configs(dirs: &[tempfile::TempDir], formed: u64, name: &str) -> Vec<Config> {
     let peers: Vec<PeerSpec> = (1..=dirs.len() as u64)
-        .map(|id| {
-            let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-            let addr: SocketAddr = listener.local_addr().expect("addr");
-            PeerSpec { id, addr }
+        .map(|id| PeerSpec {
+            id,
+            addr: free_node_addr(),
         })
         .collect();
     (1..=dirs.len() as u64)
