@@ -22,7 +22,10 @@ fn client_dir() -> PathBuf {
 
 fn pytest_available() -> bool {
     Command::new("python3")
-        .args(["-c", "import pytest, sys; sys.exit(sys.version_info < (3, 9))"])
+        .args([
+            "-c",
+            "import pytest, sys; sys.exit(sys.version_info < (3, 9))",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
@@ -82,14 +85,27 @@ fn the_python_client_suite_passes_against_this_build() {
         }
         std::thread::sleep(Duration::from_millis(200));
     };
-    let (out, err) = (out.join().unwrap_or_default(), err.join().unwrap_or_default());
+    let (out, err) = (
+        out.join().unwrap_or_default(),
+        err.join().unwrap_or_default(),
+    );
     eprintln!("{out}\n{err}");
     let status = status.unwrap_or_else(|| panic!("pytest ran past {RUN_TIMEOUT:?} and was killed"));
-    assert!(status.success(), "the Python client's tests failed ({status}); output above");
-    let summary = out.lines().rev().find(|l| l.contains(" passed")).unwrap_or("");
+    assert!(
+        status.success(),
+        "the Python client's tests failed ({status}); output above"
+    );
+    let summary = out
+        .lines()
+        .rev()
+        .find(|l| l.contains(" passed"))
+        .unwrap_or("");
     assert!(
         !summary.is_empty(),
         "pytest printed no count of passed tests; output above"
     );
-    eprintln!("python client: {summary} in {:.1} s", started.elapsed().as_secs_f64());
+    eprintln!(
+        "python client: {summary} in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
 }
