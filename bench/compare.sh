@@ -29,6 +29,13 @@
 # CLUSTER_BACKLOG (50000), CLUSTER_SYSTEMS, CLUSTER_CASES: see bench/cluster.sh. Written into
 # docs/benchmarks.md between the issue 14 cluster-with-Keratin markers.
 #
+# MODE=python runs the Python clients' comparison of issue 17 instead: the release `keratin serve`
+# (the matrix's settings), RabbitMQ and nats-server as below, and bench/python/compare.py
+# (keratin-client from clients/python against aio-pika on a quorum queue and nats-py on a
+# JetStream stream; confirmed publish and consume + ack), installing the Python packages it needs
+# from PyPI. PY_ROUNDS (3), PY_SECONDS (5), PY_BACKLOG (20000), PY_CONCURRENCY (256). Written
+# into docs/benchmarks.md between the issue 17 markers.
+#
 # Settings (environment): ROUNDS (2), SECONDS_PER_RUN (5), RSS_MESSAGES (1000000),
 # BACKLOG (200000), CASES (publish,producers,consume,latency), RSS (1; 0 skips the memory
 # case), FILL (1; 0 skips it),
@@ -86,7 +93,7 @@ fi
 [ -x "$RABBIT_BIN" ] || die "$RABBIT_BIN is missing after the install"
 
 BUILD=(-p keratin-bench)
-case $MODE in idle | cluster) BUILD+=(-p keratin) ;; esac
+case $MODE in idle | cluster | python) BUILD+=(-p keratin) ;; esac
 say "building ${BUILD[*]} (release)"
 (cd "$ROOT" && CARGO_TARGET_DIR=$TARGET cargo build --release -q "${BUILD[@]}") ||
     die "the release build of ${BUILD[*]} failed"
@@ -220,7 +227,12 @@ stop_all() {
 # publish by design. The matrix measures throughput, not push-back, so the levels are set low
 # enough to stay at normal, as RabbitMQ's default disk_free_limit (50 MB) does; durability is
 # unchanged (fdatasync before every confirm). The fill scenario below tests the levels.
+# No logins (the matrix measures the data path; RabbitMQ runs with its guest login, NATS
+# without any; keratin-bench auth measures logins).
 cat >"$WORK/keratin-matrix.toml" <<EOF
+[server]
+auth = "none"
+
 [limits.disk]
 soft_fraction = 0.02
 soft_floor_bytes = 1073741824
@@ -268,6 +280,25 @@ start_system() {
     *) die "unknown system $1" ;;
     esac
 }
+
+if [ "$MODE" = python ]; then
+    say "python: installing keratin-client (clients/python), aio-pika and nats-py"
+    python3 -m pip install -q "$ROOT/clients/python" aio-pika nats-py ||
+        die "pip could not install the Python clients"
+    start_rabbit "$WORK/rabbit"
+    start_nats "$WORK/nats"
+    start_keratin "$WORK/keratin"
+    python3 "$ROOT/bench/python/compare.py" all --keratin "127.0.0.1:$KERATIN_PORT" "${PEERS[@]}" \
+        --rounds "${PY_ROUNDS:-3}" --seconds "${PY_SECONDS:-5}" --backlog "${PY_BACKLOG:-20000}" \
+        --concurrency "${PY_CONCURRENCY:-256}" --out "$WORK/python-table.md"
+    stop_all
+    { record_header; echo; cat "$WORK/python-table.md"; } >"$WORK/python.md"
+    sed -i 's/clients lapin 2, async-nats 0.38\./clients below./' "$WORK/python.md"
+    cat "$WORK/python.md"
+    [ "$WRITE_DOCS" = 1 ] && write_docs '<!-- compare.sh python: begin -->' '<!-- compare.sh python: end -->' \
+        'Python clients side by side (issue 17)' "$WORK/python.md"
+    exit 0
+fi
 
 if [ "$MODE" = idle ]; then
     # Every broker keeps files open per queue or stream (NATS 2.9 stops creating file streams
