@@ -55,6 +55,13 @@ READ_CHUNK_BYTES = 64 * 1024
 REQUESTS_INFLIGHT_MAX = 4096
 #: Most consumers on one connection (the server's own bound, protocol.md "Subscribe").
 CONSUMERS_MAX = 1024
+#: Bytes of a ``Publish`` frame besides its queue name and messages: header 5, queue length 2,
+#: mode 1, message count 4, producer id 9.
+JOINED_FRAME_OVERHEAD_BYTES = 5 + 2 + 1 + 4 + 9
+#: How often the answer deadlines of joined publishes are checked while any is pending.
+DEADLINE_SWEEP_SECONDS = 0.1
+#: What a joined publish's future resolves to when its answer deadline passed first.
+ANSWER_TIMED_OUT = OutcomeUnknownError("no answer within the publish's deadline")
 #: How long :meth:`Connection.close` waits for the server's ``Close`` before dropping the socket.
 CLOSE_TIMEOUT = 5.0
 
@@ -131,6 +138,18 @@ class Connection:
         self._next_request_id = 1
         self._next_publish_id = 1
         self._confirmed: Dict[int, "asyncio.Future[Optional[KeratinError]]"] = {}
+        # Single confirmed publishes queued in this turn of the event loop, per (queue,
+        # producer): written together by _flush_joined (publish_joined).
+        self._joining: Dict[
+            Tuple[str, Optional[int]],
+            List[Tuple[w.WireMessage, "asyncio.Future[Optional[KeratinError]]", float]],
+        ] = {}
+        self._join_scheduled = False
+        # Answer deadlines of joined publishes (publish_joined), checked by _sweep_deadlines
+        # every DEADLINE_SWEEP_SECONDS while any is pending: one timer per connection, not one
+        # per publish.
+        self._deadlines: Dict[int, float] = {}
+        self._sweep_scheduled = False
         # Buffered publish ids in the order written (ids only grow), for the barrier.
         self._buffered: "OrderedDict[int, BufferedSlot]" = OrderedDict()
         self._barrier_upto: Optional[int] = None
@@ -287,8 +306,97 @@ class Connection:
         self._write(data)
         return futures
 
+    def publish_joined(
+        self, queue: str, producer_id: Optional[int], wire: w.WireMessage, deadline: float
+    ) -> "asyncio.Future[Optional[KeratinError]]":
+        """Queues one confirmed publish, to be written with every other queued in this turn
+        of the event loop: one joinable ``Publish`` frame per queue and producer (split at the
+        frame size limit) and one socket write for them all, as the Rust client joins
+        single publishes. ``wire.publish_id`` is set when it is written. The future resolves
+        as :meth:`publish_confirmed`'s do, or to :class:`ConnectionLostError` when the
+        connection ended before it was written; a cancelled future is not written. Past
+        ``deadline`` (``time.monotonic()``) without an answer it resolves to
+        :data:`ANSWER_TIMED_OUT` and the connection forgets the publish."""
+        self._check_open()
+        loop = asyncio.get_running_loop()
+        future: "asyncio.Future[Optional[KeratinError]]" = loop.create_future()
+        wire.publish_id = 0
+        key = (queue, producer_id)
+        batch = self._joining.get(key)
+        if batch is None:
+            batch = self._joining[key] = []
+        batch.append((wire, future, deadline))
+        if not self._join_scheduled:
+            self._join_scheduled = True
+            loop.call_soon(self._flush_joined)
+        return future
+
+    def _flush_joined(self) -> None:
+        self._join_scheduled = False
+        joining, self._joining = self._joining, {}
+        parts: List[bytes] = []
+        written: List[Tuple[int, "asyncio.Future[Optional[KeratinError]]", float]] = []
+        mode = w.MODE_CONFIRMED | w.MODE_JOINABLE
+        for (queue, producer_id), batch in joining.items():
+            limit = w.FRAME_SIZE_BYTES_MAX - JOINED_FRAME_OVERHEAD_BYTES - len(queue.encode("utf-8"))
+            chunk: List[w.WireMessage] = []
+            size = 0
+            for wire, future, deadline in batch:
+                if future.done():
+                    continue  # cancelled by its caller before it was written
+                need = w.message_size(wire)
+                if chunk and size + need > limit:
+                    parts.append(w.encode_frame(w.Publish(queue, mode, chunk, producer_id), self.version))
+                    chunk, size = [], 0
+                wire.publish_id = self._next_publish_id
+                self._next_publish_id += 1
+                chunk.append(wire)
+                size += need
+                written.append((wire.publish_id, future, deadline))
+            if chunk:
+                parts.append(w.encode_frame(w.Publish(queue, mode, chunk, producer_id), self.version))
+        if not written:
+            return
+        if self._error is not None:
+            lost = ConnectionLostError(
+                "the connection to %s ended before the publish was written: %s"
+                % (self.address, self._error)
+            )
+            for _, future, _ in written:
+                future.set_result(lost)
+            return
+        for publish_id, future, deadline in written:
+            self._confirmed[publish_id] = future
+            self._deadlines[publish_id] = deadline
+        if not self._sweep_scheduled:
+            self._sweep_scheduled = True
+            asyncio.get_running_loop().call_later(DEADLINE_SWEEP_SECONDS, self._sweep_deadlines)
+        try:
+            self._write(b"".join(parts))
+        except KeratinError as e:
+            self._lose(e)
+        except (OSError, RuntimeError) as e:
+            self._lose(ConnectionLostError("writing to %s failed: %s" % (self.address, e)))
+
+    def _sweep_deadlines(self) -> None:
+        """Resolves every joined publish past its answer deadline to ANSWER_TIMED_OUT."""
+        self._sweep_scheduled = False
+        if self._error is not None:
+            self._deadlines.clear()
+            return
+        now = time.monotonic()
+        for publish_id in [i for i, d in self._deadlines.items() if d <= now]:
+            del self._deadlines[publish_id]
+            future = self._confirmed.pop(publish_id, None)
+            if future is not None and not future.done():
+                future.set_result(ANSWER_TIMED_OUT)
+        if self._deadlines:
+            self._sweep_scheduled = True
+            asyncio.get_running_loop().call_later(DEADLINE_SWEEP_SECONDS, self._sweep_deadlines)
+
     def forget_publish(self, publish_id: int) -> None:
         self._confirmed.pop(publish_id, None)
+        self._deadlines.pop(publish_id, None)
 
     def publish_buffered(self, frame: w.Publish, slots: List[BufferedSlot]) -> None:
         """Writes a buffered ``Publish``; each slot settles on a ``PublishError``, on the
@@ -448,6 +556,9 @@ class Connection:
                     ids = [i for i in range(first, last + 1) if i in table]
                 else:
                     ids = [i for i in table if first <= i <= last]
+                if table is self._confirmed and self._deadlines:
+                    for publish_id in ids:
+                        self._deadlines.pop(publish_id, None)
                 for publish_id in ids:
                     slot = table.pop(publish_id)
                     if isinstance(slot, asyncio.Future):
@@ -502,6 +613,7 @@ class Connection:
             if not publish.done():
                 publish.set_result(unknown)
         self._confirmed.clear()
+        self._deadlines.clear()
         buffered, self._buffered = self._buffered, OrderedDict()
         for slot in buffered.values():
             slot.settle(unknown)

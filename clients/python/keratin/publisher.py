@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _wire as w
-from ._connection import BufferedSlot, Connection
+from ._connection import ANSWER_TIMED_OUT, BufferedSlot, Connection
 from .errors import (
     ConnectionLostError,
     KeratinError,
@@ -169,6 +169,8 @@ async def publish_messages(
                 unknown.append((attempt, outcome))
             else:
                 results[attempt.index] = outcome
+        if not (limited or moved or unknown):
+            break
         pending = await _retry_limited(limited, deadline, results)
         pending += await _redirect(client, queue, moved, deadline, results)
         pending += _resend_unknown(client, unknown, deadline, results)
@@ -188,7 +190,9 @@ async def _send_round(
     by_target: Dict[Optional[str], List[_Attempt]] = {}
     for attempt in pending:
         by_target.setdefault(attempt.target, []).append(attempt)
-    waiting: List[Tuple[_Attempt, Connection, int, "asyncio.Future[Optional[KeratinError]]"]] = []
+    waiting: List[
+        Tuple[_Attempt, Connection, Optional[int], "asyncio.Future[Optional[KeratinError]]"]
+    ] = []
     answers: List[Tuple[_Attempt, Optional[KeratinError], bool]] = []
     mode = w.MODE_CONFIRMED | (w.MODE_JOINABLE if joinable else 0)
     for target, attempts in by_target.items():
@@ -211,6 +215,20 @@ async def _send_round(
             except KeratinError as lost:
                 answers.extend((a, lost, False) for a in attempts)
                 continue
+        if joinable:
+            # Single publishes: joined with the others of this turn of the event loop into
+            # one frame and one write (Connection.publish_joined); the id is set when written.
+            try:
+                futures = [
+                    conn.publish_joined(queue, client.producer_id, a.wire, answer_deadline)
+                    for a in attempts
+                ]
+            except ConnectionLostError as e:
+                answers.extend((a, e, False) for a in attempts)
+                continue
+            waiting.extend((a, conn, None, f) for a, f in zip(attempts, futures))
+            await conn.drain()
+            continue
         for chunk in _chunks(attempts, limit):
             ids = conn.publish_ids(len(chunk))
             for attempt, publish_id in zip(chunk, ids):
@@ -224,26 +242,31 @@ async def _send_round(
                 continue
             waiting.extend(zip(chunk, [conn] * len(chunk), ids, futures))
         await conn.drain()
-    if waiting:
+    if all(publish_id is None for _, _, publish_id, _ in waiting):
+        # Joined publishes only: their connection resolves them by the answer deadline.
+        for _, _, _, future in waiting:
+            if not future.done():
+                await future
+    elif waiting:
         timeout = max(0.0, answer_deadline - time.monotonic())
         await asyncio.wait([f for _, _, _, f in waiting], timeout=timeout)
     for attempt, conn, publish_id, future in waiting:
-        if future.done():
+        if future.done() and future.result() is ANSWER_TIMED_OUT:
+            answers.append((attempt, _no_confirm(client, conn), True))
+        elif future.done():
             answers.append((attempt, future.result(), False))
         else:
-            conn.forget_publish(publish_id)
+            conn.forget_publish(attempt.wire.publish_id if publish_id is None else publish_id)
             future.cancel()
-            answers.append(
-                (
-                    attempt,
-                    OutcomeUnknownError(
-                        "no Confirm from %s within publish_timeout (%.1f s); the message may or "
-                        "may not be stored" % (conn.address, client.options.publish_timeout)
-                    ),
-                    True,
-                )
-            )
+            answers.append((attempt, _no_confirm(client, conn), True))
     return answers
+
+
+def _no_confirm(client: "Client", conn: Connection) -> OutcomeUnknownError:
+    return OutcomeUnknownError(
+        "no Confirm from %s within publish_timeout (%.1f s); the message may or may not be "
+        "stored" % (conn.address, client.options.publish_timeout)
+    )
 
 
 async def _retry_limited(

@@ -520,3 +520,70 @@ def test_two_nodes_naming_each_other_are_retried_with_backoff_not_in_a_busy_loop
         await b.stop()
 
     run(go())
+
+
+def test_concurrent_publishes_are_joined_into_one_joinable_frame() -> None:
+    async def go() -> None:
+        node = FakeNode()
+        address = await node.start()
+        client = await keratin.connect(address)
+        await asyncio.gather(*(client.publish("q", b"m%d" % i) for i in range(50)))
+        await client.publish("other", b"alone")
+        publishes = node.received("Publish")
+        # The 50 publishes of one turn of the event loop went as one frame; ids are unique.
+        assert len(publishes) == 2
+        first = publishes[0]
+        assert first.queue == "q" and len(first.messages) == 50
+        assert first.mode == w.MODE_CONFIRMED | w.MODE_JOINABLE
+        assert sorted(m.body for m in first.messages) == sorted(b"m%d" % i for i in range(50))
+        ids = [m.publish_id for p in publishes for m in p.messages]
+        assert len(set(ids)) == len(ids)
+        await client.close()
+        await node.stop()
+
+    run(go())
+
+
+def test_a_joined_publish_without_an_answer_ends_unknown_at_its_deadline() -> None:
+    async def go() -> None:
+        node = FakeNode()
+
+        async def silent(conn: FakeConn, frame: Any) -> None:
+            pass  # never confirms (heartbeats keep the connection alive)
+
+        node.on("Publish", silent)
+        address = await node.start()
+        client = await keratin.connect(address, publish_timeout=0.3, idempotent=False)
+        started = time.monotonic()
+        with pytest.raises(keratin.OutcomeUnknownError, match="no Confirm"):
+            await client.publish("q", b"x")
+        waited = time.monotonic() - started
+        # The answer grace (1 s) bounds it from below, the deadline sweep (0.1 s) from above.
+        assert 0.9 <= waited < 2.0, waited
+        # The connection forgot the publish and still works.
+        node.on("Publish", default_handler)
+        await client.publish("q", b"y")
+        await client.close()
+        await node.stop()
+
+    run(go())
+
+
+def test_a_publish_cancelled_before_it_is_written_is_not_sent() -> None:
+    async def go() -> None:
+        node = FakeNode()
+        address = await node.start()
+        client = await keratin.connect(address)
+        doomed = asyncio.ensure_future(client.publish("q", b"never"))
+        await asyncio.sleep(0)  # the publish is queued for this turn's frame...
+        doomed.cancel()  # ...and cancelled before the frame is written
+        kept = asyncio.ensure_future(client.publish("q", b"kept"))
+        with pytest.raises(asyncio.CancelledError):
+            await doomed
+        await kept
+        bodies = [m.body for p in node.received("Publish") for m in p.messages]
+        assert bodies == [b"kept"]
+        await client.close()
+        await node.stop()
+
+    run(go())
