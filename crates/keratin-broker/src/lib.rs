@@ -30,6 +30,8 @@
 //!   connection), taken by partitions without waiting and given back when sent.
 //! - `gate`: [`PublishGate`], the resource limits as partitions see them.
 //! - `range_set`: [`RangeSet`], compact sets of offsets.
+//! - `stream`: streams (`docs/streams.md`): payload and cursor log records, retention and the
+//!   cursor table (pure; the stream owner is not built yet).
 #![deny(missing_docs)]
 
 mod broker;
@@ -43,6 +45,7 @@ pub mod partition;
 mod queue;
 pub mod range_set;
 pub mod record;
+pub mod stream;
 
 pub use broker::{
     system_clock, Broker, BrokerConfig, Clock, MetadataLogInfo, NodeBounds, PartitionInfo,

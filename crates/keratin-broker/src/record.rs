@@ -356,7 +356,9 @@ fn put_str16(out: &mut Vec<u8>, s: &str, what: &str) -> BrokerResult<()> {
 }
 
 /// A bounds-checked little-endian reader over an untrusted payload.
-struct Reader<'a> {
+/// Reads a record payload field by field; every error is `BrokerError::Corrupt` naming the
+/// record and the byte. Shared with the stream records (`stream/`).
+pub(crate) struct Reader<'a> {
     bytes: &'a [u8],
     at: usize,
     what: &'static str,
@@ -364,7 +366,7 @@ struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
-    fn new(bytes: &'a [u8], what: &'static str, offset: u64) -> Reader<'a> {
+    pub(crate) fn new(bytes: &'a [u8], what: &'static str, offset: u64) -> Reader<'a> {
         Reader {
             bytes,
             at: 0,
@@ -373,7 +375,7 @@ impl<'a> Reader<'a> {
         }
     }
 
-    fn error(&self, reason: String) -> BrokerError {
+    pub(crate) fn error(&self, reason: String) -> BrokerError {
         BrokerError::Corrupt {
             what: self.what,
             offset: self.offset,
@@ -381,7 +383,7 @@ impl<'a> Reader<'a> {
         }
     }
 
-    fn take(&mut self, n: usize) -> BrokerResult<&'a [u8]> {
+    pub(crate) fn take(&mut self, n: usize) -> BrokerResult<&'a [u8]> {
         let end = self
             .at
             .checked_add(n)
@@ -392,21 +394,21 @@ impl<'a> Reader<'a> {
         Ok(slice)
     }
 
-    fn u8(&mut self) -> BrokerResult<u8> {
+    pub(crate) fn u8(&mut self) -> BrokerResult<u8> {
         Ok(self.take(1)?[0])
     }
 
-    fn u16(&mut self) -> BrokerResult<u16> {
+    pub(crate) fn u16(&mut self) -> BrokerResult<u16> {
         let b = self.take(2)?;
         Ok(u16::from_le_bytes([b[0], b[1]]))
     }
 
-    fn u32(&mut self) -> BrokerResult<u32> {
+    pub(crate) fn u32(&mut self) -> BrokerResult<u32> {
         let b = self.take(4)?;
         Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
     }
 
-    fn u64(&mut self) -> BrokerResult<u64> {
+    pub(crate) fn u64(&mut self) -> BrokerResult<u64> {
         let b = self.take(8)?;
         let mut a = [0u8; 8];
         a.copy_from_slice(b);
@@ -414,7 +416,7 @@ impl<'a> Reader<'a> {
     }
 
     /// A u32 count of entries of `entry_bytes` each, checked against what remains.
-    fn count(&mut self, entry_bytes: usize) -> BrokerResult<usize> {
+    pub(crate) fn count(&mut self, entry_bytes: usize) -> BrokerResult<usize> {
         let count = self.u32()? as usize;
         let needed = count.checked_mul(entry_bytes);
         if needed.is_none_or(|n| n > self.bytes.len() - self.at) {
@@ -423,17 +425,26 @@ impl<'a> Reader<'a> {
         Ok(count)
     }
 
-    fn string(&mut self, len: usize) -> BrokerResult<String> {
+    pub(crate) fn string(&mut self, len: usize) -> BrokerResult<String> {
         let bytes = self.take(len)?;
         String::from_utf8(bytes.to_vec()).map_err(|_| self.error("invalid UTF-8".into()))
     }
 
-    fn str16(&mut self) -> BrokerResult<String> {
+    pub(crate) fn str16(&mut self) -> BrokerResult<String> {
         let len = usize::from(self.u16()?);
         self.string(len)
     }
 
-    fn rest(&mut self) -> &'a [u8] {
+    /// Fails unless every byte was read.
+    pub(crate) fn end(&self) -> BrokerResult<()> {
+        if self.at == self.bytes.len() {
+            Ok(())
+        } else {
+            Err(self.error(format!("{} bytes past the end", self.bytes.len() - self.at)))
+        }
+    }
+
+    pub(crate) fn rest(&mut self) -> &'a [u8] {
         let rest = &self.bytes[self.at..];
         self.at = self.bytes.len();
         rest

@@ -58,6 +58,20 @@ struct Window {
     last_offset: u64,
 }
 
+/// One producer's window as a stream checkpoint stores it (`docs/streams.md`,
+/// `STREAM_CHECKPOINT`): the windows are rebuilt from it without the records before it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WindowSnapshot {
+    /// The producer's id.
+    pub producer: u64,
+    /// Sequences below this are no longer known.
+    pub floor: u64,
+    /// Offset of the producer's last stored message.
+    pub last_offset: u64,
+    /// Stored sequences as half-open ranges `[start, end)`, ascending, disjoint, not touching.
+    pub stored: Vec<(u64, u64)>,
+}
+
 /// The windows of one partition's producers.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ProducerWindows {
@@ -129,6 +143,66 @@ impl ProducerWindows {
         );
         self.by_age.insert((offset, producer));
         true
+    }
+
+    /// Every window, by producer id (so equal windows give equal snapshots).
+    pub fn snapshot(&self) -> Vec<WindowSnapshot> {
+        let mut out: Vec<WindowSnapshot> = self
+            .windows
+            .iter()
+            .map(|(&producer, w)| WindowSnapshot {
+                producer,
+                floor: w.floor,
+                last_offset: w.last_offset,
+                stored: w.stored.iter().collect(),
+            })
+            .collect();
+        out.sort_unstable_by_key(|w| w.producer);
+        out
+    }
+
+    /// The windows a [`snapshot`](Self::snapshot) describes; `Err` names what breaks the
+    /// bounds or the shape (a damaged checkpoint must not become a wrong verdict).
+    pub fn from_snapshot(snapshot: &[WindowSnapshot]) -> Result<ProducerWindows, String> {
+        if snapshot.len() > PRODUCERS_MAX {
+            return Err(format!(
+                "{} producers, more than the {PRODUCERS_MAX} a partition keeps",
+                snapshot.len()
+            ));
+        }
+        let mut out = ProducerWindows::new();
+        for w in snapshot {
+            if w.stored.is_empty() || w.stored.len() > RANGES_MAX {
+                return Err(format!(
+                    "producer {} has {} ranges (1 to {RANGES_MAX})",
+                    w.producer,
+                    w.stored.len()
+                ));
+            }
+            let mut stored = RangeSet::new();
+            let mut prev_end = None;
+            for &(start, end) in &w.stored {
+                if start >= end || prev_end.is_some_and(|p| start <= p) || start < w.floor {
+                    return Err(format!(
+                        "producer {}: range {start}..{end} is empty, out of order or below \
+                         the floor {}",
+                        w.producer, w.floor
+                    ));
+                }
+                stored.insert_range(start, end);
+                prev_end = Some(end);
+            }
+            let window = Window {
+                stored,
+                floor: w.floor,
+                last_offset: w.last_offset,
+            };
+            if out.windows.insert(w.producer, window).is_some() {
+                return Err(format!("producer {} appears twice", w.producer));
+            }
+            out.by_age.insert((w.last_offset, w.producer));
+        }
+        Ok(out)
     }
 
     fn forget_oldest(&mut self) {
