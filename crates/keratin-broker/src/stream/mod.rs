@@ -1,20 +1,31 @@
 //! Streams (`docs/streams.md`, issue 18): append-only partitioned logs that keep their messages
 //! after they are read, bounded by retention, read from durable cursors.
 //!
-//! Built so far, all pure (no I/O, no clock: time comes in as an argument):
+//! Built so far, pure (no I/O, no clock: time comes in as an argument) but for `rebuild`:
 //! - `records`: the payload log's records ([`StreamRecord`]: messages, settings, checkpoints)
 //!   and [`StreamSettings`], byte by byte.
 //! - `retention`: which whole old segments a partition's retention removes ([`decide`]).
 //! - `cursors`: the cursor log's records ([`CursorRecord`]), the table they build
 //!   ([`CursorTable`]) and when the cursor log is compacted ([`should_compact`]).
+//! - `state`: [`StreamPartitionState`], one partition's state applied from its records
+//!   (counts over its history, producer windows, checkpoints); `rebuild`: that state from a
+//!   partition log's last checkpoint ([`rebuild()`]), blocking.
 //!
 //! Not built yet (`docs/streams.md`, "Build order"): the partition owner that appends, writes
 //! checkpoints and runs retention; readers; the protocol, clients and CLI; replication.
 
 pub mod cursors;
+pub mod rebuild;
 pub mod records;
 pub mod retention;
+pub mod state;
 
 pub use cursors::{should_compact, CursorRecord, CursorTable, CURSORS_MAX, CURSOR_NAME_MAX};
+pub use rebuild::{rebuild, Rebuilt};
 pub use records::{Checkpoint, StreamRecord, StreamSettings};
 pub use retention::{decide, Bound, Removal, RetentionBounds, SegmentFacts};
+pub use state::{Applied, StreamPartitionState};
+
+/// A checkpoint is written after this fraction of a segment of records (a quarter), so a
+/// rebuild reads at most about one segment and a quarter.
+pub const CHECKPOINT_INTERVAL_DIVISOR: u64 = 4;

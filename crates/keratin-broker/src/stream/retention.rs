@@ -9,7 +9,9 @@
 //! - count: remove while the messages held exceed its share of `max_messages`.
 //!
 //! So after a pass the partition holds at most its share of `max_bytes` plus the tail, and
-//! whatever a bound keeps it keeps whole: a reader never finds half a segment.
+//! whatever a bound keeps it keeps whole: a reader never finds half a segment. One rule comes
+//! before the bounds: the oldest segment kept must hold a checkpoint (every full segment holds
+//! several), so a pass that would start the log at a segment without one removes less.
 
 /// What retention knows of one segment of a partition's log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +26,9 @@ pub struct SegmentFacts {
     /// history (a checkpoint's `messages` at the segment's head; 0 for the log's first
     /// segment ever).
     pub messages_before: u64,
+    /// Whether it holds a checkpoint: the oldest segment retention leaves must, so that the
+    /// partition can be rebuilt without the segments before it (`stream/rebuild.rs`).
+    pub checkpointed: bool,
 }
 
 /// One partition's bounds (its shares of the stream's).
@@ -109,6 +114,9 @@ pub fn decide(
         removed.push((bound, segment.size_bytes));
         bytes -= segment.size_bytes;
     }
+    while !removed.is_empty() && !segments[removed.len()].checkpointed {
+        removed.pop();
+    }
     if removed.is_empty() {
         return None;
     }
@@ -133,6 +141,7 @@ mod tests {
                 size_bytes: if i == n { MIB } else { 64 * MIB },
                 newest_timestamp_ms: Some(1_000 * (i + 1)),
                 messages_before: i * 1_000,
+                checkpointed: true,
             })
             .collect()
     }
@@ -204,6 +213,21 @@ mod tests {
     }
 
     #[test]
+    fn the_oldest_segment_kept_holds_a_checkpoint() {
+        let mut segs = segments(4);
+        let bounds = RetentionBounds {
+            max_bytes: Some(130 * MIB),
+            ..RetentionBounds::default()
+        };
+        segs[2].checkpointed = false;
+        // The bound would start the log at segment 2, which has no checkpoint: only 1 goes.
+        let removal = decide(&segs, 4_500, &bounds, 0).expect("removes");
+        assert_eq!(removal.before, 1_000);
+        segs[1].checkpointed = false;
+        assert_eq!(decide(&segs, 4_500, &bounds, 0), None);
+    }
+
+    #[test]
     fn count_keeps_at_least_the_share() {
         let segs = segments(4);
         let bounds = RetentionBounds {
@@ -225,6 +249,7 @@ mod tests {
         fn a_pass_honours_every_bound(
             sizes in proptest::collection::vec(1u64..100, 1..12),
             counts in proptest::collection::vec(0u64..50, 12),
+            checkpointed in proptest::collection::vec(proptest::bool::weighted(0.8), 12),
             max_bytes in proptest::option::of(1u64..600),
             max_age in proptest::option::of(1u64..20),
             max_messages in proptest::option::of(1u64..400),
@@ -237,6 +262,7 @@ mod tests {
                     size_bytes: size,
                     newest_timestamp_ms: Some(i as u64 + 1),
                     messages_before: before,
+                    checkpointed: checkpointed[i],
                 };
                 before += counts[i];
                 facts
@@ -248,16 +274,21 @@ mod tests {
                 r.segments.len()
             });
             prop_assert!(removed < segs.len(), "the tail stays");
+            if removed > 0 {
+                prop_assert!(segs[removed].checkpointed, "the log starts at a checkpointed segment");
+            }
             let kept = &segs[removed..];
             let kept_bytes: u64 = kept.iter().map(|s| s.size_bytes).sum();
-            if let (Some(max), Some((tail, rest))) = (max_bytes, kept.split_last()) {
+            if let (Some(max), Some((tail, rest)), true) = (max_bytes, kept.split_last(), checkpointed.iter().all(|c| *c)) {
                 if !rest.is_empty() {
                     prop_assert!(kept_bytes <= max, "more than the bound with an old segment left");
                 } else {
                     prop_assert!(kept_bytes == tail.size_bytes);
                 }
             }
-            if kept.len() > 1 {
+            // Without the checkpoint rule the bounds hold as below; with it the pass may stop
+            // early, at a segment that still breaks one.
+            if kept.len() > 1 && checkpointed.iter().all(|c| *c) {
                 let first = kept[0];
                 let held = total - first.messages_before;
                 prop_assert!(max_bytes.is_none_or(|m| kept_bytes <= m));
