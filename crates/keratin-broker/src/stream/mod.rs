@@ -6,7 +6,9 @@
 //!   and [`StreamSettings`], byte by byte.
 //! - `retention`: which whole old segments a partition's retention removes ([`decide`]).
 //! - `cursors`: the cursor log's records ([`CursorRecord`]), the table they build
-//!   ([`CursorTable`]) and when the cursor log is compacted ([`should_compact`]).
+//!   ([`CursorTable`]) and when the cursor log is compacted ([`should_compact`]);
+//!   `cursor_log`: [`CursorLog`], a single node's cursor log written through and compacted
+//!   (blocking).
 //! - `state`: [`StreamPartitionState`], one partition's state applied from its records
 //!   (counts over its history, producer windows, checkpoints); `rebuild`: that state from a
 //!   partition log's last checkpoint ([`rebuild()`]), blocking.
@@ -14,12 +16,14 @@
 //! Not built yet (`docs/streams.md`, "Build order"): the partition owner that appends, writes
 //! checkpoints and runs retention; readers; the protocol, clients and CLI; replication.
 
+pub mod cursor_log;
 pub mod cursors;
 pub mod rebuild;
 pub mod records;
 pub mod retention;
 pub mod state;
 
+pub use cursor_log::CursorLog;
 pub use cursors::{should_compact, CursorRecord, CursorTable, CURSORS_MAX, CURSOR_NAME_MAX};
 pub use rebuild::{rebuild, Rebuilt};
 pub use records::{Checkpoint, StreamRecord, StreamSettings};
