@@ -9,6 +9,8 @@
 //!   ([`CursorTable`]) and when the cursor log is compacted ([`should_compact`]);
 //!   `cursor_log`: [`CursorLog`], a single node's cursor log written through and compacted
 //!   (blocking).
+//! - `partition`: [`StreamPartition`], the owner task of one partition on a single node:
+//!   appends through the gate, checkpoints, retention passes, stop and heal; reads beside it.
 //! - `state`: [`StreamPartitionState`], one partition's state applied from its records
 //!   (counts over its history, producer windows, checkpoints); `rebuild`: that state from a
 //!   partition log's last checkpoint ([`rebuild()`]), blocking.
@@ -18,6 +20,7 @@
 
 pub mod cursor_log;
 pub mod cursors;
+pub mod partition;
 pub mod rebuild;
 pub mod records;
 pub mod retention;
@@ -25,6 +28,10 @@ pub mod state;
 
 pub use cursor_log::CursorLog;
 pub use cursors::{should_compact, CursorRecord, CursorTable, CURSORS_MAX, CURSOR_NAME_MAX};
+pub use partition::{
+    Appended, StreamMessage, StreamPartition, StreamPartitionConfig, StreamPartitionFigures,
+    StreamRead,
+};
 pub use rebuild::{rebuild, Rebuilt};
 pub use records::{Checkpoint, StreamRecord, StreamSettings};
 pub use retention::{decide, Bound, Removal, RetentionBounds, SegmentFacts};

@@ -1,0 +1,836 @@
+//! The owner task of one stream partition on a single node: the only code that appends to its
+//! payload log (`docs/streams.md`). It asks the publish gate, skips an idempotent producer's
+//! duplicates, writes a checkpoint when one is due, applies what the log commits to the
+//! [`StreamPartitionState`], runs retention, and stops and heals the log after a write error.
+//! Readers do not go through it: [`StreamPartition::read`] reads committed records on the
+//! blocking pool, so reading is never held up by appends, by the gate or by a stopped log.
+//!
+//! Order: appends are proposed in arrival order; a slowed append holds the ones after it (a
+//! producer's messages keep their order), and a due checkpoint holds new appends until every
+//! record proposed before it is applied (it describes the applied state at its offset).
+//!
+//! Not built yet: a replicated partition log's events (roles, records committed by another
+//! node); this owner refuses to run on a log that sends them.
+
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::error::{BrokerError, BrokerResult};
+use crate::gate::{GateDecision, PublishGate};
+use crate::partition::log::{LogEvent, LogEvents, PartitionLog, Proposal};
+use crate::partition::producers::Verdict;
+use crate::record::Message;
+use crate::stream::rebuild::rebuild;
+use crate::stream::records::{StreamRecord, StreamSettings, STREAM_CHECKPOINT, STREAM_MESSAGE};
+use crate::stream::retention::{decide, Removal, RetentionBounds, SegmentFacts};
+use crate::stream::state::StreamPartitionState;
+use crate::stream::CHECKPOINT_INTERVAL_DIVISOR;
+
+/// How often a stopped log is offered a heal (when the gate allows it).
+const HEAL_RETRY: Duration = Duration::from_millis(500);
+/// Most messages or bytes one [`StreamPartition::read`] returns.
+pub const READ_MESSAGES_MAX: usize = 4096;
+
+/// Where a partition lives and how it is bounded.
+#[derive(Debug, Clone)]
+pub struct StreamPartitionConfig {
+    /// The stream (in errors and logs).
+    pub stream: String,
+    /// Its index.
+    pub index: u32,
+    /// The file system of its log (the gate's `device`).
+    pub device: u64,
+    /// Its log's segment size.
+    pub segment_bytes: u64,
+    /// The stream's settings.
+    pub settings: StreamSettings,
+}
+
+/// What an append did with each message, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Appended {
+    /// Stored at this offset.
+    Stored(u64),
+    /// An idempotent producer's message stored already: confirmed, not stored again.
+    Duplicate,
+}
+
+/// One message read from a partition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamMessage {
+    /// Its offset.
+    pub offset: u64,
+    /// When the partition appended it.
+    pub timestamp_ms: u64,
+    /// The message.
+    pub message: Message,
+}
+
+/// What a read returned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamRead {
+    /// The position asked for was below the partition's start (retention removed it): the
+    /// read started at the start instead, named here as the position asked for.
+    pub moved_from: Option<u64>,
+    /// The messages, in offset order.
+    pub messages: Vec<StreamMessage>,
+    /// Where the next read continues.
+    pub next: u64,
+}
+
+/// A partition's figures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StreamPartitionFigures {
+    /// First offset held.
+    pub start: u64,
+    /// One past the last committed offset.
+    pub end: u64,
+    /// Payload bytes appended over the partition's history.
+    pub bytes_appended: u64,
+    /// Bytes of its log's segments on disk.
+    pub disk_bytes: u64,
+    /// Segments retention removed since the partition opened, and their bytes.
+    pub removed_segments: u64,
+    /// Their bytes.
+    pub removed_bytes: u64,
+    /// Whether the log is stopped (a write failed; healing when the disk allows).
+    pub stopped: bool,
+}
+
+enum Command {
+    Append {
+        messages: Vec<Message>,
+        timestamp_ms: u64,
+        reply: oneshot::Sender<BrokerResult<Vec<Appended>>>,
+    },
+    /// The slowed append at the head of the queue may go now.
+    Resume,
+    Log(LogEvent),
+    ProposeFailed {
+        sequence: u64,
+        error: BrokerError,
+    },
+    Retention {
+        now_ms: u64,
+        reply: oneshot::Sender<BrokerResult<Option<Removal>>>,
+    },
+    RetentionDone {
+        result: BrokerResult<Option<Removal>>,
+        reply: oneshot::Sender<BrokerResult<Option<Removal>>>,
+    },
+    HealTick,
+    Healed {
+        result: BrokerResult<StreamPartitionState>,
+    },
+    Close {
+        reply: oneshot::Sender<BrokerResult<()>>,
+    },
+}
+
+/// A handle on one stream partition's owner task.
+#[derive(Clone)]
+pub struct StreamPartition {
+    commands: mpsc::UnboundedSender<Command>,
+    log: Arc<dyn PartitionLog>,
+    figures: Arc<Mutex<StreamPartitionFigures>>,
+    config: Arc<StreamPartitionConfig>,
+}
+
+impl std::fmt::Debug for StreamPartition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamPartition")
+            .field("stream", &self.config.stream)
+            .field("index", &self.config.index)
+            .finish()
+    }
+}
+
+impl StreamPartition {
+    /// Rebuilds the partition in `log` (on the blocking pool) and starts its owner task.
+    pub async fn open(
+        log: Arc<dyn PartitionLog>,
+        gate: Arc<dyn PublishGate>,
+        config: StreamPartitionConfig,
+    ) -> BrokerResult<StreamPartition> {
+        config.settings.validate()?;
+        let reading = log.clone();
+        let rebuilt = tokio::task::spawn_blocking(move || rebuild(reading.as_ref()))
+            .await
+            .map_err(|e| BrokerError::Closed(format!("stream partition rebuild: {e}")))??;
+        let (commands, receiver) = mpsc::unbounded_channel();
+        let events = commands.clone();
+        log.start(LogEvents::new(move |event| {
+            let _ = events.send(Command::Log(event));
+        }));
+        let config = Arc::new(config);
+        let figures = Arc::new(Mutex::new(StreamPartitionFigures::default()));
+        let owner = Owner {
+            config: config.clone(),
+            log: log.clone(),
+            gate,
+            state: rebuilt.state,
+            commands: commands.clone(),
+            figures: figures.clone(),
+            waiting: VecDeque::new(),
+            slowed: false,
+            inflight: VecDeque::new(),
+            inflight_marks: HashSet::new(),
+            next_sequence: 0,
+            stopped: None,
+            healing: false,
+            retention_busy: false,
+            sealed: Arc::new(Mutex::new(BTreeMap::new())),
+        };
+        owner.publish_figures();
+        tokio::spawn(owner.run(receiver));
+        Ok(StreamPartition {
+            commands,
+            log,
+            figures,
+            config,
+        })
+    }
+
+    /// Appends `messages` (at `timestamp_ms`), answered once they are durable: each stored at
+    /// an offset, or found stored already (an idempotent producer's retry).
+    pub async fn append(
+        &self,
+        messages: Vec<Message>,
+        timestamp_ms: u64,
+    ) -> BrokerResult<Vec<Appended>> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Append {
+            messages,
+            timestamp_ms,
+            reply,
+        })?;
+        answer.await.map_err(|_| self.closed())?
+    }
+
+    /// Reads up to `max_messages` (at most [`READ_MESSAGES_MAX`]) and about `max_bytes` of
+    /// committed messages from `from` (a position below the start is moved to it and said
+    /// so). Never waits for appends or the gate; works while the log is stopped.
+    pub async fn read(
+        &self,
+        from: u64,
+        max_messages: usize,
+        max_bytes: usize,
+    ) -> BrokerResult<StreamRead> {
+        let log = self.log.clone();
+        let max_messages = max_messages.clamp(1, READ_MESSAGES_MAX);
+        tokio::task::spawn_blocking(move || read(log.as_ref(), from, max_messages, max_bytes))
+            .await
+            .map_err(|e| BrokerError::Closed(format!("stream read: {e}")))?
+    }
+
+    /// Runs a retention pass at `now_ms`: what it removed.
+    pub async fn retention(&self, now_ms: u64) -> BrokerResult<Option<Removal>> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Retention { now_ms, reply })?;
+        answer.await.map_err(|_| self.closed())?
+    }
+
+    /// The partition's figures (as of its last change).
+    pub fn figures(&self) -> StreamPartitionFigures {
+        let mut figures = *self.figures.lock().unwrap_or_else(|p| p.into_inner());
+        figures.start = self.log.start_offset();
+        figures.end = self.log.committed_offset();
+        figures.disk_bytes = self.log.disk_bytes();
+        figures
+    }
+
+    /// Ends the owner after what is in flight is answered; the log is closed.
+    pub async fn close(self) -> BrokerResult<()> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Close { reply })?;
+        answer.await.map_err(|_| self.closed())?
+    }
+
+    fn send(&self, command: Command) -> BrokerResult<()> {
+        self.commands.send(command).map_err(|_| self.closed())
+    }
+
+    fn closed(&self) -> BrokerError {
+        BrokerError::Closed(format!(
+            "stream {:?} partition {}",
+            self.config.stream, self.config.index
+        ))
+    }
+}
+
+/// Reads committed messages from `from` (blocking).
+fn read(
+    log: &dyn PartitionLog,
+    from: u64,
+    max_messages: usize,
+    max_bytes: usize,
+) -> BrokerResult<StreamRead> {
+    let start = log.start_offset();
+    let end = log.committed_offset();
+    let (position, moved_from) = if from < start {
+        (start, Some(from))
+    } else {
+        (from, None)
+    };
+    let mut out = StreamRead {
+        moved_from,
+        messages: Vec::new(),
+        next: position,
+    };
+    if position >= end {
+        return Ok(out);
+    }
+    let mut bytes = 0usize;
+    for record in log.reader(position) {
+        let record = record?;
+        if record.offset >= end {
+            break;
+        }
+        out.next = record.offset + 1;
+        if record.record_type != STREAM_MESSAGE {
+            continue;
+        }
+        bytes += record.payload.len();
+        let message = Message::decode(&record.payload, record.offset)?;
+        out.messages.push(StreamMessage {
+            offset: record.offset,
+            timestamp_ms: record.timestamp_ms,
+            message,
+        });
+        if out.messages.len() >= max_messages || bytes >= max_bytes {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+/// An append waiting for the gate or for a checkpoint.
+struct Waiting {
+    messages: Vec<Message>,
+    timestamp_ms: u64,
+    reply: oneshot::Sender<BrokerResult<Vec<Appended>>>,
+}
+
+/// A proposal in flight.
+struct Inflight {
+    sequence: u64,
+    records: Vec<(StreamRecord, Vec<u8>)>,
+    timestamp_ms: u64,
+    /// What each message of the append became: `None` for a record written, in order.
+    outcome: Vec<Option<Appended>>,
+    reply: Option<oneshot::Sender<BrokerResult<Vec<Appended>>>>,
+}
+
+struct Owner {
+    config: Arc<StreamPartitionConfig>,
+    log: Arc<dyn PartitionLog>,
+    gate: Arc<dyn PublishGate>,
+    state: StreamPartitionState,
+    commands: mpsc::UnboundedSender<Command>,
+    figures: Arc<Mutex<StreamPartitionFigures>>,
+    /// Appends in arrival order, not yet proposed.
+    waiting: VecDeque<Waiting>,
+    /// The head of `waiting` sleeps on the gate's delay.
+    slowed: bool,
+    inflight: VecDeque<Inflight>,
+    /// Idempotent producers' marks proposed and not applied yet (so a retry racing its first
+    /// attempt is a duplicate too).
+    inflight_marks: HashSet<(u64, u64)>,
+    next_sequence: u64,
+    /// Why the log stopped, while it is stopped.
+    stopped: Option<BrokerError>,
+    healing: bool,
+    retention_busy: bool,
+    /// Facts of sealed segments (they never change), by base offset, so a retention pass
+    /// reads only segments it has not seen.
+    sealed: Arc<Mutex<BTreeMap<u64, Sealed>>>,
+}
+
+/// What retention read of a sealed segment.
+#[derive(Debug, Clone, Copy)]
+struct Sealed {
+    newest_timestamp_ms: Option<u64>,
+    checkpointed: bool,
+}
+
+impl Owner {
+    async fn run(mut self, mut receiver: mpsc::UnboundedReceiver<Command>) {
+        while let Some(command) = receiver.recv().await {
+            match command {
+                Command::Append {
+                    messages,
+                    timestamp_ms,
+                    reply,
+                } => {
+                    if let Some(stopped) = &self.stopped {
+                        // Refused at once: the log heals in the background.
+                        let _ = reply.send(Err(BrokerError::Unavailable {
+                            queue: self.config.stream.clone(),
+                            partition: self.config.index,
+                            source: keratin_log::LogError::Invalid(format!(
+                                "the log stopped after a write failed ({stopped}); it heals \
+                                 once the disk has room, retry then"
+                            )),
+                        }));
+                        continue;
+                    }
+                    self.waiting.push_back(Waiting {
+                        messages,
+                        timestamp_ms,
+                        reply,
+                    });
+                    self.pump();
+                }
+                Command::Resume => {
+                    self.slowed = false;
+                    self.pump();
+                }
+                Command::Log(event) => self.on_log(event),
+                Command::ProposeFailed { sequence, error } => self.failed(sequence, error),
+                Command::Retention { now_ms, reply } => self.retention(now_ms, reply),
+                Command::RetentionDone { result, reply } => {
+                    self.retention_busy = false;
+                    if let Ok(Some(removal)) = &result {
+                        let mut figures = self.lock_figures();
+                        figures.removed_segments += removal.segments.len() as u64;
+                        figures.removed_bytes += removal.bytes();
+                    }
+                    let _ = reply.send(result);
+                }
+                Command::HealTick => self.try_heal(),
+                Command::Healed { result } => self.healed(result),
+                Command::Close { reply } => {
+                    self.fail_waiting(|| BrokerError::Closed("stream partition".into()));
+                    let log = self.log.clone();
+                    let result = tokio::task::spawn_blocking(move || {
+                        drop(log);
+                        Ok(())
+                    })
+                    .await
+                    .unwrap_or_else(|e| Err(BrokerError::Closed(e.to_string())));
+                    let _ = reply.send(result);
+                    return;
+                }
+            }
+        }
+    }
+
+    fn lock_figures(&self) -> std::sync::MutexGuard<'_, StreamPartitionFigures> {
+        self.figures.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn publish_figures(&self) {
+        let mut figures = self.lock_figures();
+        figures.bytes_appended = self.state.bytes();
+        figures.stopped = self.stopped.is_some();
+    }
+
+    /// Proposes what waits, in order, as far as the gate, a due checkpoint and the log allow.
+    fn pump(&mut self) {
+        while !self.slowed && self.stopped.is_none() {
+            let Some(head) = self.waiting.front() else {
+                return;
+            };
+            let interval = self.config.segment_bytes / CHECKPOINT_INTERVAL_DIVISOR;
+            let checkpoint_due = self.state.checkpoint_due(interval);
+            if checkpoint_due && !self.inflight.is_empty() {
+                return; // the checkpoint waits for the state to catch up
+            }
+            let bytes: u64 = head.messages.iter().map(|m| m.body.len() as u64).sum();
+            match self.gate.publish(self.config.device, bytes) {
+                GateDecision::Admit => {}
+                GateDecision::Slow { delay_ms } => {
+                    self.slowed = true;
+                    let commands = self.commands.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+                        let _ = commands.send(Command::Resume);
+                    });
+                    return;
+                }
+                GateDecision::Reject {
+                    reason,
+                    retry_after_ms,
+                    message,
+                } => {
+                    let head = self.waiting.pop_front().expect("a head");
+                    let _ = head.reply.send(Err(BrokerError::Limited {
+                        reason,
+                        retry_after_ms,
+                        message,
+                    }));
+                    continue;
+                }
+            }
+            let head = self.waiting.pop_front().expect("a head");
+            self.propose(head, checkpoint_due);
+        }
+    }
+
+    fn propose(&mut self, append: Waiting, checkpoint: bool) {
+        let mut records = Vec::new();
+        if checkpoint {
+            debug_assert!(
+                self.inflight.is_empty(),
+                "a checkpoint follows applied records"
+            );
+            records.push(StreamRecord::Checkpoint(self.state.checkpoint()));
+        }
+        let mut outcome = Vec::with_capacity(append.messages.len());
+        let mut marks = Vec::new();
+        for message in append.messages {
+            if let Some(mark) = message.producer {
+                let key = (mark.producer, mark.sequence);
+                let verdict = if self.inflight_marks.contains(&key) || marks.contains(&key) {
+                    Verdict::Duplicate
+                } else {
+                    self.state.verdict(mark.producer, mark.sequence)
+                };
+                match verdict {
+                    Verdict::New => marks.push(key),
+                    Verdict::Duplicate => {
+                        outcome.push(Some(Appended::Duplicate));
+                        continue;
+                    }
+                    Verdict::TooOld { floor } => {
+                        let _ = append.reply.send(Err(BrokerError::Invalid(format!(
+                            "producer {} sequence {} is below the sequences stream {:?} \
+                             partition {} still knows (from {floor}): whether it was stored is \
+                             no longer known, so it is refused",
+                            mark.producer, mark.sequence, self.config.stream, self.config.index
+                        ))));
+                        return;
+                    }
+                }
+            }
+            outcome.push(None);
+            records.push(StreamRecord::Message(message));
+        }
+        let mut encoded = Vec::with_capacity(records.len());
+        for record in records {
+            match record.encode() {
+                Ok(payload) => encoded.push((record, payload)),
+                Err(error) => {
+                    let _ = append.reply.send(Err(error));
+                    return;
+                }
+            }
+        }
+        if encoded.is_empty() {
+            // Every message was a duplicate: nothing to write.
+            let outcome = outcome
+                .into_iter()
+                .map(|o| o.expect("duplicates only"))
+                .collect();
+            let _ = append.reply.send(Ok(outcome));
+            return;
+        }
+        self.inflight_marks.extend(marks);
+        let sequence = self.next_sequence;
+        self.next_sequence += 1;
+        let proposal = Proposal {
+            sequence,
+            types: encoded.iter().map(|(r, _)| r.record_type()).collect(),
+            payloads: encoded.iter().map(|(_, p)| p.clone()).collect(),
+            timestamp_ms: append.timestamp_ms,
+        };
+        self.inflight.push_back(Inflight {
+            sequence,
+            records: encoded,
+            timestamp_ms: append.timestamp_ms,
+            outcome,
+            reply: Some(append.reply),
+        });
+        let proposing = self.log.clone().propose(proposal);
+        let commands = self.commands.clone();
+        tokio::spawn(async move {
+            if let Err(error) = proposing.await {
+                let _ = commands.send(Command::ProposeFailed { sequence, error });
+            }
+        });
+    }
+
+    fn on_log(&mut self, event: LogEvent) {
+        match event {
+            LogEvent::Proposed { sequence, result } => match result {
+                Ok(range) => self.committed(sequence, range),
+                Err(error) => self.failed(sequence, error),
+            },
+            other => {
+                // A replicated log's events: not built for streams yet (module docs).
+                tracing::error!(
+                    stream = %self.config.stream,
+                    partition = self.config.index,
+                    event = ?other,
+                    "a stream partition got a replicated log's event; streams run on one node only for now"
+                );
+            }
+        }
+    }
+
+    fn committed(&mut self, sequence: u64, range: Range<u64>) {
+        let Some(position) = self.inflight.iter().position(|i| i.sequence == sequence) else {
+            return; // failed already (the log stopped): the heal's rebuild has it
+        };
+        assert_eq!(position, 0, "a local log commits proposals in order");
+        let mut done = self.inflight.pop_front().expect("the head");
+        assert_eq!(
+            range.end - range.start,
+            done.records.len() as u64,
+            "a proposal commits as many records as it holds"
+        );
+        let mut offsets = Vec::with_capacity(done.records.len());
+        for ((record, payload), offset) in done.records.iter().zip(range.clone()) {
+            if let StreamRecord::Message(Message {
+                producer: Some(mark),
+                ..
+            }) = record
+            {
+                self.inflight_marks.remove(&(mark.producer, mark.sequence));
+            }
+            if let Err(error) =
+                self.state
+                    .apply(offset, done.timestamp_ms, payload.len() as u64, record)
+            {
+                // A broken invariant: stop rather than build on a wrong state.
+                tracing::error!(stream = %self.config.stream, partition = self.config.index, %error, "a committed record does not apply; the partition stops");
+                if let Some(reply) = done.reply.take() {
+                    let _ = reply.send(Err(BrokerError::Closed(format!(
+                        "stream {:?} partition {} (stopped: {error})",
+                        self.config.stream, self.config.index
+                    ))));
+                }
+                self.stop(error);
+                return;
+            }
+            if record.record_type() != STREAM_CHECKPOINT {
+                offsets.push(offset);
+            }
+        }
+        let mut offsets = offsets.into_iter();
+        let outcome = done
+            .outcome
+            .iter()
+            .map(|o| {
+                o.unwrap_or_else(|| Appended::Stored(offsets.next().expect("an offset per record")))
+            })
+            .collect();
+        if let Some(reply) = done.reply.take() {
+            let _ = reply.send(Ok(outcome));
+        }
+        self.publish_figures();
+        self.pump();
+    }
+
+    fn failed(&mut self, sequence: u64, error: BrokerError) {
+        if !self.inflight.iter().any(|i| i.sequence == sequence) {
+            return;
+        }
+        self.stop(error);
+    }
+
+    /// The log failed: every append in flight has an unknown outcome, waiting ones are refused,
+    /// and the log heals when the gate allows (then the state is rebuilt from it).
+    fn stop(&mut self, error: BrokerError) {
+        let source = match &error {
+            BrokerError::Log(e) => e.clone(),
+            other => keratin_log::LogError::Invalid(other.to_string()),
+        };
+        for mut inflight in self.inflight.drain(..) {
+            if let Some(reply) = inflight.reply.take() {
+                let _ = reply.send(Err(BrokerError::OutcomeUnknown {
+                    queue: self.config.stream.clone(),
+                    partition: self.config.index,
+                    source: source.clone(),
+                }));
+            }
+        }
+        self.inflight_marks.clear();
+        let stream = self.config.stream.clone();
+        let index = self.config.index;
+        self.fail_waiting(|| BrokerError::Unavailable {
+            queue: stream.clone(),
+            partition: index,
+            source: source.clone(),
+        });
+        if self.stopped.is_none() {
+            tracing::warn!(stream = %self.config.stream, partition = self.config.index, %error, "stream partition log stopped; healing when the disk allows");
+        }
+        self.stopped = Some(error);
+        self.publish_figures();
+        self.schedule_heal();
+    }
+
+    fn fail_waiting(&mut self, error: impl Fn() -> BrokerError) {
+        for waiting in self.waiting.drain(..) {
+            let _ = waiting.reply.send(Err(error()));
+        }
+        self.slowed = false;
+    }
+
+    fn schedule_heal(&self) {
+        let commands = self.commands.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(HEAL_RETRY).await;
+            let _ = commands.send(Command::HealTick);
+        });
+    }
+
+    fn try_heal(&mut self) {
+        if self.stopped.is_none() || self.healing {
+            return;
+        }
+        if !self.gate.may_heal(self.config.device) {
+            self.schedule_heal();
+            return;
+        }
+        self.healing = true;
+        let log = self.log.clone();
+        let commands = self.commands.clone();
+        tokio::task::spawn_blocking(move || {
+            let result = log
+                .heal()
+                .map_err(BrokerError::from)
+                .and_then(|()| rebuild(log.as_ref()).map(|r| r.state));
+            let _ = commands.send(Command::Healed { result });
+        });
+    }
+
+    fn healed(&mut self, result: BrokerResult<StreamPartitionState>) {
+        self.healing = false;
+        match result {
+            Ok(state) => {
+                tracing::info!(stream = %self.config.stream, partition = self.config.index, "stream partition log healed; appends resume");
+                self.state = state;
+                self.stopped = None;
+                self.publish_figures();
+                self.pump();
+            }
+            Err(error) => {
+                tracing::warn!(stream = %self.config.stream, partition = self.config.index, %error, "stream partition heal failed; trying again");
+                self.schedule_heal();
+            }
+        }
+    }
+
+    /// Decides on the segments' facts (read on the blocking pool) and removes the prefix.
+    fn retention(&mut self, now_ms: u64, reply: oneshot::Sender<BrokerResult<Option<Removal>>>) {
+        let settings = self.config.settings;
+        if !settings.has_retention() || self.retention_busy {
+            let _ = reply.send(Ok(None));
+            return;
+        }
+        self.retention_busy = true;
+        let bounds = RetentionBounds {
+            max_bytes: settings.partition_max_bytes(),
+            max_age_ms: settings.max_age_ms,
+            max_messages: settings.partition_max_messages(),
+        };
+        let log = self.log.clone();
+        let segment_bytes = self.config.segment_bytes;
+        let commands = self.commands.clone();
+        let sealed = self.sealed.clone();
+        tokio::task::spawn_blocking(move || {
+            let result = (|| {
+                let facts = segment_facts(log.as_ref(), segment_bytes, &sealed)?;
+                let end = log.committed_offset();
+                let Some(removal) = decide(&facts, end, &bounds, now_ms) else {
+                    return Ok(None);
+                };
+                let removing = log.remove_prefix(removal.before)?;
+                futures_block_on(removing)?;
+                Ok(Some(removal))
+            })();
+            let _ = commands.send(Command::RetentionDone { result, reply });
+        });
+    }
+}
+
+/// Each segment's facts for retention (blocking). A sealed segment is read once, then its
+/// facts are cached: from its base to its first checkpoint (a quarter of a segment at most),
+/// and its last record for its newest timestamp; the tail is read every pass. Counts are in
+/// offsets (`docs/streams.md`, "Retention": a checkpoint per quarter segment counts too);
+/// sizes are the segment size but for the tail, which holds the rest.
+fn segment_facts(
+    log: &dyn PartitionLog,
+    segment_bytes: u64,
+    sealed: &Mutex<BTreeMap<u64, Sealed>>,
+) -> BrokerResult<Vec<SegmentFacts>> {
+    let space = log.space();
+    let end = log.committed_offset();
+    let start = log.start_offset();
+    let bases = &space.segment_bases;
+    let old = bases.len().saturating_sub(1) as u64;
+    let mut cache = sealed.lock().unwrap_or_else(|p| p.into_inner());
+    cache.retain(|base, _| bases.contains(base));
+    let mut facts = Vec::with_capacity(bases.len());
+    for (i, &base) in bases.iter().enumerate() {
+        let tail = i + 1 == bases.len();
+        let next = bases.get(i + 1).copied().unwrap_or(end);
+        let known = if tail {
+            None
+        } else {
+            cache.get(&base).copied()
+        };
+        let seen = match known {
+            Some(seen) => seen,
+            None => {
+                let seen = read_segment(log, base.max(start), next)?;
+                if !tail {
+                    cache.insert(base, seen);
+                }
+                seen
+            }
+        };
+        let size_bytes = if tail {
+            space.disk_bytes.saturating_sub(old * segment_bytes)
+        } else {
+            segment_bytes
+        };
+        facts.push(SegmentFacts {
+            base_offset: base,
+            size_bytes,
+            newest_timestamp_ms: seen.newest_timestamp_ms,
+            messages_before: base,
+            checkpointed: seen.checkpointed,
+        });
+    }
+    Ok(facts)
+}
+
+/// Reads `from..next` up to its first checkpoint, and its last record.
+fn read_segment(log: &dyn PartitionLog, from: u64, next: u64) -> BrokerResult<Sealed> {
+    let mut checkpointed = false;
+    for record in log.reader(from) {
+        let record = record?;
+        if record.offset >= next {
+            break;
+        }
+        if record.record_type == STREAM_CHECKPOINT {
+            checkpointed = true;
+            break;
+        }
+    }
+    let mut newest_timestamp_ms = None;
+    if next > from {
+        if let Some(record) = log.reader(next - 1).next() {
+            let record = record?;
+            if record.offset == next - 1 {
+                newest_timestamp_ms = Some(record.timestamp_ms);
+            }
+        }
+    }
+    Ok(Sealed {
+        newest_timestamp_ms,
+        checkpointed,
+    })
+}
+
+/// Waits for a log future from a blocking thread.
+fn futures_block_on<F: std::future::Future>(future: F) -> F::Output {
+    tokio::runtime::Handle::current().block_on(future)
+}
