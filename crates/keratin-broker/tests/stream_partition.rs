@@ -235,6 +235,12 @@ async fn the_gate_slows_in_order_and_refuses_with_its_reason() {
             .len(),
         2
     );
+    // The gate was asked with each append's body bytes.
+    let asked = gate.asked.lock().expect("not poisoned").clone();
+    assert!(
+        asked.len() >= 3 && asked.iter().all(|b| *b == 10),
+        "{asked:?}"
+    );
 }
 
 #[tokio::test]
