@@ -1043,6 +1043,23 @@ impl Broker {
         blocking(move || remover.remove_queue_dirs(id)).await
     }
 
+    /// Make sure an answer "queue `name` does not exist" would be true of the cluster, before a
+    /// request on `name` is served. `Ok` at once when the queue exists here or the node is not
+    /// in a cluster (a map lookup: the cost of a request on a known queue). In a cluster, when
+    /// the queue is not known here, it waits until this node applied every metadata record
+    /// committed before the call ([`ClusterMetadata::catch_up`]): a queue declared through
+    /// another node a moment ago is then found, and one still missing does not exist.
+    /// [`BrokerError::MetadataUnavailable`] (503) when that cannot finish in time.
+    pub async fn catch_up_for(&self, name: &str) -> BrokerResult<()> {
+        let Some(cluster) = &self.inner.config.cluster_metadata else {
+            return Ok(());
+        };
+        if self.inner.queues_read().contains_key(name) {
+            return Ok(());
+        }
+        cluster.catch_up(name.to_string()).await
+    }
+
     /// Remove every ready message; inflight ones stay until settled. Returns how many went.
     pub async fn purge(&self, name: &str) -> BrokerResult<u64> {
         let queue = self.inner.queue(name)?;

@@ -10,6 +10,19 @@ pub enum BrokerError {
     /// No queue of that name.
     #[error("queue {0:?} does not exist; declare it first")]
     NotFound(String),
+    /// In a cluster: queue `queue` is not known on this node, and the node could not make sure
+    /// its copy of the cluster's metadata is current (no metadata leader reachable within the
+    /// bound), so it cannot say whether the queue exists. Nothing was applied; retry after
+    /// `retry_after_ms`.
+    #[error("queue {queue:?} is not known on this node, and the node could not check the cluster's metadata: {why}; retry after {retry_after_ms} ms")]
+    MetadataUnavailable {
+        /// The queue asked for.
+        queue: String,
+        /// Why the check failed.
+        why: String,
+        /// When a retry may succeed (a metadata leader is usually elected by then).
+        retry_after_ms: u32,
+    },
     /// The queue exists with other settings.
     #[error("queue {name:?} exists with other settings ({existing}); delete it or declare it with the same settings")]
     Conflict {

@@ -19,6 +19,16 @@ use crate::records::ClusterRecord;
 /// A metadata change answers within this (the group may be electing a leader).
 pub const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a request for a queue not known on this node waits for this node's metadata to
+/// catch up with the cluster's before it is answered (`catch_up`): about one election
+/// (500–1,000 ms timeouts, then a vote) plus the applier opening a queue's logs; past it the
+/// answer is 503 with [`CATCH_UP_RETRY_AFTER_MS`].
+pub const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The retry hint of a request whose queue could not be checked against the cluster's
+/// metadata: an election is usually over by then.
+pub const CATCH_UP_RETRY_AFTER_MS: u32 = 1_000;
+
 /// A declare refused because too few nodes are below the soft level may succeed once their
 /// levels are heard again (every 10 s).
 pub const PLACEMENT_RETRY_AFTER_MS: u32 = 10_000;
@@ -155,6 +165,40 @@ impl ClusterMetadata for MetadataHook {
                     "queue {name:?}: the cluster did not take the declaration (deleted meanwhile?)"
                 ))),
             }
+        })
+    }
+
+    fn catch_up(&self, name: String) -> MetadataFuture {
+        let meta = self.meta.get().cloned();
+        let applied = self.applied.clone();
+        Box::pin(async move {
+            let unavailable = |why: String| BrokerError::MetadataUnavailable {
+                queue: name.clone(),
+                why,
+                retry_after_ms: CATCH_UP_RETRY_AFTER_MS,
+            };
+            let Some(meta) = meta else {
+                return Err(unavailable(
+                    "the node is starting and does not serve the metadata group yet".into(),
+                ));
+            };
+            let started = tokio::time::Instant::now();
+            let committed = meta.read_index(CATCH_UP_TIMEOUT).await.map_err(|last| {
+                unavailable(format!(
+                    "no metadata leader confirmed the commit index within {} ms ({last})",
+                    CATCH_UP_TIMEOUT.as_millis()
+                ))
+            })?;
+            let left = CATCH_UP_TIMEOUT.saturating_sub(started.elapsed());
+            if !applied.wait_applied(committed, left).await {
+                return Err(unavailable(format!(
+                    "this node has applied the metadata up to record {} of {committed} \
+                     committed and did not catch up within {} ms",
+                    applied.applied(),
+                    CATCH_UP_TIMEOUT.as_millis()
+                )));
+            }
+            Ok(())
         })
     }
 

@@ -20,7 +20,9 @@ use keratin_raft::{GroupLogs, PartitionRecord};
 use tokio::sync::watch;
 
 use crate::records::{ClusterRecord, RECORD_JSON_V1};
-use crate::service::{KIND_PROPOSE, NOT_META_LEADER, PROPOSAL_FAILED, SERVICE_GROUP, STARTING};
+use crate::service::{
+    KIND_PROPOSE, KIND_READ_INDEX, NOT_META_LEADER, PROPOSAL_FAILED, SERVICE_GROUP, STARTING,
+};
 
 /// The metadata group's id.
 pub const META_GROUP: GroupId = GroupId(0);
@@ -232,6 +234,57 @@ impl MetaGroup {
                 .inspect_err(|_| {
                     tracing::warn!(queue = record.queue(), %last, "the cluster's metadata group did not take a change in time");
                 });
+            }
+            tokio::time::sleep(RETRY_PAUSE).await;
+        }
+    }
+
+    /// One past the group's last committed record as of now, on this node, which must lead
+    /// the group (openraft's ReadIndex: it confirms with a quorum that it still leads).
+    pub(crate) async fn read_index_here(&self) -> Result<u64, RemoteError> {
+        match self.replica.read_index().await {
+            Ok(committed) => Ok(committed),
+            Err(error @ ProposeError::NotLeader { .. }) => {
+                Err(RemoteError::new(NOT_META_LEADER, error.to_string()))
+            }
+            Err(error) => Err(RemoteError::new(PROPOSAL_FAILED, error.to_string())),
+        }
+    }
+
+    /// One past the group's last committed record as of now, from its leader wherever it is,
+    /// retrying until `timeout` while there is none or it moves. `Err`: what went wrong last.
+    pub(crate) async fn read_index(&self, timeout: Duration) -> Result<u64, String> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut last = String::from("no leader is known");
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match self.leader().await {
+                Some(leader) if leader == self.node_id => {
+                    // The leader waits for its quorum's answer without a bound of its own.
+                    match tokio::time::timeout(left, self.read_index_here()).await {
+                        Ok(Ok(committed)) => return Ok(committed),
+                        Ok(Err(error)) => last = error.message,
+                        Err(_) => last = "this node leads and no quorum confirmed it".into(),
+                    }
+                }
+                Some(leader) => {
+                    let call = self
+                        .transport
+                        .call(leader, SERVICE_GROUP, KIND_READ_INDEX, Bytes::new(), left)
+                        .await;
+                    match call {
+                        Ok(reply) => {
+                            return offset_of(&reply).ok_or_else(|| {
+                                format!("node {leader} answered {} bytes", reply.len())
+                            })
+                        }
+                        Err(error) => last = format!("node {leader}: {error}"),
+                    }
+                }
+                None => {}
+            }
+            if tokio::time::Instant::now() + RETRY_PAUSE >= deadline {
+                return Err(last);
             }
             tokio::time::sleep(RETRY_PAUSE).await;
         }

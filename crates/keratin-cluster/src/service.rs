@@ -7,6 +7,10 @@
 //!   that leads the group proposes it and replies with its offset (8 bytes, little-endian)
 //!   once it is committed; any other node refuses with [`NOT_META_LEADER`], and the sender
 //!   asks the leader.
+//! - [`KIND_READ_INDEX`]: empty request; a node that leads the metadata group confirms it
+//!   still leads (openraft's ReadIndex) and replies with one past its last committed record
+//!   (8 bytes, little-endian); any other node refuses with [`NOT_META_LEADER`]. A node asked
+//!   for a queue it does not know catches up to that offset before answering "not found".
 
 use std::sync::{Arc, OnceLock};
 
@@ -26,6 +30,8 @@ pub const SERVICE_GROUP: GroupId = GroupId(u64::MAX);
 pub const KIND_HELLO: u8 = 1;
 /// Propose a metadata record.
 pub const KIND_PROPOSE: u8 = 2;
+/// One past the metadata group's last committed record, confirmed by its leader.
+pub const KIND_READ_INDEX: u8 = 3;
 /// This node does not lead the metadata group (the message names the leader if known).
 pub const NOT_META_LEADER: u16 = APP_CODE_MIN + 100;
 /// The request did not decode.
@@ -67,6 +73,13 @@ impl GroupEndpoint for ClusterService {
                         .map_err(|e| RemoteError::new(BAD_REQUEST, e))?;
                     let offset = meta.propose_here(&record).await?;
                     Ok(Bytes::copy_from_slice(&offset.to_le_bytes()))
+                }
+                KIND_READ_INDEX => {
+                    let meta = meta.ok_or_else(|| {
+                        RemoteError::new(STARTING, "the node is starting; ask again shortly")
+                    })?;
+                    let committed = meta.read_index_here().await?;
+                    Ok(Bytes::copy_from_slice(&committed.to_le_bytes()))
                 }
                 other => Err(RemoteError::new(
                     BAD_REQUEST,

@@ -463,7 +463,11 @@ async fn prepare_cluster(
                     groups: groups.clone(),
                     raft_config: config,
                     cluster: cluster_for_logs,
-                    client_addrs: Arc::new(move |id| directory.client_addr(id)),
+                    // A redirect never names this node (`docs/cluster.md`, "Redirects never
+                    // loop"); `role_of` already leaves it out, this keeps it so.
+                    client_addrs: Arc::new(move |id| {
+                        (id != node_id).then(|| directory.client_addr(id)).flatten()
+                    }),
                 },
             ))
         });

@@ -308,4 +308,10 @@ pub trait ClusterMetadata: Send + Sync + 'static {
     fn delete(&self, name: String) -> MetadataFuture;
     /// Replace the settings of live queue `name` in the cluster.
     fn set_settings(&self, name: String, settings: crate::QueueSettings) -> MetadataFuture;
+    /// Wait until this node has applied every metadata record the cluster committed before
+    /// the call (a read index through the metadata group's leader), bounded by a short time;
+    /// `name` is the queue the caller did not find, for the error. Only called on the path to
+    /// "not found" ([`crate::Broker::catch_up_for`]). Fails with
+    /// [`BrokerError::MetadataUnavailable`] when it cannot finish in time.
+    fn catch_up(&self, name: String) -> MetadataFuture;
 }

@@ -198,16 +198,36 @@ fn quorum_check_in(metrics: &RaftMetrics<TypeConfig>) -> Option<Duration> {
         .map(|left| left + Duration::from_millis(1))
 }
 
+/// The leader node `id`, which does not lead, may send its clients to: the one its metrics
+/// know, unless that is `id` itself (a leader that handed the group over or removed itself
+/// keeps its own committed vote until it hears the next leader: clients sent back to it loop)
+/// or no voter of the group as this node knows it (a leader moved off the partition stays
+/// known here until the voters elect, while its own node sends clients to the partition's
+/// replicas: two nodes naming each other). `None`: the refusal names no leader and carries a
+/// retry hint (`docs/cluster.md`, "Redirects never loop").
+fn redirect_target(id: u64, metrics: &RaftMetrics<TypeConfig>) -> Option<u64> {
+    let leader = metrics.current_leader.filter(|leader| *leader != id)?;
+    metrics
+        .membership_config
+        .membership()
+        .voter_ids()
+        .any(|voter| voter == leader)
+        .then_some(leader)
+}
+
 /// The role openraft's metrics show for node `id`: a leader cut off from a majority
-/// ([`quorum_lost`]) is not leading and knows no leader.
+/// ([`quorum_lost`]) is not leading and knows no leader; a node that does not lead names only
+/// a [`redirect_target`].
 fn role_of(id: u64, metrics: &RaftMetrics<TypeConfig>, client_addrs: &ClientAddrs) -> Role {
     let elected = metrics.state.is_leader() && metrics.current_leader == Some(id);
     let cut_off = elected && quorum_lost(metrics);
     let leading = elected && !cut_off;
     let leader = if cut_off {
         None
-    } else {
+    } else if leading {
         metrics.current_leader
+    } else {
+        redirect_target(id, metrics)
     };
     Role {
         leading,
@@ -767,5 +787,101 @@ impl PartitionLog for ReplicatedLog {
             self.partition, self.queue
         ));
         (Some(self), Err(error))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use openraft::{ServerState, StoredMembership};
+
+    use super::*;
+    use crate::types::Membership;
+
+    /// Node `id`'s metrics in `state`, knowing `leader`, in a group of `voters`.
+    fn metrics(
+        id: u64,
+        state: ServerState,
+        leader: Option<u64>,
+        voters: &[u64],
+    ) -> RaftMetrics<TypeConfig> {
+        let nodes: BTreeMap<u64, NodeAddr> = voters
+            .iter()
+            .map(|v| {
+                (
+                    *v,
+                    NodeAddr {
+                        addr: format!("node-{v}:7000"),
+                    },
+                )
+            })
+            .collect();
+        let membership =
+            Membership::new(vec![voters.iter().copied().collect::<BTreeSet<_>>()], nodes)
+                .expect("membership");
+        let mut metrics = RaftMetrics::<TypeConfig>::new_initial(id);
+        metrics.state = state;
+        metrics.current_leader = leader;
+        metrics.membership_config = Arc::new(StoredMembership::new(None, membership));
+        metrics
+    }
+
+    fn client_addrs() -> ClientAddrs {
+        Arc::new(|id| Some(format!("node-{id}:5680")))
+    }
+
+    #[test]
+    fn a_follower_names_the_leader_it_knows() {
+        let role = role_of(
+            2,
+            &metrics(2, ServerState::Follower, Some(3), &[1, 2, 3]),
+            &client_addrs(),
+        );
+        assert!(!role.leading);
+        assert_eq!(role.leader, Some(3));
+        assert_eq!(role.addr.as_deref(), Some("node-3:5680"));
+    }
+
+    #[test]
+    fn a_leader_leads_and_names_no_address() {
+        let role = role_of(
+            2,
+            &metrics(2, ServerState::Leader, Some(2), &[1, 2, 3]),
+            &client_addrs(),
+        );
+        assert!(role.leading);
+        assert_eq!(role.addr, None);
+    }
+
+    /// A leader that handed the group over or removed itself is a follower whose last committed
+    /// vote is still its own until it hears the next leader: it must not send clients to itself.
+    #[test]
+    fn a_node_that_does_not_lead_never_names_itself() {
+        for state in [
+            ServerState::Follower,
+            ServerState::Candidate,
+            ServerState::Learner,
+        ] {
+            let role = role_of(2, &metrics(2, state, Some(2), &[1, 2, 3]), &client_addrs());
+            assert!(!role.leading, "{state:?}");
+            assert_eq!(role.leader, None, "{state:?}: named itself");
+            assert_eq!(role.addr, None, "{state:?}: its own address");
+        }
+    }
+
+    /// A former leader moved off the group (no voter any more) stays the leader a follower
+    /// knows until the voters elect; the former leader's node then points at the partition's
+    /// replicas, one of which points back at it: a loop. Name no one instead.
+    #[test]
+    fn a_follower_never_names_a_leader_that_is_no_voter() {
+        let role = role_of(
+            2,
+            &metrics(2, ServerState::Follower, Some(4), &[1, 2, 3]),
+            &client_addrs(),
+        );
+        assert!(!role.leading);
+        assert_eq!(role.leader, None, "named node 4, which is no voter");
+        assert_eq!(role.addr, None);
     }
 }

@@ -21,7 +21,10 @@ pub(super) struct Answers {
 }
 
 impl Answers {
+    /// The refusal of a write openraft did not take, naming `leader` unless that is this node
+    /// (a deposed leader's own vote: clients sent back here would loop).
     pub(super) fn not_leader(&self, leader: Option<u64>) -> BrokerError {
+        let leader = leader.filter(|leader| *leader != self.id);
         BrokerError::NotLeader {
             queue: self.queue.clone(),
             partition: self.partition,

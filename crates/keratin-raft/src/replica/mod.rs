@@ -24,7 +24,9 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use keratin_net::{GroupId, Transport};
-use openraft::errors::{ClientWriteError, Fatal};
+use openraft::errors::{
+    ClientWriteError, Fatal, LinearizableReadError, RaftError as OpenRaftError,
+};
 use openraft::{Config, SnapshotPolicy};
 use tokio::sync::watch;
 
@@ -214,6 +216,30 @@ impl Replica {
         match self.fence.reason() {
             Some(reason) => ProposeError::Fenced(reason),
             None => ProposeError::Stopped(error.to_string()),
+        }
+    }
+
+    /// One past the last record committed in the group as of this call, on its leader: openraft's
+    /// ReadIndex (the leader confirms with a quorum that it still leads, so nothing committed
+    /// before this call lies beyond the answer). A replica that has applied up to it has seen
+    /// every record committed before the call. Refused with [`ProposeError::NotLeader`] on any
+    /// other replica (naming the leader it knows), and with [`ProposeError::Stopped`] when the
+    /// leader cannot reach a quorum or the group stopped. Unbounded while the leader waits for
+    /// its quorum: the caller bounds it.
+    pub async fn read_index(&self) -> Result<u64, ProposeError> {
+        match self
+            .raft
+            .get_read_log_id(openraft::ReadPolicy::ReadIndex)
+            .await
+        {
+            Ok((read, _applied)) => Ok(read.log_id().index + 1),
+            Err(OpenRaftError::APIError(LinearizableReadError::ForwardToLeader(forward))) => {
+                Err(ProposeError::NotLeader {
+                    leader: forward.leader_id,
+                    addr: forward.leader_node.map(|node: NodeAddr| node.addr),
+                })
+            }
+            Err(other) => Err(ProposeError::Stopped(other.to_string())),
         }
     }
 

@@ -294,6 +294,10 @@ async fn queues(
 }
 
 async fn queue(State(broker): State<Broker>, Path(name): Path<String>) -> Response {
+    // A queue declared through another node a moment ago is found, not 404 (docs/cluster.md).
+    if let Err(error) = broker.catch_up_for(&name).await {
+        return error_response(&error);
+    }
     match broker.info(&name) {
         Ok(info) => Json(queue_json(&info)).into_response(),
         Err(error) => error_response(&error),

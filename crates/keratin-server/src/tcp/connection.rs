@@ -472,17 +472,26 @@ impl Conn {
                 self.reply(request_id, result).await;
             }
             Frame::Delete(q) => {
-                let result = ok(q.request_id, self.broker.delete(&q.queue).await);
+                let result = match self.caught_up(&q.queue).await {
+                    Ok(()) => ok(q.request_id, self.broker.delete(&q.queue).await),
+                    Err(error) => Err(error),
+                };
                 self.audited("queue.delete", &q.queue, &result);
                 self.reply(q.request_id, result).await;
             }
             Frame::Purge(q) => {
-                let result = ok(q.request_id, self.broker.purge(&q.queue).await);
+                let result = match self.caught_up(&q.queue).await {
+                    Ok(()) => ok(q.request_id, self.broker.purge(&q.queue).await),
+                    Err(error) => Err(error),
+                };
                 self.audited("queue.purge", &q.queue, &result);
                 self.reply(q.request_id, result).await;
             }
             Frame::QueueInfo(q) => {
-                let result = self.queue_info(q.request_id, &q.queue);
+                let result = match self.caught_up(&q.queue).await {
+                    Ok(()) => self.queue_info(q.request_id, &q.queue),
+                    Err(error) => Err(error),
+                };
                 self.reply(q.request_id, result).await;
             }
             Frame::QueueList(l) => {
@@ -495,14 +504,17 @@ impl Conn {
             }
             Frame::SetQueueSettings(s) => {
                 let update = s.update;
-                let result = self
-                    .broker
-                    .update_queue_settings(&s.queue, |current| {
-                        Ok(convert::apply_update(current, update))
-                    })
-                    .await
-                    .map(|_| ());
-                let result = ok(s.request_id, result);
+                let result = match self.caught_up(&s.queue).await {
+                    Ok(()) => ok(
+                        s.request_id,
+                        self.broker
+                            .update_queue_settings(&s.queue, |current| {
+                                Ok(convert::apply_update(current, update))
+                            })
+                            .await,
+                    ),
+                    Err(error) => Err(error),
+                };
                 self.audited("queue.settings", &s.queue, &result);
                 self.reply(s.request_id, result).await;
             }
@@ -552,6 +564,16 @@ impl Conn {
         };
         let refused = self.grant.check(queue, permission).err()?;
         Some((request_id, refused))
+    }
+
+    /// Whether a request on `queue` may go on: see `Broker::catch_up_for` (a map lookup while
+    /// the queue is known here; in a cluster, a catch-up with the cluster's metadata before
+    /// "not found"). The error is the request's answer.
+    async fn caught_up(&self, queue: &str) -> Result<(), ErrorBody> {
+        self.broker
+            .catch_up_for(queue)
+            .await
+            .map_err(|e| error_body(&e))
     }
 
     /// Declare; the caller records and answers it.
@@ -630,21 +652,17 @@ impl Conn {
     /// limits is handed over message by message: each is admitted on its own.
     async fn publish(&self, p: Publish) {
         if let Err(refused) = self.grant.check(&p.queue, Permission::Publish) {
-            let ids: Vec<u64> = p.messages.iter().map(|m| m.publish_id).collect();
-            self.send(Frame::PublishError(PublishError {
-                ranges: ranges(&ids),
-                error: refused,
-            }))
-            .await;
+            self.refuse_publish(&p, refused).await;
             return;
         }
         if let Err(refused) = self.quota(&p).await {
-            let ids: Vec<u64> = p.messages.iter().map(|m| m.publish_id).collect();
-            self.send(Frame::PublishError(PublishError {
-                ranges: ranges(&ids),
-                error: refused,
-            }))
-            .await;
+            self.refuse_publish(&p, refused).await;
+            return;
+        }
+        // Before the broker routes it: a publish to a queue declared elsewhere a moment ago
+        // waits here (reading nothing more, so the connection's publishes keep their order).
+        if let Err(refused) = self.caught_up(&p.queue).await {
+            self.refuse_publish(&p, refused).await;
             return;
         }
         if p.joinable && p.messages.len() > 1 && !self.broker.publishes_may_join(&p.queue) {
@@ -661,6 +679,16 @@ impl Conn {
             return;
         }
         self.publish_batch(p).await;
+    }
+
+    /// Answer every message of `p` with `error`.
+    async fn refuse_publish(&self, p: &Publish, error: ErrorBody) {
+        let ids: Vec<u64> = p.messages.iter().map(|m| m.publish_id).collect();
+        self.send(Frame::PublishError(PublishError {
+            ranges: ranges(&ids),
+            error,
+        }))
+        .await;
     }
 
     /// Hold a publish to its user's quota on this node: at once, after a short delay (the
@@ -753,6 +781,10 @@ impl Conn {
         // The broker checks the prefetch against its own bound (it does not know the protocol);
         // it must be the protocol's, or a prefetch a client was allowed would get a 400.
         const _: () = assert!(keratin_broker::MAX_PREFETCH == keratin_proto::PREFETCH_MAX);
+        if let Err(error) = self.caught_up(&s.queue).await {
+            self.reply(s.request_id, Err(error)).await;
+            return;
+        }
         let options = SubscribeOptions {
             prefetch: s.prefetch,
             prefetch_bytes: (s.prefetch_bytes > 0).then_some(s.prefetch_bytes),

@@ -33,6 +33,10 @@ pub fn error_body(error: &BrokerError) -> ErrorBody {
             None => body.with_retry_after_ms(NOT_LEADER_RETRY_AFTER_MS),
         };
     }
+    if let BrokerError::MetadataUnavailable { retry_after_ms, .. } = error {
+        return ErrorBody::new(ERR_UNAVAILABLE, error.to_string())
+            .with_retry_after_ms(*retry_after_ms);
+    }
     let code = match error {
         BrokerError::NotFound(_) => ERR_NOT_FOUND,
         // The node holds as many queues or partitions as it may: a state conflict, not a
@@ -68,6 +72,19 @@ mod tests {
         assert_eq!(body.code(), ERR_NOT_LEADER);
         assert_eq!(body.leader_addr(), Some("10.0.0.3:5680"));
         assert_eq!(body.retry_after_ms(), None);
+        assert!(body.message().contains("orders"), "{}", body.message());
+    }
+
+    #[test]
+    fn metadata_unavailable_is_503_with_a_retry_hint() {
+        let error = BrokerError::MetadataUnavailable {
+            queue: "orders".into(),
+            why: "no metadata leader".into(),
+            retry_after_ms: 1_000,
+        };
+        let body = error_body(&error);
+        assert_eq!(body.code(), ERR_UNAVAILABLE);
+        assert_eq!(body.retry_after_ms(), Some(1_000));
         assert!(body.message().contains("orders"), "{}", body.message());
     }
 
