@@ -114,7 +114,7 @@ pub(crate) fn decode_stream_body(
             request_id: r.u64("request_id")?,
             stream: r.string("stream")?,
             settings: read_stream_settings(r)?,
-            nodes: read_bounded_list(r, "nodes", STREAM_NODES_MAX, U64_SIZE, |r| r.u64("nodes"))?,
+            nodes: read_bounded_list(r, "nodes", NODES_BOUND, U64_SIZE, |r| r.u64("nodes"))?,
         }),
         FrameType::StreamSet => Frame::StreamSet(StreamSet {
             request_id: r.u64("request_id")?,
@@ -141,18 +141,12 @@ pub(crate) fn decode_stream_body(
             request_id: r.u64("request_id")?,
             stream: r.string("stream")?,
             cursor: r.string("cursor")?,
-            entries: read_bounded_list(
-                r,
-                "entries",
-                STREAM_PARTITIONS_MAX,
-                CURSOR_ENTRY_SIZE,
-                |r| {
-                    Ok(CursorEntry {
-                        partition: r.u32("entry.partition")?,
-                        offset: r.u64("entry.offset")?,
-                    })
-                },
-            )?,
+            entries: read_bounded_list(r, "entries", PARTITIONS_BOUND, CURSOR_ENTRY_SIZE, |r| {
+                Ok(CursorEntry {
+                    partition: r.u32("entry.partition")?,
+                    offset: r.u64("entry.offset")?,
+                })
+            })?,
         }),
         FrameType::StreamInfoReply => Frame::StreamInfoReply(read_stream_info_reply(r)?),
         FrameType::StreamListReply => Frame::StreamListReply(StreamListReply {
@@ -195,54 +189,59 @@ fn put_bounded_count(
     put_count_u16(dst, field, count)
 }
 
-/// Reads a u16 count, refused above `count_max` at the count (before any item is read), then
+/// A list's bound: its most items, and what the error says when a count exceeds it.
+struct ListBound {
+    count_max: usize,
+    reason: &'static str,
+}
+
+const NODES_BOUND: ListBound = ListBound {
+    count_max: STREAM_NODES_MAX,
+    reason: "more than 64 nodes",
+};
+const PARTITIONS_BOUND: ListBound = ListBound {
+    count_max: STREAM_PARTITIONS_MAX,
+    reason: "more than 64 partitions",
+};
+const MESSAGES_BOUND: ListBound = ListBound {
+    count_max: STREAM_DELIVER_MESSAGES_MAX,
+    reason: "more than 256 messages in one StreamDeliver",
+};
+// The reasons name the numbers.
+const _: () = assert!(STREAM_NODES_MAX == 64 && STREAM_PARTITIONS_MAX == 64);
+const _: () = assert!(STREAM_DELIVER_MESSAGES_MAX == 256);
+
+/// Reads a u16 count, refused above its bound at the count (before any item is read), then
 /// that many items.
 fn read_bounded_list<T>(
     r: &mut Reader,
     field: &'static str,
-    count_max: usize,
+    bound: ListBound,
     item_size_min: usize,
     read: impl FnMut(&mut Reader) -> Result<T, ProtoError>,
 ) -> Result<Vec<T>, ProtoError> {
     let start = r.position();
     let count = usize::from(r.u16(field)?);
-    if count > count_max {
-        return Err(r.error_at(
-            start,
-            field,
-            Problem::InvalidValue(list_bound_reason(field)),
-        ));
+    if count > bound.count_max {
+        return Err(r.error_at(start, field, Problem::InvalidValue(bound.reason)));
     }
     r.list(field, count, item_size_min, read)
 }
 
-/// Reads a u32 count, refused above `count_max` at the count, then that many items.
+/// [`read_bounded_list`] with a u32 count.
 fn read_bounded_list_u32<T>(
     r: &mut Reader,
     field: &'static str,
-    count_max: usize,
+    bound: ListBound,
     item_size_min: usize,
     read: impl FnMut(&mut Reader) -> Result<T, ProtoError>,
 ) -> Result<Vec<T>, ProtoError> {
     let start = r.position();
-    let count = r.u32(field)?;
-    let count = usize::try_from(count).unwrap_or(usize::MAX);
-    if count > count_max {
-        return Err(r.error_at(
-            start,
-            field,
-            Problem::InvalidValue(list_bound_reason(field)),
-        ));
+    let count = usize::try_from(r.u32(field)?).unwrap_or(usize::MAX);
+    if count > bound.count_max {
+        return Err(r.error_at(start, field, Problem::InvalidValue(bound.reason)));
     }
     r.list(field, count, item_size_min, read)
-}
-
-fn list_bound_reason(field: &'static str) -> &'static str {
-    match field {
-        "nodes" => "more than 64 nodes",
-        "messages" => "more than 256 messages in one StreamDeliver",
-        _ => "more than 64 partitions",
-    }
 }
 
 fn put_stream_settings(dst: &mut BytesMut, settings: &StreamSettings) -> Result<(), ProtoError> {
@@ -320,13 +319,9 @@ fn read_stream_subscribe(r: &mut Reader) -> Result<StreamSubscribe, ProtoError> 
         start,
         credit: r.u32("credit")?,
         auto_commit: r.bool("auto_commit")?,
-        partitions: read_bounded_list(
-            r,
-            "partitions",
-            STREAM_PARTITIONS_MAX,
-            PARTITION_SIZE,
-            |r| r.u32("partition"),
-        )?,
+        partitions: read_bounded_list(r, "partitions", PARTITIONS_BOUND, PARTITION_SIZE, |r| {
+            r.u32("partition")
+        })?,
     })
 }
 
@@ -364,7 +359,7 @@ fn read_stream_info_reply(r: &mut Reader) -> Result<StreamInfoReply, ProtoError>
         partitions: read_bounded_list(
             r,
             "partitions",
-            STREAM_PARTITIONS_MAX,
+            PARTITIONS_BOUND,
             STREAM_PARTITION_INFO_SIZE_MIN,
             |r| {
                 Ok(StreamPartitionInfo {
@@ -419,7 +414,7 @@ fn read_stream_deliver(r: &mut Reader) -> Result<StreamDeliver, ProtoError> {
         messages: read_bounded_list_u32(
             r,
             "messages",
-            STREAM_DELIVER_MESSAGES_MAX,
+            MESSAGES_BOUND,
             STREAM_MESSAGE_SIZE_MIN,
             |r| {
                 Ok(StreamMessage {
