@@ -16,6 +16,7 @@ fn deliver(tag: &str, delivery_id: u64) -> Frame {
         offset: delivery_id * 10,
         redelivered: delivery_id == 3,
         delivery_count: if delivery_id == 3 { 2 } else { 1 },
+        routing_key: None,
         headers: vec![Header {
             name: "seq".into(),
             value: delivery_id.to_string(),

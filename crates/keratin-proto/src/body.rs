@@ -15,6 +15,8 @@ use crate::frame::{
     PublishMode, QueueInfoReply, QueueList, QueueListReply, QueueRequest, QueueSettings,
     QueueSettingsUpdate, QueueSummary, Reject, SetQueueSettings, Subscribe, SubscribeOk, Update,
 };
+use crate::handshake::PROTOCOL_VERSION_STREAMS;
+use crate::stream_body::{decode_stream_body, encode_stream_body};
 use crate::wire::{put_bytes, put_count_u16, put_count_u32, put_option, put_string, Reader};
 
 /// Smallest encoded header: two empty strings, each a u16 length.
@@ -30,6 +32,8 @@ const PARTITION_INFO_SIZE: usize = 4 * 8;
 /// Smallest encoded queue summary: empty name u16, partitions u32, ready, inflight, bytes u64.
 const QUEUE_SUMMARY_SIZE_MIN: usize = 2 + 4 + 3 * 8;
 
+/// The protocol version that added `Deliver.routing_key`: the stream frames' version.
+const DELIVER_ROUTING_KEY_SINCE: u16 = PROTOCOL_VERSION_STREAMS;
 /// Tag of [`Update::Keep`]; `Clear` is 1 and `Set` is 2, followed by the value.
 const UPDATE_KEEP: u8 = 0;
 const UPDATE_CLEAR: u8 = 1;
@@ -115,6 +119,18 @@ pub(crate) fn encode_body(
             dst.put_u8(u8::from(reject.requeue));
             Ok(())
         }
+        Frame::StreamDeclare(_)
+        | Frame::StreamSet(_)
+        | Frame::StreamInfo(_)
+        | Frame::StreamList(_)
+        | Frame::StreamDelete(_)
+        | Frame::StreamSubscribe(_)
+        | Frame::StreamCredit(_)
+        | Frame::CursorCommit(_)
+        | Frame::StreamInfoReply(_)
+        | Frame::StreamListReply(_)
+        | Frame::StreamDeliver(_)
+        | Frame::StreamPartitionEnd(_) => encode_stream_body(frame, dst),
         _ => encode_reply_body(frame, dst, version),
     }
 }
@@ -137,14 +153,9 @@ fn encode_reply_body(frame: &Frame, dst: &mut BytesMut, version: u16) -> Result<
             put_ranges(dst, &publish_error.ranges)?;
             put_error_body(dst, &publish_error.error, version >= CLUSTER_FIELDS_SINCE)
         }
-        Frame::Deliver(deliver) => put_deliver(dst, deliver),
+        Frame::Deliver(deliver) => put_deliver(dst, deliver, version),
+        // The codec refused a type `version` does not define before the body.
         Frame::ConsumerEnd(end) => {
-            if version < CLUSTER_FIELDS_SINCE {
-                return Err(ProtoError::InvalidValue {
-                    field: "type",
-                    reason: "ConsumerEnd needs protocol version 4",
-                });
-            }
             put_string(dst, "consumer_tag", &end.consumer_tag)?;
             put_error_body(dst, &end.error, true)
         }
@@ -213,6 +224,18 @@ pub(crate) fn decode_body(
             delivery_ids: read_delivery_ids(r)?,
             requeue: r.bool("requeue")?,
         }),
+        FrameType::StreamDeclare
+        | FrameType::StreamSet
+        | FrameType::StreamInfo
+        | FrameType::StreamList
+        | FrameType::StreamDelete
+        | FrameType::StreamSubscribe
+        | FrameType::StreamCredit
+        | FrameType::CursorCommit
+        | FrameType::StreamInfoReply
+        | FrameType::StreamListReply
+        | FrameType::StreamDeliver
+        | FrameType::StreamPartitionEnd => decode_stream_body(frame_type, r)?,
         _ => decode_reply_body(frame_type, r, version)?,
     };
     Ok(frame)
@@ -245,11 +268,9 @@ fn decode_reply_body(
             ranges: read_ranges(r)?,
             error: read_error_body(r, with_leader)?,
         }),
-        FrameType::Deliver => Frame::Deliver(read_deliver(r)?),
-        // A type version 4 added is as unknown as any other in an older version.
-        FrameType::ConsumerEnd if !with_leader => {
-            return Err(r.invalid_tag("type", FrameType::ConsumerEnd as u8));
-        }
+        FrameType::Deliver => Frame::Deliver(read_deliver(r, version)?),
+        // The codec refused a type `version` does not define (ConsumerEnd before version 4)
+        // at the type byte.
         FrameType::ConsumerEnd => Frame::ConsumerEnd(ConsumerEnd {
             consumer_tag: r.string("consumer_tag")?,
             error: read_error_body(r, true)?,
@@ -287,12 +308,12 @@ fn read_overflow(r: &mut Reader) -> Result<Overflow, ProtoError> {
     }
 }
 
-fn put_u32_value(dst: &mut BytesMut, value: &u32) -> Result<(), ProtoError> {
+pub(crate) fn put_u32_value(dst: &mut BytesMut, value: &u32) -> Result<(), ProtoError> {
     dst.put_u32_le(*value);
     Ok(())
 }
 
-fn put_u64_value(dst: &mut BytesMut, value: &u64) -> Result<(), ProtoError> {
+pub(crate) fn put_u64_value(dst: &mut BytesMut, value: &u64) -> Result<(), ProtoError> {
     dst.put_u64_le(*value);
     Ok(())
 }
@@ -336,7 +357,7 @@ fn read_settings(r: &mut Reader, version: u16) -> Result<QueueSettings, ProtoErr
     })
 }
 
-fn put_update<T>(
+pub(crate) fn put_update<T>(
     dst: &mut BytesMut,
     update: &Update<T>,
     write: impl FnOnce(&mut BytesMut, &T) -> Result<(), ProtoError>,
@@ -352,7 +373,7 @@ fn put_update<T>(
     Ok(())
 }
 
-fn read_update<T>(
+pub(crate) fn read_update<T>(
     r: &mut Reader,
     field: &'static str,
     read: impl FnOnce(&mut Reader) -> Result<T, ProtoError>,
@@ -386,7 +407,7 @@ fn read_settings_update(r: &mut Reader) -> Result<QueueSettingsUpdate, ProtoErro
     })
 }
 
-fn put_headers(dst: &mut BytesMut, headers: &[Header]) -> Result<(), ProtoError> {
+pub(crate) fn put_headers(dst: &mut BytesMut, headers: &[Header]) -> Result<(), ProtoError> {
     put_count_u16(dst, "headers", headers.len())?;
     for header in headers {
         put_string(dst, "header.name", &header.name)?;
@@ -395,7 +416,7 @@ fn put_headers(dst: &mut BytesMut, headers: &[Header]) -> Result<(), ProtoError>
     Ok(())
 }
 
-fn read_headers(r: &mut Reader) -> Result<Vec<Header>, ProtoError> {
+pub(crate) fn read_headers(r: &mut Reader) -> Result<Vec<Header>, ProtoError> {
     r.list_u16("headers", HEADER_SIZE_MIN, |r| {
         Ok(Header {
             name: r.string("header.name")?,
@@ -555,18 +576,25 @@ pub(crate) fn read_error_body(r: &mut Reader, with_leader: bool) -> Result<Error
     Ok(body.with_leader_addr(leader_addr))
 }
 
-fn put_deliver(dst: &mut BytesMut, deliver: &Deliver) -> Result<(), ProtoError> {
+/// Writes a delivery; `routing_key` only in version 7 and later (a server writing to an older
+/// client leaves it out, as it leaves out the cluster fields of a reply).
+fn put_deliver(dst: &mut BytesMut, deliver: &Deliver, version: u16) -> Result<(), ProtoError> {
     put_string(dst, "consumer_tag", &deliver.consumer_tag)?;
     dst.put_u64_le(deliver.delivery_id);
     dst.put_u32_le(deliver.partition);
     dst.put_u64_le(deliver.offset);
     dst.put_u8(u8::from(deliver.redelivered));
     dst.put_u32_le(deliver.delivery_count);
+    if version >= DELIVER_ROUTING_KEY_SINCE {
+        put_option(dst, deliver.routing_key.as_ref(), |dst, key| {
+            put_string(dst, "routing_key", key)
+        })?;
+    }
     put_headers(dst, &deliver.headers)?;
     put_bytes(dst, "body", &deliver.body)
 }
 
-fn read_deliver(r: &mut Reader) -> Result<Deliver, ProtoError> {
+fn read_deliver(r: &mut Reader, version: u16) -> Result<Deliver, ProtoError> {
     Ok(Deliver {
         consumer_tag: r.string("consumer_tag")?,
         delivery_id: r.u64("delivery_id")?,
@@ -574,6 +602,11 @@ fn read_deliver(r: &mut Reader) -> Result<Deliver, ProtoError> {
         offset: r.u64("offset")?,
         redelivered: r.bool("redelivered")?,
         delivery_count: r.u32("delivery_count")?,
+        routing_key: if version >= DELIVER_ROUTING_KEY_SINCE {
+            r.option("routing_key", |r| r.string("routing_key"))?
+        } else {
+            None
+        },
         headers: read_headers(r)?,
         body: r.bytes("body")?,
     })

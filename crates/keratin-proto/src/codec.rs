@@ -65,8 +65,19 @@ impl Frame {
     /// Looks at the header at the front of `buf` and says whether a whole frame is there.
     ///
     /// Fails, without looking at the body, on a length prefix above `frame_size_bytes_max` (413),
-    /// a length of zero, or a type byte version 1 does not define (400). Never allocates.
+    /// a length of zero, or a type byte [`PROTOCOL_VERSION`] does not define (400). Never
+    /// allocates.
     pub fn check(buf: &[u8], frame_size_bytes_max: u32) -> Result<FrameStatus, ProtoError> {
+        Frame::check_version(buf, frame_size_bytes_max, PROTOCOL_VERSION)
+    }
+
+    /// [`Frame::check`] in protocol `version`: a type byte that `version` does not define
+    /// (one a later version added, such as a stream frame before version 7) is unknown.
+    pub fn check_version(
+        buf: &[u8],
+        frame_size_bytes_max: u32,
+        version: u16,
+    ) -> Result<FrameStatus, ProtoError> {
         let Some(length) = buf.get(LENGTH_OFFSET..TYPE_OFFSET) else {
             return Ok(FrameStatus::Incomplete);
         };
@@ -85,7 +96,7 @@ impl Frame {
         let Some(&type_byte) = buf.get(TYPE_OFFSET) else {
             return Ok(FrameStatus::Incomplete);
         };
-        if FrameType::from_u8(type_byte).is_none() {
+        if FrameType::from_u8_in(type_byte, version).is_none() {
             return Err(ProtoError::UnknownFrameType {
                 frame_type: type_byte,
             });
@@ -114,7 +125,7 @@ impl Frame {
     /// [`Frame::decode`] in protocol `version` (a field added in a later version is absent in
     /// an earlier one, and takes its default).
     pub fn decode_version(frame: Bytes, version: u16) -> Result<Frame, ProtoError> {
-        let status = Frame::check(&frame, u32::MAX)?;
+        let status = Frame::check_version(&frame, u32::MAX, version)?;
         let FrameStatus::Complete { size_bytes } = status else {
             return Err(ProtoError::Malformed {
                 context: "frame",
@@ -134,7 +145,7 @@ impl Frame {
         let frame_type = frame
             .get(TYPE_OFFSET)
             .copied()
-            .and_then(FrameType::from_u8)
+            .and_then(|byte| FrameType::from_u8_in(byte, version))
             .ok_or(ProtoError::EmptyFrame)?; // Unreachable: check() verified the type byte.
         let mut reader = Reader::new(frame, BODY_OFFSET, frame_type.name());
         let decoded = decode_body(frame_type, &mut reader, version)?;
@@ -150,8 +161,10 @@ impl Frame {
         self.encode_version(dst, frame_size_bytes_max, PROTOCOL_VERSION)
     }
 
-    /// [`Frame::encode`] in protocol `version`; a field that `version` cannot carry (set to
-    /// anything but its default) is an error.
+    /// [`Frame::encode`] in protocol `version`; a frame type `version` does not define, or a
+    /// request's field that `version` cannot carry (set to anything but its default), is an
+    /// error. A reply's field an older version lacks is left out (for example `Deliver`'s
+    /// `routing_key` before version 7).
     pub fn encode_version(
         &self,
         dst: &mut BytesMut,
@@ -173,6 +186,12 @@ impl Frame {
         frame_size_bytes_max: u32,
         version: u16,
     ) -> Result<(), ProtoError> {
+        if self.frame_type().since() > version {
+            return Err(ProtoError::InvalidValue {
+                field: "type",
+                reason: "the frame type needs a later protocol version than the connection's",
+            });
+        }
         dst.put_u32_le(0); // Patched below, once the body's size is known.
         dst.put_u8(self.frame_type() as u8);
         encode_body(self, dst, version)?;
@@ -255,7 +274,7 @@ impl Decoder for FrameCodec {
     type Error = ProtoError;
 
     fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Frame>, ProtoError> {
-        match Frame::check(src, self.frame_size_bytes_max)? {
+        match Frame::check_version(src, self.frame_size_bytes_max, self.version)? {
             FrameStatus::Complete { size_bytes } => {
                 let frame = src.split_to(size_bytes).freeze();
                 Frame::decode_version(frame, self.version).map(Some)

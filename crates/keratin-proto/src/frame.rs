@@ -1,5 +1,5 @@
-//! The frames of protocol version 1: the [`Frame`] enum, its type numbers and the structs each
-//! frame carries.
+//! The frames of protocol versions 1 to 7: the [`Frame`] enum, its type numbers and the structs
+//! each frame carries (the stream frames of version 7 carry the structs of [`crate::stream`]).
 //!
 //! Owns what a frame *means*. How it is laid out in bytes belongs to [`crate::codec`] and
 //! `docs/protocol.md` ("Frames"); what a server does with it belongs to `keratin-server`. The codec
@@ -9,6 +9,14 @@
 use bytes::Bytes;
 
 use crate::error_body::ErrorBody;
+use crate::handshake::PROTOCOL_VERSION_STREAMS;
+use crate::stream::{
+    CursorCommit, StreamCredit, StreamDeclare, StreamDeliver, StreamInfoReply, StreamList,
+    StreamListReply, StreamPartitionEnd, StreamRequest, StreamSet, StreamSubscribe,
+};
+
+/// The protocol version that added [`FrameType::ConsumerEnd`].
+const CONSUMER_END_SINCE: u16 = 4;
 
 /// A frame's type byte. The numbers are part of the protocol and never change meaning.
 ///
@@ -29,6 +37,16 @@ pub enum FrameType {
     QueueList = 0x05,
     /// [`Frame::SetQueueSettings`]
     SetQueueSettings = 0x06,
+    /// [`Frame::StreamDeclare`] (protocol version 7 and later)
+    StreamDeclare = 0x07,
+    /// [`Frame::StreamSet`] (protocol version 7 and later)
+    StreamSet = 0x08,
+    /// [`Frame::StreamInfo`] (protocol version 7 and later)
+    StreamInfo = 0x09,
+    /// [`Frame::StreamList`] (protocol version 7 and later)
+    StreamList = 0x0a,
+    /// [`Frame::StreamDelete`] (protocol version 7 and later)
+    StreamDelete = 0x0b,
     /// [`Frame::Publish`]
     Publish = 0x10,
     /// [`Frame::Subscribe`]
@@ -39,6 +57,12 @@ pub enum FrameType {
     Ack = 0x22,
     /// [`Frame::Reject`]
     Reject = 0x23,
+    /// [`Frame::StreamSubscribe`] (protocol version 7 and later)
+    StreamSubscribe = 0x24,
+    /// [`Frame::StreamCredit`] (protocol version 7 and later)
+    StreamCredit = 0x25,
+    /// [`Frame::CursorCommit`] (protocol version 7 and later)
+    CursorCommit = 0x26,
     /// [`Frame::Ok`]
     Ok = 0x40,
     /// [`Frame::QueueInfoReply`]
@@ -47,6 +71,10 @@ pub enum FrameType {
     QueueListReply = 0x42,
     /// [`Frame::SubscribeOk`]
     SubscribeOk = 0x43,
+    /// [`Frame::StreamInfoReply`] (protocol version 7 and later)
+    StreamInfoReply = 0x44,
+    /// [`Frame::StreamListReply`] (protocol version 7 and later)
+    StreamListReply = 0x45,
     /// [`Frame::Confirm`]
     Confirm = 0x50,
     /// [`Frame::PublishError`]
@@ -55,6 +83,10 @@ pub enum FrameType {
     Deliver = 0x60,
     /// [`Frame::ConsumerEnd`] (protocol version 4 and later)
     ConsumerEnd = 0x61,
+    /// [`Frame::StreamDeliver`] (protocol version 7 and later)
+    StreamDeliver = 0x62,
+    /// [`Frame::StreamPartitionEnd`] (protocol version 7 and later)
+    StreamPartitionEnd = 0x63,
     /// [`Frame::Heartbeat`]
     Heartbeat = 0xf0,
     /// [`Frame::Error`]
@@ -64,38 +96,78 @@ pub enum FrameType {
 }
 
 impl FrameType {
-    /// Every frame type of protocol version 1.
-    pub const ALL: [FrameType; 22] = [
+    /// Every frame type of every protocol version this crate speaks (up to
+    /// [`PROTOCOL_VERSION_STREAMS`]); [`FrameType::since`] says which version added each.
+    pub const ALL: [FrameType; 34] = [
         FrameType::Declare,
         FrameType::Delete,
         FrameType::Purge,
         FrameType::QueueInfo,
         FrameType::QueueList,
         FrameType::SetQueueSettings,
+        FrameType::StreamDeclare,
+        FrameType::StreamSet,
+        FrameType::StreamInfo,
+        FrameType::StreamList,
+        FrameType::StreamDelete,
         FrameType::Publish,
         FrameType::Subscribe,
         FrameType::Cancel,
         FrameType::Ack,
         FrameType::Reject,
+        FrameType::StreamSubscribe,
+        FrameType::StreamCredit,
+        FrameType::CursorCommit,
         FrameType::Ok,
         FrameType::QueueInfoReply,
         FrameType::QueueListReply,
         FrameType::SubscribeOk,
+        FrameType::StreamInfoReply,
+        FrameType::StreamListReply,
         FrameType::Confirm,
         FrameType::PublishError,
         FrameType::Deliver,
         FrameType::ConsumerEnd,
+        FrameType::StreamDeliver,
+        FrameType::StreamPartitionEnd,
         FrameType::Heartbeat,
         FrameType::Error,
         FrameType::Close,
     ];
 
-    /// The type for a type byte, or `None` if version 1 does not define it.
+    /// The type for a type byte in any version this crate speaks, or `None` if none defines
+    /// it. A connection asks [`FrameType::from_u8_in`] with its own version.
     pub fn from_u8(byte: u8) -> Option<FrameType> {
         FrameType::ALL
             .iter()
             .copied()
             .find(|frame_type| *frame_type as u8 == byte)
+    }
+
+    /// The type for a type byte in protocol `version`, or `None` if that version does not
+    /// define it (a type a later version added is as unknown as any other).
+    pub fn from_u8_in(byte: u8, version: u16) -> Option<FrameType> {
+        FrameType::from_u8(byte).filter(|frame_type| frame_type.since() <= version)
+    }
+
+    /// The protocol version that added this type.
+    pub fn since(self) -> u16 {
+        match self {
+            FrameType::ConsumerEnd => CONSUMER_END_SINCE,
+            FrameType::StreamDeclare
+            | FrameType::StreamSet
+            | FrameType::StreamInfo
+            | FrameType::StreamList
+            | FrameType::StreamDelete
+            | FrameType::StreamSubscribe
+            | FrameType::StreamCredit
+            | FrameType::CursorCommit
+            | FrameType::StreamInfoReply
+            | FrameType::StreamListReply
+            | FrameType::StreamDeliver
+            | FrameType::StreamPartitionEnd => PROTOCOL_VERSION_STREAMS,
+            _ => 1,
+        }
     }
 
     /// The name used in the spec and in error messages.
@@ -107,19 +179,31 @@ impl FrameType {
             FrameType::QueueInfo => "QueueInfo",
             FrameType::QueueList => "QueueList",
             FrameType::SetQueueSettings => "SetQueueSettings",
+            FrameType::StreamDeclare => "StreamDeclare",
+            FrameType::StreamSet => "StreamSet",
+            FrameType::StreamInfo => "StreamInfo",
+            FrameType::StreamList => "StreamList",
+            FrameType::StreamDelete => "StreamDelete",
             FrameType::Publish => "Publish",
             FrameType::Subscribe => "Subscribe",
             FrameType::Cancel => "Cancel",
             FrameType::Ack => "Ack",
             FrameType::Reject => "Reject",
+            FrameType::StreamSubscribe => "StreamSubscribe",
+            FrameType::StreamCredit => "StreamCredit",
+            FrameType::CursorCommit => "CursorCommit",
             FrameType::Ok => "Ok",
             FrameType::QueueInfoReply => "QueueInfoReply",
             FrameType::QueueListReply => "QueueListReply",
             FrameType::SubscribeOk => "SubscribeOk",
+            FrameType::StreamInfoReply => "StreamInfoReply",
+            FrameType::StreamListReply => "StreamListReply",
             FrameType::Confirm => "Confirm",
             FrameType::PublishError => "PublishError",
             FrameType::Deliver => "Deliver",
             FrameType::ConsumerEnd => "ConsumerEnd",
+            FrameType::StreamDeliver => "StreamDeliver",
+            FrameType::StreamPartitionEnd => "StreamPartitionEnd",
             FrameType::Heartbeat => "Heartbeat",
             FrameType::Error => "Error",
             FrameType::Close => "Close",
@@ -143,6 +227,17 @@ pub enum Frame {
     QueueList(QueueList),
     /// Change settings of a live queue, for example its limits. Reply: `Ok`.
     SetQueueSettings(SetQueueSettings),
+    /// Create a stream, or confirm it exists with the same settings. Reply: `Ok`. Version 7.
+    StreamDeclare(StreamDeclare),
+    /// Change a live stream's retention. Reply: `Ok`. Version 7.
+    StreamSet(StreamSet),
+    /// Ask for a stream's settings and per-partition figures. Reply: `StreamInfoReply`.
+    /// Version 7.
+    StreamInfo(StreamRequest),
+    /// Ask for every stream. Reply: `StreamListReply`. Version 7.
+    StreamList(StreamList),
+    /// Delete a stream, its messages and cursors. Reply: `Ok`. Version 7.
+    StreamDelete(StreamRequest),
     /// A batch of messages for one queue. Answered by `Confirm` and `PublishError` by publish id.
     Publish(Publish),
     /// Start a consumer. Reply: `SubscribeOk`, then `Deliver` frames.
@@ -153,14 +248,25 @@ pub enum Frame {
     Ack(Ack),
     /// Reject deliveries, requeueing or dead-lettering them. No reply, like `Ack`.
     Reject(Reject),
+    /// Start reading a stream. Reply: `SubscribeOk`, then `StreamDeliver` frames. Version 7.
+    StreamSubscribe(StreamSubscribe),
+    /// Give a stream consumer more credit. No reply; an unknown tag gets a non-fatal `Error`.
+    /// Version 7.
+    StreamCredit(StreamCredit),
+    /// Set a cursor's positions. Reply: `Ok`, once durable. Version 7.
+    CursorCommit(CursorCommit),
     /// A request succeeded.
     Ok(OkReply),
     /// Answer to `QueueInfo`.
     QueueInfoReply(QueueInfoReply),
     /// Answer to `QueueList`.
     QueueListReply(QueueListReply),
-    /// Answer to `Subscribe`: the consumer is registered.
+    /// Answer to `Subscribe` and `StreamSubscribe`: the consumer is registered.
     SubscribeOk(SubscribeOk),
+    /// Answer to `StreamInfo`. Version 7.
+    StreamInfoReply(StreamInfoReply),
+    /// Answer to `StreamList`. Version 7.
+    StreamListReply(StreamListReply),
     /// Publishes that are durable (synced to disk).
     Confirm(Confirm),
     /// Publishes that failed, with why.
@@ -170,6 +276,11 @@ pub enum Frame {
     /// The server ended a consumer on its own (its partitions' leadership moved): no more
     /// `Deliver` for the tag. Protocol version 4 and later.
     ConsumerEnd(ConsumerEnd),
+    /// Messages of one partition for a stream consumer. Version 7.
+    StreamDeliver(StreamDeliver),
+    /// A stream consumer stops reading one partition (no more `StreamDeliver` of it), with
+    /// why. Version 7.
+    StreamPartitionEnd(StreamPartitionEnd),
     /// Keeps an idle connection alive; either side may send it at any time. No reply.
     Heartbeat,
     /// An error not tied to a publish id: a failed request, or a connection-level problem.
@@ -188,19 +299,31 @@ impl Frame {
             Frame::QueueInfo(_) => FrameType::QueueInfo,
             Frame::QueueList(_) => FrameType::QueueList,
             Frame::SetQueueSettings(_) => FrameType::SetQueueSettings,
+            Frame::StreamDeclare(_) => FrameType::StreamDeclare,
+            Frame::StreamSet(_) => FrameType::StreamSet,
+            Frame::StreamInfo(_) => FrameType::StreamInfo,
+            Frame::StreamList(_) => FrameType::StreamList,
+            Frame::StreamDelete(_) => FrameType::StreamDelete,
             Frame::Publish(_) => FrameType::Publish,
             Frame::Subscribe(_) => FrameType::Subscribe,
             Frame::Cancel(_) => FrameType::Cancel,
             Frame::Ack(_) => FrameType::Ack,
             Frame::Reject(_) => FrameType::Reject,
+            Frame::StreamSubscribe(_) => FrameType::StreamSubscribe,
+            Frame::StreamCredit(_) => FrameType::StreamCredit,
+            Frame::CursorCommit(_) => FrameType::CursorCommit,
             Frame::Ok(_) => FrameType::Ok,
             Frame::QueueInfoReply(_) => FrameType::QueueInfoReply,
             Frame::QueueListReply(_) => FrameType::QueueListReply,
             Frame::SubscribeOk(_) => FrameType::SubscribeOk,
+            Frame::StreamInfoReply(_) => FrameType::StreamInfoReply,
+            Frame::StreamListReply(_) => FrameType::StreamListReply,
             Frame::Confirm(_) => FrameType::Confirm,
             Frame::PublishError(_) => FrameType::PublishError,
             Frame::Deliver(_) => FrameType::Deliver,
             Frame::ConsumerEnd(_) => FrameType::ConsumerEnd,
+            Frame::StreamDeliver(_) => FrameType::StreamDeliver,
+            Frame::StreamPartitionEnd(_) => FrameType::StreamPartitionEnd,
             Frame::Heartbeat => FrameType::Heartbeat,
             Frame::Error(_) => FrameType::Error,
             Frame::Close(_) => FrameType::Close,
@@ -553,6 +676,9 @@ pub struct Deliver {
     pub redelivered: bool,
     /// Deliveries so far, this one included.
     pub delivery_count: u32,
+    /// The routing key the message was published with. Protocol version 7 and later: an
+    /// older version does not carry it (encoded without it, decoded as `None`).
+    pub routing_key: Option<String>,
     /// Application headers, plus any the broker added (for example when dead-lettering).
     pub headers: Vec<Header>,
     /// The payload.
@@ -592,5 +718,19 @@ mod tests {
         assert_eq!(bytes.len(), FrameType::ALL.len());
         assert_eq!(FrameType::from_u8(0x00), None);
         assert_eq!(FrameType::from_u8(0xff), None);
+    }
+
+    #[test]
+    fn a_type_exists_from_its_version_on() {
+        for frame_type in FrameType::ALL {
+            let byte = frame_type as u8;
+            assert_eq!(
+                FrameType::from_u8_in(byte, frame_type.since()),
+                Some(frame_type)
+            );
+            assert_eq!(FrameType::from_u8_in(byte, frame_type.since() - 1), None);
+        }
+        assert_eq!(FrameType::StreamDeliver.since(), PROTOCOL_VERSION_STREAMS);
+        assert_eq!(FrameType::from_u8_in(0x62, 6), None);
     }
 }

@@ -22,6 +22,14 @@ use crate::wire::{put_count_u16, put_option, put_string, Reader};
 /// The protocol version this crate speaks. See `docs/protocol.md`, "Version changes".
 pub const PROTOCOL_VERSION: u16 = 6;
 
+/// The protocol version of streams (issue 18): the stream frames (`StreamDeclare` to
+/// `StreamPartitionEnd`) and `Deliver.routing_key`. The codec encodes and decodes it when asked
+/// ([`crate::Frame::encode_version`], [`crate::FrameCodec::with_version`]), but it is not yet
+/// negotiated: [`PROTOCOL_VERSION`] stays 6 until the server serves the stream frames.
+pub const PROTOCOL_VERSION_STREAMS: u16 = 7;
+
+const _: () = assert!(PROTOCOL_VERSION < PROTOCOL_VERSION_STREAMS);
+
 /// The oldest protocol version a server still accepts: version 1 differs only in `Subscribe`,
 /// which has no `prefetch_bytes`, and version 2 only in the accepted `ServerHello`, which has no
 /// [`ServerInfo`], and versions 1 to 3 have no queue `replicas`, partition leaders or error

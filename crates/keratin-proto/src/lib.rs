@@ -9,12 +9,15 @@
 //! - [`handshake`]: `ClientHello`/`ServerHello`, the magic and [`PROTOCOL_VERSION`].
 //! - [`auth`]: [`Auth`], the login a `ClientHello` carries (version 6 on), and its bounds.
 //! - [`frame`]: the [`Frame`] enum, its [`FrameType`] numbers and the struct each frame carries.
+//! - [`stream`]: the structs of the stream frames of version 7 ([`PROTOCOL_VERSION_STREAMS`])
+//!   and their bounds.
 //! - [`codec`]: the frame header, the size limit, [`Frame::check`]/[`Frame::decode`]/
 //!   [`Frame::encode`] and the `tokio_util` [`FrameCodec`].
 //! - [`codes`]: stable error [`Code`]s (HTTP numbers), their retry classes, [`LimitReason`].
 //! - [`error_body`]: [`ErrorBody`], the code + reason + retry hint + message sent on the wire.
 //! - [`error`]: [`ProtoError`], everything that goes wrong while encoding or decoding.
 //! - `body` (private): the field order of every frame body.
+//! - `stream_body` (private): the field order of the stream frames' bodies.
 //! - `wire` (private): primitive encodings (integers, strings, options, counted lists).
 //!
 //! # Malformed input
@@ -34,6 +37,8 @@ pub mod error;
 pub mod error_body;
 pub mod frame;
 pub mod handshake;
+pub mod stream;
+mod stream_body;
 mod wire;
 
 pub use auth::Auth;
@@ -44,5 +49,7 @@ pub use error_body::ErrorBody;
 pub use frame::*;
 pub use handshake::{
     ClientHello, NodeAddress, ServerHello, ServerInfo, AUTH_VERSION, PROTOCOL_VERSION,
-    PROTOCOL_VERSION_MIN, SERVER_INFO_FIELD_BYTES_MAX, SERVER_INFO_NODES_MAX,
+    PROTOCOL_VERSION_MIN, PROTOCOL_VERSION_STREAMS, SERVER_INFO_FIELD_BYTES_MAX,
+    SERVER_INFO_NODES_MAX,
 };
+pub use stream::*;

@@ -54,6 +54,21 @@ impl Reader {
         }
     }
 
+    /// The error for `field`, which started at `offset` (already read past).
+    pub(crate) fn error_at(
+        &self,
+        offset: usize,
+        field: &'static str,
+        problem: Problem,
+    ) -> ProtoError {
+        ProtoError::Malformed {
+            context: self.context,
+            offset,
+            field,
+            problem,
+        }
+    }
+
     fn remaining(&self) -> usize {
         self.buf.len().saturating_sub(self.position)
     }

@@ -1,10 +1,14 @@
 //! Proves that the codec is a faithful, panic-free inverse of itself and of `docs/protocol.md`:
 //!
-//! - every frame and hello roundtrips encode → decode unchanged, whole or split at any points;
+//! - every frame and hello roundtrips encode → decode unchanged, whole or split at any points,
+//!   in version 7 (the stream frames included) and in version 6 (without them);
 //! - arbitrary bytes, random bodies behind valid headers and mutated valid frames never panic
 //!   the decoder, and every failure maps to a 400 or 413 answer;
 //! - an oversize length prefix is refused with 413 from its four bytes, before any buffer grows;
 //! - the example byte blocks in `docs/protocol.md` are exactly what the encoder writes;
+//! - the stream frames and `Deliver.routing_key` exist only from version 7 (an older version
+//!   reads their types as unknown and cannot write them), and malformed stream frames (every
+//!   truncation, a bad start kind, lists over their bounds) are errors, never panics;
 //! - the login of a version 6 hello (every mechanism) roundtrips, respects its bounds both ways
 //!   (an out-of-bound field fails to encode, leaving the buffer as it was, and fails to decode),
 //!   is never on the wire below version 6, and never shows a secret in `Debug`.
@@ -64,6 +68,9 @@ fn text() -> impl Strategy<Value = String> {
 fn body() -> impl Strategy<Value = Bytes> {
     vec(any::<u8>(), 0..48).prop_map(Bytes::from)
 }
+
+/// The newest version the codec speaks: the properties run in it, so they cover every frame.
+const NEWEST: u16 = PROTOCOL_VERSION_STREAMS;
 
 fn headers() -> impl Strategy<Value = Vec<Header>> {
     vec(
@@ -412,6 +419,7 @@ fn deliver() -> impl Strategy<Value = Frame> {
         any::<u64>(),
         any::<bool>(),
         any::<u32>(),
+        proptest::option::of(text()),
         headers(),
         body(),
     )
@@ -423,6 +431,7 @@ fn deliver() -> impl Strategy<Value = Frame> {
                 offset,
                 redelivered,
                 delivery_count,
+                routing_key,
                 headers,
                 body,
             )| {
@@ -433,6 +442,7 @@ fn deliver() -> impl Strategy<Value = Frame> {
                     offset,
                     redelivered,
                     delivery_count,
+                    routing_key,
                     headers,
                     body,
                 })
@@ -440,9 +450,262 @@ fn deliver() -> impl Strategy<Value = Frame> {
         )
 }
 
+fn stream_settings() -> impl Strategy<Value = StreamSettings> {
+    (
+        any::<u32>(),
+        proptest::option::of(any::<u32>()),
+        proptest::option::of(any::<u64>()),
+        proptest::option::of(any::<u64>()),
+        proptest::option::of(any::<u64>()),
+    )
+        .prop_map(
+            |(partitions, replicas, max_bytes, max_age_ms, max_messages)| StreamSettings {
+                partitions,
+                replicas,
+                max_bytes,
+                max_age_ms,
+                max_messages,
+            },
+        )
+}
+
+fn stream_start() -> impl Strategy<Value = StreamStart> {
+    prop_oneof![
+        Just(StreamStart::First),
+        Just(StreamStart::Last),
+        Just(StreamStart::Next),
+        any::<u64>().prop_map(StreamStart::Offset),
+        any::<u64>().prop_map(StreamStart::Timestamp),
+    ]
+}
+
+fn stream_request() -> impl Strategy<Value = StreamRequest> {
+    (any::<u64>(), text()).prop_map(|(request_id, stream)| StreamRequest { request_id, stream })
+}
+
+fn stream_partition_info() -> impl Strategy<Value = StreamPartitionInfo> {
+    (
+        (
+            any::<u64>(),
+            any::<u64>(),
+            any::<u64>(),
+            any::<u64>(),
+            any::<u64>(),
+        ),
+        proptest::option::of(any::<u64>()),
+        any::<bool>(),
+        proptest::option::of(any::<u64>()),
+        proptest::option::of(text()),
+    )
+        .prop_map(
+            |(
+                (start_offset, next_offset, messages, bytes, disk_bytes),
+                oldest_timestamp_ms,
+                leading,
+                leader,
+                leader_addr,
+            )| StreamPartitionInfo {
+                start_offset,
+                next_offset,
+                messages,
+                bytes,
+                disk_bytes,
+                oldest_timestamp_ms,
+                leading,
+                leader,
+                leader_addr,
+            },
+        )
+}
+
+fn stream_message() -> impl Strategy<Value = StreamMessage> {
+    (
+        any::<u64>(),
+        any::<u64>(),
+        proptest::option::of(text()),
+        headers(),
+        body(),
+    )
+        .prop_map(
+            |(offset, timestamp_ms, routing_key, headers, body)| StreamMessage {
+                offset,
+                timestamp_ms,
+                routing_key,
+                headers,
+                body,
+            },
+        )
+}
+
+/// The frames of version 7, one strategy per stream frame type.
+fn stream_frame() -> Vec<BoxedStrategy<Frame>> {
+    vec![
+        (
+            any::<u64>(),
+            text(),
+            stream_settings(),
+            vec(any::<u64>(), 0..5),
+        )
+            .prop_map(|(request_id, stream, settings, nodes)| {
+                Frame::StreamDeclare(StreamDeclare {
+                    request_id,
+                    stream,
+                    settings,
+                    nodes,
+                })
+            })
+            .boxed(),
+        (
+            any::<u64>(),
+            text(),
+            update(any::<u64>()),
+            update(any::<u64>()),
+            update(any::<u64>()),
+        )
+            .prop_map(
+                |(request_id, stream, max_bytes, max_age_ms, max_messages)| {
+                    Frame::StreamSet(StreamSet {
+                        request_id,
+                        stream,
+                        update: StreamRetentionUpdate {
+                            max_bytes,
+                            max_age_ms,
+                            max_messages,
+                        },
+                    })
+                },
+            )
+            .boxed(),
+        stream_request().prop_map(Frame::StreamInfo).boxed(),
+        any::<u64>()
+            .prop_map(|request_id| Frame::StreamList(StreamList { request_id }))
+            .boxed(),
+        stream_request().prop_map(Frame::StreamDelete).boxed(),
+        (
+            (any::<u64>(), text(), text(), proptest::option::of(text())),
+            any::<bool>(),
+            stream_start(),
+            any::<u32>(),
+            any::<bool>(),
+            vec(any::<u32>(), 0..5),
+        )
+            .prop_map(
+                |(
+                    (request_id, stream, consumer_tag, cursor),
+                    group,
+                    start,
+                    credit,
+                    auto_commit,
+                    partitions,
+                )| {
+                    Frame::StreamSubscribe(StreamSubscribe {
+                        request_id,
+                        stream,
+                        consumer_tag,
+                        cursor,
+                        group,
+                        start,
+                        credit,
+                        auto_commit,
+                        partitions,
+                    })
+                },
+            )
+            .boxed(),
+        (text(), any::<u32>())
+            .prop_map(|(consumer_tag, credit)| {
+                Frame::StreamCredit(StreamCredit {
+                    consumer_tag,
+                    credit,
+                })
+            })
+            .boxed(),
+        (
+            any::<u64>(),
+            text(),
+            text(),
+            vec(
+                (any::<u32>(), any::<u64>())
+                    .prop_map(|(partition, offset)| CursorEntry { partition, offset }),
+                0..5,
+            ),
+        )
+            .prop_map(|(request_id, stream, cursor, entries)| {
+                Frame::CursorCommit(CursorCommit {
+                    request_id,
+                    stream,
+                    cursor,
+                    entries,
+                })
+            })
+            .boxed(),
+        (
+            any::<u64>(),
+            text(),
+            stream_settings(),
+            vec(stream_partition_info(), 0..4),
+        )
+            .prop_map(|(request_id, stream, settings, partitions)| {
+                Frame::StreamInfoReply(StreamInfoReply {
+                    request_id,
+                    stream,
+                    settings,
+                    partitions,
+                })
+            })
+            .boxed(),
+        (
+            any::<u64>(),
+            vec(
+                (text(), any::<u32>(), any::<u64>(), any::<u64>()).prop_map(
+                    |(stream, partitions, messages, bytes)| StreamSummary {
+                        stream,
+                        partitions,
+                        messages,
+                        bytes,
+                    },
+                ),
+                0..4,
+            ),
+        )
+            .prop_map(|(request_id, streams)| {
+                Frame::StreamListReply(StreamListReply {
+                    request_id,
+                    streams,
+                })
+            })
+            .boxed(),
+        (
+            text(),
+            any::<u32>(),
+            proptest::option::of(any::<u64>()),
+            vec(stream_message(), 0..4),
+        )
+            .prop_map(|(consumer_tag, partition, moved_from, messages)| {
+                Frame::StreamDeliver(StreamDeliver {
+                    consumer_tag,
+                    partition,
+                    moved_from,
+                    messages,
+                })
+            })
+            .boxed(),
+        (text(), any::<u32>(), frame_error_body())
+            .prop_map(|(consumer_tag, partition, error)| {
+                Frame::StreamPartitionEnd(StreamPartitionEnd {
+                    consumer_tag,
+                    partition,
+                    error,
+                })
+            })
+            .boxed(),
+    ]
+}
+
 fn frame() -> impl Strategy<Value = Frame> {
     let mut arms = request_frame();
     arms.extend(reply_frame());
+    arms.extend(stream_frame());
     assert_eq!(
         arms.len(),
         FrameType::ALL.len(),
@@ -451,9 +714,15 @@ fn frame() -> impl Strategy<Value = Frame> {
     Union::new(arms)
 }
 
+/// The frame encoded in the newest version (every example of the spec has the same bytes in it).
 fn encode(frame: &Frame) -> BytesMut {
+    encode_version(frame, NEWEST)
+}
+
+fn encode_version(frame: &Frame, version: u16) -> BytesMut {
     let mut dst = BytesMut::new();
     FrameCodec::new()
+        .with_version(version)
         .encode(frame, &mut dst)
         .expect("small frames encode");
     dst
@@ -461,7 +730,11 @@ fn encode(frame: &Frame) -> BytesMut {
 
 /// Feeds `chunks` one at a time and decodes after each, as a connection's read loop does.
 fn decode_stream(chunks: &[&[u8]]) -> Result<Vec<Frame>, ProtoError> {
-    let mut codec = FrameCodec::new();
+    decode_stream_version(chunks, NEWEST)
+}
+
+fn decode_stream_version(chunks: &[&[u8]], version: u16) -> Result<Vec<Frame>, ProtoError> {
+    let mut codec = FrameCodec::new().with_version(version);
     let mut src = BytesMut::new();
     let mut frames = Vec::new();
     for chunk in chunks {
@@ -493,7 +766,7 @@ fn assert_answerable(error: &ProtoError) -> Result<(), TestCaseError> {
 fn every_frame_roundtrips() {
     check("every_frame_roundtrips", frame(), |frame| {
         let bytes = encode(&frame);
-        let status = Frame::check(&bytes, FRAME_SIZE_BYTES_MAX)
+        let status = Frame::check_version(&bytes, FRAME_SIZE_BYTES_MAX, NEWEST)
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert_eq!(
             status,
@@ -503,6 +776,30 @@ fn every_frame_roundtrips() {
         );
         let decoded = decode_stream(&[&bytes]).map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert_eq!(decoded, vec![frame]);
+        Ok(())
+    });
+}
+
+/// In version 6 every frame of version 6 roundtrips, except that `Deliver` loses its routing
+/// key (version 7's field); the stream frames cannot be written.
+#[test]
+fn every_frame_of_version_6_roundtrips_in_version_6() {
+    check("every_frame_v6", frame(), |frame| {
+        let mut dst = BytesMut::new();
+        let encoded = frame.encode_version(&mut dst, FRAME_SIZE_BYTES_MAX, 6);
+        if frame.frame_type().since() > 6 {
+            prop_assert!(encoded.is_err());
+            prop_assert!(dst.is_empty(), "a refused frame leaves nothing behind");
+            return Ok(());
+        }
+        encoded.map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let mut expected = frame;
+        if let Frame::Deliver(deliver) = &mut expected {
+            deliver.routing_key = None;
+        }
+        let decoded =
+            decode_stream_version(&[&dst], 6).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert_eq!(decoded, vec![expected]);
         Ok(())
     });
 }
@@ -552,10 +849,13 @@ fn random_bodies_behind_valid_headers_never_panic() {
         let mut bytes = length.to_le_bytes().to_vec();
         bytes.push(frame_type as u8);
         bytes.extend_from_slice(&body);
-        match Frame::decode(Bytes::from(bytes.clone())) {
-            // Whatever decodes must encode back to the very same bytes: one encoding per value.
-            Ok(frame) => prop_assert_eq!(&encode(&frame)[..], &bytes[..]),
-            Err(error) => assert_answerable(&error)?,
+        for version in [PROTOCOL_VERSION, NEWEST] {
+            match Frame::decode_version(Bytes::from(bytes.clone()), version) {
+                // Whatever decodes must encode back to the very same bytes: one encoding per
+                // value.
+                Ok(frame) => prop_assert_eq!(&encode_version(&frame, version)[..], &bytes[..]),
+                Err(error) => assert_answerable(&error)?,
+            }
         }
         Ok(())
     });
@@ -730,7 +1030,7 @@ fn assert_example(name: &str, encoded: &[u8]) {
 #[test]
 fn spec_examples_match_the_encoder() {
     let examples = SPEC.matches("<!-- example: ").count();
-    assert_eq!(examples, 11, "every example in the spec is checked here");
+    assert_eq!(examples, 14, "every example in the spec is checked here");
 
     assert_example("heartbeat", &encode(&Frame::Heartbeat));
     assert_example(
@@ -841,6 +1141,71 @@ fn spec_examples_match_the_encoder() {
     ])
     .expect("spec bytes decode");
     assert_eq!(decoded, vec![publish_error, not_leader, queue_info]);
+
+    // The examples of version 7.
+    let (subscribe, deliver, keyed) = version_7_examples();
+    assert_example("stream_subscribe", &encode_version(&subscribe, 7));
+    assert_example("stream_deliver", &encode_version(&deliver, 7));
+    assert_example("deliver_routing_key", &encode_version(&keyed, 7));
+    let decoded = decode_stream_version(
+        &[
+            &spec_example("stream_subscribe"),
+            &spec_example("stream_deliver"),
+            &spec_example("deliver_routing_key"),
+        ],
+        7,
+    )
+    .expect("spec bytes decode in version 7");
+    assert_eq!(decoded, vec![subscribe, deliver, keyed]);
+}
+
+/// The values of the spec's examples of version 7: `stream_subscribe`, `stream_deliver` and
+/// `deliver_routing_key`.
+fn version_7_examples() -> (Frame, Frame, Frame) {
+    let subscribe = Frame::StreamSubscribe(StreamSubscribe {
+        request_id: 4,
+        stream: "s".into(),
+        consumer_tag: "c".into(),
+        cursor: Some("r".into()),
+        group: false,
+        start: StreamStart::Offset(100),
+        credit: 500,
+        auto_commit: true,
+        partitions: vec![0, 2],
+    });
+    let deliver = Frame::StreamDeliver(StreamDeliver {
+        consumer_tag: "c".into(),
+        partition: 1,
+        moved_from: Some(10),
+        messages: vec![
+            StreamMessage {
+                offset: 12,
+                timestamp_ms: 1_700_000_000_000,
+                routing_key: Some("k".into()),
+                headers: Vec::new(),
+                body: Bytes::from_static(b"hi"),
+            },
+            StreamMessage {
+                offset: 14,
+                timestamp_ms: 1_700_000_000_001,
+                routing_key: None,
+                headers: Vec::new(),
+                body: Bytes::from_static(b"yo"),
+            },
+        ],
+    });
+    let keyed = Frame::Deliver(Deliver {
+        consumer_tag: "c".into(),
+        delivery_id: 5,
+        partition: 0,
+        offset: 3,
+        redelivered: false,
+        delivery_count: 1,
+        routing_key: Some("k".into()),
+        headers: Vec::new(),
+        body: Bytes::from_static(b"hi"),
+    });
+    (subscribe, deliver, keyed)
 }
 
 #[test]
@@ -1272,4 +1637,268 @@ fn debug_never_shows_a_secret() {
     }
     assert_eq!(format!("{:?}", Auth::External), "External");
     assert_eq!(format!("{:?}", Auth::None), "None");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Version 7: streams
+
+fn encode_in(frame: &Frame, version: u16) -> Result<BytesMut, ProtoError> {
+    let mut dst = BytesMut::new();
+    frame
+        .encode_version(&mut dst, FRAME_SIZE_BYTES_MAX, version)
+        .map(|()| dst)
+}
+
+/// The stream frames exist from version 7 on: in version 6 they cannot be written, and their
+/// bytes are an unknown type (400) from the type byte on, in `check`, `decode_version` and the
+/// codec alike. `Deliver` carries its routing key from version 7 on: version 6 leaves it out
+/// (the bytes differ by exactly the option) and reads it as absent.
+#[test]
+fn stream_frames_and_the_deliver_key_exist_from_version_7() {
+    let (subscribe, deliver, keyed) = version_7_examples();
+    for frame in [&subscribe, &deliver] {
+        let bytes = encode_in(frame, 7).expect("version 7");
+        assert!(encode_in(frame, 6).is_err(), "{frame:?} in version 6");
+        let unknown = |result: Result<(), ProtoError>| {
+            matches!(result, Err(ProtoError::UnknownFrameType { frame_type })
+                if frame_type == frame.frame_type() as u8)
+        };
+        assert!(unknown(
+            Frame::check(&bytes[..5], FRAME_SIZE_BYTES_MAX).map(drop)
+        ));
+        assert!(unknown(
+            Frame::decode_version(bytes.clone().freeze(), 6).map(drop)
+        ));
+        assert!(unknown(
+            FrameCodec::new()
+                .decode(&mut BytesMut::from(&bytes[..]))
+                .map(drop)
+        ));
+        assert_eq!(
+            Frame::decode(bytes.clone().freeze())
+                .expect_err("PROTOCOL_VERSION is 6")
+                .code(),
+            ERR_BAD_REQUEST
+        );
+        assert_eq!(
+            Frame::decode_version(bytes.freeze(), 7).expect("version 7"),
+            *frame
+        );
+    }
+    assert_eq!(PROTOCOL_VERSION, 6, "version 7 is built, not negotiated");
+    let v7 = encode_in(&keyed, 7).expect("v7");
+    let v6 = encode_in(&keyed, 6).expect("v6 leaves the key out");
+    assert_eq!(v7.len(), v6.len() + 1 + 2 + 1, "tag, length and \"k\"");
+    let Frame::Deliver(mut without_key) = keyed.clone() else {
+        unreachable!()
+    };
+    without_key.routing_key = None;
+    assert_eq!(
+        Frame::decode_version(v6.freeze(), 6).expect("v6"),
+        Frame::Deliver(without_key.clone())
+    );
+    assert_eq!(
+        encode_in(&Frame::Deliver(without_key), 7)
+            .expect("v7")
+            .len(),
+        v7.len() - 3,
+        "an absent key is one tag byte"
+    );
+}
+
+/// Every proper prefix of every stream frame (with the length prefix set to match) is a
+/// decode error naming a field, never a panic or a frame.
+#[test]
+fn truncated_stream_frames_are_errors() {
+    check(
+        "truncated_stream_frames",
+        Union::new(stream_frame()),
+        |frame| {
+            let bytes = encode_in(&frame, 7).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            for size in HEADER_SIZE..bytes.len() {
+                let mut cut = bytes[..size].to_vec();
+                let length = u32::try_from(size - LENGTH_SIZE).expect("small");
+                cut[..LENGTH_SIZE].copy_from_slice(&length.to_le_bytes());
+                let error = Frame::decode_version(Bytes::from(cut), 7)
+                    .expect_err("a truncated frame does not decode");
+                prop_assert!(
+                    matches!(error, ProtoError::Malformed { .. }),
+                    "{error} at {size}"
+                );
+                assert_answerable(&error)?;
+            }
+            Ok(())
+        },
+    );
+}
+
+/// The bytes of `frame` in version 7 with the byte at `at` replaced by `value`.
+fn patched(frame: &Frame, at: usize, value: u8) -> Bytes {
+    let mut bytes = encode_in(frame, 7).expect("version 7").to_vec();
+    bytes[at] = value;
+    Bytes::from(bytes)
+}
+
+fn problem_at(result: Result<Frame, ProtoError>) -> (String, Problem, usize) {
+    match result {
+        Err(ProtoError::Malformed {
+            field,
+            problem,
+            offset,
+            ..
+        }) => (field.to_owned(), problem, offset),
+        other => panic!("expected a malformed frame, got {other:?}"),
+    }
+}
+
+/// A start kind above 4, and a value with a kind that has none, are malformed at the kind.
+#[test]
+fn stream_subscribe_start_is_checked() {
+    let (subscribe, _, _) = version_7_examples();
+    // Header 5, request_id 8, "s" 3, "c" 3, cursor "r" 4, group 1: the kind is at 24.
+    let kind_at = 5 + 8 + 3 + 3 + 4 + 1;
+    assert_eq!(encode_in(&subscribe, 7).expect("v7")[kind_at], 3);
+    for kind in [5u8, 0xff] {
+        let (field, problem, offset) =
+            problem_at(Frame::decode_version(patched(&subscribe, kind_at, kind), 7));
+        assert_eq!(
+            (field.as_str(), problem, offset),
+            ("start.kind", Problem::InvalidTag(kind), kind_at)
+        );
+    }
+    // Kinds 0 to 2 with the example's value 100: one encoding per start, so malformed.
+    for kind in [0u8, 1, 2] {
+        let (field, problem, _) =
+            problem_at(Frame::decode_version(patched(&subscribe, kind_at, kind), 7));
+        assert_eq!(field, "start.kind");
+        assert!(matches!(problem, Problem::InvalidValue(_)), "{problem:?}");
+    }
+    // Kind 4 reads the same value as a time.
+    let Frame::StreamSubscribe(timed) =
+        Frame::decode_version(patched(&subscribe, kind_at, 4), 7).expect("kind 4")
+    else {
+        unreachable!()
+    };
+    assert_eq!(timed.start, StreamStart::Timestamp(100));
+    // A bad bool after the start.
+    let auto_commit_at = kind_at + 1 + 8 + 4;
+    let (field, problem, _) = problem_at(Frame::decode_version(
+        patched(&subscribe, auto_commit_at, 2),
+        7,
+    ));
+    assert_eq!(
+        (field.as_str(), problem),
+        ("auto_commit", Problem::InvalidTag(2))
+    );
+}
+
+/// Lists over their bounds: an encoder refuses to write them (leaving the buffer as it was),
+/// and a decoder refuses them at the count, before reading or allocating any item, even when
+/// the frame holds enough bytes for every item.
+#[test]
+fn stream_lists_over_their_bounds_are_refused() {
+    let (subscribe, deliver, _) = version_7_examples();
+    let Frame::StreamSubscribe(subscribe) = subscribe else {
+        unreachable!()
+    };
+    let Frame::StreamDeliver(deliver) = deliver else {
+        unreachable!()
+    };
+    let message = deliver.messages[0].clone();
+    let over = |count_max: usize| -> Vec<Frame> {
+        let count = count_max + 1;
+        vec![
+            Frame::StreamSubscribe(StreamSubscribe {
+                partitions: (0..u32::try_from(count).expect("small")).collect(),
+                ..subscribe.clone()
+            }),
+            Frame::StreamDeclare(StreamDeclare {
+                request_id: 1,
+                stream: "s".into(),
+                settings: StreamSettings::default(),
+                nodes: vec![1; count],
+            }),
+            Frame::CursorCommit(CursorCommit {
+                request_id: 1,
+                stream: "s".into(),
+                cursor: "r".into(),
+                entries: vec![
+                    CursorEntry {
+                        partition: 0,
+                        offset: 0
+                    };
+                    count
+                ],
+            }),
+            Frame::StreamInfoReply(StreamInfoReply {
+                request_id: 1,
+                stream: "s".into(),
+                settings: StreamSettings::default(),
+                partitions: vec![
+                    StreamPartitionInfo {
+                        start_offset: 0,
+                        next_offset: 0,
+                        messages: 0,
+                        bytes: 0,
+                        disk_bytes: 0,
+                        oldest_timestamp_ms: None,
+                        leading: true,
+                        leader: None,
+                        leader_addr: None,
+                    };
+                    count
+                ],
+            }),
+        ]
+    };
+    let mut frames = over(STREAM_PARTITIONS_MAX);
+    assert_eq!(STREAM_PARTITIONS_MAX, STREAM_NODES_MAX);
+    frames.push(Frame::StreamDeliver(StreamDeliver {
+        messages: vec![message; STREAM_DELIVER_MESSAGES_MAX + 1],
+        ..deliver.clone()
+    }));
+    for frame in &frames {
+        let mut dst = BytesMut::from(&b"xy"[..]);
+        let error = frame
+            .encode_version(&mut dst, FRAME_SIZE_BYTES_MAX, 7)
+            .expect_err("over the bound");
+        assert!(matches!(error, ProtoError::FieldTooLong { .. }), "{error}");
+        assert_eq!(&dst[..], b"xy", "{frame:?}");
+    }
+    // At the bound they encode; with the count raised by one (the frame's bytes then hold one
+    // item too few) the decoder names the bound, not a truncation.
+    let mut at_bound = over(STREAM_PARTITIONS_MAX - 1);
+    at_bound.push(Frame::StreamDeliver(StreamDeliver {
+        messages: vec![deliver.messages[1].clone(); STREAM_DELIVER_MESSAGES_MAX],
+        ..deliver
+    }));
+    // Where each frame's count lies: after the fields before the list.
+    let count_at = [
+        5 + 8 + 3 + 3 + 4 + 1 + 1 + 8 + 4 + 1, // StreamSubscribe.partitions (u16)
+        5 + 8 + 3 + 4 + 4,                     // StreamDeclare.nodes (u16)
+        5 + 8 + 3 + 3,                         // CursorCommit.entries (u16)
+        5 + 8 + 3 + 4 + 4,                     // StreamInfoReply.partitions (u16)
+        5 + 3 + 4 + 9,                         // StreamDeliver.messages (u32)
+    ];
+    for (frame, at) in at_bound.iter().zip(count_at) {
+        let bytes = encode_in(frame, 7).expect("at the bound");
+        assert_eq!(
+            Frame::decode_version(bytes.clone().freeze(), 7).expect("at the bound"),
+            *frame
+        );
+        let mut raised = bytes.to_vec();
+        raised[at] += 1;
+        let (field, problem, offset) =
+            problem_at(Frame::decode_version(Bytes::from(raised.clone()), 7));
+        assert!(
+            matches!(problem, Problem::InvalidValue(reason) if reason.starts_with("more than")),
+            "{field}: {problem:?}"
+        );
+        assert_eq!(offset, at, "{field}");
+        // A huge count is refused the same way, before any allocation.
+        raised[at] = 0xff;
+        raised[at + 1] = 0xff;
+        let (_, problem, _) = problem_at(Frame::decode_version(Bytes::from(raised), 7));
+        assert!(matches!(problem, Problem::InvalidValue(_)), "{problem:?}");
+    }
 }

@@ -7,8 +7,11 @@
 //!   `hex` decodes back to the same value, and that `fields` is in the canonical form of the
 //!   file's schema (every key present, none extra, numbers at most 2^53).
 //! - `every_frame_type_and_hello_has_a_vector`: every frame type of `FrameType::ALL` has a
-//!   vector of the current version (adding a frame without a vector fails here), and so do both
-//!   hellos, both `ServerHello` statuses and every login mechanism.
+//!   vector of the current version (6), or for a type of version 7 (the stream frames) of
+//!   version 7 (adding a frame without a vector fails here), and so do both hellos, both
+//!   `ServerHello` statuses, every login mechanism and `Deliver` with a routing key (version 7).
+//!   Vectors of version 7 are checked here like any other; the Python client, which speaks
+//!   version 6, skips them.
 //! - `spec_examples_are_vectors`: every `<!-- example: NAME -->` block of `docs/protocol.md` has
 //!   the bytes of the vector named NAME. The spec's two hello examples of version 5
 //!   (`client_hello`, `server_hello`) are vectors with `"version": 5`: this test and
@@ -56,8 +59,9 @@ SCHEMA. Top level: protocol_version (the newest version, 6), about (this text), 
 Each vector: name (unique, snake_case; a name used by an `<!-- example: NAME -->` block of \
 docs/protocol.md has that example's bytes), kind (\"frame\", \"client_hello\" or \
 \"server_hello\"), version (the protocol version the bytes are in: 6, except the two hello \
-examples of docs/protocol.md, which are of version 5; a client that speaks only version 6 skips \
-other versions), fields (the value, below), hex (the complete bytes on the wire, lowercase hex \
+examples of docs/protocol.md, which are of version 5, and the vectors of version 7, specified \
+but not yet negotiated: the stream frames and Deliver with its routing_key; a client checks the \
+vectors of the versions it speaks and skips the others), fields (the value, below), hex (the complete bytes on the wire, lowercase hex \
 without spaces: a frame with its length prefix and type byte; a hello from its magic on). \
 A test builds the value from fields, checks that its encoder writes exactly hex, and that \
 decoding hex gives back the same value. \
@@ -68,7 +72,10 @@ password and token). bytes (a message body) is a lowercase hex string, \"\" when
 option<T> is null when absent, else the T. list16/list32 are JSON lists (of objects for \
 structures). A structure is an object with its table's keys: settings (queue settings), \
 messages, headers ({name, value}), ranges ({first, last}), partitions (partition info), queues \
-(queue summary), error (error body: code as a number, reason as the limit reason's name or null, \
+(queue summary), settings of a stream frame (stream settings: partitions, replicas, max_bytes, \
+max_age_ms, max_messages), entries ({partition, offset}), partitions of StreamInfoReply \
+(stream partition info), streams (stream summary), messages of StreamDeliver (stream message: \
+offset, timestamp_ms, routing_key, headers, body), error (error body: code as a number, reason as the limit reason's name or null, \
 retry_after_ms, message, leader_addr), info (server info: admin, nodes of {node_id, server, \
 admin}). Enums are their names in docs/protocol.md: overflow \"reject\" or \"drop_oldest\"; a \
 limit reason its wire name (\"disk\", \"memory\", \"queue_full\", \"connections\", \
@@ -76,8 +83,11 @@ limit reason its wire name (\"disk\", \"memory\", \"queue_full\", \"connections\
 FRAMES: fields.type is the frame's name in docs/protocol.md (\"Publish\", \"Heartbeat\", ...), \
 then the frame's fields; Heartbeat has only type. Special forms: Publish.mode is \"confirmed\" or \
 \"buffered\" (bits 0-6 of the mode byte) and Publish.joinable (a key of its own) is bit 7 \
-(0x80) of that byte. SetQueueSettings' update<T> fields are {\"op\": \"keep\"}, \
-{\"op\": \"clear\"} or {\"op\": \"set\", \"value\": T}. \
+(0x80) of that byte. SetQueueSettings' and StreamSet's update<T> fields are \
+{\"op\": \"keep\"}, {\"op\": \"clear\"} or {\"op\": \"set\", \"value\": T}. \
+StreamSubscribe.start is {\"kind\": K, \"value\": V}, K one of \"first\", \"last\", \
+\"next\", \"offset\", \"timestamp\" and V the u64 on the wire (0 for the first three). \
+Deliver has routing_key only in vectors of version 7 and later, which carry it. \
 CLIENT_HELLO: version, client_name, mechanism (\"none\", \"plain\", \"external\" or \"token\", \
 the names of the Authentication table), user, password (mechanism plain, else null), token \
 (mechanism token, else null). Below version 6 no mechanism is on the wire and mechanism is \
@@ -156,9 +166,10 @@ impl Item {
         }
     }
 
-    fn to_json(&self) -> Value {
+    /// The value's `fields` as a vector of `version` spells them.
+    fn to_json(&self, version: u16) -> Value {
         match self {
-            Item::Frame(frame) => frame_to_json(frame),
+            Item::Frame(frame) => frame_to_json(frame, version),
             Item::ClientHello(hello) => client_hello_to_json(hello),
             Item::ServerHello(hello) => server_hello_to_json(hello),
         }
@@ -238,7 +249,7 @@ fn error_to_json(error: &ErrorBody) -> Value {
     })
 }
 
-fn frame_to_json(frame: &Frame) -> Value {
+fn frame_to_json(frame: &Frame, version: u16) -> Value {
     let mut fields = match frame {
         Frame::Declare(declare) => json!({
             "request_id": declare.request_id,
@@ -327,16 +338,25 @@ fn frame_to_json(frame: &Frame) -> Value {
             "ranges": ranges_to_json(&error.ranges),
             "error": error_to_json(&error.error),
         }),
-        Frame::Deliver(deliver) => json!({
-            "consumer_tag": deliver.consumer_tag,
-            "delivery_id": deliver.delivery_id,
-            "partition": deliver.partition,
-            "offset": deliver.offset,
-            "redelivered": deliver.redelivered,
-            "delivery_count": deliver.delivery_count,
-            "headers": headers_to_json(&deliver.headers),
-            "body": hex(&deliver.body),
-        }),
+        Frame::Deliver(deliver) => {
+            let mut fields = json!({
+                "consumer_tag": deliver.consumer_tag,
+                "delivery_id": deliver.delivery_id,
+                "partition": deliver.partition,
+                "offset": deliver.offset,
+                "redelivered": deliver.redelivered,
+                "delivery_count": deliver.delivery_count,
+                "headers": headers_to_json(&deliver.headers),
+                "body": hex(&deliver.body),
+            });
+            if version >= PROTOCOL_VERSION_STREAMS {
+                fields
+                    .as_object_mut()
+                    .expect("an object")
+                    .insert("routing_key".into(), json!(deliver.routing_key));
+            }
+            fields
+        }
         Frame::ConsumerEnd(end) => json!({
             "consumer_tag": end.consumer_tag,
             "error": error_to_json(&end.error),
@@ -348,12 +368,127 @@ fn frame_to_json(frame: &Frame) -> Value {
             "error": error_to_json(&error.error),
         }),
         Frame::Close(close) => json!({ "message": close.message }),
+        stream => stream_frame_to_json(stream),
     };
     fields
         .as_object_mut()
         .expect("an object")
         .insert("type".into(), json!(frame.frame_type().name()));
     fields
+}
+
+fn stream_settings_to_json(settings: &StreamSettings) -> Value {
+    json!({
+        "partitions": settings.partitions,
+        "replicas": settings.replicas,
+        "max_bytes": settings.max_bytes,
+        "max_age_ms": settings.max_age_ms,
+        "max_messages": settings.max_messages,
+    })
+}
+
+fn start_name(start: StreamStart) -> &'static str {
+    match start {
+        StreamStart::First => "first",
+        StreamStart::Last => "last",
+        StreamStart::Next => "next",
+        StreamStart::Offset(_) => "offset",
+        StreamStart::Timestamp(_) => "timestamp",
+    }
+}
+
+/// The fields of a stream frame (version 7).
+fn stream_frame_to_json(frame: &Frame) -> Value {
+    let u64_update = |update: &Update<u64>| update_to_json(update, |value| json!(value));
+    match frame {
+        Frame::StreamDeclare(declare) => json!({
+            "request_id": declare.request_id,
+            "stream": declare.stream,
+            "settings": stream_settings_to_json(&declare.settings),
+            "nodes": declare.nodes,
+        }),
+        Frame::StreamSet(set) => json!({
+            "request_id": set.request_id,
+            "stream": set.stream,
+            "max_bytes": u64_update(&set.update.max_bytes),
+            "max_age_ms": u64_update(&set.update.max_age_ms),
+            "max_messages": u64_update(&set.update.max_messages),
+        }),
+        Frame::StreamInfo(request) | Frame::StreamDelete(request) => {
+            json!({ "request_id": request.request_id, "stream": request.stream })
+        }
+        Frame::StreamList(list) => json!({ "request_id": list.request_id }),
+        Frame::StreamSubscribe(subscribe) => json!({
+            "request_id": subscribe.request_id,
+            "stream": subscribe.stream,
+            "consumer_tag": subscribe.consumer_tag,
+            "cursor": subscribe.cursor,
+            "group": subscribe.group,
+            "start": {
+                "kind": start_name(subscribe.start),
+                "value": subscribe.start.value(),
+            },
+            "credit": subscribe.credit,
+            "auto_commit": subscribe.auto_commit,
+            "partitions": subscribe.partitions,
+        }),
+        Frame::StreamCredit(credit) => json!({
+            "consumer_tag": credit.consumer_tag,
+            "credit": credit.credit,
+        }),
+        Frame::CursorCommit(commit) => json!({
+            "request_id": commit.request_id,
+            "stream": commit.stream,
+            "cursor": commit.cursor,
+            "entries": commit.entries.iter().map(|entry| json!({
+                "partition": entry.partition,
+                "offset": entry.offset,
+            })).collect::<Vec<_>>(),
+        }),
+        Frame::StreamInfoReply(info) => json!({
+            "request_id": info.request_id,
+            "stream": info.stream,
+            "settings": stream_settings_to_json(&info.settings),
+            "partitions": info.partitions.iter().map(|partition| json!({
+                "start_offset": partition.start_offset,
+                "next_offset": partition.next_offset,
+                "messages": partition.messages,
+                "bytes": partition.bytes,
+                "disk_bytes": partition.disk_bytes,
+                "oldest_timestamp_ms": partition.oldest_timestamp_ms,
+                "leading": partition.leading,
+                "leader": partition.leader,
+                "leader_addr": partition.leader_addr,
+            })).collect::<Vec<_>>(),
+        }),
+        Frame::StreamListReply(list) => json!({
+            "request_id": list.request_id,
+            "streams": list.streams.iter().map(|summary| json!({
+                "stream": summary.stream,
+                "partitions": summary.partitions,
+                "messages": summary.messages,
+                "bytes": summary.bytes,
+            })).collect::<Vec<_>>(),
+        }),
+        Frame::StreamDeliver(deliver) => json!({
+            "consumer_tag": deliver.consumer_tag,
+            "partition": deliver.partition,
+            "moved_from": deliver.moved_from,
+            "messages": deliver.messages.iter().map(|message| json!({
+                "offset": message.offset,
+                "timestamp_ms": message.timestamp_ms,
+                "routing_key": message.routing_key,
+                "headers": headers_to_json(&message.headers),
+                "body": hex(&message.body),
+            })).collect::<Vec<_>>(),
+        }),
+        Frame::StreamPartitionEnd(end) => json!({
+            "consumer_tag": end.consumer_tag,
+            "partition": end.partition,
+            "error": error_to_json(&end.error),
+        }),
+        other => unreachable!("{other:?} is not a stream frame"),
+    }
 }
 
 fn client_hello_to_json(hello: &ClientHello) -> Value {
@@ -651,6 +786,10 @@ fn frame_from_json(fields: &Value) -> Frame {
             offset: as_u64(get(fields, "offset")),
             redelivered: as_bool(get(fields, "redelivered")),
             delivery_count: as_u32(get(fields, "delivery_count")),
+            // Only in vectors of version 7 on; `to_json` checks it is there exactly then.
+            routing_key: fields
+                .get("routing_key")
+                .and_then(|key| option_of(key, as_string)),
             headers: headers_from_json(get(fields, "headers")),
             body: as_body(get(fields, "body")),
         }),
@@ -667,6 +806,134 @@ fn frame_from_json(fields: &Value) -> Frame {
         FrameType::Close => Frame::Close(Close {
             message: string("message"),
         }),
+        stream => stream_frame_from_json(stream, fields),
+    }
+}
+
+fn stream_settings_from_json(settings: &Value) -> StreamSettings {
+    StreamSettings {
+        partitions: as_u32(get(settings, "partitions")),
+        replicas: option_of(get(settings, "replicas"), as_u32),
+        max_bytes: option_of(get(settings, "max_bytes"), as_u64),
+        max_age_ms: option_of(get(settings, "max_age_ms"), as_u64),
+        max_messages: option_of(get(settings, "max_messages"), as_u64),
+    }
+}
+
+fn start_from_json(start: &Value) -> StreamStart {
+    let kind = match as_str(get(start, "kind")) {
+        "first" => 0,
+        "last" => 1,
+        "next" => 2,
+        "offset" => 3,
+        "timestamp" => 4,
+        other => panic!("unknown start kind {other:?}"),
+    };
+    let value = as_u64(get(start, "value"));
+    StreamStart::from_parts(kind, value)
+        .unwrap_or_else(|| panic!("{start} is not a start: a value with a kind that has none"))
+}
+
+fn stream_request_from_json(fields: &Value) -> StreamRequest {
+    StreamRequest {
+        request_id: as_u64(get(fields, "request_id")),
+        stream: as_string(get(fields, "stream")),
+    }
+}
+
+/// A stream frame (version 7) from its fields.
+fn stream_frame_from_json(frame_type: FrameType, fields: &Value) -> Frame {
+    let request_id = || as_u64(get(fields, "request_id"));
+    let string = |key: &str| as_string(get(fields, key));
+    let u64_update = |key: &str| update_from_json(get(fields, key), as_u64);
+    match frame_type {
+        FrameType::StreamDeclare => Frame::StreamDeclare(StreamDeclare {
+            request_id: request_id(),
+            stream: string("stream"),
+            settings: stream_settings_from_json(get(fields, "settings")),
+            nodes: list_of(get(fields, "nodes"), as_u64),
+        }),
+        FrameType::StreamSet => Frame::StreamSet(StreamSet {
+            request_id: request_id(),
+            stream: string("stream"),
+            update: StreamRetentionUpdate {
+                max_bytes: u64_update("max_bytes"),
+                max_age_ms: u64_update("max_age_ms"),
+                max_messages: u64_update("max_messages"),
+            },
+        }),
+        FrameType::StreamInfo => Frame::StreamInfo(stream_request_from_json(fields)),
+        FrameType::StreamList => Frame::StreamList(StreamList {
+            request_id: request_id(),
+        }),
+        FrameType::StreamDelete => Frame::StreamDelete(stream_request_from_json(fields)),
+        FrameType::StreamSubscribe => Frame::StreamSubscribe(StreamSubscribe {
+            request_id: request_id(),
+            stream: string("stream"),
+            consumer_tag: string("consumer_tag"),
+            cursor: option_of(get(fields, "cursor"), as_string),
+            group: as_bool(get(fields, "group")),
+            start: start_from_json(get(fields, "start")),
+            credit: as_u32(get(fields, "credit")),
+            auto_commit: as_bool(get(fields, "auto_commit")),
+            partitions: list_of(get(fields, "partitions"), as_u32),
+        }),
+        FrameType::StreamCredit => Frame::StreamCredit(StreamCredit {
+            consumer_tag: string("consumer_tag"),
+            credit: as_u32(get(fields, "credit")),
+        }),
+        FrameType::CursorCommit => Frame::CursorCommit(CursorCommit {
+            request_id: request_id(),
+            stream: string("stream"),
+            cursor: string("cursor"),
+            entries: list_of(get(fields, "entries"), |entry| CursorEntry {
+                partition: as_u32(get(entry, "partition")),
+                offset: as_u64(get(entry, "offset")),
+            }),
+        }),
+        FrameType::StreamInfoReply => Frame::StreamInfoReply(StreamInfoReply {
+            request_id: request_id(),
+            stream: string("stream"),
+            settings: stream_settings_from_json(get(fields, "settings")),
+            partitions: list_of(get(fields, "partitions"), |partition| StreamPartitionInfo {
+                start_offset: as_u64(get(partition, "start_offset")),
+                next_offset: as_u64(get(partition, "next_offset")),
+                messages: as_u64(get(partition, "messages")),
+                bytes: as_u64(get(partition, "bytes")),
+                disk_bytes: as_u64(get(partition, "disk_bytes")),
+                oldest_timestamp_ms: option_of(get(partition, "oldest_timestamp_ms"), as_u64),
+                leading: as_bool(get(partition, "leading")),
+                leader: option_of(get(partition, "leader"), as_u64),
+                leader_addr: option_of(get(partition, "leader_addr"), as_string),
+            }),
+        }),
+        FrameType::StreamListReply => Frame::StreamListReply(StreamListReply {
+            request_id: request_id(),
+            streams: list_of(get(fields, "streams"), |summary| StreamSummary {
+                stream: as_string(get(summary, "stream")),
+                partitions: as_u32(get(summary, "partitions")),
+                messages: as_u64(get(summary, "messages")),
+                bytes: as_u64(get(summary, "bytes")),
+            }),
+        }),
+        FrameType::StreamDeliver => Frame::StreamDeliver(StreamDeliver {
+            consumer_tag: string("consumer_tag"),
+            partition: as_u32(get(fields, "partition")),
+            moved_from: option_of(get(fields, "moved_from"), as_u64),
+            messages: list_of(get(fields, "messages"), |message| StreamMessage {
+                offset: as_u64(get(message, "offset")),
+                timestamp_ms: as_u64(get(message, "timestamp_ms")),
+                routing_key: option_of(get(message, "routing_key"), as_string),
+                headers: headers_from_json(get(message, "headers")),
+                body: as_body(get(message, "body")),
+            }),
+        }),
+        FrameType::StreamPartitionEnd => Frame::StreamPartitionEnd(StreamPartitionEnd {
+            consumer_tag: string("consumer_tag"),
+            partition: as_u32(get(fields, "partition")),
+            error: error_from_json(get(fields, "error")),
+        }),
+        other => unreachable!("{} is not a stream frame", other.name()),
     }
 }
 
@@ -725,6 +992,25 @@ struct Vector {
     name: &'static str,
     version: u16,
     item: Item,
+}
+
+/// A frame of version 7 (streams): checked here, skipped by a client that speaks version 6.
+fn v7(name: &'static str, frame: Frame) -> Vector {
+    Vector {
+        name,
+        version: PROTOCOL_VERSION_STREAMS,
+        item: Item::Frame(frame),
+    }
+}
+
+fn stream_message(offset: u64, routing_key: Option<&str>, body: &'static [u8]) -> StreamMessage {
+    StreamMessage {
+        offset,
+        timestamp_ms: 1_700_000_000_000 + offset,
+        routing_key: routing_key.map(str::to_owned),
+        headers: Vec::new(),
+        body: Bytes::from_static(body),
+    }
 }
 
 fn v6(name: &'static str, frame: Frame) -> Vector {
@@ -903,6 +1189,53 @@ fn vectors() -> Vec<Vector> {
                     leader: Some(2),
                     leader_addr: Some("h:1".into()),
                 }],
+            }),
+        ),
+        // The examples of version 7.
+        v7(
+            "stream_subscribe",
+            Frame::StreamSubscribe(StreamSubscribe {
+                request_id: 4,
+                stream: "s".into(),
+                consumer_tag: "c".into(),
+                cursor: Some("r".into()),
+                group: false,
+                start: StreamStart::Offset(100),
+                credit: 500,
+                auto_commit: true,
+                partitions: vec![0, 2],
+            }),
+        ),
+        v7(
+            "stream_deliver",
+            Frame::StreamDeliver(StreamDeliver {
+                consumer_tag: "c".into(),
+                partition: 1,
+                moved_from: Some(10),
+                messages: vec![
+                    StreamMessage {
+                        timestamp_ms: 1_700_000_000_000,
+                        ..stream_message(12, Some("k"), b"hi")
+                    },
+                    StreamMessage {
+                        timestamp_ms: 1_700_000_000_001,
+                        ..stream_message(14, None, b"yo")
+                    },
+                ],
+            }),
+        ),
+        v7(
+            "deliver_routing_key",
+            Frame::Deliver(Deliver {
+                consumer_tag: "c".into(),
+                delivery_id: 5,
+                partition: 0,
+                offset: 3,
+                redelivered: false,
+                delivery_count: 1,
+                routing_key: Some("k".into()),
+                headers: Vec::new(),
+                body: Bytes::from_static(b"hi"),
             }),
         ),
         // Declare: defaults and no nodes; every setting; overflow reject given explicitly.
@@ -1309,6 +1642,7 @@ fn vectors() -> Vec<Vector> {
                 offset: 42,
                 redelivered: false,
                 delivery_count: 1,
+                routing_key: None,
                 headers: vec![header("k", "v")],
                 body: Bytes::from_static(b"hi"),
             }),
@@ -1322,6 +1656,7 @@ fn vectors() -> Vec<Vector> {
                 offset: BIG,
                 redelivered: true,
                 delivery_count: u32::MAX,
+                routing_key: None,
                 headers: Vec::new(),
                 body: Bytes::new(),
             }),
@@ -1409,6 +1744,298 @@ fn vectors() -> Vec<Vector> {
             "close_empty",
             Frame::Close(Close {
                 message: String::new(),
+            }),
+        ),
+        // Version 7: Deliver without a key; every stream frame, with absent and present
+        // options, empty lists, every start kind, every update op and the error reasons of
+        // StreamPartitionEnd.
+        v7(
+            "deliver_no_routing_key_v7",
+            Frame::Deliver(Deliver {
+                consumer_tag: "c1".into(),
+                delivery_id: BIG,
+                partition: 2,
+                offset: 42,
+                redelivered: true,
+                delivery_count: 2,
+                routing_key: None,
+                headers: vec![header("k", "v")],
+                body: Bytes::new(),
+            }),
+        ),
+        v7(
+            "stream_declare_defaults",
+            Frame::StreamDeclare(StreamDeclare {
+                request_id: 1,
+                stream: "events".into(),
+                settings: StreamSettings::default(),
+                nodes: Vec::new(),
+            }),
+        ),
+        v7(
+            "stream_declare_all_settings",
+            Frame::StreamDeclare(StreamDeclare {
+                request_id: BIG,
+                stream: "ereignisse-ü".into(),
+                settings: StreamSettings {
+                    partitions: 64,
+                    replicas: Some(3),
+                    max_bytes: Some(1 << 40),
+                    max_age_ms: Some(7 * 24 * 3_600_000),
+                    max_messages: Some(BIG),
+                },
+                nodes: vec![1, 2, 3],
+            }),
+        ),
+        v7(
+            "stream_set",
+            Frame::StreamSet(StreamSet {
+                request_id: 2,
+                stream: "events".into(),
+                update: StreamRetentionUpdate {
+                    max_bytes: Update::Set(1 << 30),
+                    max_age_ms: Update::Clear,
+                    max_messages: Update::Keep,
+                },
+            }),
+        ),
+        v7(
+            "stream_info",
+            Frame::StreamInfo(StreamRequest {
+                request_id: 3,
+                stream: "events".into(),
+            }),
+        ),
+        v7(
+            "stream_list",
+            Frame::StreamList(StreamList { request_id: BIG }),
+        ),
+        v7(
+            "stream_delete",
+            Frame::StreamDelete(StreamRequest {
+                request_id: 4,
+                stream: String::new(),
+            }),
+        ),
+        v7(
+            "stream_subscribe_first_all_partitions",
+            Frame::StreamSubscribe(StreamSubscribe {
+                request_id: 5,
+                stream: "events".into(),
+                consumer_tag: "reader-1".into(),
+                cursor: None,
+                group: false,
+                start: StreamStart::First,
+                credit: 0,
+                auto_commit: false,
+                partitions: Vec::new(),
+            }),
+        ),
+        v7(
+            "stream_subscribe_last_group",
+            Frame::StreamSubscribe(StreamSubscribe {
+                request_id: 6,
+                stream: "events".into(),
+                consumer_tag: "leser-ü".into(),
+                cursor: Some("billing".into()),
+                group: true,
+                start: StreamStart::Last,
+                credit: u32::MAX,
+                auto_commit: true,
+                partitions: Vec::new(),
+            }),
+        ),
+        v7(
+            "stream_subscribe_next",
+            Frame::StreamSubscribe(StreamSubscribe {
+                request_id: 7,
+                stream: "events".into(),
+                consumer_tag: "c".into(),
+                cursor: Some("tail".into()),
+                group: false,
+                start: StreamStart::Next,
+                credit: 256,
+                auto_commit: false,
+                partitions: vec![63],
+            }),
+        ),
+        v7(
+            "stream_subscribe_timestamp",
+            Frame::StreamSubscribe(StreamSubscribe {
+                request_id: BIG,
+                stream: "events".into(),
+                consumer_tag: "c".into(),
+                cursor: None,
+                group: false,
+                start: StreamStart::Timestamp(1_700_000_000_000),
+                credit: 1000,
+                auto_commit: false,
+                partitions: vec![0, 1, u32::MAX],
+            }),
+        ),
+        v7(
+            "stream_credit",
+            Frame::StreamCredit(StreamCredit {
+                consumer_tag: "reader-1".into(),
+                credit: 256,
+            }),
+        ),
+        v7(
+            "cursor_commit",
+            Frame::CursorCommit(CursorCommit {
+                request_id: 8,
+                stream: "events".into(),
+                cursor: "billing".into(),
+                entries: vec![
+                    CursorEntry {
+                        partition: 0,
+                        offset: 10,
+                    },
+                    CursorEntry {
+                        partition: 3,
+                        offset: BIG,
+                    },
+                ],
+            }),
+        ),
+        v7(
+            "cursor_commit_empty",
+            Frame::CursorCommit(CursorCommit {
+                request_id: 9,
+                stream: "events".into(),
+                cursor: "zeiger-ü".into(),
+                entries: Vec::new(),
+            }),
+        ),
+        v7(
+            "stream_info_reply",
+            Frame::StreamInfoReply(StreamInfoReply {
+                request_id: 3,
+                stream: "events".into(),
+                settings: StreamSettings {
+                    partitions: 2,
+                    replicas: Some(3),
+                    max_bytes: Some(1 << 30),
+                    max_age_ms: None,
+                    max_messages: None,
+                },
+                partitions: vec![
+                    StreamPartitionInfo {
+                        start_offset: 100,
+                        next_offset: 250,
+                        messages: 150,
+                        bytes: 15_000,
+                        disk_bytes: 1 << 20,
+                        oldest_timestamp_ms: Some(1_700_000_000_000),
+                        leading: true,
+                        leader: Some(1),
+                        leader_addr: None,
+                    },
+                    StreamPartitionInfo {
+                        start_offset: 0,
+                        next_offset: 0,
+                        messages: 0,
+                        bytes: 0,
+                        disk_bytes: 0,
+                        oldest_timestamp_ms: None,
+                        leading: false,
+                        leader: Some(2),
+                        leader_addr: Some("10.0.0.2:5671".into()),
+                    },
+                ],
+            }),
+        ),
+        v7(
+            "stream_info_reply_no_partitions",
+            Frame::StreamInfoReply(StreamInfoReply {
+                request_id: BIG,
+                stream: String::new(),
+                settings: StreamSettings::default(),
+                partitions: Vec::new(),
+            }),
+        ),
+        v7(
+            "stream_list_reply",
+            Frame::StreamListReply(StreamListReply {
+                request_id: 10,
+                streams: vec![
+                    StreamSummary {
+                        stream: "events".into(),
+                        partitions: 4,
+                        messages: BIG,
+                        bytes: 1 << 40,
+                    },
+                    StreamSummary {
+                        stream: "ströme".into(),
+                        partitions: 1,
+                        messages: 0,
+                        bytes: 0,
+                    },
+                ],
+            }),
+        ),
+        v7(
+            "stream_list_reply_empty",
+            Frame::StreamListReply(StreamListReply {
+                request_id: 11,
+                streams: Vec::new(),
+            }),
+        ),
+        v7(
+            "stream_deliver_headers",
+            Frame::StreamDeliver(StreamDeliver {
+                consumer_tag: "reader-1".into(),
+                partition: 0,
+                moved_from: None,
+                messages: vec![
+                    StreamMessage {
+                        headers: vec![header("trace", "abc"), header("schlüssel", "wert")],
+                        ..stream_message(0, Some("kunde-42"), b"\x00\xff")
+                    },
+                    StreamMessage {
+                        timestamp_ms: BIG,
+                        ..stream_message(BIG, None, b"")
+                    },
+                ],
+            }),
+        ),
+        v7(
+            "stream_deliver_empty",
+            Frame::StreamDeliver(StreamDeliver {
+                consumer_tag: "c".into(),
+                partition: u32::MAX,
+                moved_from: Some(0),
+                messages: Vec::new(),
+            }),
+        ),
+        v7(
+            "stream_partition_end_reassigned",
+            Frame::StreamPartitionEnd(StreamPartitionEnd {
+                consumer_tag: "reader-1".into(),
+                partition: 3,
+                error: ErrorBody::new(
+                    keratin_proto::codes::ERR_CONFLICT,
+                    "partition 3 of events was assigned to another member of group billing",
+                ),
+            }),
+        ),
+        v7(
+            "stream_partition_end_deleted",
+            Frame::StreamPartitionEnd(StreamPartitionEnd {
+                consumer_tag: "reader-1".into(),
+                partition: 0,
+                error: ErrorBody::new(ERR_NOT_FOUND, "stream events was deleted"),
+            }),
+        ),
+        v7(
+            "stream_partition_end_leader_moved",
+            Frame::StreamPartitionEnd(StreamPartitionEnd {
+                consumer_tag: "reader-1".into(),
+                partition: 1,
+                error: ErrorBody::not_leader(
+                    Some("10.0.0.3:5671".into()),
+                    "partition 1 of events moved to node 3",
+                ),
             }),
         ),
         // ClientHello: every mechanism; non-ASCII and empty strings.
@@ -1521,7 +2148,10 @@ fn render(vectors: &[Vector]) -> String {
         text += &format!("      \"name\": {},\n", json!(vector.name));
         text += &format!("      \"kind\": {},\n", json!(vector.item.kind()));
         text += &format!("      \"version\": {},\n", vector.version);
-        text += &format!("      \"fields\": {},\n", vector.item.to_json());
+        text += &format!(
+            "      \"fields\": {},\n",
+            vector.item.to_json(vector.version)
+        );
         text += &format!("      \"hex\": {}\n", json!(hex(&bytes)));
         text += if index + 1 < vectors.len() {
             "    },\n"
@@ -1587,7 +2217,7 @@ fn check_vector(vector: &Value) -> String {
     let version = as_u16(&vector["version"]);
     let fields = &vector["fields"];
     assert!(
-        (PROTOCOL_VERSION_MIN..=PROTOCOL_VERSION).contains(&version),
+        (PROTOCOL_VERSION_MIN..=PROTOCOL_VERSION_STREAMS).contains(&version),
         "{name}: version {version}"
     );
     assert_exact_numbers(vector, &name);
@@ -1595,7 +2225,7 @@ fn check_vector(vector: &Value) -> String {
 
     let item = Item::from_json(&kind, fields);
     assert_eq!(
-        &item.to_json(),
+        &item.to_json(version),
         fields,
         "{name}: fields are not in the schema's canonical form (right: the file)"
     );
@@ -1611,7 +2241,7 @@ fn check_vector(vector: &Value) -> String {
     );
     if let Item::Frame(_) = item {
         assert_eq!(
-            Frame::check(&bytes, FRAME_SIZE_BYTES_MAX).expect("a valid header"),
+            Frame::check_version(&bytes, FRAME_SIZE_BYTES_MAX, version).expect("a valid header"),
             FrameStatus::Complete {
                 size_bytes: bytes.len()
             },
@@ -1663,23 +2293,40 @@ fn every_frame_type_and_hello_has_a_vector() {
     let file = read_file();
     // Only the vectors' kind, version and fields: whether they match the encoder is
     // `every_vector_matches_the_encoder`'s concern.
-    let current: Vec<(&str, &Value)> = file_vectors(&file)
-        .iter()
-        .filter(|vector| as_u64(&vector["version"]) == u64::from(PROTOCOL_VERSION))
-        .map(|vector| (as_str(&vector["kind"]), &vector["fields"]))
-        .collect();
-    let has = |kind: &str, key: &str, value: &str| {
-        current
+    let in_version = |version: u16| -> Vec<(&str, &Value)> {
+        file_vectors(&file)
+            .iter()
+            .filter(|vector| as_u64(&vector["version"]) == u64::from(version))
+            .map(|vector| (as_str(&vector["kind"]), &vector["fields"]))
+            .collect()
+    };
+    let current = in_version(PROTOCOL_VERSION);
+    let streams = in_version(PROTOCOL_VERSION_STREAMS);
+    let has_in = |vectors: &[(&str, &Value)], kind: &str, key: &str, value: &str| {
+        vectors
             .iter()
             .any(|(k, fields)| *k == kind && fields[key] == json!(value))
     };
+    let has = |kind: &str, key: &str, value: &str| has_in(&current, kind, key, value);
     for frame_type in FrameType::ALL {
+        let version = frame_type.since().max(PROTOCOL_VERSION);
+        let vectors = if version == PROTOCOL_VERSION {
+            &current
+        } else {
+            &streams
+        };
         assert!(
-            has("frame", "type", frame_type.name()),
-            "no vector of version {PROTOCOL_VERSION} for frame type {}",
+            has_in(vectors, "frame", "type", frame_type.name()),
+            "no vector of version {version} for frame type {}",
             frame_type.name()
         );
     }
+    assert!(
+        streams.iter().any(|(kind, fields)| *kind == "frame"
+            && fields["type"] == json!("Deliver")
+            && !fields["routing_key"].is_null()),
+        "no vector of version 7 for Deliver with a routing key"
+    );
     for mechanism in ["none", "plain", "external", "token"] {
         assert!(
             has("client_hello", "mechanism", mechanism),

@@ -340,6 +340,7 @@ async fn a_consumer_ended_with_not_leader_continues_at_the_leader() {
                     offset: 0,
                     redelivered: false,
                     delivery_count: 1,
+                    routing_key: None,
                     headers: Vec::new(),
                     body: bytes::Bytes::from_static(b"from the old leader"),
                 }),

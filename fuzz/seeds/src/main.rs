@@ -202,6 +202,7 @@ fn frames() -> Vec<(&'static str, Frame)> {
                 offset: 42,
                 redelivered: true,
                 delivery_count: 2,
+                routing_key: None,
                 headers: vec![Header {
                     name: "trace".into(),
                     value: "abc".into(),

@@ -820,6 +820,8 @@ impl Conn {
                     offset: delivery.tag.message,
                     redelivered: delivery.redelivered,
                     delivery_count: delivery.delivery_count,
+                    // On the wire from protocol version 7, which this server does not speak yet.
+                    routing_key: None,
                     headers: delivery
                         .message
                         .headers
