@@ -92,13 +92,21 @@ impl LoginGate {
         if !wait.is_zero() {
             return Err(AuthError::TooManyFailures { retry_after: wait });
         }
-        let waiting = self.waiting.fetch_add(1, Ordering::AcqRel) + 1;
-        let _waiting = Waiting(&self.waiting);
-        if waiting > self.config.max_waiting + self.config.concurrent {
+        // Take a place only below the bound: a login refused as busy never counts, so the
+        // count is exactly the logins waiting for or in a verification.
+        let bound = self.config.max_waiting + self.config.concurrent;
+        if self
+            .waiting
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < bound).then_some(n + 1)
+            })
+            .is_err()
+        {
             return Err(AuthError::Busy {
                 retry_after: self.config.busy_retry,
             });
         }
+        let _waiting = Waiting(&self.waiting);
         let slot = self
             .slots
             .clone()
