@@ -160,6 +160,16 @@ async fn an_idempotent_producers_retry_is_stored_once() {
     assert_eq!(again, vec![Appended::Duplicate]);
     let read = partition.read(0, 100, 1 << 20).await.expect("reads");
     assert_eq!(read.messages.len(), 2, "each sequence once");
+    // The log closes only with its last handle: a close beside another handle is refused
+    // (and the owner is gone; the other handle's requests fail as closed).
+    let other = partition.clone();
+    let err = partition
+        .close()
+        .await
+        .expect_err("another handle holds the log");
+    assert!(matches!(err, BrokerError::Closed(_)), "{err}");
+    let err = other.append(vec![marked(3)], 1).await.expect_err("closed");
+    assert!(matches!(err, BrokerError::Closed(_)), "{err}");
 }
 
 /// A gate the test steers: admit, slow by a delay, or refuse; and whether a heal may run.

@@ -183,6 +183,7 @@ impl StreamPartition {
             stopped: None,
             healing: false,
             retention_busy: false,
+            closing: None,
             sealed: Arc::new(Mutex::new(BTreeMap::new())),
         };
         owner.publish_figures();
@@ -243,11 +244,22 @@ impl StreamPartition {
         figures
     }
 
-    /// Ends the owner after what is in flight is answered; the log is closed.
+    /// Ends the owner once what is in flight is answered (waiting appends are refused) and
+    /// closes the log. Fails, leaving the log open until the last handle goes, while another
+    /// handle of this partition still exists.
     pub async fn close(self) -> BrokerResult<()> {
+        let StreamPartition {
+            commands,
+            log,
+            config,
+            ..
+        } = self;
+        drop(log);
         let (reply, answer) = oneshot::channel();
-        self.send(Command::Close { reply })?;
-        answer.await.map_err(|_| self.closed())?
+        commands
+            .send(Command::Close { reply })
+            .map_err(|_| closed_error(&config))?;
+        answer.await.map_err(|_| closed_error(&config))?
     }
 
     fn send(&self, command: Command) -> BrokerResult<()> {
@@ -255,11 +267,29 @@ impl StreamPartition {
     }
 
     fn closed(&self) -> BrokerError {
-        BrokerError::Closed(format!(
-            "stream {:?} partition {}",
-            self.config.stream, self.config.index
-        ))
+        closed_error(&self.config)
     }
+}
+
+fn closed_error(config: &StreamPartitionConfig) -> BrokerError {
+    BrokerError::Closed(format!(
+        "stream {:?} partition {}",
+        config.stream, config.index
+    ))
+}
+
+/// Closes `log` once this is its last handle: a read in flight holds it for a moment, so
+/// this waits up to a second for those.
+async fn close_when_unshared(log: Arc<dyn PartitionLog>) -> BrokerResult<()> {
+    for _ in 0..20 {
+        if Arc::strong_count(&log) == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::task::spawn_blocking(move || log.close())
+        .await
+        .map_err(|e| BrokerError::Closed(format!("closing a stream partition: {e}")))?
 }
 
 /// Reads committed messages from `from` (blocking).
@@ -345,6 +375,8 @@ struct Owner {
     stopped: Option<BrokerError>,
     healing: bool,
     retention_busy: bool,
+    /// A close waiting for what is in flight.
+    closing: Option<oneshot::Sender<BrokerResult<()>>>,
     /// Facts of sealed segments (they never change), by base offset, so a retention pass
     /// reads only segments it has not seen.
     sealed: Arc<Mutex<BTreeMap<u64, Sealed>>>,
@@ -404,19 +436,24 @@ impl Owner {
                 Command::HealTick => self.try_heal(),
                 Command::Healed { result } => self.healed(result),
                 Command::Close { reply } => {
-                    self.fail_waiting(|| BrokerError::Closed("stream partition".into()));
-                    let log = self.log.clone();
-                    let result = tokio::task::spawn_blocking(move || {
-                        drop(log);
-                        Ok(())
-                    })
-                    .await
-                    .unwrap_or_else(|e| Err(BrokerError::Closed(e.to_string())));
-                    let _ = reply.send(result);
-                    return;
+                    let stream = self.config.stream.clone();
+                    self.fail_waiting(|| BrokerError::Closed(format!("stream {stream:?}")));
+                    self.closing = Some(reply);
                 }
             }
+            // Closing waits for what is in flight: proposals, a retention pass, a heal.
+            if self.closing.is_some()
+                && self.inflight.is_empty()
+                && !self.retention_busy
+                && !self.healing
+            {
+                break;
+            }
         }
+        let Some(reply) = self.closing.take() else {
+            return;
+        };
+        let _ = reply.send(close_when_unshared(self.log).await);
     }
 
     fn lock_figures(&self) -> std::sync::MutexGuard<'_, StreamPartitionFigures> {
