@@ -224,18 +224,7 @@ pub(crate) fn decode_body(
             delivery_ids: read_delivery_ids(r)?,
             requeue: r.bool("requeue")?,
         }),
-        FrameType::StreamDeclare
-        | FrameType::StreamSet
-        | FrameType::StreamInfo
-        | FrameType::StreamList
-        | FrameType::StreamDelete
-        | FrameType::StreamSubscribe
-        | FrameType::StreamCredit
-        | FrameType::CursorCommit
-        | FrameType::StreamInfoReply
-        | FrameType::StreamListReply
-        | FrameType::StreamDeliver
-        | FrameType::StreamPartitionEnd => decode_stream_body(frame_type, r)?,
+        stream if stream.is_stream() => decode_stream_body(stream, r)?,
         _ => decode_reply_body(frame_type, r, version)?,
     };
     Ok(frame)

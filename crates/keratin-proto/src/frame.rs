@@ -154,20 +154,28 @@ impl FrameType {
     pub fn since(self) -> u16 {
         match self {
             FrameType::ConsumerEnd => CONSUMER_END_SINCE,
-            FrameType::StreamDeclare
-            | FrameType::StreamSet
-            | FrameType::StreamInfo
-            | FrameType::StreamList
-            | FrameType::StreamDelete
-            | FrameType::StreamSubscribe
-            | FrameType::StreamCredit
-            | FrameType::CursorCommit
-            | FrameType::StreamInfoReply
-            | FrameType::StreamListReply
-            | FrameType::StreamDeliver
-            | FrameType::StreamPartitionEnd => PROTOCOL_VERSION_STREAMS,
+            stream if stream.is_stream() => PROTOCOL_VERSION_STREAMS,
             _ => 1,
         }
+    }
+
+    /// Whether this is one of version 7's stream frames (`docs/streams.md`).
+    pub fn is_stream(self) -> bool {
+        matches!(
+            self,
+            FrameType::StreamDeclare
+                | FrameType::StreamSet
+                | FrameType::StreamInfo
+                | FrameType::StreamList
+                | FrameType::StreamDelete
+                | FrameType::StreamSubscribe
+                | FrameType::StreamCredit
+                | FrameType::CursorCommit
+                | FrameType::StreamInfoReply
+                | FrameType::StreamListReply
+                | FrameType::StreamDeliver
+                | FrameType::StreamPartitionEnd
+        )
     }
 
     /// The name used in the spec and in error messages.

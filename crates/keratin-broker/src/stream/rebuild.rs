@@ -17,7 +17,7 @@
 
 use crate::error::{BrokerError, BrokerResult};
 use crate::partition::log::PartitionLog;
-use crate::stream::records::{StreamRecord, STREAM_CHECKPOINT};
+use crate::stream::records::StreamRecord;
 use crate::stream::state::StreamPartitionState;
 
 /// A rebuilt state and how much was read for it.
@@ -97,33 +97,24 @@ fn scan(
         expected += 1;
         *records_read += 1;
         let decoded = StreamRecord::decode(record.record_type, &record.payload, record.offset)?;
-        if let (StreamRecord::Checkpoint(checkpoint), true) =
-            (&decoded, record.record_type == STREAM_CHECKPOINT)
-        {
-            if let Some(current) = state.as_mut() {
-                // Applying checks it against the state it follows.
-                current.apply(
-                    record.offset,
-                    record.timestamp_ms,
-                    record.payload.len() as u64,
-                    &decoded,
-                )?;
-            } else {
+        match (&decoded, state.as_mut()) {
+            (StreamRecord::Checkpoint(checkpoint), None) => {
                 state = Some(StreamPartitionState::from_checkpoint(
                     record.offset,
                     record.timestamp_ms,
                     checkpoint,
                 )?);
             }
-            continue;
-        }
-        if let Some(current) = state.as_mut() {
-            current.apply(
-                record.offset,
-                record.timestamp_ms,
-                record.payload.len() as u64,
-                &decoded,
-            )?;
+            // A later checkpoint is checked against the state it follows by `apply`.
+            (_, Some(current)) => {
+                current.apply(
+                    record.offset,
+                    record.timestamp_ms,
+                    record.payload.len() as u64,
+                    &decoded,
+                )?;
+            }
+            (_, None) => {}
         }
     }
     if expected < end && state.is_some() {
