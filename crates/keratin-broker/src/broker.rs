@@ -14,7 +14,7 @@ use crate::claims::{Claim, Claims};
 use crate::consumer::{Consumer, ConsumerLink, ConsumerSlot, Credit, SubscribeOptions};
 use crate::error::{BrokerError, BrokerResult};
 use crate::gate::{OpenGate, PublishGate};
-use crate::meta::{Catalog, MetaFigures, MetaLog, MetaRecord, QueueDecl};
+use crate::meta::{Catalog, MetaFigures, MetaLog, MetaRecord, QueueDecl, StreamDecl};
 use crate::partition::dead_letter::{DeadLetterSink, DeadLettering};
 use crate::partition::local_log::{remove_if_no_segments, LocalLog};
 use crate::partition::log::{ClusterMetadata, PartitionLog, PartitionLogs, PartitionPlace};
@@ -22,7 +22,11 @@ use crate::partition::owner::{self, rebuild, Command, OwnerContext};
 use crate::partition::state::PartitionState;
 use crate::queue::{validate_queue_name, DeadLetterFailure, Queue, QueueSettings};
 use crate::record::Message;
+use crate::stream::{Appended, Stream};
 use keratin_auth::{UserChange, UserTable};
+
+mod streams;
+pub use streams::{ReadFrom, CURSOR_EXPIRY, RETENTION_INTERVAL};
 
 /// Milliseconds since the Unix epoch; injected so that tests control time.
 pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
@@ -159,8 +163,14 @@ impl BrokerConfig {
 pub struct Receipt {
     /// Partition index.
     pub partition: u32,
-    /// Message id (offset) in the partition.
+    /// Message id (offset) in the partition; [`Receipt::DUPLICATE`] for an idempotent
+    /// producer's retry a stream had stored already.
     pub message: u64,
+}
+
+impl Receipt {
+    /// The `message` of a stream message stored before (its first offset is not looked up).
+    pub const DUPLICATE: u64 = u64::MAX;
 }
 
 /// One partition's share of a publish: its index, the positions of its messages in the batch,
@@ -171,12 +181,22 @@ type PartitionWait = (
     tokio::sync::oneshot::Receiver<BrokerResult<std::ops::Range<u64>>>,
 );
 
+/// One stream partition's share of a publish: its index, the positions of its messages in the
+/// batch, and the owner's answer.
+type StreamWait = (
+    u32,
+    Vec<usize>,
+    tokio::sync::oneshot::Receiver<BrokerResult<Vec<Appended>>>,
+);
+
 /// Publishes handed to their partitions, waiting for their outcomes.
 #[derive(Debug)]
 pub struct PendingPublish {
     queue: String,
     results: Vec<Option<BrokerResult<Receipt>>>,
     waiting: Vec<PartitionWait>,
+    /// A stream's partitions' shares (a publish goes to a queue or a stream, never both).
+    appends: Vec<StreamWait>,
 }
 
 impl PendingPublish {
@@ -193,6 +213,32 @@ impl PendingPublish {
                             partition,
                             message: offset,
                         }));
+                    }
+                }
+                Err(e) => {
+                    for i in indexes {
+                        self.results[i] = Some(Err(e.clone()));
+                    }
+                }
+            }
+        }
+        for (partition, indexes, reply) in std::mem::take(&mut self.appends) {
+            let outcome = reply
+                .await
+                .unwrap_or_else(|_| Err(BrokerError::Closed(format!("stream {:?}", self.queue))));
+            match outcome {
+                Ok(appended) => {
+                    assert_eq!(
+                        appended.len(),
+                        indexes.len(),
+                        "a stream partition answers each message it was given"
+                    );
+                    for (i, appended) in indexes.into_iter().zip(appended) {
+                        let message = match appended {
+                            Appended::Stored(offset) => offset,
+                            Appended::Duplicate => Receipt::DUPLICATE,
+                        };
+                        self.results[i] = Some(Ok(Receipt { partition, message }));
                     }
                 }
                 Err(e) => {
@@ -352,6 +398,8 @@ pub(crate) struct BrokerInner {
     users_write: Mutex<()>,
     queues: RwLock<BTreeMap<String, Arc<Queue>>>,
     placements: RwLock<BTreeMap<String, Vec<PathBuf>>>,
+    /// The declared streams, by name (`broker/streams.rs`).
+    streams: RwLock<BTreeMap<String, Arc<Stream>>>,
     next_consumer: AtomicU64,
     /// Consumers alive over all queues, against `consumers_max`.
     consumers: Arc<AtomicU64>,
@@ -484,6 +532,7 @@ impl Broker {
         .await?;
         let delivery_budget = ByteBudget::new(config.delivery_bytes_max);
         let decls: Vec<QueueDecl> = catalog.queues.values().cloned().collect();
+        let stream_decls: Vec<StreamDecl> = catalog.streams.values().cloned().collect();
         let inner = Arc::new(BrokerInner {
             config,
             pool,
@@ -497,15 +546,24 @@ impl Broker {
             users_write: Mutex::new(()),
             queues: RwLock::new(BTreeMap::new()),
             placements: RwLock::new(BTreeMap::new()),
+            streams: RwLock::new(BTreeMap::new()),
             next_consumer: AtomicU64::new(1),
             consumers: Arc::new(AtomicU64::new(0)),
             delivery_budget,
         });
         let ids: std::collections::BTreeSet<u64> = decls.iter().map(|d| d.id).collect();
+        let stream_ids: std::collections::BTreeSet<u64> =
+            stream_decls.iter().map(|d| d.id).collect();
         let orphans = inner.clone();
-        blocking(move || orphans.remove_orphans(&ids)).await?;
+        blocking(move || {
+            orphans.remove_orphans(&ids)?;
+            orphans.remove_stream_orphans(&stream_ids)
+        })
+        .await?;
         inner.open_queues(decls).await?;
+        inner.open_streams(stream_decls).await?;
         spawn_metadata_healer(Arc::downgrade(&inner));
+        streams::spawn_stream_timer(Arc::downgrade(&inner));
         Ok(Broker { inner })
     }
 
@@ -658,6 +716,12 @@ impl Broker {
         let claim = inner.claim(name).await?;
         let (id, reservation) = {
             let mut state = inner.meta_state();
+            if state.catalog.stream_by_name(name).is_some() {
+                return Err(BrokerError::NameTaken {
+                    name: name.into(),
+                    kind: "stream",
+                });
+            }
             if let Some(existing) = state.catalog.by_name(name) {
                 let other_id = cluster.as_ref().is_some_and(|c| c.id != existing.id);
                 if existing.settings != settings || other_id {
@@ -670,7 +734,7 @@ impl Broker {
                 drop(claim);
                 return self.info(name);
             }
-            inner.check_room(&state, name, &settings)?;
+            inner.check_room(&state, "queue", name, settings.partitions)?;
             let id = match &cluster {
                 Some(placed) => placed.id,
                 None => state.catalog.next_id,
@@ -1093,6 +1157,9 @@ impl Broker {
     /// admitted under the limits all or nothing; the resource gate decides the same for every
     /// publish of an instant either way).
     pub fn publishes_may_join(&self, name: &str) -> bool {
+        if self.inner.stream(name).is_ok() {
+            return true; // a stream has no per-stream limit
+        }
         self.inner.queue(name).is_ok_and(|queue| {
             let settings = queue.settings.read().unwrap_or_else(|e| e.into_inner());
             settings.max_messages.is_none() && settings.max_bytes.is_none()
@@ -1220,6 +1287,7 @@ impl Broker {
                 partition.request(|reply| Command::Close { reply }).await?;
             }
         }
+        self.inner.close_streams().await?;
         let meta = self
             .inner
             .meta_log
@@ -1314,30 +1382,33 @@ impl BrokerInner {
         }
     }
 
-    /// Whether one more queue with `settings` fits the node's bounds, counting declares in
-    /// flight.
+    /// Whether one more queue or stream (`kind`) of `new_partitions` fits the node's bounds,
+    /// counting declares in flight. Streams count as queues against `queues_max`, and their
+    /// partitions against `partitions_max` (each is a log with an owner task).
     fn check_room(
         &self,
         state: &MetaState,
+        kind: &str,
         name: &str,
-        settings: &QueueSettings,
+        new_partitions: u32,
     ) -> BrokerResult<()> {
-        let queues = state.catalog.queues.len() as u64 + state.claims.reserved_queues;
+        let queues = (state.catalog.queues.len() + state.catalog.streams.len()) as u64
+            + state.claims.reserved_queues;
         let queues_max = self.config.queues_max;
         if queues + 1 > u64::from(queues_max) {
             return Err(BrokerError::NodeFull(format!(
-                "queue {name:?}: the node has {queues} queues, its most (server.queues_max = \
-                 {queues_max}); delete a queue or raise server.queues_max"
+                "{kind} {name:?}: the node has {queues} queues and streams, its most \
+                 (server.queues_max = {queues_max}); delete a queue or stream, or raise \
+                 server.queues_max"
             )));
         }
         let partitions = state.catalog.partitions() + state.claims.reserved_partitions;
         let partitions_max = self.config.partitions_max;
-        if partitions + u64::from(settings.partitions) > u64::from(partitions_max) {
+        if partitions + u64::from(new_partitions) > u64::from(partitions_max) {
             return Err(BrokerError::NodeFull(format!(
-                "queue {name:?} with {} partitions: the node has {partitions} of its \
-                 {partitions_max} partitions (server.partitions_max); delete a queue, declare \
-                 fewer partitions or raise server.partitions_max",
-                settings.partitions
+                "{kind} {name:?} with {new_partitions} partitions: the node has {partitions} \
+                 of its {partitions_max} partitions (server.partitions_max); delete a queue or \
+                 stream, declare fewer partitions or raise server.partitions_max"
             )));
         }
         Ok(())
@@ -1661,9 +1732,13 @@ impl BrokerInner {
             queue: name.to_string(),
             results: vec![None; messages.len()],
             waiting: Vec::new(),
+            appends: Vec::new(),
         };
         let queue = match self.queue(name) {
             Ok(queue) => queue,
+            Err(_) if self.stream(name).is_ok() => {
+                return self.dispatch_stream(pending, messages, joined);
+            }
             Err(e) => {
                 pending.results = messages.iter().map(|_| Some(Err(e.clone()))).collect();
                 return pending;

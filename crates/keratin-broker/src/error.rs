@@ -23,10 +23,21 @@ pub enum BrokerError {
         /// When a retry may succeed (a metadata leader is usually elected by then).
         retry_after_ms: u32,
     },
-    /// The queue exists with other settings.
-    #[error("queue {name:?} exists with other settings ({existing}); delete it or declare it with the same settings")]
+    /// No stream of that name.
+    #[error("stream {0:?} does not exist; declare it first (keratin stream declare)")]
+    StreamNotFound(String),
+    /// The name is taken by the other kind: queues and streams share one name space.
+    #[error("{name:?} is a {kind}, and queues and streams share one name space; delete the {kind} or choose another name")]
+    NameTaken {
+        /// The name.
+        name: String,
+        /// `queue` or `stream`: what holds the name.
+        kind: &'static str,
+    },
+    /// The queue (or stream) exists with other settings.
+    #[error("{name:?} exists with other settings ({existing}); delete it or declare it with the same settings")]
     Conflict {
-        /// The queue.
+        /// The queue or stream.
         name: String,
         /// Its current settings, as text.
         existing: String,

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{BrokerError, BrokerResult};
 use crate::gate::PublishGate;
 use crate::queue::QueueSettings;
+use crate::stream::StreamSettings;
 
 /// Record type of a JSON metadata record, format 1.
 const META_JSON_V1: u8 = 1;
@@ -78,6 +79,18 @@ impl QueueDecl {
     }
 }
 
+/// A declared stream as the metadata log knows it (`docs/streams.md`, "Files").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct StreamDecl {
+    /// Unique among queues and streams of the node (ids share one counter).
+    pub(crate) id: u64,
+    pub(crate) name: String,
+    pub(crate) settings: StreamSettings,
+    /// The storage directory of each partition's payload log, by index; the cursor log lives
+    /// beside partition 0's.
+    pub(crate) placement: Vec<PathBuf>,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub(crate) enum MetaRecord {
@@ -111,6 +124,17 @@ pub(crate) enum MetaRecord {
     UserChanged {
         change: UserChange,
     },
+    /// A stream was declared (its name is then taken for queues too).
+    StreamDeclared(StreamDecl),
+    /// Written before the stream's files go, like `QueueDeleted`.
+    StreamDeleted {
+        id: u64,
+    },
+    /// A stream's retention changed (its partitions are fixed).
+    StreamSettingsChanged {
+        id: u64,
+        settings: StreamSettings,
+    },
 }
 
 /// What the metadata log says: the declared queues, the next queue id and the node's setting
@@ -120,6 +144,8 @@ pub(crate) enum MetaRecord {
 pub(crate) struct Catalog {
     pub(crate) queues: BTreeMap<u64, QueueDecl>,
     by_name: BTreeMap<String, u64>,
+    pub(crate) streams: BTreeMap<u64, StreamDecl>,
+    stream_by_name: BTreeMap<String, u64>,
     pub(crate) next_id: u64,
     pub(crate) node_settings: BTreeMap<String, serde_json::Value>,
     /// The node's users (a single node's; a cluster keeps its users in its metadata group).
@@ -161,6 +187,25 @@ impl Catalog {
                     decl.set_partition_replicas(index as usize, replicas, formation, version);
                 }
             }
+            MetaRecord::StreamDeclared(decl) => {
+                self.next_id = self.next_id.max(decl.id + 1);
+                if let Some(old) = self.stream_by_name.insert(decl.name.clone(), decl.id) {
+                    self.streams.remove(&old);
+                }
+                self.streams.insert(decl.id, decl);
+            }
+            MetaRecord::StreamDeleted { id } => {
+                if let Some(decl) = self.streams.remove(&id) {
+                    if self.stream_by_name.get(&decl.name) == Some(&id) {
+                        self.stream_by_name.remove(&decl.name);
+                    }
+                }
+            }
+            MetaRecord::StreamSettingsChanged { id, settings } => {
+                if let Some(decl) = self.streams.get_mut(&id) {
+                    decl.settings = settings;
+                }
+            }
             MetaRecord::NodeSettingsChanged { overrides } => {
                 self.node_settings = overrides;
             }
@@ -183,12 +228,26 @@ impl Catalog {
         self.by_name.get(name).and_then(|id| self.queues.get(id))
     }
 
-    /// Partitions over every declared queue.
+    /// Stream `name`'s declaration.
+    pub(crate) fn stream_by_name(&self, name: &str) -> Option<&StreamDecl> {
+        self.stream_by_name
+            .get(name)
+            .and_then(|id| self.streams.get(id))
+    }
+
+    /// Partitions over every declared queue and stream (each is a log with an owner task).
     pub(crate) fn partitions(&self) -> u64 {
-        self.queues
+        let queues: u64 = self
+            .queues
             .values()
             .map(|q| u64::from(q.settings.partitions))
-            .sum()
+            .sum();
+        let streams: u64 = self
+            .streams
+            .values()
+            .map(|s| u64::from(s.settings.partitions))
+            .sum();
+        queues + streams
     }
 }
 
@@ -272,7 +331,10 @@ impl MetaLog {
     ) -> BrokerResult<()> {
         let payload = serde_json::to_vec(record)
             .map_err(|e| BrokerError::Invalid(format!("metadata encoding: {e}")))?;
-        let frees_space = matches!(record, MetaRecord::QueueDeleted { .. });
+        let frees_space = matches!(
+            record,
+            MetaRecord::QueueDeleted { .. } | MetaRecord::StreamDeleted { .. }
+        );
         let meta = self.clone();
         let ticket = tokio::task::spawn_blocking(move || {
             meta.heal_for(frees_space)?;

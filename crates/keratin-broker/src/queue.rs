@@ -438,6 +438,18 @@ impl PartitionHandle {
     }
 }
 
+/// The partition of `partitions` that `message` goes to (a queue's or a stream's; see
+/// [`Queue::route`]), `round_robin` counting the messages without key or producer.
+pub(crate) fn route(message: &Message, partitions: usize, round_robin: &AtomicU64) -> usize {
+    let n = partitions.max(1) as u64;
+    let choice = match (&message.producer, message.routing_key.is_empty()) {
+        (_, false) => u64::from(crc32c::crc32c(message.routing_key.as_bytes())),
+        (Some(mark), true) => mark.producer.wrapping_add(mark.sequence),
+        (None, true) => round_robin.fetch_add(1, Ordering::Relaxed),
+    };
+    (choice % n) as usize
+}
+
 /// A declared queue.
 #[derive(Debug)]
 pub struct Queue {
@@ -469,13 +481,7 @@ impl Queue {
     /// retry of the message, on any node, goes where the first copy went, so the partition's
     /// window drops it as a duplicate); else round robin.
     pub(crate) fn route(&self, message: &Message) -> usize {
-        let n = self.partitions.len() as u64;
-        let choice = match (&message.producer, message.routing_key.is_empty()) {
-            (_, false) => u64::from(crc32c::crc32c(message.routing_key.as_bytes())),
-            (Some(mark), true) => mark.producer.wrapping_add(mark.sequence),
-            (None, true) => self.round_robin.fetch_add(1, Ordering::Relaxed),
-        };
-        (choice % n) as usize
+        route(message, self.partitions.len(), &self.round_robin)
     }
 
     /// The queue's id (names its directories).

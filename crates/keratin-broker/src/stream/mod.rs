@@ -15,11 +15,15 @@
 //!   (counts over its history, producer windows, checkpoints); `rebuild`: that state from a
 //!   partition log's last checkpoint ([`rebuild()`]), blocking.
 //!
-//! Not built yet (`docs/streams.md`, "Build order"): the partition owner that appends, writes
-//! checkpoints and runs retention; readers; the protocol, clients and CLI; replication.
+//! - `live`: [`Stream`], a declared stream on a node: its partitions, its cursor log, routing
+//!   and figures. The broker declares, opens, deletes and times retention for them
+//!   (`broker/streams.rs`).
+//!
+//! Not built yet (`docs/streams.md`, "Build order"): replication, consumer groups.
 
 pub mod cursor_log;
 pub mod cursors;
+pub mod live;
 pub mod partition;
 pub mod rebuild;
 pub mod records;
@@ -27,7 +31,10 @@ pub mod retention;
 pub mod state;
 
 pub use cursor_log::CursorLog;
-pub use cursors::{should_compact, CursorRecord, CursorTable, CURSORS_MAX, CURSOR_NAME_MAX};
+pub use cursors::{
+    should_compact, CursorRecord, CursorState, CursorTable, CURSORS_MAX, CURSOR_NAME_MAX,
+};
+pub use live::{Removed, Stream, StreamInfo};
 pub use partition::{
     Appended, StreamMessage, StreamPartition, StreamPartitionConfig, StreamPartitionFigures,
     StreamRead,

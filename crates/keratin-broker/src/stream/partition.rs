@@ -17,7 +17,7 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::error::{BrokerError, BrokerResult};
 use crate::gate::{GateDecision, PublishGate};
@@ -32,6 +32,9 @@ use crate::stream::CHECKPOINT_INTERVAL_DIVISOR;
 
 /// How often a stopped log is offered a heal (when the gate allows it).
 const HEAL_RETRY: Duration = Duration::from_millis(500);
+/// A retention pass a slowed append started, that removed nothing, is not run again for
+/// a slowed append within this time (the timer's passes go on).
+const SLOWED_RETENTION_PAUSE: Duration = Duration::from_secs(1);
 /// Most messages or bytes one [`StreamPartition::read`] returns.
 pub const READ_MESSAGES_MAX: usize = 4096;
 
@@ -91,6 +94,12 @@ pub struct StreamPartitionFigures {
     pub end: u64,
     /// Payload bytes appended over the partition's history.
     pub bytes_appended: u64,
+    /// Messages held now (between the start and the end).
+    pub messages: u64,
+    /// Their payload bytes.
+    pub bytes: u64,
+    /// When the oldest message held was appended; `None` when it holds none.
+    pub oldest_timestamp_ms: Option<u64>,
     /// Bytes of its log's segments on disk.
     pub disk_bytes: u64,
     /// Segments retention removed since the partition opened, and their bytes.
@@ -109,6 +118,12 @@ enum Command {
     },
     /// The slowed append at the head of the queue may go now.
     Resume,
+    /// A retention pass run for a slowed append is done (`removed`: it freed something).
+    SlowedRetentionDone {
+        removed: bool,
+        delay_ms: u64,
+    },
+    Settings(StreamSettings),
     Log(LogEvent),
     ProposeFailed {
         sequence: u64,
@@ -119,12 +134,12 @@ enum Command {
         reply: oneshot::Sender<BrokerResult<Option<Removal>>>,
     },
     RetentionDone {
-        result: BrokerResult<Option<Removal>>,
+        result: BrokerResult<Option<(Removal, Held)>>,
         reply: oneshot::Sender<BrokerResult<Option<Removal>>>,
     },
     HealTick,
     Healed {
-        result: BrokerResult<StreamPartitionState>,
+        result: BrokerResult<(StreamPartitionState, Held)>,
     },
     Close {
         reply: oneshot::Sender<BrokerResult<()>>,
@@ -138,6 +153,8 @@ pub struct StreamPartition {
     log: Arc<dyn PartitionLog>,
     figures: Arc<Mutex<StreamPartitionFigures>>,
     config: Arc<StreamPartitionConfig>,
+    /// One past the last applied offset, for readers waiting at the end.
+    end: watch::Receiver<u64>,
 }
 
 impl std::fmt::Debug for StreamPartition {
@@ -158,18 +175,28 @@ impl StreamPartition {
     ) -> BrokerResult<StreamPartition> {
         config.settings.validate()?;
         let reading = log.clone();
-        let rebuilt = tokio::task::spawn_blocking(move || rebuild(reading.as_ref()))
-            .await
-            .map_err(|e| BrokerError::Closed(format!("stream partition rebuild: {e}")))??;
+        let (rebuilt, held) = tokio::task::spawn_blocking(move || {
+            let rebuilt = rebuild(reading.as_ref())?;
+            let held = Held::read(reading.as_ref())?;
+            Ok::<_, BrokerError>((rebuilt, held))
+        })
+        .await
+        .map_err(|e| BrokerError::Closed(format!("stream partition rebuild: {e}")))??;
         let (commands, receiver) = mpsc::unbounded_channel();
         let events = commands.clone();
         log.start(LogEvents::new(move |event| {
             let _ = events.send(Command::Log(event));
         }));
+        let settings = config.settings;
         let config = Arc::new(config);
         let figures = Arc::new(Mutex::new(StreamPartitionFigures::default()));
+        let (end_sender, end) = watch::channel(log.committed_offset());
         let owner = Owner {
             config: config.clone(),
+            settings,
+            end: end_sender,
+            slowed_retention_after: None,
+            held,
             log: log.clone(),
             gate,
             state: rebuilt.state,
@@ -193,7 +220,54 @@ impl StreamPartition {
             log,
             figures,
             config,
+            end,
         })
+    }
+
+    /// Hands `messages` to the owner now (two calls reach it in call order) and returns what
+    /// waits for their outcome (as [`StreamPartition::append`]).
+    pub fn dispatch(
+        &self,
+        messages: Vec<Message>,
+        timestamp_ms: u64,
+    ) -> oneshot::Receiver<BrokerResult<Vec<Appended>>> {
+        let (reply, answer) = oneshot::channel();
+        if let Err(mpsc::error::SendError(Command::Append { reply, .. })) =
+            self.commands.send(Command::Append {
+                messages,
+                timestamp_ms,
+                reply,
+            })
+        {
+            let _ = reply.send(Err(self.closed()));
+        }
+        answer
+    }
+
+    /// Changes the retention the partition's passes use from now on.
+    pub fn set_settings(&self, settings: StreamSettings) -> BrokerResult<()> {
+        settings.validate()?;
+        self.send(Command::Settings(settings))
+    }
+
+    /// Its index in the stream.
+    pub fn index(&self) -> u32 {
+        self.config.index
+    }
+
+    /// Watches one past the last applied offset (readers wait on it at the end).
+    pub fn watch_end(&self) -> watch::Receiver<u64> {
+        self.end.clone()
+    }
+
+    /// The offset of the first message appended at or after `timestamp_ms` (the end when
+    /// none is): found by the segments' first records, then a scan of one segment (blocking
+    /// work on the blocking pool).
+    pub async fn offset_at(&self, timestamp_ms: u64) -> BrokerResult<u64> {
+        let log = self.log.clone();
+        tokio::task::spawn_blocking(move || offset_at(log.as_ref(), timestamp_ms))
+            .await
+            .map_err(|e| BrokerError::Closed(format!("stream offset lookup: {e}")))?
     }
 
     /// Appends `messages` (at `timestamp_ms`), answered once they are durable: each stored at
@@ -252,8 +326,10 @@ impl StreamPartition {
             commands,
             log,
             config,
+            end,
             ..
         } = self;
+        drop(end);
         drop(log);
         let (reply, answer) = oneshot::channel();
         commands
@@ -290,6 +366,104 @@ async fn close_when_unshared(log: Arc<dyn PartitionLog>) -> BrokerResult<()> {
     tokio::task::spawn_blocking(move || log.close())
         .await
         .map_err(|e| BrokerError::Closed(format!("closing a stream partition: {e}")))?
+}
+
+/// What retention removed below a partition's start, found from the first checkpoint at or
+/// after the start (retention keeps the oldest segment only when it holds one), and the time
+/// of the oldest message held.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Held {
+    messages_below: u64,
+    bytes_below: u64,
+    oldest_timestamp_ms: Option<u64>,
+}
+
+impl Held {
+    /// Reads from the start to the first checkpoint (a quarter segment at most; blocking).
+    fn read(log: &dyn PartitionLog) -> BrokerResult<Held> {
+        let start = log.start_offset();
+        let end = log.committed_offset();
+        let mut held = Held::default();
+        let (mut messages, mut bytes) = (0u64, 0u64);
+        for record in log.reader(start) {
+            let record = record?;
+            if record.offset >= end {
+                break;
+            }
+            match record.record_type {
+                STREAM_MESSAGE => {
+                    held.oldest_timestamp_ms.get_or_insert(record.timestamp_ms);
+                    messages += 1;
+                    bytes += record.payload.len() as u64;
+                }
+                STREAM_CHECKPOINT => {
+                    if let StreamRecord::Checkpoint(checkpoint) =
+                        StreamRecord::decode(record.record_type, &record.payload, record.offset)?
+                    {
+                        held.messages_below = checkpoint.messages.saturating_sub(messages);
+                        held.bytes_below = checkpoint.bytes.saturating_sub(bytes);
+                    }
+                    // The oldest message, if none came before the checkpoint, follows it.
+                    if held.oldest_timestamp_ms.is_some() {
+                        break;
+                    }
+                    held.oldest_timestamp_ms = first_message_time(log, record.offset + 1, end)?;
+                    break;
+                }
+                _ => {}
+            }
+        }
+        Ok(held)
+    }
+}
+
+/// The time of the first message in `from..end` (blocking).
+fn first_message_time(log: &dyn PartitionLog, from: u64, end: u64) -> BrokerResult<Option<u64>> {
+    for record in log.reader(from) {
+        let record = record?;
+        if record.offset >= end {
+            break;
+        }
+        if record.record_type == STREAM_MESSAGE {
+            return Ok(Some(record.timestamp_ms));
+        }
+    }
+    Ok(None)
+}
+
+/// The first offset at or after `timestamp_ms` (blocking; see [`StreamPartition::offset_at`]).
+fn offset_at(log: &dyn PartitionLog, timestamp_ms: u64) -> BrokerResult<u64> {
+    let start = log.start_offset();
+    let end = log.committed_offset();
+    let space = log.space();
+    // The last segment whose first record is older than the time: the first message at or
+    // after it is there or at the next segment's base.
+    let mut from = start;
+    for &base in &space.segment_bases {
+        let base = base.max(start);
+        if base >= end {
+            break;
+        }
+        match log.reader(base).next() {
+            Some(record) => {
+                if record?.timestamp_ms >= timestamp_ms {
+                    break;
+                }
+                from = base;
+            }
+            None => break,
+        }
+    }
+    for record in log.reader(from) {
+        let record = record?;
+        if record.offset >= end {
+            break;
+        }
+        if record.record_type == STREAM_MESSAGE && record.timestamp_ms >= timestamp_ms {
+            return Ok(record.offset);
+        }
+    }
+    Ok(end)
 }
 
 /// Reads committed messages from `from` (blocking).
@@ -357,6 +531,13 @@ struct Inflight {
 
 struct Owner {
     config: Arc<StreamPartitionConfig>,
+    /// The stream's retention now (`config.settings` as opened, then changes).
+    settings: StreamSettings,
+    end: watch::Sender<u64>,
+    /// A slowed append's retention pass removed nothing: none again before this.
+    slowed_retention_after: Option<tokio::time::Instant>,
+    /// What lies below the start (retention removed it), for the figures of what is held.
+    held: Held,
     log: Arc<dyn PartitionLog>,
     gate: Arc<dyn PublishGate>,
     state: StreamPartitionState,
@@ -421,17 +602,35 @@ impl Owner {
                     self.slowed = false;
                     self.pump();
                 }
+                Command::SlowedRetentionDone { removed, delay_ms } => {
+                    if removed {
+                        // Room was made: ask the gate again now.
+                        self.slowed = false;
+                        self.pump();
+                    } else {
+                        self.slowed_retention_after =
+                            Some(tokio::time::Instant::now() + SLOWED_RETENTION_PAUSE);
+                        self.resume_after(delay_ms);
+                    }
+                }
+                Command::Settings(settings) => {
+                    self.settings = settings;
+                }
                 Command::Log(event) => self.on_log(event),
                 Command::ProposeFailed { sequence, error } => self.failed(sequence, error),
                 Command::Retention { now_ms, reply } => self.retention(now_ms, reply),
                 Command::RetentionDone { result, reply } => {
                     self.retention_busy = false;
-                    if let Ok(Some(removal)) = &result {
-                        let mut figures = self.lock_figures();
-                        figures.removed_segments += removal.segments.len() as u64;
-                        figures.removed_bytes += removal.bytes();
+                    if let Ok(Some((removal, held))) = &result {
+                        self.held = *held;
+                        {
+                            let mut figures = self.lock_figures();
+                            figures.removed_segments += removal.segments.len() as u64;
+                            figures.removed_bytes += removal.bytes();
+                        }
+                        self.publish_figures();
                     }
-                    let _ = reply.send(result);
+                    let _ = reply.send(result.map(|r| r.map(|(removal, _)| removal)));
                 }
                 Command::HealTick => self.try_heal(),
                 Command::Healed { result } => self.healed(result),
@@ -461,9 +660,53 @@ impl Owner {
     }
 
     fn publish_figures(&self) {
-        let mut figures = self.lock_figures();
-        figures.bytes_appended = self.state.bytes();
-        figures.stopped = self.stopped.is_some();
+        {
+            let mut figures = self.lock_figures();
+            figures.bytes_appended = self.state.bytes();
+            figures.messages = self
+                .state
+                .messages()
+                .saturating_sub(self.held.messages_below);
+            figures.bytes = self.state.bytes().saturating_sub(self.held.bytes_below);
+            figures.oldest_timestamp_ms = self.held.oldest_timestamp_ms;
+            figures.stopped = self.stopped.is_some();
+        }
+        self.end.send_if_modified(|end| {
+            let next = self.state.next_offset();
+            let changed = *end != next;
+            *end = next;
+            changed
+        });
+    }
+
+    fn resume_after(&self, delay_ms: u64) {
+        let commands = self.commands.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+            let _ = commands.send(Command::Resume);
+        });
+    }
+
+    /// A slowed append on a stream with retention: a pass runs first (its removal may bring
+    /// the level back), unless one found nothing to remove a moment ago.
+    fn retention_before_slowing(&mut self, delay_ms: u64) -> bool {
+        let paused = self
+            .slowed_retention_after
+            .is_some_and(|after| tokio::time::Instant::now() < after);
+        if !self.settings.has_retention() || self.retention_busy || paused {
+            return false;
+        }
+        let (reply, answer) = oneshot::channel();
+        // The newest message's time stands for now: the owner has no clock, and an age
+        // bound then removes no more than the timer's pass would.
+        let now_ms = self.state.newest_timestamp_ms();
+        self.retention(now_ms, reply);
+        let commands = self.commands.clone();
+        tokio::spawn(async move {
+            let removed = matches!(answer.await, Ok(Ok(Some(_))));
+            let _ = commands.send(Command::SlowedRetentionDone { removed, delay_ms });
+        });
+        true
     }
 
     /// Proposes what waits, in order, as far as the gate, a due checkpoint and the log allow.
@@ -482,11 +725,9 @@ impl Owner {
                 GateDecision::Admit => {}
                 GateDecision::Slow { delay_ms } => {
                     self.slowed = true;
-                    let commands = self.commands.clone();
-                    tokio::spawn(async move {
-                        tokio::time::sleep(Duration::from_millis(delay_ms)).await;
-                        let _ = commands.send(Command::Resume);
-                    });
+                    if !self.retention_before_slowing(delay_ms) {
+                        self.resume_after(delay_ms);
+                    }
                     return;
                 }
                 GateDecision::Reject {
@@ -647,6 +888,9 @@ impl Owner {
             if record.record_type() != STREAM_CHECKPOINT {
                 offsets.push(offset);
             }
+            if record.record_type() == STREAM_MESSAGE && self.held.oldest_timestamp_ms.is_none() {
+                self.held.oldest_timestamp_ms = Some(done.timestamp_ms);
+            }
         }
         let mut offsets = offsets.into_iter();
         let outcome = done
@@ -732,17 +976,19 @@ impl Owner {
             let result = log
                 .heal()
                 .map_err(BrokerError::from)
-                .and_then(|()| rebuild(log.as_ref()).map(|r| r.state));
+                .and_then(|()| rebuild(log.as_ref()).map(|r| r.state))
+                .and_then(|state| Ok((state, Held::read(log.as_ref())?)));
             let _ = commands.send(Command::Healed { result });
         });
     }
 
-    fn healed(&mut self, result: BrokerResult<StreamPartitionState>) {
+    fn healed(&mut self, result: BrokerResult<(StreamPartitionState, Held)>) {
         self.healing = false;
         match result {
-            Ok(state) => {
+            Ok((state, held)) => {
                 tracing::info!(stream = %self.config.stream, partition = self.config.index, "stream partition log healed; appends resume");
                 self.state = state;
+                self.held = held;
                 self.stopped = None;
                 self.publish_figures();
                 self.pump();
@@ -756,7 +1002,7 @@ impl Owner {
 
     /// Decides on the segments' facts (read on the blocking pool) and removes the prefix.
     fn retention(&mut self, now_ms: u64, reply: oneshot::Sender<BrokerResult<Option<Removal>>>) {
-        let settings = self.config.settings;
+        let settings = self.settings;
         if !settings.has_retention() || self.retention_busy {
             let _ = reply.send(Ok(None));
             return;
@@ -780,7 +1026,7 @@ impl Owner {
                 };
                 let removing = log.remove_prefix(removal.before)?;
                 futures_block_on(removing)?;
-                Ok(Some(removal))
+                Ok(Some((removal, Held::read(log.as_ref())?)))
             })();
             let _ = commands.send(Command::RetentionDone { result, reply });
         });

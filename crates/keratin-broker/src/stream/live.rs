@@ -1,0 +1,321 @@
+//! A declared stream on one node: its partitions' owners, its cursor log and what they count
+//! (`docs/streams.md`). The broker keeps one [`Stream`] per declared stream; this file owns
+//! routing a message to its partition, the cursor log's calls (blocking, on the blocking
+//! pool, one at a time) and the stream's figures.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use crate::error::{BrokerError, BrokerResult};
+use crate::queue::route;
+use crate::record::Message;
+use crate::stream::cursor_log::CursorLog;
+use crate::stream::cursors::CursorState;
+use crate::stream::partition::{StreamPartition, StreamPartitionFigures};
+use crate::stream::records::StreamSettings;
+use crate::stream::retention::Removal;
+
+/// A stream's cursor log, and whether a failed write left it to heal before its next call.
+#[derive(Debug)]
+struct Cursors {
+    log: Option<CursorLog>,
+    needs_heal: bool,
+}
+
+/// Retention's removals since the node started, per bound (`size`, `age`, `count`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Removed {
+    /// Segments removed.
+    pub segments: u64,
+    /// Their bytes.
+    pub bytes: u64,
+}
+
+/// A stream's state as readers of the broker see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamInfo {
+    /// Its name.
+    pub name: String,
+    /// Its settings now.
+    pub settings: StreamSettings,
+    /// Each partition's figures, by index.
+    pub partitions: Vec<StreamPartitionFigures>,
+    /// Retention's removals by bound since the node started.
+    pub removed: BTreeMap<&'static str, Removed>,
+    /// Readers moved to a partition's start because retention passed their position.
+    pub cursors_moved: u64,
+    /// Cursors kept in its cursor log.
+    pub cursors: u64,
+}
+
+impl StreamInfo {
+    /// Offsets held over all partitions (messages, and the few checkpoint records among them).
+    pub fn messages(&self) -> u64 {
+        self.partitions.iter().map(|p| p.end - p.start).sum()
+    }
+
+    /// Bytes of its partitions' logs on disk.
+    pub fn disk_bytes(&self) -> u64 {
+        self.partitions.iter().map(|p| p.disk_bytes).sum()
+    }
+}
+
+/// One declared stream.
+#[derive(Debug)]
+pub struct Stream {
+    pub(crate) id: u64,
+    pub(crate) name: String,
+    settings: RwLock<StreamSettings>,
+    /// Taken out (empty) when the stream closes: a partition's log closes once its last
+    /// handle goes, so nothing else keeps one for long.
+    partitions: RwLock<Vec<StreamPartition>>,
+    partition_count: usize,
+    cursors: Arc<Mutex<Cursors>>,
+    round_robin: AtomicU64,
+    removed: Mutex<BTreeMap<&'static str, Removed>>,
+    cursors_moved: AtomicU64,
+}
+
+impl Stream {
+    pub(crate) fn new(
+        id: u64,
+        name: String,
+        settings: StreamSettings,
+        partitions: Vec<StreamPartition>,
+        cursors: CursorLog,
+    ) -> Stream {
+        assert_eq!(
+            partitions.len(),
+            settings.partitions as usize,
+            "a stream opens every partition it declares"
+        );
+        Stream {
+            id,
+            name,
+            settings: RwLock::new(settings),
+            partition_count: partitions.len(),
+            partitions: RwLock::new(partitions),
+            cursors: Arc::new(Mutex::new(Cursors {
+                log: Some(cursors),
+                needs_heal: false,
+            })),
+            round_robin: AtomicU64::new(0),
+            removed: Mutex::new(BTreeMap::new()),
+            cursors_moved: AtomicU64::new(0),
+        }
+    }
+
+    /// Its id (names its directories).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Its name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its settings now.
+    pub fn settings(&self) -> StreamSettings {
+        *self.settings.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Its partition count.
+    pub fn partition_count(&self) -> u32 {
+        self.partition_count as u32
+    }
+
+    /// The partition `message` goes to: by its key's hash, else as a queue's.
+    pub(crate) fn route(&self, message: &Message) -> usize {
+        route(message, self.partition_count, &self.round_robin)
+    }
+
+    /// A handle on partition `index` (hold it only for one call: the log closes once its
+    /// last handle goes), or the error naming the stream's partitions.
+    pub fn partition(&self, index: u32) -> BrokerResult<StreamPartition> {
+        if index as usize >= self.partition_count {
+            return Err(BrokerError::Invalid(format!(
+                "stream {:?} has partitions 0 to {}, not {index}",
+                self.name,
+                self.partition_count.saturating_sub(1)
+            )));
+        }
+        self.partitions_now()
+            .get(index as usize)
+            .cloned()
+            .ok_or_else(|| BrokerError::Closed(format!("stream {:?}", self.name)))
+    }
+
+    /// Handles on every partition (empty once closed).
+    pub(crate) fn partitions_now(&self) -> Vec<StreamPartition> {
+        self.partitions
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Applies new retention (the partition count never changes).
+    pub(crate) fn set_settings(&self, settings: StreamSettings) -> BrokerResult<()> {
+        for partition in self.partitions_now() {
+            partition.set_settings(settings)?;
+        }
+        *self.settings.write().unwrap_or_else(|p| p.into_inner()) = settings;
+        Ok(())
+    }
+
+    /// One retention pass over every partition at `now_ms`; each removal is counted by bound.
+    pub(crate) async fn retention(&self, now_ms: u64) -> BrokerResult<Vec<Removal>> {
+        let mut removals = Vec::new();
+        for partition in self.partitions_now() {
+            if let Some(removal) = partition.retention(now_ms).await? {
+                let mut removed = self.removed.lock().unwrap_or_else(|p| p.into_inner());
+                for (bound, bytes) in &removal.segments {
+                    let entry = removed.entry(bound.name()).or_default();
+                    entry.segments += 1;
+                    entry.bytes += bytes;
+                }
+                removals.push(removal);
+            }
+        }
+        Ok(removals)
+    }
+
+    /// Counts a reader moved to a partition's start (retention passed its position).
+    pub fn count_moved(&self) {
+        self.cursors_moved.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Its figures now.
+    pub fn info(&self) -> StreamInfo {
+        let cursors = self
+            .cursors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .log
+            .as_ref()
+            .map_or(0, |log| log.table().len() as u64);
+        StreamInfo {
+            name: self.name.clone(),
+            settings: self.settings(),
+            partitions: self.partitions_now().iter().map(|p| p.figures()).collect(),
+            removed: self
+                .removed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+            cursors_moved: self.cursors_moved.load(Ordering::Relaxed),
+            cursors,
+        }
+    }
+
+    /// Cursor `name`'s positions, if it has any.
+    pub fn cursor(&self, name: &str) -> Option<CursorState> {
+        let cursors = self.cursors.lock().unwrap_or_else(|p| p.into_inner());
+        cursors.log.as_ref()?.table().get(name).cloned()
+    }
+
+    /// Every cursor with its positions.
+    pub fn cursor_list(&self) -> Vec<(String, CursorState)> {
+        let cursors = self.cursors.lock().unwrap_or_else(|p| p.into_inner());
+        cursors.log.as_ref().map_or_else(Vec::new, |log| {
+            log.table()
+                .iter()
+                .map(|(name, state)| (name.to_string(), state.clone()))
+                .collect()
+        })
+    }
+
+    /// Sets cursor `name`'s positions (partition, next offset), answered once durable.
+    pub(crate) async fn commit(
+        &self,
+        name: &str,
+        positions: Vec<(u32, u64)>,
+        now_ms: u64,
+    ) -> BrokerResult<()> {
+        for (partition, _) in &positions {
+            self.partition(*partition)?;
+        }
+        let name = name.to_string();
+        self.with_cursors(move |log| {
+            log.commit(&name, &positions, now_ms)?;
+            log.compact_if_due(now_ms)?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Removes cursor `name`: whether it existed.
+    pub(crate) async fn delete_cursor(&self, name: &str, now_ms: u64) -> BrokerResult<bool> {
+        let name = name.to_string();
+        self.with_cursors(move |log| log.delete(&name, now_ms))
+            .await
+    }
+
+    /// Removes cursors unused for `expiry_ms`: their names.
+    pub(crate) async fn expire_cursors(
+        &self,
+        now_ms: u64,
+        expiry_ms: u64,
+    ) -> BrokerResult<Vec<String>> {
+        self.with_cursors(move |log| {
+            let expired = log.expire(now_ms, expiry_ms)?;
+            log.compact_if_due(now_ms)?;
+            Ok(expired)
+        })
+        .await
+    }
+
+    /// Runs `work` on the cursor log on the blocking pool; a log a failed write stopped is
+    /// healed first (reopened from what is durable), never written again in place.
+    async fn with_cursors<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&mut CursorLog) -> BrokerResult<T> + Send + 'static,
+    ) -> BrokerResult<T> {
+        let cursors = self.cursors.clone();
+        let stream = self.name.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut cursors = cursors.lock().unwrap_or_else(|p| p.into_inner());
+            let needs_heal = cursors.needs_heal;
+            let log = cursors
+                .log
+                .as_mut()
+                .ok_or_else(|| BrokerError::Closed(format!("stream {stream:?}")))?;
+            if needs_heal {
+                log.heal()?;
+            }
+            let result = work(log);
+            cursors.needs_heal = result.is_err();
+            result
+        })
+        .await
+        .map_err(|e| BrokerError::Closed(format!("cursor log: {e}")))?
+    }
+
+    /// Closes its partitions and its cursor log.
+    pub(crate) async fn close(&self) -> BrokerResult<()> {
+        let mut first_error = None;
+        let partitions =
+            std::mem::take(&mut *self.partitions.write().unwrap_or_else(|p| p.into_inner()));
+        for partition in partitions {
+            if let Err(error) = partition.close().await {
+                first_error.get_or_insert(error);
+            }
+        }
+        let log = self
+            .cursors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .log
+            .take();
+        if let Some(log) = log {
+            let closed = tokio::task::spawn_blocking(move || log.close())
+                .await
+                .map_err(|e| BrokerError::Closed(format!("cursor log: {e}")))?;
+            if let Err(error) = closed {
+                first_error.get_or_insert(error);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}
