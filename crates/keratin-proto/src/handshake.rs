@@ -20,15 +20,13 @@ use crate::error_body::ErrorBody;
 use crate::wire::{put_count_u16, put_option, put_string, Reader};
 
 /// The protocol version this crate speaks. See `docs/protocol.md`, "Version changes".
-pub const PROTOCOL_VERSION: u16 = 6;
+pub const PROTOCOL_VERSION: u16 = 7;
 
 /// The protocol version of streams (issue 18): the stream frames (`StreamDeclare` to
-/// `StreamPartitionEnd`) and `Deliver.routing_key`. The codec encodes and decodes it when asked
-/// ([`crate::Frame::encode_version`], [`crate::FrameCodec::with_version`]), but it is not yet
-/// negotiated: [`PROTOCOL_VERSION`] stays 6 until the server serves the stream frames.
+/// `StreamPartitionEnd`) and `Deliver.routing_key`.
 pub const PROTOCOL_VERSION_STREAMS: u16 = 7;
 
-const _: () = assert!(PROTOCOL_VERSION < PROTOCOL_VERSION_STREAMS);
+const _: () = assert!(PROTOCOL_VERSION >= PROTOCOL_VERSION_STREAMS);
 
 /// The oldest protocol version a server still accepts: version 1 differs only in `Subscribe`,
 /// which has no `prefetch_bytes`, and version 2 only in the accepted `ServerHello`, which has no
@@ -450,7 +448,7 @@ mod tests {
     fn client_hello_layout_and_roundtrip() {
         let mut dst = BytesMut::new();
         ClientHello::new("cli").encode(&mut dst).unwrap();
-        assert_eq!(&dst[..], b"KRTN\x06\x00\x03\x00cli\x00");
+        assert_eq!(&dst[..], b"KRTN\x07\x00\x03\x00cli\x00");
         for cut in 0..dst.len() {
             let mut partial = BytesMut::from(&dst[..cut]);
             assert_eq!(ClientHello::decode(&mut partial).unwrap(), None);
@@ -582,7 +580,7 @@ mod tests {
         let answer = ServerHello::answer(&ClientHello::new("cli"), "node-1", one_node_info());
         let mut dst = BytesMut::new();
         answer.encode(&mut dst).unwrap();
-        let expected: &[u8] = b"KRTN\x06\x00\x00\x06\x00node-1\
+        let expected: &[u8] = b"KRTN\x07\x00\x00\x06\x00node-1\
             \x01\x03\x00h:2\
             \x01\x00\x01\x00n\x03\x00h:1\x00\
             \x00";

@@ -1088,7 +1088,12 @@ fn spec_examples_match_the_encoder() {
         .encode(&mut hello)
         .expect("short fields");
     assert_example("server_hello", &hello);
-    let plain = ClientHello::new("cli").with_auth(Auth::Plain {
+    // The spec's example is a version 6 hello (the login's layout is that version's).
+    let plain = ClientHello {
+        version: 6,
+        ..ClientHello::new("cli")
+    }
+    .with_auth(Auth::Plain {
         user: "bob".into(),
         password: "pw".into(),
     });
@@ -1440,9 +1445,12 @@ fn auth_exists_from_version_6() {
     v5.encode(&mut v5_bytes).expect("v5 hello");
     assert_eq!(&v5_bytes[..], b"KRTN\x05\x00\x01\x00c");
     let mut v6_bytes = BytesMut::new();
-    ClientHello::new("c")
-        .encode(&mut v6_bytes)
-        .expect("v6 hello");
+    ClientHello {
+        version: 6,
+        ..ClientHello::new("c")
+    }
+    .encode(&mut v6_bytes)
+    .expect("v6 hello");
     assert_eq!(
         &v6_bytes[..],
         b"KRTN\x06\x00\x01\x00c\x00",
@@ -1505,18 +1513,18 @@ fn auth_exists_from_version_6() {
     assert!(matches!(
         answer,
         ServerHello::Accepted {
-            version: 6,
+            version: PROTOCOL_VERSION,
             user: None,
             ..
         }
     ));
 }
 
-/// A version 6 `ClientHello` with a `Plain` login whose user is `user_size` bytes and password
+/// A version 7 `ClientHello` with a `Plain` login whose user is `user_size` bytes and password
 /// `password_size` bytes (`u` and `p` repeated), written by hand (the encoder refuses
 /// out-of-bound sizes).
 fn plain_hello_bytes(user_size: usize, password_size: usize) -> BytesMut {
-    let mut bytes = BytesMut::from(&b"KRTN\x06\x00\x01\x00c\x01"[..]);
+    let mut bytes = BytesMut::from(&b"KRTN\x07\x00\x01\x00c\x01"[..]);
     for (letter, size) in [("u", user_size), ("p", password_size)] {
         bytes.extend_from_slice(&u16::try_from(size).expect("test size").to_le_bytes());
         bytes.extend_from_slice(&letter.repeat(size).into_bytes());
@@ -1571,7 +1579,7 @@ fn auth_bounds_hold_both_ways() {
             let token = ClientHello::new("c").with_auth(Auth::Token("t".repeat(token_size)));
             let mut dst = BytesMut::new();
             prop_assert_eq!(token.encode(&mut dst).is_ok(), token_ok);
-            let mut bytes = BytesMut::from(&b"KRTN\x06\x00\x01\x00c\x03"[..]);
+            let mut bytes = BytesMut::from(&b"KRTN\x07\x00\x01\x00c\x03"[..]);
             bytes.extend_from_slice(&u16::try_from(token_size).expect("size").to_le_bytes());
             bytes.extend_from_slice(&"t".repeat(token_size).into_bytes());
             match ClientHello::decode(&mut bytes) {
@@ -1664,28 +1672,33 @@ fn stream_frames_and_the_deliver_key_exist_from_version_7() {
                 if frame_type == frame.frame_type() as u8)
         };
         assert!(unknown(
-            Frame::check(&bytes[..5], FRAME_SIZE_BYTES_MAX).map(drop)
+            Frame::check_version(&bytes[..5], FRAME_SIZE_BYTES_MAX, 6).map(drop)
         ));
         assert!(unknown(
             Frame::decode_version(bytes.clone().freeze(), 6).map(drop)
         ));
         assert!(unknown(
             FrameCodec::new()
+                .with_version(6)
                 .decode(&mut BytesMut::from(&bytes[..]))
                 .map(drop)
         ));
         assert_eq!(
-            Frame::decode(bytes.clone().freeze())
-                .expect_err("PROTOCOL_VERSION is 6")
+            Frame::decode_version(bytes.clone().freeze(), 6)
+                .expect_err("no stream frames in version 6")
                 .code(),
             ERR_BAD_REQUEST
+        );
+        assert_eq!(
+            Frame::decode(bytes.clone().freeze()).expect("PROTOCOL_VERSION is 7"),
+            *frame
         );
         assert_eq!(
             Frame::decode_version(bytes.freeze(), 7).expect("version 7"),
             *frame
         );
     }
-    assert_eq!(PROTOCOL_VERSION, 6, "version 7 is built, not negotiated");
+    assert_eq!(PROTOCOL_VERSION, 7, "version 7 is negotiated");
     let v7 = encode_in(&keyed, 7).expect("v7");
     let v6 = encode_in(&keyed, 6).expect("v6 leaves the key out");
     assert_eq!(v7.len(), v6.len() + 1 + 2 + 1, "tag, length and \"k\"");

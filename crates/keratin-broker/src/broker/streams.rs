@@ -167,10 +167,21 @@ impl Broker {
         name: &str,
         settings: StreamSettings,
     ) -> BrokerResult<StreamInfo> {
-        settings.validate()?;
+        self.update_stream_settings(name, |_| Ok(settings)).await
+    }
+
+    /// [`Broker::set_stream_settings`] to what `change` makes of the current settings, under
+    /// the stream's claim (two updates of one stream apply one after the other).
+    pub async fn update_stream_settings(
+        &self,
+        name: &str,
+        change: impl FnOnce(StreamSettings) -> BrokerResult<StreamSettings>,
+    ) -> BrokerResult<StreamInfo> {
         let inner = &self.inner;
         let claim = inner.claim(name).await?;
         let decl = inner.stream_declared(name)?;
+        let settings = change(decl.settings)?;
+        settings.validate()?;
         if decl.settings.partitions != settings.partitions {
             return Err(BrokerError::Invalid(format!(
                 "stream {name:?} has {} partitions, fixed at its declaration; delete and \

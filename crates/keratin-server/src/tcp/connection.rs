@@ -44,6 +44,8 @@ use keratin_auth::Permission;
 use keratin_proto::codes::ERR_UNAUTHENTICATED;
 use keratin_proto::LimitReason;
 
+mod streams;
+
 /// A frame to send, with the delivery budget bytes it holds until it is flushed (none for
 /// frames other than `Deliver`).
 type Outgoing = (Frame, DeliveryPermit);
@@ -81,6 +83,8 @@ struct Conn {
     /// The node-wide budget of unanswered publish bytes, in KiB permits.
     publish_bytes: Arc<Semaphore>,
     consumers: HashMap<String, ConsumerEntry>,
+    /// Stream readers by consumer tag (one tag space with `consumers`).
+    readers: HashMap<String, streams::ReaderEntry>,
     /// Unacknowledged deliveries by delivery id: the consumer tag (shared, not copied per
     /// delivery: a tag may be 64 KiB) and the broker's tag.
     deliveries: Arc<Mutex<Unacked>>,
@@ -123,6 +127,7 @@ pub(super) async fn run<S: ProtocolStream>(
         options: options.clone(),
         out,
         consumers: HashMap::new(),
+        readers: HashMap::new(),
         deliveries: Arc::new(Mutex::new(HashMap::new())),
         next_delivery: Arc::new(AtomicU64::new(1)),
         outbound_bytes: ByteBudget::new(options.outbound_bytes_max as u64),
@@ -454,12 +459,18 @@ impl Conn {
     async fn dispatch(&mut self, frame: Frame) -> bool {
         let is_request = !matches!(
             frame,
-            Frame::Publish(_) | Frame::Ack(_) | Frame::Reject(_) | Frame::Heartbeat
+            Frame::Publish(_)
+                | Frame::Ack(_)
+                | Frame::Reject(_)
+                | Frame::Heartbeat
+                | Frame::StreamCredit(_)
         );
         if is_request {
             self.publishes_answered().await;
         }
-        if let Some((request_id, refused)) = self.refused(&frame) {
+        if let Some((request_id, refused)) =
+            self.refused(&frame).or_else(|| self.stream_refused(&frame))
+        {
             self.audit_refused(&frame, &refused);
             self.reply(request_id, Err(refused)).await;
             return true;
@@ -528,20 +539,28 @@ impl Conn {
             }) => self.settle(delivery_ids, Some(requeue)).await,
             Frame::Heartbeat => {}
             Frame::Close(_) => return false,
-            other => {
-                let message = format!(
-                    "{} is a server-to-client frame; a client must not send it",
-                    other.frame_type().name()
-                );
-                self.send(Frame::Error(ErrorFrame {
-                    request_id: None,
-                    fatal: false,
-                    error: ErrorBody::new(ERR_BAD_REQUEST, message),
-                }))
-                .await;
+            stream if stream.frame_type().is_stream() => {
+                if let Err(other) = self.stream_frame(stream).await {
+                    self.client_sent_server_frame(other).await;
+                }
             }
+            other => self.client_sent_server_frame(other).await,
         }
         true
+    }
+
+    /// Answer a frame only a server sends.
+    async fn client_sent_server_frame(&self, other: Frame) {
+        let message = format!(
+            "{} is a server-to-client frame; a client must not send it",
+            other.frame_type().name()
+        );
+        self.send(Frame::Error(ErrorFrame {
+            request_id: None,
+            fatal: false,
+            error: ErrorBody::new(ERR_BAD_REQUEST, message),
+        }))
+        .await;
     }
 
     /// The 403 of a request this connection's user may not make, with the request's id; a
@@ -767,7 +786,9 @@ impl Conn {
             self.reply(s.request_id, Err(error)).await;
             return;
         }
-        if self.consumers.contains_key(&s.consumer_tag) {
+        if self.consumers.contains_key(&s.consumer_tag)
+            || self.readers.contains_key(&s.consumer_tag)
+        {
             let error = ErrorBody::new(
                 ERR_CONFLICT,
                 format!(
@@ -820,8 +841,9 @@ impl Conn {
                     offset: delivery.tag.message,
                     redelivered: delivery.redelivered,
                     delivery_count: delivery.delivery_count,
-                    // On the wire from protocol version 7, which this server does not speak yet.
-                    routing_key: None,
+                    // On the wire from protocol version 7 (the codec leaves it out before).
+                    routing_key: (!delivery.message.routing_key.is_empty())
+                        .then(|| delivery.message.routing_key.clone()),
                     headers: delivery
                         .message
                         .headers
@@ -853,7 +875,7 @@ impl Conn {
     /// Whether one more consumer with `prefetch` fits this connection's bounds
     /// ([`CONSUMERS_PER_CONNECTION_MAX`], [`PREFETCH_PER_CONNECTION_MAX`]).
     fn consumer_room(&self, prefetch: u32) -> Result<(), ErrorBody> {
-        if self.consumers.len() >= CONSUMERS_PER_CONNECTION_MAX {
+        if self.consumers.len() + self.readers.len() >= CONSUMERS_PER_CONNECTION_MAX {
             return Err(ErrorBody::new(
                 ERR_BAD_REQUEST,
                 format!(
@@ -877,6 +899,13 @@ impl Conn {
     }
 
     async fn cancel(&mut self, c: Cancel) {
+        if self.stop_reader(&c.consumer_tag).await {
+            self.send(Frame::Ok(OkReply {
+                request_id: c.request_id,
+            }))
+            .await;
+            return;
+        }
         let Some(entry) = self.consumers.remove(&c.consumer_tag) else {
             let error = ErrorBody::new(
                 ERR_NOT_FOUND,
@@ -934,6 +963,7 @@ impl Conn {
         for (_, entry) in self.consumers.drain() {
             entry.forwarder.abort();
         }
+        self.stop_readers().await;
         let all = self.options.publish_frames_inflight_max as u32;
         let _ = tokio::time::timeout(
             self.options.drain_timeout,

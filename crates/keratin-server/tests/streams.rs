@@ -1,0 +1,514 @@
+//! Streams over the wire (protocol version 7, issue 18), spoken with raw frames: declare, info,
+//! list, set, delete; publish with keys; readers from each start with credit, moved readers,
+//! cursors committed explicitly and automatically, resumed after a reconnect; a reader told
+//! when its stream is deleted; a version 6 client refused stream frames by the codec.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use futures_util::{SinkExt, StreamExt};
+use keratin_proto::codes::{ERR_BAD_REQUEST, ERR_CONFLICT, ERR_NOT_FOUND};
+use keratin_proto::frame::*;
+use keratin_proto::stream::*;
+use keratin_proto::{ClientHello, FrameCodec, ServerHello};
+use keratin_server::config::Config;
+use keratin_server::Node;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_util::codec::{Framed, FramedParts};
+
+type Conn = Framed<TcpStream, FrameCodec>;
+
+async fn start(dir: &tempfile::TempDir) -> Node {
+    let mut config = Config::default();
+    config.storage.dirs = vec![dir.path().join("data")];
+    config.storage.segment_bytes = 1 << 20;
+    config.server.listen = "127.0.0.1:0".parse().expect("addr");
+    config.server.auth = keratin_server::access::AuthMode::None;
+    config.server.http = "127.0.0.1:0".parse().expect("addr");
+    common::host_disk_limits(&mut config);
+    Node::start(&config).await.expect("start node")
+}
+
+async fn connect(addr: SocketAddr, version: u16) -> Conn {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    let mut out = BytesMut::new();
+    let mut hello = ClientHello::new("stream-test");
+    hello.version = version;
+    hello.encode(&mut out).expect("hello");
+    stream.write_all(&out).await.expect("send hello");
+    let mut buf = BytesMut::new();
+    loop {
+        if let Some(answer) = ServerHello::decode(&mut buf).expect("server hello") {
+            assert!(
+                matches!(answer, ServerHello::Accepted { version: v, .. } if v == version),
+                "{answer:?}"
+            );
+            break;
+        }
+        let n = stream.read_buf(&mut buf).await.expect("read hello");
+        assert!(n > 0, "server closed during the handshake");
+    }
+    let mut parts = FramedParts::new::<Frame>(stream, FrameCodec::new().with_version(version));
+    parts.read_buf = buf;
+    Framed::from_parts(parts)
+}
+
+async fn next(conn: &mut Conn) -> Frame {
+    loop {
+        let frame = tokio::time::timeout(Duration::from_secs(10), conn.next())
+            .await
+            .expect("a frame within 10 s")
+            .expect("connection open")
+            .expect("valid frame");
+        if frame != Frame::Heartbeat {
+            return frame;
+        }
+    }
+}
+
+/// Whether a frame other than a heartbeat comes within `wait`.
+async fn quiet_for(conn: &mut Conn, wait: Duration) -> Option<Frame> {
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        match tokio::time::timeout_at(deadline, conn.next()).await {
+            Err(_) => return None,
+            Ok(Some(Ok(Frame::Heartbeat))) => continue,
+            Ok(other) => return Some(other.expect("open").expect("valid")),
+        }
+    }
+}
+
+async fn request(conn: &mut Conn, frame: Frame) -> Frame {
+    conn.send(frame).await.expect("send");
+    next(conn).await
+}
+
+fn error_code(frame: &Frame) -> u16 {
+    match frame {
+        Frame::Error(e) => e.error.code().0,
+        other => panic!("expected an error, got {other:?}"),
+    }
+}
+
+async fn declare(conn: &mut Conn, stream: &str, settings: StreamSettings) {
+    let answer = request(
+        conn,
+        Frame::StreamDeclare(StreamDeclare {
+            request_id: 1,
+            stream: stream.into(),
+            settings,
+            nodes: Vec::new(),
+        }),
+    )
+    .await;
+    assert_eq!(answer, Frame::Ok(OkReply { request_id: 1 }));
+}
+
+/// Publishes `count` messages keyed `key-{i % keys}` with bodies `{i}`, all confirmed.
+async fn publish(conn: &mut Conn, stream: &str, from: u64, count: u64, keys: u64) {
+    let messages = (from..from + count)
+        .map(|i| Message {
+            publish_id: i + 1,
+            routing_key: Some(format!("key-{}", i % keys)),
+            headers: vec![Header {
+                name: "n".into(),
+                value: i.to_string(),
+            }],
+            body: Bytes::from(i.to_string()),
+            sequence: None,
+        })
+        .collect();
+    conn.send(Frame::Publish(Publish {
+        queue: stream.into(),
+        mode: PublishMode::Confirmed,
+        messages,
+        joinable: false,
+        producer_id: None,
+    }))
+    .await
+    .expect("publish");
+    let mut confirmed = 0;
+    while confirmed < count {
+        match next(conn).await {
+            Frame::Confirm(c) => {
+                confirmed += c.ranges.iter().map(|r| r.last - r.first + 1).sum::<u64>()
+            }
+            other => panic!("expected confirms, got {other:?}"),
+        }
+    }
+}
+
+fn subscribe(
+    tag: &str,
+    stream: &str,
+    cursor: Option<&str>,
+    start: StreamStart,
+    credit: u32,
+    auto_commit: bool,
+) -> Frame {
+    Frame::StreamSubscribe(StreamSubscribe {
+        request_id: 9,
+        stream: stream.into(),
+        consumer_tag: tag.into(),
+        cursor: cursor.map(str::to_string),
+        group: false,
+        start,
+        credit,
+        auto_commit,
+        partitions: Vec::new(),
+    })
+}
+
+/// Receives `count` messages of reader `tag`: (partition, offset, body) in arrival order.
+async fn receive(
+    conn: &mut Conn,
+    tag: &str,
+    count: usize,
+) -> Vec<(u32, u64, String, Option<String>)> {
+    let mut out = Vec::new();
+    while out.len() < count {
+        match next(conn).await {
+            Frame::StreamDeliver(d) => {
+                assert_eq!(d.consumer_tag, tag);
+                assert!(d.messages.len() <= STREAM_DELIVER_MESSAGES_MAX);
+                for m in d.messages {
+                    out.push((
+                        d.partition,
+                        m.offset,
+                        String::from_utf8(m.body.to_vec()).expect("utf-8"),
+                        m.routing_key,
+                    ));
+                }
+            }
+            other => panic!("expected StreamDeliver, got {other:?}"),
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn declare_info_list_set_delete_over_the_wire() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = start(&tmp).await;
+    let mut conn = connect(node.protocol_addr(), 7).await;
+    let settings = StreamSettings {
+        partitions: 3,
+        max_messages: Some(1_000_000),
+        ..StreamSettings::default()
+    };
+    declare(&mut conn, "events", settings.clone()).await;
+    declare(&mut conn, "events", settings.clone()).await;
+    let conflict = request(
+        &mut conn,
+        Frame::StreamDeclare(StreamDeclare {
+            request_id: 2,
+            stream: "events".into(),
+            settings: StreamSettings::default(),
+            nodes: Vec::new(),
+        }),
+    )
+    .await;
+    assert_eq!(error_code(&conflict), ERR_CONFLICT.0);
+    let taken = request(
+        &mut conn,
+        Frame::Declare(Declare {
+            request_id: 3,
+            queue: "events".into(),
+            settings: QueueSettings::default(),
+            nodes: Vec::new(),
+        }),
+    )
+    .await;
+    assert_eq!(error_code(&taken), ERR_CONFLICT.0, "one name space");
+    publish(&mut conn, "events", 0, 30, 5).await;
+    let info = request(
+        &mut conn,
+        Frame::StreamInfo(StreamRequest {
+            request_id: 4,
+            stream: "events".into(),
+        }),
+    )
+    .await;
+    let Frame::StreamInfoReply(info) = info else {
+        panic!("{info:?}")
+    };
+    assert_eq!(info.settings, settings);
+    assert_eq!(info.partitions.len(), 3);
+    assert_eq!(info.partitions.iter().map(|p| p.messages).sum::<u64>(), 30);
+    assert!(info.partitions.iter().all(|p| p.leading));
+    assert!(info
+        .partitions
+        .iter()
+        .filter(|p| p.messages > 0)
+        .all(|p| p.oldest_timestamp_ms.is_some() && p.disk_bytes > 0));
+    let set = request(
+        &mut conn,
+        Frame::StreamSet(StreamSet {
+            request_id: 5,
+            stream: "events".into(),
+            update: StreamRetentionUpdate {
+                max_messages: Update::Clear,
+                max_age_ms: Update::Set(3_600_000),
+                max_bytes: Update::Keep,
+            },
+        }),
+    )
+    .await;
+    assert_eq!(set, Frame::Ok(OkReply { request_id: 5 }));
+    let list = request(&mut conn, Frame::StreamList(StreamList { request_id: 6 })).await;
+    let Frame::StreamListReply(list) = list else {
+        panic!("{list:?}")
+    };
+    assert_eq!(list.streams.len(), 1);
+    assert_eq!(list.streams[0].messages, 30);
+    let info = request(
+        &mut conn,
+        Frame::StreamInfo(StreamRequest {
+            request_id: 7,
+            stream: "events".into(),
+        }),
+    )
+    .await;
+    let Frame::StreamInfoReply(info) = info else {
+        panic!("{info:?}")
+    };
+    assert_eq!(info.settings.max_messages, None);
+    assert_eq!(info.settings.max_age_ms, Some(3_600_000));
+    let deleted = request(
+        &mut conn,
+        Frame::StreamDelete(StreamRequest {
+            request_id: 8,
+            stream: "events".into(),
+        }),
+    )
+    .await;
+    assert_eq!(deleted, Frame::Ok(OkReply { request_id: 8 }));
+    let gone = request(
+        &mut conn,
+        Frame::StreamInfo(StreamRequest {
+            request_id: 9,
+            stream: "events".into(),
+        }),
+    )
+    .await;
+    assert_eq!(error_code(&gone), ERR_NOT_FOUND.0);
+    node.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_get_every_message_by_key_in_order_within_their_credit() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = start(&tmp).await;
+    let mut conn = connect(node.protocol_addr(), 7).await;
+    let settings = StreamSettings {
+        partitions: 4,
+        ..StreamSettings::default()
+    };
+    declare(&mut conn, "s", settings).await;
+    publish(&mut conn, "s", 0, 1000, 7).await;
+    let mut reader = connect(node.protocol_addr(), 7).await;
+    let ok = request(
+        &mut reader,
+        subscribe("r", "s", None, StreamStart::First, 300, false),
+    )
+    .await;
+    assert!(matches!(ok, Frame::SubscribeOk(_)), "{ok:?}");
+    let first = receive(&mut reader, "r", 300).await;
+    assert_eq!(first.len(), 300, "no more than the credit");
+    assert_eq!(
+        quiet_for(&mut reader, Duration::from_millis(300)).await,
+        None,
+        "nothing past the credit"
+    );
+    reader
+        .send(Frame::StreamCredit(StreamCredit {
+            consumer_tag: "r".into(),
+            credit: 10_000,
+        }))
+        .await
+        .expect("credit");
+    let mut got = first;
+    got.extend(receive(&mut reader, "r", 700).await);
+    // Every message once; per key in publish order, each key on one partition.
+    let mut by_key: BTreeMap<String, Vec<(u32, u64)>> = BTreeMap::new();
+    for (partition, _, body, key) in &got {
+        by_key
+            .entry(key.clone().expect("a key"))
+            .or_default()
+            .push((*partition, body.parse().expect("n")));
+    }
+    assert_eq!(by_key.len(), 7);
+    for (key, seen) in &by_key {
+        assert!(
+            seen.windows(2).all(|w| w[0].0 == w[1].0),
+            "{key}: one partition"
+        );
+        let bodies: Vec<u64> = seen.iter().map(|(_, n)| *n).collect();
+        let k: u64 = key.trim_start_matches("key-").parse().expect("k");
+        let expected: Vec<u64> = (0..1000).filter(|i| i % 7 == k).collect();
+        assert_eq!(bodies, expected, "{key}: every message in order");
+    }
+    // A reader at the end gets what is published next.
+    publish(&mut conn, "s", 1000, 5, 7).await;
+    let later = receive(&mut reader, "r", 5).await;
+    let mut bodies: Vec<u64> = later.iter().map(|m| m.2.parse().expect("n")).collect();
+    bodies.sort_unstable();
+    assert_eq!(bodies, vec![1000, 1001, 1002, 1003, 1004]);
+    // `next` starts after what is there; `last` at the newest message of each partition.
+    let mut fresh = connect(node.protocol_addr(), 7).await;
+    let ok = request(
+        &mut fresh,
+        subscribe("n", "s", None, StreamStart::Next, 100, false),
+    )
+    .await;
+    assert!(matches!(ok, Frame::SubscribeOk(_)));
+    assert_eq!(
+        quiet_for(&mut fresh, Duration::from_millis(300)).await,
+        None
+    );
+    let ok = request(
+        &mut fresh,
+        subscribe("l", "s", None, StreamStart::Last, 100, false),
+    )
+    .await;
+    assert!(matches!(ok, Frame::SubscribeOk(_)));
+    let used: std::collections::BTreeSet<u32> = by_key.values().map(|seen| seen[0].0).collect();
+    let last = receive(&mut fresh, "l", used.len()).await;
+    let newest: std::collections::BTreeSet<u32> = last.iter().map(|m| m.0).collect();
+    assert_eq!(
+        newest, used,
+        "the newest message of each partition holding any"
+    );
+    assert_eq!(
+        quiet_for(&mut fresh, Duration::from_millis(300)).await,
+        None,
+        "only the newest"
+    );
+    node.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cursors_resume_where_commits_left_them() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = start(&tmp).await;
+    let mut conn = connect(node.protocol_addr(), 7).await;
+    declare(&mut conn, "s", StreamSettings::default()).await;
+    publish(&mut conn, "s", 0, 100, 1).await;
+    // Explicit: read 40, commit past the 40th, reconnect: the 41st comes first.
+    let mut reader = connect(node.protocol_addr(), 7).await;
+    let ok = request(
+        &mut reader,
+        subscribe("r", "s", Some("c1"), StreamStart::First, 40, false),
+    )
+    .await;
+    assert!(matches!(ok, Frame::SubscribeOk(_)));
+    let got = receive(&mut reader, "r", 40).await;
+    let commit = request(
+        &mut reader,
+        Frame::CursorCommit(CursorCommit {
+            request_id: 11,
+            stream: "s".into(),
+            cursor: "c1".into(),
+            entries: vec![CursorEntry {
+                partition: 0,
+                offset: got[39].1 + 1,
+            }],
+        }),
+    )
+    .await;
+    assert_eq!(commit, Frame::Ok(OkReply { request_id: 11 }));
+    drop(reader);
+    let mut reader = connect(node.protocol_addr(), 7).await;
+    let ok = request(
+        &mut reader,
+        subscribe("r", "s", Some("c1"), StreamStart::First, 1000, false),
+    )
+    .await;
+    assert!(matches!(ok, Frame::SubscribeOk(_)));
+    let rest = receive(&mut reader, "r", 60).await;
+    assert_eq!(rest[0].2, "40", "resumed after the commit");
+    assert_eq!(rest[59].2, "99");
+    // Automatic: the reader's position is committed when it is cancelled.
+    let mut auto = connect(node.protocol_addr(), 7).await;
+    let ok = request(
+        &mut auto,
+        subscribe("a", "s", Some("c2"), StreamStart::First, 25, true),
+    )
+    .await;
+    assert!(matches!(ok, Frame::SubscribeOk(_)));
+    receive(&mut auto, "a", 25).await;
+    let cancelled = request(
+        &mut auto,
+        Frame::Cancel(Cancel {
+            request_id: 12,
+            consumer_tag: "a".into(),
+        }),
+    )
+    .await;
+    assert_eq!(cancelled, Frame::Ok(OkReply { request_id: 12 }));
+    let ok = request(
+        &mut auto,
+        subscribe("b", "s", Some("c2"), StreamStart::First, 1, false),
+    )
+    .await;
+    assert!(matches!(ok, Frame::SubscribeOk(_)));
+    let resumed = receive(&mut auto, "b", 1).await;
+    assert_eq!(resumed[0].2, "25", "auto commit kept the position");
+    // auto_commit without a cursor, and groups, are refused with their reasons.
+    let refused = request(
+        &mut auto,
+        subscribe("x", "s", None, StreamStart::First, 1, true),
+    )
+    .await;
+    assert_eq!(error_code(&refused), ERR_BAD_REQUEST.0);
+    node.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_is_told_when_its_stream_is_deleted_and_v6_has_no_stream_frames() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = start(&tmp).await;
+    let mut conn = connect(node.protocol_addr(), 7).await;
+    declare(&mut conn, "s", StreamSettings::default()).await;
+    let mut reader = connect(node.protocol_addr(), 7).await;
+    let ok = request(
+        &mut reader,
+        subscribe("r", "s", None, StreamStart::Next, 10, false),
+    )
+    .await;
+    assert!(matches!(ok, Frame::SubscribeOk(_)));
+    let deleted = request(
+        &mut conn,
+        Frame::StreamDelete(StreamRequest {
+            request_id: 3,
+            stream: "s".into(),
+        }),
+    )
+    .await;
+    assert_eq!(deleted, Frame::Ok(OkReply { request_id: 3 }));
+    match next(&mut reader).await {
+        Frame::StreamPartitionEnd(end) => {
+            assert_eq!((end.consumer_tag.as_str(), end.partition), ("r", 0));
+            assert_eq!(end.error.code(), ERR_NOT_FOUND);
+        }
+        other => panic!("expected StreamPartitionEnd, got {other:?}"),
+    }
+    // A version 6 connection has no stream frames: one sent anyway is refused as an unknown
+    // frame type (and encoding one in version 6 is refused here first).
+    let mut old = connect(node.protocol_addr(), 6).await;
+    let frame = Frame::StreamList(StreamList { request_id: 1 });
+    let mut buf = BytesMut::new();
+    assert!(frame.encode_version(&mut buf, 1 << 20, 6).is_err());
+    frame
+        .encode_version(&mut buf, 1 << 20, 7)
+        .expect("encodes in 7");
+    old.get_mut().write_all(&buf).await.expect("raw frame");
+    let refused = next(&mut old).await;
+    assert_eq!(error_code(&refused), ERR_BAD_REQUEST.0, "{refused:?}");
+    node.shutdown().await.expect("shutdown");
+}
