@@ -165,3 +165,15 @@ fn run_verb(verb: Command) -> Result<ExitCode, Failure> {
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// clap checks at run time that flag names are unique (a verb's own flag against the
+    /// global ones): this makes a clash fail here instead of in every CLI run.
+    #[test]
+    fn the_command_line_is_consistent() {
+        super::Cli::command().debug_assert();
+    }
+}

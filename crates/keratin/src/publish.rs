@@ -60,9 +60,9 @@ pub struct PublishArgs {
     #[arg(long = "keep-going")]
     keep_going: bool,
     /// Give every message this routing key: a stream puts all messages of one key in one
-    /// partition, in order (`keratin stream`).
-    #[arg(long, value_name = "KEY")]
-    key: Option<String>,
+    /// partition, in order (`keratin stream`). (`--key` is the client certificate's key.)
+    #[arg(long = "routing-key", value_name = "KEY")]
+    routing_key: Option<String>,
     /// Sequence number of the first message; the others follow one by one.
     #[arg(long = "start-seq", value_name = "SEQ", default_value_t = 0)]
     start_seq: u64,
@@ -174,7 +174,7 @@ async fn publish_confirmed(
 /// Message `seq` of this run: its self-checking body and the `--key`, if given.
 fn outgoing(args: &PublishArgs, seq: u64) -> OutgoingMessage {
     let message = OutgoingMessage::new(body::encode(seq, args.size));
-    match &args.key {
+    match &args.routing_key {
         Some(key) => message.with_routing_key(key.clone()),
         None => message,
     }
@@ -241,7 +241,7 @@ fn summary_json(args: &PublishArgs, tally: &Tally, elapsed: Duration) -> Value {
     let mut summary = json!({
         "queue": args.queue,
         "mode": if args.buffered { "buffered" } else { "confirmed" },
-        "key": args.key,
+        "key": args.routing_key,
         "sent": tally.sent,
         "confirmed": tally.confirmed,
         "failed": tally.failed,

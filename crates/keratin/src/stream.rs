@@ -59,7 +59,7 @@ enum StreamVerb {
 struct DeclareArgs {
     name: String,
     /// Number of partitions (1 to 64); fixed at declaration. A message's routing key picks its
-    /// partition (`keratin publish --key`).
+    /// partition (`keratin publish --routing-key`).
     #[arg(long, default_value_t = 1, value_name = "N")]
     partitions: u32,
     /// Nodes holding a copy of each partition (a cluster; default min(3, nodes)); fixed at

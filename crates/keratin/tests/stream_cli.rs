@@ -1,5 +1,5 @@
 //! `keratin stream` against the real broker (issue 18): declare a stream of two partitions,
-//! publish ten keyed messages with `keratin publish --key`, read them back with
+//! publish ten keyed messages with `keratin publish --routing-key`, read them back with
 //! `keratin stream read --from first --count 10`, resume a named cursor after a committed
 //! read, check `stream info --json` and `stream list --json`, delete the stream and see it
 //! gone. It fails if a message is lost, duplicated or read out of order within its key, if a
