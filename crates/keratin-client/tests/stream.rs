@@ -5,7 +5,8 @@
 //! half of it was taken, commits the positions it handed out, and cancels; a node of version 6
 //! gets no stream frame at all, and the error says streams need version 7. A client that lost
 //! or reordered messages, never topped up its credit, committed the wrong offsets or sent a
-//! stream frame to an old node fails these tests.
+//! stream frame to an old node fails these tests, and so does one that drops messages a broker
+//! sent over the credit instead of ending the consumer.
 
 mod fake;
 
@@ -531,4 +532,65 @@ async fn a_version_6_node_gets_no_stream_frame() {
     let _ = tokio::time::timeout(std::time::Duration::from_millis(300), client.list()).await;
     client.close().await;
     assert_eq!(frames.load(Ordering::SeqCst), 1);
+}
+
+/// A broker that sends more than the credit (here 1 message, then 65 more frames while the
+/// application reads nothing): the client keeps what fits its bound (credit + 64 frames),
+/// cancels the consumer instead of dropping messages silently, and the consumer ends saying
+/// why after yielding what it holds.
+#[tokio::test]
+async fn a_broker_over_the_credit_ends_the_consumer() {
+    let (cancelled_tx, cancelled) = tokio::sync::oneshot::channel();
+    let (addr, server) = fake::start(|mut conn| async move {
+        let Some(Frame::StreamSubscribe(subscribe)) = conn.recv().await else {
+            panic!("expected StreamSubscribe");
+        };
+        assert_eq!(subscribe.credit, 1);
+        let tag = subscribe.consumer_tag.clone();
+        conn.send(Frame::SubscribeOk(SubscribeOk {
+            request_id: subscribe.request_id,
+            consumer_tag: tag.clone(),
+        }))
+        .await;
+        for offset in 0..66 {
+            conn.send(Frame::StreamDeliver(StreamDeliver {
+                consumer_tag: tag.clone(),
+                partition: 0,
+                moved_from: None,
+                messages: vec![message(offset, None)],
+            }))
+            .await;
+        }
+        let Some(Frame::Cancel(cancel)) = conn.recv().await else {
+            panic!("expected Cancel");
+        };
+        assert_eq!(cancel.consumer_tag, tag);
+        conn.ok(cancel.request_id).await;
+        let _ = cancelled_tx.send(());
+        // No credit is given for a consumer that was cancelled: the next frame is the Close.
+        match conn.recv().await {
+            Some(Frame::Close(close)) => conn.send(Frame::Close(close)).await,
+            other => panic!("expected only Close, got {other:?}"),
+        }
+    })
+    .await;
+    let client = fake::connect(addr, fake::options()).await;
+    let mut consumer = client
+        .stream_subscribe(StreamSubscribeOptions::new("events").credit(1))
+        .await
+        .unwrap();
+    tokio::time::timeout(fake::TEST_WAIT, cancelled)
+        .await
+        .expect("the client cancels in time")
+        .expect("the fake signals");
+    let mut offsets = Vec::new();
+    while let Some(delivery) = consumer.recv().await {
+        offsets.push(delivery.offset);
+    }
+    assert_eq!(offsets, (0..65).collect::<Vec<u64>>(), "what fit, in order");
+    let error = consumer.end_error().expect("an end error");
+    assert!(error.to_string().contains("credit"), "{error}");
+    drop(consumer);
+    client.close().await;
+    server.await.unwrap();
 }
