@@ -51,7 +51,8 @@ enum StreamVerb {
     Delete { name: String },
     /// Print a stream's messages (partition, offset, time, key, body), like a Kafka console
     /// consumer: from --from (default: only new messages) until --count messages were read,
-    /// Ctrl-C, or --idle-timeout passed without a message.
+    /// Ctrl-C, or --idle-timeout passed without a message. With --json: one object per
+    /// message, then a summary object. Exits 1 when --count was given and fewer were read.
     Read(ReadArgs),
 }
 
