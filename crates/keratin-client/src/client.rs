@@ -258,7 +258,7 @@ impl Client {
         .await
     }
 
-    async fn request_ok(
+    pub(crate) async fn request_ok(
         &self,
         operation: String,
         build: impl FnOnce(u64) -> Frame,
@@ -335,7 +335,7 @@ impl Client {
     }
 }
 
-fn unexpected(operation: String, expected: &'static str, got: &Frame) -> ClientError {
+pub(crate) fn unexpected(operation: String, expected: &'static str, got: &Frame) -> ClientError {
     ClientError::UnexpectedReply {
         operation,
         expected,

@@ -22,8 +22,8 @@ use futures_util::{SinkExt, StreamExt};
 use keratin_proto::codes::ERR_BAD_REQUEST;
 use keratin_proto::{
     Ack, Auth, Cancel, ClientHello, Close, Frame, Message, ProtoError, Publish, PublishMode,
-    QueueList, Reject, ServerHello, ServerInfo, AUTH_VERSION, PROTOCOL_VERSION,
-    PROTOCOL_VERSION_MIN,
+    QueueList, Reject, ServerHello, ServerInfo, StreamCredit, AUTH_VERSION, PROTOCOL_VERSION,
+    PROTOCOL_VERSION_MIN, PROTOCOL_VERSION_STREAMS,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, ToSocketAddrs};
@@ -68,6 +68,16 @@ const SETTLES_PER_FRAME_MAX: usize = 8 * 1024;
 /// The timer checks heartbeats and silence this many times per (shorter) interval, so a
 /// heartbeat goes out at most a quarter interval late.
 const TICKS_PER_INTERVAL: u32 = 4;
+
+/// The protocol version the client offers in its handshake: the newest it speaks, streams'
+/// version 7 included ([`PROTOCOL_VERSION_STREAMS`]) while `keratin-proto` still names 6 as
+/// its [`PROTOCOL_VERSION`]. A node that speaks only an older version refuses it naming its
+/// own, and the client connects again in that one (`negotiate`).
+pub const PROTOCOL_VERSION_OFFERED: u16 = if PROTOCOL_VERSION > PROTOCOL_VERSION_STREAMS {
+    PROTOCOL_VERSION
+} else {
+    PROTOCOL_VERSION_STREAMS
+};
 
 /// Ids chosen by the client: request ids, publish ids and consumer tags, unique on the
 /// connection because each comes from one counter that only grows.
@@ -126,8 +136,34 @@ pub(crate) enum RequestKind {
         deliveries: mpsc::Sender<Delivery>,
         ended: ConsumerEnded,
     },
+    /// Register a stream consumer before the `StreamSubscribe` goes out, as `Subscribe`.
+    StreamSubscribe {
+        tag: String,
+        events: mpsc::Sender<StreamEvent>,
+        ended: StreamEnded,
+    },
     /// Forget the consumer once the broker confirms the cancel.
     Cancel { tag: String },
+}
+
+/// What the task hands a stream consumer: whole frames, unpacked by the handle
+/// (`stream.rs`), so that one channel slot holds up to a frame's 256 messages.
+#[derive(Debug)]
+pub(crate) enum StreamEvent {
+    Deliver(keratin_proto::StreamDeliver),
+    PartitionEnd(keratin_proto::StreamPartitionEnd),
+}
+
+/// Why the task stopped feeding a stream consumer; `None` while it runs or after a cancel.
+pub(crate) type StreamEnded = Arc<Mutex<Option<StreamEndReason>>>;
+
+/// See [`StreamEnded`].
+#[derive(Debug, Clone)]
+pub(crate) enum StreamEndReason {
+    /// The connection ended, for this reason.
+    ConnectionLost(String),
+    /// The broker sent more messages than the consumer's credit allowed.
+    OverCredit,
 }
 
 /// A message from a handle to the task, through the bounded command channel.
@@ -152,20 +188,34 @@ pub(crate) enum Command {
     Close { done: oneshot::Sender<()> },
 }
 
-/// Messages that must never wait for room: acks, rejects and cancels from `Drop`. The channel is
-/// unbounded, but what travels on it is bounded by the deliveries handed out (at most the sum
-/// of the consumers' prefetch) plus one cancel per consumer.
+/// Messages that must never wait for room: acks, rejects, stream credit and cancels from
+/// `Drop`. The channel is unbounded, but what travels on it is bounded by the deliveries handed
+/// out (at most the sum of the consumers' prefetch), one stream credit per half of a stream
+/// consumer's credit taken by the application, and one cancel per consumer.
 #[derive(Debug)]
 pub(crate) enum Control {
     Ack(u64),
-    Reject { delivery_id: u64, requeue: bool },
+    Reject {
+        delivery_id: u64,
+        requeue: bool,
+    },
     CancelConsumer(String),
+    /// More credit for a stream consumer, from its handle as the application takes messages.
+    StreamCredit {
+        tag: String,
+        credit: u32,
+    },
 }
 
 struct PendingRequest {
     /// `None` for requests the task makes itself (barriers, cancels from `Drop`).
     reply: Option<oneshot::Sender<Result<Frame, ClientError>>>,
     kind: RequestKind,
+}
+
+struct StreamSlot {
+    events: mpsc::Sender<StreamEvent>,
+    ended: StreamEnded,
 }
 
 struct ConsumerSlot {
@@ -242,6 +292,7 @@ pub(crate) async fn open(
         buffered_written: Vec::new(),
         barrier: None,
         consumers: HashMap::new(),
+        stream_consumers: HashMap::new(),
         heartbeat_interval: options.heartbeat_interval,
         server_silence_timeout: options.server_silence_timeout,
         producer_id: options.producer_id.filter(|_| options.idempotent),
@@ -280,7 +331,7 @@ fn check_credentials(options: &ClientOptions) -> Result<(), ClientError> {
     Ok(())
 }
 
-/// Shakes hands in [`PROTOCOL_VERSION`]; a node that refuses it (400) because it speaks an older
+/// Shakes hands in [`PROTOCOL_VERSION_OFFERED`]; a node that refuses it (400) because it speaks an older
 /// version it still shares with us (a rolling upgrade) gets a second connection in that version.
 async fn negotiate(
     addr: impl ToSocketAddrs,
@@ -290,12 +341,12 @@ async fn negotiate(
         .await
         .map_err(|error| ClientError::io("resolve the broker's address", error))?
         .collect();
-    match handshake(&addrs, options, PROTOCOL_VERSION).await {
+    match handshake(&addrs, options, PROTOCOL_VERSION_OFFERED).await {
         Err(ClientError::Refused {
             server_version,
             error,
         }) if error.code() == ERR_BAD_REQUEST
-            && (PROTOCOL_VERSION_MIN..PROTOCOL_VERSION).contains(&server_version) =>
+            && (PROTOCOL_VERSION_MIN..PROTOCOL_VERSION_OFFERED).contains(&server_version) =>
         {
             tracing::debug!(
                 server_version,
@@ -421,6 +472,7 @@ struct Connection {
     buffered_written: Vec<u64>,
     barrier: Option<Barrier>,
     consumers: HashMap<String, ConsumerSlot>,
+    stream_consumers: HashMap<String, StreamSlot>,
     heartbeat_interval: Duration,
     server_silence_timeout: Duration,
     /// The idempotent producer this connection's publishes belong to, if any.
@@ -610,14 +662,24 @@ impl Connection {
             };
             self.consumers.insert(tag.clone(), slot);
         }
+        if let RequestKind::StreamSubscribe { tag, events, ended } = &kind {
+            let slot = StreamSlot {
+                events: events.clone(),
+                ended: ended.clone(),
+            };
+            self.stream_consumers.insert(tag.clone(), slot);
+        }
         match self.write(frame).await? {
             Ok(()) => {
                 self.requests
                     .insert(request_id, PendingRequest { reply, kind });
             }
             Err(error) => {
-                if let RequestKind::Subscribe { tag, .. } = &kind {
+                if let RequestKind::Subscribe { tag, .. }
+                | RequestKind::StreamSubscribe { tag, .. } = &kind
+                {
                     self.consumers.remove(tag);
+                    self.stream_consumers.remove(tag);
                 }
                 if let Some(reply) = reply {
                     let _ = reply.send(Err(ClientError::Encode(error.to_string())));
@@ -696,6 +758,7 @@ impl Connection {
         let mut acks = Vec::new();
         let mut rejects: [Vec<u64>; 2] = [Vec::new(), Vec::new()];
         let mut cancels = Vec::new();
+        let mut credits = Vec::new();
         let mut next = Some(first);
         let mut taken = 0;
         while let Some(control) = next {
@@ -706,6 +769,7 @@ impl Connection {
                     requeue,
                 } => rejects[usize::from(requeue)].push(delivery_id),
                 Control::CancelConsumer(tag) => cancels.push(tag),
+                Control::StreamCredit { tag, credit } => credits.push((tag, credit)),
             }
             taken += 1;
             next = if taken < SETTLES_PER_FRAME_MAX {
@@ -726,6 +790,18 @@ impl Connection {
                 let _ = self.write(frame).await?;
             }
         }
+        for (tag, credit) in credits {
+            // Credit for a consumer cancelled since is not sent: the broker would answer 404.
+            if self.stream_consumers.contains_key(&tag) {
+                let frame = Frame::StreamCredit(StreamCredit {
+                    consumer_tag: tag,
+                    credit,
+                });
+                self.write(frame)
+                    .await?
+                    .map_err(|error| error.to_string())?;
+            }
+        }
         for tag in cancels {
             self.cancel_consumer(tag).await?;
         }
@@ -741,7 +817,9 @@ impl Connection {
 
     /// Cancels a consumer whose handle is gone. Its unacknowledged deliveries return to ready.
     async fn cancel_consumer(&mut self, tag: String) -> Result<(), Ended> {
-        if self.consumers.remove(&tag).is_none() {
+        let queue_consumer = self.consumers.remove(&tag).is_some();
+        let stream_consumer = self.stream_consumers.remove(&tag).is_some();
+        if !queue_consumer && !stream_consumer {
             return Ok(());
         }
         let request_id = self.ids.request_id();
@@ -817,6 +895,24 @@ impl Connection {
                 self.on_reply(reply.request_id, Frame::SubscribeOk(reply))
                     .await
             }
+            Frame::StreamInfoReply(reply) => {
+                self.on_reply(reply.request_id, Frame::StreamInfoReply(reply))
+                    .await
+            }
+            Frame::StreamListReply(reply) => {
+                self.on_reply(reply.request_id, Frame::StreamListReply(reply))
+                    .await
+            }
+            Frame::StreamDeliver(deliver) => {
+                let tag = deliver.consumer_tag.clone();
+                self.on_stream_event(tag, StreamEvent::Deliver(deliver))
+                    .await
+            }
+            Frame::StreamPartitionEnd(end) => {
+                let tag = end.consumer_tag.clone();
+                self.on_stream_event(tag, StreamEvent::PartitionEnd(end))
+                    .await
+            }
             Frame::Confirm(confirm) => {
                 for range in confirm.ranges {
                     for publish_id in range.first..=range.last {
@@ -875,6 +971,7 @@ impl Connection {
         };
         if let RequestKind::Cancel { tag } = &pending.kind {
             self.consumers.remove(tag);
+            self.stream_consumers.remove(tag);
         }
         if let Some(reply) = pending.reply {
             let _ = reply.send(Ok(frame));
@@ -950,6 +1047,29 @@ impl Connection {
         }
     }
 
+    /// Hands a stream consumer its frame. The broker sends at most the consumer's credit in
+    /// messages, and the channel holds that many frames plus one per partition's end, so a
+    /// full channel means the broker broke the credit: the consumer is ended (its messages
+    /// are never dropped silently) and cancelled.
+    async fn on_stream_event(&mut self, tag: String, event: StreamEvent) -> Result<(), Ended> {
+        let Some(slot) = self.stream_consumers.get(&tag) else {
+            tracing::debug!(%tag, "stream frame for an unknown consumer");
+            return Ok(());
+        };
+        let why = match slot.events.try_send(event) {
+            Ok(()) => return Ok(()),
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                tracing::warn!(%tag, "the broker sent more than the stream consumer's credit");
+                Some(StreamEndReason::OverCredit)
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => None,
+        };
+        if let Some(why) = why {
+            *lock(&slot.ended) = Some(why);
+        }
+        self.cancel_consumer(tag).await
+    }
+
     async fn on_error_frame(&mut self, error: keratin_proto::ErrorFrame) -> Result<(), Ended> {
         let body = error.error;
         match error.request_id {
@@ -963,10 +1083,12 @@ impl Connection {
             }
             Some(request_id) => match self.requests.remove(&request_id) {
                 Some(pending) => {
-                    if let RequestKind::Subscribe { tag, .. } | RequestKind::Cancel { tag } =
-                        &pending.kind
+                    if let RequestKind::Subscribe { tag, .. }
+                    | RequestKind::StreamSubscribe { tag, .. }
+                    | RequestKind::Cancel { tag } = &pending.kind
                     {
                         self.consumers.remove(tag);
+                        self.stream_consumers.remove(tag);
                     }
                     if let Some(reply) = pending.reply {
                         let _ = reply.send(Err(ClientError::Server(body.clone())));
@@ -1010,6 +1132,10 @@ impl Connection {
             }
         }
         self.consumers.clear();
+        for (_, slot) in self.stream_consumers.drain() {
+            lock(&slot.ended)
+                .get_or_insert_with(|| StreamEndReason::ConnectionLost(detail.clone()));
+        }
         self.commands.close();
         while let Ok(command) = self.commands.try_recv() {
             settle_unsent_command(command, &detail);

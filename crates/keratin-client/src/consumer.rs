@@ -45,6 +45,9 @@ pub struct Delivery {
     pub redelivered: bool,
     /// Deliveries so far, this one included.
     pub delivery_count: u32,
+    /// The routing key it was published with (protocol version 7 on; `None` from an older
+    /// node, which does not send it).
+    pub routing_key: Option<String>,
     /// Headers as published, plus any the broker added.
     pub headers: Vec<Header>,
     /// The payload.
@@ -82,6 +85,7 @@ impl Delivery {
             offset: deliver.offset,
             redelivered: deliver.redelivered,
             delivery_count: deliver.delivery_count,
+            routing_key: deliver.routing_key,
             headers: deliver.headers,
             body: deliver.body,
             settle,

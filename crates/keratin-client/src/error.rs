@@ -56,6 +56,15 @@ pub enum ClientError {
         /// The version the broker speaks.
         server_version: u16,
     },
+    /// A stream request on a connection to a node that speaks an older protocol than streams
+    /// need (version 7, [`keratin_proto::PROTOCOL_VERSION_STREAMS`]). Nothing was sent.
+    #[error("the broker speaks protocol version {server_version}, and streams need version {needed}: upgrade the broker node")]
+    StreamsUnsupported {
+        /// The version agreed with the node.
+        server_version: u16,
+        /// The version streams need.
+        needed: u16,
+    },
     /// The broker answered a request, or a publish, with an error that is not retried here:
     /// 400, 404, 409, 413, 500, 503 (not applied: safe to retry later), unknown codes.
     #[error("the broker refused the request: {0}")]

@@ -22,6 +22,11 @@
 //! - [`publisher`]: [`Client::publish`]/[`Client::publish_batch`] with retry on
 //!   `ERR_LIMITED` hints, and the [`BufferedPublisher`] with its [`DroppedPublishes`].
 //! - [`consumer`]: [`Consumer`] (a `Stream` of [`Delivery`]) and ack/reject.
+//! - `stream` (private): the stream requests of protocol version 7 on [`Client`]
+//!   ([`Client::declare_stream`], [`Client::set_stream`], [`Client::stream_info`],
+//!   [`Client::list_streams`], [`Client::delete_stream`], [`Client::commit_cursor`]).
+//! - [`stream_consumer`]: [`Client::stream_subscribe`] and the [`StreamConsumer`] (a `Stream`
+//!   of [`StreamDelivery`]) with its credit and [`StreamConsumer::commit`].
 //! - [`error`]: [`ClientError`] and [`PublishFailed`].
 //! - [`options`]: [`ClientOptions`] with its login [`Credentials`], and [`BufferedOptions`],
 //!   with their defaults.
@@ -76,6 +81,18 @@
 //! those messages again with `redelivered` set, so an application that acked one before the
 //! move may see it twice (at-least-once).
 //!
+//! # Streams
+//! Streams (issue 18, `docs/streams.md`) keep their messages after they are read. They need
+//! protocol version 7: the client offers [`PROTOCOL_VERSION_OFFERED`], and on a connection to
+//! a node that agreed on an older version every stream call fails with
+//! [`ClientError::StreamsUnsupported`] without sending anything. Publish to a stream with
+//! [`Client::publish`] and the stream's name; a message's routing key
+//! ([`OutgoingMessage::with_routing_key`]) picks its partition (same key, same partition, in
+//! order). A [`StreamConsumer`] gives the broker credit back as the application takes
+//! messages (half the credit at a time), so at most `credit` messages wait in the client.
+//! A stream consumer does not follow a partition whose leader moved: the partition's end (421
+//! with the leader's address) is reported by [`StreamConsumer::take_partition_ends`].
+//!
 //! # Logins
 //! With [`ClientOptions::credentials`] the client logs in in its handshake (protocol version 6):
 //! a password, an API token or its TLS client certificate ([`ClientTls::with_client_cert`]).
@@ -100,9 +117,12 @@ pub mod error;
 pub mod options;
 pub mod publisher;
 mod routing;
+mod stream;
+pub mod stream_consumer;
 pub mod tls;
 
 pub use client::Client;
+pub use connection::PROTOCOL_VERSION_OFFERED;
 pub use consumer::{Consumer, Delivery, PREFETCH_MAX};
 pub use error::{ClientError, PublishFailed};
 pub use options::{BufferedOptions, ClientOptions, Credentials};
@@ -111,6 +131,10 @@ pub use publisher::{
     RETRY_DELAY_MS_MIN,
 };
 pub use routing::{NOT_LEADER_BACKOFF_MAX, NOT_LEADER_BACKOFF_MIN, NOT_LEADER_RETRIES_MAX};
+pub use stream_consumer::{
+    StreamConsumer, StreamDelivery, StreamSubscribeOptions, STREAM_CREDIT_DEFAULT,
+    STREAM_CREDIT_MAX,
+};
 pub use tls::ClientTls;
 
 /// The wire protocol crate, for anything not re-exported here.
@@ -118,4 +142,8 @@ pub use keratin_proto as proto;
 pub use keratin_proto::{
     Code, ErrorBody, Header, LimitReason, NodeAddress, Overflow, PartitionInfo, QueueInfoReply,
     QueueSettings, QueueSettingsUpdate, QueueSummary, ServerInfo, Update,
+};
+pub use keratin_proto::{
+    CursorEntry, StreamInfoReply, StreamPartitionInfo, StreamRetentionUpdate, StreamSettings,
+    StreamStart, StreamSummary, PROTOCOL_VERSION_STREAMS,
 };

@@ -16,7 +16,7 @@ fn deliver(tag: &str, delivery_id: u64) -> Frame {
         offset: delivery_id * 10,
         redelivered: delivery_id == 3,
         delivery_count: if delivery_id == 3 { 2 } else { 1 },
-        routing_key: None,
+        routing_key: (delivery_id == 2).then(|| "k2".to_owned()),
         headers: vec![Header {
             name: "seq".into(),
             value: delivery_id.to_string(),
@@ -97,6 +97,8 @@ async fn deliveries_stream_in_and_acks_and_rejects_go_out() {
     assert_eq!(third.delivery_count, 2);
     assert_eq!(third.headers[0].value, "3");
     assert_eq!(third.body.as_ref(), b"body-3");
+    assert_eq!(third.routing_key, None);
+    assert_eq!(deliveries[1].routing_key.as_deref(), Some("k2"));
     deliveries[0].ack().unwrap();
     deliveries[1].ack().unwrap();
     deliveries[1].ack().unwrap(); // a second ack is a no-op

@@ -3,6 +3,7 @@
 //! # Layout
 //! - `serve`: load the configuration, start a node, stop it gracefully on SIGTERM or SIGINT.
 //! - `queue`: `keratin queue declare|list|info|purge|delete`.
+//! - `stream`: `keratin stream declare|list|info|set|delete|read` (issue 18).
 //! - `publish`: `keratin publish`, confirmed (bounded in flight) or buffered, with a summary.
 //! - `consume`: `keratin consume`, ack/reject, idle exit, body verification.
 //! - `cluster`: `keratin cluster status`, the nodes and partition leaders from
@@ -18,6 +19,7 @@
 //!   `--user`/`--password`, `--token`, or the admin password a node on this machine wrote)
 //!   and connecting with them.
 //! - `output`: tables, sizes, error keys, JSON printing and the progress bar.
+//! - `units`: sizes, durations and times as flags spell them and `read` prints them.
 //! - `body`: the self-checking test body (sequence number + filler + CRC32C) that `publish`
 //!   writes and `consume --verify` checks.
 //!
@@ -39,6 +41,8 @@ mod queue;
 mod serve;
 mod settings;
 mod status;
+mod stream;
+mod units;
 mod user;
 
 use std::process::ExitCode;
@@ -62,6 +66,9 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Declare, list, inspect, purge and delete queues.
     Queue(queue::QueueArgs),
+    /// Declare, list, inspect, change, delete and read streams (messages kept after they are
+    /// read, until retention removes them).
+    Stream(stream::StreamArgs),
     /// Publish numbered, checksummed test messages (confirmed by default) and summarize.
     Publish(publish::PublishArgs),
     /// Consume messages, acknowledge or reject them, optionally verify their checksums.
@@ -89,6 +96,7 @@ impl Command {
         match self {
             Command::Serve(_) => false,
             Command::Queue(args) => args.common.json,
+            Command::Stream(args) => args.common.json,
             Command::Publish(args) => args.common.json,
             Command::Consume(args) => args.common.json,
             Command::Status(args) => args.common.json,
@@ -145,6 +153,7 @@ fn run_verb(verb: Command) -> Result<ExitCode, Failure> {
         match verb {
             Command::Serve(_) => Err(Failure::new("serve runs on its own runtime")),
             Command::Queue(args) => queue::run(args).await,
+            Command::Stream(args) => stream::run(args).await,
             Command::Publish(args) => publish::run(args).await,
             Command::Consume(args) => consume::run(args).await,
             Command::Status(args) => status::run(args).await,
@@ -155,4 +164,16 @@ fn run_verb(verb: Command) -> Result<ExitCode, Failure> {
             Command::User(args) => user::run(args).await,
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// clap checks at run time that flag names are unique (a verb's own flag against the
+    /// global ones): this makes a clash fail here instead of in every CLI run.
+    #[test]
+    fn the_command_line_is_consistent() {
+        super::Cli::command().debug_assert();
+    }
 }

@@ -34,7 +34,7 @@ const SIZE_BYTES_DEFAULT: usize = 1024;
 pub struct PublishArgs {
     #[command(flatten)]
     pub common: CommonArgs,
-    /// The queue to publish to (it must exist).
+    /// The queue or stream to publish to (it must exist).
     queue: String,
     /// How many messages to publish.
     #[arg(long, value_name = "N")]
@@ -59,6 +59,10 @@ pub struct PublishArgs {
     /// Go on after a failed publish instead of stopping at the first one.
     #[arg(long = "keep-going")]
     keep_going: bool,
+    /// Give every message this routing key: a stream puts all messages of one key in one
+    /// partition, in order (`keratin stream`). (`--key` is the client certificate's key.)
+    #[arg(long = "routing-key", value_name = "KEY")]
+    routing_key: Option<String>,
     /// Sequence number of the first message; the others follow one by one.
     #[arg(long = "start-seq", value_name = "SEQ", default_value_t = 0)]
     start_seq: u64,
@@ -142,7 +146,7 @@ async fn publish_confirmed(
             let client = client.clone();
             let queue = args.queue.clone();
             let seq = next_seq;
-            let message = OutgoingMessage::new(body::encode(seq, args.size));
+            let message = outgoing(args, seq);
             in_flight.push(async move { (seq, client.publish(&queue, message).await) });
             next_seq += 1;
             tally.sent += 1;
@@ -167,6 +171,15 @@ async fn publish_confirmed(
     }
 }
 
+/// Message `seq` of this run: its self-checking body and the `--key`, if given.
+fn outgoing(args: &PublishArgs, seq: u64) -> OutgoingMessage {
+    let message = OutgoingMessage::new(body::encode(seq, args.size));
+    match &args.routing_key {
+        Some(key) => message.with_routing_key(key.clone()),
+        None => message,
+    }
+}
+
 /// Sends through a buffered publisher with `--in-flight` slots, then flushes. A message is
 /// accepted when it was settled without being reported on the dropped-publish path.
 async fn publish_buffered(
@@ -182,7 +195,7 @@ async fn publish_buffered(
     let mut dropped_seqs = Vec::new();
     let mut accepted_seqs = Vec::new();
     for seq in args.start_seq..end_seq {
-        let message = OutgoingMessage::new(body::encode(seq, args.size));
+        let message = outgoing(args, seq);
         tally.sent += 1;
         if let Err(failed) = publisher.send(message).await {
             // The connection is gone: nothing more can be sent.
@@ -228,6 +241,7 @@ fn summary_json(args: &PublishArgs, tally: &Tally, elapsed: Duration) -> Value {
     let mut summary = json!({
         "queue": args.queue,
         "mode": if args.buffered { "buffered" } else { "confirmed" },
+        "key": args.routing_key,
         "sent": tally.sent,
         "confirmed": tally.confirmed,
         "failed": tally.failed,

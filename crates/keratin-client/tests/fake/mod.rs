@@ -15,10 +15,11 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use futures_util::{SinkExt, StreamExt};
-use keratin_client::{Client, ClientOptions};
+use keratin_client::{Client, ClientOptions, PROTOCOL_VERSION_OFFERED};
 use keratin_proto::codes::ERR_BAD_REQUEST;
 use keratin_proto::{
     ClientHello, ErrorBody, Frame, FrameCodec, PublishIdRange, ServerHello, ServerInfo,
+    PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -51,11 +52,17 @@ where
         let hello = read_client_hello(&mut stream).await;
         assert_eq!(hello.client_name, "test-client");
         let mut answer = BytesMut::new();
-        ServerHello::answer(&hello, "fake-node", ServerInfo::default())
-            .encode(&mut answer)
-            .expect("fake broker I/O");
+        let accepted = accept(&hello);
+        accepted.encode(&mut answer).expect("fake broker I/O");
         stream.write_all(&answer).await.expect("fake broker I/O");
-        let parts = FramedParts::new::<Frame>(stream, FrameCodec::new());
+        let ServerHello::Accepted { version, .. } = accepted else {
+            panic!(
+                "the client offered protocol version {}, which the fake refuses",
+                hello.version
+            );
+        };
+        let codec = FrameCodec::new().with_version(version);
+        let parts = FramedParts::new::<Frame>(stream, codec);
         let conn = FakeConn {
             framed: Framed::from_parts(parts),
             heartbeats: 0,
@@ -65,16 +72,53 @@ where
     (addr, task)
 }
 
+/// The fake's answer to `hello`: accepted in the client's version when it is one the client
+/// offers (up to [`keratin_client::PROTOCOL_VERSION_OFFERED`], streams' version 7 included,
+/// which `ServerHello::answer` refuses while `keratin-proto` names 6), else refused as
+/// `ServerHello::answer` does.
+pub fn accept(hello: &ClientHello) -> ServerHello {
+    if (PROTOCOL_VERSION_MIN..=PROTOCOL_VERSION_OFFERED).contains(&hello.version) {
+        let lowered = ClientHello {
+            version: hello.version.min(PROTOCOL_VERSION),
+            ..hello.clone()
+        };
+        if let ServerHello::Accepted {
+            node_id,
+            info,
+            user,
+            ..
+        } = ServerHello::answer(&lowered, "fake-node", ServerInfo::default())
+        {
+            return ServerHello::Accepted {
+                version: hello.version,
+                node_id,
+                info,
+                user,
+            };
+        }
+    }
+    ServerHello::answer(hello, "fake-node", ServerInfo::default())
+}
+
 /// A fake broker speaking protocol `version` only, as a node older than this client would:
 /// it refuses any other version with a 400 naming its own, and accepts `version`, answering
 /// `Heartbeat` and `Close` in kind. Returns its address and how many connections it accepted.
 pub async fn start_old(version: u16) -> (SocketAddr, Arc<AtomicUsize>) {
+    let (addr, accepted, _) = start_old_counting(version).await;
+    (addr, accepted)
+}
+
+/// [`start_old`], also counting the frames its connections received other than `Heartbeat`
+/// and `Close` (the third value).
+pub async fn start_old_counting(version: u16) -> (SocketAddr, Arc<AtomicUsize>, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
         .expect("fake broker I/O");
     let addr = listener.local_addr().expect("fake broker I/O");
     let accepted = Arc::new(AtomicUsize::new(0));
     let count = Arc::clone(&accepted);
+    let frames = Arc::new(AtomicUsize::new(0));
+    let frames_seen = Arc::clone(&frames);
     tokio::spawn(async move {
         loop {
             let (mut stream, _) = listener.accept().await.expect("fake broker I/O");
@@ -98,6 +142,7 @@ pub async fn start_old(version: u16) -> (SocketAddr, Arc<AtomicUsize>) {
             stream.write_all(&answer).await.expect("fake broker I/O");
             let codec = FrameCodec::new().with_version(version);
             let mut framed = Framed::from_parts(FramedParts::new::<Frame>(stream, codec));
+            let frames_seen = Arc::clone(&frames_seen);
             tokio::spawn(async move {
                 while let Some(Ok(frame)) = framed.next().await {
                     match frame {
@@ -108,13 +153,15 @@ pub async fn start_old(version: u16) -> (SocketAddr, Arc<AtomicUsize>) {
                             let _ = framed.send(Frame::Close(close)).await;
                             break;
                         }
-                        _ => {}
+                        _ => {
+                            frames_seen.fetch_add(1, Ordering::SeqCst);
+                        }
                     }
                 }
             });
         }
     });
-    (addr, accepted)
+    (addr, accepted, frames)
 }
 
 /// A fake broker that refuses the handshake with `error`, naming a protocol version newer
@@ -129,7 +176,7 @@ pub async fn start_refusing(error: ErrorBody) -> SocketAddr {
         let _ = read_client_hello(&mut stream).await;
         let mut answer = BytesMut::new();
         ServerHello::Refused {
-            version: keratin_proto::PROTOCOL_VERSION + 1,
+            version: PROTOCOL_VERSION_OFFERED + 1,
             error,
         }
         .encode(&mut answer)
