@@ -32,6 +32,9 @@ use crate::stream::CHECKPOINT_INTERVAL_DIVISOR;
 
 /// How often a stopped log is offered a heal (when the gate allows it).
 const HEAL_RETRY: Duration = Duration::from_millis(500);
+/// Most proposals handed to the log and not yet committed; more appends wait in the owner's
+/// queue (bounds the submitter's channel and what a stalled disk holds in memory).
+const PROPOSALS_IN_FLIGHT_MAX: usize = 64;
 /// A retention pass a slowed append started, that removed nothing, is not run again for
 /// a slowed append within this time (the timer's passes go on).
 const SLOWED_RETENTION_PAUSE: Duration = Duration::from_secs(1);
@@ -191,7 +194,9 @@ impl StreamPartition {
         let config = Arc::new(config);
         let figures = Arc::new(Mutex::new(StreamPartitionFigures::default()));
         let (end_sender, end) = watch::channel(log.committed_offset());
+        let submit = spawn_submitter(log.clone(), commands.clone());
         let owner = Owner {
+            submit,
             config: config.clone(),
             settings,
             end: end_sender,
@@ -352,6 +357,24 @@ fn closed_error(config: &StreamPartitionConfig) -> BrokerError {
         "stream {:?} partition {}",
         config.stream, config.index
     ))
+}
+
+/// The task that hands proposals to `log` in the order received; a proposal the log refuses
+/// is reported to the owner. Ends when the owner drops its sender.
+fn spawn_submitter(
+    log: Arc<dyn PartitionLog>,
+    commands: mpsc::UnboundedSender<Command>,
+) -> mpsc::Sender<Proposal> {
+    let (submit, mut proposals) = mpsc::channel::<Proposal>(PROPOSALS_IN_FLIGHT_MAX);
+    tokio::spawn(async move {
+        while let Some(proposal) = proposals.recv().await {
+            let sequence = proposal.sequence;
+            if let Err(error) = log.clone().propose(proposal).await {
+                let _ = commands.send(Command::ProposeFailed { sequence, error });
+            }
+        }
+    });
+    submit
 }
 
 /// Closes `log` once this is its last handle: a read in flight holds it for a moment, so
@@ -527,9 +550,15 @@ struct Inflight {
     /// What each message of the append became: `None` for a record written, in order.
     outcome: Vec<Option<Appended>>,
     reply: Option<oneshot::Sender<BrokerResult<Vec<Appended>>>>,
+    /// Its offsets once the log committed it (commits may be reported out of order; they are
+    /// applied in proposal order).
+    committed: Option<Range<u64>>,
 }
 
 struct Owner {
+    /// Hands proposals to the log one after another, in the order given (a spawned task
+    /// per proposal would reach the log in whatever order the tasks ran).
+    submit: mpsc::Sender<Proposal>,
     config: Arc<StreamPartitionConfig>,
     /// The stream's retention now (`config.settings` as opened, then changes).
     settings: StreamSettings,
@@ -652,7 +681,10 @@ impl Owner {
         let Some(reply) = self.closing.take() else {
             return;
         };
-        let _ = reply.send(close_when_unshared(self.log).await);
+        // The submitter ends with its channel and lets go of the log.
+        let Owner { log, submit, .. } = self;
+        drop(submit);
+        let _ = reply.send(close_when_unshared(log).await);
     }
 
     fn lock_figures(&self) -> std::sync::MutexGuard<'_, StreamPartitionFigures> {
@@ -715,6 +747,9 @@ impl Owner {
             let Some(head) = self.waiting.front() else {
                 return;
             };
+            if self.inflight.len() >= PROPOSALS_IN_FLIGHT_MAX {
+                return; // the next commit pumps again
+            }
             let interval = self.config.segment_bytes / CHECKPOINT_INTERVAL_DIVISOR;
             let checkpoint_due = self.state.checkpoint_due(interval);
             if checkpoint_due && !self.inflight.is_empty() {
@@ -822,14 +857,17 @@ impl Owner {
             timestamp_ms: append.timestamp_ms,
             outcome,
             reply: Some(append.reply),
+            committed: None,
         });
-        let proposing = self.log.clone().propose(proposal);
-        let commands = self.commands.clone();
-        tokio::spawn(async move {
-            if let Err(error) = proposing.await {
-                let _ = commands.send(Command::ProposeFailed { sequence, error });
-            }
-        });
+        if let Err(error) = self.submit.try_send(proposal) {
+            // Bounded by PROPOSALS_IN_FLIGHT_MAX, and the submitter lives as long as the
+            // owner: neither full nor closed.
+            let error = BrokerError::Closed(format!(
+                "stream {:?} partition {} submitter: {error}",
+                self.config.stream, self.config.index
+            ));
+            self.failed(sequence, error);
+        }
     }
 
     fn on_log(&mut self, event: LogEvent) {
@@ -850,11 +888,30 @@ impl Owner {
         }
     }
 
+    /// The log committed proposal `sequence` at `range`: it and every committed proposal
+    /// after it are applied once all before them are (the log's reports may arrive out of
+    /// order; its offsets follow proposal order).
     fn committed(&mut self, sequence: u64, range: Range<u64>) {
-        let Some(position) = self.inflight.iter().position(|i| i.sequence == sequence) else {
+        let Some(inflight) = self.inflight.iter_mut().find(|i| i.sequence == sequence) else {
             return; // failed already (the log stopped): the heal's rebuild has it
         };
-        assert_eq!(position, 0, "a local log commits proposals in order");
+        inflight.committed = Some(range);
+        while let Some(range) = self.inflight.front().and_then(|i| i.committed.clone()) {
+            assert_eq!(
+                range.start,
+                self.state.next_offset(),
+                "a local log commits proposals at consecutive offsets in proposal order"
+            );
+            if !self.apply_committed(range) {
+                return;
+            }
+        }
+        self.publish_figures();
+        self.pump();
+    }
+
+    /// Applies the head proposal at `range` and answers it; false when the partition stopped.
+    fn apply_committed(&mut self, range: Range<u64>) -> bool {
         let mut done = self.inflight.pop_front().expect("the head");
         assert_eq!(
             range.end - range.start,
@@ -883,7 +940,7 @@ impl Owner {
                     ))));
                 }
                 self.stop(error);
-                return;
+                return false;
             }
             if record.record_type() != STREAM_CHECKPOINT {
                 offsets.push(offset);
@@ -903,8 +960,7 @@ impl Owner {
         if let Some(reply) = done.reply.take() {
             let _ = reply.send(Ok(outcome));
         }
-        self.publish_figures();
-        self.pump();
+        true
     }
 
     fn failed(&mut self, sequence: u64, error: BrokerError) {
