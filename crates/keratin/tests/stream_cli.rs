@@ -62,7 +62,6 @@ fn read(server: &Server, args: &[&str]) -> (Vec<Value>, Value) {
 }
 
 #[test]
-#[ignore = "needs the server's streams (issue 18)"]
 fn declare_publish_read_info_delete() {
     let tmp = tempfile::tempdir().expect("tmp");
     let server = start(&tmp.path().join("data"));
@@ -94,7 +93,7 @@ fn declare_publish_read_info_delete() {
                 "5",
                 "--size",
                 "32",
-                "--key",
+                "--routing-key",
                 key,
                 "--start-seq",
                 start_seq,

@@ -244,6 +244,7 @@ impl Conn {
                     auto_commit: s.auto_commit,
                     positions,
                     committed: BTreeMap::new(),
+                    moved: BTreeMap::new(),
                     credit: credit.clone(),
                     out: self.out.clone(),
                     stop: stopped,
@@ -356,6 +357,9 @@ struct Reader {
     positions: BTreeMap<u32, u64>,
     /// What was committed last, per partition (auto commit sends only what moved).
     committed: BTreeMap<u32, u64>,
+    /// A partition's `moved_from` not yet told: it rides on the partition's next
+    /// `StreamDeliver` (a `StreamDeliver` always holds at least one message).
+    moved: BTreeMap<u32, u64>,
     credit: Arc<Credit>,
     out: Outbound,
     stop: watch::Receiver<bool>,
@@ -482,17 +486,21 @@ impl Reader {
             let read = partition.read(from, max, DELIVER_BYTES_MAX).await?;
             drop(partition);
             self.positions.insert(p, read.next);
-            if read.messages.is_empty() && read.moved_from.is_none() {
-                continue;
+            if let Some(moved_from) = read.moved_from {
+                if self.cursor.is_some() {
+                    stream.count_moved();
+                }
+                // The first position asked for is the one the reader knew.
+                self.moved.entry(p).or_insert(moved_from);
             }
-            if read.moved_from.is_some() && self.cursor.is_some() {
-                stream.count_moved();
+            if read.messages.is_empty() {
+                continue;
             }
             self.credit.take(read.messages.len() as u64);
             let frame = Frame::StreamDeliver(StreamDeliver {
                 consumer_tag: self.tag.clone(),
                 partition: p,
-                moved_from: read.moved_from,
+                moved_from: self.moved.remove(&p),
                 messages: read
                     .messages
                     .into_iter()
