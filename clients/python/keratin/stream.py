@@ -279,7 +279,12 @@ class StreamConsumer:
             return
         taken, self._taken = self._taken, 0
         self._credit_left += taken
-        await reader.conn.send(w.StreamCredit(reader.tag, taken))
+        try:
+            await reader.conn.send(w.StreamCredit(reader.tag, taken))
+        except KeratinError as e:
+            # The delivery in hand is still the application's; a lost connection ends the
+            # reader through its sink, and the next iteration raises it.
+            log.debug("credit for stream reader %s not sent: %s", reader.tag, e)
 
     async def commit(self) -> None:
         """Commits to the cursor, per partition, the offset after the last message yielded
