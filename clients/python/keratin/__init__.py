@@ -2,7 +2,7 @@
 itself when the broker says "limited, retry after N ms"), publish buffered with a bounded
 buffer and a dropped-publish callback, and consume as an async iterator with ack/reject.
 
-Standard library only (asyncio, ssl, struct); speaks protocol version 6
+Standard library only (asyncio, ssl, struct); speaks protocol version 7
 (``docs/protocol.md``).
 
 Layout:
@@ -10,13 +10,24 @@ Layout:
 - ``client``: :class:`Client`, :func:`connect`, the admin verbs, routing on 421.
 - ``publisher``: confirmed publishing with retries; :class:`BufferedPublisher`.
 - ``consumer``: :class:`Consumer`, :class:`Delivery`.
+- ``stream``: :class:`StreamConsumer`, :class:`StreamDelivery`, :class:`StreamInfo` (streams,
+  protocol version 7).
 - ``errors``: one exception class per protocol error code, and client-side errors.
 - ``tls``: :class:`TLS`.
 - ``_connection`` (private): the socket, the reader task, heartbeats, bookkeeping.
 - ``_wire`` (private): the byte codec of every frame and hello.
 """
 
-from ._wire import NodeAddress, PartitionInfo, QueueSettings, QueueSummary, ServerInfo
+from ._wire import (
+    NodeAddress,
+    PartitionInfo,
+    QueueSettings,
+    QueueSummary,
+    ServerInfo,
+    StreamPartitionInfo,
+    StreamSettings,
+    StreamSummary,
+)
 from .client import (
     NOT_LEADER_BACKOFF_MAX,
     NOT_LEADER_BACKOFF_MIN,
@@ -38,6 +49,7 @@ from .errors import (
     KeratinTimeoutError,
     LimitedError,
     LoginUnsupportedError,
+    StreamsUnsupportedError,
     NotFoundError,
     NotLeaderError,
     OutcomeUnknownError,
@@ -50,6 +62,7 @@ from .errors import (
     UnavailableError,
 )
 from .publisher import RETRY_DELAY_MS_MIN, BufferedPublisher, DroppedPublish, Message
+from .stream import KEEP, StreamConsumer, StreamDelivery, StreamInfo
 from .tls import TLS
 
 __version__ = "0.1.0"
@@ -69,6 +82,13 @@ __all__ = [
     "DroppedPublish",
     "Consumer",
     "Delivery",
+    "KEEP",
+    "StreamConsumer",
+    "StreamDelivery",
+    "StreamInfo",
+    "StreamSettings",
+    "StreamPartitionInfo",
+    "StreamSummary",
     "TLS",
     "RETRY_DELAY_MS_MIN",
     "NOT_LEADER_RETRIES_MAX",
@@ -94,5 +114,6 @@ __all__ = [
     "ConnectError",
     "TLSError",
     "LoginUnsupportedError",
+    "StreamsUnsupportedError",
     "PublishBatchError",
 ]

@@ -501,7 +501,9 @@ class Connection:
             raise
 
     def _dispatch(self, frame: w.Frame) -> None:
-        if isinstance(frame, (w.Ok, w.QueueInfoReply, w.QueueListReply, w.SubscribeOk)):
+        if isinstance(
+            frame, (w.Ok, w.QueueInfoReply, w.QueueListReply, w.SubscribeOk, w.StreamInfoReply, w.StreamListReply)
+        ):
             future = self._requests.pop(frame.request_id, None)
             if future is not None and not future.done():
                 future.set_result(frame)
@@ -515,6 +517,13 @@ class Connection:
                 sink.push(frame)
             else:
                 log.debug("delivery for ended consumer %s ignored", frame.consumer_tag)
+        elif isinstance(frame, (w.StreamDeliver, w.StreamPartitionEnd)):
+            # Stream readers share the consumers' tags; their sink takes both frames.
+            sink = self._consumers.get(frame.consumer_tag)
+            if sink is not None:
+                sink.push(frame)  # type: ignore[arg-type]
+            else:
+                log.debug("stream frame for ended reader %s ignored", frame.consumer_tag)
         elif isinstance(frame, w.ConsumerEnd):
             sink = self._consumers.pop(frame.consumer_tag, None)
             if sink is not None:

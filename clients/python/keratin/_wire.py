@@ -1,4 +1,4 @@
-"""The wire codec of protocol version 6 (``docs/protocol.md``): primitives, every frame type
+"""The wire codec of protocol version 7 (``docs/protocol.md``): primitives, every frame type
 in both directions, and both hellos.
 
 Owns bytes only: no I/O, no asyncio. ``_connection.py`` reads and writes the socket and calls
@@ -18,7 +18,10 @@ from .errors import ProtocolError
 
 MAGIC = b"KRTN"
 #: The version this client speaks and offers first.
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
+#: The first version with streams (protocol.md "Stream frames (version 7)") and
+#: ``Deliver.routing_key``.
+STREAM_VERSION = 7
 #: The oldest version a server may ask this client to fall back to.
 PROTOCOL_VERSION_MIN = 1
 #: Protocol default and maximum of a frame's ``length`` field (16 MiB).
@@ -37,6 +40,21 @@ AUTH_PASSWORD_BYTES_MAX = 1024
 AUTH_TOKEN_BYTES_MAX = 255
 #: ``Subscribe.prefetch`` range.
 PREFETCH_MAX = 65535
+#: Stream list bounds (protocol.md "Stream frames"): a count above one is malformed.
+STREAM_NODES_MAX = 64
+STREAM_PARTITIONS_MAX = 64
+STREAM_DELIVER_MESSAGES_MAX = 256
+
+#: ``StreamSubscribe.start.kind`` numbers.
+START_FIRST = 0
+START_LAST = 1
+START_NEXT = 2
+START_OFFSET = 3
+START_TIMESTAMP = 4
+START_NAMES = {
+    START_FIRST: "first", START_LAST: "last", START_NEXT: "next",
+    START_OFFSET: "offset", START_TIMESTAMP: "timestamp",
+}
 
 MECHANISM_NONE = 0
 MECHANISM_PLAIN = 1
@@ -509,6 +527,8 @@ class Deliver:
     delivery_count: int
     headers: List[Tuple[str, str]]
     body: bytes
+    #: Version 7 and later; absent (``None``) in older versions.
+    routing_key: Optional[str] = None
     TYPE = 0x60
 
 
@@ -542,6 +562,9 @@ Frame = Union[
     Declare, Delete, Purge, QueueInfo, QueueList, SetQueueSettings, Publish, Subscribe,
     Cancel, Ack, Reject, Ok, QueueInfoReply, QueueListReply, SubscribeOk, Confirm,
     PublishError, Deliver, ConsumerEnd, Heartbeat, Error, Close,
+    "StreamDeclare", "StreamSet", "StreamInfo", "StreamList", "StreamDelete", "StreamSubscribe",
+    "StreamCredit", "CursorCommit", "StreamInfoReply", "StreamListReply", "StreamDeliver",
+    "StreamPartitionEnd",
 ]
 
 FRAME_TYPES: Dict[int, type] = {
@@ -552,8 +575,6 @@ FRAME_TYPES: Dict[int, type] = {
         PublishError, Deliver, ConsumerEnd, Heartbeat, Error, Close,
     )
 }
-#: Frame types a client may receive (server to client, and both ways).
-CLIENT_RECEIVES = frozenset(t for t in FRAME_TYPES if t >= 0x40)
 
 
 def _put_update(w: Writer, update: Update, put: Callable[[object], None]) -> None:
@@ -693,6 +714,8 @@ def encode_body(frame: Frame, version: int = PROTOCOL_VERSION) -> bytes:
         w.u64(f.offset)
         w.boolean(f.redelivered)
         w.u32(f.delivery_count)
+        if version >= STREAM_VERSION:
+            w.opt_string(f.routing_key)
         w.headers(f.headers)
         w.bytes_(f.body)
     elif isinstance(f, ConsumerEnd):
@@ -708,6 +731,13 @@ def encode_body(frame: Frame, version: int = PROTOCOL_VERSION) -> bytes:
         put_error_body(w, f.error, version)
     elif isinstance(f, Close):
         w.string(f.message, "message")
+    elif isinstance(f, STREAM_FRAMES):
+        if version < STREAM_VERSION:
+            raise ValueError(
+                "%s needs protocol version %d; this connection speaks %d"
+                % (type(f).__name__, STREAM_VERSION, version)
+            )
+        _encode_stream_body(w, f)
     else:
         raise TypeError("not a frame: %r" % (frame,))
     return bytes(w.buf)
@@ -727,7 +757,9 @@ def encode_frame(frame: Frame, version: int = PROTOCOL_VERSION) -> bytes:
 def decode_frame(frame_type: int, body: bytes, version: int = PROTOCOL_VERSION) -> Frame:
     """The frame of ``frame_type`` whose body is exactly ``body``."""
     cls = FRAME_TYPES.get(frame_type)
-    if cls is None or (frame_type == ConsumerEnd.TYPE and version < 4):
+    if cls is None or (frame_type == ConsumerEnd.TYPE and version < 4) or (
+        cls in STREAM_FRAMES and version < STREAM_VERSION
+    ):
         raise ProtocolError("unknown frame type 0x%02x" % frame_type)
     r = Reader(body, cls.__name__)
     frame = _DECODERS[frame_type](r, version)
@@ -806,16 +838,13 @@ def _d_list_reply(r: Reader, v: int) -> Frame:
 
 
 def _d_deliver(r: Reader, v: int) -> Frame:
-    return Deliver(
-        r.string("consumer_tag"),
-        r.u64("delivery_id"),
-        r.u32("partition"),
-        r.u64("offset"),
-        r.boolean("redelivered"),
-        r.u32("delivery_count"),
-        r.headers(),
-        r.bytes_("body"),
-    )
+    tag, delivery_id = r.string("consumer_tag"), r.u64("delivery_id")
+    partition, offset = r.u32("partition"), r.u64("offset")
+    redelivered, count = r.boolean("redelivered"), r.u32("delivery_count")
+    key = r.opt_string("routing_key") if v >= STREAM_VERSION else None
+    headers = r.headers()
+    body = r.bytes_("body")
+    return Deliver(tag, delivery_id, partition, offset, redelivered, count, headers, body, key)
 
 
 _DECODERS: Dict[int, Callable[[Reader, int], Frame]] = {
@@ -842,6 +871,408 @@ _DECODERS: Dict[int, Callable[[Reader, int], Frame]] = {
     Error.TYPE: lambda r, v: Error(r.opt_u64("request_id"), r.boolean("fatal"), read_error_body(r, v)),
     Close.TYPE: lambda r, v: Close(r.string("message")),
 }
+
+
+# --------------------------------------------------------------------------------------------
+# Stream frames (version 7; protocol.md "Stream frames (version 7)")
+
+
+@dataclass
+class StreamSettings:
+    """protocol.md "Stream settings". An absent bound is no bound of that kind."""
+
+    partitions: int = 1
+    replicas: Optional[int] = None
+    max_bytes: Optional[int] = None
+    max_age_ms: Optional[int] = None
+    max_messages: Optional[int] = None
+
+
+def put_stream_settings(w: Writer, s: StreamSettings) -> None:
+    w.u32(s.partitions)
+    w.opt_u32(s.replicas)
+    w.opt_u64(s.max_bytes)
+    w.opt_u64(s.max_age_ms)
+    w.opt_u64(s.max_messages)
+
+
+def read_stream_settings(r: Reader) -> StreamSettings:
+    return StreamSettings(
+        r.u32("partitions"),
+        r.opt_u32("replicas"),
+        r.opt_u64("max_bytes"),
+        r.opt_u64("max_age_ms"),
+        r.opt_u64("max_messages"),
+    )
+
+
+@dataclass
+class StreamStart:
+    """``StreamSubscribe.start``: ``kind`` one of the ``START_*`` numbers; ``value`` the
+    offset (3) or the time in ms since the Unix epoch (4), 0 for the others."""
+
+    kind: int = START_FIRST
+    value: int = 0
+
+
+@dataclass
+class CursorEntry:
+    """One partition's position in a ``CursorCommit``: the offset of the next message."""
+
+    partition: int
+    offset: int
+
+
+@dataclass
+class StreamPartitionInfo:
+    """One partition of a ``StreamInfoReply`` (the answering node's copy)."""
+
+    start_offset: int
+    next_offset: int
+    messages: int
+    bytes: int
+    disk_bytes: int
+    oldest_timestamp_ms: Optional[int] = None
+    leading: bool = True
+    leader: Optional[int] = None
+    leader_addr: Optional[str] = None
+
+
+@dataclass
+class StreamSummary:
+    """One stream of a ``StreamListReply``."""
+
+    stream: str
+    partitions: int
+    messages: int
+    bytes: int
+
+
+@dataclass
+class StreamMessage:
+    """One message of a ``StreamDeliver``."""
+
+    offset: int
+    timestamp_ms: int
+    routing_key: Optional[str]
+    headers: List[Tuple[str, str]]
+    body: bytes
+
+
+@dataclass
+class StreamDeclare:
+    request_id: int
+    stream: str
+    settings: StreamSettings
+    nodes: List[int] = field(default_factory=list)
+    TYPE = 0x07
+
+
+@dataclass
+class StreamSet:
+    request_id: int
+    stream: str
+    max_bytes: Update = field(default_factory=Update)
+    max_age_ms: Update = field(default_factory=Update)
+    max_messages: Update = field(default_factory=Update)
+    TYPE = 0x08
+
+
+@dataclass
+class StreamInfo:
+    request_id: int
+    stream: str
+    TYPE = 0x09
+
+
+@dataclass
+class StreamList:
+    request_id: int
+    TYPE = 0x0A
+
+
+@dataclass
+class StreamDelete:
+    request_id: int
+    stream: str
+    TYPE = 0x0B
+
+
+@dataclass
+class StreamSubscribe:
+    request_id: int
+    stream: str
+    consumer_tag: str
+    cursor: Optional[str] = None
+    group: bool = False
+    start: StreamStart = field(default_factory=StreamStart)
+    credit: int = 0
+    auto_commit: bool = False
+    partitions: List[int] = field(default_factory=list)
+    TYPE = 0x24
+
+
+@dataclass
+class StreamCredit:
+    consumer_tag: str
+    credit: int
+    TYPE = 0x25
+
+
+@dataclass
+class CursorCommit:
+    request_id: int
+    stream: str
+    cursor: str
+    entries: List[CursorEntry] = field(default_factory=list)
+    TYPE = 0x26
+
+
+@dataclass
+class StreamInfoReply:
+    request_id: int
+    stream: str
+    settings: StreamSettings
+    partitions: List[StreamPartitionInfo]
+    TYPE = 0x44
+
+
+@dataclass
+class StreamListReply:
+    request_id: int
+    streams: List[StreamSummary]
+    TYPE = 0x45
+
+
+@dataclass
+class StreamDeliver:
+    consumer_tag: str
+    partition: int
+    moved_from: Optional[int]
+    messages: List[StreamMessage]
+    TYPE = 0x62
+
+
+@dataclass
+class StreamPartitionEnd:
+    consumer_tag: str
+    partition: int
+    error: ErrorBody
+    TYPE = 0x63
+
+
+STREAM_FRAMES = (
+    StreamDeclare, StreamSet, StreamInfo, StreamList, StreamDelete, StreamSubscribe,
+    StreamCredit, CursorCommit, StreamInfoReply, StreamListReply, StreamDeliver,
+    StreamPartitionEnd,
+)
+#: Smallest encodings of list items, for the count checks: a partition info is at least 44
+#: bytes, a stream summary 22, a stream message 8 + 8 + 1 + 2 + 4.
+_STREAM_PARTITION_INFO_MIN = 44
+_STREAM_SUMMARY_MIN = 2 + 4 + 8 + 8
+_STREAM_MESSAGE_MIN = 8 + 8 + 1 + 2 + 4
+
+
+def _put_bounded(w: Writer, what: str, count: int, bound: int, width: int = 2) -> None:
+    if count > bound:
+        raise ValueError("%s lists %d items; at most %d fit a stream frame" % (what, count, bound))
+    if width == 2:
+        w.u16(count)
+    else:
+        w.u32(count)
+
+
+def _read_bounded(r: Reader, width: int, bound: int, item_min_bytes: int, what: str) -> int:
+    """A list count of a stream frame, refused above its bound before anything is read."""
+    start = r.pos
+    n = r.u16(what) if width == 2 else r.u32(what)
+    if n > bound:
+        r.pos = start
+        raise r.fail("%s count %d is over its bound of %d" % (what, n, bound))
+    if n * item_min_bytes > r.left():
+        raise r.fail("%s count %d cannot fit the %d bytes left" % (what, n, r.left()))
+    return n
+
+
+def _encode_stream_body(w: Writer, f: Frame) -> None:
+    if isinstance(f, StreamDeclare):
+        w.u64(f.request_id)
+        w.string(f.stream, "stream")
+        put_stream_settings(w, f.settings)
+        _put_bounded(w, "nodes", len(f.nodes), STREAM_NODES_MAX)
+        for node in f.nodes:
+            w.u64(node)
+    elif isinstance(f, StreamSet):
+        w.u64(f.request_id)
+        w.string(f.stream, "stream")
+        for update in (f.max_bytes, f.max_age_ms, f.max_messages):
+            _put_update(w, update, w.u64)  # type: ignore[arg-type]
+    elif isinstance(f, (StreamInfo, StreamDelete)):
+        w.u64(f.request_id)
+        w.string(f.stream, "stream")
+    elif isinstance(f, StreamList):
+        w.u64(f.request_id)
+    elif isinstance(f, StreamSubscribe):
+        if f.start.kind not in START_NAMES:
+            raise ValueError("start kind %d is not 0 to 4" % f.start.kind)
+        if f.start.kind < START_OFFSET and f.start.value != 0:
+            raise ValueError("start %s takes no value" % START_NAMES[f.start.kind])
+        w.u64(f.request_id)
+        w.string(f.stream, "stream")
+        w.string(f.consumer_tag, "consumer_tag")
+        w.opt_string(f.cursor)
+        w.boolean(f.group)
+        w.u8(f.start.kind)
+        w.u64(f.start.value)
+        w.u32(f.credit)
+        w.boolean(f.auto_commit)
+        _put_bounded(w, "partitions", len(f.partitions), STREAM_PARTITIONS_MAX)
+        for partition in f.partitions:
+            w.u32(partition)
+    elif isinstance(f, StreamCredit):
+        w.string(f.consumer_tag, "consumer_tag")
+        w.u32(f.credit)
+    elif isinstance(f, CursorCommit):
+        w.u64(f.request_id)
+        w.string(f.stream, "stream")
+        w.string(f.cursor, "cursor")
+        _put_bounded(w, "entries", len(f.entries), STREAM_PARTITIONS_MAX)
+        for entry in f.entries:
+            w.u32(entry.partition)
+            w.u64(entry.offset)
+    elif isinstance(f, StreamInfoReply):
+        w.u64(f.request_id)
+        w.string(f.stream, "stream")
+        put_stream_settings(w, f.settings)
+        _put_bounded(w, "partitions", len(f.partitions), STREAM_PARTITIONS_MAX)
+        for p in f.partitions:
+            for n in (p.start_offset, p.next_offset, p.messages, p.bytes, p.disk_bytes):
+                w.u64(n)
+            w.opt_u64(p.oldest_timestamp_ms)
+            w.boolean(p.leading)
+            w.opt_u64(p.leader)
+            w.opt_string(p.leader_addr)
+    elif isinstance(f, StreamListReply):
+        w.u64(f.request_id)
+        w.u32(len(f.streams))
+        for s in f.streams:
+            w.string(s.stream, "stream")
+            w.u32(s.partitions)
+            w.u64(s.messages)
+            w.u64(s.bytes)
+    elif isinstance(f, StreamDeliver):
+        w.string(f.consumer_tag, "consumer_tag")
+        w.u32(f.partition)
+        w.opt_u64(f.moved_from)
+        _put_bounded(w, "messages", len(f.messages), STREAM_DELIVER_MESSAGES_MAX, width=4)
+        for m in f.messages:
+            w.u64(m.offset)
+            w.u64(m.timestamp_ms)
+            w.opt_string(m.routing_key)
+            w.headers(m.headers)
+            w.bytes_(m.body)
+    elif isinstance(f, StreamPartitionEnd):
+        w.string(f.consumer_tag, "consumer_tag")
+        w.u32(f.partition)
+        put_error_body(w, f.error, STREAM_VERSION)
+    else:  # pragma: no cover - encode_body hands only stream frames here
+        raise TypeError("not a stream frame: %r" % (f,))
+
+
+def _d_stream_declare(r: Reader, v: int) -> Frame:
+    request_id, stream = r.u64("request_id"), r.string("stream")
+    settings = read_stream_settings(r)
+    n = _read_bounded(r, 2, STREAM_NODES_MAX, 8, "nodes")
+    return StreamDeclare(request_id, stream, settings, [r.u64("node") for _ in range(n)])
+
+
+def _d_stream_set(r: Reader, v: int) -> Frame:
+    request_id, stream = r.u64("request_id"), r.string("stream")
+    updates = [_read_update(r, name, lambda: r.u64(name)) for name in ("max_bytes", "max_age_ms", "max_messages")]
+    return StreamSet(request_id, stream, *updates)
+
+
+def _d_stream_subscribe(r: Reader, v: int) -> Frame:
+    request_id, stream = r.u64("request_id"), r.string("stream")
+    tag, cursor = r.string("consumer_tag"), r.opt_string("cursor")
+    group = r.boolean("group")
+    kind = r.u8("start.kind")
+    if kind not in START_NAMES:
+        raise r.fail("start kind %d is not 0 to 4" % kind)
+    value = r.u64("start.value")
+    if kind < START_OFFSET and value != 0:
+        raise r.fail("start %s with value %d (must be 0)" % (START_NAMES[kind], value))
+    credit, auto_commit = r.u32("credit"), r.boolean("auto_commit")
+    n = _read_bounded(r, 2, STREAM_PARTITIONS_MAX, 4, "partitions")
+    partitions = [r.u32("partition") for _ in range(n)]
+    return StreamSubscribe(
+        request_id, stream, tag, cursor, group, StreamStart(kind, value), credit, auto_commit, partitions
+    )
+
+
+def _d_cursor_commit(r: Reader, v: int) -> Frame:
+    request_id, stream, cursor = r.u64("request_id"), r.string("stream"), r.string("cursor")
+    n = _read_bounded(r, 2, STREAM_PARTITIONS_MAX, 12, "entries")
+    entries = [CursorEntry(r.u32("partition"), r.u64("offset")) for _ in range(n)]
+    return CursorCommit(request_id, stream, cursor, entries)
+
+
+def _d_stream_info_reply(r: Reader, v: int) -> Frame:
+    request_id, stream = r.u64("request_id"), r.string("stream")
+    settings = read_stream_settings(r)
+    partitions = []
+    for _ in range(_read_bounded(r, 2, STREAM_PARTITIONS_MAX, _STREAM_PARTITION_INFO_MIN, "partitions")):
+        counts = [r.u64(n) for n in ("start_offset", "next_offset", "messages", "bytes", "disk_bytes")]
+        oldest = r.opt_u64("oldest_timestamp_ms")
+        leading = r.boolean("leading")
+        leader, addr = r.opt_u64("leader"), r.opt_string("leader_addr")
+        partitions.append(StreamPartitionInfo(*counts, oldest, leading, leader, addr))  # type: ignore[misc]
+    return StreamInfoReply(request_id, stream, settings, partitions)
+
+
+def _d_stream_list_reply(r: Reader, v: int) -> Frame:
+    request_id = r.u64("request_id")
+    streams = []
+    for _ in range(r.count(4, _STREAM_SUMMARY_MIN, "streams")):
+        name = r.string("stream")
+        streams.append(StreamSummary(name, r.u32("partitions"), r.u64("messages"), r.u64("bytes")))
+    return StreamListReply(request_id, streams)
+
+
+def _d_stream_deliver(r: Reader, v: int) -> Frame:
+    tag, partition = r.string("consumer_tag"), r.u32("partition")
+    moved_from = r.opt_u64("moved_from")
+    messages = []
+    for _ in range(_read_bounded(r, 4, STREAM_DELIVER_MESSAGES_MAX, _STREAM_MESSAGE_MIN, "messages")):
+        offset, timestamp_ms = r.u64("offset"), r.u64("timestamp_ms")
+        key = r.opt_string("routing_key")
+        headers = r.headers()
+        messages.append(StreamMessage(offset, timestamp_ms, key, headers, r.bytes_("body")))
+    return StreamDeliver(tag, partition, moved_from, messages)
+
+
+_STREAM_DECODERS: Dict[int, Callable[[Reader, int], Frame]] = {
+    StreamDeclare.TYPE: _d_stream_declare,
+    StreamSet.TYPE: _d_stream_set,
+    StreamInfo.TYPE: lambda r, v: StreamInfo(r.u64("request_id"), r.string("stream")),
+    StreamList.TYPE: lambda r, v: StreamList(r.u64("request_id")),
+    StreamDelete.TYPE: lambda r, v: StreamDelete(r.u64("request_id"), r.string("stream")),
+    StreamSubscribe.TYPE: _d_stream_subscribe,
+    StreamCredit.TYPE: lambda r, v: StreamCredit(r.string("consumer_tag"), r.u32("credit")),
+    CursorCommit.TYPE: _d_cursor_commit,
+    StreamInfoReply.TYPE: _d_stream_info_reply,
+    StreamListReply.TYPE: _d_stream_list_reply,
+    StreamDeliver.TYPE: _d_stream_deliver,
+    StreamPartitionEnd.TYPE: lambda r, v: StreamPartitionEnd(
+        r.string("consumer_tag"), r.u32("partition"), read_error_body(r, v)
+    ),
+}
+
+
+FRAME_TYPES.update({cls.TYPE: cls for cls in STREAM_FRAMES})
+_DECODERS.update(_STREAM_DECODERS)
+#: Frame types a client may receive (server to client, and both ways).
+CLIENT_RECEIVES = frozenset(t for t in FRAME_TYPES if t >= 0x40)
 
 
 # --------------------------------------------------------------------------------------------

@@ -23,6 +23,8 @@ from .errors import (
     KeratinTimeoutError,
     NotLeaderError,
 )
+from .stream import KEEP as _KEEP
+from .stream import StreamConsumer, StreamInfo, require_streams
 from .tls import TLSArg, resolve
 
 if TYPE_CHECKING:
@@ -258,6 +260,99 @@ class Client:
             kind = w.UPDATE_CLEAR if value is None else w.UPDATE_SET
             setattr(frame, name, w.Update(kind, value))
         await self._routed("set_queue_settings", lambda c: c.request(frame))
+
+    # ---------------------------------------------------------------------------------------
+    # Streams (protocol version 7; see stream.py)
+
+    def _stream_conn(self) -> Connection:
+        require_streams(self._conn)
+        return self._conn
+
+    async def declare_stream(
+        self,
+        stream: str,
+        partitions: int = 1,
+        *,
+        max_bytes: Optional[int] = None,
+        max_age_ms: Optional[int] = None,
+        max_messages: Optional[int] = None,
+    ) -> None:
+        """Creates a stream of ``partitions`` (1 to 64) partitions, or succeeds when it
+        exists with the same settings (:class:`~keratin.ConflictError` when they differ, or
+        when a queue has the name). The bounds are retention: the oldest segments go once
+        the stream holds more bytes or messages (over all partitions) or is older than
+        ``max_age_ms``; ``None`` is no bound of that kind."""
+        settings = w.StreamSettings(partitions, None, max_bytes, max_age_ms, max_messages)
+        frame = w.StreamDeclare(0, stream, settings)
+        conn = self._stream_conn()
+        await conn.request(frame)
+
+    async def set_stream(
+        self,
+        stream: str,
+        *,
+        max_bytes: Any = _KEEP,
+        max_age_ms: Any = _KEEP,
+        max_messages: Any = _KEEP,
+    ) -> None:
+        """Changes a live stream's retention, as :meth:`set_queue_settings` does: a bound
+        given a number is set, given ``None`` cleared, and one not given
+        (:data:`keratin.KEEP`) keeps its value. Partitions cannot change."""
+        frame = w.StreamSet(0, stream)
+        for name, value in (("max_bytes", max_bytes), ("max_age_ms", max_age_ms), ("max_messages", max_messages)):
+            if value is _KEEP:
+                continue
+            kind = w.UPDATE_CLEAR if value is None else w.UPDATE_SET
+            setattr(frame, name, w.Update(kind, value))
+        await self._stream_conn().request(frame)
+
+    async def stream_info(self, stream: str) -> StreamInfo:
+        """The stream's settings and per-partition figures (:class:`~keratin.StreamInfo`)."""
+        reply = await self._stream_conn().request(w.StreamInfo(0, stream))
+        assert isinstance(reply, w.StreamInfoReply)
+        return StreamInfo(reply.stream, reply.settings, reply.partitions)
+
+    async def list_streams(self) -> List[w.StreamSummary]:
+        """Every stream the user may see, sorted by name."""
+        reply = await self._stream_conn().request(w.StreamList(0))
+        assert isinstance(reply, w.StreamListReply)
+        return reply.streams
+
+    async def delete_stream(self, stream: str) -> None:
+        """Removes the stream, its messages and its cursors; its readers are told
+        (:class:`~keratin.NotFoundError` from their iteration)."""
+        await self._stream_conn().request(w.StreamDelete(0, stream))
+
+    async def commit_cursor(self, stream: str, cursor: str, positions: Dict[int, int]) -> None:
+        """Sets cursor ``cursor``'s positions: ``{partition: offset of the next message to
+        read}``; other partitions keep theirs. Returns once the node made it durable."""
+        if not positions:
+            raise ValueError("commit_cursor needs at least one partition's position")
+        entries = [w.CursorEntry(p, positions[p]) for p in sorted(positions)]
+        await self._stream_conn().request(w.CursorCommit(0, stream, cursor, entries))
+
+    def stream_subscribe(
+        self,
+        stream: str,
+        cursor: Optional[str] = None,
+        start: Any = "first",
+        *,
+        credit: int = 1000,
+        auto_commit: bool = False,
+        partitions: Optional[Sequence[int]] = None,
+    ) -> StreamConsumer:
+        """A reader of ``stream`` (:class:`~keratin.StreamConsumer`): an async iterator of
+        :class:`~keratin.StreamDelivery` and an async context manager. With ``cursor`` it
+        resumes where that cursor stands in each partition; ``start`` (``"first"``,
+        ``"last"``, ``"next"``, ``("offset", n)`` or ``("timestamp", ms)``) says where to
+        begin in a partition the cursor has no position for. ``credit`` bounds the messages
+        in flight; ``auto_commit`` has the node commit the positions it delivered every
+        second and on cancel. ``partitions`` reads only those (default: all)."""
+        self._stream_conn()
+        return StreamConsumer(
+            self, stream, cursor, start, credit, auto_commit,
+            None if partitions is None else list(partitions),
+        )
 
     # ---------------------------------------------------------------------------------------
     # Publishing and consuming (see publisher.py and consumer.py)

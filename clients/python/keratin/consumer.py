@@ -42,9 +42,9 @@ class Delivery:
         self.headers: Dict[str, str] = dict(frame.headers)
         #: Every header in order, repeated names included.
         self.header_list: List[Tuple[str, str]] = frame.headers
-        #: The routing key. Protocol version 6's ``Deliver`` does not carry it, so this is
-        #: ``None`` until a protocol version delivers it; put what a consumer needs in a header.
-        self.key: Optional[str] = None
+        #: The routing key the message was published with (``None`` without one, and always
+        #: on a connection older than protocol version 7, whose ``Deliver`` does not carry it).
+        self.key: Optional[str] = frame.routing_key
         self.redelivered: bool = frame.redelivered
         self.delivery_id: int = frame.delivery_id
         self.delivery_count: int = frame.delivery_count

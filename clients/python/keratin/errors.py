@@ -29,6 +29,7 @@ __all__ = [
     "ProtocolError",
     "KeratinTimeoutError",
     "LoginUnsupportedError",
+    "StreamsUnsupportedError",
     "ConnectError",
     "TLSError",
     "PublishBatchError",
@@ -167,6 +168,11 @@ class TLSError(ConnectError):
 
 class LoginUnsupportedError(KeratinError):
     """The server speaks a version older than 6 and cannot check a login."""
+
+
+class StreamsUnsupportedError(KeratinError):
+    """The connection agreed on a protocol version older than 7, which has no streams; the
+    stream call sent nothing."""
 
 
 class PublishBatchError(KeratinError):

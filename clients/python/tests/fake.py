@@ -1,4 +1,4 @@
-"""An in-process fake Keratin node for unit tests: speaks the server side of protocol v6 with
+"""An in-process fake Keratin node for unit tests: speaks the server side of protocol v7 with
 the client's own codec, answers every request by default, and lets a test replace the answer
 to any frame (``on``) or the whole connection (``raw``)."""
 
@@ -19,15 +19,17 @@ class FakeConn:
         self.reader = reader
         self.writer = writer
         self.hello: Optional[w.ClientHello] = None
+        # The version the handshake agreed on: frames go both ways in its layouts.
+        self.version = w.PROTOCOL_VERSION
 
     async def send(self, frame: Any) -> None:
-        self.writer.write(w.encode_frame(frame))
+        self.writer.write(w.encode_frame(frame, self.version))
         await self.writer.drain()
 
     async def read_frame(self) -> Any:
         (length,) = struct.unpack("<I", await self.reader.readexactly(4))
         data = await self.reader.readexactly(length)
-        return w.decode_frame(data[0], data[1:])
+        return w.decode_frame(data[0], data[1:], self.version)
 
     async def read_client_hello(self) -> w.ClientHello:
         head = await self.reader.readexactly(8)
@@ -59,7 +61,7 @@ class FakeNode:
         self.handlers: Dict[str, Handler] = {}
         self.raw: Optional[Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]] = None
         self.refuse: Optional[w.ErrorBody] = None
-        self.accept_versions = (1, 6)
+        self.accept_versions = (1, w.PROTOCOL_VERSION)
         self.frames: List[Any] = []
         self.hellos: List[w.ClientHello] = []
         self.conns: List[FakeConn] = []
@@ -110,6 +112,7 @@ class FakeNode:
                 await writer.drain()
                 writer.close()
                 return
+            conn.version = hello.version
             info = w.ServerInfo(None, self.nodes or [w.NodeAddress(self.node_id, self.address)])
             writer.write(w.encode_server_hello(w.ServerHello(hello.version, self.node_id, info, self.user)))
             await writer.drain()
@@ -138,8 +141,10 @@ async def default_handler(conn: FakeConn, frame: Any) -> None:
         if frame.mode & 0x7F == w.MODE_CONFIRMED and frame.messages:
             ids = [m.publish_id for m in frame.messages]
             await conn.send(w.Confirm([(min(ids), max(ids))]))
-    elif isinstance(frame, w.Subscribe):
+    elif isinstance(frame, (w.Subscribe, w.StreamSubscribe)):
         await conn.send(w.SubscribeOk(frame.request_id, frame.consumer_tag))
+    elif isinstance(frame, (w.StreamDeclare, w.StreamSet, w.StreamDelete, w.CursorCommit)):
+        await conn.send(w.Ok(frame.request_id))
     elif isinstance(frame, w.Close):
         await conn.send(w.Close(""))
         conn.writer.close()

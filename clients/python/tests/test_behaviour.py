@@ -95,7 +95,7 @@ def test_an_older_node_is_spoken_to_in_its_version_and_refuses_logins() -> None:
         address = await node.start()
         client = await keratin.connect(address)
         assert client.protocol_version == 5
-        assert [h.version for h in node.hellos] == [6, 5]
+        assert [h.version for h in node.hellos] == [w.PROTOCOL_VERSION, 5]
         await client.declare("q")
         await client.close()
         with pytest.raises(keratin.LoginUnsupportedError):

@@ -40,7 +40,7 @@ def test_round_trip_publish_consume_ack(broker: Broker) -> None:
         q = name("orders")
         async with await keratin.connect(broker.address) as client:
             assert client.user is None
-            assert client.protocol_version == 6
+            assert client.protocol_version == 7
             assert any(n.server for n in client.server_info.nodes)
             await client.declare(q, partitions=2)
             await client.declare(q, partitions=2)  # same settings: succeeds again
