@@ -222,12 +222,6 @@ def test_groups_are_refused_by_the_broker(broker: Broker) -> None:
     run(go())
 
 
-@pytest.mark.xfail(
-    reason="broker bug: concurrent Publish frames to one stream partition trip the assertion "
-    "'a local log commits proposals in order' (keratin-broker stream/partition.rs), the "
-    "partition's task panics and every later publish to it gets 503 'stream ... is closed'",
-    strict=False,
-)
 def test_concurrent_publishes_to_a_stream(broker: Broker) -> None:
     async def go() -> None:
         s = name("concurrent")
