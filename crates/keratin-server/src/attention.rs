@@ -62,6 +62,10 @@ pub enum AttentionKind {
     /// `node-ID:PATH` or `node-ID:memory`): the partitions with an in-sync copy there are
     /// slowed or refused. Raised by `cluster_watch.rs` from the peer's label.
     NodeLimited,
+    /// A stream's named cursor points below a partition's start: retention removed messages it
+    /// had not read (subject: `stream/cursor`). Cleared once the cursor is committed at or past
+    /// the start, or goes. Raised by the sampler (`limits/cursors.rs`).
+    CursorBehindRetention,
 }
 
 impl AttentionKind {
@@ -78,6 +82,7 @@ impl AttentionKind {
             AttentionKind::NodeUnreachable => "node_unreachable",
             AttentionKind::NodeLimited => "node_limited",
             AttentionKind::DiskFilling => "disk_filling",
+            AttentionKind::CursorBehindRetention => "cursor_behind_retention",
         }
     }
 }

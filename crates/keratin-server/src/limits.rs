@@ -27,6 +27,7 @@ use tokio::sync::{watch, Notify};
 
 use crate::attention::{Attention, AttentionKind, Raise, Severity};
 
+mod cursors;
 mod filling;
 mod replicas;
 
@@ -95,6 +96,8 @@ pub struct NodeLimits {
     attention: Attention,
     /// Queues at their limit at the last sample.
     full_queues: Mutex<BTreeSet<String>>,
+    /// Stream cursors (`stream/cursor`) behind their partitions' start, as last raised.
+    cursors_behind: Mutex<BTreeSet<String>>,
     /// Recent free space per file system, for the dashboard's plot.
     history: FreeSpaceHistory,
     /// Each partition log's stop figures at the last sample, by directory.
@@ -186,6 +189,7 @@ impl NodeLimits {
             counters: PublishCounters::default(),
             attention,
             full_queues: Mutex::new(BTreeSet::new()),
+            cursors_behind: Mutex::new(BTreeSet::new()),
             history: FreeSpaceHistory::new(),
             stopped_logs: Mutex::new(BTreeMap::new()),
             dead_letter_failures: Mutex::new(BTreeMap::new()),
@@ -260,6 +264,7 @@ impl NodeLimits {
     pub fn sample(&self) {
         self.attention.retry_save();
         self.check_full_queues();
+        self.check_cursors_behind();
         self.check_stopped_logs();
         self.check_dead_letter_failures(now_ms());
         let max_bytes = self.max_bytes.load(Ordering::Relaxed);

@@ -16,6 +16,8 @@ use prometheus_client::registry::{Registry, Unit};
 
 use crate::limits::{LimitsSnapshot, NodeLimits};
 
+mod streams;
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FsLabels {
     path: String,
@@ -221,6 +223,7 @@ pub fn render(broker: &Broker, limits: &NodeLimits, access: &crate::access::Acce
     register_log_figures(&mut registry, broker, &queues);
     register_replication(&mut registry, &queues);
     register_cluster_levels(&mut registry, limits);
+    streams::register_streams(&mut registry, broker);
     let spares = gauge_family::<PoolLabels>(
         &mut registry,
         "pool_spares",

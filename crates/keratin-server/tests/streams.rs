@@ -512,3 +512,111 @@ async fn a_reader_is_told_when_its_stream_is_deleted_and_v6_has_no_stream_frames
     assert_eq!(error_code(&refused), ERR_BAD_REQUEST.0, "{refused:?}");
     node.shutdown().await.expect("shutdown");
 }
+
+/// Visibility (`docs/streams.md`): `/metrics` has the stream's figures, retention's removals by
+/// bound and a cursor's lag; a cursor that retention passed raises `cursor_behind_retention`,
+/// which clears once the cursor is committed at the start again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_and_the_cursor_behind_retention_item() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = start(&tmp).await;
+    let mut conn = connect(node.protocol_addr(), 7).await;
+    declare(
+        &mut conn,
+        "s",
+        StreamSettings {
+            max_messages: Some(1000),
+            ..StreamSettings::default()
+        },
+    )
+    .await;
+    let commit = |request_id, offset| {
+        Frame::CursorCommit(CursorCommit {
+            request_id,
+            stream: "s".into(),
+            cursor: "slow".into(),
+            entries: vec![CursorEntry {
+                partition: 0,
+                offset,
+            }],
+        })
+    };
+    assert_eq!(
+        request(&mut conn, commit(2, 0)).await,
+        Frame::Ok(OkReply { request_id: 2 })
+    );
+    // About 4 MiB of 1 KiB messages in 1 MiB segments: retention by count removes some.
+    let body = Bytes::from(vec![b'x'; 1000]);
+    for batch in 0..40u64 {
+        let messages = (0..100u64)
+            .map(|i| Message {
+                publish_id: batch * 100 + i + 1,
+                routing_key: None,
+                headers: vec![],
+                body: body.clone(),
+                sequence: None,
+            })
+            .collect();
+        conn.send(Frame::Publish(Publish {
+            queue: "s".into(),
+            mode: PublishMode::Confirmed,
+            messages,
+            joinable: false,
+            producer_id: None,
+        }))
+        .await
+        .expect("publish");
+        assert!(matches!(next(&mut conn).await, Frame::Confirm(_)));
+    }
+    let http = node.http_addr();
+    let start = common::until("retention removes old segments", || {
+        let (_, text) = common::http_text(http, "GET", "/metrics", "");
+        text.contains("keratin_stream_retention_removed_segments_total{stream=\"s\",bound=\"count\"}")
+            .then_some(text)
+    })
+    .await;
+    for series in [
+        "keratin_stream_messages{stream=\"s\"}",
+        "keratin_stream_disk_bytes{stream=\"s\"}",
+        "keratin_stream_cursor_lag_messages{stream=\"s\",cursor=\"slow\"}",
+    ] {
+        assert!(start.contains(series), "{series} in {start}");
+    }
+    let active = |kind: &str| {
+        let (_, doc) = common::http(http, "GET", "/api/v1/attention");
+        doc["items"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .find(|i| i["kind"] == kind && i["subject"] == "s/slow" && i["active"] == true)
+    };
+    let item = common::until("cursor_behind_retention is raised", || {
+        active("cursor_behind_retention")
+    })
+    .await;
+    assert_eq!(item["severity"], "warning", "{item}");
+    // Committed at the partition's start: within retention again.
+    let info = request(
+        &mut conn,
+        Frame::StreamInfo(StreamRequest {
+            request_id: 3,
+            stream: "s".into(),
+        }),
+    )
+    .await;
+    let Frame::StreamInfoReply(info) = info else {
+        panic!("{info:?}")
+    };
+    let first = info.partitions[0].start_offset;
+    assert!(first > 0, "retention moved the start");
+    assert_eq!(
+        request(&mut conn, commit(4, first)).await,
+        Frame::Ok(OkReply { request_id: 4 })
+    );
+    common::until("cursor_behind_retention clears", || {
+        active("cursor_behind_retention").is_none().then_some(())
+    })
+    .await;
+    node.shutdown().await.expect("shutdown");
+}
