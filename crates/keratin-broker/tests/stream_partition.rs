@@ -33,6 +33,8 @@ fn config(settings: StreamSettings) -> StreamPartitionConfig {
         device: 1,
         segment_bytes: SEGMENT,
         settings,
+        // These tests run retention passes themselves and check what each removed.
+        retention_as_written: false,
     }
 }
 
@@ -425,4 +427,31 @@ async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> 
     tokio::time::timeout(std::time::Duration::from_secs(10), future)
         .await
         .unwrap_or_else(|_| panic!("{what}: no answer within 10 s"))
+}
+
+/// Defect (found by `crates/keratin/tests/stream_limits.rs` on a tmpfs at soft): a slowed
+/// append asked the gate again after its delay, was slowed again, and so on: at soft a
+/// stream stored nothing until the level fell. Slowing delays an append once, as it does a
+/// queue's publish; only a refusal refuses it.
+#[tokio::test]
+async fn an_append_slowed_at_soft_is_stored_after_its_delay() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = open_log(Arc::new(RealIo), dir.path());
+    let gate = Arc::new(TestGate::default());
+    let partition = StreamPartition::open(log, gate.clone(), config(StreamSettings::default()))
+        .await
+        .expect("opens");
+    gate.slow_ms.store(30, Ordering::SeqCst);
+    let started = std::time::Instant::now();
+    for seq in 0..5u64 {
+        let appended = tokio::time::timeout(
+            std::time::Duration::from_secs(2),
+            partition.append(vec![message(seq, 10)], 1),
+        )
+        .await
+        .expect("stored within 2 s while the gate keeps slowing")
+        .expect("appends");
+        assert_eq!(appended, vec![Appended::Stored(seq)]);
+    }
+    assert!(started.elapsed().as_millis() >= 5 * 30, "each one slowed");
 }

@@ -413,6 +413,7 @@ impl BrokerInner {
                 device,
                 segment_bytes: self.config.segment_size_bytes,
                 settings: decl.settings,
+                retention_as_written: true,
             };
             partitions.push(StreamPartition::open(log, self.config.gate.clone(), config).await?);
         }
@@ -603,7 +604,7 @@ pub(super) fn spawn_stream_timer(broker: Weak<BrokerInner>) {
             }
             let _ = inner.run_retention().await;
             ticks += 1;
-            if ticks % expiry_every == 0 {
+            if ticks.is_multiple_of(expiry_every) {
                 inner.expire_cursors().await;
             }
         }

@@ -12,9 +12,9 @@ use crate::queue::route;
 use crate::record::Message;
 use crate::stream::cursor_log::CursorLog;
 use crate::stream::cursors::CursorState;
-use crate::stream::partition::{StreamPartition, StreamPartitionFigures};
+use crate::stream::partition::{bound_index, StreamPartition, StreamPartitionFigures};
 use crate::stream::records::StreamSettings;
-use crate::stream::retention::Removal;
+use crate::stream::retention::{Bound, Removal};
 
 /// A stream's cursor log, and whether a failed write left it to heal before its next call.
 #[derive(Debug)]
@@ -73,7 +73,6 @@ pub struct Stream {
     partition_count: usize,
     cursors: Arc<Mutex<Cursors>>,
     round_robin: AtomicU64,
-    removed: Mutex<BTreeMap<&'static str, Removed>>,
     cursors_moved: AtomicU64,
 }
 
@@ -101,7 +100,6 @@ impl Stream {
                 needs_heal: false,
             })),
             round_robin: AtomicU64::new(0),
-            removed: Mutex::new(BTreeMap::new()),
             cursors_moved: AtomicU64::new(0),
         }
     }
@@ -164,17 +162,12 @@ impl Stream {
         Ok(())
     }
 
-    /// One retention pass over every partition at `now_ms`; each removal is counted by bound.
+    /// One retention pass over every partition at `now_ms` (the partitions count what each
+    /// removed, by bound).
     pub(crate) async fn retention(&self, now_ms: u64) -> BrokerResult<Vec<Removal>> {
         let mut removals = Vec::new();
         for partition in self.partitions_now() {
             if let Some(removal) = partition.retention(now_ms).await? {
-                let mut removed = self.removed.lock().unwrap_or_else(|p| p.into_inner());
-                for (bound, bytes) in &removal.segments {
-                    let entry = removed.entry(bound.name()).or_default();
-                    entry.segments += 1;
-                    entry.bytes += bytes;
-                }
                 removals.push(removal);
             }
         }
@@ -195,15 +188,23 @@ impl Stream {
             .log
             .as_ref()
             .map_or(0, |log| log.table().len() as u64);
+        let partitions: Vec<StreamPartitionFigures> =
+            self.partitions_now().iter().map(|p| p.figures()).collect();
+        let mut removed = BTreeMap::new();
+        for bound in [Bound::Size, Bound::Age, Bound::Count] {
+            let (segments, bytes) = partitions
+                .iter()
+                .map(|p| p.removed_by_bound[bound_index(bound)])
+                .fold((0, 0), |(s, b), (ps, pb)| (s + ps, b + pb));
+            if segments > 0 {
+                removed.insert(bound.name(), Removed { segments, bytes });
+            }
+        }
         StreamInfo {
             name: self.name.clone(),
             settings: self.settings(),
-            partitions: self.partitions_now().iter().map(|p| p.figures()).collect(),
-            removed: self
-                .removed
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone(),
+            partitions,
+            removed,
             cursors_moved: self.cursors_moved.load(Ordering::Relaxed),
             cursors,
         }

@@ -26,7 +26,7 @@ use crate::partition::producers::Verdict;
 use crate::record::Message;
 use crate::stream::rebuild::rebuild;
 use crate::stream::records::{StreamRecord, StreamSettings, STREAM_CHECKPOINT, STREAM_MESSAGE};
-use crate::stream::retention::{decide, Removal, RetentionBounds, SegmentFacts};
+use crate::stream::retention::{decide, Bound, Removal, RetentionBounds, SegmentFacts};
 use crate::stream::state::StreamPartitionState;
 use crate::stream::CHECKPOINT_INTERVAL_DIVISOR;
 
@@ -54,6 +54,9 @@ pub struct StreamPartitionConfig {
     pub segment_bytes: u64,
     /// The stream's settings.
     pub settings: StreamSettings,
+    /// Run a retention pass each half segment written (a node's streams do; tests of explicit
+    /// passes turn it off).
+    pub retention_as_written: bool,
 }
 
 /// What an append did with each message, in order.
@@ -109,6 +112,9 @@ pub struct StreamPartitionFigures {
     pub removed_segments: u64,
     /// Their bytes.
     pub removed_bytes: u64,
+    /// The same by the bound that removed them: size, age, count (see [`Bound`]), each
+    /// (segments, bytes).
+    pub removed_by_bound: [(u64, u64); 3],
     /// Whether the log is stopped (a write failed; healing when the disk allows).
     pub stopped: bool,
 }
@@ -202,6 +208,7 @@ impl StreamPartition {
             end: end_sender,
             slowed_retention_after: None,
             held,
+            retention_mark: 0,
             log: log.clone(),
             gate,
             state: rebuilt.state,
@@ -209,6 +216,7 @@ impl StreamPartition {
             figures: figures.clone(),
             waiting: VecDeque::new(),
             slowed: false,
+            head_delayed: false,
             inflight: VecDeque::new(),
             inflight_marks: HashSet::new(),
             next_sequence: 0,
@@ -567,6 +575,9 @@ struct Owner {
     slowed_retention_after: Option<tokio::time::Instant>,
     /// What lies below the start (retention removed it), for the figures of what is held.
     held: Held,
+    /// `state.bytes()` when the last pass of its own started: a pass runs each half segment
+    /// written, so a fast writer does not outrun the timer's passes by more than that.
+    retention_mark: u64,
     log: Arc<dyn PartitionLog>,
     gate: Arc<dyn PublishGate>,
     state: StreamPartitionState,
@@ -576,6 +587,9 @@ struct Owner {
     waiting: VecDeque<Waiting>,
     /// The head of `waiting` sleeps on the gate's delay.
     slowed: bool,
+    /// The head of `waiting` was slowed once already: after its delay it goes unless the gate
+    /// refuses it (slowing delays an append once, as it does a queue's publish).
+    head_delayed: bool,
     inflight: VecDeque<Inflight>,
     /// Idempotent producers' marks proposed and not applied yet (so a retry racing its first
     /// attempt is a duplicate too).
@@ -633,8 +647,9 @@ impl Owner {
                 }
                 Command::SlowedRetentionDone { removed, delay_ms } => {
                     if removed {
-                        // Room was made: ask the gate again now.
+                        // Room was made: ask the gate again now, afresh.
                         self.slowed = false;
+                        self.head_delayed = false;
                         self.pump();
                     } else {
                         self.slowed_retention_after =
@@ -656,6 +671,11 @@ impl Owner {
                             let mut figures = self.lock_figures();
                             figures.removed_segments += removal.segments.len() as u64;
                             figures.removed_bytes += removal.bytes();
+                            for (bound, bytes) in &removal.segments {
+                                let by = &mut figures.removed_by_bound[bound_index(*bound)];
+                                by.0 += 1;
+                                by.1 += bytes;
+                            }
                         }
                         self.publish_figures();
                     }
@@ -758,8 +778,10 @@ impl Owner {
             let bytes: u64 = head.messages.iter().map(|m| m.body.len() as u64).sum();
             match self.gate.publish(self.config.device, bytes) {
                 GateDecision::Admit => {}
+                GateDecision::Slow { .. } if self.head_delayed => {}
                 GateDecision::Slow { delay_ms } => {
                     self.slowed = true;
+                    self.head_delayed = true;
                     if !self.retention_before_slowing(delay_ms) {
                         self.resume_after(delay_ms);
                     }
@@ -771,6 +793,7 @@ impl Owner {
                     message,
                 } => {
                     let head = self.waiting.pop_front().expect("a head");
+                    self.head_delayed = false;
                     let _ = head.reply.send(Err(BrokerError::Limited {
                         reason,
                         retry_after_ms,
@@ -780,6 +803,7 @@ impl Owner {
                 }
             }
             let head = self.waiting.pop_front().expect("a head");
+            self.head_delayed = false;
             self.propose(head, checkpoint_due);
         }
     }
@@ -907,7 +931,25 @@ impl Owner {
             }
         }
         self.publish_figures();
+        self.retention_as_written();
         self.pump();
+    }
+
+    /// A retention pass each half segment written (stream with retention only), besides the
+    /// broker's timer: the bound holds within about a segment whatever the publish rate.
+    fn retention_as_written(&mut self) {
+        let written = self.state.bytes().saturating_sub(self.retention_mark);
+        if !self.config.retention_as_written
+            || !self.settings.has_retention()
+            || self.retention_busy
+            || written < self.config.segment_bytes / 2
+        {
+            return;
+        }
+        self.retention_mark = self.state.bytes();
+        let (reply, _answer) = oneshot::channel();
+        // The newest message's time stands for now, as for a slowed append's pass.
+        self.retention(self.state.newest_timestamp_ms(), reply);
     }
 
     /// Applies the head proposal at `range` and answers it; false when the partition stopped.
@@ -1007,6 +1049,7 @@ impl Owner {
             let _ = waiting.reply.send(Err(error()));
         }
         self.slowed = false;
+        self.head_delayed = false;
     }
 
     fn schedule_heal(&self) {
@@ -1167,6 +1210,15 @@ fn read_segment(log: &dyn PartitionLog, from: u64, next: u64) -> BrokerResult<Se
         newest_timestamp_ms,
         checkpointed,
     })
+}
+
+/// The index of `bound` in [`StreamPartitionFigures::removed_by_bound`].
+pub fn bound_index(bound: Bound) -> usize {
+    match bound {
+        Bound::Size => 0,
+        Bound::Age => 1,
+        Bound::Count => 2,
+    }
 }
 
 /// Waits for a log future from a blocking thread.
