@@ -571,8 +571,10 @@ async fn metrics_and_the_cursor_behind_retention_item() {
     let http = node.http_addr();
     let start = common::until("retention removes old segments", || {
         let (_, text) = common::http_text(http, "GET", "/metrics", "");
-        text.contains("keratin_stream_retention_removed_segments_total{stream=\"s\",bound=\"count\"}")
-            .then_some(text)
+        text.contains(
+            "keratin_stream_retention_removed_segments_total{stream=\"s\",bound=\"count\"}",
+        )
+        .then_some(text)
     })
     .await;
     for series in [
