@@ -603,7 +603,7 @@ pub(super) fn spawn_stream_timer(broker: Weak<BrokerInner>) {
             }
             let _ = inner.run_retention().await;
             ticks += 1;
-            if ticks % expiry_every == 0 {
+            if ticks.is_multiple_of(expiry_every) {
                 inner.expire_cursors().await;
             }
         }
