@@ -1,6 +1,6 @@
 // Keratin dashboard: polls the broker's JSON API every 2 s and redraws. Plain DOM, no
 // framework and no network beyond this origin. Every value from the API is set with
-// textContent or an SVG attribute, never parsed as HTML (queue names are user input).
+// textContent or an SVG attribute, never parsed as HTML (queue and stream names are user input).
 //
 // Branches of the API may lack a route (404) or a field: each section renders what it has and
 // says plainly what is missing.
@@ -371,6 +371,53 @@ function renderQueues(result) {
   );
 }
 
+// --- streams ---------------------------------------------------------------------------------
+
+function retentionText(settings) {
+  const s = settings || {};
+  const parts = [];
+  if (isNumber(s.max_bytes)) parts.push(bytes(s.max_bytes));
+  if (isNumber(s.max_age_ms)) parts.push(duration(s.max_age_ms));
+  if (isNumber(s.max_messages)) parts.push(`${count(s.max_messages)} msgs`);
+  return parts.length ? parts.join(", ") : "none";
+}
+
+// The age of the oldest message held, "–" when the stream holds none.
+function oldestText(oldestMs) {
+  return isNumber(oldestMs) ? duration(Math.max(0, Date.now() - oldestMs)) : "–";
+}
+
+function renderStreams(result) {
+  const body = document.querySelector("#streams tbody");
+  const columns = 7;
+  if (!result.ok) {
+    replace(body, el("tr", {}, el("td", { colspan: columns, class: "error" }, `Streams unavailable (${result.status || "no answer"}).`)));
+    return;
+  }
+  const streams = Array.isArray(result.body.streams) ? [...result.body.streams] : [];
+  if (streams.length === 0) {
+    replace(body, el("tr", {}, el("td", { colspan: columns, class: "empty" }, "No streams.")));
+    return;
+  }
+  streams.sort((a, b) => String(a.name).localeCompare(String(b.name)));
+  replace(
+    body,
+    ...streams.map((s) =>
+      el(
+        "tr",
+        { "data-stream": s.name ?? "" },
+        el("td", { class: "name" }, s.name ?? "?"),
+        el("td", { class: "num" }, count((s.settings || {}).partitions)),
+        el("td", { class: "num" }, count(s.messages)),
+        el("td", { class: "num" }, bytes(s.disk_bytes)),
+        el("td", {}, retentionText(s.settings)),
+        el("td", { class: "num" }, oldestText(s.oldest_timestamp_ms)),
+        el("td", { class: "num" }, count(s.cursor_count)),
+      ),
+    ),
+  );
+}
+
 // --- attention -------------------------------------------------------------------------------
 
 // Items come as {id, kind, subject, severity, message, raised_at_ms, cleared_at_ms, active} or,
@@ -523,9 +570,10 @@ document.getElementById("logout").addEventListener("click", logOut);
 
 async function refresh() {
   if (!document.getElementById("login").hidden) return;
-  const [status, queues, attention, settings] = await Promise.all([
+  const [status, queues, streams, attention, settings] = await Promise.all([
     getJson("/api/v1/status"),
     getJson("/api/v1/queues"),
+    getJson("/api/v1/streams"),
     getJson("/api/v1/attention"),
     getJson("/api/v1/settings"),
   ]);
@@ -544,6 +592,7 @@ async function refresh() {
     updated.textContent = `cannot read /api/v1/status (${status.status || status.error || "no answer"}); showing figures from the last success`;
   }
   renderQueues(queues);
+  renderStreams(streams);
   renderAttention(attention);
   renderSettings(settings);
 }

@@ -23,6 +23,8 @@ const ROUTES: &[(&str, &str)] = &[
     ("get", "/api/v1/queues/{name}"),
     ("put", "/api/v1/queues/{name}/settings"),
     ("post", "/api/v1/queues/{name}/partitions/{index}/move"),
+    ("get", "/api/v1/streams"),
+    ("get", "/api/v1/streams/{name}"),
     ("get", "/api/v1/settings"),
     ("put", "/api/v1/settings"),
     ("post", "/api/v1/login"),

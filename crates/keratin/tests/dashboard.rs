@@ -108,6 +108,7 @@ fn the_dashboard_and_its_files_are_served() {
         "/dashboard/dashboard.js",
         "/dashboard/dashboard.css",
         "id=\"filesystems\"",
+        "id=\"streams\"",
     ] {
         assert!(html.contains(needle), "page lacks {needle}: {html}");
     }
@@ -147,6 +148,12 @@ fn the_dashboard_and_its_files_are_served() {
             "{file} lacks {needle}"
         );
     }
+    // The streams table is filled from its own route, beside the queues'.
+    let script = get(server.http, "/dashboard/dashboard.js");
+    assert!(
+        String::from_utf8_lossy(&script.body).contains("/api/v1/streams"),
+        "dashboard.js does not poll /api/v1/streams"
+    );
     for missing in [
         "/dashboard/missing.js",
         "/dashboard/",

@@ -4,7 +4,8 @@
 //! what each route lets a user do:
 //! - reading the node (`GET` of status, cluster, attention, settings, `/metrics`): any user;
 //! - a queue (`/api/v1/queues/{name}`): reading it needs any permission on it, its settings
-//!   `manage`; the queue list shows the queues the user has a permission on;
+//!   `manage`; the queue list shows the queues the user has a permission on; streams
+//!   (`/api/v1/streams[/{name}]`, read-only) the same, queues and streams sharing one name space;
 //! - changing the node or cluster (settings, nodes, replica moves) and users: admins (a user
 //!   may change its own password and tokens).
 
@@ -146,8 +147,8 @@ fn route_check(method: &Method, path: &str, grant: &Grant) -> Result<(), ErrorBo
         ["api", "v1", "login" | "logout" | "whoami"] => Ok(()),
         ["api", "v1", "users", _, "password" | "tokens", ..] => Ok(()),
         ["api", "v1", "users", ..] => grant.check_admin("manage users"),
-        ["api", "v1", "queues"] => Ok(()),
-        ["api", "v1", "queues", name] if method == Method::GET => {
+        ["api", "v1", "queues" | "streams"] => Ok(()),
+        ["api", "v1", "queues" | "streams", name] if method == Method::GET => {
             if grant.sees(name) {
                 Ok(())
             } else {

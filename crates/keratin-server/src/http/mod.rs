@@ -1,10 +1,12 @@
 //! The HTTP admin port (axum): `/health` and the JSON queue API. The limits, settings, metrics
-//! and dashboard issues add their routes here; the dashboard's files are in [`dashboard`].
+//! and dashboard issues add their routes here; the dashboard's files are in [`dashboard`], the
+//! stream routes in [`streams`].
 
 mod audit;
 mod auth;
 mod cluster;
 pub mod dashboard;
+pub(crate) mod streams;
 mod tls_listener;
 mod users;
 
@@ -72,6 +74,8 @@ pub fn router(admin: Admin) -> Router {
         )
         .route("/api/v1/queues", get(queues))
         .route("/api/v1/queues/{name}", get(queue))
+        .route("/api/v1/streams", get(streams::streams))
+        .route("/api/v1/streams/{name}", get(streams::stream))
         .route(
             "/api/v1/queues/{name}/settings",
             axum::routing::put(put_settings),

@@ -95,20 +95,7 @@ pub(super) fn register_streams(registry: &mut Registry, broker: &Broker) {
             continue;
         };
         for (cursor, state) in stream.cursor_list() {
-            let behind: u64 = info
-                .partitions
-                .iter()
-                .enumerate()
-                .map(|(p, figures)| {
-                    let at = state
-                        .positions
-                        .get(&(p as u32))
-                        .copied()
-                        .unwrap_or(figures.start)
-                        .max(figures.start);
-                    figures.end.saturating_sub(at)
-                })
-                .sum();
+            let behind = crate::http::streams::cursor_lag(&state, &info.partitions);
             let labels = CursorLabels {
                 stream: info.name.clone(),
                 cursor,
