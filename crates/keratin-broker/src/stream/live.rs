@@ -50,9 +50,9 @@ pub struct StreamInfo {
 }
 
 impl StreamInfo {
-    /// Offsets held over all partitions (messages, and the few checkpoint records among them).
+    /// Messages held over all partitions.
     pub fn messages(&self) -> u64 {
-        self.partitions.iter().map(|p| p.end - p.start).sum()
+        self.partitions.iter().map(|p| p.messages).sum()
     }
 
     /// Bytes of its partitions' logs on disk.
