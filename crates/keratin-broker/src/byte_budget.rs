@@ -7,11 +7,14 @@
 //! the socket); a server adds one per connection (its outbound bytes), so that one stalled
 //! connection cannot take the whole node's budget. A request larger than the capacity is
 //! clamped to it: such a message goes out alone, never deadlocks.
+//!
+//! Async tasks (stream readers) wait for room with [`ByteBudget::take`] instead of registering
+//! an owner to kick.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 
 use crate::partition::owner::Command;
 
@@ -29,6 +32,11 @@ pub struct ByteBudget {
     /// lowers `used_bytes`, then reads this flag (all `SeqCst`), so at least one of the two sees
     /// the other's write.
     has_waiters: AtomicBool,
+    /// Tasks waiting in [`ByteBudget::take`] are woken through this, and only when
+    /// `has_task_waiters` is set (the same no-lost-wake-up argument as `has_waiters`: the task
+    /// enables its wake-up, sets the flag, then tries again).
+    released: Notify,
+    has_task_waiters: AtomicBool,
 }
 
 impl ByteBudget {
@@ -39,6 +47,8 @@ impl ByteBudget {
             used_bytes: AtomicU64::new(0),
             waiters: Mutex::new(Vec::new()),
             has_waiters: AtomicBool::new(false),
+            released: Notify::new(),
+            has_task_waiters: AtomicBool::new(false),
         })
     }
 
@@ -62,31 +72,47 @@ impl ByteBudget {
         used.saturating_add(self.charge(bytes)) <= self.capacity_bytes
     }
 
+    /// Take `bytes` if they fit now.
+    pub fn try_take(self: &Arc<Self>, bytes: u64) -> Option<BytePermit> {
+        let charge = self.charge(bytes);
+        self.used_bytes
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |used| {
+                self.fits(used, bytes).then_some(used + charge)
+            })
+            .ok()
+            .map(|_| BytePermit {
+                budget: self.clone(),
+                bytes: charge,
+            })
+    }
+
+    /// Take `bytes`, waiting until they fit (cancel-safe: a dropped wait holds nothing).
+    pub async fn take(self: &Arc<Self>, bytes: u64) -> BytePermit {
+        loop {
+            let released = self.released.notified();
+            tokio::pin!(released);
+            released.as_mut().enable();
+            self.has_task_waiters.store(true, Ordering::SeqCst);
+            if let Some(permit) = self.try_take(bytes) {
+                return permit;
+            }
+            released.await;
+        }
+    }
+
     /// Take `bytes` if they fit; otherwise register `waker` to be kicked when bytes come back.
     pub(crate) fn take_or_wait(
         self: &Arc<Self>,
         bytes: u64,
         waker: &mpsc::UnboundedSender<Command>,
     ) -> Option<BytePermit> {
-        let charge = self.charge(bytes);
-        let take = || {
-            self.used_bytes
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |used| {
-                    self.fits(used, bytes).then_some(used + charge)
-                })
-                .is_ok()
-        };
-        let permit = || BytePermit {
-            budget: self.clone(),
-            bytes: charge,
-        };
-        if take() {
-            return Some(permit());
+        if let Some(permit) = self.try_take(bytes) {
+            return Some(permit);
         }
         self.register(waker);
         // A release between the failed take and the registration did not see the flag: try
         // once more (a kick that then finds room is harmless).
-        take().then(permit)
+        self.try_take(bytes)
     }
 
     /// True if `bytes` fit now; otherwise `waker` is registered as by [`Self::take_or_wait`].
@@ -113,6 +139,9 @@ impl ByteBudget {
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |used| {
                 Some(used.saturating_sub(bytes))
             });
+        if self.has_task_waiters.swap(false, Ordering::SeqCst) {
+            self.released.notify_waiters();
+        }
         if !self.has_waiters.load(Ordering::SeqCst) {
             return;
         }
@@ -174,5 +203,30 @@ mod tests {
         assert!(!budget.room_or_wait(1, &waker));
         drop(big);
         assert!(budget.room_or_wait(1_000, &waker));
+    }
+
+    #[tokio::test]
+    async fn a_task_waits_for_room_and_is_woken_by_a_release() {
+        let budget = ByteBudget::new(100);
+        let held = budget.take(80).await;
+        let waiting = tokio::spawn({
+            let budget = budget.clone();
+            async move { budget.take(50).await.bytes() }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished(), "no room yet");
+        drop(held);
+        let taken = tokio::time::timeout(std::time::Duration::from_secs(5), waiting)
+            .await
+            .expect("woken by the release")
+            .expect("task");
+        assert_eq!(taken, 50);
+        assert_eq!(
+            budget.used_bytes(),
+            0,
+            "its permit was dropped with the task's result"
+        );
+        let oversize = budget.take(1_000).await;
+        assert_eq!(oversize.bytes(), 100, "clamped: goes out alone");
     }
 }

@@ -59,6 +59,21 @@ impl DeliveryPermit {
     pub fn outbound_bytes(&self) -> u64 {
         self.outbound.as_ref().map_or(0, BytePermit::bytes)
     }
+
+    /// Takes `bytes` from the connection's budget and then the node's, waiting for room in
+    /// each (a reader whose connection is stalled waits holding none of the node's bytes).
+    pub async fn take(
+        outbound: &Arc<ByteBudget>,
+        node: &Arc<ByteBudget>,
+        bytes: u64,
+    ) -> DeliveryPermit {
+        let outbound = outbound.take(bytes).await;
+        let node = node.take(bytes).await;
+        DeliveryPermit {
+            node: Some(node),
+            outbound: Some(outbound),
+        }
+    }
 }
 
 /// How to subscribe: the count and byte prefetch, and the budget of the connection the

@@ -5,8 +5,12 @@
 //! second and when it ends when asked to (`auto_commit`).
 //!
 //! Bounds: a reader holds at most one batch (256 messages or 1 MiB) besides what waits in the
-//! connection's bounded outbound channel, and sends no more messages than its credit; a
-//! connection has at most `CONSUMERS_PER_CONNECTION_MAX` consumers and readers together.
+//! connection's outbound channel; what waits there takes bytes from the connection's outbound
+//! budget (`server.outbound_bytes_max`) and the node's delivery budget
+//! (`server.delivery_bytes_max`), shared with queue deliveries, until the socket takes it; it
+//! sends no more messages than its credit; a connection has at most
+//! `CONSUMERS_PER_CONNECTION_MAX` consumers and readers together. A reader's position moves
+//! past a batch only once the batch is handed to the connection, so what it commits was sent.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,7 +19,7 @@ use std::time::Duration;
 
 use keratin_auth::Permission;
 use keratin_broker::stream::{StreamInfo, StreamSettings};
-use keratin_broker::{Broker, BrokerError, DeliveryPermit, ReadFrom};
+use keratin_broker::{Broker, BrokerError, ByteBudget, DeliveryPermit, ReadFrom};
 use keratin_proto::codes::{ERR_BAD_REQUEST, ERR_CONFLICT, ERR_NOT_FOUND};
 use keratin_proto::frame::{Frame, Header, SubscribeOk};
 use keratin_proto::stream::{
@@ -247,6 +251,8 @@ impl Conn {
                     moved: BTreeMap::new(),
                     credit: credit.clone(),
                     out: self.out.clone(),
+                    outbound_bytes: self.outbound_bytes.clone(),
+                    node_bytes: self.broker.delivery_budget(),
                     stop: stopped,
                 };
                 let task = tokio::spawn(reader.run());
@@ -362,6 +368,10 @@ struct Reader {
     moved: BTreeMap<u32, u64>,
     credit: Arc<Credit>,
     out: Outbound,
+    /// The connection's outbound budget and the node's delivery budget: a batch holds its
+    /// bytes in both until the socket takes it.
+    outbound_bytes: Arc<ByteBudget>,
+    node_bytes: Arc<ByteBudget>,
     stop: watch::Receiver<bool>,
 }
 
@@ -485,22 +495,39 @@ impl Reader {
             let max = (available as usize).min(STREAM_DELIVER_MESSAGES_MAX);
             let read = partition.read(from, max, DELIVER_BYTES_MAX).await?;
             drop(partition);
-            self.positions.insert(p, read.next);
             if let Some(moved_from) = read.moved_from {
-                if self.cursor.is_some() {
+                if self.cursor.is_some() && !self.moved.contains_key(&p) {
                     stream.count_moved();
                 }
                 // The first position asked for is the one the reader knew.
                 self.moved.entry(p).or_insert(moved_from);
             }
             if read.messages.is_empty() {
+                self.positions.insert(p, read.next);
                 continue;
             }
-            self.credit.take(read.messages.len() as u64);
+            let count = read.messages.len() as u64;
+            let bytes: u64 = read
+                .messages
+                .iter()
+                .map(|m| {
+                    let message = &m.message;
+                    let headers: usize = message
+                        .headers
+                        .iter()
+                        .map(|(name, value)| name.len() + value.len())
+                        .sum();
+                    (message.body.len() + message.routing_key.len() + headers) as u64
+                })
+                .sum();
+            let permit = tokio::select! {
+                permit = DeliveryPermit::take(&self.outbound_bytes, &self.node_bytes, bytes) => permit,
+                _ = self.stop.changed() => return Ok(false),
+            };
             let frame = Frame::StreamDeliver(StreamDeliver {
                 consumer_tag: self.tag.clone(),
                 partition: p,
-                moved_from: self.moved.remove(&p),
+                moved_from: self.moved.get(&p).copied(),
                 messages: read
                     .messages
                     .into_iter()
@@ -520,13 +547,18 @@ impl Reader {
                     .collect(),
             });
             tokio::select! {
-                sent = self.out.send((frame, DeliveryPermit::default())) => {
+                sent = self.out.send((frame, permit)) => {
                     if sent.is_err() {
                         return Ok(false); // the connection is closing
                     }
                 }
                 _ = self.stop.changed() => return Ok(false),
             }
+            // Handed to the connection: only now is the batch the reader's position (what
+            // an automatic commit sends), and its `moved_from` told.
+            self.positions.insert(p, read.next);
+            self.credit.take(count);
+            self.moved.remove(&p);
             progressed = true;
         }
         Ok(progressed)
