@@ -42,6 +42,10 @@ pub enum BrokerError {
         /// Its current settings, as text.
         existing: String,
     },
+    /// A stream partition another member of a consumer group reads: that member commits its
+    /// position.
+    #[error("{0}")]
+    HeldByGroupMember(String),
     /// The node holds as many queues or partitions as it may (`queues_max`,
     /// `partitions_max`); a declare succeeds once queues are deleted or the bound is raised.
     #[error("node full: {0}")]

@@ -131,3 +131,167 @@ async fn a_stalled_reader_holds_its_budget_and_commits_only_what_it_sent() {
     );
     node.shutdown().await.expect("shutdown");
 }
+
+/// What a reader got: (partition, body) of each message, and the partitions ended with why.
+#[derive(Default)]
+struct Got {
+    messages: Vec<(u32, String)>,
+    ends: Vec<(u32, u16)>,
+}
+
+/// Reads `tag`'s frames until `messages` messages and `ends` partition ends came.
+async fn collect(conn: &mut Conn, tag: &str, messages: usize, ends: usize) -> Got {
+    let mut got = Got::default();
+    while got.messages.len() < messages || got.ends.len() < ends {
+        match next(conn).await {
+            Frame::StreamDeliver(d) => {
+                assert_eq!(d.consumer_tag, tag);
+                for m in d.messages {
+                    let body = String::from_utf8(m.body.to_vec()).expect("utf-8");
+                    got.messages.push((d.partition, body));
+                }
+            }
+            Frame::StreamPartitionEnd(end) => {
+                assert_eq!(end.consumer_tag, tag);
+                got.ends.push((end.partition, end.error.code().0));
+            }
+            other => panic!("expected stream frames of {tag}, got {other:?}"),
+        }
+    }
+    got
+}
+
+fn group_subscribe(tag: &str, cursor: &str) -> Frame {
+    match subscribe(tag, "s", Some(cursor), StreamStart::First, 1 << 20, true) {
+        Frame::StreamSubscribe(mut s) => {
+            s.group = true;
+            Frame::StreamSubscribe(s)
+        }
+        _ => unreachable!("subscribe builds a StreamSubscribe"),
+    }
+}
+
+fn bodies(got: &Got) -> Vec<u64> {
+    let mut bodies: Vec<u64> = got
+        .messages
+        .iter()
+        .map(|(_, b)| b.parse().expect("a number"))
+        .collect();
+    bodies.sort_unstable();
+    bodies
+}
+
+/// Consumer groups (`docs/streams.md`, "Reading"): the first member reads every partition; a
+/// second takes half of them once the first has committed and ended them (409); each message
+/// published after goes to exactly one member, by partition; a commit of a partition the other
+/// member reads is refused (409); when the second leaves, the first takes its partitions back
+/// from where the second's automatic commit left them, and nothing is read twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_shares_partitions_and_hands_them_over_without_loss_or_repeats() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = start(&tmp).await;
+    let mut conn = connect(node.protocol_addr(), 7).await;
+    let settings = StreamSettings {
+        partitions: 4,
+        ..StreamSettings::default()
+    };
+    declare(&mut conn, "s", settings).await;
+    publish(&mut conn, "s", 0, 200, 40).await;
+
+    let mut a = connect(node.protocol_addr(), 7).await;
+    let ok = request(&mut a, group_subscribe("a", "g")).await;
+    assert!(matches!(ok, Frame::SubscribeOk(_)), "{ok:?}");
+    let first = collect(&mut a, "a", 200, 0).await;
+    assert_eq!(bodies(&first), (0..200).collect::<Vec<_>>());
+
+    let mut b = connect(node.protocol_addr(), 7).await;
+    let ok = request(&mut b, group_subscribe("b", "g")).await;
+    assert!(matches!(ok, Frame::SubscribeOk(_)), "{ok:?}");
+    let handed = collect(&mut a, "a", 0, 2).await;
+    let mut ended: Vec<(u32, u16)> = handed.ends.clone();
+    ended.sort_unstable();
+    assert_eq!(ended, vec![(2, 409), (3, 409)], "the later half goes to b");
+    assert!(handed.messages.is_empty());
+
+    publish(&mut conn, "s", 200, 200, 40).await;
+    let info = node.broker().stream_info("s").expect("info");
+    let per_partition: Vec<u64> = info.partitions.iter().map(|p| p.messages).collect();
+    let a_count = (per_partition[0] + per_partition[1] - bodies_in(&first, &[0, 1])) as usize;
+    let b_count = 200 - a_count;
+    let got_a = collect(&mut a, "a", a_count, 0).await;
+    let got_b = collect(&mut b, "b", b_count, 0).await;
+    assert!(
+        got_a.messages.iter().all(|(p, _)| *p < 2),
+        "a reads 0 and 1"
+    );
+    assert!(
+        got_b.messages.iter().all(|(p, _)| *p >= 2),
+        "b reads 2 and 3"
+    );
+    let mut second: Vec<u64> = bodies(&got_a);
+    second.extend(bodies(&got_b));
+    second.sort_unstable();
+    assert_eq!(
+        second,
+        (200..400).collect::<Vec<_>>(),
+        "each once, none lost"
+    );
+    assert_eq!(quiet_for(&mut b, Duration::from_millis(300)).await, None);
+
+    // a may not commit what b reads.
+    let refused = request(
+        &mut a,
+        Frame::CursorCommit(CursorCommit {
+            request_id: 21,
+            stream: "s".into(),
+            cursor: "g".into(),
+            entries: vec![CursorEntry {
+                partition: 2,
+                offset: 0,
+            }],
+        }),
+    )
+    .await;
+    assert_eq!(error_code(&refused), 409, "{refused:?}");
+
+    // b leaves: its last automatic commit, then a takes 2 and 3 back from there.
+    let cancelled = request(
+        &mut b,
+        Frame::Cancel(Cancel {
+            request_id: 22,
+            consumer_tag: "b".into(),
+        }),
+    )
+    .await;
+    assert_eq!(cancelled, Frame::Ok(OkReply { request_id: 22 }));
+    publish(&mut conn, "s", 400, 100, 40).await;
+    let third = collect(&mut a, "a", 100, 0).await;
+    assert_eq!(bodies(&third), (400..500).collect::<Vec<_>>(), "none again");
+    assert_eq!(quiet_for(&mut a, Duration::from_millis(300)).await, None);
+    let groups = node.broker().stream_info("s").expect("info").groups;
+    assert_eq!(groups.len(), 1);
+    assert_eq!(groups[0].members.len(), 1);
+    assert_eq!(groups[0].members[0].1, vec![0, 1, 2, 3]);
+
+    // A group needs a cursor, and takes the partitions it is given.
+    let mut no_cursor = group_subscribe("x", "g");
+    if let Frame::StreamSubscribe(s) = &mut no_cursor {
+        s.cursor = None;
+        s.auto_commit = false;
+    }
+    assert_eq!(error_code(&request(&mut conn, no_cursor).await), 400);
+    let mut named = group_subscribe("y", "g");
+    if let Frame::StreamSubscribe(s) = &mut named {
+        s.partitions = vec![1];
+    }
+    assert_eq!(error_code(&request(&mut conn, named).await), 400);
+    node.shutdown().await.expect("shutdown");
+}
+
+/// Messages of `got` in `partitions`.
+fn bodies_in(got: &Got, partitions: &[u32]) -> u64 {
+    got.messages
+        .iter()
+        .filter(|(p, _)| partitions.contains(p))
+        .count() as u64
+}

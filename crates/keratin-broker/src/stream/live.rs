@@ -12,6 +12,7 @@ use crate::queue::route;
 use crate::record::Message;
 use crate::stream::cursor_log::CursorLog;
 use crate::stream::cursors::CursorState;
+use crate::stream::groups::{GroupInfo, GroupMember, Groups};
 use crate::stream::partition::{bound_index, StreamPartition, StreamPartitionFigures};
 use crate::stream::records::StreamSettings;
 use crate::stream::retention::{Bound, Removal};
@@ -47,6 +48,8 @@ pub struct StreamInfo {
     pub cursors_moved: u64,
     /// Cursors kept in its cursor log.
     pub cursors: u64,
+    /// Its consumer groups on this node, with their members.
+    pub groups: Vec<GroupInfo>,
 }
 
 impl StreamInfo {
@@ -74,6 +77,7 @@ pub struct Stream {
     cursors: Arc<Mutex<Cursors>>,
     round_robin: AtomicU64,
     cursors_moved: AtomicU64,
+    groups: Groups,
 }
 
 impl Stream {
@@ -101,6 +105,7 @@ impl Stream {
             })),
             round_robin: AtomicU64::new(0),
             cursors_moved: AtomicU64::new(0),
+            groups: Groups::new(settings.partitions),
         }
     }
 
@@ -207,7 +212,18 @@ impl Stream {
             removed,
             cursors_moved: self.cursors_moved.load(Ordering::Relaxed),
             cursors,
+            groups: self.groups.info(),
         }
+    }
+
+    /// Joins the consumer group reading with cursor `cursor` (`docs/streams.md`, "Reading").
+    pub fn join_group(&self, cursor: &str) -> BrokerResult<GroupMember> {
+        self.groups.join(cursor)
+    }
+
+    /// The group member reading `partition` with cursor `cursor`, if a group does.
+    pub fn group_holder(&self, cursor: &str, partition: u32) -> Option<u64> {
+        self.groups.holder(cursor, partition)
     }
 
     /// Cursor `name`'s positions, if it has any.

@@ -15,14 +15,17 @@
 //!   (counts over its history, producer windows, checkpoints); `rebuild`: that state from a
 //!   partition log's last checkpoint ([`rebuild()`]), blocking.
 //!
+//! - `groups`: [`Groups`], a stream's consumer groups on one node: range assignment in join
+//!   order and two-step handovers ([`GroupMember`]).
 //! - `live`: [`Stream`], a declared stream on a node: its partitions, its cursor log, routing
 //!   and figures. The broker declares, opens, deletes and times retention for them
 //!   (`broker/streams.rs`).
 //!
-//! Not built yet (`docs/streams.md`, "Build order"): replication, consumer groups.
+//! Not built yet (`docs/streams.md`, "Build order"): replication.
 
 pub mod cursor_log;
 pub mod cursors;
+pub mod groups;
 pub mod live;
 pub mod partition;
 pub mod rebuild;
@@ -34,6 +37,7 @@ pub use cursor_log::CursorLog;
 pub use cursors::{
     should_compact, CursorRecord, CursorState, CursorTable, CURSORS_MAX, CURSOR_NAME_MAX,
 };
+pub use groups::{range_assignment, GroupInfo, GroupMember, Groups, GROUP_MEMBERS_MAX};
 pub use live::{Removed, Stream, StreamInfo};
 pub use partition::{
     Appended, StreamMessage, StreamPartition, StreamPartitionConfig, StreamPartitionFigures,

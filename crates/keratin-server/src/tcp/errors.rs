@@ -41,9 +41,10 @@ pub fn error_body(error: &BrokerError) -> ErrorBody {
         BrokerError::NotFound(_) | BrokerError::StreamNotFound(_) => ERR_NOT_FOUND,
         // The node holds as many queues or partitions as it may: a state conflict, not a
         // malformed request; it succeeds once queues are deleted.
-        BrokerError::Conflict { .. } | BrokerError::NameTaken { .. } | BrokerError::NodeFull(_) => {
-            ERR_CONFLICT
-        }
+        BrokerError::Conflict { .. }
+        | BrokerError::NameTaken { .. }
+        | BrokerError::NodeFull(_)
+        | BrokerError::HeldByGroupMember(_) => ERR_CONFLICT,
         BrokerError::Invalid(_) => ERR_BAD_REQUEST,
         BrokerError::TooLarge(_) => ERR_TOO_LARGE,
         // Refused before anything was written: not applied, safe to retry later.

@@ -2,7 +2,10 @@
 //! `docs/protocol.md`, "Stream frames"): declare, set, info, list and delete; `CursorCommit`;
 //! readers (`StreamSubscribe`), each a task that sends `StreamDeliver` batches as its credit
 //! allows, waits at the end of its partitions for new messages, and commits its cursor every
-//! second and when it ends when asked to (`auto_commit`).
+//! second and when it ends when asked to (`auto_commit`). A reader in a consumer group reads
+//! the partitions its group assigns it and hands them over as members join and leave
+//! (`keratin_broker::stream::groups`): it commits what it sent, ends the partition with
+//! `StreamPartitionEnd` 409, releases it; the new member starts at the cursor's commit.
 //!
 //! Bounds: a reader holds at most one batch (256 messages or 1 MiB) besides what waits in the
 //! connection's outbound channel; what waits there takes bytes from the connection's outbound
@@ -12,13 +15,13 @@
 //! `CONSUMERS_PER_CONNECTION_MAX` consumers and readers together. A reader's position moves
 //! past a batch only once the batch is handed to the connection, so what it commits was sent.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use keratin_auth::Permission;
-use keratin_broker::stream::{StreamInfo, StreamSettings};
+use keratin_broker::stream::{GroupMember, StreamInfo, StreamSettings};
 use keratin_broker::{Broker, BrokerError, ByteBudget, DeliveryPermit, ReadFrom};
 use keratin_proto::codes::{ERR_BAD_REQUEST, ERR_CONFLICT, ERR_NOT_FOUND};
 use keratin_proto::frame::{Frame, Header, SubscribeOk};
@@ -46,6 +49,8 @@ const CREDIT_MAX: u64 = 1 << 20;
 
 /// A reader of this connection.
 pub(super) struct ReaderEntry {
+    /// In a group: (stream, cursor, member id), to fence this connection's commits.
+    member: Option<(String, String, u64)>,
     credit: Arc<Credit>,
     stop: watch::Sender<bool>,
     task: JoinHandle<()>,
@@ -204,10 +209,35 @@ impl Conn {
     }
 
     async fn cursor_commit(&self, c: CursorCommit) -> Result<(), BrokerError> {
+        self.check_group_commit(&c)?;
         let positions = c.entries.iter().map(|e| (e.partition, e.offset)).collect();
         self.broker
             .commit_cursor(&c.stream, &c.cursor, positions)
             .await
+    }
+
+    /// A commit of a partition a group member of another connection reads is refused (409):
+    /// that member commits its own position, and an older one would send it back.
+    fn check_group_commit(&self, c: &CursorCommit) -> Result<(), BrokerError> {
+        let stream = self.broker.stream(&c.stream)?;
+        let mine: BTreeSet<u64> = self
+            .readers
+            .values()
+            .filter_map(|r| r.member.as_ref())
+            .filter(|(s, cursor, _)| *s == c.stream && *cursor == c.cursor)
+            .map(|(_, _, id)| *id)
+            .collect();
+        for entry in &c.entries {
+            if let Some(holder) = stream.group_holder(&c.cursor, entry.partition) {
+                if !mine.contains(&holder) {
+                    return Err(BrokerError::HeldByGroupMember(format!(
+                        "partition {} of stream {:?} is read by another member of cursor                          {:?}'s group, which commits it; commit only the partitions your                          readers hold",
+                        entry.partition, c.stream, c.cursor
+                    )));
+                }
+            }
+        }
+        Ok(())
     }
 
     async fn stream_credit(&self, c: StreamCredit) {
@@ -228,7 +258,7 @@ impl Conn {
     async fn stream_subscribe(&mut self, s: StreamSubscribe) {
         self.readers.retain(|_, reader| !reader.is_finished());
         match self.reader_start(&s).await {
-            Ok(positions) => {
+            Ok((positions, group)) => {
                 self.send(Frame::SubscribeOk(SubscribeOk {
                     request_id: s.request_id,
                     consumer_tag: s.consumer_tag.clone(),
@@ -240,6 +270,9 @@ impl Conn {
                 });
                 credit.add(s.credit);
                 let (stop, stopped) = watch::channel(false);
+                let member = group
+                    .as_ref()
+                    .map(|g| (s.stream.clone(), g.cursor().to_string(), g.id()));
                 let reader = Reader {
                     broker: self.broker.clone(),
                     stream: s.stream.clone(),
@@ -247,6 +280,8 @@ impl Conn {
                     cursor: s.cursor.clone(),
                     auto_commit: s.auto_commit,
                     positions,
+                    from: read_from(s.start),
+                    group,
                     committed: BTreeMap::new(),
                     moved: BTreeMap::new(),
                     credit: credit.clone(),
@@ -256,15 +291,26 @@ impl Conn {
                     stop: stopped,
                 };
                 let task = tokio::spawn(reader.run());
-                self.readers
-                    .insert(s.consumer_tag, ReaderEntry { credit, stop, task });
+                self.readers.insert(
+                    s.consumer_tag,
+                    ReaderEntry {
+                        member,
+                        credit,
+                        stop,
+                        task,
+                    },
+                );
             }
             Err(error) => self.reply(s.request_id, Err(error)).await,
         }
     }
 
-    /// Checks a subscription and finds where it starts in each of its partitions.
-    async fn reader_start(&self, s: &StreamSubscribe) -> Result<BTreeMap<u32, u64>, ErrorBody> {
+    /// Checks a subscription and finds where it starts in each of its partitions (in a group:
+    /// joins it, and the reader finds its partitions as the group assigns them).
+    async fn reader_start(
+        &self,
+        s: &StreamSubscribe,
+    ) -> Result<(BTreeMap<u32, u64>, Option<GroupMember>), ErrorBody> {
         if self.consumers.len() + self.readers.len() >= CONSUMERS_PER_CONNECTION_MAX {
             return Err(ErrorBody::new(
                 ERR_BAD_REQUEST,
@@ -285,11 +331,16 @@ impl Conn {
                 ),
             ));
         }
-        if s.group {
+        if s.group && s.cursor.is_none() {
             return Err(ErrorBody::new(
                 ERR_BAD_REQUEST,
-                "consumer groups are not built yet (docs/streams.md, \"Build order\"); subscribe \
-                 without a group and name the partitions each reader takes",
+                "a group needs a cursor name: its members share the cursor's partitions",
+            ));
+        }
+        if s.group && !s.partitions.is_empty() {
+            return Err(ErrorBody::new(
+                ERR_BAD_REQUEST,
+                "a group member reads the partitions its group assigns: leave partitions empty",
             ));
         }
         if s.auto_commit && s.cursor.is_none() {
@@ -299,6 +350,11 @@ impl Conn {
             ));
         }
         let stream = self.broker.stream(&s.stream).map_err(|e| error_body(&e))?;
+        if s.group {
+            let cursor = s.cursor.as_deref().unwrap_or_default();
+            let member = stream.join_group(cursor).map_err(|e| error_body(&e))?;
+            return Ok((BTreeMap::new(), Some(member)));
+        }
         let partitions: Vec<u32> = if s.partitions.is_empty() {
             (0..stream.partition_count()).collect()
         } else {
@@ -306,13 +362,7 @@ impl Conn {
         };
         let cursor = s.cursor.as_ref().and_then(|name| stream.cursor(name));
         drop(stream);
-        let from = match s.start {
-            StreamStart::First => ReadFrom::First,
-            StreamStart::Last => ReadFrom::Last,
-            StreamStart::Next => ReadFrom::Next,
-            StreamStart::Offset(offset) => ReadFrom::Offset(offset),
-            StreamStart::Timestamp(at) => ReadFrom::Timestamp(at),
-        };
+        let from = read_from(s.start);
         let mut positions = BTreeMap::new();
         for p in partitions {
             let position = match cursor.as_ref().and_then(|c| c.positions.get(&p)) {
@@ -330,7 +380,7 @@ impl Conn {
                 ));
             }
         }
-        Ok(positions)
+        Ok((positions, None))
     }
 
     /// Stops reader `tag` (after its last automatic commit): whether there was one.
@@ -361,6 +411,11 @@ struct Reader {
     auto_commit: bool,
     /// Per partition, the offset the next read starts at.
     positions: BTreeMap<u32, u64>,
+    /// Where a partition without a committed cursor position starts (a group's partitions
+    /// handed to this reader later).
+    from: ReadFrom,
+    /// Its membership when it reads in a group.
+    group: Option<GroupMember>,
     /// What was committed last, per partition (auto commit sends only what moved).
     committed: BTreeMap<u32, u64>,
     /// A partition's `moved_from` not yet told: it rides on the partition's next
@@ -412,6 +467,9 @@ impl Reader {
     }
 
     async fn read_until_end(&mut self) -> End {
+        if let Err(error) = self.rebalance().await {
+            return End::Failed(error);
+        }
         let mut ends = match self.watch_ends() {
             Ok(ends) => ends,
             Err(error) => return End::Failed(error),
@@ -420,6 +478,16 @@ impl Reader {
         loop {
             if *self.stop.borrow() {
                 return End::Stopped;
+            }
+            if self.group.as_ref().is_some_and(GroupMember::has_changed) {
+                match self.rebalance().await {
+                    Ok(()) => {}
+                    Err(error) => return End::Failed(error),
+                }
+                ends = match self.watch_ends() {
+                    Ok(ends) => ends,
+                    Err(error) => return End::Failed(error),
+                };
             }
             for end in ends.iter_mut() {
                 end.borrow_and_update();
@@ -437,16 +505,19 @@ impl Reader {
             if progressed {
                 continue;
             }
-            // Nothing to send: wait for credit, new messages, a stop or the commit tick.
+            // Nothing to send: wait for credit, new messages, a stop, the commit tick or a
+            // change in the group.
             let stop = self.stop.changed();
             let credit = self.credit.added.notified();
             let tick = tokio::time::sleep(AUTO_COMMIT_INTERVAL);
+            let regrouped = group_changed(self.group.as_ref());
             let mut owner_gone = false;
-            if self.credit.available() == 0 {
+            if self.credit.available() == 0 || ends.is_empty() {
                 tokio::select! {
                     _ = stop => {}
                     () = credit => {}
                     () = tick => {}
+                    () = regrouped => {}
                 }
             } else {
                 let appended = futures_util::future::select_all(
@@ -456,6 +527,7 @@ impl Reader {
                     _ = stop => {}
                     () = credit => {}
                     () = tick => {}
+                    () = regrouped => {}
                     (changed, _, _) = appended => owner_gone = changed.is_err(),
                 }
             }
@@ -523,6 +595,7 @@ impl Reader {
             let permit = tokio::select! {
                 permit = DeliveryPermit::take(&self.outbound_bytes, &self.node_bytes, bytes) => permit,
                 _ = self.stop.changed() => return Ok(false),
+                () = group_changed(self.group.as_ref()) => return Ok(false),
             };
             let frame = Frame::StreamDeliver(StreamDeliver {
                 consumer_tag: self.tag.clone(),
@@ -553,6 +626,7 @@ impl Reader {
                     }
                 }
                 _ = self.stop.changed() => return Ok(false),
+                () = group_changed(self.group.as_ref()) => return Ok(false),
             }
             // Handed to the connection: only now is the batch the reader's position (what
             // an automatic commit sends), and its `moved_from` told.
@@ -566,12 +640,18 @@ impl Reader {
 
     /// Commits the positions that moved since the last commit (a named cursor only).
     async fn commit(&mut self) -> Result<(), BrokerError> {
+        self.commit_only(None).await
+    }
+
+    /// Commits the positions that moved since the last commit, of partition `only` or all.
+    async fn commit_only(&mut self, only: Option<u32>) -> Result<(), BrokerError> {
         let Some(cursor) = &self.cursor else {
             return Ok(());
         };
         let moved: Vec<(u32, u64)> = self
             .positions
             .iter()
+            .filter(|(p, _)| only.is_none_or(|only| only == **p))
             .filter(|(p, offset)| self.committed.get(p) != Some(offset))
             .map(|(&p, &offset)| (p, offset))
             .collect();
@@ -583,6 +663,98 @@ impl Reader {
             .await?;
         self.committed.extend(moved);
         Ok(())
+    }
+}
+
+impl Reader {
+    /// In a group: gives up the partitions no longer assigned to this reader (commit when
+    /// automatic, `StreamPartitionEnd` 409, release) and takes those assigned and free,
+    /// starting at the cursor's committed position or at `from`.
+    async fn rebalance(&mut self) -> Result<(), BrokerError> {
+        let Some(mut member) = self.group.take() else {
+            return Ok(());
+        };
+        let result = self.rebalance_as(&mut member).await;
+        self.group = Some(member);
+        result
+    }
+
+    async fn rebalance_as(&mut self, member: &mut GroupMember) -> Result<(), BrokerError> {
+        member.seen();
+        let assigned: BTreeSet<u32> = member.assigned().into_iter().collect();
+        let lost: Vec<u32> = self
+            .positions
+            .keys()
+            .filter(|p| !assigned.contains(p))
+            .copied()
+            .collect();
+        for p in lost {
+            if self.auto_commit {
+                if let Err(error) = self.commit_only(Some(p)).await {
+                    tracing::warn!(stream = self.stream, cursor = member.cursor(), partition = p, %error, "the commit of a partition handed to another group member failed; it reads again from the last commit");
+                }
+            }
+            self.positions.remove(&p);
+            self.committed.remove(&p);
+            self.moved.remove(&p);
+            let end = Frame::StreamPartitionEnd(StreamPartitionEnd {
+                consumer_tag: self.tag.clone(),
+                partition: p,
+                error: ErrorBody::new(
+                    ERR_CONFLICT,
+                    format!(
+                        "partition {p} of stream {:?} is now read by another member of cursor \
+                         {:?}'s group",
+                        self.stream,
+                        member.cursor()
+                    ),
+                ),
+            });
+            // The end is queued before the release, so this client learns of it before the
+            // new member reads; a closing connection ends the reader anyway.
+            let _ = self.out.send((end, DeliveryPermit::default())).await;
+            member.release(p);
+        }
+        let taken: Vec<u32> = assigned
+            .into_iter()
+            .filter(|p| !self.positions.contains_key(p))
+            .filter(|&p| member.acquire(p))
+            .collect();
+        if taken.is_empty() {
+            return Ok(());
+        }
+        let committed = self.broker.cursor(&self.stream, member.cursor())?;
+        for p in taken {
+            let position = match committed.as_ref().and_then(|c| c.positions.get(&p)) {
+                Some(&offset) => offset,
+                None => {
+                    self.broker
+                        .stream_position(&self.stream, p, self.from)
+                        .await?
+                }
+            };
+            self.positions.insert(p, position);
+            self.committed.insert(p, position);
+        }
+        Ok(())
+    }
+}
+
+/// Resolves when `group` changed since its last `seen` (never without a group).
+async fn group_changed(group: Option<&GroupMember>) {
+    match group {
+        Some(member) => member.changed().await,
+        None => std::future::pending().await,
+    }
+}
+
+fn read_from(start: StreamStart) -> ReadFrom {
+    match start {
+        StreamStart::First => ReadFrom::First,
+        StreamStart::Last => ReadFrom::Last,
+        StreamStart::Next => ReadFrom::Next,
+        StreamStart::Offset(offset) => ReadFrom::Offset(offset),
+        StreamStart::Timestamp(at) => ReadFrom::Timestamp(at),
     }
 }
 
