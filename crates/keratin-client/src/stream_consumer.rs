@@ -13,7 +13,7 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use futures_core::Stream;
-use keratin_proto::codes::ERR_NOT_FOUND;
+use keratin_proto::codes::{ERR_CONFLICT, ERR_NOT_FOUND};
 use keratin_proto::{
     Cancel, CursorEntry, ErrorBody, Frame, Header, StreamStart, StreamSubscribe,
     STREAM_PARTITIONS_MAX,
@@ -157,6 +157,9 @@ pub struct StreamConsumer {
     positions: BTreeMap<u32, u64>,
     /// Partitions the broker stopped sending, with why (`StreamPartitionEnd`).
     partition_ends: Vec<(u32, ErrorBody)>,
+    /// Per partition handed to another group member, its messages still in `ready` from
+    /// before the handover: handed out, but no longer this consumer's position to commit.
+    handed_over: BTreeMap<u32, usize>,
     end_error: Option<ClientError>,
     cancelled: bool,
 }
@@ -225,6 +228,7 @@ impl Client {
                 taken: 0,
                 positions: BTreeMap::new(),
                 partition_ends: Vec::new(),
+                handed_over: BTreeMap::new(),
                 end_error: None,
                 cancelled: false,
             }),
@@ -259,7 +263,8 @@ impl StreamConsumer {
     }
 
     /// The partitions the broker stopped sending to this consumer, with why: 409 reassigned
-    /// to another member of a group, 404 the stream deleted, 421 its leader moved (with
+    /// to another member of a group (its position leaves [`Self::positions`]: the other
+    /// member commits it now; messages of it received before are still handed out), 404 the stream deleted, 421 its leader moved (with
     /// `leader_addr`). Taken: a second call returns only later ends.
     pub fn take_partition_ends(&mut self) -> Vec<(u32, ErrorBody)> {
         std::mem::take(&mut self.partition_ends)
@@ -274,8 +279,13 @@ impl StreamConsumer {
     /// Commits the positions handed out so far (per partition, the offset after the last
     /// message yielded) to the consumer's cursor, and waits until the broker wrote them
     /// durably. Nothing handed out yet: nothing to commit, `Ok` without a request. Fails with
-    /// [`ClientError::InvalidArgument`] for a consumer without a cursor.
-    pub async fn commit(&self) -> Result<(), ClientError> {
+    /// [`ClientError::InvalidArgument`] for a consumer without a cursor. Frames already
+    /// received are taken in first, so a partition the group handed to another member in the
+    /// meantime is not committed (the broker would refuse the commit with 409).
+    pub async fn commit(&mut self) -> Result<(), ClientError> {
+        while let Ok(event) = self.events.try_recv() {
+            self.on_event(event);
+        }
         let Some(cursor) = &self.cursor else {
             return Err(ClientError::InvalidArgument(format!(
                 "stream consumer {} reads {} without a cursor: nothing to commit to \
@@ -334,6 +344,20 @@ impl StreamConsumer {
             StreamEvent::PartitionEnd(end) => {
                 tracing::debug!(stream = %self.stream, partition = end.partition, error = %end.error,
                                 "the broker stopped sending a partition");
+                if end.error.code() == ERR_CONFLICT {
+                    // Handed to another member of the group, which reads on from the cursor's
+                    // commit: this consumer's position there is no longer one to commit (the
+                    // broker refuses it, and it would move the other member's cursor back).
+                    self.positions.remove(&end.partition);
+                    let left = self
+                        .ready
+                        .iter()
+                        .filter(|d| d.partition == end.partition)
+                        .count();
+                    if left > 0 {
+                        self.handed_over.insert(end.partition, left);
+                    }
+                }
                 if end.error.code() == ERR_NOT_FOUND && self.end_error.is_none() {
                     // The stream is gone: every partition ends, nothing more will come.
                     self.end_error = Some(ClientError::Server(end.error.clone()));
@@ -347,8 +371,18 @@ impl StreamConsumer {
     /// Hands `delivery` to the application: its position is remembered, and once half the
     /// credit was taken, that much is given back to the broker.
     fn hand_out(&mut self, delivery: StreamDelivery) -> StreamDelivery {
-        self.positions
-            .insert(delivery.partition, delivery.offset.saturating_add(1));
+        match self.handed_over.get_mut(&delivery.partition) {
+            Some(left) => {
+                *left -= 1;
+                if *left == 0 {
+                    self.handed_over.remove(&delivery.partition);
+                }
+            }
+            None => {
+                self.positions
+                    .insert(delivery.partition, delivery.offset.saturating_add(1));
+            }
+        }
         self.taken += 1;
         if self.taken >= self.credit.div_ceil(2) {
             let control = Control::StreamCredit {

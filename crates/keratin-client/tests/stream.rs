@@ -402,7 +402,7 @@ async fn a_consumer_reads_tops_up_its_credit_and_commits() {
     consumer.commit().await.unwrap();
     consumer.cancel().await.unwrap();
 
-    let consumer = client
+    let mut consumer = client
         .stream_subscribe(StreamSubscribeOptions::new("events"))
         .await
         .unwrap();
@@ -469,6 +469,94 @@ async fn a_deleted_stream_ends_its_consumer() {
     let ends = consumer.take_partition_ends();
     assert_eq!(ends.len(), 1);
     assert_eq!(ends[0].0, 0);
+    drop(consumer);
+    client.close().await;
+    server.await.unwrap();
+}
+
+/// In a group, a partition handed to another member ends with 409: its messages received
+/// before are still handed out, but its position leaves `positions()` (the other member
+/// commits it now); once the partition comes back, its new messages are positions again.
+#[tokio::test]
+async fn a_partition_handed_to_another_group_member_leaves_the_positions() {
+    let (addr, server) = fake::start(|mut conn| async move {
+        let Some(Frame::StreamSubscribe(subscribe)) = conn.recv().await else {
+            panic!("expected StreamSubscribe");
+        };
+        assert!(subscribe.group);
+        let tag = subscribe.consumer_tag.clone();
+        conn.send(Frame::SubscribeOk(SubscribeOk {
+            request_id: subscribe.request_id,
+            consumer_tag: tag.clone(),
+        }))
+        .await;
+        for (partition, offsets) in [(0, vec![0, 1]), (1, vec![5])] {
+            conn.send(Frame::StreamDeliver(StreamDeliver {
+                consumer_tag: tag.clone(),
+                partition,
+                moved_from: None,
+                messages: offsets.into_iter().map(|o| message(o, None)).collect(),
+            }))
+            .await;
+        }
+        conn.send(Frame::StreamPartitionEnd(StreamPartitionEnd {
+            consumer_tag: tag.clone(),
+            partition: 1,
+            error: ErrorBody::new(ERR_CONFLICT, "partition 1 is now read by another member"),
+        }))
+        .await;
+        conn.send(Frame::StreamDeliver(StreamDeliver {
+            consumer_tag: tag.clone(),
+            partition: 1,
+            moved_from: None,
+            messages: vec![message(9, None)],
+        }))
+        .await;
+        let Some(Frame::CursorCommit(commit)) = conn.recv().await else {
+            panic!("expected CursorCommit");
+        };
+        assert_eq!(
+            commit.entries,
+            vec![CursorEntry {
+                partition: 0,
+                offset: 2
+            }],
+            "partition 1 is the other member's to commit"
+        );
+        conn.ok(commit.request_id).await;
+        conn.until_close().await;
+    })
+    .await;
+    let client = fake::connect(addr, fake::options()).await;
+    let mut options = StreamSubscribeOptions::new("events").cursor("g");
+    options.group = true;
+    let mut consumer = client.stream_subscribe(options).await.unwrap();
+    let mut offsets = Vec::new();
+    for _ in 0..3 {
+        let delivery = consumer.recv().await.expect("a message");
+        offsets.push((delivery.partition, delivery.offset));
+    }
+    assert_eq!(offsets, vec![(0, 0), (0, 1), (1, 5)], "all handed out");
+    // The end may not be taken in yet: the commit takes it in first.
+    consumer.commit().await.expect("commit");
+    let ends = consumer.take_partition_ends();
+    assert_eq!(ends.len(), 1);
+    assert_eq!((ends[0].0, ends[0].1.code()), (1, ERR_CONFLICT));
+    let back = consumer.recv().await.expect("partition 1 again");
+    assert_eq!((back.partition, back.offset), (1, 9));
+    assert_eq!(
+        consumer.positions(),
+        vec![
+            CursorEntry {
+                partition: 0,
+                offset: 2
+            },
+            CursorEntry {
+                partition: 1,
+                offset: 10
+            }
+        ]
+    );
     drop(consumer);
     client.close().await;
     server.await.unwrap();

@@ -123,6 +123,10 @@ struct ReadArgs {
     /// Read only this partition (repeat for more); default all.
     #[arg(long = "partition", value_name = "P")]
     partitions: Vec<u32>,
+    /// Share the stream's partitions with the other readers of --cursor that pass --group
+    /// (a consumer group: each partition is read by one of them at a time).
+    #[arg(long, requires = "cursor", conflicts_with = "partitions")]
+    group: bool,
     /// Messages the broker sends ahead of what was printed.
     #[arg(long, value_name = "N", default_value_t = STREAM_CREDIT_DEFAULT,
           value_parser = clap::value_parser!(u32).range(1..=i64::from(STREAM_CREDIT_MAX)))]
@@ -481,6 +485,7 @@ async fn run_read(client: &Client, args: ReadArgs, json: bool) -> Result<ExitCod
         .credit(args.credit)
         .partitions(args.partitions.clone());
     options.cursor = args.cursor.clone();
+    options.group = args.group;
     let mut consumer = client
         .stream_subscribe(options)
         .await
@@ -509,7 +514,7 @@ async fn run_read(client: &Client, args: ReadArgs, json: bool) -> Result<ExitCod
     };
     let ended_by = consumer.end_error().map(ToString::to_string);
     let committed = if args.commit {
-        Some(commit(&consumer, &args).await?)
+        Some(commit(&mut consumer, &args).await?)
     } else {
         None
     };
@@ -557,8 +562,10 @@ async fn next_message(consumer: &mut StreamConsumer, idle: Option<Duration>) -> 
     received.map_or(Next::Ended, Next::Message)
 }
 
-async fn commit(consumer: &StreamConsumer, args: &ReadArgs) -> Result<Vec<CursorEntry>, Failure> {
-    let entries = consumer.positions();
+async fn commit(
+    consumer: &mut StreamConsumer,
+    args: &ReadArgs,
+) -> Result<Vec<CursorEntry>, Failure> {
     consumer.commit().await.map_err(|error| {
         Failure::client(
             format!(
@@ -569,7 +576,7 @@ async fn commit(consumer: &StreamConsumer, args: &ReadArgs) -> Result<Vec<Cursor
             &error,
         )
     })?;
-    Ok(entries)
+    Ok(consumer.positions())
 }
 
 fn entries_json(entries: &[CursorEntry]) -> Value {

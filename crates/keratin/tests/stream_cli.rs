@@ -198,6 +198,32 @@ fn declare_publish_read_info_delete() {
         "each message once over both reads"
     );
 
+    // The same through a consumer group of one member (--group): it is given every
+    // partition, and its commit lets the next member resume after what it read.
+    let (grouped, _) = read(
+        &server,
+        &[
+            "events", "--from", "first", "--count", "6", "--cursor", "team", "--group", "--commit",
+        ],
+    );
+    let (rest, _) = read(
+        &server,
+        &[
+            "events",
+            "--from",
+            "first",
+            "--cursor",
+            "team",
+            "--group",
+            "--idle-timeout",
+            "2s",
+        ],
+    );
+    let mut all: Vec<u64> = seqs(&grouped);
+    all.extend(seqs(&rest));
+    all.sort_unstable();
+    assert_eq!(all, (0..10).collect::<Vec<u64>>(), "each once in the group");
+
     let info = ok(&server, &["stream", "info", "events"]);
     assert_eq!(info["stream"], "events");
     assert_eq!(info["messages"], 10, "{info}");
