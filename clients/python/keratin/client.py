@@ -340,6 +340,7 @@ class Client:
         credit: int = 1000,
         auto_commit: bool = False,
         partitions: Optional[Sequence[int]] = None,
+        group: bool = False,
     ) -> StreamConsumer:
         """A reader of ``stream`` (:class:`~keratin.StreamConsumer`): an async iterator of
         :class:`~keratin.StreamDelivery` and an async context manager. With ``cursor`` it
@@ -347,11 +348,15 @@ class Client:
         ``"last"``, ``"next"``, ``("offset", n)`` or ``("timestamp", ms)``) says where to
         begin in a partition the cursor has no position for. ``credit`` bounds the messages
         in flight; ``auto_commit`` has the node commit the positions it delivered every
-        second and on cancel. ``partitions`` reads only those (default: all)."""
+        second and on cancel. ``partitions`` reads only those (default: all). ``group``
+        shares the stream's partitions with the other readers of ``cursor`` that pass it (a
+        consumer group: each partition is read by one member at a time; a partition handed
+        to another member ends here with :class:`~keratin.ConflictError` in
+        :attr:`~keratin.StreamConsumer.ended_partitions`)."""
         self._stream_conn()
         return StreamConsumer(
             self, stream, cursor, start, credit, auto_commit,
-            None if partitions is None else list(partitions),
+            None if partitions is None else list(partitions), group,
         )
 
     # ---------------------------------------------------------------------------------------

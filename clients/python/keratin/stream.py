@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Deque, Dict, List, Optional, Tuple, Union
 from . import _wire as w
 from ._connection import Connection, _Sink
 from .errors import (
+    ConflictError,
     ConnectionLostError,
     KeratinError,
     NotFoundError,
@@ -156,9 +157,11 @@ class StreamConsumer:
     (``StopAsyncIteration``) after :meth:`cancel`; it raises
     :class:`~keratin.ConnectionLostError` when the connection is lost, and
     :class:`~keratin.NotFoundError` when the stream is deleted (the node ends every partition
-    with ``StreamPartitionEnd`` 404). Another partition end (409, 421: groups and clusters,
-    not served yet) is recorded in :attr:`ended_partitions` and logged; the other partitions
-    go on.
+    with ``StreamPartitionEnd`` 404). Another partition end is recorded in
+    :attr:`ended_partitions` and logged, and the other partitions go on: 409 in a group, the
+    partition was handed to another member (it leaves :attr:`positions`: that member commits
+    it now; messages of it received before are still yielded); 421, its leader moved
+    (clusters do not serve streams yet).
     """
 
     def __init__(
@@ -170,11 +173,16 @@ class StreamConsumer:
         credit: int,
         auto_commit: bool,
         partitions: Optional[List[int]],
+        group: bool = False,
     ) -> None:
         if not 1 <= credit <= STREAM_CREDIT_MAX:
             raise ValueError("credit must be 1 to %d, not %d" % (STREAM_CREDIT_MAX, credit))
         if auto_commit and cursor is None:
             raise ValueError("auto_commit needs a cursor: a reader without one keeps no position")
+        if group and cursor is None:
+            raise ValueError("a group needs a cursor: its members share the cursor's partitions")
+        if group and partitions:
+            raise ValueError("a group member reads the partitions its group assigns: pass no partitions")
         if partitions is not None and len(partitions) > w.STREAM_PARTITIONS_MAX:
             raise ValueError("a stream has at most %d partitions" % w.STREAM_PARTITIONS_MAX)
         self._client = client
@@ -184,6 +192,10 @@ class StreamConsumer:
         self.credit = credit
         self.auto_commit = auto_commit
         self.partitions = list(partitions) if partitions else []
+        self.group = group
+        # Per partition handed to another group member: its messages still in ``_items``
+        # from before, yielded without becoming a position again.
+        self._handed_over: Dict[int, int] = {}
         #: Per partition, the offset after the last message yielded (what :meth:`commit` sends).
         self.positions: Dict[int, int] = {}
         #: Per partition, the last ``moved_from`` the node reported.
@@ -218,7 +230,7 @@ class StreamConsumer:
         self._reader = reader
         self._credit_left = self.credit
         frame = w.StreamSubscribe(
-            0, self.stream, tag, self.cursor, False, self.start_position, self.credit,
+            0, self.stream, tag, self.cursor, self.group, self.start_position, self.credit,
             self.auto_commit, self.partitions,
         )
         try:
@@ -242,6 +254,13 @@ class StreamConsumer:
             frame.error, "stream %s partition %d ended: " % (self.stream, frame.partition)
         )
         self.ended_partitions[frame.partition] = error
+        if isinstance(error, ConflictError):
+            self.positions.pop(frame.partition, None)
+            left = sum(1 for d in self._items if d.partition == frame.partition)
+            if left:
+                self._handed_over[frame.partition] = left
+            log.info("stream reader %s: %s", self.tag, error)
+            return
         if isinstance(error, NotFoundError):
             self._end(error)
         else:
@@ -265,7 +284,13 @@ class StreamConsumer:
             self._event.clear()
             await self._event.wait()
         delivery = self._items.popleft()
-        self.positions[delivery.partition] = delivery.offset + 1
+        left = self._handed_over.get(delivery.partition)
+        if left is None:
+            self.positions[delivery.partition] = delivery.offset + 1
+        elif left > 1:
+            self._handed_over[delivery.partition] = left - 1
+        else:
+            del self._handed_over[delivery.partition]
         self._taken += 1
         await self._top_up()
         return delivery

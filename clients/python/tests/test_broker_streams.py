@@ -2,7 +2,7 @@
 list, set and delete; 1,000 keyed messages over 4 partitions read back in each key's order;
 a reader resuming from a committed cursor on a new connection; ``auto_commit`` keeping the
 position across a cancel; a reader told that its stream was deleted; the routing key on a
-queue's ``Deliver``. A client that drifts from the broker's stream frames fails here with the
+queue's ``Deliver``; a consumer group of two readers sharing four partitions. A client that drifts from the broker's stream frames fails here with the
 broker's own error (or a ProtocolError naming the frame)."""
 
 from __future__ import annotations
@@ -205,19 +205,48 @@ def test_a_queue_delivery_carries_its_routing_key(broker: Broker) -> None:
     run(go())
 
 
-def test_groups_are_refused_by_the_broker(broker: Broker) -> None:
-    """The client has no group parameter; a raw group subscribe is refused (400), so this
-    checks the broker still says so before a client offers groups."""
+def test_a_group_shares_the_partitions_and_hands_them_over(broker: Broker) -> None:
+    """Two readers of one cursor with ``group=True``: the first reads every partition; when
+    the second joins, the first is told its partitions 2 and 3 went (409, ConflictError) and
+    they leave its positions; what is published after goes to exactly one of them, by
+    partition; the first's commit then names only its own partitions."""
 
     async def go() -> None:
-        from keratin import _wire as w
-
         s = name("grouped")
-        async with await keratin.connect(broker.address) as client:
-            await client.declare_stream(s)
-            frame = w.StreamSubscribe(0, s, "g1", "c", True, w.StreamStart(), 10, False, [])
-            with pytest.raises(keratin.BadRequestError):
-                await client._conn.request(frame)
+        async with await keratin.connect(broker.address) as client, await keratin.connect(
+            broker.address
+        ) as other:
+            await client.declare_stream(s, partitions=4)
+            await client.publish_batch(s, [keratin.Message(b"%d" % i, key="k%d" % i) for i in range(200)])
+            a = client.stream_subscribe(s, cursor="team", group=True, auto_commit=True)
+            first = await read(a, 200)
+            assert sorted(int(d.body) for d in first) == list(range(200))
+            b = other.stream_subscribe(s, cursor="team", group=True, auto_commit=True)
+            await b.start()
+            for _ in range(100):
+                if len(a.ended_partitions) == 2:
+                    break
+                await asyncio.sleep(0.05)
+            assert sorted(a.ended_partitions) == [2, 3]
+            assert all(isinstance(e, keratin.ConflictError) for e in a.ended_partitions.values())
+            assert set(a.positions) <= {0, 1}
+
+            await client.publish_batch(s, [keratin.Message(b"%d" % i, key="k%d" % i) for i in range(200, 300)])
+            info = await client.stream_info(s)
+            held = [p.messages for p in info.partitions]
+            before = sum(1 for d in first if d.partition < 2)
+            to_a = held[0] + held[1] - before
+            got_a = await read(a, to_a)
+            got_b = await read(b, 100 - to_a)
+            assert all(d.partition < 2 for d in got_a) and all(d.partition >= 2 for d in got_b)
+            assert sorted(int(d.body) for d in got_a + got_b) == list(range(200, 300))
+            await a.commit()  # only partitions 0 and 1: the broker would refuse 2 and 3
+            await b.cancel()
+            await a.cancel()
+            with pytest.raises(ValueError):
+                client.stream_subscribe(s, group=True)
+            with pytest.raises(ValueError):
+                client.stream_subscribe(s, cursor="team", group=True, partitions=[1])
 
     run(go())
 
