@@ -30,6 +30,7 @@ fn config(settings: StreamSettings) -> StreamPartitionConfig {
     StreamPartitionConfig {
         stream: "s".into(),
         index: 0,
+        dir: std::path::PathBuf::from("s/0"),
         device: 1,
         segment_bytes: SEGMENT,
         settings,

@@ -360,7 +360,7 @@ impl NodeLimits {
         let Some(broker) = self.broker.get() else {
             return;
         };
-        // Every log of the node: each partition's, and the metadata log.
+        // Every log of the node: each queue's and stream's partition's, and the metadata log.
         let mut logs: Vec<(String, LogFigures, String, &str)> = Vec::new();
         for queue in broker.list() {
             for partition in &queue.partitions {
@@ -372,6 +372,23 @@ impl NodeLimits {
                 let what = format!("queue {} partition {}", queue.name, partition.index);
                 let effect = "its publishes are refused";
                 logs.push((partition.dir.display().to_string(), figures, what, effect));
+            }
+        }
+        for stream in broker.list_streams() {
+            for (index, (partition, dir)) in stream
+                .partitions
+                .iter()
+                .zip(&stream.partition_dirs)
+                .enumerate()
+            {
+                let figures = LogFigures {
+                    stops: partition.stops,
+                    heals: partition.heals,
+                    stopped: partition.stopped,
+                };
+                let what = format!("stream {} partition {index}", stream.name);
+                let effect = "its publishes are refused; reading it goes on";
+                logs.push((dir.display().to_string(), figures, what, effect));
             }
         }
         let meta = broker.metadata_log();

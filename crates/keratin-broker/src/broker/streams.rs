@@ -406,10 +406,11 @@ impl BrokerInner {
         let owned = decl.clone();
         let (logs, cursors) = blocking(move || opener.open_stream_logs(&owned)).await?;
         let mut partitions = Vec::with_capacity(logs.len());
-        for (index, (log, device)) in logs.into_iter().enumerate() {
+        for (index, ((log, device), storage)) in logs.into_iter().zip(&decl.placement).enumerate() {
             let config = StreamPartitionConfig {
                 stream: decl.name.clone(),
                 index: index as u32,
+                dir: stream_dir(storage, decl.id).join(index.to_string()),
                 device,
                 segment_bytes: self.config.segment_size_bytes,
                 settings: decl.settings,

@@ -42,6 +42,8 @@ pub struct StreamInfo {
     pub settings: StreamSettings,
     /// Each partition's figures, by index.
     pub partitions: Vec<StreamPartitionFigures>,
+    /// Each partition's log directory, by index.
+    pub partition_dirs: Vec<std::path::PathBuf>,
     /// Retention's removals by bound since the node started.
     pub removed: BTreeMap<&'static str, Removed>,
     /// Readers moved to a partition's start because retention passed their position.
@@ -193,8 +195,9 @@ impl Stream {
             .log
             .as_ref()
             .map_or(0, |log| log.table().len() as u64);
-        let partitions: Vec<StreamPartitionFigures> =
-            self.partitions_now().iter().map(|p| p.figures()).collect();
+        let handles = self.partitions_now();
+        let partitions: Vec<StreamPartitionFigures> = handles.iter().map(|p| p.figures()).collect();
+        let partition_dirs = handles.iter().map(|p| p.dir().to_path_buf()).collect();
         let mut removed = BTreeMap::new();
         for bound in [Bound::Size, Bound::Age, Bound::Count] {
             let (segments, bytes) = partitions
@@ -209,6 +212,7 @@ impl Stream {
             name: self.name.clone(),
             settings: self.settings(),
             partitions,
+            partition_dirs,
             removed,
             cursors_moved: self.cursors_moved.load(Ordering::Relaxed),
             cursors,

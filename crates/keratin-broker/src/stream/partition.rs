@@ -48,6 +48,8 @@ pub struct StreamPartitionConfig {
     pub stream: String,
     /// Its index.
     pub index: u32,
+    /// Its log's directory (names it in attention items).
+    pub dir: std::path::PathBuf,
     /// The file system of its log (the gate's `device`).
     pub device: u64,
     /// Its log's segment size.
@@ -117,6 +119,10 @@ pub struct StreamPartitionFigures {
     pub removed_by_bound: [(u64, u64); 3],
     /// Whether the log is stopped (a write failed; healing when the disk allows).
     pub stopped: bool,
+    /// Times its log stopped since the partition opened.
+    pub stops: u64,
+    /// Times its log healed since the partition opened.
+    pub heals: u64,
 }
 
 enum Command {
@@ -329,6 +335,11 @@ impl StreamPartition {
         figures.end = self.log.committed_offset();
         figures.disk_bytes = self.log.disk_bytes();
         figures
+    }
+
+    /// Its log's directory.
+    pub fn dir(&self) -> &std::path::Path {
+        &self.config.dir
     }
 
     /// Ends the owner once what is in flight is answered (waiting appends are refused) and
@@ -1040,6 +1051,7 @@ impl Owner {
             tracing::warn!(stream = %self.config.stream, partition = self.config.index, %error, "stream partition log stopped; healing when the disk allows");
         }
         self.stopped = Some(error);
+        self.lock_figures().stops += 1;
         self.publish_figures();
         self.schedule_heal();
     }
@@ -1089,6 +1101,7 @@ impl Owner {
                 self.state = state;
                 self.held = held;
                 self.stopped = None;
+                self.lock_figures().heals += 1;
                 self.publish_figures();
                 self.pump();
             }

@@ -40,8 +40,22 @@ pub(crate) async fn stream(State(broker): State<Broker>, Path(name): Path<String
         .iter()
         .map(|(cursor, state)| cursor_json(cursor, state, &info.partitions))
         .collect();
+    let groups: Vec<Value> = info
+        .groups
+        .iter()
+        .map(|group| {
+            json!({
+                "cursor": group.cursor,
+                "members": group.members.iter().map(|(id, partitions)| json!({
+                    "id": id,
+                    "partitions": partitions,
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
     let mut document = stream_json(&info);
     document["cursors"] = json!(cursors);
+    document["groups"] = json!(groups);
     Json(document).into_response()
 }
 
@@ -84,6 +98,8 @@ pub(crate) fn stream_json(info: &StreamInfo) -> Value {
             "removed_segments": p.removed_segments,
             "removed_bytes": p.removed_bytes,
             "stopped": p.stopped,
+            "stops": p.stops,
+            "heals": p.heals,
         })).collect::<Vec<_>>(),
     })
 }
