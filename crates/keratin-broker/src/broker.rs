@@ -1415,7 +1415,7 @@ impl BrokerInner {
     }
 
     /// A consumer's place under `consumers_max`, given back when the consumer goes.
-    fn consumer_slot(&self) -> BrokerResult<ConsumerSlot> {
+    pub(crate) fn consumer_slot(&self) -> BrokerResult<ConsumerSlot> {
         let max = u64::from(self.config.consumers_max);
         let taken = self
             .consumers

@@ -264,6 +264,19 @@ impl Drop for ConsumerSlot {
     }
 }
 
+/// A stream reader's place under the node's `consumers_max` (stream readers and queue
+/// consumers count together); given back when dropped.
+#[derive(Debug)]
+pub struct ReaderSlot {
+    _slot: ConsumerSlot,
+}
+
+impl ReaderSlot {
+    pub(crate) fn new(slot: ConsumerSlot) -> ReaderSlot {
+        ReaderSlot { _slot: slot }
+    }
+}
+
 /// A subscription to a queue.
 #[derive(Debug)]
 pub struct Consumer {

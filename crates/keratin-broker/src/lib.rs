@@ -54,7 +54,9 @@ pub use broker::{
     PUBLISH_TIMEOUT_DEFAULT, QUEUES_MAX_DEFAULT, RETENTION_INTERVAL,
 };
 pub use byte_budget::{ByteBudget, BytePermit};
-pub use consumer::{Consumer, Delivery, DeliveryPermit, DeliveryTag, Settler, SubscribeOptions};
+pub use consumer::{
+    Consumer, Delivery, DeliveryPermit, DeliveryTag, ReaderSlot, Settler, SubscribeOptions,
+};
 pub use error::{BrokerError, BrokerResult};
 pub use gate::{GateDecision, OpenGate, PublishGate};
 pub use partition::state::PartitionState;

@@ -295,3 +295,51 @@ fn bodies_in(got: &Got, partitions: &[u32]) -> u64 {
         .filter(|(p, _)| partitions.contains(p))
         .count() as u64
 }
+
+/// Stream readers count against the node's `server.consumers_max` as queue consumers do: past
+/// it a subscription is refused with 429 (`consumers`, a retry hint), and cancelling one gives
+/// its place back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_readers_count_against_the_nodes_consumers_max() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = start_with(&tmp, |config| config.server.consumers_max = 1).await;
+    let mut conn = connect(node.protocol_addr(), 7).await;
+    declare(&mut conn, "s", StreamSettings::default()).await;
+    let ok = request(
+        &mut conn,
+        subscribe("r1", "s", None, StreamStart::Next, 10, false),
+    )
+    .await;
+    assert!(matches!(ok, Frame::SubscribeOk(_)), "{ok:?}");
+    let mut other = connect(node.protocol_addr(), 7).await;
+    let refused = request(
+        &mut other,
+        subscribe("r2", "s", None, StreamStart::Next, 10, false),
+    )
+    .await;
+    match &refused {
+        Frame::Error(e) => {
+            assert_eq!(e.error.code().0, 429, "{refused:?}");
+            let reason = e.error.reason().map(ToString::to_string);
+            assert_eq!(reason.as_deref(), Some("consumers"), "{refused:?}");
+            assert!(e.error.retry_after_ms().is_some(), "{refused:?}");
+        }
+        other => panic!("expected 429, got {other:?}"),
+    }
+    let cancelled = request(
+        &mut conn,
+        Frame::Cancel(Cancel {
+            request_id: 3,
+            consumer_tag: "r1".into(),
+        }),
+    )
+    .await;
+    assert_eq!(cancelled, Frame::Ok(OkReply { request_id: 3 }));
+    let ok = request(
+        &mut other,
+        subscribe("r2", "s", None, StreamStart::Next, 10, false),
+    )
+    .await;
+    assert!(matches!(ok, Frame::SubscribeOk(_)), "{ok:?}");
+    node.shutdown().await.expect("shutdown");
+}

@@ -292,6 +292,14 @@ impl Broker {
             .await
     }
 
+    /// A stream reader's place under `consumers_max` (shared with queue consumers): refused
+    /// with [`BrokerError::Limited`] (`consumers`) past it; given back when dropped.
+    pub fn stream_reader_slot(&self) -> BrokerResult<crate::consumer::ReaderSlot> {
+        self.inner
+            .consumer_slot()
+            .map(crate::consumer::ReaderSlot::new)
+    }
+
     /// Cursor `cursor` of stream `name`, if it has positions.
     pub fn cursor(&self, name: &str, cursor: &str) -> BrokerResult<Option<CursorState>> {
         Ok(self.inner.stream(name)?.cursor(cursor))

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use keratin_auth::Permission;
 use keratin_broker::stream::{GroupMember, StreamInfo, StreamSettings};
-use keratin_broker::{Broker, BrokerError, ByteBudget, DeliveryPermit, ReadFrom};
+use keratin_broker::{Broker, BrokerError, ByteBudget, DeliveryPermit, ReadFrom, ReaderSlot};
 use keratin_proto::codes::{ERR_BAD_REQUEST, ERR_CONFLICT, ERR_NOT_FOUND};
 use keratin_proto::frame::{Frame, Header, SubscribeOk};
 use keratin_proto::stream::{
@@ -258,7 +258,7 @@ impl Conn {
     async fn stream_subscribe(&mut self, s: StreamSubscribe) {
         self.readers.retain(|_, reader| !reader.is_finished());
         match self.reader_start(&s).await {
-            Ok((positions, group)) => {
+            Ok((positions, group, slot)) => {
                 self.send(Frame::SubscribeOk(SubscribeOk {
                     request_id: s.request_id,
                     consumer_tag: s.consumer_tag.clone(),
@@ -282,6 +282,7 @@ impl Conn {
                     positions,
                     from: read_from(s.start),
                     group,
+                    _slot: slot,
                     committed: BTreeMap::new(),
                     moved: BTreeMap::new(),
                     credit: credit.clone(),
@@ -310,7 +311,7 @@ impl Conn {
     async fn reader_start(
         &self,
         s: &StreamSubscribe,
-    ) -> Result<(BTreeMap<u32, u64>, Option<GroupMember>), ErrorBody> {
+    ) -> Result<(BTreeMap<u32, u64>, Option<GroupMember>, ReaderSlot), ErrorBody> {
         if self.consumers.len() + self.readers.len() >= CONSUMERS_PER_CONNECTION_MAX {
             return Err(ErrorBody::new(
                 ERR_BAD_REQUEST,
@@ -350,10 +351,14 @@ impl Conn {
             ));
         }
         let stream = self.broker.stream(&s.stream).map_err(|e| error_body(&e))?;
+        let slot = self
+            .broker
+            .stream_reader_slot()
+            .map_err(|e| error_body(&e))?;
         if s.group {
             let cursor = s.cursor.as_deref().unwrap_or_default();
             let member = stream.join_group(cursor).map_err(|e| error_body(&e))?;
-            return Ok((BTreeMap::new(), Some(member)));
+            return Ok((BTreeMap::new(), Some(member), slot));
         }
         let partitions: Vec<u32> = if s.partitions.is_empty() {
             (0..stream.partition_count()).collect()
@@ -380,7 +385,7 @@ impl Conn {
                 ));
             }
         }
-        Ok((positions, None))
+        Ok((positions, None, slot))
     }
 
     /// Stops reader `tag` (after its last automatic commit): whether there was one.
@@ -416,6 +421,8 @@ struct Reader {
     from: ReadFrom,
     /// Its membership when it reads in a group.
     group: Option<GroupMember>,
+    /// Its place under the node's `consumers_max`, held while it reads.
+    _slot: ReaderSlot,
     /// What was committed last, per partition (auto commit sends only what moved).
     committed: BTreeMap<u32, u64>,
     /// A partition's `moved_from` not yet told: it rides on the partition's next
