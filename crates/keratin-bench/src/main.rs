@@ -997,6 +997,27 @@ fn run_smoke(json: bool) -> BenchResult<()> {
             std::env::var_os("TMPDIR").map_or_else(|| PathBuf::from("/var/tmp"), PathBuf::from);
         cluster_bench::run(&cluster_config(&args)?)?;
     }
+    // The streams benchmark against Keratin and the raw file alone (NATS needs
+    // `MODE=stream bench/compare.sh`): 16 MiB streams, the memory case for a second.
+    let stream = Cli::try_parse_from([
+        "keratin-bench",
+        "stream",
+        "--stream-gib",
+        "0.015625",
+        "--rounds",
+        "1",
+        "--rss-gib",
+        "0.03125",
+        "--rss-seconds",
+        "1",
+        "--no-drop-caches",
+    ])
+    .map_err(|e| format!("smoke stream arguments: {e}"))?;
+    if let Command::Stream(mut args) = stream.command {
+        args.dir =
+            std::env::var_os("TMPDIR").map_or_else(|| PathBuf::from("/var/tmp"), PathBuf::from);
+        stream_bench::run(&stream_config(&args)?)?;
+    }
     eprintln!("smoke: every case ran (figures of a seconds-long run are not benchmark results)");
     Ok(())
 }

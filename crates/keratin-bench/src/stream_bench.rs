@@ -193,6 +193,9 @@ pub fn run(config: &StreamBenchConfig) -> BenchResult<()> {
     let cache = PageCache::detect(config.drop_caches);
     let caches: Vec<Cache> = if cache.dropping() {
         vec![Cache::Cold, Cache::Warm]
+    } else if !config.drop_caches {
+        eprintln!("stream: --no-drop-caches: only warm reads run");
+        vec![Cache::Warm]
     } else {
         eprintln!(
             "!!! keratin-bench stream: NOT DROPPING THE PAGE CACHE ({}): only warm reads run",
