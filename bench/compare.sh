@@ -36,6 +36,18 @@
 # from PyPI. PY_ROUNDS (3), PY_SECONDS (5), PY_BACKLOG (20000), PY_CONCURRENCY (256). Written
 # into docs/benchmarks.md between the issue 17 markers.
 #
+# MODE=stream runs the streams benchmark of issue 18 instead: nats-server with JetStream as
+# below (only it is installed, not RabbitMQ) and `keratin-bench stream` (which starts Keratin
+# as a child process, with the matrix's disk levels): confirmed publish of a STREAM_GIB (1) GiB
+# stream of 1 KiB messages, 1000 in flight, into a Keratin stream vs a JetStream stream with
+# limits retention (file storage); the whole stream read from `first` by 1 and by 3 concurrent
+# readers vs NATS ordered push consumers; the 1-reader read vs a raw `pread` of a file of the
+# same size on BENCH_DIR; each read cold (page cache dropped before it; root) and warm;
+# then Keratin's peak VmRSS while 10 readers read a STREAM_RSS_GIB (10; 0 skips it) GiB
+# stream from spread positions, for at most STREAM_RSS_SECONDS (60). ROUNDS rounds (Keratin,
+# NATS, raw in turn), medians. Written into docs/benchmarks.md between the issue 18 markers.
+# Disk: up to STREAM_RSS_GIB + 2 × STREAM_GIB GiB on BENCH_DIR at once, removed at the end.
+#
 # Settings (environment): ROUNDS (2), SECONDS_PER_RUN (5), RSS_MESSAGES (1000000),
 # BACKLOG (200000), CASES (publish,producers,consume,latency), RSS (1; 0 skips the memory
 # case), FILL (1; 0 skips it),
@@ -82,7 +94,17 @@ say() { printf 'compare.sh: %s\n' "$*" >&2; }
 die() { say "$*"; exit 1; }
 
 # --- peers installed? ---------------------------------------------------------------------------
-if [ ! -x "$RABBIT_BIN" ] || ! command -v nats-server >/dev/null; then
+if [ "$MODE" = stream ]; then
+    # Streams are compared with NATS JetStream alone: RabbitMQ is not needed.
+    if ! command -v nats-server >/dev/null; then
+        [ "$(id -u)" = 0 ] || die "nats-server is missing; run as root to install it (apt-get)"
+        say "installing nats-server from Debian"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get install -y --no-install-recommends nats-server >/dev/null ||
+            { apt-get update >/dev/null && apt-get install -y --no-install-recommends nats-server >/dev/null; } ||
+            die "apt-get could not install nats-server"
+    fi
+elif [ ! -x "$RABBIT_BIN" ] || ! command -v nats-server >/dev/null; then
     [ "$(id -u)" = 0 ] || die "rabbitmq-server or nats-server is missing; run as root to install them (apt-get)"
     say "installing rabbitmq-server and nats-server from Debian"
     export DEBIAN_FRONTEND=noninteractive
@@ -90,7 +112,7 @@ if [ ! -x "$RABBIT_BIN" ] || ! command -v nats-server >/dev/null; then
         { apt-get update >/dev/null && apt-get install -y --no-install-recommends rabbitmq-server nats-server >/dev/null; } ||
         die "apt-get could not install rabbitmq-server and nats-server"
 fi
-[ -x "$RABBIT_BIN" ] || die "$RABBIT_BIN is missing after the install"
+[ "$MODE" = stream ] || [ -x "$RABBIT_BIN" ] || die "$RABBIT_BIN is missing after the install"
 
 BUILD=(-p keratin-bench)
 case $MODE in idle | cluster | python) BUILD+=(-p keratin) ;; esac
@@ -297,6 +319,23 @@ if [ "$MODE" = python ]; then
     cat "$WORK/python.md"
     [ "$WRITE_DOCS" = 1 ] && write_docs '<!-- compare.sh python: begin -->' '<!-- compare.sh python: end -->' \
         'Python clients side by side (issue 17)' "$WORK/python.md"
+    exit 0
+fi
+
+if [ "$MODE" = stream ]; then
+    [ "$(id -u)" = 0 ] || echo "!!! NOT ROOT: the page cache cannot be dropped; every stream read runs WARM" >&2
+    start_nats "$WORK/nats"
+    say "stream: ${STREAM_GIB:-1} GiB stream, $ROUNDS rounds; memory with a ${STREAM_RSS_GIB:-10} GiB stream"
+    "$BENCH" stream --dir "$WORK" --keratin-config "$WORK/keratin-matrix.toml" \
+        --nats "nats://127.0.0.1:$NATS_PORT" --rounds "$ROUNDS" \
+        --stream-gib "${STREAM_GIB:-1}" --rss-gib "${STREAM_RSS_GIB:-10}" \
+        --rss-seconds "${STREAM_RSS_SECONDS:-60}" --out "$WORK/stream-table.md"
+    stop_all
+    { record_header; echo; cat "$WORK/stream-table.md"; } >"$WORK/stream.md"
+    sed -i 's/RabbitMQ [^ ]* (Debian), //; s/clients lapin 2, async-nats 0.38\./client async-nats 0.38./' "$WORK/stream.md"
+    cat "$WORK/stream.md"
+    [ "$WRITE_DOCS" = 1 ] && write_docs '<!-- compare.sh stream: begin -->' '<!-- compare.sh stream: end -->' \
+        'Streams against NATS JetStream and the raw disk (issue 18)' "$WORK/stream.md"
     exit 0
 fi
 

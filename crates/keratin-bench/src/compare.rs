@@ -273,7 +273,8 @@ impl KeratinChild {
         })
     }
 
-    fn pid(&self) -> u32 {
+    /// The node's process id.
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 

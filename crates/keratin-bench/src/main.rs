@@ -28,6 +28,10 @@
 //! - `tls_bench`: the `tls` benchmark (issue 16): confirmed publish over TLS vs plain TCP.
 //! - `auth_bench`: the `auth` benchmark (issue 16): connections per second with a password or
 //!   token login vs none, and the cost of permission checks per confirmed publish.
+//! - `stream_bench`: the `stream` benchmark (issue 18): a Keratin stream against a NATS
+//!   JetStream stream (limits retention) and the raw disk: confirmed publish, fan-out read by 1
+//!   and 3 readers, sequential read vs raw (cold and warm), memory with 10 readers; driven by
+//!   `bench/compare.sh` with `MODE=stream`.
 //! - `report`: the table, its JSON form, medians and percentiles.
 
 mod auth_bench;
@@ -51,6 +55,7 @@ mod peers;
 mod pool_bench;
 mod raw;
 mod report;
+mod stream_bench;
 mod tls_bench;
 
 use std::path::{Path, PathBuf};
@@ -111,6 +116,11 @@ enum Command {
     /// confirmed publish, consume + ack, paced confirm latency and leader failover, as one table
     /// with ratios between systems.
     CompareCluster(Box<CompareClusterArgs>),
+    /// Streams (issue 18): confirmed publish into a stream and fan-out read by 1 and 3 readers
+    /// against NATS JetStream (limits retention), sequential read against the raw disk, and
+    /// Keratin's memory with 10 readers on a large stream; driven by bench/compare.sh
+    /// (MODE=stream), which starts nats-server.
+    Stream(Box<StreamArgs>),
     /// The Keratin node of `compare`, as a child process.
     #[command(hide = true)]
     CompareNode {
@@ -207,6 +217,56 @@ struct CompareArgs {
     /// Messages queued for the memory figure.
     #[arg(long, default_value_t = 1_000_000)]
     rss_messages: u64,
+    /// Also write the markdown section to this file.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+struct StreamArgs {
+    /// Directory on the file system under test: Keratin's data and the raw file (a fresh
+    /// directory under it, removed afterwards).
+    #[arg(long, default_value = "/var/tmp")]
+    dir: PathBuf,
+    /// A Keratin configuration file (bench/compare.sh's lowered disk levels).
+    #[arg(long)]
+    keratin_config: Option<PathBuf>,
+    /// The NATS server's URL; without it only Keratin and the raw disk run.
+    #[arg(long)]
+    nats: Option<String>,
+    /// GiB of payload in the stream of the publish and read cases.
+    #[arg(long, default_value_t = 1.0)]
+    stream_gib: f64,
+    /// Body bytes.
+    #[arg(long, default_value_t = 1024)]
+    body_bytes: usize,
+    /// Confirmed publishes in flight (both systems).
+    #[arg(long, default_value_t = 1000)]
+    in_flight: usize,
+    /// Rounds; each runs keratin, nats and raw in turn.
+    #[arg(long, default_value_t = 2)]
+    rounds: usize,
+    /// Concurrent readers of the fan-out case.
+    #[arg(long, default_value_t = 3)]
+    fan_out: usize,
+    /// A Keratin reader's credit, in messages (the client's default; 10,000 was no faster).
+    #[arg(long, default_value_t = keratin_client::STREAM_CREDIT_DEFAULT)]
+    credit: u32,
+    /// How NATS reads: ordered-push or ordered-pull (push was the faster here).
+    #[arg(long, default_value = "ordered-push")]
+    nats_consumer: String,
+    /// Read from a warm cache only (by default, as root, each read runs cold, then warm).
+    #[arg(long)]
+    no_drop_caches: bool,
+    /// GiB of payload in the memory case's stream; 0 skips the case.
+    #[arg(long, default_value_t = 10.0)]
+    rss_gib: f64,
+    /// Readers of the memory case.
+    #[arg(long, default_value_t = 10)]
+    rss_readers: usize,
+    /// Seconds the memory case's readers read at most.
+    #[arg(long, default_value_t = 60.0)]
+    rss_seconds: f64,
     /// Also write the markdown section to this file.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -617,6 +677,7 @@ fn main() -> ExitCode {
         Command::Compare(args) => compare_config(&args).and_then(|c| compare::run(&c)),
         Command::Idle(args) => idle_config(&args).and_then(|c| idle_bench::run(&c)),
         Command::CompareCluster(args) => cluster_config(&args).and_then(|c| cluster_bench::run(&c)),
+        Command::Stream(args) => stream_config(&args).and_then(|c| stream_bench::run(&c)),
         Command::CompareNode { dir, config } => compare::node_main(&dir, config.as_deref()),
         Command::Smoke { json } => run_smoke(json),
     };
@@ -763,6 +824,36 @@ fn idle_config(args: &IdleArgs) -> BenchResult<idle_bench::IdleConfig> {
     })
 }
 
+fn stream_config(args: &StreamArgs) -> BenchResult<stream_bench::StreamBenchConfig> {
+    let gib = |value: f64, flag: &str| -> BenchResult<u64> {
+        if !(value.is_finite() && value >= 0.0) {
+            return Err(format!("--{flag} {value}: expected GiB, 0 or more").into());
+        }
+        Ok((value * f64::from(1u32 << 30)) as u64)
+    };
+    if args.body_bytes == 0 || args.in_flight == 0 || args.rounds == 0 || args.fan_out == 0 {
+        return Err("--body-bytes, --in-flight, --rounds and --fan-out must be at least 1".into());
+    }
+    let dir = make_work_dir(&args.dir)?;
+    Ok(stream_bench::StreamBenchConfig {
+        dir,
+        keratin_config: args.keratin_config.clone(),
+        nats: args.nats.clone(),
+        stream_bytes: gib(args.stream_gib, "stream-gib")?.max(args.body_bytes as u64),
+        body_bytes: args.body_bytes,
+        in_flight: args.in_flight,
+        rounds: args.rounds,
+        fan_out: args.fan_out,
+        credit: args.credit,
+        nats_consumer: stream_bench::NatsConsumer::parse(&args.nats_consumer)?,
+        drop_caches: !args.no_drop_caches,
+        rss_bytes: gib(args.rss_gib, "rss-gib")?,
+        rss_readers: args.rss_readers,
+        rss_duration: Duration::from_secs_f64(args.rss_seconds.max(0.0)),
+        out: args.out.clone(),
+    })
+}
+
 fn overflow_config(args: &OverflowArgs) -> overflow_bench::OverflowBenchConfig {
     overflow_bench::OverflowBenchConfig {
         dir: args.dir.clone(),
@@ -905,6 +996,27 @@ fn run_smoke(json: bool) -> BenchResult<()> {
         args.dir =
             std::env::var_os("TMPDIR").map_or_else(|| PathBuf::from("/var/tmp"), PathBuf::from);
         cluster_bench::run(&cluster_config(&args)?)?;
+    }
+    // The streams benchmark against Keratin and the raw file alone (NATS needs
+    // `MODE=stream bench/compare.sh`): 16 MiB streams, the memory case for a second.
+    let stream = Cli::try_parse_from([
+        "keratin-bench",
+        "stream",
+        "--stream-gib",
+        "0.015625",
+        "--rounds",
+        "1",
+        "--rss-gib",
+        "0.03125",
+        "--rss-seconds",
+        "1",
+        "--no-drop-caches",
+    ])
+    .map_err(|e| format!("smoke stream arguments: {e}"))?;
+    if let Command::Stream(mut args) = stream.command {
+        args.dir =
+            std::env::var_os("TMPDIR").map_or_else(|| PathBuf::from("/var/tmp"), PathBuf::from);
+        stream_bench::run(&stream_config(&args)?)?;
     }
     eprintln!("smoke: every case ran (figures of a seconds-long run are not benchmark results)");
     Ok(())

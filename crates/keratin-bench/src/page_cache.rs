@@ -35,6 +35,11 @@ impl PageCache {
         }
     }
 
+    /// Whether reads start from a cold cache.
+    pub fn dropping(&self) -> bool {
+        self.dropping
+    }
+
     /// One line for the report.
     pub fn describe(&self) -> &str {
         &self.why

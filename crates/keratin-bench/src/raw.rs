@@ -43,7 +43,7 @@ pub(crate) fn pwrite_all(fd: &OwnedFd, mut buf: &[u8], mut position: u64) -> Ben
 }
 
 /// Read `[0, len)` of `path` in chunks; returns the bytes read.
-fn pread_file(path: &Path, len: u64, buf: &mut [u8]) -> BenchResult<u64> {
+pub(crate) fn pread_file(path: &Path, len: u64, buf: &mut [u8]) -> BenchResult<u64> {
     let fd = rustix::fs::open(path, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())?;
     let mut position = 0u64;
     while position < len {
