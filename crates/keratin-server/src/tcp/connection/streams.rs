@@ -7,8 +7,8 @@
 //! (`keratin_broker::stream::groups`): it commits what it sent, ends the partition with
 //! `StreamPartitionEnd` 409, releases it; the new member starts at the cursor's commit.
 //!
-//! Bounds: a reader holds at most one batch (256 messages or 1 MiB) besides what waits in the
-//! connection's outbound channel; what waits there takes bytes from the connection's outbound
+//! Bounds: a reader holds at most one log read (4,096 messages or 1 MiB, sent as frames of up
+//! to 256 messages) besides what waits in the connection's outbound channel; what waits there takes bytes from the connection's outbound
 //! budget (`server.outbound_bytes_max`) and the node's delivery budget
 //! (`server.delivery_bytes_max`), shared with queue deliveries, until the socket takes it; it
 //! sends no more messages than its credit; a connection has at most
@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keratin_auth::Permission;
+use keratin_broker::stream::partition::READ_MESSAGES_MAX;
 use keratin_broker::stream::{GroupMember, StreamInfo, StreamSettings};
 use keratin_broker::{Broker, BrokerError, ByteBudget, DeliveryPermit, ReadFrom, ReaderSlot};
 use keratin_proto::codes::{ERR_BAD_REQUEST, ERR_CONFLICT, ERR_NOT_FOUND};
@@ -571,7 +572,9 @@ impl Reader {
             }
             let partition = stream.partition(p)?;
             let from = self.positions[&p];
-            let max = (available as usize).min(STREAM_DELIVER_MESSAGES_MAX);
+            // One log read of up to 1 MiB, sent as frames of up to 256 messages: a read per
+            // frame would read the log's chunk again for each.
+            let max = (available as usize).min(READ_MESSAGES_MAX);
             let read = partition.read(from, max, DELIVER_BYTES_MAX).await?;
             drop(partition);
             if let Some(moved_from) = read.moved_from {
@@ -585,62 +588,45 @@ impl Reader {
                 self.positions.insert(p, read.next);
                 continue;
             }
-            let count = read.messages.len() as u64;
-            let bytes: u64 = read
-                .messages
-                .iter()
-                .map(|m| {
-                    let message = &m.message;
-                    let headers: usize = message
-                        .headers
-                        .iter()
-                        .map(|(name, value)| name.len() + value.len())
-                        .sum();
-                    (message.body.len() + message.routing_key.len() + headers) as u64
-                })
-                .sum();
-            let permit = tokio::select! {
-                permit = DeliveryPermit::take(&self.outbound_bytes, &self.node_bytes, bytes) => permit,
-                _ = self.stop.changed() => return Ok(false),
-                () = group_changed(self.group.as_ref()) => return Ok(false),
-            };
-            let frame = Frame::StreamDeliver(StreamDeliver {
-                consumer_tag: self.tag.clone(),
-                partition: p,
-                moved_from: self.moved.get(&p).copied(),
-                messages: read
-                    .messages
-                    .into_iter()
-                    .map(|m| StreamMessage {
-                        offset: m.offset,
-                        timestamp_ms: m.timestamp_ms,
-                        routing_key: (!m.message.routing_key.is_empty())
-                            .then_some(m.message.routing_key),
-                        headers: m
-                            .message
-                            .headers
-                            .into_iter()
-                            .map(|(name, value)| Header { name, value })
-                            .collect(),
-                        body: m.message.body.into(),
-                    })
-                    .collect(),
-            });
-            tokio::select! {
-                sent = self.out.send((frame, permit)) => {
-                    if sent.is_err() {
-                        return Ok(false); // the connection is closing
+            let read_next = read.next;
+            let mut messages = read.messages.into_iter().peekable();
+            while messages.peek().is_some() {
+                let chunk: Vec<keratin_broker::stream::StreamMessage> = messages
+                    .by_ref()
+                    .take(STREAM_DELIVER_MESSAGES_MAX)
+                    .collect();
+                let next = match (messages.peek(), chunk.last()) {
+                    (None, _) | (_, None) => read_next,
+                    (Some(_), Some(last)) => last.offset + 1,
+                };
+                let count = chunk.len() as u64;
+                let permit = tokio::select! {
+                    permit = DeliveryPermit::take(&self.outbound_bytes, &self.node_bytes, payload_bytes(&chunk)) => permit,
+                    _ = self.stop.changed() => return Ok(false),
+                    () = group_changed(self.group.as_ref()) => return Ok(false),
+                };
+                let frame = Frame::StreamDeliver(StreamDeliver {
+                    consumer_tag: self.tag.clone(),
+                    partition: p,
+                    moved_from: self.moved.get(&p).copied(),
+                    messages: chunk.into_iter().map(to_wire).collect(),
+                });
+                tokio::select! {
+                    sent = self.out.send((frame, permit)) => {
+                        if sent.is_err() {
+                            return Ok(false); // the connection is closing
+                        }
                     }
+                    _ = self.stop.changed() => return Ok(false),
+                    () = group_changed(self.group.as_ref()) => return Ok(false),
                 }
-                _ = self.stop.changed() => return Ok(false),
-                () = group_changed(self.group.as_ref()) => return Ok(false),
+                // Handed to the connection: only now is the frame the reader's position
+                // (what an automatic commit sends), and its `moved_from` told.
+                self.positions.insert(p, next);
+                self.credit.take(count);
+                self.moved.remove(&p);
+                progressed = true;
             }
-            // Handed to the connection: only now is the batch the reader's position (what
-            // an automatic commit sends), and its `moved_from` told.
-            self.positions.insert(p, read.next);
-            self.credit.take(count);
-            self.moved.remove(&p);
-            progressed = true;
         }
         Ok(progressed)
     }
@@ -744,6 +730,37 @@ impl Reader {
             self.committed.insert(p, position);
         }
         Ok(())
+    }
+}
+
+/// Payload bytes of `messages` (bodies, keys, headers): what they hold in the budgets.
+fn payload_bytes(messages: &[keratin_broker::stream::StreamMessage]) -> u64 {
+    messages
+        .iter()
+        .map(|m| {
+            let message = &m.message;
+            let headers: usize = message
+                .headers
+                .iter()
+                .map(|(name, value)| name.len() + value.len())
+                .sum();
+            (message.body.len() + message.routing_key.len() + headers) as u64
+        })
+        .sum()
+}
+
+fn to_wire(m: keratin_broker::stream::StreamMessage) -> StreamMessage {
+    StreamMessage {
+        offset: m.offset,
+        timestamp_ms: m.timestamp_ms,
+        routing_key: (!m.message.routing_key.is_empty()).then_some(m.message.routing_key),
+        headers: m
+            .message
+            .headers
+            .into_iter()
+            .map(|(name, value)| Header { name, value })
+            .collect(),
+        body: m.message.body.into(),
     }
 }
 
