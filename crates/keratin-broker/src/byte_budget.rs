@@ -139,7 +139,11 @@ impl ByteBudget {
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |used| {
                 Some(used.saturating_sub(bytes))
             });
-        if self.has_task_waiters.swap(false, Ordering::SeqCst) {
+        // A load first: releases on the queue delivery path touch the flag's cache line only
+        // to read it while no task waits.
+        if self.has_task_waiters.load(Ordering::SeqCst)
+            && self.has_task_waiters.swap(false, Ordering::SeqCst)
+        {
             self.released.notify_waiters();
         }
         if !self.has_waiters.load(Ordering::SeqCst) {
