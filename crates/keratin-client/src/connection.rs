@@ -40,6 +40,7 @@ use crate::consumer::{Delivery, DeliverySettle};
 use crate::error::ClientError;
 use crate::options::{ClientOptions, Credentials};
 use crate::publisher::BufferedEntry;
+use crate::stream_ends::StreamEnds;
 
 /// Capacity of a connection's read buffer: deliveries are read this much at a time at most, and
 /// their bodies (slices of it) keep a block of this size alive until the last is dropped.
@@ -141,17 +142,20 @@ pub(crate) enum RequestKind {
         tag: String,
         events: mpsc::Sender<StreamEvent>,
         ended: StreamEnded,
+        ends: StreamEnds,
+        credit: u32,
     },
     /// Forget the consumer once the broker confirms the cancel.
     Cancel { tag: String },
 }
 
 /// What the task hands a stream consumer: whole frames, unpacked by the handle
-/// (`stream.rs`), so that one channel slot holds up to a frame's 256 messages.
+/// (`stream_consumer.rs`), so that one channel slot holds up to a frame's 256 messages; and a
+/// wake token when partition ends wait in its [`StreamEnds`] (`stream_ends.rs`).
 #[derive(Debug)]
 pub(crate) enum StreamEvent {
     Deliver(keratin_proto::StreamDeliver),
-    PartitionEnd(keratin_proto::StreamPartitionEnd),
+    EndsPending,
 }
 
 /// Why the task stopped feeding a stream consumer; `None` while it runs or after a cancel.
@@ -216,6 +220,12 @@ struct PendingRequest {
 struct StreamSlot {
     events: mpsc::Sender<StreamEvent>,
     ended: StreamEnded,
+    ends: StreamEnds,
+    /// Messages the broker may still send: the subscription's credit plus the credit given
+    /// since, less the messages received.
+    credit_left: u64,
+    /// `StreamDeliver` frames put in `events` so far.
+    frames_sent: u64,
 }
 
 struct ConsumerSlot {
@@ -662,10 +672,20 @@ impl Connection {
             };
             self.consumers.insert(tag.clone(), slot);
         }
-        if let RequestKind::StreamSubscribe { tag, events, ended } = &kind {
+        if let RequestKind::StreamSubscribe {
+            tag,
+            events,
+            ended,
+            ends,
+            credit,
+        } = &kind
+        {
             let slot = StreamSlot {
                 events: events.clone(),
                 ended: ended.clone(),
+                ends: ends.clone(),
+                credit_left: u64::from(*credit),
+                frames_sent: 0,
             };
             self.stream_consumers.insert(tag.clone(), slot);
         }
@@ -792,7 +812,9 @@ impl Connection {
         }
         for (tag, credit) in credits {
             // Credit for a consumer cancelled since is not sent: the broker would answer 404.
-            if self.stream_consumers.contains_key(&tag) {
+            if let Some(slot) = self.stream_consumers.get_mut(&tag) {
+                // Counted before it is written: the broker sends against it only after.
+                slot.credit_left += u64::from(credit);
                 let frame = Frame::StreamCredit(StreamCredit {
                     consumer_tag: tag,
                     credit,
@@ -903,16 +925,8 @@ impl Connection {
                 self.on_reply(reply.request_id, Frame::StreamListReply(reply))
                     .await
             }
-            Frame::StreamDeliver(deliver) => {
-                let tag = deliver.consumer_tag.clone();
-                self.on_stream_event(tag, StreamEvent::Deliver(deliver))
-                    .await
-            }
-            Frame::StreamPartitionEnd(end) => {
-                let tag = end.consumer_tag.clone();
-                self.on_stream_event(tag, StreamEvent::PartitionEnd(end))
-                    .await
-            }
+            Frame::StreamDeliver(deliver) => self.on_stream_deliver(deliver).await,
+            Frame::StreamPartitionEnd(end) => self.on_stream_partition_end(end).await,
             Frame::Confirm(confirm) => {
                 for range in confirm.ranges {
                     for publish_id in range.first..=range.last {
@@ -1047,27 +1061,72 @@ impl Connection {
         }
     }
 
-    /// Hands a stream consumer its frame. The broker sends at most the consumer's credit in
-    /// messages, and the channel holds that many frames plus one per partition's end, so a
-    /// full channel means the broker broke the credit: the consumer is ended (its messages
-    /// are never dropped silently) and cancelled.
-    async fn on_stream_event(&mut self, tag: String, event: StreamEvent) -> Result<(), Ended> {
-        let Some(slot) = self.stream_consumers.get(&tag) else {
+    /// Hands a frame of messages to its stream consumer, or ends the consumer if the broker
+    /// sent more than its credit (rather than dropping messages or holding more than the
+    /// bound the application chose).
+    async fn on_stream_deliver(
+        &mut self,
+        deliver: keratin_proto::StreamDeliver,
+    ) -> Result<(), Ended> {
+        let tag = deliver.consumer_tag.clone();
+        let Some(slot) = self.stream_consumers.get_mut(&tag) else {
             tracing::debug!(%tag, "stream frame for an unknown consumer");
             return Ok(());
         };
-        let why = match slot.events.try_send(event) {
-            Ok(()) => return Ok(()),
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                tracing::warn!(%tag, "the broker sent more than the stream consumer's credit");
-                Some(StreamEndReason::OverCredit)
+        let count = deliver.messages.len() as u64;
+        let why = if count > slot.credit_left {
+            tracing::warn!(%tag, count, credit_left = slot.credit_left,
+                           "the broker sent more than the stream consumer's credit");
+            Some(StreamEndReason::OverCredit)
+        } else {
+            // The channel holds the credit in frames (each has a message) plus one token:
+            // `Full` is a broker over its credit too.
+            match slot.events.try_send(StreamEvent::Deliver(deliver)) {
+                Ok(()) => {
+                    slot.credit_left -= count;
+                    slot.frames_sent += 1;
+                    return Ok(());
+                }
+                Err(mpsc::error::TrySendError::Full(_)) => Some(StreamEndReason::OverCredit),
+                Err(mpsc::error::TrySendError::Closed(_)) => None,
             }
-            Err(mpsc::error::TrySendError::Closed(_)) => None,
         };
         if let Some(why) = why {
             *lock(&slot.ended) = Some(why);
         }
         self.cancel_consumer(tag).await
+    }
+
+    /// Leaves a partition's end for its stream consumer beside the channel (any number of
+    /// them fit: `stream_ends.rs`) and wakes the handle with a token if none is in yet.
+    async fn on_stream_partition_end(
+        &mut self,
+        end: keratin_proto::StreamPartitionEnd,
+    ) -> Result<(), Ended> {
+        let tag = end.consumer_tag.clone();
+        let Some(slot) = self.stream_consumers.get(&tag) else {
+            tracing::debug!(%tag, "stream frame for an unknown consumer");
+            return Ok(());
+        };
+        let handle_gone = {
+            let mut ends = lock(&slot.ends);
+            if !ends.record(end, slot.frames_sent) {
+                return Ok(());
+            }
+            match slot.events.try_send(StreamEvent::EndsPending) {
+                Ok(()) => {
+                    ends.token_sent();
+                    false
+                }
+                // Frames are in the channel: the handle takes the ends in after them.
+                Err(mpsc::error::TrySendError::Full(_)) => false,
+                Err(mpsc::error::TrySendError::Closed(_)) => true,
+            }
+        };
+        if handle_gone {
+            self.cancel_consumer(tag).await?;
+        }
+        Ok(())
     }
 
     async fn on_error_frame(&mut self, error: keratin_proto::ErrorFrame) -> Result<(), Ended> {

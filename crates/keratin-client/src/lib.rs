@@ -27,6 +27,9 @@
 //!   [`Client::list_streams`], [`Client::delete_stream`], [`Client::commit_cursor`]).
 //! - [`stream_consumer`]: [`Client::stream_subscribe`] and the [`StreamConsumer`] (a `Stream`
 //!   of [`StreamDelivery`]) with its credit and [`StreamConsumer::commit`].
+//! - `stream_ends` (private): a stream consumer's partition ends on their way from the
+//!   connection task to the consumer, beside its bounded channel (a group may end a partition
+//!   any number of times while the application reads nothing).
 //! - [`error`]: [`ClientError`] and [`PublishFailed`].
 //! - [`options`]: [`ClientOptions`] with its login [`Credentials`], and [`BufferedOptions`],
 //!   with their defaults.
@@ -119,6 +122,7 @@ pub mod publisher;
 mod routing;
 mod stream;
 pub mod stream_consumer;
+mod stream_ends;
 pub mod tls;
 
 pub use client::Client;

@@ -23,6 +23,7 @@ use tokio::sync::mpsc;
 use crate::client::{unexpected, Client};
 use crate::connection::{lock, Control, RequestKind, StreamEndReason, StreamEnded, StreamEvent};
 use crate::error::ClientError;
+use crate::stream_ends::StreamEnds;
 
 /// Default credit of a stream consumer, in messages: what the broker may send ahead of the
 /// application, as `keratin consume`'s prefetch (about 1 MiB of 1 KiB messages held here).
@@ -149,6 +150,10 @@ pub struct StreamConsumer {
     credit: u32,
     events: mpsc::Receiver<StreamEvent>,
     ended: StreamEnded,
+    /// Partition ends waiting beside `events` (`stream_ends.rs`).
+    ends: StreamEnds,
+    /// `StreamDeliver` frames taken out of `events` so far.
+    frames_received: u64,
     /// Messages of frames received, not yet taken by the application.
     ready: VecDeque<StreamDelivery>,
     /// Messages taken since credit was last given back.
@@ -184,16 +189,19 @@ impl Client {
         options.check()?;
         self.check_streams()?;
         let tag = self.ids().consumer_tag();
-        // Each frame carries at least one message of the credit, and each partition ends once
-        // per subscription: the broker can never fill this while it keeps to the credit.
-        let capacity =
-            usize::try_from(options.credit).unwrap_or(usize::MAX) + STREAM_PARTITIONS_MAX;
+        // Each frame carries at least one message of the credit (the connection task counts
+        // it), and at most one wake token for the partition ends is in: the broker can never
+        // fill this while it keeps to the credit.
+        let capacity = usize::try_from(options.credit).unwrap_or(usize::MAX) + 1;
         let (events_tx, events) = mpsc::channel(capacity);
         let ended = StreamEnded::default();
+        let ends = StreamEnds::default();
         let kind = RequestKind::StreamSubscribe {
             tag: tag.clone(),
             events: events_tx,
             ended: ended.clone(),
+            ends: ends.clone(),
+            credit: options.credit,
         };
         let operation = format!("subscribe to stream {}", options.stream);
         let frame = StreamSubscribe {
@@ -224,6 +232,8 @@ impl Client {
                 credit: options.credit,
                 events,
                 ended,
+                ends,
+                frames_received: 0,
                 ready: VecDeque::new(),
                 taken: 0,
                 positions: BTreeMap::new(),
@@ -264,8 +274,11 @@ impl StreamConsumer {
 
     /// The partitions the broker stopped sending to this consumer, with why: 409 reassigned
     /// to another member of a group (its position leaves [`Self::positions`]: the other
-    /// member commits it now; messages of it received before are still handed out), 404 the stream deleted, 421 its leader moved (with
-    /// `leader_addr`). Taken: a second call returns only later ends.
+    /// member commits it now; messages of it received before are still handed out), 404 the
+    /// stream deleted, 421 its leader moved (with `leader_addr`). Taken: a second call returns
+    /// only later ends. A partition that ended more than once before the consumer took its
+    /// ends in (a group handing it away and back while the application read nothing) is
+    /// reported once, with its latest end.
     pub fn take_partition_ends(&mut self) -> Vec<(u32, ErrorBody)> {
         std::mem::take(&mut self.partition_ends)
     }
@@ -324,10 +337,11 @@ impl StreamConsumer {
         }
     }
 
-    /// Takes in one frame from the connection task.
+    /// Takes in one event from the connection task, then the partition ends due after it.
     fn on_event(&mut self, event: StreamEvent) {
         match event {
             StreamEvent::Deliver(deliver) => {
+                self.frames_received += 1;
                 let mut moved_from = deliver.moved_from;
                 for message in deliver.messages {
                     self.ready.push_back(StreamDelivery {
@@ -341,31 +355,42 @@ impl StreamConsumer {
                     });
                 }
             }
-            StreamEvent::PartitionEnd(end) => {
-                tracing::debug!(stream = %self.stream, partition = end.partition, error = %end.error,
-                                "the broker stopped sending a partition");
-                if end.error.code() == ERR_CONFLICT {
-                    // Handed to another member of the group, which reads on from the cursor's
-                    // commit: this consumer's position there is no longer one to commit (the
-                    // broker refuses it, and it would move the other member's cursor back).
-                    self.positions.remove(&end.partition);
-                    let left = self
-                        .ready
-                        .iter()
-                        .filter(|d| d.partition == end.partition)
-                        .count();
-                    if left > 0 {
-                        self.handed_over.insert(end.partition, left);
-                    }
-                }
-                if end.error.code() == ERR_NOT_FOUND && self.end_error.is_none() {
-                    // The stream is gone: every partition ends, nothing more will come.
-                    self.end_error = Some(ClientError::Server(end.error.clone()));
-                    self.events.close();
-                }
-                self.partition_ends.push((end.partition, end.error));
+            StreamEvent::EndsPending => lock(&self.ends).token_taken(),
+        }
+        self.take_in_ends();
+    }
+
+    /// Takes in the partition ends the broker sent after the frames received so far.
+    fn take_in_ends(&mut self) {
+        let due = lock(&self.ends).take_due(self.frames_received);
+        for end in due {
+            self.on_partition_end(end);
+        }
+    }
+
+    fn on_partition_end(&mut self, end: keratin_proto::StreamPartitionEnd) {
+        tracing::debug!(stream = %self.stream, partition = end.partition, error = %end.error,
+                        "the broker stopped sending a partition");
+        if end.error.code() == ERR_CONFLICT {
+            // Handed to another member of the group, which reads on from the cursor's commit:
+            // this consumer's position there is no longer one to commit (the broker refuses
+            // it, and it would move the other member's cursor back).
+            self.positions.remove(&end.partition);
+            let left = self
+                .ready
+                .iter()
+                .filter(|d| d.partition == end.partition)
+                .count();
+            if left > 0 {
+                self.handed_over.insert(end.partition, left);
             }
         }
+        if end.error.code() == ERR_NOT_FOUND && self.end_error.is_none() {
+            // The stream is gone: every partition ends, nothing more will come.
+            self.end_error = Some(ClientError::Server(end.error.clone()));
+            self.events.close();
+        }
+        self.partition_ends.push((end.partition, end.error));
     }
 
     /// Hands `delivery` to the application: its position is remembered, and once half the
@@ -401,8 +426,8 @@ impl Stream for StreamConsumer {
     type Item = StreamDelivery;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<StreamDelivery>> {
-        // Each turn hands out a message or takes in one frame; frames without messages (a
-        // partition's end) are bounded by the partitions, so the loop ends.
+        // Each turn hands out a message or takes in one event; at most one event without
+        // messages (the ends' wake token) is in the channel, so the loop ends.
         loop {
             if let Some(delivery) = self.ready.pop_front() {
                 return Poll::Ready(Some(self.hand_out(delivery)));
@@ -410,6 +435,8 @@ impl Stream for StreamConsumer {
             match self.events.poll_recv(cx) {
                 Poll::Ready(Some(event)) => self.on_event(event),
                 Poll::Ready(None) => {
+                    // Ends the broker sent last wait beside the closed channel.
+                    self.take_in_ends();
                     if self.end_error.is_none() {
                         let reason = lock(&self.ended).take();
                         self.end_error = reason.map(|reason| match reason {

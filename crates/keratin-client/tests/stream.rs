@@ -623,9 +623,9 @@ async fn a_version_6_node_gets_no_stream_frame() {
 }
 
 /// A broker that sends more than the credit (here 1 message, then 65 more frames while the
-/// application reads nothing): the client keeps what fits its bound (credit + 64 frames),
-/// cancels the consumer instead of dropping messages silently, and the consumer ends saying
-/// why after yielding what it holds.
+/// application reads nothing): the client counts the credit, keeps what it allowed, cancels
+/// the consumer instead of dropping messages silently, and the consumer ends saying why after
+/// yielding what it holds.
 #[tokio::test]
 async fn a_broker_over_the_credit_ends_the_consumer() {
     let (cancelled_tx, cancelled) = tokio::sync::oneshot::channel();
@@ -675,9 +675,130 @@ async fn a_broker_over_the_credit_ends_the_consumer() {
     while let Some(delivery) = consumer.recv().await {
         offsets.push(delivery.offset);
     }
-    assert_eq!(offsets, (0..65).collect::<Vec<u64>>(), "what fit, in order");
+    assert_eq!(offsets, vec![0], "what the credit allowed");
     let error = consumer.end_error().expect("an end error");
     assert!(error.to_string().contains("credit"), "{error}");
+    drop(consumer);
+    client.close().await;
+    server.await.unwrap();
+}
+
+/// A group hands a partition away and back any number of times while the application reads
+/// nothing (here 200 ends of partition 1 after the credit of 2 was spent): the consumer keeps
+/// running (the ends do not take the slots its credit bounds; a client that queued each end
+/// there ended the consumer "over credit" at the 65th), reports the partition's latest end
+/// once, leaves its position out of the commit, and reads on when it gives credit back.
+#[tokio::test]
+async fn a_partition_ended_many_times_while_unread_does_not_end_the_consumer() {
+    let (addr, server) = fake::start(|mut conn| async move {
+        let Some(Frame::StreamSubscribe(subscribe)) = conn.recv().await else {
+            panic!("expected StreamSubscribe");
+        };
+        assert_eq!(subscribe.credit, 2);
+        let tag = subscribe.consumer_tag.clone();
+        conn.send(Frame::SubscribeOk(SubscribeOk {
+            request_id: subscribe.request_id,
+            consumer_tag: tag.clone(),
+        }))
+        .await;
+        for partition in [0, 1] {
+            conn.send(Frame::StreamDeliver(StreamDeliver {
+                consumer_tag: tag.clone(),
+                partition,
+                moved_from: None,
+                messages: vec![message(0, None)],
+            }))
+            .await;
+        }
+        for round in 0..200 {
+            conn.send(Frame::StreamPartitionEnd(StreamPartitionEnd {
+                consumer_tag: tag.clone(),
+                partition: 1,
+                error: ErrorBody::new(ERR_CONFLICT, format!("handed over, round {round}")),
+            }))
+            .await;
+        }
+        let mut credit = 0;
+        let mut committed = false;
+        loop {
+            match conn.recv().await {
+                // The test's own commit, after the ends: the task has taken them all.
+                Some(Frame::CursorCommit(commit)) if commit.cursor == "sync" => {
+                    conn.ok(commit.request_id).await;
+                }
+                Some(Frame::StreamCredit(given)) => {
+                    assert_eq!(given.consumer_tag, tag);
+                    credit += given.credit;
+                    if credit == 1 {
+                        conn.send(Frame::StreamDeliver(StreamDeliver {
+                            consumer_tag: tag.clone(),
+                            partition: 0,
+                            moved_from: None,
+                            messages: vec![message(1, None)],
+                        }))
+                        .await;
+                    }
+                }
+                Some(Frame::CursorCommit(commit)) => {
+                    assert_eq!(commit.cursor, "g");
+                    assert_eq!(
+                        commit.entries,
+                        vec![CursorEntry {
+                            partition: 0,
+                            offset: 2
+                        }],
+                        "partition 1 is another member's to commit"
+                    );
+                    committed = true;
+                    conn.ok(commit.request_id).await;
+                }
+                // Only when the test drops the consumer, after its commit.
+                Some(Frame::Cancel(cancel)) => {
+                    assert!(committed, "the client cancelled early: {cancel:?}");
+                    conn.ok(cancel.request_id).await;
+                }
+                Some(Frame::Close(close)) => {
+                    conn.send(Frame::Close(close)).await;
+                    return;
+                }
+                Some(other) => panic!("unexpected {other:?}"),
+                None => panic!("the connection ended without a Close"),
+            }
+        }
+    })
+    .await;
+    let client = fake::connect(addr, fake::options()).await;
+    let mut options = StreamSubscribeOptions::new("events").cursor("g").credit(2);
+    options.group = true;
+    let mut consumer = client.stream_subscribe(options).await.unwrap();
+    // Answered after the 200 ends on the same connection: the task has handled them all.
+    let entry = CursorEntry {
+        partition: 0,
+        offset: 0,
+    };
+    client
+        .commit_cursor("events", "sync", &[entry])
+        .await
+        .expect("the sync commit");
+    let mut offsets = Vec::new();
+    for _ in 0..3 {
+        let delivery = tokio::time::timeout(fake::TEST_WAIT, consumer.recv())
+            .await
+            .expect("in time")
+            .unwrap_or_else(|| panic!("the consumer ended: {:?}", consumer.end_error()));
+        offsets.push((delivery.partition, delivery.offset));
+    }
+    assert_eq!(offsets, vec![(0, 0), (1, 0), (0, 1)]);
+    assert!(consumer.end_error().is_none(), "{:?}", consumer.end_error());
+    consumer.commit().await.expect("commit");
+    let ends = consumer.take_partition_ends();
+    assert_eq!(
+        ends.len(),
+        1,
+        "the latest end of partition 1, once: {ends:?}"
+    );
+    assert_eq!((ends[0].0, ends[0].1.code()), (1, ERR_CONFLICT));
+    assert!(ends[0].1.message().contains("round 199"), "{:?}", ends[0].1);
     drop(consumer);
     client.close().await;
     server.await.unwrap();
