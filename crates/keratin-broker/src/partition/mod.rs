@@ -9,6 +9,8 @@ pub mod dead_letter;
 pub(crate) mod delivery_state;
 pub mod local_log;
 pub mod log;
+#[cfg(test)]
+pub(crate) mod mem_log;
 pub(crate) mod owner;
 pub(crate) mod prepare;
 pub mod producers;

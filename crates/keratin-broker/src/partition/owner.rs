@@ -23,8 +23,6 @@ mod delivery;
 mod disk;
 mod follow;
 mod idle;
-#[cfg(test)]
-mod mem_log;
 mod rebuild;
 mod reclaim;
 mod role;

@@ -9,8 +9,9 @@
 //!   ([`CursorTable`]) and when the cursor log is compacted ([`should_compact`]);
 //!   `cursor_log`: [`CursorLog`], a single node's cursor log written through and compacted
 //!   (blocking).
-//! - `partition`: [`StreamPartition`], the owner task of one partition on a single node:
-//!   appends through the gate, checkpoints, retention passes, stop and heal; reads beside it.
+//! - `partition`: [`StreamPartition`], the owner task of one partition: appends through the
+//!   gate, checkpoints, retention passes, stop and heal; reads beside it; on a replicated log
+//!   (`partition/follow.rs`) roles, and the records another node's owner proposed.
 //! - `state`: [`StreamPartitionState`], one partition's state applied from its records
 //!   (counts over its history, producer windows, checkpoints); `rebuild`: that state from a
 //!   partition log's last checkpoint ([`rebuild()`]), blocking.
@@ -21,7 +22,9 @@
 //!   and figures. The broker declares, opens, deletes and times retention for them
 //!   (`broker/streams.rs`).
 //!
-//! Not built yet (`docs/streams.md`, "Build order"): replication.
+//! Not built yet (`docs/streams.md`, "Build order"): the cluster side of replication (stream
+//! declarations through the metadata group, partitions opened on replicated logs, routing to
+//! partition leaders, the replicated cursor log).
 
 pub mod cursor_log;
 pub mod cursors;

@@ -9,8 +9,10 @@
 //! producer's messages keep their order), and a due checkpoint holds new appends until every
 //! record proposed before it is applied (it describes the applied state at its offset).
 //!
-//! Not built yet: a replicated partition log's events (roles, records committed by another
-//! node); this owner refuses to run on a log that sends them.
+//! On a replicated log (`keratin-raft`) only the leader's owner appends; a follower's owner
+//! applies what the leader committed, and a new leader appends only once it applied every
+//! record an earlier leader wrote (`partition/follow.rs`). Each replica runs retention on its
+//! own copy, never above what it applied.
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::ops::Range;
@@ -21,7 +23,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::error::{BrokerError, BrokerResult};
 use crate::gate::{GateDecision, PublishGate};
-use crate::partition::log::{LogEvent, LogEvents, PartitionLog, Proposal};
+use crate::partition::log::{LogEvent, LogEvents, PartitionLog, Proposal, Role};
 use crate::partition::producers::Verdict;
 use crate::record::Message;
 use crate::stream::rebuild::rebuild;
@@ -29,6 +31,8 @@ use crate::stream::records::{StreamRecord, StreamSettings, STREAM_CHECKPOINT, ST
 use crate::stream::retention::{decide, Bound, Removal, RetentionBounds, SegmentFacts};
 use crate::stream::state::StreamPartitionState;
 use crate::stream::CHECKPOINT_INTERVAL_DIVISOR;
+
+mod follow;
 
 /// How often a stopped log is offered a heal (when the gate allows it).
 const HEAL_RETRY: Duration = Duration::from_millis(500);
@@ -123,6 +127,10 @@ pub struct StreamPartitionFigures {
     pub stops: u64,
     /// Times its log healed since the partition opened.
     pub heals: u64,
+    /// This node leads the partition (always, on a single node).
+    pub leading: bool,
+    /// The leader's node id, when another node leads and it is known.
+    pub leader: Option<u64>,
 }
 
 enum Command {
@@ -155,6 +163,19 @@ enum Command {
     HealTick,
     Healed {
         result: BrokerResult<(StreamPartitionState, Held)>,
+    },
+    /// Records another node proposed, read for applying from `from` (`partition/follow.rs`).
+    Followed {
+        from: u64,
+        result: BrokerResult<Vec<follow::Foreign>>,
+    },
+    /// The state rebuilt after the log restarted past it (a snapshot installed).
+    Restarted {
+        result: BrokerResult<(StreamPartitionState, Held)>,
+    },
+    /// The grace after this node stopped leading (`leadership` counts role changes) ended.
+    StepDownGrace {
+        leadership: u64,
     },
     Close {
         reply: oneshot::Sender<BrokerResult<()>>,
@@ -231,6 +252,11 @@ impl StreamPartition {
             retention_busy: false,
             closing: None,
             sealed: Arc::new(Mutex::new(BTreeMap::new())),
+            role: Role::alone(),
+            leadership: 0,
+            committed_up_to: 0,
+            following: false,
+            restarting: false,
         };
         owner.publish_figures();
         tokio::spawn(owner.run(receiver));
@@ -615,6 +641,16 @@ struct Owner {
     /// Facts of sealed segments (they never change), by base offset, so a retention pass
     /// reads only segments it has not seen.
     sealed: Arc<Mutex<BTreeMap<u64, Sealed>>>,
+    /// This node's role, as the log last reported it (a local log always leads).
+    role: Role,
+    /// Role changes seen (stale step-down timers are told by it).
+    leadership: u64,
+    /// One past the last offset the log reported committed by any node.
+    committed_up_to: u64,
+    /// A read of records to follow is running.
+    following: bool,
+    /// A rebuild after the log restarted past the state is running.
+    restarting: bool,
 }
 
 /// What retention read of a sealed segment.
@@ -633,6 +669,10 @@ impl Owner {
                     timestamp_ms,
                     reply,
                 } => {
+                    if !self.role.leading {
+                        let _ = reply.send(Err(self.not_leader()));
+                        continue;
+                    }
                     if let Some(stopped) = &self.stopped {
                         // Refused at once: the log heals in the background.
                         let _ = reply.send(Err(BrokerError::Unavailable {
@@ -694,6 +734,9 @@ impl Owner {
                 }
                 Command::HealTick => self.try_heal(),
                 Command::Healed { result } => self.healed(result),
+                Command::Followed { from, result } => self.followed(from, result),
+                Command::Restarted { result } => self.restarted(result),
+                Command::StepDownGrace { leadership } => self.step_down_grace(leadership),
                 Command::Close { reply } => {
                     let stream = self.config.stream.clone();
                     self.fail_waiting(|| BrokerError::Closed(format!("stream {stream:?}")));
@@ -705,6 +748,8 @@ impl Owner {
                 && self.inflight.is_empty()
                 && !self.retention_busy
                 && !self.healing
+                && !self.following
+                && !self.restarting
             {
                 break;
             }
@@ -733,6 +778,12 @@ impl Owner {
             figures.bytes = self.state.bytes().saturating_sub(self.held.bytes_below);
             figures.oldest_timestamp_ms = self.held.oldest_timestamp_ms;
             figures.stopped = self.stopped.is_some();
+            figures.leading = self.role.leading;
+            figures.leader = if self.role.leading {
+                None
+            } else {
+                self.role.leader
+            };
         }
         self.end.send_if_modified(|end| {
             let next = self.state.next_offset();
@@ -780,6 +831,9 @@ impl Owner {
             };
             if self.inflight.len() >= PROPOSALS_IN_FLIGHT_MAX {
                 return; // the next commit pumps again
+            }
+            if !self.caught_up() {
+                return; // the follow that catches up pumps again
             }
             let interval = self.config.segment_bytes / CHECKPOINT_INTERVAL_DIVISOR;
             let checkpoint_due = self.state.checkpoint_due(interval);
@@ -911,15 +965,12 @@ impl Owner {
                 Ok(range) => self.committed(sequence, range),
                 Err(error) => self.failed(sequence, error),
             },
-            other => {
-                // A replicated log's events: not built for streams yet (module docs).
-                tracing::error!(
-                    stream = %self.config.stream,
-                    partition = self.config.index,
-                    event = ?other,
-                    "a stream partition got a replicated log's event; streams run on one node only for now"
-                );
+            LogEvent::Role(role) => self.role_changed(role),
+            LogEvent::Committed { up_to } => {
+                self.committed_up_to = self.committed_up_to.max(up_to);
+                self.maybe_follow();
             }
+            LogEvent::Stopped { error } => self.stop(BrokerError::Log(error)),
         }
     }
 
@@ -931,11 +982,22 @@ impl Owner {
             return; // failed already (the log stopped): the heal's rebuild has it
         };
         inflight.committed = Some(range);
+        self.apply_ready();
+    }
+
+    /// Applies the committed proposals at the head of the queue, in order. One that lands past
+    /// the state's end waits for the records before it (another leader's, or a replicated
+    /// log's own entries) to be followed first.
+    fn apply_ready(&mut self) {
         while let Some(range) = self.inflight.front().and_then(|i| i.committed.clone()) {
+            if range.start > self.state.next_offset() {
+                self.maybe_follow();
+                break;
+            }
             assert_eq!(
                 range.start,
                 self.state.next_offset(),
-                "a local log commits proposals at consecutive offsets in proposal order"
+                "a log commits proposals past every record applied, in proposal order"
             );
             if !self.apply_committed(range) {
                 return;
@@ -944,6 +1006,7 @@ impl Owner {
         self.publish_figures();
         self.retention_as_written();
         self.pump();
+        self.maybe_follow();
     }
 
     /// A retention pass each half segment written (stream with retention only), besides the
@@ -1017,7 +1080,26 @@ impl Owner {
     }
 
     fn failed(&mut self, sequence: u64, error: BrokerError) {
-        if !self.inflight.iter().any(|i| i.sequence == sequence) {
+        let Some(at) = self.inflight.iter().position(|i| i.sequence == sequence) else {
+            return;
+        };
+        if matches!(error, BrokerError::NotLeader { .. }) {
+            // A replicated log that does not lead (any more): this proposal took no offset
+            // and the log runs on (its successor's records come as commits).
+            let mut refused = self.inflight.remove(at).expect("found");
+            for (record, _) in &refused.records {
+                if let StreamRecord::Message(Message {
+                    producer: Some(mark),
+                    ..
+                }) = record
+                {
+                    self.inflight_marks.remove(&(mark.producer, mark.sequence));
+                }
+            }
+            if let Some(reply) = refused.reply.take() {
+                let _ = reply.send(Err(error));
+            }
+            self.apply_ready();
             return;
         }
         self.stop(error);
@@ -1104,6 +1186,7 @@ impl Owner {
                 self.lock_figures().heals += 1;
                 self.publish_figures();
                 self.pump();
+                self.maybe_follow();
             }
             Err(error) => {
                 tracing::warn!(stream = %self.config.stream, partition = self.config.index, %error, "stream partition heal failed; trying again");
@@ -1129,13 +1212,19 @@ impl Owner {
         let segment_bytes = self.config.segment_bytes;
         let commands = self.commands.clone();
         let sealed = self.sealed.clone();
+        // A replica removes only what it applied (a follower may lag behind its log's
+        // commits); on a single node every committed record is applied.
+        let applied = self.state.next_offset();
         tokio::task::spawn_blocking(move || {
             let result = (|| {
                 let facts = segment_facts(log.as_ref(), segment_bytes, &sealed)?;
-                let end = log.committed_offset();
+                let end = log.committed_offset().min(applied);
                 let Some(removal) = decide(&facts, end, &bounds, now_ms) else {
                     return Ok(None);
                 };
+                if removal.before > applied {
+                    return Ok(None);
+                }
                 let removing = log.remove_prefix(removal.before)?;
                 futures_block_on(removing)?;
                 Ok(Some((removal, Held::read(log.as_ref())?)))

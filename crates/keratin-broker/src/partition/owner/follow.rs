@@ -205,10 +205,10 @@ mod tests {
     //! twice (the state differs from the state rebuilt from the log), or proposed at an offset
     //! that was not the next one.
 
-    use super::super::mem_log::MemLog;
     use super::*;
     use crate::broker::LocalDeadLetters;
     use crate::gate::OpenGate;
+    use crate::partition::mem_log::MemLog;
     use crate::record::{Outcome, Settled};
 
     fn context() -> OwnerContext {

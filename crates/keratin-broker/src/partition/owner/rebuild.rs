@@ -86,8 +86,8 @@ mod tests {
     //! (issue 14's cluster test, round 5: the restarted node failed to start with "committed
     //! entries 713495..713751 are no longer in this replica's log").
 
-    use super::super::mem_log::MemLog;
     use super::*;
+    use crate::partition::mem_log::MemLog;
 
     fn enqueue(body: &str) -> (u8, Vec<u8>) {
         let mut payload = Vec::new();

@@ -1,7 +1,8 @@
-//! `MemLog`, a replicated log's stand-in for the owner's tests: committed records in memory,
-//! every proposal committed at once, records "committed by another node" on demand, and a log
-//! restart past its end (a follower installing the leader's snapshot) that can strike in the
-//! middle of a read.
+//! `MemLog`, a replicated log's stand-in for the partition owners' tests (queue and stream):
+//! committed records in memory, every proposal committed at once (or held until the test
+//! settles it), records "committed by another node" on demand, roles (a follower refuses
+//! proposals, "not the leader"), a storage failure, and a log restart past its end (a follower
+//! installing the leader's snapshot) that can strike in the middle of a read.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,13 +13,13 @@ use keratin_log::{LogError, LogResult, ReadRecord};
 use crate::error::{BrokerError, BrokerResult};
 use crate::partition::log::{
     BoxReader, LogEvent, LogEvents, LogSpace, PartitionLog, PartitionReader, Proposal, Proposing,
-    Removing,
+    Removing, Role,
 };
 use crate::record::PartitionRecord;
 
 /// See the module docs.
 #[derive(Default)]
-pub(super) struct MemLog {
+pub(crate) struct MemLog {
     /// Every record from offset 0; those below `start` are gone.
     records: Mutex<Vec<(u8, Vec<u8>)>>,
     start: AtomicU64,
@@ -27,21 +28,96 @@ pub(super) struct MemLog {
     /// `(at, new_start)`: the next read from below `at` returns the records up to `at`, then
     /// fails because the log restarted at `new_start` meanwhile (once).
     restart_mid_read: Mutex<Option<(u64, u64)>>,
+    /// Each record's timestamp, beside `records`.
+    timestamps: Mutex<Vec<u64>>,
+    /// The role last set (`None`: it leads, as a local log).
+    role: Mutex<Option<Role>>,
+    /// Proposals are taken but not committed until [`MemLog::settle_held`].
+    hold: std::sync::atomic::AtomicBool,
+    held: Mutex<Vec<Proposal>>,
 }
 
 impl MemLog {
     /// Append committed records; returns their offsets.
-    pub(super) fn push(&self, records: &[(u8, Vec<u8>)]) -> Range<u64> {
+    pub(crate) fn push(&self, records: &[(u8, Vec<u8>)]) -> Range<u64> {
+        self.push_at(records, 0)
+    }
+
+    fn push_at(&self, records: &[(u8, Vec<u8>)], timestamp_ms: u64) -> Range<u64> {
         let mut held = self.records.lock().expect("lock");
         let start = held.len() as u64;
         held.extend_from_slice(records);
         let end = held.len() as u64;
+        let mut timestamps = self.timestamps.lock().expect("lock");
+        timestamps.resize(end as usize, timestamp_ms);
         self.committed.store(end, Ordering::SeqCst);
         start..end
     }
 
+    /// Encoded records another node proposed (`(type, payload)`), now committed.
+    pub(crate) fn commit_foreign_encoded(&self, records: &[(u8, Vec<u8>)], timestamp_ms: u64) {
+        let range = self.push_at(records, timestamp_ms);
+        let events = self.events.get().expect("started");
+        events.send(LogEvent::Committed { up_to: range.end });
+    }
+
+    /// This node's role changes to `role` (reported to the owner).
+    pub(crate) fn set_role(&self, role: Role) {
+        *self.role.lock().expect("lock") = Some(role.clone());
+        self.events
+            .get()
+            .expect("started")
+            .send(LogEvent::Role(role));
+    }
+
+    /// From now on proposals wait in the log until [`MemLog::settle_held`].
+    pub(crate) fn hold_proposals(&self) {
+        self.hold.store(true, Ordering::SeqCst);
+    }
+
+    /// How many proposals wait.
+    pub(crate) fn held_count(&self) -> usize {
+        self.held.lock().expect("lock").len()
+    }
+
+    /// Ends the held proposals: committed (after whatever was committed meanwhile) or failed
+    /// with `error`; later proposals commit at once again.
+    pub(crate) fn settle_held(&self, error: Option<BrokerError>) {
+        self.hold.store(false, Ordering::SeqCst);
+        let held = std::mem::take(&mut *self.held.lock().expect("lock"));
+        let events = self.events.get().expect("started");
+        for proposal in held {
+            let result = match &error {
+                Some(error) => Err(error.clone()),
+                None => Ok(self.commit_proposal(&proposal)),
+            };
+            events.send(LogEvent::Proposed {
+                sequence: proposal.sequence,
+                result,
+            });
+        }
+    }
+
+    /// This node's copy fails (a replicated log's fenced storage).
+    pub(crate) fn fail_storage(&self) {
+        let events = self.events.get().expect("started");
+        events.send(LogEvent::Stopped {
+            error: LogError::Invalid("the test failed the storage".into()),
+        });
+    }
+
+    fn commit_proposal(&self, proposal: &Proposal) -> Range<u64> {
+        let records: Vec<(u8, Vec<u8>)> = proposal
+            .types
+            .iter()
+            .copied()
+            .zip(proposal.payloads.iter().cloned())
+            .collect();
+        self.push_at(&records, proposal.timestamp_ms)
+    }
+
     /// Records another node proposed, now committed.
-    pub(super) fn commit_foreign(&self, records: &[PartitionRecord]) {
+    pub(crate) fn commit_foreign(&self, records: &[PartitionRecord]) {
         let encoded: Vec<(u8, Vec<u8>)> = records
             .iter()
             .map(|r| (r.record_type(), r.encode()))
@@ -53,12 +129,12 @@ impl MemLog {
 
     /// The next read from below `at` stops there: the log restarts at `new_start` (see the
     /// field).
-    pub(super) fn restart_during_next_read(&self, at: u64, new_start: u64) {
+    pub(crate) fn restart_during_next_read(&self, at: u64, new_start: u64) {
         *self.restart_mid_read.lock().expect("lock") = Some((at, new_start));
     }
 
     /// The log restarts at `new_start` now (a snapshot installed before the owner opened).
-    pub(super) fn restart(&self, new_start: u64) {
+    pub(crate) fn restart(&self, new_start: u64) {
         self.restart_at(new_start);
     }
 
@@ -80,9 +156,16 @@ impl PartitionLog for MemLog {
 
     fn propose(self: Arc<Self>, proposal: Proposal) -> Proposing {
         Box::pin(async move {
-            let records: Vec<(u8, Vec<u8>)> =
-                proposal.types.into_iter().zip(proposal.payloads).collect();
-            let range = self.push(&records);
+            if let Some(role) = self.role.lock().expect("lock").as_ref() {
+                if !role.leading {
+                    return Err(role.not_leader("mem", 0));
+                }
+            }
+            if self.hold.load(Ordering::SeqCst) {
+                self.held.lock().expect("lock").push(proposal);
+                return Ok(());
+            }
+            let range = self.commit_proposal(&proposal);
             let events = self.events.get().expect("started");
             events.send(LogEvent::Proposed {
                 sequence: proposal.sequence,
@@ -99,6 +182,7 @@ impl PartitionLog for MemLog {
             .expect("lock")
             .take_if(|(at, _)| offset < *at);
         let held = self.records.lock().expect("lock");
+        let timestamps = self.timestamps.lock().expect("lock");
         let start = self.start.load(Ordering::SeqCst);
         let until = restart.map_or(held.len() as u64, |(at, _)| at);
         let records: Vec<ReadRecord> = (offset..until)
@@ -107,10 +191,11 @@ impl PartitionLog for MemLog {
                 offset,
                 record_type: *record_type,
                 flags: 0,
-                timestamp_ms: 0,
+                timestamp_ms: timestamps.get(offset as usize).copied().unwrap_or(0),
                 payload: payload.clone(),
             })
             .collect();
+        drop(timestamps);
         drop(held);
         let failure = if offset < start {
             Some(format!(

@@ -1,0 +1,549 @@
+//! A stream partition on a replicated log (`keratin-raft`): roles, and applying records this
+//! owner did not propose. On a single node's local log none of this runs: it always leads and
+//! reports only its own proposals.
+//!
+//! - **Roles.** Only the leader's owner appends; a follower's answers appends with
+//!   [`BrokerError::NotLeader`] naming the leader. When this node stops leading, appends waiting
+//!   for the gate are refused "not the leader"; those in the log are answered by the log when
+//!   their fate is known (committed by the successor, or cut: "not the leader"), and any still
+//!   unknown after [`STEP_DOWN_GRACE`] are answered [`BrokerError::LeadershipLost`] (outcome
+//!   unknown; an idempotent producer's retry is stored once).
+//! - **A new leader catches up first.** Every record below the leadership's first offset
+//!   (`Role::from`) may be an earlier leader's; this owner proposes nothing — no message (its
+//!   producers' sequences are checked against the state) and no checkpoint (it describes the
+//!   state at its offset) — until it has applied them all.
+//! - **Following.** Records committed by another node are read back from the log on the
+//!   blocking pool, in bounded batches, and applied in offset order exactly like this owner's
+//!   own: only while none of its own proposals is pending, or up to the first offset of its
+//!   oldest pending proposal once that one is committed past the head (a new leader's records
+//!   land after its predecessor's and the log's own entries). A read that comes back after the
+//!   state moved on (a heal's rebuild) is dropped and read again from the new head.
+//! - **A log restarted past the head** (a lagging follower installed the leader's snapshot) is
+//!   not read: the state is rebuilt from the log's start, as at open.
+//!
+//! Checkpoints written by the leader are checked on every replica as they apply: one that does
+//! not match the state it follows stops the partition instead of building on a wrong state.
+
+use super::*;
+
+/// A read of foreign records stops after this many records...
+const FOLLOW_BATCH_COUNT: usize = 1024;
+
+/// ...or once it holds this many bytes of payloads (one batch per partition in memory).
+const FOLLOW_BATCH_BYTES: usize = 4 << 20;
+
+/// How long appends in the log when this node stops leading wait for their fate before they
+/// are answered as unknown (as a queue partition's: a deposed leader that still reaches the
+/// others learns it within a few heartbeats of 100 ms).
+pub(crate) const STEP_DOWN_GRACE: Duration = Duration::from_millis(500);
+
+/// A record another node proposed, read for applying.
+#[derive(Debug)]
+pub(crate) struct Foreign {
+    offset: u64,
+    timestamp_ms: u64,
+    payload_bytes: u64,
+    record: StreamRecord,
+}
+
+impl Owner {
+    /// The refusal of an append on a node that does not lead.
+    pub(super) fn not_leader(&self) -> BrokerError {
+        self.role.not_leader(&self.config.stream, self.config.index)
+    }
+
+    /// Appends may be proposed: the state holds every record an earlier leader wrote, and is
+    /// not being rebuilt.
+    pub(super) fn caught_up(&self) -> bool {
+        self.state.next_offset() >= self.role.from && !self.restarting
+    }
+
+    /// The log reported a role.
+    pub(super) fn role_changed(&mut self, role: Role) {
+        let was_leading = self.role.leading;
+        tracing::info!(stream = %self.config.stream, partition = self.config.index,
+                       leading = role.leading, leader = ?role.leader, from = role.from,
+                       "stream partition role");
+        self.role = role;
+        if was_leading != self.role.leading {
+            self.leadership += 1;
+        }
+        if was_leading && !self.role.leading {
+            let refusal = self.not_leader();
+            self.fail_waiting(|| refusal.clone());
+            if self.inflight.iter().any(|i| i.reply.is_some()) {
+                let commands = self.commands.clone();
+                let leadership = self.leadership;
+                tokio::spawn(async move {
+                    tokio::time::sleep(STEP_DOWN_GRACE).await;
+                    let _ = commands.send(Command::StepDownGrace { leadership });
+                });
+            }
+        }
+        self.publish_figures();
+        self.pump();
+        self.maybe_follow();
+    }
+
+    /// The grace after stepping down ended: appends whose fate is still unknown are answered
+    /// so (their proposals stay in the log's hands, and are applied if committed).
+    pub(super) fn step_down_grace(&mut self, leadership: u64) {
+        if leadership != self.leadership || self.role.leading {
+            return;
+        }
+        let why = match (self.role.leader, &self.role.addr) {
+            (Some(id), Some(addr)) => format!("node {id} at {addr} leads it now"),
+            (Some(id), None) => format!("node {id} leads it now"),
+            (None, _) => {
+                "no leader is known here: this node may be cut off from the others".to_string()
+            }
+        };
+        for inflight in &mut self.inflight {
+            if let Some(reply) = inflight.reply.take() {
+                let _ = reply.send(Err(BrokerError::LeadershipLost {
+                    queue: self.config.stream.clone(),
+                    partition: self.config.index,
+                    why: why.clone(),
+                }));
+            }
+        }
+    }
+
+    /// Where foreign records may be applied up to now (see the module docs).
+    fn follow_limit(&self) -> Option<u64> {
+        match self.inflight.front() {
+            None => Some(self.committed_up_to),
+            Some(Inflight {
+                committed: Some(range),
+                ..
+            }) if range.start > self.state.next_offset() => Some(range.start),
+            Some(_) => None,
+        }
+    }
+
+    /// Reads the next batch of foreign records when some are committed and not applied and
+    /// nothing of this owner's is in the way; rebuilds the state when the log restarted past
+    /// it.
+    pub(super) fn maybe_follow(&mut self) {
+        if self.following || self.restarting || self.stopped.is_some() || self.healing {
+            return;
+        }
+        let from = self.state.next_offset();
+        let Some(until) = self.follow_limit() else {
+            return;
+        };
+        if until <= from {
+            return;
+        }
+        let log = self.log.clone();
+        let commands = self.commands.clone();
+        if from < log.start_offset() {
+            // The log restarted past the head: only a rebuild from its start makes the state
+            // equal the log again (nothing of this owner's is pending: follow_limit).
+            tracing::info!(stream = %self.config.stream, partition = self.config.index, from,
+                           start = log.start_offset(),
+                           "the log restarted past the applied state; rebuilding it");
+            self.restarting = true;
+            tokio::task::spawn_blocking(move || {
+                let result = rebuild(log.as_ref())
+                    .map(|rebuilt| rebuilt.state)
+                    .and_then(|state| Ok((state, Held::read(log.as_ref())?)));
+                let _ = commands.send(Command::Restarted { result });
+            });
+            return;
+        }
+        self.following = true;
+        tokio::task::spawn_blocking(move || {
+            let result = read_foreign(log.as_ref(), from, until);
+            let _ = commands.send(Command::Followed { from, result });
+        });
+    }
+
+    /// A batch of foreign records read from `from`: applied, unless the state moved meanwhile.
+    pub(super) fn followed(&mut self, from: u64, result: BrokerResult<Vec<Foreign>>) {
+        self.following = false;
+        if self.stopped.is_some() || from != self.state.next_offset() {
+            self.maybe_follow();
+            return;
+        }
+        let records = match result {
+            Ok(records) => records,
+            Err(_) if from < self.log.start_offset() => {
+                // The log restarted past the read while it ran: rebuild (maybe_follow).
+                self.maybe_follow();
+                return;
+            }
+            Err(error) => {
+                tracing::warn!(stream = %self.config.stream, partition = self.config.index, %error, "reading committed records to follow failed; the partition stops");
+                self.stop(error);
+                return;
+            }
+        };
+        for foreign in records {
+            if let Err(error) = self.state.apply(
+                foreign.offset,
+                foreign.timestamp_ms,
+                foreign.payload_bytes,
+                &foreign.record,
+            ) {
+                // A broken invariant (a checkpoint that does not match, a gap): stop rather
+                // than build on a wrong state; the heal rebuilds from the log.
+                tracing::error!(stream = %self.config.stream, partition = self.config.index, %error, "a record committed by another node does not apply; the partition stops");
+                self.stop(error);
+                return;
+            }
+            if foreign.record.record_type() == STREAM_MESSAGE
+                && self.held.oldest_timestamp_ms.is_none()
+            {
+                self.held.oldest_timestamp_ms = Some(foreign.timestamp_ms);
+            }
+        }
+        self.apply_ready();
+    }
+
+    /// The state rebuilt after the log restarted past it.
+    pub(super) fn restarted(&mut self, result: BrokerResult<(StreamPartitionState, Held)>) {
+        self.restarting = false;
+        match result {
+            Ok((state, held)) => {
+                self.state = state;
+                self.held = held;
+                self.apply_ready();
+            }
+            Err(error) => {
+                tracing::warn!(stream = %self.config.stream, partition = self.config.index, %error, "rebuilding after the log restarted failed; the partition stops");
+                self.stop(error);
+            }
+        }
+    }
+}
+
+/// Reads the committed records of `from..until` (at most a batch; blocking).
+fn read_foreign(log: &dyn PartitionLog, from: u64, until: u64) -> BrokerResult<Vec<Foreign>> {
+    let mut records = Vec::new();
+    let mut bytes = 0usize;
+    for (expected, record) in (from..).zip(log.reader(from)) {
+        let record = record?;
+        if record.offset >= until {
+            break;
+        }
+        if record.offset != expected {
+            return Err(BrokerError::Corrupt {
+                what: "stream partition",
+                offset: record.offset,
+                reason: format!("the log skipped from {expected} to {}", record.offset),
+            });
+        }
+        bytes += record.payload.len();
+        let decoded = StreamRecord::decode(record.record_type, &record.payload, record.offset)?;
+        records.push(Foreign {
+            offset: record.offset,
+            timestamp_ms: record.timestamp_ms,
+            payload_bytes: record.payload.len() as u64,
+            record: decoded,
+        });
+        if records.len() >= FOLLOW_BATCH_COUNT || bytes >= FOLLOW_BATCH_BYTES {
+            break;
+        }
+    }
+    if records.is_empty() {
+        // The log said these are committed: a copy that cannot read them back is damaged.
+        return Err(BrokerError::Corrupt {
+            what: "stream partition",
+            offset: from,
+            reason: format!("the log's records end at {from}, before its committed end {until}"),
+        });
+    }
+    Ok(records)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gate::OpenGate;
+    use crate::partition::mem_log::MemLog;
+    use crate::record::ProducerSeq;
+    use crate::stream::records::Checkpoint;
+
+    const LEADER_ADDR: &str = "127.0.0.1:5690";
+
+    fn config() -> StreamPartitionConfig {
+        StreamPartitionConfig {
+            stream: "s".into(),
+            index: 0,
+            dir: std::path::PathBuf::from("s/0"),
+            device: 1,
+            segment_bytes: 64 << 10,
+            settings: StreamSettings::default(),
+            retention_as_written: false,
+        }
+    }
+
+    async fn open(log: &Arc<MemLog>) -> StreamPartition {
+        let log: Arc<dyn PartitionLog> = log.clone();
+        StreamPartition::open(log, Arc::new(OpenGate), config())
+            .await
+            .expect("opens")
+    }
+
+    fn following(leader: u64) -> Role {
+        Role {
+            leading: false,
+            leader: Some(leader),
+            addr: Some(LEADER_ADDR.into()),
+            from: 0,
+        }
+    }
+
+    fn leading_from(from: u64) -> Role {
+        Role {
+            leading: true,
+            leader: Some(1),
+            addr: None,
+            from,
+        }
+    }
+
+    fn message(i: u64, producer: Option<(u64, u64)>) -> Message {
+        let mut m = Message::new(format!("m{i}").into_bytes());
+        m.producer = producer.map(|(producer, sequence)| ProducerSeq { producer, sequence });
+        m
+    }
+
+    fn encode(records: &[StreamRecord]) -> Vec<(u8, Vec<u8>)> {
+        records
+            .iter()
+            .map(|r| (r.record_type(), r.encode().expect("encodes")))
+            .collect()
+    }
+
+    /// Waits (bounded) until `done` holds.
+    async fn until(what: &str, done: impl Fn() -> bool) {
+        for _ in 0..500 {
+            if done() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("not in 5 s: {what}");
+    }
+
+    async fn read_all(partition: &StreamPartition) -> Vec<(u64, Vec<u8>)> {
+        let read = partition.read(0, 4096, usize::MAX).await.expect("reads");
+        read.messages
+            .into_iter()
+            .map(|m| (m.offset, m.message.body))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_follower_applies_the_leaders_records_and_refuses_appends() {
+        let log = Arc::new(MemLog::default());
+        let partition = open(&log).await;
+        log.set_role(following(2));
+        let refused = partition.append(vec![message(0, None)], 5).await;
+        match refused {
+            Err(BrokerError::NotLeader { leader, addr, .. }) => {
+                assert_eq!((leader, addr.as_deref()), (Some(2), Some(LEADER_ADDR)));
+            }
+            other => panic!("a follower refuses appends: {other:?}"),
+        }
+        // The leader's records: two messages, its checkpoint of them, one more.
+        let mut leader = StreamPartitionState::new(0);
+        let mut records = Vec::new();
+        for i in 0..2 {
+            let record = StreamRecord::Message(message(i, Some((7, i + 1))));
+            let bytes = record.encode().expect("encodes").len() as u64;
+            leader.apply(i, 100, bytes, &record).expect("applies");
+            records.push(record);
+        }
+        records.push(StreamRecord::Checkpoint(leader.checkpoint()));
+        records.push(StreamRecord::Noop);
+        records.push(StreamRecord::Message(message(4, Some((7, 3)))));
+        log.commit_foreign_encoded(&encode(&records), 100);
+        let end = partition.watch_end();
+        until("the follower applied the records", || *end.borrow() == 5).await;
+        let figures = partition.figures();
+        assert_eq!(figures.messages, 3);
+        assert!(!figures.leading);
+        assert_eq!(figures.leader, Some(2));
+        assert!(!figures.stopped, "the leader's checkpoint matched");
+        assert_eq!(
+            read_all(&partition).await,
+            vec![
+                (0, b"m0".to_vec()),
+                (1, b"m1".to_vec()),
+                (4, b"m4".to_vec())
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_checkpoint_that_does_not_match_the_followers_state_stops_it() {
+        let log = Arc::new(MemLog::default());
+        let partition = open(&log).await;
+        log.set_role(following(2));
+        let wrong = Checkpoint {
+            messages: 9,
+            bytes: 9,
+            producers: Vec::new(),
+        };
+        let records = [
+            StreamRecord::Message(message(0, None)),
+            StreamRecord::Checkpoint(wrong),
+        ];
+        log.commit_foreign_encoded(&encode(&records), 100);
+        until("the partition stopped", || partition.figures().stopped).await;
+        assert_eq!(
+            *partition.watch_end().borrow(),
+            1,
+            "nothing past the record before"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_new_leader_appends_only_after_its_predecessors_records() {
+        let log = Arc::new(MemLog::default());
+        let partition = open(&log).await;
+        log.set_role(following(2));
+        let first = [
+            StreamRecord::Message(message(0, Some((7, 1)))),
+            StreamRecord::Message(message(1, Some((7, 2)))),
+        ];
+        log.commit_foreign_encoded(&encode(&first), 100);
+        let end = partition.watch_end();
+        until("the first records applied", || *end.borrow() == 2).await;
+        // Elected with the predecessor's last records (2 and 3) in its log, not committed yet.
+        log.set_role(leading_from(4));
+        let retry = partition.dispatch(vec![message(3, Some((7, 3)))], 200);
+        let new = partition.dispatch(vec![message(4, Some((7, 4)))], 200);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            *end.borrow(),
+            2,
+            "nothing proposed before the predecessor's records"
+        );
+        let rest = [
+            StreamRecord::Noop,
+            StreamRecord::Message(message(3, Some((7, 3)))),
+        ];
+        log.commit_foreign_encoded(&encode(&rest), 150);
+        let retry = retry.await.expect("answered").expect("appended");
+        assert_eq!(
+            retry,
+            vec![Appended::Duplicate],
+            "stored by the predecessor"
+        );
+        let new = new.await.expect("answered").expect("appended");
+        assert_eq!(new, vec![Appended::Stored(4)]);
+        assert_eq!(partition.figures().messages, 4);
+    }
+
+    #[tokio::test]
+    async fn a_leaders_proposal_applies_after_records_committed_before_it() {
+        let log = Arc::new(MemLog::default());
+        let partition = open(&log).await;
+        log.set_role(leading_from(0));
+        log.hold_proposals();
+        let mine = partition.dispatch(vec![message(9, None)], 200);
+        until("the proposal is in the log", || log.held_count() == 1).await;
+        // The log's own entries and records committed before it land first.
+        let before = [StreamRecord::Noop, StreamRecord::Noop];
+        log.commit_foreign_encoded(&encode(&before), 100);
+        log.settle_held(None);
+        let mine = mine.await.expect("answered").expect("appended");
+        assert_eq!(mine, vec![Appended::Stored(2)]);
+        assert_eq!(read_all(&partition).await, vec![(2, b"m9".to_vec())]);
+    }
+
+    #[tokio::test]
+    async fn a_proposal_refused_as_not_leader_is_answered_and_the_partition_runs_on() {
+        let log = Arc::new(MemLog::default());
+        let partition = open(&log).await;
+        log.hold_proposals();
+        let refused = partition.dispatch(vec![message(0, Some((7, 1)))], 200);
+        until("the proposal is in the log", || log.held_count() == 1).await;
+        log.settle_held(Some(following(2).not_leader("s", 0)));
+        match refused.await.expect("answered") {
+            Err(BrokerError::NotLeader { .. }) => {}
+            other => panic!("answered as the log did: {other:?}"),
+        }
+        assert!(!partition.figures().stopped);
+        // The producer's retry is new: the refused proposal took no offset.
+        let retried = partition
+            .append(vec![message(0, Some((7, 1)))], 300)
+            .await
+            .expect("appended");
+        assert_eq!(retried, vec![Appended::Stored(0)]);
+    }
+
+    #[tokio::test]
+    async fn appends_in_flight_when_leadership_is_lost_are_answered_after_a_grace() {
+        let log = Arc::new(MemLog::default());
+        let partition = open(&log).await;
+        log.set_role(leading_from(0));
+        log.hold_proposals();
+        let in_flight = partition.dispatch(vec![message(0, None)], 200);
+        until("the proposal is in the log", || log.held_count() == 1).await;
+        let started = tokio::time::Instant::now();
+        log.set_role(following(2));
+        match in_flight.await.expect("answered") {
+            Err(BrokerError::LeadershipLost { why, .. }) => {
+                assert!(why.contains("node 2"), "{why}");
+            }
+            other => panic!("outcome unknown after the grace: {other:?}"),
+        }
+        assert!(started.elapsed() >= STEP_DOWN_GRACE);
+        // Its successor committed it after all: applied, though already answered.
+        log.settle_held(None);
+        let end = partition.watch_end();
+        until("the committed proposal applied", || *end.borrow() == 1).await;
+        assert!(!partition.figures().stopped);
+    }
+
+    #[tokio::test]
+    async fn a_followers_failed_storage_stops_and_heals_and_it_follows_on() {
+        let log = Arc::new(MemLog::default());
+        let partition = open(&log).await;
+        log.set_role(following(2));
+        log.commit_foreign_encoded(&encode(&[StreamRecord::Message(message(0, None))]), 100);
+        let end = partition.watch_end();
+        until("the first record applied", || *end.borrow() == 1).await;
+        log.fail_storage();
+        until("stopped", || partition.figures().stopped).await;
+        until("healed", || partition.figures().heals == 1).await;
+        assert!(!partition.figures().stopped);
+        log.commit_foreign_encoded(&encode(&[StreamRecord::Message(message(1, None))]), 100);
+        until("followed after the heal", || *end.borrow() == 2).await;
+        assert_eq!(partition.figures().stops, 1);
+    }
+
+    #[tokio::test]
+    async fn a_follower_whose_log_restarted_past_it_rebuilds_from_the_log() {
+        let log = Arc::new(MemLog::default());
+        let partition = open(&log).await;
+        log.set_role(following(2));
+        log.commit_foreign_encoded(&encode(&[StreamRecord::Message(message(0, None))]), 100);
+        let end = partition.watch_end();
+        until("the first record applied", || *end.borrow() == 1).await;
+        // It lagged so far that the leader sent a snapshot: its log starts at 20 now, with the
+        // leader's checkpoint there.
+        log.restart(20);
+        let checkpoint = Checkpoint {
+            messages: 15,
+            bytes: 150,
+            producers: Vec::new(),
+        };
+        let records = [
+            StreamRecord::Checkpoint(checkpoint),
+            StreamRecord::Message(message(21, None)),
+        ];
+        log.commit_foreign_encoded(&encode(&records), 100);
+        until("rebuilt and followed", || *end.borrow() == 22).await;
+        let read = partition.read(0, 10, usize::MAX).await.expect("reads");
+        assert_eq!(read.moved_from, Some(0));
+        let offsets: Vec<u64> = read.messages.iter().map(|m| m.offset).collect();
+        assert_eq!(offsets, vec![21]);
+        assert!(!partition.figures().stopped);
+    }
+}
