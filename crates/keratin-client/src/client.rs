@@ -14,7 +14,7 @@ use tokio::net::ToSocketAddrs;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::connection::{self, duration_ms, Command, Control, Handle, Ids, RequestKind};
-use crate::error::ClientError;
+use crate::error::{ClientError, PublishFailed};
 use crate::options::ClientOptions;
 use crate::routing::Peers;
 
@@ -35,6 +35,9 @@ struct Inner {
     peers: Peers,
     /// The last sequence number given to a message of this client's producer.
     sequences: std::sync::atomic::AtomicU64,
+    /// The producer id was the application's (`ClientOptions::producer_id`): its messages
+    /// bring their own sequences, the client numbers none.
+    own_sequences: bool,
 }
 
 impl std::fmt::Debug for Inner {
@@ -55,6 +58,7 @@ impl Client {
         addr: impl ToSocketAddrs,
         mut options: ClientOptions,
     ) -> Result<Client, ClientError> {
+        let own_sequences = options.idempotent && options.producer_id.is_some();
         if options.idempotent && options.producer_id.is_none() {
             // A new producer per client. Connections opened to follow 421s get these options,
             // so a redirected retry carries the same producer id.
@@ -68,15 +72,32 @@ impl Client {
                 options,
                 peers: Peers::default(),
                 sequences: std::sync::atomic::AtomicU64::new(0),
+                own_sequences,
             }),
         })
     }
 
     /// `message` with its sequence number: its own, or the next of this client's producer.
     /// Every publishing entry point numbers its messages before anything else (a retry, a
-    /// redirect to another node's connection) so that a message keeps one number.
-    pub(crate) fn numbered(&self, mut message: crate::OutgoingMessage) -> crate::OutgoingMessage {
+    /// redirect to another node's connection) so that a message keeps one number. Refused
+    /// without one when the application set the producer id: numbered from 1 in every run of
+    /// the application, a run's messages would be confirmed as retries of an earlier run's
+    /// and dropped.
+    #[expect(
+        clippy::result_large_err,
+        reason = "the refused message is handed back, as every publish path does (publisher.rs)"
+    )]
+    pub(crate) fn numbered(
+        &self,
+        mut message: crate::OutgoingMessage,
+    ) -> Result<crate::OutgoingMessage, PublishFailed> {
         if self.inner.options.idempotent && message.sequence.is_none() {
+            if self.inner.own_sequences {
+                return Err(PublishFailed {
+                    message,
+                    error: own_sequence_missing(),
+                });
+            }
             let next = self
                 .inner
                 .sequences
@@ -84,7 +105,7 @@ impl Client {
                 + 1;
             message.sequence = Some(next);
         }
-        message
+        Ok(message)
     }
 
     /// The broker node's name, from its handshake.
@@ -345,6 +366,18 @@ pub(crate) fn unexpected(operation: String, expected: &'static str, got: &Frame)
 
 /// A producer id nobody else picks in practice: 64 bits from the standard library's random
 /// hash keys (seeded from the OS), the time and the process id.
+/// The refusal of a message without a sequence from a producer whose id the application set.
+pub(crate) fn own_sequence_missing() -> ClientError {
+    ClientError::InvalidArgument(
+        "this client's producer id was set in ClientOptions::producer_id, so each message \
+         needs a sequence of its own (OutgoingMessage::with_sequence) that never repeats for \
+         that id: numbered by the client from 1 again after a restart, messages would be \
+         confirmed as retries of earlier ones and dropped. Nothing was sent. Leave \
+         producer_id unset for a new producer per client"
+            .to_string(),
+    )
+}
+
 fn random_producer_id() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();

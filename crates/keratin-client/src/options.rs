@@ -51,6 +51,9 @@ pub struct ClientOptions {
     /// ([`crate::OutgoingMessage::with_sequence`]) that never repeat for this id, for
     /// example to publish again after a restart of your application what it may have
     /// published before: a sequence the partition stored already under this id is dropped.
+    /// With it set, a message without a sequence is refused before it is sent
+    /// ([`crate::ClientError::InvalidArgument`]): numbered by the client from 1 in every run,
+    /// it would be confirmed as a retry of an earlier run's message and dropped.
     pub producer_id: Option<u64>,
     /// TLS to a broker that serves it (`server.tls_cert_file`); `None`: plain TCP.
     pub tls: Option<crate::tls::ClientTls>,

@@ -218,7 +218,7 @@ impl Client {
         // The first attempt without the batch path's vectors (results, attempts, waiters,
         // frame lists: five allocations per message, a measurable share of a 1 KiB publish);
         // a message refused with ERR_LIMITED continues on the batch path, which retries it.
-        let message = self.numbered(message);
+        let message = self.numbered(message)?;
         if let Some(node) = self.publish_node(queue).await {
             return Box::pin(node.publish(queue, message)).await;
         }
@@ -283,8 +283,30 @@ impl Client {
         messages: Vec<OutgoingMessage>,
         joinable: bool,
     ) -> Vec<Result<Confirmed, PublishFailed>> {
-        let messages: Vec<OutgoingMessage> =
-            messages.into_iter().map(|m| self.numbered(m)).collect();
+        let mut numbered = Vec::with_capacity(messages.len());
+        let mut refused = false;
+        for message in messages {
+            match self.numbered(message) {
+                Ok(message) => numbered.push(message),
+                Err(failed) => {
+                    refused = true;
+                    numbered.push(failed.message);
+                }
+            }
+        }
+        if refused {
+            // Nothing of the batch is sent: one frame, one outcome for all.
+            return numbered
+                .into_iter()
+                .map(|message| {
+                    Err(PublishFailed {
+                        message,
+                        error: crate::client::own_sequence_missing(),
+                    })
+                })
+                .collect();
+        }
+        let messages = numbered;
         if let Some(node) = self.publish_node(queue).await {
             return Box::pin(node.publish_messages(queue, messages, joinable)).await;
         }
@@ -817,7 +839,7 @@ impl BufferedPublisher {
                 error: self.client.lost_error(),
             });
         }
-        let message = self.client.numbered(message);
+        let message = self.client.numbered(message)?;
         let publish_id = self.client.ids().publish_id();
         let wire = message.to_wire(publish_id);
         let entry = BufferedEntry {

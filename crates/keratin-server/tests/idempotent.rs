@@ -112,3 +112,58 @@ async fn a_producers_retries_are_confirmed_and_stored_once() {
     tokio::time::timeout(WAIT, work).await.expect("in time");
     node.shutdown().await.expect("shutdown");
 }
+
+/// A client given a producer id of its own publishes messages without sequences of their own,
+/// then the application restarts with the same id and does it again: every publish the
+/// broker confirms must be stored. (The client numbered such messages from 1 in each run, so
+/// the second run's were confirmed as retries of the first's and dropped: confirmed, lost.)
+/// Such a publish is refused before it is sent, saying what to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_producer_id_without_sequences_never_has_a_confirmed_message_dropped() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = Node::start(&config(&dir)).await.expect("start");
+    let addr = node.protocol_addr();
+    let work = async {
+        let setup = Client::connect(addr, ClientOptions::default())
+            .await
+            .expect("connect");
+        setup
+            .declare("q", QueueSettings::default())
+            .await
+            .expect("declare");
+        let mut confirmed = 0;
+        let mut refusals = Vec::new();
+        for run in ["first run", "after a restart"] {
+            let client = Client::connect(addr, producer(9)).await.expect("connect");
+            let single = client.publish("q", OutgoingMessage::new(run)).await;
+            let batch = client
+                .publish_batch("q", vec![OutgoingMessage::new(format!("{run}, batched"))])
+                .await;
+            for result in std::iter::once(single).chain(batch) {
+                match result {
+                    Ok(_) => confirmed += 1,
+                    Err(failed) => refusals.push(failed.error.to_string()),
+                }
+            }
+            client.close().await;
+        }
+        assert_eq!(
+            ready(&setup).await,
+            confirmed,
+            "every confirmed message is stored"
+        );
+        assert_eq!(refusals.len(), 4, "{refusals:?}");
+        for refusal in &refusals {
+            assert!(
+                refusal.contains("with_sequence"),
+                "says what to do: {refusal}"
+            );
+        }
+        // With sequences of its own it publishes.
+        let client = Client::connect(addr, producer(9)).await.expect("connect");
+        publish_range(&client, 1..=2).await;
+        assert_eq!(ready(&setup).await, 2);
+    };
+    tokio::time::timeout(WAIT, work).await.expect("in time");
+    node.shutdown().await.expect("shutdown");
+}
