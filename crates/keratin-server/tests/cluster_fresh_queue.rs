@@ -9,7 +9,9 @@
 //! another node right after the declare got 404, which reads like a deleted queue (found by
 //! the Python client's cluster tests: up to ~0.7 s). Fails with a 404 on node 2 or 3 without
 //! the catch-up before "not found" (`Broker::catch_up_for`, `keratin-cluster` `hook.rs`).
-//! A name no node ever declared is still answered 404.
+//! A name no node ever declared is still answered 404. The admin API's settings and move
+//! routes catch up too: right after the declare, `PUT .../settings` on node 2 or 3 changes
+//! the queue and a move onto a node that holds a replica is 409 `already_held`, not 404.
 
 mod common;
 
@@ -55,6 +57,39 @@ async fn a_queue_declared_on_one_node_is_found_at_once_on_the_others() {
             .declare(&queue, settings.clone())
             .await
             .expect("declare through node 1");
+        for id in 2..=3 {
+            let addr = common::node(&nodes, id).http_addr();
+            let path = format!("/api/v1/queues/{queue}");
+            // Each goes first in every other round: the first request meets the race.
+            let move_first = round % 2 == 0;
+            let (status, answer) = tokio::task::spawn_blocking(move || {
+                let settings = || {
+                    let body = serde_json::json!({ "max_messages": 1000 });
+                    common::http_body(addr, "PUT", &format!("{path}/settings"), Some(&body))
+                };
+                let moved = || {
+                    common::http_json(
+                        addr,
+                        &format!("{path}/partitions/0/move"),
+                        &serde_json::json!({ "from": 1, "to": 2 }),
+                    )
+                };
+                let (settings, moved) = if move_first {
+                    let moved = moved();
+                    (settings(), moved)
+                } else {
+                    (settings(), moved())
+                };
+                ((settings.0, moved.0), (settings.1, moved.1))
+            })
+            .await
+            .expect("http");
+            if status != (200, 409) {
+                refused.push(format!(
+                    "settings and move of {queue} at node {id}: {status:?} {answer:?}"
+                ));
+            }
+        }
         for (client, id) in clients[1..].iter().zip(2..) {
             if let Err(error) = client.info(&queue).await {
                 refused.push(format!("info {queue} at node {id}: {error}"));

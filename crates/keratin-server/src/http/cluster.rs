@@ -101,6 +101,10 @@ async fn replica_moved(admin: &Admin, name: &str, index: u32, request: MoveRepli
     let Some(cluster) = &admin.cluster else {
         return not_a_cluster();
     };
+    // A queue declared through another node a moment ago is found, not 404 (docs/cluster.md).
+    if let Err(error) = admin.broker.catch_up_for(name).await {
+        return super::error_response(&error);
+    }
     use keratin_cluster::MoveReplicaError as E;
     match cluster
         .move_replica(name, index, request.from, request.to)

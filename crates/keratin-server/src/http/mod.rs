@@ -334,6 +334,10 @@ async fn queue_settings_update(broker: &Broker, name: &str, body: &Value) -> Res
         )
             .into_response();
     }
+    // A queue declared through another node a moment ago is found, not 404 (docs/cluster.md).
+    if let Err(error) = broker.catch_up_for(name).await {
+        return error_response(&error);
+    }
     let update = |current: &keratin_broker::QueueSettings| {
         settings_update(current.clone(), body).map_err(keratin_broker::BrokerError::Invalid)
     };
