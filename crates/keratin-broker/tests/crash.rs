@@ -28,6 +28,15 @@
 //! there; and the checks hold whatever the interleaving. The reference run is repeated to see
 //! whether the call count is stable, and prints it.
 //!
+//! A second workload sweeps the same way over `drop_oldest` (`q` keeps at most four messages
+//! and dead-letters the oldest to make room): publishes that drop, an ack, publishes that drop
+//! again past a segment roll, a drain, shut down. After a crash anywhere: the reopened `q`
+//! trims itself to its bound before delivering (a crash between a publish and the drops it
+//! owed leaves it over), every confirmed message not acknowledged is in `q` or in `dlq`
+//! (dropped; at least once: a drop whose copy reached `dlq` but whose settle did not is
+//! dropped again, so `dlq` may hold it twice), `q` holds at most four and in order, and its
+//! state equals the one rebuilt from its log.
+//!
 //! A failure names `k` and the seed; replay with `KERATIN_SEED=<seed>` or one step with
 //! `KERATIN_STEP=<k>`.
 
@@ -40,7 +49,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use keratin_broker::{
-    Broker, BrokerError, Consumer, Delivery, DeliveryTag, Message, QueueSettings,
+    Broker, BrokerError, Consumer, Delivery, DeliveryTag, Message, Overflow, QueueSettings,
 };
 use keratin_log::SimIo;
 
@@ -53,6 +62,17 @@ const BATCH: u64 = 4;
 const STEP_LIMIT: Duration = Duration::from_secs(10);
 /// The workload's idle time before a partition that holds nothing hands its log back.
 const IDLE: Duration = Duration::from_millis(20);
+/// `q`'s bound in the `drop_oldest` workload.
+const DROP_OLDEST_MAX: u64 = 4;
+
+/// Which workload a run does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Workload {
+    /// Acks, dead-lettering, returns, prefix removal and hand-back (the module docs).
+    Queue,
+    /// `q` bounded with `drop_oldest`, dropping into `dlq`.
+    DropOldest,
+}
 
 fn dirs() -> Vec<PathBuf> {
     vec!["/node".into()]
@@ -84,6 +104,9 @@ struct Outcome {
     /// Messages rejected without requeue (to `dlq`), and those known to be settled in `q`.
     dead: BTreeSet<u64>,
     dead_durable: BTreeSet<u64>,
+    /// `q` drops its oldest messages into `dlq` to make room (any published message may be
+    /// in `dlq`).
+    drops: bool,
     /// Where and why the workload stopped.
     stopped: Option<String>,
 }
@@ -198,6 +221,62 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// The `drop_oldest` workload (module docs).
+    async fn run_drop_oldest(&mut self) -> Step<()> {
+        let mut config = config_on(Arc::new(self.sim.clone()), dirs());
+        config.idle_release_after = IDLE;
+        let broker = match Broker::open(config).await {
+            Ok(broker) => broker,
+            Err(e) => return self.fail("open", e),
+        };
+        let bounded = QueueSettings {
+            dead_letter: Some("dlq".into()),
+            max_messages: Some(DROP_OLDEST_MAX),
+            overflow: Some(Overflow::DropOldest),
+            ..QueueSettings::default()
+        };
+        self.out.drops = true;
+        for (name, settings) in [("dlq", QueueSettings::default()), ("q", bounded)] {
+            if let Err(e) = broker.declare(name, settings).await {
+                return self.fail("declare", e);
+            }
+            self.out.declared.insert(name);
+        }
+        // 0..4 fill it; 4..6 and 6..8 drop 0..4.
+        for range in [0..4, 4..6, 6..8] {
+            self.publish(&broker, range).await?;
+        }
+        // The dropped messages' dead-lettering settles before the acks are counted by bytes.
+        self.quiet().await;
+        let mut c1 = subscribe(&broker, 2)?;
+        let held = self.receive(&mut c1, 2).await?;
+        let seqs: Vec<u64> = held.iter().map(|d| seq_of(&d.message.body)).collect();
+        assert_eq!(seqs, vec![4, 5], "the oldest kept first");
+        self.ack(&broker, &c1, &held, &seqs).await?;
+        drop(c1);
+        self.quiet().await;
+        // 6, 7 and these: the log rolls, and 6..10 go to make room.
+        for range in [8..10, 10..12, 12..14] {
+            self.publish(&broker, range).await?;
+        }
+        self.quiet().await;
+        let left = broker.info("q").map_or(0, |i| i.ready());
+        if left > DROP_OLDEST_MAX {
+            return self.fail("bound", format!("{left} ready over the bound"));
+        }
+        let mut c2 = subscribe(&broker, 64)?;
+        let held = self.receive(&mut c2, left as usize).await?;
+        let seqs: Vec<u64> = held.iter().map(|d| seq_of(&d.message.body)).collect();
+        assert_eq!(seqs, (10..14).collect::<Vec<_>>(), "the newest kept");
+        self.ack(&broker, &c2, &held, &seqs).await?;
+        if let Err(e) = broker.shutdown().await {
+            return self.fail("shutdown", e);
+        }
+        let acked = self.out.acked.clone();
+        self.out.acked_durable.extend(acked);
+        Ok(())
+    }
+
     async fn run(&mut self) -> Step<()> {
         let sim = self.sim;
         let mut config = config_on(Arc::new(sim.clone()), dirs());
@@ -294,8 +373,8 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("runtime")
 }
 
-/// Run the workload on a fresh disk; returns the disk and what happened.
-fn workload(seed: u64, crash_at: Option<u64>) -> (SimIo, Outcome) {
+/// Run `which` on a fresh disk; returns the disk and what happened.
+fn workload(which: Workload, seed: u64, crash_at: Option<u64>) -> (SimIo, Outcome) {
     let sim = SimIo::new(seed);
     if let Some(k) = crash_at {
         sim.crash_after(k);
@@ -306,7 +385,12 @@ fn workload(seed: u64, crash_at: Option<u64>) -> (SimIo, Outcome) {
         out: Outcome::default(),
     };
     // The runtime goes with the broker's tasks (and their logs) before the disk restarts.
-    let result = runtime().block_on(run.run());
+    let result = runtime().block_on(async {
+        match which {
+            Workload::Queue => run.run().await,
+            Workload::DropOldest => run.run_drop_oldest().await,
+        }
+    });
     let mut out = run.out;
     out.stopped = result.err();
     (sim, out)
@@ -349,6 +433,22 @@ fn check(k: u64, seed: u64, disk: SimIo, out: &Outcome) {
         for name in &out.declared {
             assert!(broker.info(name).is_ok(), "{ctx}: declared {name} is gone");
         }
+        if out.drops && broker.info("q").is_ok() {
+            // A crash between a publish and the drops it owed leaves `q` over its bound: it
+            // trims before delivering, and the trimmed messages reach `dlq` before they leave.
+            let bound = DROP_OLDEST_MAX * payload_bytes(&message(0));
+            let trimmed = wait_until(STEP_LIMIT, || {
+                broker.info("q").is_ok_and(|i| i.bytes() <= bound)
+            })
+            .await;
+            assert!(
+                trimmed,
+                "{ctx}: q not trimmed to its bound after reopening: {:?}",
+                broker
+                    .info("q")
+                    .map(|i| (i.ready(), i.inflight(), i.bytes()))
+            );
+        }
         let q: Vec<Delivery> = match broker.info("q") {
             Ok(_) => drain(&broker, "q").await,
             Err(BrokerError::NotFound(_)) => Vec::new(),
@@ -386,11 +486,31 @@ fn check(k: u64, seed: u64, disk: SimIo, out: &Outcome) {
             Err(_) => Vec::new(),
         };
         let dead_seqs: BTreeSet<u64> = dead.iter().map(|d| seq_of(&d.message.body)).collect();
-        assert_eq!(dead_seqs.len(), dead.len(), "{ctx}: dlq duplicates");
+        if out.drops {
+            // Dead-lettering is at least once: a crash after the copy in `dlq` is durable and
+            // before the original's settle leaves it in `q`, over the bound, and the reopened
+            // partition drops it again. Once per crash, so twice at most here.
+            for seq in &dead_seqs {
+                let copies = dead
+                    .iter()
+                    .filter(|d| seq_of(&d.message.body) == *seq)
+                    .count();
+                assert!(copies <= 2, "{ctx}: {seq} in dlq {copies} times");
+            }
+        } else {
+            assert_eq!(dead_seqs.len(), dead.len(), "{ctx}: dlq duplicates");
+        }
+        let may_be_dead = if out.drops { &out.attempted } else { &out.dead };
         assert!(
-            dead_seqs.is_subset(&out.dead),
+            dead_seqs.is_subset(may_be_dead),
             "{ctx}: dlq holds {dead_seqs:?}"
         );
+        if out.drops {
+            assert!(
+                got.len() as u64 <= DROP_OLDEST_MAX,
+                "{ctx}: q holds {seqs:?}, over its bound"
+            );
+        }
         assert!(
             out.dead_durable.is_subset(&dead_seqs),
             "{ctx}: dead-lettered lost"
@@ -398,9 +518,10 @@ fn check(k: u64, seed: u64, disk: SimIo, out: &Outcome) {
         for seq in &out.confirmed {
             let settled = out.acked.contains(seq) || out.dead.contains(seq);
             if !settled {
+                let dropped = out.drops && dead_seqs.contains(seq);
                 assert!(
-                    got.contains(seq),
-                    "{ctx}: confirmed {seq} lost; got {seqs:?}"
+                    got.contains(seq) || dropped,
+                    "{ctx}: confirmed {seq} lost; got {seqs:?}, dlq {dead_seqs:?}"
                 );
             }
             if out.dead.contains(seq) {
@@ -435,14 +556,25 @@ fn check(k: u64, seed: u64, disk: SimIo, out: &Outcome) {
 
 #[test]
 fn crash_at_every_step_of_a_queue_workload() {
+    sweep(Workload::Queue, 20);
+}
+
+#[test]
+fn crash_at_every_step_of_a_drop_oldest_workload() {
+    sweep(Workload::DropOldest, 14);
+}
+
+/// Crash after every `Io` call of `which`, whose reference run confirms `confirmed`
+/// messages, and check each.
+fn sweep(which: Workload, confirmed: usize) {
     let seed = seed(0x6b72_6173);
     let started = Instant::now();
     // The reference: no crash. Run it a few times to see whether its call count is stable.
     let totals: Vec<u64> = (0..3)
         .map(|_| {
-            let (sim, out) = workload(seed, None);
+            let (sim, out) = workload(which, seed, None);
             assert!(out.stopped.is_none(), "reference run: {:?}", out.stopped);
-            assert_eq!(out.confirmed.len(), 20);
+            assert_eq!(out.confirmed.len(), confirmed);
             sim.steps()
         })
         .collect();
@@ -460,7 +592,7 @@ fn crash_at_every_step_of_a_queue_workload() {
     let mut stops = std::collections::BTreeMap::<String, u64>::new();
     for &k in &steps {
         let step_started = Instant::now();
-        let (sim, out) = workload(seed, Some(k));
+        let (sim, out) = workload(which, seed, Some(k));
         let stage = out
             .stopped
             .as_deref()
@@ -477,7 +609,7 @@ fn crash_at_every_step_of_a_queue_workload() {
         }
     }
     eprintln!(
-        "{} crash points over {totals:?} Io calls in {:.1?}; stopped at: {stops:?}",
+        "{which:?}: {} crash points over {totals:?} Io calls in {:.1?}; stopped at: {stops:?}",
         steps.len(),
         started.elapsed()
     );

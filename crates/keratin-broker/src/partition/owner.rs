@@ -356,7 +356,9 @@ pub(crate) fn spawn(
         reserved_count: 0,
         reserved_bytes: 0,
         dropping: HashMap::new(),
-        trim_due: false,
+        // A rebuilt `drop_oldest` partition may hold more than its limit: a crash after a
+        // publish's records and before the drops it owed. Trimmed before the first delivery.
+        trim_due: true,
         acting: false,
         dropping_bytes: 0,
         purges: 0,
@@ -484,10 +486,14 @@ impl Owner {
                 .unwrap_or(now + HEAL_INTERVAL)
         });
         let deadline = self.deadlines.front().map(|d| d.at);
+        // A trim owed with nothing else to wake the owner (a rebuilt partition over its limit,
+        // `trim_due` at spawn) runs at once; `trim_to_limits` clears it either way.
+        let trim = (self.trim_due && self.limits.overflow == Overflow::DropOldest).then_some(now);
         [
             delayed,
             heal,
             deadline,
+            trim,
             self.delivery.read_retry_at,
             self.idle_at(),
         ]
