@@ -1254,7 +1254,7 @@ fn nodes_are_added_and_removed_with_the_cli() {
             replicas: Some(3),
             ..QueueSettings::default()
         };
-        for queue in queues {
+        for (q, queue) in (0u64..).zip(queues) {
             // The metadata group may still be electing its first leader.
             let deadline = Instant::now() + RECOVERY_MAX;
             while let Err(error) = client.declare(queue, settings.clone()).await {
@@ -1262,10 +1262,10 @@ fn nodes_are_added_and_removed_with_the_cli() {
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
             for seq in 0..50 {
-                client
-                    .publish(queue, OutgoingMessage::new(body(seq, BODY_BYTES)))
-                    .await
-                    .expect("confirmed");
+                // `connect_any`'s producer id is the test's: the sequences are too.
+                let message =
+                    OutgoingMessage::new(body(seq, BODY_BYTES)).with_sequence(q * 50 + seq + 1);
+                client.publish(queue, message).await.expect("confirmed");
             }
         }
     });

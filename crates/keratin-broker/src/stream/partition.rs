@@ -1158,7 +1158,9 @@ impl Owner {
         if self.stopped.is_none() || self.healing {
             return;
         }
-        if !self.gate.may_heal(self.config.device) {
+        // A rebuild after a restart of the log is still reading it: its result is dropped
+        // (`follow.rs`), and the heal's own rebuild starts after it.
+        if self.restarting || !self.gate.may_heal(self.config.device) {
             self.schedule_heal();
             return;
         }

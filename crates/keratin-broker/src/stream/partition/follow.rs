@@ -204,6 +204,10 @@ impl Owner {
     /// The state rebuilt after the log restarted past it.
     pub(super) fn restarted(&mut self, result: BrokerResult<(StreamPartitionState, Held)>) {
         self.restarting = false;
+        if self.stopped.is_some() {
+            // The log stopped meanwhile: its heal rebuilds from what it holds then.
+            return;
+        }
         match result {
             Ok((state, held)) => {
                 self.state = state;
