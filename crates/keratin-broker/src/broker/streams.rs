@@ -19,6 +19,7 @@ use crate::partition::local_log::{remove_if_no_segments, LocalLog};
 use crate::partition::log::PartitionLog;
 use crate::queue::validate_queue_name;
 use crate::record::Message;
+use crate::stream::cursor_log;
 use crate::stream::{
     CursorLog, CursorState, Stream, StreamInfo, StreamPartition, StreamPartitionConfig,
     StreamSettings,
@@ -61,8 +62,9 @@ fn cursors_dir(decl: &StreamDecl) -> BrokerResult<PathBuf> {
     Ok(stream_dir(storage, decl.id).join("cursors"))
 }
 
-/// A stream's payload logs and cursor log as opened (blocking) before their owners start.
-type OpenedStream = (Vec<(Arc<dyn PartitionLog>, u64)>, CursorLog);
+/// A stream's payload logs (with their file systems) and cursor log as opened (blocking)
+/// before their owners start.
+type OpenedStream = (Vec<(Arc<dyn PartitionLog>, u64)>, Arc<dyn PartitionLog>);
 
 impl Broker {
     /// Declare a stream. Declaring it again with identical settings is a no-op; with other
@@ -426,6 +428,8 @@ impl BrokerInner {
             };
             partitions.push(StreamPartition::open(log, self.config.gate.clone(), config).await?);
         }
+        let cursors =
+            CursorLog::start(&decl.name, cursors, self.config.segment_size_bytes / 8).await?;
         let stream = Arc::new(Stream::new(
             decl.id,
             decl.name.clone(),
@@ -458,7 +462,7 @@ impl BrokerInner {
                 .map_err(|e| keratin_log::LogError::Invalid(format!("{}: {e}", dir.display())))?;
             logs.push((log, device));
         }
-        let cursors = CursorLog::open(
+        let cursors = cursor_log::open_local(
             io,
             &cursors_dir(decl)?,
             self.config.segment_size_bytes,

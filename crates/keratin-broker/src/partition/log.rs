@@ -167,6 +167,48 @@ impl PartitionReader for LogReader {
 /// A reader of a partition log.
 pub type BoxReader = Box<dyn PartitionReader>;
 
+/// Reads the committed records of `from..until` in offset order, at most `max_count` records
+/// or about `max_bytes` of payloads (at least one record); blocking. A gap, or no record where
+/// the log says one is committed, is [`BrokerError::Corrupt`] about `what` (a copy that cannot
+/// read back what it committed is damaged); a read below the log's start fails with the log's
+/// error (the caller checks whether the log restarted past it).
+pub(crate) fn read_committed(
+    log: &dyn PartitionLog,
+    what: &'static str,
+    range: Range<u64>,
+    max_count: usize,
+    max_bytes: usize,
+) -> BrokerResult<Vec<ReadRecord>> {
+    let mut records = Vec::new();
+    let mut bytes = 0usize;
+    for (expected, record) in range.clone().zip(log.reader(range.start)) {
+        let record = record?;
+        if record.offset != expected {
+            return Err(BrokerError::Corrupt {
+                what,
+                offset: record.offset,
+                reason: format!("the log skipped from {expected} to {}", record.offset),
+            });
+        }
+        bytes += record.payload.len();
+        records.push(record);
+        if records.len() >= max_count || bytes >= max_bytes {
+            break;
+        }
+    }
+    if records.is_empty() && !range.is_empty() {
+        return Err(BrokerError::Corrupt {
+            what,
+            offset: range.start,
+            reason: format!(
+                "the log's records end at {}, before its committed end {}",
+                range.start, range.end
+            ),
+        });
+    }
+    Ok(records)
+}
+
 /// This node's storage figures of a log, for space reclaim.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LogSpace {

@@ -35,6 +35,8 @@ pub(crate) struct MemLog {
     /// Proposals are taken but not committed until [`MemLog::settle_held`].
     hold: std::sync::atomic::AtomicBool,
     held: Mutex<Vec<Proposal>>,
+    /// Every `remove_prefix` asked for, in order.
+    removals: Mutex<Vec<u64>>,
 }
 
 impl MemLog {
@@ -52,6 +54,16 @@ impl MemLog {
         timestamps.resize(end as usize, timestamp_ms);
         self.committed.store(end, Ordering::SeqCst);
         start..end
+    }
+
+    /// Every record held from offset 0 (those below the start included), encoded.
+    pub(crate) fn records(&self) -> Vec<(u8, Vec<u8>)> {
+        self.records.lock().expect("lock").clone()
+    }
+
+    /// The offsets `remove_prefix` was asked to remove below, in order.
+    pub(crate) fn removals(&self) -> Vec<u64> {
+        self.removals.lock().expect("lock").clone()
     }
 
     /// Encoded records another node proposed (`(type, payload)`), now committed.
@@ -234,7 +246,8 @@ impl PartitionLog for MemLog {
         Ok(())
     }
 
-    fn remove_prefix(&self, _before: u64) -> LogResult<Removing> {
+    fn remove_prefix(&self, before: u64) -> LogResult<Removing> {
+        self.removals.lock().expect("lock").push(before);
         Err(LogError::Invalid("not kept on disk".into()))
     }
 

@@ -1,174 +1,285 @@
-//! A stream's cursor log on one node: the [`CursorTable`] and the log (small size class) its
-//! records are kept in, written through and compacted (`docs/streams.md`, "Cursor log
-//! records"). The sole writer of that log.
+//! A stream's cursor log: the [`CursorTable`] and the partition log its records are kept in
+//! (small size class, compacted; `docs/streams.md`, "Cursor log records"). One owner task per
+//! stream writes it, over any [`PartitionLog`]: a single node's [`LocalLog`] or, in a cluster,
+//! a replicated one (the cursor log is then a small group of its own).
 //!
-//! - Open: apply every record from the log's start (a compacted log starts with a snapshot).
-//! - Commit and delete: checked against the table, appended, applied once durable; the answer
-//!   comes after the sync, so a committed position survives a crash.
-//! - Compaction ([`CursorLog::compact_if_due`], after writes): a snapshot of the table is
-//!   appended, then every segment before it goes to the pool. A crash between the two leaves
-//!   records before the snapshot, which replaces what they built: the same table.
-//!
-//! Blocking (appends wait for their sync): the stream's owner runs it on the blocking pool.
-//! A failed write stops the log (`keratin_log` semantics): every later call fails until the
-//! owner heals it with [`CursorLog::heal`], which re-reads the table from what is durable.
-//! Single node only: in a cluster the cursor log is a replicated group (not built yet).
+//! - Open: the table is applied from every record of the log from its start (a compacted log
+//!   holds a snapshot at or near its start; what comes before it is replaced by it).
+//! - Commit, delete and expiry: checked against the table, proposed one at a time, applied once
+//!   the log reports them committed (durable on a single node, on a majority in a cluster);
+//!   the answer comes after that, so a committed position survives a crash and a failover.
+//! - Roles: only the leader's owner proposes; a follower's answers [`BrokerError::NotLeader`]
+//!   naming the leader, and applies the leader's records as they commit. A new leader
+//!   proposes nothing until it applied every record below its leadership's first offset.
+//! - Compaction: once due ([`should_compact`]), the leader proposes a snapshot of the table;
+//!   every replica that applies a snapshot record gives its copy's segments below it back
+//!   ([`PartitionLog::remove_prefix`]). A crash before the removal leaves records before the
+//!   snapshot, which it replaces: the same table. A replica that installs a snapshot of the
+//!   group (its log restarted at a snapshot record) rebuilds its table from there.
+//! - A failed write or sync stops the log (`keratin_log` semantics): the call fails, and the
+//!   log is healed ([`PartitionLog::heal`]) before anything else is proposed, its table read
+//!   again from what is durable; never written again in place.
+
+mod owner;
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 
-use keratin_log::{Io, Log, LogOptions, Record, SegmentPool, SizeClass};
+use keratin_log::{Io, Log, LogOptions, SegmentPool, SizeClass};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
 
 use crate::error::{BrokerError, BrokerResult};
-use crate::stream::cursors::{should_compact, CursorRecord, CursorTable};
+use crate::partition::local_log::LocalLog;
+use crate::partition::log::{LogEvents, PartitionLog, Role};
+use crate::stream::cursors::{CursorState, CursorTable};
 
-/// A stream's cursor log and the table it holds.
-#[derive(Debug)]
+#[cfg(doc)]
+use crate::stream::cursors::should_compact;
+
+/// The partition number a cursor log's [`BrokerError::NotLeader`] and
+/// [`BrokerError::LeadershipLost`] carry: no payload partition has it (a stream has at most
+/// a few hundred), so a client can tell the cursor log's leader from a partition's.
+pub const CURSOR_LOG_PARTITION: u32 = u32::MAX;
+
+/// Requests waiting for the owner; more wait for room (commits are answered one at a time).
+const REQUESTS_MAX: usize = 256;
+
+/// What a stream's cursor log is asked to do.
+enum Request {
+    Commit {
+        name: String,
+        positions: Vec<(u32, u64)>,
+        now_ms: u64,
+        reply: oneshot::Sender<BrokerResult<()>>,
+    },
+    Delete {
+        name: String,
+        now_ms: u64,
+        reply: oneshot::Sender<BrokerResult<bool>>,
+    },
+    Expire {
+        now_ms: u64,
+        expiry_ms: u64,
+        reply: oneshot::Sender<BrokerResult<Vec<String>>>,
+    },
+}
+
+/// What the owner shares with the handle: the table as applied, the role, counts.
+#[derive(Debug, Default)]
+struct Shared {
+    table: RwLock<CursorTable>,
+    role: Mutex<Role>,
+    compactions: AtomicU64,
+}
+
+/// Figures of a cursor log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CursorLogFigures {
+    /// Cursors in the table.
+    pub cursors: u64,
+    /// Snapshots this node's owner proposed since it started.
+    pub compactions: u64,
+    /// Bytes of this node's copy on disk.
+    pub disk_bytes: u64,
+    /// Who leads the cursor log.
+    pub role: Role,
+}
+
+/// A stream's cursor log and the table it holds. See the module docs.
+/// Closed in place (`close` takes `&self`): requests after it are answered "closed".
 pub struct CursorLog {
-    log: Log,
-    table: CursorTable,
+    stream: String,
+    requests: Mutex<Option<mpsc::Sender<Request>>>,
+    shared: Arc<Shared>,
+    log: Mutex<Option<Arc<dyn PartitionLog>>>,
+    owner: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for CursorLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CursorLog")
+            .field("stream", &self.stream)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Opens (or creates, at the first write) a single node's cursor log in `dir`, with the node's
+/// `full_segment_size_bytes` (the log uses the small class, an eighth of it). Blocking.
+pub fn open_local(
+    io: Arc<dyn Io>,
+    dir: &Path,
+    full_segment_size_bytes: u64,
+    pool: Option<SegmentPool>,
+) -> BrokerResult<Arc<dyn PartitionLog>> {
+    let options = LogOptions {
+        full_segment_size_bytes,
+        size_class: SizeClass::Small,
+        ..LogOptions::default()
+    };
+    let log = Log::open(io.clone(), dir, options, pool)?;
+    Ok(Arc::new(LocalLog::new(
+        log,
+        io,
+        full_segment_size_bytes / 8,
+    )))
 }
 
 impl CursorLog {
-    /// Opens (or creates, at the first write) the cursor log in `dir`, with the node's
-    /// `full_segment_size_bytes` (the log uses the small class, an eighth of it).
-    pub fn open(
-        io: Arc<dyn Io>,
-        dir: &Path,
-        full_segment_size_bytes: u64,
-        pool: Option<SegmentPool>,
+    /// Starts stream `stream`'s cursor log owner over `log`, whose segments are `segment_bytes`
+    /// long (the small class): the table is read from the log first.
+    pub async fn start(
+        stream: &str,
+        log: Arc<dyn PartitionLog>,
+        segment_bytes: u64,
     ) -> BrokerResult<CursorLog> {
-        let options = LogOptions {
-            full_segment_size_bytes,
-            size_class: SizeClass::Small,
-            ..LogOptions::default()
-        };
-        let log = Log::open(io, dir, options, pool)?;
-        let table = read_table(&log)?;
-        Ok(CursorLog { log, table })
+        let (requests, request_receiver) = mpsc::channel(REQUESTS_MAX);
+        // Unbounded, as the partition owners' commands: the log sends without waiting, at most
+        // one proposal's answer is outstanding, and `Committed` and `Role` events are reports
+        // the owner folds into its state as they come.
+        let (events, event_receiver) = mpsc::unbounded_channel();
+        log.start(LogEvents::new(move |event| {
+            let _ = events.send(event);
+        }));
+        let shared = Arc::new(Shared::default());
+        let owner = owner::Owner::open(stream, log.clone(), segment_bytes, shared.clone()).await?;
+        let owner = tokio::spawn(owner.run(request_receiver, event_receiver));
+        Ok(CursorLog {
+            stream: stream.to_string(),
+            requests: Mutex::new(Some(requests)),
+            shared,
+            log: Mutex::new(Some(log)),
+            owner: Mutex::new(Some(owner)),
+        })
     }
 
-    /// The cursors.
-    pub fn table(&self) -> &CursorTable {
-        &self.table
+    /// Cursor `name`'s positions, if it has any (as this node applied them).
+    pub fn get(&self, name: &str) -> Option<CursorState> {
+        self.table().get(name).cloned()
     }
 
-    /// Sets cursor `name`'s `positions` (partition, next offset), durably, at `now_ms`.
-    pub fn commit(
-        &mut self,
+    /// Every cursor with its positions.
+    pub fn list(&self) -> Vec<(String, CursorState)> {
+        self.table()
+            .iter()
+            .map(|(name, state)| (name.to_string(), state.clone()))
+            .collect()
+    }
+
+    /// The table as this node applied it.
+    pub fn table(&self) -> std::sync::RwLockReadGuard<'_, CursorTable> {
+        self.shared.table.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Its figures now.
+    pub fn figures(&self) -> CursorLogFigures {
+        CursorLogFigures {
+            cursors: self.table().len() as u64,
+            compactions: self.shared.compactions.load(Ordering::Relaxed),
+            disk_bytes: lock(&self.log).as_ref().map_or(0, |log| log.disk_bytes()),
+            role: lock(&self.shared.role).clone(),
+        }
+    }
+
+    /// Sets cursor `name`'s `positions` (partition, next offset) at `now_ms`; answered once
+    /// committed.
+    pub async fn commit(
+        &self,
         name: &str,
         positions: &[(u32, u64)],
         now_ms: u64,
     ) -> BrokerResult<()> {
-        self.table.check_commit(name, positions)?;
-        let record = CursorRecord::Commit {
-            name: name.to_owned(),
-            positions: positions.to_vec(),
-        };
-        self.write(&record, now_ms)
-    }
-
-    /// Removes cursor `name`, durably; `false` (and nothing written) when it does not exist.
-    pub fn delete(&mut self, name: &str, now_ms: u64) -> BrokerResult<bool> {
-        if self.table.get(name).is_none() {
-            return Ok(false);
-        }
-        self.write(
-            &CursorRecord::Delete {
-                name: name.to_owned(),
+        let (reply, answer) = oneshot::channel();
+        self.ask(
+            Request::Commit {
+                name: name.to_string(),
+                positions: positions.to_vec(),
+                now_ms,
+                reply,
             },
-            now_ms,
-        )?;
-        Ok(true)
+            answer,
+        )
+        .await
     }
 
-    /// Deletes the cursors idle for `expiry_ms`; returns their names.
-    pub fn expire(&mut self, now_ms: u64, expiry_ms: u64) -> BrokerResult<Vec<String>> {
-        let expired = self.table.expired(now_ms, expiry_ms);
-        for name in &expired {
-            self.delete(name, now_ms)?;
+    /// Removes cursor `name`; `false` (and nothing written) when it does not exist.
+    pub async fn delete(&self, name: &str, now_ms: u64) -> BrokerResult<bool> {
+        let (reply, answer) = oneshot::channel();
+        self.ask(
+            Request::Delete {
+                name: name.to_string(),
+                now_ms,
+                reply,
+            },
+            answer,
+        )
+        .await
+    }
+
+    /// Deletes the cursors idle for `expiry_ms` at `now_ms` (one proposal); returns their
+    /// names.
+    pub async fn expire(&self, now_ms: u64, expiry_ms: u64) -> BrokerResult<Vec<String>> {
+        let (reply, answer) = oneshot::channel();
+        self.ask(
+            Request::Expire {
+                now_ms,
+                expiry_ms,
+                reply,
+            },
+            answer,
+        )
+        .await
+    }
+
+    async fn ask<T>(
+        &self,
+        request: Request,
+        answer: oneshot::Receiver<BrokerResult<T>>,
+    ) -> BrokerResult<T> {
+        let closed = || BrokerError::Closed(format!("stream {:?}'s cursor log", self.stream));
+        let requests = lock(&self.requests).clone().ok_or_else(closed)?;
+        requests.send(request).await.map_err(|_| closed())?;
+        drop(requests);
+        answer.await.map_err(|_| closed())?
+    }
+
+    /// Stops the owner (a proposal in flight is answered first) and closes the log: what is
+    /// queued is written and synced. Does nothing the second time.
+    pub async fn close(&self) -> BrokerResult<()> {
+        let Some(log) = self.stop().await? else {
+            return Ok(());
+        };
+        tokio::task::spawn_blocking(move || log.close())
+            .await
+            .map_err(|e| BrokerError::Closed(format!("cursor log close: {e}")))?
+    }
+
+    /// Stops the owner and deletes this node's copy of the log (the stream is deleted).
+    pub async fn delete_log(&self) -> BrokerResult<()> {
+        let Some(log) = self.stop().await? else {
+            return Ok(());
+        };
+        tokio::task::spawn_blocking(move || log.delete())
+            .await
+            .map_err(|e| BrokerError::Closed(format!("cursor log delete: {e}")))?
+    }
+
+    async fn stop(&self) -> BrokerResult<Option<Arc<dyn PartitionLog>>> {
+        drop(lock(&self.requests).take());
+        let owner = lock(&self.owner).take();
+        if let Some(owner) = owner {
+            owner
+                .await
+                .map_err(|e| BrokerError::Closed(format!("cursor log owner: {e}")))?;
         }
-        Ok(expired)
-    }
-
-    /// Compacts the log when [`should_compact`] says so; returns whether it did.
-    pub fn compact_if_due(&mut self, now_ms: u64) -> BrokerResult<bool> {
-        let stats = self.log.stats();
-        // What the records take, not what is preallocated ahead of them.
-        let used: u64 = stats.segments.iter().map(|s| s.used_bytes).sum();
-        let snapshot = self.table.snapshot();
-        let snapshot_bytes = snapshot.encode().len() as u64;
-        let segment = self.log_segment_bytes();
-        if !should_compact(used, stats.segments.len(), snapshot_bytes, segment) {
-            return Ok(false);
-        }
-        // The snapshot starts a segment of its own, so that removing what lies before it
-        // frees every older segment.
-        self.log.roll()?.wait()?;
-        let at = self.log.next_offset();
-        self.write(&snapshot, now_ms)?;
-        self.log.remove_prefix(at)?.wait()?;
-        Ok(true)
-    }
-
-    /// Heals a log stopped by a failed write and reads the table again from what is durable
-    /// (a write that failed after its sync is in the log, so it is in the table too).
-    pub fn heal(&mut self) -> BrokerResult<()> {
-        self.log.heal()?;
-        self.table = read_table(&self.log)?;
-        Ok(())
-    }
-
-    /// Bytes of the log's segments on disk.
-    pub fn disk_bytes(&self) -> u64 {
-        self.log.disk_bytes()
-    }
-
-    /// Closes the log.
-    pub fn close(self) -> BrokerResult<()> {
-        Ok(self.log.close()?)
-    }
-
-    /// Deletes the log (the stream is deleted).
-    pub fn delete_log(self) -> BrokerResult<()> {
-        Ok(self.log.delete()?)
-    }
-
-    fn log_segment_bytes(&self) -> u64 {
-        self.log.pool().options().full_segment_size_bytes / 8
-    }
-
-    fn write(&mut self, record: &CursorRecord, now_ms: u64) -> BrokerResult<()> {
-        let payload = record.encode();
-        self.log.append_sync(&[Record {
-            record_type: record.record_type(),
-            flags: 0,
-            timestamp_ms: now_ms,
-            payload: &payload,
-        }])?;
-        self.table.apply(record, now_ms);
-        Ok(())
+        Ok(lock(&self.log).take())
     }
 }
 
-/// The table the durable records of `log` build.
-fn read_table(log: &Log) -> BrokerResult<CursorTable> {
-    let mut table = CursorTable::new();
-    let end = log.durable_offset();
-    for record in log.reader(log.start_offset()) {
-        let record = record?;
-        if record.offset >= end {
-            break;
-        }
-        let decoded = CursorRecord::decode(record.record_type, &record.payload, record.offset)?;
-        table.apply(&decoded, record.timestamp_ms);
-    }
-    if log.next_offset() != end {
-        return Err(BrokerError::Corrupt {
-            what: "cursor log",
-            offset: end,
-            reason: "records past the durable end at open".into(),
-        });
-    }
-    Ok(table)
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
+
+#[cfg(test)]
+mod tests;

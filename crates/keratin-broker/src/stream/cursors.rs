@@ -153,17 +153,20 @@ impl CursorTable {
     }
 }
 
-/// Whether a cursor log of `log_bytes` in `segments` segments of `segment_bytes` each should be
-/// compacted, its table's snapshot being `snapshot_bytes` long: once it fills two segments, or
-/// holds more than four snapshots' worth of records (and more than one segment's eighth, so a
-/// small log is not rewritten for nothing).
+/// Whether a cursor log should be compacted now: `since_snapshot_bytes` of records were
+/// written since its last snapshot, it spans `segments` segments of `segment_bytes`, and a
+/// snapshot of its table would take `snapshot_bytes`. Once more than four snapshots' worth of
+/// records were written since the last one (so a large table is not rewritten after every
+/// commit), and the log spans more than two segments or those records fill more than an eighth
+/// of one (so a small log is not rewritten for nothing).
 pub fn should_compact(
-    log_bytes: u64,
+    since_snapshot_bytes: u64,
     segments: usize,
     snapshot_bytes: u64,
     segment_bytes: u64,
 ) -> bool {
-    segments > 2 || (log_bytes > segment_bytes / 8 && log_bytes > snapshot_bytes.saturating_mul(4))
+    since_snapshot_bytes > snapshot_bytes.saturating_mul(4)
+        && (segments > 2 || since_snapshot_bytes > segment_bytes / 8)
 }
 
 impl CursorRecord {
@@ -428,9 +431,11 @@ mod tests {
             !should_compact(2 << 20, 1, 1 << 20, seg),
             "a large table: not yet"
         );
+        assert!(should_compact(5_000, 3, 1_000, seg), "past two segments");
         assert!(
-            should_compact(seg * 2 + 1, 3, 7 << 20, seg),
-            "past two segments"
+            !should_compact(seg * 2 + 1, 3, 7 << 20, seg),
+            "a table larger than what was written since its snapshot is not rewritten after \
+             every commit, however many segments it spans"
         );
     }
 

@@ -1,28 +1,21 @@
 //! A declared stream on one node: its partitions' owners, its cursor log and what they count
 //! (`docs/streams.md`). The broker keeps one [`Stream`] per declared stream; this file owns
-//! routing a message to its partition, the cursor log's calls (blocking, on the blocking
-//! pool, one at a time) and the stream's figures.
+//! routing a message to its partition, the calls to its cursor log's owner and the stream's
+//! figures.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::RwLock;
 
 use crate::error::{BrokerError, BrokerResult};
 use crate::queue::route;
 use crate::record::Message;
-use crate::stream::cursor_log::CursorLog;
+use crate::stream::cursor_log::{CursorLog, CursorLogFigures};
 use crate::stream::cursors::CursorState;
 use crate::stream::groups::{GroupInfo, GroupMember, Groups};
 use crate::stream::partition::{bound_index, StreamPartition, StreamPartitionFigures};
 use crate::stream::records::StreamSettings;
 use crate::stream::retention::{Bound, Removal};
-
-/// A stream's cursor log, and whether a failed write left it to heal before its next call.
-#[derive(Debug)]
-struct Cursors {
-    log: Option<CursorLog>,
-    needs_heal: bool,
-}
 
 /// Retention's removals since the node started, per bound (`size`, `age`, `count`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -76,7 +69,7 @@ pub struct Stream {
     /// handle goes, so nothing else keeps one for long.
     partitions: RwLock<Vec<StreamPartition>>,
     partition_count: usize,
-    cursors: Arc<Mutex<Cursors>>,
+    cursors: CursorLog,
     round_robin: AtomicU64,
     cursors_moved: AtomicU64,
     groups: Groups,
@@ -101,10 +94,7 @@ impl Stream {
             settings: RwLock::new(settings),
             partition_count: partitions.len(),
             partitions: RwLock::new(partitions),
-            cursors: Arc::new(Mutex::new(Cursors {
-                log: Some(cursors),
-                needs_heal: false,
-            })),
+            cursors,
             round_robin: AtomicU64::new(0),
             cursors_moved: AtomicU64::new(0),
             groups: Groups::new(settings.partitions),
@@ -188,13 +178,7 @@ impl Stream {
 
     /// Its figures now.
     pub fn info(&self) -> StreamInfo {
-        let cursors = self
-            .cursors
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .log
-            .as_ref()
-            .map_or(0, |log| log.table().len() as u64);
+        let cursors = self.cursors.table().len() as u64;
         let handles = self.partitions_now();
         let partitions: Vec<StreamPartitionFigures> = handles.iter().map(|p| p.figures()).collect();
         let partition_dirs = handles.iter().map(|p| p.dir().to_path_buf()).collect();
@@ -232,22 +216,20 @@ impl Stream {
 
     /// Cursor `name`'s positions, if it has any.
     pub fn cursor(&self, name: &str) -> Option<CursorState> {
-        let cursors = self.cursors.lock().unwrap_or_else(|p| p.into_inner());
-        cursors.log.as_ref()?.table().get(name).cloned()
+        self.cursors.get(name)
     }
 
     /// Every cursor with its positions.
     pub fn cursor_list(&self) -> Vec<(String, CursorState)> {
-        let cursors = self.cursors.lock().unwrap_or_else(|p| p.into_inner());
-        cursors.log.as_ref().map_or_else(Vec::new, |log| {
-            log.table()
-                .iter()
-                .map(|(name, state)| (name.to_string(), state.clone()))
-                .collect()
-        })
+        self.cursors.list()
     }
 
-    /// Sets cursor `name`'s positions (partition, next offset), answered once durable.
+    /// Its cursor log's figures.
+    pub fn cursor_log_figures(&self) -> CursorLogFigures {
+        self.cursors.figures()
+    }
+
+    /// Sets cursor `name`'s positions (partition, next offset), answered once committed.
     pub(crate) async fn commit(
         &self,
         name: &str,
@@ -257,20 +239,12 @@ impl Stream {
         for (partition, _) in &positions {
             self.partition(*partition)?;
         }
-        let name = name.to_string();
-        self.with_cursors(move |log| {
-            log.commit(&name, &positions, now_ms)?;
-            log.compact_if_due(now_ms)?;
-            Ok(())
-        })
-        .await
+        self.cursors.commit(name, &positions, now_ms).await
     }
 
     /// Removes cursor `name`: whether it existed.
     pub(crate) async fn delete_cursor(&self, name: &str, now_ms: u64) -> BrokerResult<bool> {
-        let name = name.to_string();
-        self.with_cursors(move |log| log.delete(&name, now_ms))
-            .await
+        self.cursors.delete(name, now_ms).await
     }
 
     /// Removes cursors unused for `expiry_ms`: their names.
@@ -279,38 +253,7 @@ impl Stream {
         now_ms: u64,
         expiry_ms: u64,
     ) -> BrokerResult<Vec<String>> {
-        self.with_cursors(move |log| {
-            let expired = log.expire(now_ms, expiry_ms)?;
-            log.compact_if_due(now_ms)?;
-            Ok(expired)
-        })
-        .await
-    }
-
-    /// Runs `work` on the cursor log on the blocking pool; a log a failed write stopped is
-    /// healed first (reopened from what is durable), never written again in place.
-    async fn with_cursors<T: Send + 'static>(
-        &self,
-        work: impl FnOnce(&mut CursorLog) -> BrokerResult<T> + Send + 'static,
-    ) -> BrokerResult<T> {
-        let cursors = self.cursors.clone();
-        let stream = self.name.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut cursors = cursors.lock().unwrap_or_else(|p| p.into_inner());
-            let needs_heal = cursors.needs_heal;
-            let log = cursors
-                .log
-                .as_mut()
-                .ok_or_else(|| BrokerError::Closed(format!("stream {stream:?}")))?;
-            if needs_heal {
-                log.heal()?;
-            }
-            let result = work(log);
-            cursors.needs_heal = result.is_err();
-            result
-        })
-        .await
-        .map_err(|e| BrokerError::Closed(format!("cursor log: {e}")))?
+        self.cursors.expire(now_ms, expiry_ms).await
     }
 
     /// Closes its partitions and its cursor log.
@@ -323,19 +266,8 @@ impl Stream {
                 first_error.get_or_insert(error);
             }
         }
-        let log = self
-            .cursors
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .log
-            .take();
-        if let Some(log) = log {
-            let closed = tokio::task::spawn_blocking(move || log.close())
-                .await
-                .map_err(|e| BrokerError::Closed(format!("cursor log: {e}")))?;
-            if let Err(error) = closed {
-                first_error.get_or_insert(error);
-            }
+        if let Err(error) = self.cursors.close().await {
+            first_error.get_or_insert(error);
         }
         first_error.map_or(Ok(()), Err)
     }

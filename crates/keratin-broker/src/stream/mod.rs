@@ -7,8 +7,8 @@
 //! - `retention`: which whole old segments a partition's retention removes ([`decide`]).
 //! - `cursors`: the cursor log's records ([`CursorRecord`]), the table they build
 //!   ([`CursorTable`]) and when the cursor log is compacted ([`should_compact`]);
-//!   `cursor_log`: [`CursorLog`], a single node's cursor log written through and compacted
-//!   (blocking).
+//!   `cursor_log`: [`CursorLog`], the owner of a stream's cursor log over any partition log
+//!   (a single node's local log, or a replicated one): commits, roles, compaction, heal.
 //! - `partition`: [`StreamPartition`], the owner task of one partition: appends through the
 //!   gate, checkpoints, retention passes, stop and heal; reads beside it; on a replicated log
 //!   (`partition/follow.rs`) roles, and the records another node's owner proposed.
@@ -24,7 +24,8 @@
 //!
 //! Not built yet (`docs/streams.md`, "Build order"): the cluster side of replication (stream
 //! declarations through the metadata group, partitions opened on replicated logs, routing to
-//! partition leaders, the replicated cursor log).
+//! partition leaders, the cursor log opened on a replicated group with commits sent to its
+//! leader).
 
 pub mod cursor_log;
 pub mod cursors;

@@ -25,6 +25,7 @@
 //! not match the state it follows stops the partition instead of building on a wrong state.
 
 use super::*;
+use crate::partition::log::read_committed;
 
 /// A read of foreign records stops after this many records...
 const FOLLOW_BATCH_COUNT: usize = 1024;
@@ -224,41 +225,25 @@ impl Owner {
 
 /// Reads the committed records of `from..until` (at most a batch; blocking).
 fn read_foreign(log: &dyn PartitionLog, from: u64, until: u64) -> BrokerResult<Vec<Foreign>> {
-    let mut records = Vec::new();
-    let mut bytes = 0usize;
-    for (expected, record) in (from..).zip(log.reader(from)) {
-        let record = record?;
-        if record.offset >= until {
-            break;
-        }
-        if record.offset != expected {
-            return Err(BrokerError::Corrupt {
-                what: "stream partition",
+    let records = read_committed(
+        log,
+        "stream partition",
+        from..until,
+        FOLLOW_BATCH_COUNT,
+        FOLLOW_BATCH_BYTES,
+    )?;
+    records
+        .into_iter()
+        .map(|record| {
+            let decoded = StreamRecord::decode(record.record_type, &record.payload, record.offset)?;
+            Ok(Foreign {
                 offset: record.offset,
-                reason: format!("the log skipped from {expected} to {}", record.offset),
-            });
-        }
-        bytes += record.payload.len();
-        let decoded = StreamRecord::decode(record.record_type, &record.payload, record.offset)?;
-        records.push(Foreign {
-            offset: record.offset,
-            timestamp_ms: record.timestamp_ms,
-            payload_bytes: record.payload.len() as u64,
-            record: decoded,
-        });
-        if records.len() >= FOLLOW_BATCH_COUNT || bytes >= FOLLOW_BATCH_BYTES {
-            break;
-        }
-    }
-    if records.is_empty() {
-        // The log said these are committed: a copy that cannot read them back is damaged.
-        return Err(BrokerError::Corrupt {
-            what: "stream partition",
-            offset: from,
-            reason: format!("the log's records end at {from}, before its committed end {until}"),
-        });
-    }
-    Ok(records)
+                timestamp_ms: record.timestamp_ms,
+                payload_bytes: record.payload.len() as u64,
+                record: decoded,
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]
