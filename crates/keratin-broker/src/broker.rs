@@ -1118,7 +1118,7 @@ impl Broker {
         let Some(cluster) = &self.inner.config.cluster_metadata else {
             return Ok(());
         };
-        if self.inner.queues_read().contains_key(name) {
+        if self.inner.queues_read().contains_key(name) || self.is_stream(name) {
             return Ok(());
         }
         cluster.catch_up(name.to_string()).await
@@ -1489,6 +1489,7 @@ impl BrokerInner {
                 io: io.clone(),
                 pool: self.pool.clone(),
                 segment_size_bytes: self.config.segment_size_bytes,
+                size_class: keratin_log::SizeClass::Full,
                 queue_id: decl.id,
                 queue: decl.name.clone(),
                 index: index as u32,

@@ -89,6 +89,10 @@ pub(crate) struct StreamDecl {
     /// The storage directory of each partition's payload log, by index; the cursor log lives
     /// beside partition 0's.
     pub(crate) placement: Vec<PathBuf>,
+    /// In a cluster: the nodes holding a replica of each partition, by index; the cursor log's
+    /// group has partition 0's (empty on a single node).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) replicas: Vec<Vec<u64>>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -93,8 +93,11 @@
 //! ([`OutgoingMessage::with_routing_key`]) picks its partition (same key, same partition, in
 //! order). A [`StreamConsumer`] gives the broker credit back as the application takes
 //! messages (half the credit at a time), so at most `credit` messages wait in the client.
-//! A stream consumer does not follow a partition whose leader moved: the partition's end (421
-//! with the leader's address) is reported by [`StreamConsumer::take_partition_ends`].
+//! In a cluster [`Client::stream_subscribe`] follows a 421 to the node leading the stream's
+//! cursor log, which serves its readers. A running stream consumer does not follow a move: a
+//! partition's end (421 with the new node's address, also when the cursor log's leader moved)
+//! is reported by [`StreamConsumer::take_partition_ends`]; subscribe again to resume from the
+//! cursor's commit.
 //!
 //! # Logins
 //! With [`ClientOptions::credentials`] the client logs in in its handshake (protocol version 6):

@@ -182,12 +182,31 @@ impl std::fmt::Debug for StreamConsumer {
 impl Client {
     /// Starts reading a stream; resolves once the broker answered `SubscribeOk`. Needs
     /// protocol version 7 ([`ClientError::StreamsUnsupported`] otherwise, without sending).
+    ///
+    /// In a cluster the node leading the stream's cursor log serves its readers; another node
+    /// answers 421 naming it, and the client subscribes there (as it follows a publish's
+    /// 421): the consumer reads, commits and gives credit on that node's connection.
     pub async fn stream_subscribe(
         &self,
         options: StreamSubscribeOptions,
     ) -> Result<StreamConsumer, ClientError> {
         options.check()?;
         self.check_streams()?;
+        let operation = format!("subscribe to stream {}", options.stream);
+        let timeout = self.options().request_timeout;
+        let options = &options;
+        self.routed(&operation, timeout, |node| async move {
+            node.check_streams()?;
+            node.stream_subscribe_here(options.clone()).await
+        })
+        .await
+    }
+
+    /// Subscribes on this connection's node only.
+    async fn stream_subscribe_here(
+        &self,
+        options: StreamSubscribeOptions,
+    ) -> Result<StreamConsumer, ClientError> {
         let tag = self.ids().consumer_tag();
         // Each frame carries at least one message of the credit (the connection task counts
         // it), and at most one wake token for the partition ends is in: the broker can never

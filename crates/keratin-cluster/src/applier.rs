@@ -382,6 +382,30 @@ async fn act(
                 Err(error) => Err(error),
             }
         }
+        Change::StreamDeclared { name, entry } => {
+            let replicas = vec![entry.replicas.clone(); entry.settings.partitions as usize];
+            match broker
+                .declare_stream_replicated(entry.id, name, entry.settings, replicas)
+                .await
+            {
+                Ok(_) => Ok(()),
+                Err(error @ (BrokerError::Conflict { .. } | BrokerError::NameTaken { .. })) => {
+                    tracing::error!(stream = %name, %error, "a queue or stream of this name exists on this node outside the cluster; delete it here to serve the cluster's stream");
+                    Ok(())
+                }
+                Err(error) => Err(error),
+            }
+        }
+        Change::StreamDeleted { name } => match broker.delete_stream_replicated(name).await {
+            Ok(()) | Err(BrokerError::StreamNotFound(_)) => Ok(()),
+            Err(error) => Err(error),
+        },
+        Change::StreamSettingsChanged { name, settings } => {
+            match broker.set_stream_settings_replicated(name, *settings).await {
+                Ok(_) | Err(BrokerError::StreamNotFound(_)) => Ok(()),
+                Err(error) => Err(error),
+            }
+        }
         Change::Ignored(_) => Ok(()),
     }
 }

@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use keratin_auth::UserTable;
+use keratin_broker::stream::StreamSettings;
 use keratin_broker::QueueSettings;
 
 use crate::records::ClusterRecord;
@@ -19,6 +20,17 @@ pub struct QueueEntry {
     pub settings: QueueSettings,
     /// Per partition, the nodes holding a replica.
     pub replicas: Vec<Vec<u64>>,
+}
+
+/// A stream as the cluster knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamEntry {
+    /// Its id, the same on every node (it names its groups).
+    pub id: u64,
+    /// Its settings.
+    pub settings: StreamSettings,
+    /// The nodes holding a replica of every partition and of the cursor log.
+    pub replicas: Vec<u64>,
 }
 
 /// What applying one record changed.
@@ -56,6 +68,25 @@ pub enum Change {
         /// The nodes holding them from here on.
         replicas: Vec<u64>,
     },
+    /// A new stream.
+    StreamDeclared {
+        /// Its name.
+        name: String,
+        /// As declared.
+        entry: StreamEntry,
+    },
+    /// A stream went.
+    StreamDeleted {
+        /// Its name.
+        name: String,
+    },
+    /// A stream's retention changed.
+    StreamSettingsChanged {
+        /// Its name.
+        name: String,
+        /// The new settings.
+        settings: StreamSettings,
+    },
     /// A node joined the cluster.
     NodeAdded {
         /// The node.
@@ -87,6 +118,7 @@ pub enum Change {
 #[derive(Debug, Default, Clone)]
 pub struct ClusterCatalog {
     queues: BTreeMap<String, QueueEntry>,
+    streams: BTreeMap<String, StreamEntry>,
     next_id: u64,
     removed: BTreeSet<u64>,
     added: BTreeMap<u64, String>,
@@ -105,6 +137,9 @@ impl ClusterCatalog {
             } => {
                 if self.queues.contains_key(&name) {
                     return Change::Ignored(format!("queue {name:?} exists"));
+                }
+                if self.streams.contains_key(&name) {
+                    return Change::Ignored(format!("a stream is named {name:?}"));
                 }
                 if replicas.len() != settings.partitions as usize
                     || replicas.iter().any(Vec::is_empty)
@@ -178,6 +213,48 @@ impl ClusterCatalog {
                     index,
                     before,
                     replicas,
+                }
+            }
+            ClusterRecord::StreamDeclared {
+                name,
+                settings,
+                replicas,
+            } => {
+                if self.streams.contains_key(&name) {
+                    return Change::Ignored(format!("stream {name:?} exists"));
+                }
+                if self.queues.contains_key(&name) {
+                    return Change::Ignored(format!("a queue is named {name:?}"));
+                }
+                let distinct: BTreeSet<u64> = replicas.iter().copied().collect();
+                if replicas.is_empty() || distinct.len() != replicas.len() {
+                    return Change::Ignored(format!(
+                        "stream {name:?}: replicas {replicas:?} are not distinct nodes"
+                    ));
+                }
+                let entry = StreamEntry {
+                    id: self.next_id,
+                    settings,
+                    replicas,
+                };
+                self.next_id += 1;
+                self.streams.insert(name.clone(), entry.clone());
+                Change::StreamDeclared { name, entry }
+            }
+            ClusterRecord::StreamDeleted { name } => match self.streams.remove(&name) {
+                Some(_) => Change::StreamDeleted { name },
+                None => Change::Ignored(format!("stream {name:?} does not exist")),
+            },
+            ClusterRecord::StreamSettingsChanged { name, settings } => {
+                match self.streams.get_mut(&name) {
+                    Some(entry) if entry.settings.partitions == settings.partitions => {
+                        entry.settings = settings;
+                        Change::StreamSettingsChanged { name, settings }
+                    }
+                    Some(_) => {
+                        Change::Ignored(format!("stream {name:?}: its partitions cannot change"))
+                    }
+                    None => Change::Ignored(format!("stream {name:?} does not exist")),
                 }
             }
             ClusterRecord::NodeAdded { id, cluster_addr } => {
@@ -267,6 +344,16 @@ impl ClusterCatalog {
     pub fn queues(&self) -> &BTreeMap<String, QueueEntry> {
         &self.queues
     }
+
+    /// A stream by name.
+    pub fn stream(&self, name: &str) -> Option<&StreamEntry> {
+        self.streams.get(name)
+    }
+
+    /// Every stream, by name.
+    pub fn streams(&self) -> &BTreeMap<String, StreamEntry> {
+        &self.streams
+    }
 }
 
 #[cfg(test)]
@@ -299,6 +386,57 @@ mod tests {
         assert!(matches!(catalog.apply(deleted), Change::Ignored(_)));
         assert!(
             matches!(catalog.apply(declared("a")), Change::Declared { entry, .. } if entry.id == 2)
+        );
+    }
+
+    #[test]
+    fn streams_share_the_queues_name_space_and_ids() {
+        let mut catalog = ClusterCatalog::default();
+        let stream = |name: &str| ClusterRecord::StreamDeclared {
+            name: name.into(),
+            settings: StreamSettings::default(),
+            replicas: vec![2, 1, 3],
+        };
+        assert!(matches!(
+            catalog.apply(declared("a")),
+            Change::Declared { .. }
+        ));
+        assert!(matches!(catalog.apply(stream("a")), Change::Ignored(_)));
+        assert!(
+            matches!(catalog.apply(stream("s")), Change::StreamDeclared { entry, .. } if entry.id == 1)
+        );
+        assert!(matches!(catalog.apply(declared("s")), Change::Ignored(_)));
+        assert!(matches!(catalog.apply(stream("s")), Change::Ignored(_)));
+        let twice = ClusterRecord::StreamDeclared {
+            name: "t".into(),
+            settings: StreamSettings::default(),
+            replicas: vec![1, 1],
+        };
+        assert!(matches!(catalog.apply(twice), Change::Ignored(_)));
+        let more = StreamSettings {
+            partitions: 2,
+            ..StreamSettings::default()
+        };
+        let change = |settings| ClusterRecord::StreamSettingsChanged {
+            name: "s".into(),
+            settings,
+        };
+        assert!(matches!(catalog.apply(change(more)), Change::Ignored(_)));
+        let bounded = StreamSettings {
+            max_messages: Some(10),
+            ..StreamSettings::default()
+        };
+        assert!(matches!(
+            catalog.apply(change(bounded)),
+            Change::StreamSettingsChanged { .. }
+        ));
+        assert_eq!(catalog.stream("s").map(|e| e.settings), Some(bounded));
+        assert_eq!(
+            catalog.apply(ClusterRecord::StreamDeleted { name: "s".into() }),
+            Change::StreamDeleted { name: "s".into() }
+        );
+        assert!(
+            matches!(catalog.apply(declared("s")), Change::Declared { entry, .. } if entry.id == 2)
         );
     }
 

@@ -8,6 +8,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use keratin_broker::partition::log::{ClusterMetadata, MetadataFuture};
+use keratin_broker::stream::StreamSettings;
 use keratin_broker::{BrokerError, QueueSettings};
 
 use crate::applier::AppliedState;
@@ -121,38 +122,14 @@ impl ClusterMetadata for MetadataHook {
                     ))),
                 };
             }
-            let count = nodes.len() as u32;
-            let replicas = settings.replicas.unwrap_or(DEFAULT_REPLICAS.min(count));
-            if replicas > count {
-                return Err(BrokerError::Invalid(format!(
-                    "queue {name:?}: replicas = {replicas}, and the cluster has {count} nodes; \
-                     declare at most {count} replicas or add nodes"
-                )));
-            }
-            let (candidates, left_out) = eligible(&nodes, |id| {
-                directory
-                    .get(id)
-                    .map_or((None, None), |info| (info.level, info.free_bytes))
-            });
-            if (candidates.len() as u32) < replicas {
-                let full: Vec<String> = left_out
-                    .iter()
-                    .map(|(id, level)| format!("node {id} at {level}"))
-                    .collect();
-                return Err(BrokerError::Limited {
-                    reason: "disk".into(),
-                    retry_after_ms: PLACEMENT_RETRY_AFTER_MS,
-                    message: format!(
-                        "queue {name:?}: {replicas} replicas need {replicas} nodes below the \
-                         soft level, and {} of {count} are ({}); free disk or memory on those \
-                         nodes, add nodes, or declare fewer replicas",
-                        candidates.len(),
-                        full.join(", ")
-                    ),
-                });
-            }
-            let replicas =
-                place_by_space(&candidates, settings.partitions, replicas, name_hash(&name));
+            let replicas = place_replicas(
+                "queue",
+                &name,
+                settings.partitions,
+                settings.replicas,
+                &nodes,
+                &directory,
+            )?;
             let record = ClusterRecord::QueueDeclared {
                 name: name.clone(),
                 settings: settings.clone(),
@@ -214,6 +191,90 @@ impl ClusterMetadata for MetadataHook {
         })
     }
 
+    fn declare_stream(
+        &self,
+        name: String,
+        settings: StreamSettings,
+        replicas: Option<u32>,
+        pinned: Vec<u64>,
+    ) -> MetadataFuture {
+        let meta = self.meta.get().cloned();
+        let applied = self.applied.clone();
+        let formed = self.formed.clone();
+        let directory = self.directory.clone();
+        Box::pin(async move {
+            let catalog = applied.catalog();
+            if let Some(entry) = catalog.stream(&name) {
+                return same_stream_or_conflict(&name, &entry.settings, &settings);
+            }
+            if catalog.get(&name).is_some() {
+                return Err(BrokerError::NameTaken {
+                    name,
+                    kind: "queue",
+                });
+            }
+            let nodes: Vec<u64> = catalog.nodes(&formed).into_keys().collect();
+            // One replica set for the whole stream: the node leading its cursor log holds a
+            // copy of every partition and serves its readers.
+            let replicas = if pinned.is_empty() {
+                place_replicas("stream", &name, 1, replicas, &nodes, &directory)?
+            } else {
+                if replicas.is_some_and(|r| r as usize != pinned.len()) {
+                    return Err(BrokerError::Invalid(format!(
+                        "stream {name:?}: replicas = {}, and {} nodes are named ({pinned:?}); \
+                         name one node per replica, or leave --replicas out",
+                        replicas.unwrap_or_default(),
+                        pinned.len()
+                    )));
+                }
+                pinned_replicas(&name, &pinned, &nodes, &directory, 1)?
+            };
+            let record = ClusterRecord::StreamDeclared {
+                name: name.clone(),
+                settings,
+                replicas: replicas.into_iter().next().unwrap_or_default(),
+            };
+            MetadataHook::change(meta, applied.clone(), record).await?;
+            match applied.catalog().stream(&name) {
+                Some(entry) => same_stream_or_conflict(&name, &entry.settings, &settings),
+                None => Err(BrokerError::Invalid(format!(
+                    "stream {name:?}: the cluster did not take the declaration (a queue of \
+                     that name, or deleted meanwhile?)"
+                ))),
+            }
+        })
+    }
+
+    fn delete_stream(&self, name: String) -> MetadataFuture {
+        let meta = self.meta.get().cloned();
+        let applied = self.applied.clone();
+        Box::pin(async move {
+            if applied.catalog().stream(&name).is_none() {
+                return Err(BrokerError::StreamNotFound(name));
+            }
+            MetadataHook::change(meta, applied, ClusterRecord::StreamDeleted { name }).await
+        })
+    }
+
+    fn set_stream_settings(&self, name: String, settings: StreamSettings) -> MetadataFuture {
+        let meta = self.meta.get().cloned();
+        let applied = self.applied.clone();
+        Box::pin(async move {
+            if applied.catalog().stream(&name).is_none() {
+                return Err(BrokerError::StreamNotFound(name));
+            }
+            let record = ClusterRecord::StreamSettingsChanged {
+                name: name.clone(),
+                settings,
+            };
+            MetadataHook::change(meta, applied.clone(), record).await?;
+            match applied.catalog().stream(&name) {
+                Some(entry) => same_stream_or_conflict(&name, &entry.settings, &settings),
+                None => Err(BrokerError::StreamNotFound(name)),
+            }
+        })
+    }
+
     fn set_settings(&self, name: String, settings: QueueSettings) -> MetadataFuture {
         let meta = self.meta.get().cloned();
         let applied = self.applied.clone();
@@ -236,6 +297,54 @@ impl ClusterMetadata for MetadataHook {
             }
         })
     }
+}
+
+/// Replica sets for `partitions` partitions of `kind` (queue, stream) `name`, `replicas` each (`None`: the
+/// default, at most the cluster's node count), on nodes below the soft level, by free space.
+fn place_replicas(
+    kind: &str,
+    name: &str,
+    partitions: u32,
+    replicas: Option<u32>,
+    nodes: &[u64],
+    directory: &Directory,
+) -> Result<Vec<Vec<u64>>, BrokerError> {
+    let count = nodes.len() as u32;
+    let replicas = replicas.unwrap_or(DEFAULT_REPLICAS.min(count));
+    if replicas > count {
+        return Err(BrokerError::Invalid(format!(
+            "{kind} {name:?}: replicas = {replicas}, and the cluster has {count} nodes; declare at \
+             most {count} replicas or add nodes"
+        )));
+    }
+    let (candidates, left_out) = eligible(nodes, |id| {
+        directory
+            .get(id)
+            .map_or((None, None), |info| (info.level, info.free_bytes))
+    });
+    if (candidates.len() as u32) < replicas {
+        let full: Vec<String> = left_out
+            .iter()
+            .map(|(id, level)| format!("node {id} at {level}"))
+            .collect();
+        return Err(BrokerError::Limited {
+            reason: "disk".into(),
+            retry_after_ms: PLACEMENT_RETRY_AFTER_MS,
+            message: format!(
+                "{kind} {name:?}: {replicas} replicas need {replicas} nodes below the soft level, and \
+                 {} of {count} are ({}); free disk or memory on those nodes, add nodes, or \
+                 declare fewer replicas",
+                candidates.len(),
+                full.join(", ")
+            ),
+        });
+    }
+    Ok(place_by_space(
+        &candidates,
+        partitions,
+        replicas,
+        name_hash(name),
+    ))
 }
 
 /// The replica sets of a queue pinned to `pinned`: each must be one of the cluster's `nodes`,
@@ -276,6 +385,21 @@ fn pinned_replicas(
         });
     }
     Ok(place_pinned(pinned, partitions))
+}
+
+fn same_stream_or_conflict(
+    name: &str,
+    existing: &StreamSettings,
+    wanted: &StreamSettings,
+) -> Result<(), BrokerError> {
+    if existing == wanted {
+        Ok(())
+    } else {
+        Err(BrokerError::Conflict {
+            name: name.to_string(),
+            existing: format!("{existing:?}"),
+        })
+    }
 }
 
 fn same_or_conflict(

@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 
 use keratin_auth::UserChange;
+use keratin_broker::stream::StreamSettings;
 use keratin_broker::QueueSettings;
 use serde::{Deserialize, Serialize};
 
@@ -72,6 +73,29 @@ pub enum ClusterRecord {
         /// The keys that change, with their values (`null`: back to each node's configuration).
         changes: BTreeMap<String, serde_json::Value>,
     },
+    /// A stream (issue 18), its partitions and its cursor log replicated on `replicas` (the
+    /// first is the preferred leader). Its id is assigned when applied, from the queues'
+    /// counter (one name space and one id space with queues).
+    StreamDeclared {
+        /// The stream.
+        name: String,
+        /// Its settings.
+        settings: StreamSettings,
+        /// The nodes holding a replica of every partition and of the cursor log.
+        replicas: Vec<u64>,
+    },
+    /// A stream deleted with its messages and cursors.
+    StreamDeleted {
+        /// The stream.
+        name: String,
+    },
+    /// New retention of a live stream (not its partitions).
+    StreamSettingsChanged {
+        /// The stream.
+        name: String,
+        /// Its settings from here on.
+        settings: StreamSettings,
+    },
     /// A change to the cluster's users (issue 16): checked by the proposer against its copy
     /// of the table; every node applies it in log order, and one that no longer applies (two
     /// proposers raced) or would leave no admin changes nothing on any node.
@@ -104,7 +128,10 @@ impl ClusterRecord {
             ClusterRecord::QueueDeclared { name, .. }
             | ClusterRecord::QueueDeleted { name }
             | ClusterRecord::QueueSettingsChanged { name, .. }
-            | ClusterRecord::PartitionReplicasChanged { name, .. } => name,
+            | ClusterRecord::PartitionReplicasChanged { name, .. }
+            | ClusterRecord::StreamDeclared { name, .. }
+            | ClusterRecord::StreamDeleted { name }
+            | ClusterRecord::StreamSettingsChanged { name, .. } => name,
             ClusterRecord::NodeRemoved { .. }
             | ClusterRecord::NodeAdded { .. }
             | ClusterRecord::RuntimeSettingsChanged { .. }
@@ -153,6 +180,18 @@ mod tests {
             },
             ClusterRecord::UserChanged {
                 change: UserChange::Delete { name: "app".into() },
+            },
+            ClusterRecord::StreamDeclared {
+                name: "events".into(),
+                settings: StreamSettings::default(),
+                replicas: vec![2, 3, 1],
+            },
+            ClusterRecord::StreamSettingsChanged {
+                name: "events".into(),
+                settings: StreamSettings::default(),
+            },
+            ClusterRecord::StreamDeleted {
+                name: "events".into(),
             },
         ] {
             let payload = record.encode();

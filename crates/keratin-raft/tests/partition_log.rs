@@ -50,6 +50,7 @@ fn place(dir: &std::path::Path, io: Arc<dyn Io>) -> PartitionPlace {
         io,
         pool,
         segment_size_bytes: MIN_SEGMENT_SIZE_BYTES,
+        size_class: keratin_log::SizeClass::Full,
         queue_id: 4,
         queue: "orders".into(),
         index: 2,

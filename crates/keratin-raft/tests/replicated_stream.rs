@@ -56,6 +56,7 @@ fn place(dir: &std::path::Path) -> PartitionPlace {
         io,
         pool,
         segment_size_bytes: MIN_SEGMENT_SIZE_BYTES,
+        size_class: keratin_log::SizeClass::Full,
         queue_id: 9,
         queue: "events".into(),
         index: 0,

@@ -3,8 +3,11 @@
 //! runs retention and expires cursors. A child of `broker` because streams share its metadata:
 //! one name space with queues, one id counter, the node's bounds, the metadata log.
 //!
-//! A single node's only: in a cluster a declare is refused (the payload logs and cursor logs
-//! are not replicated yet).
+//! In a cluster, declares, retention changes and deletes go through the cluster's metadata
+//! group (`ClusterMetadata`), which applies them on every node through the `*_replicated`
+//! calls; a stream's partitions and its cursor log are then replicated groups
+//! (`PartitionLogs`), all on one set of nodes, and its readers are served by the node leading
+//! its cursor log ([`Broker::stream_reader_home`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
@@ -16,7 +19,7 @@ use super::{blocking, BrokerInner, PendingPublish, Reservation};
 use crate::error::{BrokerError, BrokerResult};
 use crate::meta::{MetaRecord, StreamDecl};
 use crate::partition::local_log::{remove_if_no_segments, LocalLog};
-use crate::partition::log::PartitionLog;
+use crate::partition::log::{PartitionLog, PartitionPlace};
 use crate::queue::validate_queue_name;
 use crate::record::Message;
 use crate::stream::cursor_log;
@@ -53,6 +56,10 @@ fn stream_dir(storage: &Path, id: u64) -> PathBuf {
     storage.join("streams").join(id.to_string())
 }
 
+/// The index of a replicated stream's cursor log among its groups (partition group ids hold
+/// indexes below 256; a stream's partitions stay below 64).
+const CURSOR_LOG_GROUP_INDEX: u32 = 255;
+
 /// The cursor log's directory, beside partition 0's payload log.
 fn cursors_dir(decl: &StreamDecl) -> BrokerResult<PathBuf> {
     let storage = decl
@@ -60,6 +67,22 @@ fn cursors_dir(decl: &StreamDecl) -> BrokerResult<PathBuf> {
         .first()
         .ok_or_else(|| BrokerError::Invalid(format!("stream {:?} has no partition", decl.name)))?;
     Ok(stream_dir(storage, decl.id).join("cursors"))
+}
+
+/// `settings` keeps `current`'s partitions (fixed at the declaration).
+fn check_partitions(
+    name: &str,
+    current: &StreamSettings,
+    settings: &StreamSettings,
+) -> BrokerResult<()> {
+    if current.partitions != settings.partitions {
+        return Err(BrokerError::Invalid(format!(
+            "stream {name:?} has {} partitions, fixed at its declaration; delete and \
+             declare it again for {}",
+            current.partitions, settings.partitions
+        )));
+    }
+    Ok(())
 }
 
 /// A stream's payload logs (with their file systems) and cursor log as opened (blocking)
@@ -80,11 +103,16 @@ impl Broker {
     ) -> BrokerResult<StreamInfo> {
         validate_queue_name(name)?;
         settings.validate()?;
-        if self.inner.config.cluster_metadata.is_some() {
-            return Err(BrokerError::Invalid(format!(
-                "stream {name:?}: streams are not replicated yet, and this node runs in a \
-                 cluster; declare streams on a single node (keratin serve without --peer)"
-            )));
+        if let Some(cluster) = &self.inner.config.cluster_metadata {
+            if replicas == Some(0) {
+                return Err(BrokerError::Invalid(format!(
+                    "stream {name:?}: replicas must be at least 1"
+                )));
+            }
+            cluster
+                .declare_stream(name.to_string(), settings, replicas, nodes)
+                .await?;
+            return self.stream_info(name);
         }
         if replicas.is_some_and(|r| r > 1) || !nodes.is_empty() {
             return Err(BrokerError::Invalid(format!(
@@ -96,15 +124,53 @@ impl Broker {
         // durable record and the start of its logs.
         let broker = self.clone();
         let name = name.to_string();
-        tokio::spawn(async move { broker.declare_stream_here(&name, settings).await })
+        tokio::spawn(async move { broker.declare_stream_here(&name, settings, None).await })
             .await
             .map_err(|e| BrokerError::Closed(format!("stream declare: {e}")))?
     }
 
+    /// Declare stream `name` as the cluster's metadata group decided it: id `id`, partition
+    /// `index`'s replicas on `replicas[index]` (the cursor log's on partition 0's). Declaring
+    /// it again changes nothing; another stream of that name here is a conflict.
+    pub async fn declare_stream_replicated(
+        &self,
+        id: u64,
+        name: &str,
+        settings: StreamSettings,
+        replicas: Vec<Vec<u64>>,
+    ) -> BrokerResult<StreamInfo> {
+        validate_queue_name(name)?;
+        settings.validate()?;
+        if replicas.len() != settings.partitions as usize || replicas.iter().any(Vec::is_empty) {
+            return Err(BrokerError::Invalid(format!(
+                "stream {name:?}: {} partitions need one non-empty replica set each, got {}",
+                settings.partitions,
+                replicas.len()
+            )));
+        }
+        if self.inner.config.partition_logs.is_none() {
+            return Err(BrokerError::Invalid(format!(
+                "stream {name:?} is replicated, and this node runs without a cluster"
+            )));
+        }
+        let broker = self.clone();
+        let name = name.to_string();
+        tokio::spawn(async move {
+            broker
+                .declare_stream_here(&name, settings, Some((id, replicas)))
+                .await
+        })
+        .await
+        .map_err(|e| BrokerError::Closed(format!("stream declare: {e}")))?
+    }
+
+    /// Declares the stream on this node: `cluster` is the id and replica sets the cluster's
+    /// metadata group gave it (`None`: a single node's, id from the node's counter).
     async fn declare_stream_here(
         &self,
         name: &str,
         settings: StreamSettings,
+        cluster: Option<(u64, Vec<Vec<u64>>)>,
     ) -> BrokerResult<StreamInfo> {
         let inner = &self.inner;
         let claim = inner.claim(name).await?;
@@ -117,7 +183,17 @@ impl Broker {
                 });
             }
             if let Some(existing) = state.catalog.stream_by_name(name) {
-                if existing.settings != settings {
+                let other_id = cluster.as_ref().is_some_and(|(id, _)| *id != existing.id);
+                if other_id {
+                    return Err(BrokerError::Conflict {
+                        name: name.into(),
+                        existing: format!(
+                            "a stream declared on this node outside the cluster (id {})",
+                            existing.id
+                        ),
+                    });
+                }
+                if existing.settings != settings && cluster.is_none() {
                     return Err(BrokerError::Conflict {
                         name: name.into(),
                         existing: settings_text(&existing.settings),
@@ -128,8 +204,11 @@ impl Broker {
                 return self.stream_info(name);
             }
             inner.check_room(&state, "stream", name, settings.partitions)?;
-            let id = state.catalog.next_id;
-            state.catalog.next_id += 1;
+            let id = match &cluster {
+                Some((id, _)) => *id,
+                None => state.catalog.next_id,
+            };
+            state.catalog.next_id = state.catalog.next_id.max(id) + 1;
             state.claims.reserve(settings.partitions);
             let reservation = Reservation {
                 inner,
@@ -146,6 +225,7 @@ impl Broker {
             name: name.into(),
             settings,
             placement,
+            replicas: cluster.map(|(_, replicas)| replicas).unwrap_or_default(),
         };
         let record = MetaRecord::StreamDeclared(decl.clone());
         inner
@@ -179,18 +259,40 @@ impl Broker {
         name: &str,
         change: impl FnOnce(StreamSettings) -> BrokerResult<StreamSettings>,
     ) -> BrokerResult<StreamInfo> {
+        if let Some(cluster) = &self.inner.config.cluster_metadata {
+            let decl = self.inner.stream_declared(name)?;
+            let settings = change(decl.settings)?;
+            settings.validate()?;
+            check_partitions(name, &decl.settings, &settings)?;
+            cluster
+                .set_stream_settings(name.to_string(), settings)
+                .await?;
+            return self.stream_info(name);
+        }
+        self.update_stream_settings_here(name, change).await
+    }
+
+    /// New retention of stream `name`, as the cluster's metadata group decided it.
+    pub async fn set_stream_settings_replicated(
+        &self,
+        name: &str,
+        settings: StreamSettings,
+    ) -> BrokerResult<StreamInfo> {
+        self.update_stream_settings_here(name, |_| Ok(settings))
+            .await
+    }
+
+    async fn update_stream_settings_here(
+        &self,
+        name: &str,
+        change: impl FnOnce(StreamSettings) -> BrokerResult<StreamSettings>,
+    ) -> BrokerResult<StreamInfo> {
         let inner = &self.inner;
         let claim = inner.claim(name).await?;
         let decl = inner.stream_declared(name)?;
         let settings = change(decl.settings)?;
         settings.validate()?;
-        if decl.settings.partitions != settings.partitions {
-            return Err(BrokerError::Invalid(format!(
-                "stream {name:?} has {} partitions, fixed at its declaration; delete and \
-                 declare it again for {}",
-                decl.settings.partitions, settings.partitions
-            )));
-        }
+        check_partitions(name, &decl.settings, &settings)?;
         if decl.settings != settings {
             let record = MetaRecord::StreamSettingsChanged {
                 id: decl.id,
@@ -210,6 +312,16 @@ impl Broker {
     /// Delete a stream: its readers end, its logs and cursors go. The deletion is durable
     /// before any file goes (a crash in between removes the rest at the next start).
     pub async fn delete_stream(&self, name: &str) -> BrokerResult<()> {
+        if let Some(cluster) = &self.inner.config.cluster_metadata {
+            self.inner.stream_declared(name)?;
+            return cluster.delete_stream(name.to_string()).await;
+        }
+        self.delete_stream_replicated(name).await
+    }
+
+    /// Delete stream `name` on this node, as the cluster's metadata group decided (and on a
+    /// single node, as asked).
+    pub async fn delete_stream_replicated(&self, name: &str) -> BrokerResult<()> {
         let broker = self.clone();
         let name = name.to_string();
         tokio::spawn(async move { broker.delete_stream_here(&name).await })
@@ -229,8 +341,8 @@ impl Broker {
         inner.meta_state().catalog.apply(record);
         let stream = inner.streams_write().remove(name);
         if let Some(stream) = stream {
-            if let Err(error) = stream.close().await {
-                tracing::warn!(stream = name, %error, "closing a deleted stream's logs failed; its files go anyway");
+            if let Err(error) = stream.delete_logs().await {
+                tracing::warn!(stream = name, %error, "deleting a deleted stream's logs failed; its files go anyway");
             }
         }
         let remover = inner.clone();
@@ -238,6 +350,18 @@ impl Broker {
         blocking(move || remover.remove_stream_dirs(id)).await?;
         drop(claim);
         Ok(())
+    }
+
+    /// `Ok` when this node serves stream `name`'s readers: it leads the stream's cursor log
+    /// (always, on a single node), so it holds a copy of every partition, commits cursors and
+    /// coordinates groups. Else [`BrokerError::NotLeader`] naming the node that does
+    /// (partition [`crate::stream::cursor_log::CURSOR_LOG_PARTITION`]).
+    pub fn stream_reader_home(&self, name: &str) -> BrokerResult<()> {
+        let role = self.inner.stream(name)?.cursor_log_role();
+        if role.leading {
+            return Ok(());
+        }
+        Err(role.not_leader(name, crate::stream::cursor_log::CURSOR_LOG_PARTITION))
     }
 
     /// Stream `name`, for reading.
@@ -447,28 +571,79 @@ impl BrokerInner {
         let mut logs = Vec::with_capacity(decl.placement.len());
         for (index, storage) in decl.placement.iter().enumerate() {
             let dir = stream_dir(storage, decl.id).join(index.to_string());
-            let options = LogOptions {
-                full_segment_size_bytes: self.config.segment_size_bytes,
-                ..LogOptions::default()
+            let log: Arc<dyn PartitionLog> = match decl.replicas.get(index) {
+                Some(replicas) => self.open_replicated(
+                    decl,
+                    index as u32,
+                    dir.clone(),
+                    replicas,
+                    SizeClass::Full,
+                )?,
+                None => {
+                    let options = LogOptions {
+                        full_segment_size_bytes: self.config.segment_size_bytes,
+                        ..LogOptions::default()
+                    };
+                    let log = Log::open(io.clone(), &dir, options, Some(self.pool.clone()))?;
+                    Arc::new(LocalLog::new(
+                        log,
+                        io.clone(),
+                        self.config.segment_size_bytes,
+                    ))
+                }
             };
-            let log = Log::open(io.clone(), &dir, options, Some(self.pool.clone()))?;
-            let log: Arc<dyn PartitionLog> = Arc::new(LocalLog::new(
-                log,
-                io.clone(),
-                self.config.segment_size_bytes,
-            ));
             let device = io
                 .device_id(storage)
                 .map_err(|e| keratin_log::LogError::Invalid(format!("{}: {e}", dir.display())))?;
             logs.push((log, device));
         }
-        let cursors = cursor_log::open_local(
-            io,
-            &cursors_dir(decl)?,
-            self.config.segment_size_bytes,
-            Some(self.pool.clone()),
-        )?;
+        let cursors = match decl.replicas.first() {
+            Some(replicas) => self.open_replicated(
+                decl,
+                CURSOR_LOG_GROUP_INDEX,
+                cursors_dir(decl)?,
+                replicas,
+                SizeClass::Small,
+            )?,
+            None => cursor_log::open_local(
+                io,
+                &cursors_dir(decl)?,
+                self.config.segment_size_bytes,
+                Some(self.pool.clone()),
+            )?,
+        };
         Ok((logs, cursors))
+    }
+
+    /// This node's copy of one of a replicated stream's groups (a partition's payload log, or
+    /// the cursor log), or its stand-in where the node holds none (blocking).
+    fn open_replicated(
+        &self,
+        decl: &StreamDecl,
+        index: u32,
+        dir: PathBuf,
+        replicas: &[u64],
+        size_class: SizeClass,
+    ) -> BrokerResult<Arc<dyn PartitionLog>> {
+        let logs = self.config.partition_logs.as_ref().ok_or_else(|| {
+            BrokerError::Invalid(format!(
+                "stream {:?} is replicated, and this node runs without a cluster; start it \
+                 with its [cluster] settings",
+                decl.name
+            ))
+        })?;
+        logs.open(&PartitionPlace {
+            io: self.config.io.clone(),
+            pool: self.pool.clone(),
+            segment_size_bytes: self.config.segment_size_bytes,
+            size_class,
+            queue_id: decl.id,
+            queue: decl.name.clone(),
+            index,
+            dir,
+            replicas: replicas.to_vec(),
+            formation: None,
+        })
     }
 
     /// A declared stream whose logs could not be opened: its deletion is written and what was

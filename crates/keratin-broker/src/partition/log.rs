@@ -291,6 +291,9 @@ pub struct PartitionPlace {
     pub pool: keratin_log::SegmentPool,
     /// The full segment size of partition logs.
     pub segment_size_bytes: u64,
+    /// The log's size class: `Full` for partitions' payloads, `Small` (an eighth) for a
+    /// stream's cursor log.
+    pub size_class: keratin_log::SizeClass,
     /// The queue's id (the same on every node: the metadata group assigns it).
     pub queue_id: u64,
     /// The queue's name.
@@ -314,6 +317,7 @@ impl std::fmt::Debug for PartitionPlace {
             .field("queue_id", &self.queue_id)
             .field("queue", &self.queue)
             .field("index", &self.index)
+            .field("size_class", &self.size_class)
             .field("dir", &self.dir)
             .field("replicas", &self.replicas)
             .field("formation", &self.formation)
@@ -356,4 +360,22 @@ pub trait ClusterMetadata: Send + Sync + 'static {
     /// "not found" ([`crate::Broker::catch_up_for`]). Fails with
     /// [`BrokerError::MetadataUnavailable`] when it cannot finish in time.
     fn catch_up(&self, name: String) -> MetadataFuture;
+    /// Declare stream `name` with `settings` in the cluster: its partitions and cursor log on
+    /// `replicas` nodes (`None`: the cluster's default), on `nodes` when named (empty: placed
+    /// by the cluster). Resolves once applied here ([`crate::Broker::declare_stream_replicated`]).
+    fn declare_stream(
+        &self,
+        name: String,
+        settings: crate::stream::StreamSettings,
+        replicas: Option<u32>,
+        nodes: Vec<u64>,
+    ) -> MetadataFuture;
+    /// Delete stream `name` in the cluster.
+    fn delete_stream(&self, name: String) -> MetadataFuture;
+    /// Replace the retention of live stream `name` in the cluster.
+    fn set_stream_settings(
+        &self,
+        name: String,
+        settings: crate::stream::StreamSettings,
+    ) -> MetadataFuture;
 }

@@ -172,6 +172,11 @@ impl CursorLog {
         self.shared.table.read().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Who leads the cursor log, as this node's copy knows (a short lock).
+    pub fn role(&self) -> Role {
+        lock(&self.shared.role).clone()
+    }
+
     /// Its figures now.
     pub fn figures(&self) -> CursorLogFigures {
         CursorLogFigures {

@@ -224,6 +224,11 @@ impl Stream {
         self.cursors.list()
     }
 
+    /// Who leads its cursor log, as this node knows.
+    pub fn cursor_log_role(&self) -> crate::partition::log::Role {
+        self.cursors.role()
+    }
+
     /// Its cursor log's figures.
     pub fn cursor_log_figures(&self) -> CursorLogFigures {
         self.cursors.figures()
@@ -258,15 +263,34 @@ impl Stream {
 
     /// Closes its partitions and its cursor log.
     pub(crate) async fn close(&self) -> BrokerResult<()> {
+        self.stop(false).await
+    }
+
+    /// Closes its partitions and cursor log and deletes this node's copies of their logs.
+    pub(crate) async fn delete_logs(&self) -> BrokerResult<()> {
+        self.stop(true).await
+    }
+
+    async fn stop(&self, delete: bool) -> BrokerResult<()> {
         let mut first_error = None;
         let partitions =
             std::mem::take(&mut *self.partitions.write().unwrap_or_else(|p| p.into_inner()));
         for partition in partitions {
-            if let Err(error) = partition.close().await {
+            let stopped = if delete {
+                partition.delete().await
+            } else {
+                partition.close().await
+            };
+            if let Err(error) = stopped {
                 first_error.get_or_insert(error);
             }
         }
-        if let Err(error) = self.cursors.close().await {
+        let stopped = if delete {
+            self.cursors.delete_log().await
+        } else {
+            self.cursors.close().await
+        };
+        if let Err(error) = stopped {
             first_error.get_or_insert(error);
         }
         first_error.map_or(Ok(()), Err)

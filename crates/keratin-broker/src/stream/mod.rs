@@ -22,10 +22,9 @@
 //!   and figures. The broker declares, opens, deletes and times retention for them
 //!   (`broker/streams.rs`).
 //!
-//! Not built yet (`docs/streams.md`, "Build order"): the cluster side of replication (stream
-//! declarations through the metadata group, partitions opened on replicated logs, routing to
-//! partition leaders, the cursor log opened on a replicated group with commits sent to its
-//! leader).
+//! In a cluster (`docs/streams.md`, "In a cluster") the broker opens a stream's partitions and
+//! cursor log on replicated logs, all on one set of nodes; the node leading the cursor log
+//! serves its readers.
 
 pub mod cursor_log;
 pub mod cursors;

@@ -179,6 +179,8 @@ enum Command {
     },
     Close {
         reply: oneshot::Sender<BrokerResult<()>>,
+        /// Delete this node's copy of the log instead of closing it (the stream is deleted).
+        delete: bool,
     },
 }
 
@@ -372,6 +374,16 @@ impl StreamPartition {
     /// closes the log. Fails, leaving the log open until the last handle goes, while another
     /// handle of this partition still exists.
     pub async fn close(self) -> BrokerResult<()> {
+        self.stop(false).await
+    }
+
+    /// As [`StreamPartition::close`], then deletes this node's copy of the log (the stream is
+    /// deleted).
+    pub async fn delete(self) -> BrokerResult<()> {
+        self.stop(true).await
+    }
+
+    async fn stop(self, delete: bool) -> BrokerResult<()> {
         let StreamPartition {
             commands,
             log,
@@ -383,7 +395,7 @@ impl StreamPartition {
         drop(log);
         let (reply, answer) = oneshot::channel();
         commands
-            .send(Command::Close { reply })
+            .send(Command::Close { reply, delete })
             .map_err(|_| closed_error(&config))?;
         answer.await.map_err(|_| closed_error(&config))?
     }
@@ -424,14 +436,14 @@ fn spawn_submitter(
 
 /// Closes `log` once this is its last handle: a read in flight holds it for a moment, so
 /// this waits up to a second for those.
-async fn close_when_unshared(log: Arc<dyn PartitionLog>) -> BrokerResult<()> {
+async fn close_when_unshared(log: Arc<dyn PartitionLog>, delete: bool) -> BrokerResult<()> {
     for _ in 0..20 {
         if Arc::strong_count(&log) == 1 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    tokio::task::spawn_blocking(move || log.close())
+    tokio::task::spawn_blocking(move || if delete { log.delete() } else { log.close() })
         .await
         .map_err(|e| BrokerError::Closed(format!("closing a stream partition: {e}")))?
 }
@@ -637,7 +649,8 @@ struct Owner {
     healing: bool,
     retention_busy: bool,
     /// A close waiting for what is in flight.
-    closing: Option<oneshot::Sender<BrokerResult<()>>>,
+    /// Where to answer the close, and whether the log is deleted rather than closed.
+    closing: Option<(oneshot::Sender<BrokerResult<()>>, bool)>,
     /// Facts of sealed segments (they never change), by base offset, so a retention pass
     /// reads only segments it has not seen.
     sealed: Arc<Mutex<BTreeMap<u64, Sealed>>>,
@@ -737,10 +750,10 @@ impl Owner {
                 Command::Followed { from, result } => self.followed(from, result),
                 Command::Restarted { result } => self.restarted(result),
                 Command::StepDownGrace { leadership } => self.step_down_grace(leadership),
-                Command::Close { reply } => {
+                Command::Close { reply, delete } => {
                     let stream = self.config.stream.clone();
                     self.fail_waiting(|| BrokerError::Closed(format!("stream {stream:?}")));
-                    self.closing = Some(reply);
+                    self.closing = Some((reply, delete));
                 }
             }
             // Closing waits for what is in flight: proposals, a retention pass, a heal.
@@ -754,13 +767,13 @@ impl Owner {
                 break;
             }
         }
-        let Some(reply) = self.closing.take() else {
+        let Some((reply, delete)) = self.closing.take() else {
             return;
         };
         // The submitter ends with its channel and lets go of the log.
         let Owner { log, submit, .. } = self;
         drop(submit);
-        let _ = reply.send(close_when_unshared(log).await);
+        let _ = reply.send(close_when_unshared(log, delete).await);
     }
 
     fn lock_figures(&self) -> std::sync::MutexGuard<'_, StreamPartitionFigures> {

@@ -357,6 +357,7 @@ impl ReplicatedLogs {
 fn open_group_logs(place: &PartitionPlace) -> Result<GroupLogs, RaftError> {
     let options = LogOptions {
         full_segment_size_bytes: place.segment_size_bytes,
+        size_class: place.size_class,
         ..LogOptions::default()
     };
     GroupLogs::open(

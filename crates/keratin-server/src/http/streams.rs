@@ -54,6 +54,14 @@ pub(crate) async fn stream(State(broker): State<Broker>, Path(name): Path<String
         })
         .collect();
     let mut document = stream_json(&info);
+    let cursor_log = stream.cursor_log_figures();
+    // Who serves the stream's readers: the node leading its cursor log (this one on a single
+    // node).
+    document["cursor_log"] = json!({
+        "leading": cursor_log.role.leading,
+        "leader": if cursor_log.role.leading { None } else { cursor_log.role.leader },
+        "disk_bytes": cursor_log.disk_bytes,
+    });
     document["cursors"] = json!(cursors);
     document["groups"] = json!(groups);
     Json(document).into_response()
@@ -98,6 +106,8 @@ pub(crate) fn stream_json(info: &StreamInfo) -> Value {
             "removed_segments": p.removed_segments,
             "removed_bytes": p.removed_bytes,
             "stopped": p.stopped,
+            "leading": p.leading,
+            "leader": p.leader,
             "stops": p.stops,
             "heals": p.heals,
         })).collect::<Vec<_>>(),

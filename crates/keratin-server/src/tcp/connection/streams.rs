@@ -129,6 +129,21 @@ impl Conn {
 
     /// Handle one stream frame (`false`: not a stream frame).
     pub(super) async fn stream_frame(&mut self, frame: Frame) -> Result<(), Frame> {
+        // A stream declared through another node a moment ago is found, not 404 (a map
+        // lookup when it is known here; see `Broker::catch_up_for`).
+        let named = match &frame {
+            Frame::StreamSet(s) => Some((s.request_id, s.stream.clone())),
+            Frame::StreamDelete(r) | Frame::StreamInfo(r) => Some((r.request_id, r.stream.clone())),
+            Frame::StreamSubscribe(s) => Some((s.request_id, s.stream.clone())),
+            Frame::CursorCommit(c) => Some((c.request_id, c.stream.clone())),
+            _ => None,
+        };
+        if let Some((request_id, stream)) = named {
+            if let Err(refused) = self.caught_up(&stream).await {
+                self.reply(request_id, Err(refused)).await;
+                return Ok(());
+            }
+        }
         match frame {
             Frame::StreamDeclare(d) => {
                 let (request_id, stream) = (d.request_id, d.stream.clone());
@@ -352,6 +367,11 @@ impl Conn {
             ));
         }
         let stream = self.broker.stream(&s.stream).map_err(|e| error_body(&e))?;
+        // In a cluster the node leading the stream's cursor log serves its readers (421
+        // naming it elsewhere): it holds every partition, commits and coordinates groups.
+        self.broker
+            .stream_reader_home(&s.stream)
+            .map_err(|e| error_body(&e))?;
         let slot = self
             .broker
             .stream_reader_slot()
@@ -486,6 +506,14 @@ impl Reader {
         loop {
             if *self.stop.borrow() {
                 return End::Stopped;
+            }
+            // A reader with a cursor reads where the cursor log is led (its commits and its
+            // group live there): once this node no longer leads it, the reader ends with 421
+            // naming the node that does, within a commit tick, and subscribes there again.
+            if self.cursor.is_some() {
+                if let Err(error) = self.broker.stream_reader_home(&self.stream) {
+                    return End::Failed(error);
+                }
             }
             if self.group.as_ref().is_some_and(GroupMember::has_changed) {
                 match self.rebalance().await {

@@ -1,0 +1,237 @@
+//! A stream on three real `keratin serve` processes on 127.0.0.1 (issue 18): declared through
+//! one node, its two partitions and its cursor log replicated on all three. A client connected
+//! to another node publishes keyed messages (following 421 to each partition's leader); a
+//! reader with a cursor, connected to a third node, is sent to the node leading the cursor log
+//! (421) and reads them in order per key, then commits. Then that node is killed with
+//! `kill -9`: the other two elect new leaders, take more publishes, and a reader with the same
+//! cursor resumes exactly after the committed position, reading every message published after
+//! it once, in order per key. The killed node restarts and catches up with the messages
+//! published while it was down. It fails if a confirmed message is lost, read twice or out
+//! of order, if the cursor is lost, or if the cluster does not serve again within 30 s.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use keratin_client::proto::StreamStart;
+use keratin_client::{
+    Client, ClientOptions, OutgoingMessage, StreamConsumer, StreamSettings, StreamSubscribeOptions,
+};
+use support::cluster::Cluster;
+
+const STREAM: &str = "events";
+const CURSOR: &str = "billing";
+const KEYS: u64 = 5;
+/// Messages published before the failover, read and committed before it, then after it.
+const FIRST: u64 = 100;
+const READ_BEFORE: u64 = 60;
+const SECOND: u64 = 40;
+/// The cluster serves again within this.
+const RECOVERY_MAX: Duration = Duration::from_secs(30);
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+async fn connect(cluster: &Cluster, id: u64) -> Client {
+    let addr = cluster.nodes[&id].protocol;
+    let options = ClientOptions {
+        publish_timeout: Duration::from_secs(10),
+        request_timeout: Duration::from_secs(10),
+        ..ClientOptions::default()
+    };
+    Client::connect(addr, options)
+        .await
+        .unwrap_or_else(|e| panic!("connect to node {id}: {e}"))
+}
+
+/// Message `n`: key `n % KEYS`, body its number.
+fn message(n: u64) -> OutgoingMessage {
+    OutgoingMessage::new(n.to_string().into_bytes()).with_routing_key(format!("k{}", n % KEYS))
+}
+
+/// Publishes messages `from..from + count`, each confirmed, retrying through elections.
+async fn publish(client: &Client, from: u64, count: u64) {
+    for n in from..from + count {
+        let deadline = Instant::now() + RECOVERY_MAX;
+        loop {
+            match client.publish(STREAM, message(n)).await {
+                Ok(_) => break,
+                Err(error) => {
+                    assert!(Instant::now() < deadline, "publish {n}: {error}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    }
+}
+
+/// A reader with the test's cursor, starting at the first message where it has no position.
+async fn subscribe(client: &Client) -> StreamConsumer {
+    let deadline = Instant::now() + RECOVERY_MAX;
+    loop {
+        let options = StreamSubscribeOptions::new(STREAM)
+            .cursor(CURSOR)
+            .start(StreamStart::First)
+            .credit(32);
+        match client.stream_subscribe(options).await {
+            Ok(consumer) => return consumer,
+            Err(error) => {
+                assert!(Instant::now() < deadline, "subscribe: {error}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
+/// Reads `count` messages: their numbers in the order read.
+async fn read(consumer: &mut StreamConsumer, count: u64) -> Vec<u64> {
+    let mut numbers = Vec::new();
+    while (numbers.len() as u64) < count {
+        let delivery = tokio::time::timeout(RECOVERY_MAX, consumer.recv())
+            .await
+            .unwrap_or_else(|_| panic!("read {} of {count} within {RECOVERY_MAX:?}", numbers.len()))
+            .unwrap_or_else(|| panic!("the reader ended: {:?}", consumer.end_error()));
+        let n: u64 = std::str::from_utf8(&delivery.body)
+            .expect("utf-8")
+            .parse()
+            .expect("a number");
+        assert_eq!(delivery.routing_key, Some(format!("k{}", n % KEYS)));
+        numbers.push(n);
+    }
+    numbers
+}
+
+/// Checks that `numbers` holds each key's messages in publish order.
+fn in_order_per_key(numbers: &[u64]) {
+    let mut last: BTreeMap<u64, u64> = BTreeMap::new();
+    for n in numbers {
+        if let Some(before) = last.insert(n % KEYS, *n) {
+            assert!(
+                before < *n,
+                "key {}: {n} after {before}: {numbers:?}",
+                n % KEYS
+            );
+        }
+    }
+}
+
+/// `GET /api/v1/streams/events` of node `id`, if it answers with JSON.
+fn stream_document(cluster: &Cluster, id: u64) -> Option<serde_json::Value> {
+    let node = cluster.nodes.get(&id).filter(|n| n.server.is_some())?;
+    let http = node.http;
+    let path = format!("/api/v1/streams/{STREAM}");
+    let text = std::panic::catch_unwind(move || support::http_get(http, &path)).ok()?;
+    let json = text.find('{').map(|at| &text[at..])?;
+    serde_json::from_str(json).ok()
+}
+
+/// The node that says it leads the stream's cursor log, among the running ones.
+fn wait_cursor_leader(cluster: &Cluster) -> u64 {
+    let deadline = Instant::now() + RECOVERY_MAX;
+    loop {
+        let leading: Vec<u64> = cluster
+            .nodes
+            .keys()
+            .copied()
+            .filter(|id| {
+                stream_document(cluster, *id).is_some_and(|d| d["cursor_log"]["leading"] == true)
+            })
+            .collect();
+        if let [id] = leading[..] {
+            return id;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no single cursor log leader within {RECOVERY_MAX:?}: {leading:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_replicated_stream_keeps_its_messages_and_cursor_across_a_leader_kill() {
+    let mut cluster = Cluster::start();
+    let rt = runtime();
+    let (first_home, read_first) = rt.block_on(async {
+        let admin = connect(&cluster, 1).await;
+        let settings = StreamSettings {
+            partitions: 2,
+            replicas: Some(3),
+            ..StreamSettings::default()
+        };
+        // The metadata group may still be electing its first leader.
+        let deadline = Instant::now() + RECOVERY_MAX;
+        while let Err(error) = admin.declare_stream(STREAM, settings.clone()).await {
+            assert!(Instant::now() < deadline, "declare: {error}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let home = wait_cursor_leader(&cluster);
+        let publisher_node = if home == 2 { 3 } else { 2 };
+        let reader_node = [1, 2, 3]
+            .into_iter()
+            .find(|id| *id != home && *id != publisher_node)
+            .expect("a third node");
+        publish(&connect(&cluster, publisher_node).await, 0, FIRST).await;
+
+        // Connected to a node that does not lead the cursor log: sent on to the one that does.
+        let reader_client = connect(&cluster, reader_node).await;
+        let mut reader = subscribe(&reader_client).await;
+        let numbers = read(&mut reader, READ_BEFORE).await;
+        in_order_per_key(&numbers);
+        reader.commit().await.expect("commit");
+        reader.cancel().await.expect("cancel");
+        (home, numbers)
+    });
+
+    cluster.kill9(first_home);
+    let second_home = wait_cursor_leader(&cluster);
+    assert_ne!(second_home, first_home);
+    rt.block_on(async {
+        let client = connect(&cluster, second_home).await;
+        publish(&client, FIRST, SECOND).await;
+        let mut reader = subscribe(&client).await;
+        let numbers = read(&mut reader, FIRST - READ_BEFORE + SECOND).await;
+        in_order_per_key(&numbers);
+        let mut sorted = numbers.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(
+            sorted.len(),
+            numbers.len(),
+            "a message read twice after the failover: {numbers:?}"
+        );
+        // The cursor resumed at its committed position: exactly what the first reader had not
+        // read, and everything published after the failover.
+        let expected: Vec<u64> = (0..FIRST + SECOND)
+            .filter(|n| !read_first.contains(n))
+            .collect();
+        assert_eq!(sorted, expected, "read after the failover");
+        let quiet = tokio::time::timeout(Duration::from_millis(500), reader.recv()).await;
+        assert!(
+            quiet.is_err(),
+            "more messages than were published: {quiet:?}"
+        );
+        reader.cancel().await.expect("cancel");
+    });
+
+    // The killed node catches up with what was published while it was down.
+    cluster.start_node(first_home);
+    let deadline = Instant::now() + RECOVERY_MAX;
+    loop {
+        let messages = stream_document(&cluster, first_home).and_then(|d| d["messages"].as_u64());
+        if messages == Some(FIRST + SECOND) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node {first_home} holds {messages:?} of {} messages",
+            FIRST + SECOND
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
