@@ -6,7 +6,9 @@
 //! `kill -9`: the other two elect new leaders, take more publishes, and a reader with the same
 //! cursor resumes exactly after the committed position, reading every message published after
 //! it once, in order per key. The killed node restarts and catches up with the messages
-//! published while it was down. It fails if a confirmed message is lost, read twice or out
+//! published while it was down. Then the cursor log's leader is stopped (SIGSTOP) until the
+//! others elect another: once it runs again its reader with a cursor ends with 421 naming the
+//! new leader, and subscribing again resumes there from the commit. It fails if a confirmed message is lost, read twice or out
 //! of order, if the cursor is lost, or if the cluster does not serve again within 30 s.
 
 mod support;
@@ -14,6 +16,7 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use keratin_client::proto::codes::ERR_NOT_LEADER;
 use keratin_client::proto::StreamStart;
 use keratin_client::{
     Client, ClientOptions, OutgoingMessage, StreamConsumer, StreamSettings, StreamSubscribeOptions,
@@ -130,14 +133,16 @@ fn stream_document(cluster: &Cluster, id: u64) -> Option<serde_json::Value> {
     serde_json::from_str(json).ok()
 }
 
-/// The node that says it leads the stream's cursor log, among the running ones.
-fn wait_cursor_leader(cluster: &Cluster) -> u64 {
+/// The node that says it leads the stream's cursor log, among the running ones but `except`
+/// (a stopped process would keep the admin request waiting).
+fn wait_cursor_leader(cluster: &Cluster, except: Option<u64>) -> u64 {
     let deadline = Instant::now() + RECOVERY_MAX;
     loop {
         let leading: Vec<u64> = cluster
             .nodes
             .keys()
             .copied()
+            .filter(|id| Some(*id) != except)
             .filter(|id| {
                 stream_document(cluster, *id).is_some_and(|d| d["cursor_log"]["leading"] == true)
             })
@@ -170,7 +175,7 @@ fn a_replicated_stream_keeps_its_messages_and_cursor_across_a_leader_kill() {
             assert!(Instant::now() < deadline, "declare: {error}");
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        let home = wait_cursor_leader(&cluster);
+        let home = wait_cursor_leader(&cluster, None);
         let publisher_node = if home == 2 { 3 } else { 2 };
         let reader_node = [1, 2, 3]
             .into_iter()
@@ -189,7 +194,7 @@ fn a_replicated_stream_keeps_its_messages_and_cursor_across_a_leader_kill() {
     });
 
     cluster.kill9(first_home);
-    let second_home = wait_cursor_leader(&cluster);
+    let second_home = wait_cursor_leader(&cluster, None);
     assert_ne!(second_home, first_home);
     rt.block_on(async {
         let client = connect(&cluster, second_home).await;
@@ -234,4 +239,50 @@ fn a_replicated_stream_keeps_its_messages_and_cursor_across_a_leader_kill() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+
+    // The cursor log's leader stops for a while (SIGSTOP) and the others elect another: once
+    // it runs again, its reader with a cursor ends every partition with 421 naming the new
+    // leader, and subscribing again goes there and resumes from the commit.
+    let home = wait_cursor_leader(&cluster, None);
+    rt.block_on(async {
+        let client = connect(&cluster, home).await;
+        let mut reader = subscribe(&client).await;
+        let numbers = read(&mut reader, 10).await;
+        in_order_per_key(&numbers);
+        reader.commit().await.expect("commit");
+        cluster.signal(home, "-STOP");
+        let next_home = wait_cursor_leader(&cluster, Some(home));
+        cluster.signal(home, "-CONT");
+        let next_addr = cluster.nodes[&next_home].protocol.to_string();
+        let deadline = Instant::now() + RECOVERY_MAX;
+        let mut ends = BTreeMap::new();
+        while ends.len() < 2 {
+            assert!(
+                Instant::now() < deadline,
+                "the reader on node {home} did not end after it stopped leading: {ends:?}"
+            );
+            let _ = tokio::time::timeout(Duration::from_millis(200), reader.recv()).await;
+            for (partition, error) in reader.take_partition_ends() {
+                assert_eq!(
+                    error.code(),
+                    ERR_NOT_LEADER,
+                    "partition {partition}: {error}"
+                );
+                ends.insert(partition, error.leader_addr().map(str::to_owned));
+            }
+        }
+        assert!(
+            ends.values()
+                .all(|addr| addr.as_deref() == Some(next_addr.as_str())),
+            "the ends name node {next_home} ({next_addr}): {ends:?}"
+        );
+        drop(reader);
+        let mut again = subscribe(&client).await;
+        let more = read(&mut again, FIRST - READ_BEFORE + SECOND - 10).await;
+        assert!(
+            more.iter().all(|n| !numbers.contains(n)),
+            "resumed after the commit: {more:?}"
+        );
+        again.cancel().await.expect("cancel");
+    });
 }

@@ -42,6 +42,9 @@ use crate::tcp::errors::error_body;
 const DELIVER_BYTES_MAX: usize = 1 << 20;
 /// How often a reader with `auto_commit` commits the positions it delivered.
 const AUTO_COMMIT_INTERVAL: Duration = Duration::from_secs(1);
+/// How long a reader with a cursor on a node that stopped leading the stream's cursor log
+/// waits to learn the new leader before it ends naming none (an election takes 1-2 s).
+const LEADER_UNKNOWN_PATIENCE: Duration = Duration::from_secs(3);
 /// How long cancelling a reader waits for its last automatic commit.
 const READER_STOP_WAIT: Duration = Duration::from_secs(5);
 /// Most credit a reader may hold (messages sent and not yet topped up): far more than a
@@ -503,6 +506,7 @@ impl Reader {
             Err(error) => return End::Failed(error),
         };
         let mut last_commit = tokio::time::Instant::now();
+        let mut not_home_since: Option<tokio::time::Instant> = None;
         loop {
             if *self.stop.borrow() {
                 return End::Stopped;
@@ -510,9 +514,23 @@ impl Reader {
             // A reader with a cursor reads where the cursor log is led (its commits and its
             // group live there): once this node no longer leads it, the reader ends with 421
             // naming the node that does, within a commit tick, and subscribes there again.
+            // While an election runs no node is named: it waits for one, a while at most.
             if self.cursor.is_some() {
-                if let Err(error) = self.broker.stream_reader_home(&self.stream) {
-                    return End::Failed(error);
+                match self.broker.stream_reader_home(&self.stream) {
+                    Ok(()) => not_home_since = None,
+                    Err(error) => {
+                        let named = matches!(
+                            &error,
+                            BrokerError::NotLeader {
+                                leader: Some(_),
+                                ..
+                            }
+                        );
+                        let since = *not_home_since.get_or_insert_with(tokio::time::Instant::now);
+                        if named || since.elapsed() >= LEADER_UNKNOWN_PATIENCE {
+                            return End::Failed(error);
+                        }
+                    }
                 }
             }
             if self.group.as_ref().is_some_and(GroupMember::has_changed) {
