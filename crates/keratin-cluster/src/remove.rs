@@ -50,6 +50,17 @@ pub enum RemoveNodeError {
         /// The partition.
         partition: u32,
     },
+    /// The node holds a replica of a stream: streams' replicas do not move yet.
+    #[error(
+        "node {id} holds a replica of stream {stream:?}, and a stream's replicas cannot move \
+         yet; delete the stream (or keep the node) before removing it"
+    )]
+    HoldsStream {
+        /// The node.
+        id: u64,
+        /// The first such stream.
+        stream: String,
+    },
     /// The metadata group did not take a record.
     #[error("the cluster's metadata group did not take the removal: {0}; run the command again (it continues where it stopped)")]
     Metadata(String),
@@ -59,12 +70,24 @@ pub enum RemoveNodeError {
 /// eligible node (`candidates`, most free first: see `placement::eligible`) that holds the
 /// fewest replicas so far and none of this partition, in the removed node's place in the list
 /// (the first stays the preferred leader unless it was the removed node). With no candidate
-/// the partition keeps its other copies; one with no other copy makes the plan fail.
+/// the partition keeps its other copies; one with no other copy makes the plan fail, and so
+/// does a node holding a stream's replica (streams' replicas do not move yet).
 pub fn plan_removal(
     catalog: &ClusterCatalog,
     id: u64,
     candidates: &[u64],
 ) -> Result<Vec<PlannedMove>, RemoveNodeError> {
+    // A stream's groups are not moved by these plans: its copy on the node would be lost.
+    if let Some((stream, _)) = catalog
+        .streams()
+        .iter()
+        .find(|(_, entry)| entry.replicas.contains(&id))
+    {
+        return Err(RemoveNodeError::HoldsStream {
+            id,
+            stream: stream.clone(),
+        });
+    }
     let mut load: BTreeMap<u64, usize> = candidates.iter().map(|c| (*c, 0)).collect();
     for entry in catalog.queues().values() {
         for node in entry.replicas.iter().flatten() {
@@ -175,6 +198,24 @@ mod tests {
         assert_eq!(
             plan_removal(&alone, 2, &[]).expect("nothing to move"),
             vec![]
+        );
+    }
+
+    #[test]
+    fn a_node_holding_a_stream_replica_is_not_removed() {
+        let mut with_stream = catalog(&[("a", vec![vec![1, 3]])]);
+        with_stream.apply(ClusterRecord::StreamDeclared {
+            name: "events".into(),
+            settings: keratin_broker::stream::StreamSettings::default(),
+            replicas: vec![2, 3],
+        });
+        match plan_removal(&with_stream, 3, &[1, 2]) {
+            Err(RemoveNodeError::HoldsStream { id: 3, stream }) => assert_eq!(stream, "events"),
+            other => panic!("removing a stream's replica: {other:?}"),
+        }
+        assert!(
+            plan_removal(&with_stream, 1, &[2, 3]).is_ok(),
+            "node 1 holds no stream"
         );
     }
 }

@@ -68,6 +68,7 @@ async fn node_removed(admin: &Admin, id: u64) -> Response {
                 E::Unknown { .. } => (StatusCode::NOT_FOUND, "unknown_node"),
                 E::Last { .. } => (StatusCode::CONFLICT, "last_node"),
                 E::NoRoom { .. } => (StatusCode::CONFLICT, "no_room"),
+                E::HoldsStream { .. } => (StatusCode::CONFLICT, "holds_stream"),
                 E::Metadata(_) => (StatusCode::SERVICE_UNAVAILABLE, "metadata_unavailable"),
             };
             refusal(status, code, &error)
