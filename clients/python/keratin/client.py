@@ -276,13 +276,15 @@ class Client:
         max_bytes: Optional[int] = None,
         max_age_ms: Optional[int] = None,
         max_messages: Optional[int] = None,
+        replicas: Optional[int] = None,
     ) -> None:
         """Creates a stream of ``partitions`` (1 to 64) partitions, or succeeds when it
         exists with the same settings (:class:`~keratin.ConflictError` when they differ, or
         when a queue has the name). The bounds are retention: the oldest segments go once
         the stream holds more bytes or messages (over all partitions) or is older than
-        ``max_age_ms``; ``None`` is no bound of that kind."""
-        settings = w.StreamSettings(partitions, None, max_bytes, max_age_ms, max_messages)
+        ``max_age_ms``; ``None`` is no bound of that kind. In a cluster ``replicas`` nodes
+        (``None``: the cluster's default, 3) hold its partitions and cursor log."""
+        settings = w.StreamSettings(partitions, replicas, max_bytes, max_age_ms, max_messages)
         frame = w.StreamDeclare(0, stream, settings)
         conn = self._stream_conn()
         await conn.request(frame)
@@ -329,7 +331,13 @@ class Client:
         if not positions:
             raise ValueError("commit_cursor needs at least one partition's position")
         entries = [w.CursorEntry(p, positions[p]) for p in sorted(positions)]
-        await self._stream_conn().request(w.CursorCommit(0, stream, cursor, entries))
+
+        async def commit(conn: Connection) -> None:
+            require_streams(conn)
+            await conn.request(w.CursorCommit(0, stream, cursor, entries))
+
+        # In a cluster the cursor log's leader takes commits (421 elsewhere, followed).
+        await self._routed("commit cursor %s of stream %s" % (cursor, stream), commit)
 
     def stream_subscribe(
         self,

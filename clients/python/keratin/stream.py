@@ -160,8 +160,8 @@ class StreamConsumer:
     with ``StreamPartitionEnd`` 404). Another partition end is recorded in
     :attr:`ended_partitions` and logged, and the other partitions go on: 409 in a group, the
     partition was handed to another member (it leaves :attr:`positions`: that member commits
-    it now; messages of it received before are still yielded); 421, its leader moved
-    (clusters do not serve streams yet).
+    it now; messages of it received before are still yielded); 421, the node stopped leading
+    the stream's cursor log (subscribe again: the new one resumes from the cursor's commit).
     """
 
     def __init__(
@@ -217,11 +217,20 @@ class StreamConsumer:
         return self._reader.tag if self._reader else None
 
     async def start(self) -> "StreamConsumer":
-        """Subscribes (``StreamSubscribe``) on the client's connection."""
+        """Subscribes (``StreamSubscribe``). In a cluster the node leading the stream's cursor
+        log serves its readers: another node answers 421 naming it, and the subscription is
+        made there (on a connection to that node, which the reader then uses)."""
         if self._started:
             return self
         self._started = True
-        conn = self._client._conn
+        try:
+            await self._client._routed("subscribe to stream %s" % self.stream, self._subscribe_on)
+        except BaseException:
+            self._finished = True
+            raise
+        return self
+
+    async def _subscribe_on(self, conn: Connection) -> None:
         require_streams(conn)
         tag = conn.next_tag()
         reader = _Reader(self, conn, tag)
@@ -237,9 +246,8 @@ class StreamConsumer:
             await conn.request(frame)
         except BaseException:
             conn.remove_consumer(tag)
-            self._finished = True
+            self._reader = None
             raise
-        return self
 
     def _wake(self) -> None:
         self._event.set()

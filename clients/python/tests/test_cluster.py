@@ -200,3 +200,49 @@ def test_a_consumer_follows_its_partition_when_the_leader_replica_moves(cluster:
             await client.close()
 
     run(go(), timeout=29)
+
+
+def test_stream_readers_and_commits_reach_the_cursor_logs_leader_from_any_node(cluster: Cluster) -> None:
+    """A stream declared with 3 replicas; a reader with a cursor subscribes through each node
+    (two of them answer 421 naming the node leading the cursor log, and the client subscribes
+    there), reads every message, commits through its own node's client (421 followed), and a
+    later reader with the same cursor gets only what was published after the commit."""
+
+    async def go() -> None:
+        stream = "stream-%s" % uuid.uuid4().hex[:6]
+        clients = [await keratin.connect(a) for a in cluster.addresses()]
+        try:
+            deadline = time.monotonic() + 15
+            while True:
+                try:
+                    await clients[0].declare_stream(stream, partitions=2, replicas=3)
+                    break
+                except (keratin.NotLeaderError, keratin.UnavailableError, keratin.LimitedError):
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.3)
+            for i in range(9):
+                await clients[i % 3].publish(stream, b"m%d" % i, key="k%d" % (i % 4))
+
+            async def read(client: keratin.Client, cursor: str, count: int) -> List[bytes]:
+                got: List[bytes] = []
+                async with client.stream_subscribe(stream, cursor=cursor, credit=16) as reader:
+                    async for delivery in reader:
+                        got.append(delivery.body)
+                        if len(got) == count:
+                            await reader.commit()
+                            return got
+                return got
+
+            for i, client in enumerate(clients):
+                got = await asyncio.wait_for(read(client, "c%d" % i, 9), 10)
+                assert sorted(got) == sorted(b"m%d" % n for n in range(9)), (i, got)
+            await clients[1].publish(stream, b"late", key="k0")
+            for i, client in enumerate(clients):
+                got = await asyncio.wait_for(read(client, "c%d" % i, 1), 10)
+                assert got == [b"late"], (i, got)
+        finally:
+            for client in clients:
+                await client.close()
+
+    run(go(), timeout=29)
