@@ -387,32 +387,35 @@ fn pinned_replicas(
     Ok(place_pinned(pinned, partitions))
 }
 
-fn same_stream_or_conflict(
-    name: &str,
-    existing: &StreamSettings,
-    wanted: &StreamSettings,
-) -> Result<(), BrokerError> {
-    if existing == wanted {
-        Ok(())
-    } else {
-        Err(BrokerError::Conflict {
-            name: name.to_string(),
-            existing: format!("{existing:?}"),
-        })
-    }
-}
-
 fn same_or_conflict(
     name: &str,
     existing: &QueueSettings,
     wanted: &QueueSettings,
 ) -> Result<(), BrokerError> {
+    same_or_conflict_by(name, existing, wanted, ToString::to_string)
+}
+
+fn same_stream_or_conflict(
+    name: &str,
+    existing: &StreamSettings,
+    wanted: &StreamSettings,
+) -> Result<(), BrokerError> {
+    same_or_conflict_by(name, existing, wanted, |s| format!("{s:?}"))
+}
+
+/// `Ok` when the settings a name has are the ones wanted, else a conflict showing them.
+fn same_or_conflict_by<S: PartialEq>(
+    name: &str,
+    existing: &S,
+    wanted: &S,
+    text: impl FnOnce(&S) -> String,
+) -> Result<(), BrokerError> {
     if existing == wanted {
         Ok(())
     } else {
         Err(BrokerError::Conflict {
             name: name.to_string(),
-            existing: existing.to_string(),
+            existing: text(existing),
         })
     }
 }

@@ -14,12 +14,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::brokers::{client_addr, client_addrs, replicated_logs, transport};
-use keratin_broker::partition::log::{PartitionLog, PartitionLogs, PartitionPlace};
+use common::brokers::{client_addr, client_addrs, place_in, replicated_logs, transport};
+use keratin_broker::partition::log::{PartitionLog, PartitionLogs};
 use keratin_broker::stream::cursor_log::{CursorLog, CURSOR_LOG_PARTITION};
 use keratin_broker::stream::{CursorRecord, CursorState, CursorTable};
 use keratin_broker::BrokerError;
-use keratin_log::{Io, PoolOptions, RealIo, SegmentPool, MIN_SEGMENT_SIZE_BYTES};
+use keratin_log::{RealIo, SizeClass};
 use keratin_net::Transport;
 use keratin_raft::partition_log::ReplicatedLogs;
 
@@ -37,33 +37,6 @@ struct Node {
     cursors: CursorLog,
 }
 
-/// The cursor log of stream 9 under `dir`, its segments from a pool of its own.
-fn place(dir: &std::path::Path) -> PartitionPlace {
-    let io: Arc<dyn Io> = Arc::new(RealIo);
-    let pool = SegmentPool::new(
-        io.clone(),
-        PoolOptions {
-            full_segment_size_bytes: MIN_SEGMENT_SIZE_BYTES,
-            budget_bytes: Some(0),
-            background: false,
-            commit_workers_per_filesystem: 1,
-        },
-    );
-    pool.add_storage_dir(dir).expect("pool directory");
-    PartitionPlace {
-        io,
-        pool,
-        segment_size_bytes: MIN_SEGMENT_SIZE_BYTES,
-        size_class: keratin_log::SizeClass::Small,
-        queue_id: 9,
-        queue: "events".into(),
-        index: 0,
-        dir: dir.join("cursors"),
-        replicas: vec![1, 2, 3],
-        formation: None,
-    }
-}
-
 async fn start(net: &mut common::tcp::Loopback, id: u64) -> Node {
     let listener = net.listeners.remove(&id).expect("a listener");
     let cluster = net.cluster(id);
@@ -74,7 +47,13 @@ async fn start(net: &mut common::tcp::Loopback, id: u64) -> Node {
         groups,
         client_addrs(),
     ));
-    let place = place(net.dirs[&id].path());
+    let place = place_in(
+        net.dirs[&id].path(),
+        Arc::new(RealIo),
+        255,
+        "cursors",
+        SizeClass::Small,
+    );
     let opening = logs.clone();
     let log: Arc<dyn PartitionLog> = tokio::task::spawn_blocking(move || opening.open(&place))
         .await

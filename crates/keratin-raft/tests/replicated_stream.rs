@@ -16,12 +16,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::brokers::{client_addr, client_addrs, replicated_logs, transport};
-use keratin_broker::partition::log::{PartitionLog, PartitionLogs, PartitionPlace};
+use common::brokers::{client_addr, client_addrs, place_in, replicated_logs, transport};
+use keratin_broker::partition::log::{PartitionLog, PartitionLogs};
 use keratin_broker::record::{Message, ProducerSeq};
 use keratin_broker::stream::{Appended, StreamPartition, StreamPartitionConfig, StreamSettings};
 use keratin_broker::{BrokerError, OpenGate};
-use keratin_log::{Io, PoolOptions, RealIo, SegmentPool, MIN_SEGMENT_SIZE_BYTES};
+use keratin_log::{RealIo, SizeClass, MIN_SEGMENT_SIZE_BYTES};
 use keratin_net::Transport;
 use keratin_raft::partition_log::ReplicatedLogs;
 
@@ -37,33 +37,6 @@ struct Node {
     transport: Transport,
     _logs: Arc<ReplicatedLogs>,
     partition: StreamPartition,
-}
-
-/// Partition 0 of stream 9 under `dir`, its segments from a pool of its own.
-fn place(dir: &std::path::Path) -> PartitionPlace {
-    let io: Arc<dyn Io> = Arc::new(RealIo);
-    let pool = SegmentPool::new(
-        io.clone(),
-        PoolOptions {
-            full_segment_size_bytes: MIN_SEGMENT_SIZE_BYTES,
-            budget_bytes: Some(0),
-            background: false,
-            commit_workers_per_filesystem: 1,
-        },
-    );
-    pool.add_storage_dir(dir).expect("pool directory");
-    PartitionPlace {
-        io,
-        pool,
-        segment_size_bytes: MIN_SEGMENT_SIZE_BYTES,
-        size_class: keratin_log::SizeClass::Full,
-        queue_id: 9,
-        queue: "events".into(),
-        index: 0,
-        dir: dir.join("stream-0"),
-        replicas: vec![1, 2, 3],
-        formation: None,
-    }
 }
 
 fn config() -> StreamPartitionConfig {
@@ -88,7 +61,13 @@ async fn start(net: &mut common::tcp::Loopback, id: u64) -> Node {
         groups,
         client_addrs(),
     ));
-    let place = place(net.dirs[&id].path());
+    let place = place_in(
+        net.dirs[&id].path(),
+        Arc::new(RealIo),
+        0,
+        "stream-0",
+        SizeClass::Full,
+    );
     let opening = logs.clone();
     let log: Arc<dyn PartitionLog> = tokio::task::spawn_blocking(move || opening.open(&place))
         .await

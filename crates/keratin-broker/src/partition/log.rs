@@ -115,6 +115,19 @@ impl Role {
         }
     }
 
+    /// What this node knows of the leadership, for an answer whose outcome the step-down left
+    /// unknown ("node 2 at ... leads it now").
+    pub fn leadership_now(&self) -> String {
+        match (self.leading, self.leader, &self.addr) {
+            (true, _, _) => "this node leads it again".to_string(),
+            (false, Some(id), Some(addr)) => format!("node {id} at {addr} leads it now"),
+            (false, Some(id), None) => format!("node {id} leads it now"),
+            (false, None, _) => {
+                "no leader is known here: this node may be cut off from the others".to_string()
+            }
+        }
+    }
+
     /// The refusal of a request this node cannot serve because another node leads.
     pub fn not_leader(&self, queue: &str, partition: u32) -> BrokerError {
         BrokerError::NotLeader {

@@ -258,3 +258,37 @@ pub fn body(prefix: &str, n: usize) -> String {
     body.extend(std::iter::repeat_n('x', BODY_BYTES - body.len()));
     body
 }
+
+/// Where a test opens one group of queue or stream 9 ("events") under `dir`: index `index`, in
+/// directory `dir/name`, on nodes 1 to 3, with `size_class`, its segments from a pool of its
+/// own on `io`.
+pub fn place_in(
+    dir: &std::path::Path,
+    io: Arc<dyn keratin_log::Io>,
+    index: u32,
+    name: &str,
+    size_class: keratin_log::SizeClass,
+) -> keratin_broker::partition::log::PartitionPlace {
+    let pool = keratin_log::SegmentPool::new(
+        io.clone(),
+        keratin_log::PoolOptions {
+            full_segment_size_bytes: MIN_SEGMENT_SIZE_BYTES,
+            budget_bytes: Some(0),
+            background: false,
+            commit_workers_per_filesystem: 1,
+        },
+    );
+    pool.add_storage_dir(dir).expect("pool directory");
+    keratin_broker::partition::log::PartitionPlace {
+        io,
+        pool,
+        segment_size_bytes: MIN_SEGMENT_SIZE_BYTES,
+        size_class,
+        queue_id: 9,
+        queue: "events".into(),
+        index,
+        dir: dir.join(name),
+        replicas: vec![1, 2, 3],
+        formation: None,
+    }
+}

@@ -103,14 +103,7 @@ impl Owner {
 
     /// What this node knows of the partition's leadership, for an answer to a publisher.
     pub(super) fn leadership_now(&self) -> String {
-        match (self.role.leading, self.role.leader, &self.role.addr) {
-            (true, _, _) => "this node leads it again".to_string(),
-            (false, Some(id), Some(addr)) => format!("node {id} at {addr} leads it now"),
-            (false, Some(id), None) => format!("node {id} leads it now"),
-            (false, None, _) => {
-                "no leader is known here: this node may be cut off from the others".to_string()
-            }
-        }
+        self.role.leadership_now()
     }
 
     /// This node leads from `role.from` on: deliver every live message again, from the oldest.

@@ -381,13 +381,7 @@ impl Owner {
         let Some(pending) = self.pending.take() else {
             return;
         };
-        let why = match (self.role.leader, &self.role.addr) {
-            (Some(id), Some(addr)) => format!("node {id} at {addr} leads it now"),
-            (Some(id), None) => format!("node {id} leads it now"),
-            (None, _) => {
-                "no leader is known here: this node may be cut off from the others".to_string()
-            }
-        };
+        let why = self.role.leadership_now();
         pending.reply.failed(BrokerError::LeadershipLost {
             queue: self.stream.clone(),
             partition: CURSOR_LOG_PARTITION,

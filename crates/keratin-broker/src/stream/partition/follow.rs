@@ -92,13 +92,7 @@ impl Owner {
         if leadership != self.leadership || self.role.leading {
             return;
         }
-        let why = match (self.role.leader, &self.role.addr) {
-            (Some(id), Some(addr)) => format!("node {id} at {addr} leads it now"),
-            (Some(id), None) => format!("node {id} leads it now"),
-            (None, _) => {
-                "no leader is known here: this node may be cut off from the others".to_string()
-            }
-        };
+        let why = self.role.leadership_now();
         for inflight in &mut self.inflight {
             if let Some(reply) = inflight.reply.take() {
                 let _ = reply.send(Err(BrokerError::LeadershipLost {
