@@ -213,7 +213,10 @@ fn http_body(response: &[u8]) -> Result<Vec<u8>, (u16, String)> {
             .ok()
             .and_then(|v| v["message"].as_str().map(str::to_owned))
             .unwrap_or_else(|| String::from_utf8_lossy(&body).trim().to_owned());
-        return Err((status.parse().unwrap_or(0), format!("{status_line}: {message}")));
+        return Err((
+            status.parse().unwrap_or(0),
+            format!("{status_line}: {message}"),
+        ));
     }
     Ok(body)
 }

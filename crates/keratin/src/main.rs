@@ -121,7 +121,13 @@ impl Command {
 /// verb (`connect::CommonArgs`, global below it), so [`connection_options_last`] moves them
 /// after it.
 const CONNECTION_OPTIONS_WITH_VALUE: &[&str] = &[
-    "--server", "--ca", "--user", "--password", "--token", "--cert", "--key",
+    "--server",
+    "--ca",
+    "--user",
+    "--password",
+    "--token",
+    "--cert",
+    "--key",
 ];
 
 /// `args` (the program name first) with the connection options written before the verb moved

@@ -143,7 +143,12 @@ fn every_command_the_local_cluster_script_prints_works() {
     std::fs::create_dir_all(&work).expect("mkdir");
     let mut shell = String::from("set -e\n");
     for (index, line) in commands.iter().enumerate() {
-        if index == commands.iter().position(|c| !c.starts_with("export ")).unwrap_or(0) {
+        if index
+            == commands
+                .iter()
+                .position(|c| !c.starts_with("export "))
+                .unwrap_or(0)
+        {
             shell.push_str(&format!(
                 "for i in $(seq 1 40); do {line} >/dev/null 2>&1 && break; sleep 0.5; done\n"
             ));
@@ -185,7 +190,10 @@ fn every_command_the_local_cluster_script_prints_works() {
             .env_remove("KERATIN_PASSWORD");
         let output = run(command, Duration::from_secs(20));
         let said = text(&output);
-        assert!(!output.status.success(), "a stale password is refused: {said}");
+        assert!(
+            !output.status.success(),
+            "a stale password is refused: {said}"
+        );
         assert!(
             said.contains("keratin-data/admin-password"),
             "the refusal of {verb:?} names the password file it read: {said}"
