@@ -173,10 +173,10 @@ class Consumer:
             self._started = True
             await self._client._routed("subscribe", self._subscribe_on)
             if self._cluster():
-                try:
-                    await self._look(None)
-                except KeratinError as e:
-                    log.debug("consumer of %s: leaders not read yet: %s", self.queue, e)
+                # The other leading nodes, before the first delivery is asked for.
+                self._start_look(None)
+                if self._looking is not None:
+                    await asyncio.shield(self._looking)
                 self._recheck = asyncio.ensure_future(self._recheck_loop())
         return self
 
@@ -239,7 +239,10 @@ class Consumer:
             if self._finished or self._has(addr):
                 continue
             try:
-                await self._subscribe_on(await client._node(addr))
+                conn = await client._node(addr)
+                if self._finished or self._has(addr):
+                    continue
+                await self._subscribe_on(conn)
                 log.info("consumer of %s also consumes at %s", self.queue, addr)
             except (NotLeaderError, ConnectionLostError, ConnectError) as e:
                 log.debug("consumer of %s: not subscribed at %s yet: %s", self.queue, addr, e)
