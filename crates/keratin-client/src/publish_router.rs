@@ -549,7 +549,16 @@ impl Router {
             }
         }
         for (key, unit) in units {
-            self.lane(key).waiting.push_back(unit);
+            // A message handed over after a 421 brings the leader that 421 named.
+            let named = unit
+                .items
+                .iter()
+                .find_map(|item| item.refusal.as_ref()?.leader_addr().map(str::to_owned));
+            let lane = self.lane(key);
+            if lane.leader.is_none() {
+                lane.leader = named.map(NodeRef::At);
+            }
+            lane.waiting.push_back(unit);
         }
     }
 
@@ -660,12 +669,13 @@ impl Router {
         if let Some(leader) = self.lanes.get(&key).and_then(|lane| lane.leader.clone()) {
             return leader;
         }
+        let turn = self.turn;
         self.turn = self.turn.wrapping_add(1);
         if key.is_none() {
             if let LayoutState::Known(layout) = &self.layout {
                 let known: Vec<&String> = layout.leaders.iter().flatten().collect();
                 if !known.is_empty() {
-                    return NodeRef::At(known[self.turn % known.len()].clone());
+                    return NodeRef::At(known[turn % known.len()].clone());
                 }
             }
         }
@@ -673,17 +683,27 @@ impl Router {
         let Some(client) = self.client.upgrade() else {
             return NodeRef::Base;
         };
-        let candidates: Vec<NodeRef> = client
-            .server_info()
-            .nodes
+        // This client's node first (the node it was given), then the others in turn.
+        let own = client
+            .own_address()
+            .map(|addr| NodeRef::At(addr.to_owned()));
+        let candidates: Vec<NodeRef> = own
             .iter()
-            .map(|node| NodeRef::At(node.server.clone()))
+            .cloned()
+            .chain(
+                client
+                    .server_info()
+                    .nodes
+                    .iter()
+                    .map(|node| NodeRef::At(node.server.clone()))
+                    .filter(|node| Some(node) != own.as_ref()),
+            )
             .filter(|node| Some(node) != avoid.as_ref())
             .collect();
         if candidates.is_empty() {
             return NodeRef::Base;
         }
-        candidates[self.turn % candidates.len()].clone()
+        candidates[turn % candidates.len()].clone()
     }
 
     async fn send_unit(&mut self, key: LaneKey, mut unit: Unit, target: NodeRef, node: &Client) {

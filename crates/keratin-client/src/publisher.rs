@@ -48,7 +48,7 @@ pub(crate) const ATTEMPT_ANSWER_GRACE: std::time::Duration = std::time::Duration
 
 use bytes::Bytes;
 use futures_core::Stream;
-use keratin_proto::codes::{ERR_GATEWAY_TIMEOUT, ERR_LIMITED, ERR_NOT_LEADER};
+use keratin_proto::codes::{ERR_LIMITED, ERR_NOT_LEADER};
 use keratin_proto::{ErrorBody, Header, Message, PublishMode, FRAME_SIZE_BYTES_MAX};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
@@ -152,9 +152,8 @@ pub struct Confirmed {
 }
 
 /// How one attempt of the direct path ended: answered (the message's index and result),
-/// refused with `ERR_LIMITED` (to retry after the hint here), or to hand over to the publish
-/// router (`publish_router.rs`): refused with 421, or an idempotent producer's unknown outcome
-/// (504).
+/// refused with `ERR_LIMITED` (to retry after the hint here), or refused with 421, to hand
+/// over to the publish router (`publish_router.rs`).
 enum AttemptAnswer {
     Done(usize, Result<Confirmed, PublishFailed>),
     Limited(Attempt, ErrorBody),
@@ -327,9 +326,8 @@ impl Client {
         results
     }
 
-    /// Hands the attempts the direct path cannot finish (421, or an idempotent producer's
-    /// unknown outcome) to the router of `queue`, and from now on routes every publish: a node
-    /// that answers 421 is part of a cluster.
+    /// Hands the attempts refused with 421 to the router of `queue`, and from now on routes
+    /// every publish: a node that answers 421 is part of a cluster.
     async fn publish_hand_over(
         &self,
         queue: &str,
@@ -345,17 +343,12 @@ impl Client {
         let mut items = Vec::with_capacity(routed.len());
         let mut answers = Vec::with_capacity(routed.len());
         for (attempt, body) in routed {
-            let (unknown, refusal) = if body.code() == ERR_NOT_LEADER {
-                (None, Some(body))
-            } else {
-                (Some(ClientError::from_body(body)), None)
-            };
             let (item, answer) = Pending::new(
                 attempt.message,
                 deadline,
                 attempt.attempts,
-                unknown,
-                refusal,
+                None,
+                Some(body),
             );
             items.push(item);
             answers.push((attempt.index, answer));
@@ -367,9 +360,8 @@ impl Client {
     }
 
     /// Sends `pending` and waits for their answers, retrying those refused with
-    /// `ERR_LIMITED` until `deadline` and handing those refused with 421 (and unknown outcomes
-    /// of an idempotent producer) to the router; `results[attempt.index]` gets each one's
-    /// outcome.
+    /// `ERR_LIMITED` until `deadline` and handing those refused with 421 to the router;
+    /// `results[attempt.index]` gets each one's outcome.
     async fn publish_attempts(
         &self,
         queue: &str,
@@ -427,9 +419,8 @@ impl Client {
                 duration_ms(self.options().publish_timeout)
             )),
         };
-        // An idempotent producer's message is sent again after a 504 (the node drops a
-        // second copy as a duplicate); a lost connection ends this client's direct path.
-        let resendable = attempt.message.sequence.is_some();
+        // On a single node an unknown outcome is the caller's to judge (no other node could be
+        // asked); a 421 means a cluster after all, whose router takes the message.
         let result = match outcome {
             PublishOutcome::Confirmed => Ok(Confirmed {
                 publish_id,
@@ -438,10 +429,7 @@ impl Client {
             PublishOutcome::Failed(body) if body.code() == ERR_LIMITED => {
                 return AttemptAnswer::Limited(attempt, body);
             }
-            PublishOutcome::Failed(body)
-                if body.code() == ERR_NOT_LEADER
-                    || (resendable && body.code() == ERR_GATEWAY_TIMEOUT) =>
-            {
+            PublishOutcome::Failed(body) if body.code() == ERR_NOT_LEADER => {
                 return AttemptAnswer::Routed(attempt, body);
             }
             PublishOutcome::Failed(body) => Err(ClientError::from_body(body)),
