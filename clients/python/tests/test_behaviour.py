@@ -270,7 +270,14 @@ def test_a_consumer_ended_with_421_subscribes_again_at_the_leader() -> None:
             await conn.send(w.SubscribeOk(frame.request_id, frame.consumer_tag))
             await conn.send(w.Deliver(frame.consumer_tag, 7, 0, 0, True, 2, [("h", "v")], b"from b"))
 
+        async def led_by_b(conn: FakeConn, frame: Any) -> None:
+            # After the move a names b as the partition's leader (the consumer reads the
+            # leaders again and would subscribe at a node that says it leads).
+            partition = w.PartitionInfo(0, 0, 0, 0, leading=False, leader_addr=b.address)
+            await conn.send(w.QueueInfoReply(frame.request_id, frame.queue, w.QueueSettings(), [partition]))
+
         a.on("Subscribe", subscribe_then_move)
+        a.on("QueueInfo", led_by_b)
         b.on("Subscribe", subscribe_and_deliver)
         client = await keratin.connect(a.address)
         bodies = []
