@@ -190,6 +190,8 @@ impl Node {
                     level: None,
                     free_bytes: None,
                 };
+                // `cluster.leader_balance` is a runtime setting: the balancer follows it.
+                let prepared = prepared.leader_balance(settings.leader_balance());
                 let node = ClusterNode::start(prepared, broker.clone(), own)
                     .await
                     .map_err(NodeError::Cluster)?;
@@ -491,11 +493,7 @@ async fn prepare_cluster(
         make_logs,
     )
     .await
-    .map(|prepared| {
-        prepared
-            .joining(cluster.join)
-            .leader_balance(cluster.leader_balance)
-    })
+    .map(|prepared| prepared.joining(cluster.join))
     .map_err(NodeError::Cluster)
 }
 
