@@ -15,7 +15,8 @@
 //! - `levels`: every node's resource report, carried by node labels.
 //! - `elsewhere`: the log of a partition with no replica on this node.
 //! - `reconcile`: brings the groups this node leads to the members the metadata names.
-//! - `balance`: hands partitions back to their preferred leaders.
+//! - `balance`: hands partitions back to their preferred leaders (automatically, and on
+//!   request: [`ClusterNode::rebalance`]).
 //! - `remove`: where a removed node's replicas go.
 //! - `join`: which replicas move onto an added node.
 //! - `moves`: moving one replica to another node (`keratin queue move`).
@@ -40,6 +41,7 @@ pub mod records;
 pub mod remove;
 mod service;
 
+pub use balance::{LeaderKept, LeaderMove, RebalanceReport};
 pub use directory::{Directory, NodeInfo};
 pub use hook::{DEFAULT_REPLICAS, METADATA_TIMEOUT};
 pub use join::AddNodeError;

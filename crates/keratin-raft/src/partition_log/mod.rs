@@ -51,7 +51,7 @@ mod replication;
 mod submit;
 
 use forward::forward;
-pub use provider::{ReplicatedLogs, ReplicatedLogsSetup};
+pub use provider::{ReplicatedLogs, ReplicatedLogsSetup, FORMATION_HOLD};
 use reader::ReplicatedReader;
 use replication::LeaderlessClock;
 use submit::{submit, Answers, Submission};

@@ -30,7 +30,9 @@ use openraft::errors::{
 use openraft::{Config, SnapshotPolicy};
 use tokio::sync::watch;
 
-pub use membership::{GroupMembers, MembershipError, CATCH_UP_WAIT};
+pub use membership::{
+    GroupMembers, MembershipError, CATCH_UP_WAIT, TRANSFER_ACK_AGE_MAX, TRANSFER_LAG_MAX,
+};
 pub use notifier::{AppliedImage, CommitNotifier, NotifierSnapshotBuilder};
 pub use reader::CommittedReader;
 

@@ -66,6 +66,10 @@ pub fn router(admin: Admin) -> Router {
             "/api/v1/cluster/nodes/{id}/remove",
             axum::routing::post(cluster::remove_node),
         )
+        .route(
+            "/api/v1/cluster/rebalance",
+            axum::routing::post(cluster::rebalance),
+        )
         .route("/api/v1/attention", get(attention))
         .route("/api/v1/audit", get(audit::audit))
         .route(
