@@ -290,6 +290,8 @@ struct Owner {
     deferred_purges: Vec<oneshot::Sender<BrokerResult<u64>>>,
     /// State checks asked for, answered at the end of the round (see `run_checks`).
     check_requests: Vec<oneshot::Sender<BrokerResult<(PartitionState, PartitionState)>>>,
+    /// Deliveries wait for the log's delivery lease: look again then (`delivery.rs`).
+    delivery_lease_retry_at: Option<Instant>,
 }
 
 /// A publish waiting out its slowing delay. It holds no reservation: the gate and the queue
@@ -378,6 +380,7 @@ pub(crate) fn spawn(
         heal_retry_at: None,
         deferred_purges: Vec::new(),
         check_requests: Vec::new(),
+        delivery_lease_retry_at: None,
     };
     owner.limits = owner.ctx.settings.partition_limits();
     // Figures are right from the start, before the task first runs.
@@ -474,8 +477,8 @@ impl Owner {
     }
 
     /// When the loop must wake without a command: the first delayed publish, the next heal
-    /// attempt of a stopped log, the first publish deadline, a delivery read retry, or the
-    /// idle hand-back.
+    /// attempt of a stopped log, the first publish deadline, a delivery read retry, a look at
+    /// a lapsed delivery lease, or the idle hand-back.
     fn wake_at(&self) -> Option<Instant> {
         let delayed = self.delayed.front().map(|d| d.ready_at);
         // A stopped log waits for a failed heal's pause, else polls the gate.
@@ -495,6 +498,7 @@ impl Owner {
             deadline,
             trim,
             self.delivery.read_retry_at,
+            self.delivery_lease_retry_at,
             self.idle_at(),
         ]
         .into_iter()

@@ -161,8 +161,10 @@ impl Owner {
                 let outcome = match result {
                     Ok(range) => AppendOutcome::Durable(range),
                     Err(BrokerError::Log(error)) => AppendOutcome::Failed(error),
-                    // Leadership moved while it was in flight: answered as is (a retry at the
-                    // new leader is safe with an idempotent producer); the log runs on.
+                    // Leadership moved while it was in flight: answered as is, "not the
+                    // leader" (nothing written) or unknown (a retry at the new leader is safe
+                    // with an idempotent producer); the log runs on, and records of it that
+                    // were committed after all are applied like any other's (`follow.rs`).
                     Err(other) => AppendOutcome::Refused(other),
                 };
                 self.resolve(sequence, outcome);
