@@ -7,22 +7,23 @@
 //! exceptions: messages returned with a delivery count, and messages relocated to the log's head.
 //! What is inflight is not durable state: after a restart every live message is ready.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use crate::error::{BrokerError, BrokerResult};
-use crate::partition::producers::ProducerWindows;
+use crate::partition::producers::{ProducerWindows, WindowSnapshot};
 use crate::range_set::RangeSet;
 use crate::record::{PartitionRecord, Purge, Relocate};
 
 /// The durable state of a partition.
 ///
-/// Equality (a live state against the state rebuilt from its log: the debug check, the crash
-/// tests) ignores the producers' windows: a live state still remembers the sequences of
-/// messages whose segments space reclaim removed, which a state rebuilt from the log no longer
-/// holds. Forgetting them at a restart can only store a late retry again, never lose a
-/// message (`docs/cluster.md`, "Idempotent producers"). Replicated logs remove no prefix (until
-/// partition snapshots, which will carry the windows), so replicas decide duplicates alike.
-#[derive(Debug, Clone, Eq)]
+/// The producers' windows survive the removal of the log's prefix: while a producer has a
+/// window, space reclaim cuts the log only at a `PRODUCERS` record ([`Self::window_cut`]),
+/// which replaces the windows with those it holds when applied; the leader writes one after
+/// every segment roll. So a state rebuilt from the log (at a restart, or a replica rebuilt from
+/// its leader's snapshot, whose log starts at the cut) has the windows of the live one, and
+/// equality (a live state against the state rebuilt from its log: the debug check, the crash
+/// tests) covers them.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PartitionState {
     /// First offset of the log (offsets below it were removed as free space).
     start: u64,
@@ -44,32 +45,16 @@ pub struct PartitionState {
     /// The idempotent producers' windows, from the ENQUEUE records applied: a second ENQUEUE
     /// of a producer's sequence is a duplicate, dead from the start (never delivered).
     producers: ProducerWindows,
+    /// Offsets of the `PRODUCERS` records at or above `start`, oldest first (about one per
+    /// segment: at most [`WINDOW_CHECKPOINTS_MAX`]).
+    checkpoints: VecDeque<u64>,
 }
 
-impl PartialEq for PartitionState {
-    fn eq(&self, other: &PartitionState) -> bool {
-        // Every field but `producers` (see the type's docs).
-        let PartitionState {
-            start,
-            head,
-            dead,
-            relocated,
-            counts,
-            live_count,
-            live_bytes,
-            recount_due,
-            producers: _,
-        } = self;
-        *start == other.start
-            && *head == other.head
-            && *dead == other.dead
-            && *relocated == other.relocated
-            && *counts == other.counts
-            && *live_count == other.live_count
-            && *live_bytes == other.live_bytes
-            && *recount_due == other.recount_due
-    }
-}
+/// Most `PRODUCERS` offsets a state keeps. The leader writes one per segment roll, so this
+/// covers 4,096 segments between the log's start and its head (256 GiB of 64 MiB segments);
+/// a longer log forgets the oldest, and space reclaim then falls back on cutting at the
+/// lowest live payload (see `owner/reclaim.rs`).
+pub const WINDOW_CHECKPOINTS_MAX: usize = 4_096;
 
 /// What applying a record changed, for the owner's volatile bookkeeping.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,6 +78,8 @@ pub enum Applied {
     },
     /// The queue's settings were recorded.
     Settings,
+    /// The producers' windows were replaced by a `PRODUCERS` record's: the log may be cut here.
+    Checkpointed,
     /// An offset with no partition record (a replicated log's own entry).
     Nothing,
     /// A message's payload now lives at `to`.
@@ -117,6 +104,7 @@ impl PartitionState {
             live_bytes: 0,
             recount_due: false,
             producers: ProducerWindows::new(),
+            checkpoints: VecDeque::new(),
         }
     }
 
@@ -217,6 +205,36 @@ impl PartitionState {
         self.dead.forget_below(start);
         self.start = start;
         self.head = self.head.max(start);
+        while self.checkpoints.front().is_some_and(|c| *c < start) {
+            self.checkpoints.pop_front();
+        }
+    }
+
+    /// Where space reclaim may cut the log (remove what lies below) with `pin` the lowest live
+    /// payload, keeping the producers' windows: `pin` itself while no producer has a window
+    /// (windows never empty once filled, so none had one below it either); else the last
+    /// `PRODUCERS` record at or below `pin`, whose windows a state rebuilt from there starts
+    /// with. `None`: no such record yet.
+    pub fn window_cut(&self, pin: u64) -> Option<u64> {
+        if self.producers.is_empty() {
+            return Some(pin);
+        }
+        self.checkpoints.iter().rev().find(|c| **c <= pin).copied()
+    }
+
+    /// Whether some idempotent producer has a window here.
+    pub fn has_producers(&self) -> bool {
+        !self.producers.is_empty()
+    }
+
+    /// The offset of the last `PRODUCERS` record applied, if one is at or above the start.
+    pub fn last_checkpoint(&self) -> Option<u64> {
+        self.checkpoints.back().copied()
+    }
+
+    /// The windows as a `PRODUCERS` record holds them.
+    pub fn producers_snapshot(&self) -> Vec<WindowSnapshot> {
+        self.producers.snapshot()
     }
 
     /// True when `live_bytes` must be recounted from the log's records (see
@@ -251,6 +269,19 @@ impl PartitionState {
                 reason: format!("applied out of order: expected offset {}", self.head),
             });
         }
+        // Checked before anything changes (a record decoded from the log was checked already).
+        let windows = match record {
+            PartitionRecord::Producers(windows) => {
+                Some(ProducerWindows::from_snapshot(windows).map_err(|reason| {
+                    BrokerError::Corrupt {
+                        what: "producers record",
+                        offset,
+                        reason,
+                    }
+                })?)
+            }
+            _ => None,
+        };
         self.head = offset + 1;
         let applied = match record {
             PartitionRecord::Enqueue {
@@ -307,6 +338,19 @@ impl PartitionState {
             PartitionRecord::Noop => {
                 self.dead.insert(offset);
                 Applied::Nothing
+            }
+            PartitionRecord::Producers(_) => {
+                // Replaced whatever this state had, on every replica alike: the leader wrote
+                // them with nothing of its own before them unapplied, so they are the windows
+                // every copy that applied the whole log has here; a copy rebuilt from here on
+                // gets them only from this record.
+                self.dead.insert(offset);
+                self.producers = windows.unwrap_or_default();
+                if self.checkpoints.len() >= WINDOW_CHECKPOINTS_MAX {
+                    self.checkpoints.pop_front();
+                }
+                self.checkpoints.push_back(offset);
+                Applied::Checkpointed
             }
         };
         Ok(applied)
