@@ -569,6 +569,50 @@ mod tests {
         assert_eq!((s.live_count(), s.live_bytes()), (1, 10));
     }
 
+    /// The log may be cut at the pin while no producer has a window, and only at a
+    /// `PRODUCERS` record at or below the pin once one has; a state rebuilt from that record
+    /// on equals the live one, windows included, and still knows a sequence stored below it.
+    #[test]
+    fn a_producers_record_carries_the_windows_past_a_cut() {
+        use crate::record::ProducerSeq;
+        let mut s = PartitionState::new(0);
+        let plain = PartitionRecord::Enqueue {
+            size_bytes: 4,
+            producer: None,
+        };
+        s.apply(0, &plain).expect("apply");
+        s.apply(1, &settle(0, 4)).expect("apply");
+        assert_eq!(s.window_cut(2), Some(2), "no producer: cut at the pin");
+        let marked = PartitionRecord::Enqueue {
+            size_bytes: 4,
+            producer: Some(ProducerSeq {
+                producer: 9,
+                sequence: 1,
+            }),
+        };
+        s.apply(2, &marked).expect("apply");
+        s.apply(3, &settle(2, 4)).expect("apply");
+        assert_eq!(s.window_cut(4), None, "a window and no record to cut at");
+        let checkpoint = PartitionRecord::Producers(s.producers_snapshot());
+        assert_eq!(
+            s.apply(4, &checkpoint).expect("apply"),
+            Applied::Checkpointed
+        );
+        s.apply(5, &plain).expect("apply");
+        assert_eq!(s.pinned_offset(), 5);
+        assert_eq!(s.window_cut(s.pinned_offset()), Some(4));
+        s.forget_below(4);
+        let mut rebuilt = PartitionState::new(4);
+        rebuilt.apply(4, &checkpoint).expect("apply");
+        rebuilt.apply(5, &plain).expect("apply");
+        assert_eq!(rebuilt, s);
+        assert_eq!(
+            rebuilt.apply(6, &marked).expect("apply"),
+            Applied::Duplicate { offset: 6 },
+            "the sequence stored below the cut is still known"
+        );
+    }
+
     /// A producer's sequence is stored once: its second ENQUEUE is dead from the start, and the
     /// state rebuilt from the same records agrees.
     #[test]

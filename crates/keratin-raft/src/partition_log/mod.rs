@@ -968,6 +968,50 @@ mod tests {
         }
     }
 
+    /// A leader that no majority acknowledged since its election does not count as cut off at
+    /// first (openraft holds its writes until its lease is confirmed), but does once the
+    /// lease has passed since it was elected: its consumers must go where a leader can serve
+    /// them. It never holds the delivery lease meanwhile.
+    #[test]
+    fn a_leader_never_acknowledged_is_cut_off_a_lease_after_its_election() {
+        let leader = metrics(2, ServerState::Leader, Some(2), &[1, 2, 3]);
+        let now = tokio::time::Instant::now();
+        let just = role_of(2, &leader, Some(now), &client_addrs());
+        assert!(just.leading, "just elected: {just:?}");
+        let long_ago = now
+            .checked_sub(QUORUM_LOST_AFTER + Duration::from_millis(100))
+            .expect("the clock runs longer than a lease");
+        let late = role_of(2, &leader, Some(long_ago), &client_addrs());
+        assert!(!late.leading, "never acknowledged for a lease: {late:?}");
+        assert_eq!(late.leader, None);
+        assert_eq!(delivery_lease(&leader), DeliveryLease::Lapsed);
+    }
+
+    /// The delivery lease: none for a follower, held by a leader alone, and for the leader of
+    /// several voters until `DELIVERY_LEASE` after the last acknowledged request.
+    #[test]
+    fn the_delivery_lease_follows_the_last_quorum_acknowledgement() {
+        let follower = metrics(2, ServerState::Follower, Some(3), &[1, 2, 3]);
+        assert_eq!(delivery_lease(&follower), DeliveryLease::Lapsed);
+        let alone = metrics(2, ServerState::Leader, Some(2), &[2]);
+        assert_eq!(delivery_lease(&alone), DeliveryLease::Held);
+        let mut leader = metrics(2, ServerState::Leader, Some(2), &[1, 2, 3]);
+        let now = <openraft::type_config::alias::InstantOf<TypeConfig> as openraft::Instant>::now();
+        leader.last_quorum_acked = Some(now.into());
+        let before = tokio::time::Instant::now();
+        match delivery_lease(&leader) {
+            DeliveryLease::Until(until) => {
+                // (Two clock readings apart: a millisecond of slack.)
+                let latest = before + DELIVERY_LEASE + Duration::from_millis(1);
+                assert!(until > before && until <= latest, "{until:?}");
+            }
+            other => panic!("a leader just acknowledged: {other:?}"),
+        }
+        let stale = now - (DELIVERY_LEASE + Duration::from_millis(1));
+        leader.last_quorum_acked = Some(stale.into());
+        assert_eq!(delivery_lease(&leader), DeliveryLease::Lapsed);
+    }
+
     /// A former leader moved off the group (no voter any more) stays the leader a follower
     /// knows until the voters elect; the former leader's node then points at the partition's
     /// replicas, one of which points back at it: a loop. Name no one instead.
