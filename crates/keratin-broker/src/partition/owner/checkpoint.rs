@@ -5,7 +5,8 @@
 //! from its leader's snapshot, whose log starts at the cut) takes the windows from it and
 //! deduplicates like its peers.
 //!
-//! The leader writes one after every segment roll while a producer has a window. Its windows
+//! The leader writes one after every segment roll while a producer has a window (none while
+//! the log has a single segment). Its windows
 //! must be those of every copy at its offset: it is handed to the log only once nothing of
 //! this owner's before it is pending and the state applied everything committed before it
 //! (its predecessors' records included), and its windows are taken then. Appends made
@@ -26,7 +27,7 @@ pub(super) enum Checkpoint {
 
 impl Owner {
     /// As leader, append a `PRODUCERS` record when a producer has a window and none lies in
-    /// the log's tail segment (the log rolled since the last one). Its windows are filled in
+    /// the log's tail segment, once the log has rolled (a log of one segment is never cut). Its windows are filled in
     /// when it is handed to the log ([`Owner::fill_checkpoint`]).
     pub(super) fn maybe_checkpoint(&mut self) {
         if !self.role.leading
@@ -45,7 +46,11 @@ impl Owner {
         let Some(log) = &self.log else {
             return;
         };
-        let tail_base = log.space().segment_bases.last().copied().unwrap_or(0);
+        let bases = log.space().segment_bases;
+        // A log of one segment has nothing for reclaim to cut below a record.
+        let Some(&tail_base) = bases.last().filter(|_| bases.len() >= 2) else {
+            return;
+        };
         if self
             .state
             .last_checkpoint()
