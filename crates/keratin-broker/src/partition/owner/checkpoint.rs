@@ -6,11 +6,11 @@
 //! deduplicates like its peers.
 //!
 //! The leader writes one after every segment roll while a producer has a window (none while
-//! the log has a single segment). Its windows
-//! must be those of every copy at its offset: it is handed to the log only once nothing of
-//! this owner's before it is pending and the state applied everything committed before it
-//! (its predecessors' records included), and its windows are taken then. Appends made
-//! meanwhile wait behind it in the backlog, for about one commit round trip per segment.
+//! the log has a single segment). Its windows must be those of every copy at its offset: it
+//! is handed to the log only once nothing of this owner's before it is pending and the state
+//! applied everything committed before it (its predecessors' records included), and its
+//! windows are taken then. Appends made meanwhile wait behind it in the backlog, for about one
+//! commit round trip per segment.
 
 use super::*;
 
@@ -27,8 +27,8 @@ pub(super) enum Checkpoint {
 
 impl Owner {
     /// As leader, append a `PRODUCERS` record when a producer has a window and none lies in
-    /// the log's tail segment, once the log has rolled (a log of one segment is never cut). Its windows are filled in
-    /// when it is handed to the log ([`Owner::fill_checkpoint`]).
+    /// the log's tail segment, once the log has rolled (a log of one segment is never cut).
+    /// Its windows are filled in when it is handed to the log ([`Owner::fill_checkpoint`]).
     pub(super) fn maybe_checkpoint(&mut self) {
         if !self.role.leading
             || self.stopped.is_some()
