@@ -23,7 +23,8 @@
 //!   messages, the delivery cursor and read-ahead (volatile).
 //! - `partition::owner`: the task that owns a partition: commands to records, records to state;
 //!   its children own admission (queue limits, the gate, slowing), settling (acks, returns,
-//!   dead-lettering, purge), delivery, and reclaim (prefix removal, relocation, healing).
+//!   dead-lettering, purge), delivery (within the log's delivery lease), reclaim (prefix
+//!   removal, relocation, healing) and the `PRODUCERS` records reclaim cuts at (`checkpoint`).
 //! - `record`: the partition log's records, byte by byte (`docs/partition-records.md`).
 //! - `consumer`: [`Consumer`] and [`Delivery`].
 //! - `byte_budget`: [`ByteBudget`], bytes of deliveries held in memory (node-wide and per

@@ -19,6 +19,7 @@
 
 mod admission;
 mod append;
+mod checkpoint;
 mod delivery;
 mod disk;
 mod follow;
@@ -290,6 +291,12 @@ struct Owner {
     deferred_purges: Vec<oneshot::Sender<BrokerResult<u64>>>,
     /// State checks asked for, answered at the end of the round (see `run_checks`).
     check_requests: Vec<oneshot::Sender<BrokerResult<(PartitionState, PartitionState)>>>,
+    /// Deliveries wait for the log's delivery lease: look again then (`delivery.rs`).
+    delivery_lease_retry_at: Option<Instant>,
+    /// The sequence of the `PRODUCERS` append waiting or in flight (`checkpoint.rs`).
+    checkpoint_sequence: Option<u64>,
+    /// Disk bytes when the need for a `PRODUCERS` record was last looked at.
+    checkpoint_disk_bytes: u64,
 }
 
 /// A publish waiting out its slowing delay. It holds no reservation: the gate and the queue
@@ -378,6 +385,9 @@ pub(crate) fn spawn(
         heal_retry_at: None,
         deferred_purges: Vec::new(),
         check_requests: Vec::new(),
+        delivery_lease_retry_at: None,
+        checkpoint_sequence: None,
+        checkpoint_disk_bytes: u64::MAX,
     };
     owner.limits = owner.ctx.settings.partition_limits();
     // Figures are right from the start, before the task first runs.
@@ -441,11 +451,14 @@ impl Owner {
             self.expire_publishes();
             self.maybe_heal();
             self.maybe_follow();
+            // A `PRODUCERS` record held back until the state caught up may go now.
+            self.submit_backlog();
             // Before delivering (a message owed to `drop_oldest` must not become inflight):
             // what a trim skipped while the log was stopped is owed still after its heal.
             self.trim_to_limits();
             self.deliver();
             self.maybe_reclaim();
+            self.maybe_checkpoint();
             self.maybe_hand_back();
             self.publish_figures();
             self.run_checks();
@@ -474,8 +487,8 @@ impl Owner {
     }
 
     /// When the loop must wake without a command: the first delayed publish, the next heal
-    /// attempt of a stopped log, the first publish deadline, a delivery read retry, or the
-    /// idle hand-back.
+    /// attempt of a stopped log, the first publish deadline, a delivery read retry, a look at
+    /// a lapsed delivery lease, or the idle hand-back.
     fn wake_at(&self) -> Option<Instant> {
         let delayed = self.delayed.front().map(|d| d.ready_at);
         // A stopped log waits for a failed heal's pause, else polls the gate.
@@ -495,6 +508,7 @@ impl Owner {
             deadline,
             trim,
             self.delivery.read_retry_at,
+            self.delivery_lease_retry_at,
             self.idle_at(),
         ]
         .into_iter()
@@ -663,6 +677,8 @@ impl Owner {
                 self.reclaim_due = true;
             }
             Applied::Settings | Applied::Nothing | Applied::Duplicate { .. } => {}
+            // Space reclaim may cut the log here now.
+            Applied::Checkpointed => self.reclaim_due = true,
             Applied::Settled(_) => self.reclaim_due = true,
             Applied::Returned(messages) => {
                 // A later return of the same message may still be on its way to the log: its
