@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
 from . import _wire as w
 from ._connection import Connection, _Sink
-from .errors import ConnectError, ConnectionLostError, KeratinError, NotLeaderError, ProtocolError
+from .errors import (
+    ConnectError,
+    ConnectionLostError,
+    KeratinError,
+    NotFoundError,
+    NotLeaderError,
+    ProtocolError,
+)
 
 if TYPE_CHECKING:
     from .client import Client
@@ -147,6 +154,7 @@ class Consumer:
         self._look_again = False
         self._recheck: Optional["asyncio.Task[None]"] = None
         self._orphaned_since: Optional[float] = None
+        self._waiting_logged = False
 
     @property
     def tag(self) -> Optional[str]:
@@ -270,8 +278,20 @@ class Consumer:
         self._looking = asyncio.ensure_future(run())
 
     def _check_orphaned(self, error: KeratinError) -> None:
-        """Ends the iteration when no subscription could be kept for ``request_timeout``."""
+        """Ends the iteration when the queue is gone, or when no subscription could be kept
+        and no node answered for ``request_timeout``. A partition without a leader while the
+        nodes answer (a move, an election) is waited for, as long as it takes."""
         if self._subs or self._finished:
+            self._orphaned_since = None
+            self._waiting_logged = False
+            return
+        if isinstance(error, NotFoundError):
+            self._items.put_nowait((None, error))
+            return
+        if isinstance(error, NotLeaderError):
+            if not self._waiting_logged:
+                log.warning("consumer of %s waits for a leader: %s", self.queue, error)
+                self._waiting_logged = True
             self._orphaned_since = None
             return
         now = time.monotonic()

@@ -621,6 +621,9 @@ impl Consumer {
         let missing = match result {
             Ok((subscriptions, missing)) => {
                 self.add(subscriptions);
+                // A node answered and the queue is there: a partition without a leader (a
+                // move, an election) is waited for as long as it takes, not ended as orphaned.
+                self.orphaned_since = None;
                 missing
             }
             Err(error) => {
@@ -646,7 +649,8 @@ impl Consumer {
     }
 
     /// Whether the consumer is over: no subscription, nothing in progress, and either on a
-    /// single node, or in a cluster without a subscription for `request_timeout`.
+    /// single node, or in a cluster where no node answered a look at the leaders for
+    /// `request_timeout` (while the nodes answer, a partition without a leader is waited for).
     fn is_over(&mut self) -> bool {
         if !self.subscriptions.is_empty() {
             self.orphaned_since = None;
