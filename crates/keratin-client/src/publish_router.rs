@@ -629,6 +629,21 @@ impl Router {
             }
             lane.hold_until = None;
             let target = self.target(key);
+            // A lane's messages in flight are at one node at a time: without a known leader
+            // the target turns from node to node, and a node that starts leading (or learns
+            // the leader) in the middle would store later messages before an earlier one
+            // another node refused. Messages the broker places itself may go anywhere.
+            let ordered = key.is_some()
+                || self.drain_unknown
+                || !matches!(self.layout, LayoutState::Known(_));
+            if ordered
+                && self
+                    .lanes
+                    .get(&key)
+                    .is_some_and(|lane| lane.sent.values().any(|sent| sent.node != target))
+            {
+                return;
+            }
             let Some(client) = self.client.upgrade() else {
                 // Every handle of the client is gone; nothing can be sent. The pending
                 // messages answer as they are dropped.
