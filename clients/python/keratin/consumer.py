@@ -243,9 +243,14 @@ class Consumer:
             raise last or NotLeaderError("no node answered for %s" % self.queue, 421)
         missing = any(leader is None for leader in leaders)
         targets.extend(leader for leader in leaders if leader is not None)
-        for addr in targets:
-            if self._finished or self._has(addr):
+        # A node's view can be stale (a replica that moved away): a refusal naming the
+        # leader is followed too, each node tried once per look.
+        tried: List[str] = []
+        while targets:
+            addr = targets.pop(0)
+            if self._finished or self._has(addr) or addr in tried:
                 continue
+            tried.append(addr)
             try:
                 conn = await client._node(addr)
                 if self._finished or self._has(addr):
@@ -254,6 +259,9 @@ class Consumer:
                 log.info("consumer of %s also consumes at %s", self.queue, addr)
             except (NotLeaderError, ConnectionLostError, ConnectError) as e:
                 log.debug("consumer of %s: not subscribed at %s yet: %s", self.queue, addr, e)
+                named = getattr(e, "leader_addr", None)
+                if named and named not in tried:
+                    targets.append(named)
                 missing = True
         if missing:
             raise NotLeaderError("a partition of %s has no reachable leader yet" % self.queue, 421)

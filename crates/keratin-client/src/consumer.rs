@@ -342,11 +342,19 @@ async fn look(
         targets.extend(leaders.into_iter().flatten());
     }
     let mut added: Vec<Subscription> = Vec::new();
-    for addr in targets {
+    // A node's view can be stale (a replica that moved away): a refusal naming the leader is
+    // followed too, each node tried once per look (so at most the cluster's nodes).
+    let mut targets: std::collections::VecDeque<String> = targets.into();
+    let mut tried: Vec<String> = Vec::new();
+    while let Some(addr) = targets.pop_front() {
         let known = |a: &String| *a == addr;
-        if have.iter().any(known) || added.iter().any(|s| s.addr.as_ref() == Some(&addr)) {
+        if have.iter().any(known)
+            || tried.iter().any(known)
+            || added.iter().any(|s| s.addr.as_ref() == Some(&addr))
+        {
             continue;
         }
+        tried.push(addr.clone());
         let subscribed = match client.node(Some(&addr)).await {
             Ok(node) => node.subscribe_once(&queue, prefetch, prefetch_bytes).await,
             Err(error) => Err(error),
@@ -358,6 +366,9 @@ async fn look(
             }
             Err(error) if as_not_leader(&error).is_some() || error.code().is_none() => {
                 tracing::debug!(queue = %queue, node = %addr, %error, "not subscribed there yet");
+                if let Some(named) = as_not_leader(&error).and_then(ErrorBody::leader_addr) {
+                    targets.push_back(named.to_owned());
+                }
                 missing = true;
             }
             Err(error) => {
