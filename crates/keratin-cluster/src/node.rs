@@ -18,6 +18,7 @@ use keratin_raft::partition_log::ReplicatedLogs;
 use tokio::sync::watch;
 
 use crate::applier::{self, AppliedState, ApplyContext};
+use crate::dead_letters::ClusterDeadLetters;
 use crate::directory::{Directory, NodeInfo};
 use crate::elsewhere::ElsewhereLog;
 use crate::hook::MetadataHook;
@@ -63,6 +64,8 @@ pub struct PreparedCluster {
     pub partition_logs: Arc<dyn PartitionLogs>,
     /// For `BrokerConfig::cluster_metadata`.
     pub metadata: Arc<dyn ClusterMetadata>,
+    /// For `BrokerConfig::dead_letters`: dead-letter copies go to their partition's leader.
+    pub dead_letters: Arc<ClusterDeadLetters>,
 }
 
 impl PreparedCluster {
@@ -224,12 +227,14 @@ impl ClusterNode {
         let directory = Directory::default();
         let own = Arc::new(OnceLock::new());
         let meta = Arc::new(OnceLock::new());
+        let dead_letters = Arc::new(ClusterDeadLetters::new(cluster.node_id));
         groups.insert(
             SERVICE_GROUP,
             Arc::new(ClusterService {
                 own: own.clone(),
                 directory: directory.clone(),
                 meta: meta.clone(),
+                dead_letters: dead_letters.clone(),
             }),
         );
         let levels = ClusterLevels::new(cluster.node_id);
@@ -252,6 +257,7 @@ impl ClusterNode {
                 replicated: replicated.clone(),
             }),
             replicated,
+            dead_letters,
             levels,
             join: false,
             leader_balance: true,
@@ -282,11 +288,13 @@ impl ClusterNode {
             meta: meta_cell,
             applied,
             replicated,
+            dead_letters,
             levels,
             join,
             leader_balance,
             ..
         } = prepared;
+        dead_letters.attach(&broker, transport.clone());
         directory.insert(own.clone());
         let _ = own_cell.set(own);
         let voters = formed(&cluster);

@@ -11,6 +11,8 @@
 //!   still leads (openraft's ReadIndex) and replies with one past its last committed record
 //!   (8 bytes, little-endian); any other node refuses with [`NOT_META_LEADER`]. A node asked
 //!   for a queue it does not know catches up to that offset before answering "not found".
+//! - [`KIND_DEAD_LETTER`]: dead-letter copies for a partition the receiver leads, stored
+//!   before the reply; binary, not JSON (`dead_letters.rs`).
 
 use std::sync::{Arc, OnceLock};
 
@@ -19,6 +21,7 @@ use keratin_net::codes::APP_CODE_MIN;
 use keratin_net::{BoxFuture, GroupId, RemoteError};
 use keratin_raft::network::GroupEndpoint;
 
+use crate::dead_letters::{ClusterDeadLetters, KIND_DEAD_LETTER};
 use crate::directory::NodeInfo;
 use crate::meta::MetaGroup;
 use crate::records::{ClusterRecord, RECORD_JSON_V1};
@@ -47,6 +50,8 @@ pub(crate) struct ClusterService {
     /// This node's entry there carries its current level and free space.
     pub(crate) directory: crate::directory::Directory,
     pub(crate) meta: Arc<OnceLock<Arc<MetaGroup>>>,
+    /// Serves [`KIND_DEAD_LETTER`].
+    pub(crate) dead_letters: Arc<ClusterDeadLetters>,
 }
 
 impl GroupEndpoint for ClusterService {
@@ -56,6 +61,7 @@ impl GroupEndpoint for ClusterService {
             .get()
             .map(|own| self.directory.get(own.id).unwrap_or_else(|| own.clone()));
         let meta = self.meta.get().cloned();
+        let dead_letters = self.dead_letters.clone();
         Box::pin(async move {
             match kind {
                 KIND_HELLO => {
@@ -81,6 +87,7 @@ impl GroupEndpoint for ClusterService {
                     let committed = meta.read_index_here().await?;
                     Ok(Bytes::copy_from_slice(&committed.to_le_bytes()))
                 }
+                KIND_DEAD_LETTER => dead_letters.serve(body).await,
                 other => Err(RemoteError::new(
                     BAD_REQUEST,
                     format!("cluster service request kind {other} is unknown here"),

@@ -237,7 +237,10 @@ async fn publish(addr: SocketAddr, seqs: std::ops::Range<u64>) {
             .iter()
             .map(|seq| OutgoingMessage::new(body(*seq, BODY_BYTES)))
             .collect();
-        for (seq, result) in chunk.iter().zip(client.publish_batch(SOURCE, messages).await) {
+        for (seq, result) in chunk
+            .iter()
+            .zip(client.publish_batch(SOURCE, messages).await)
+        {
             if let Err(error) = result {
                 panic!("publish of {seq} failed: {}", error.error);
             }
@@ -281,7 +284,10 @@ fn check_round(arrivals: &Mutex<Arrivals>, wanted: &BTreeSet<u64>, round: &str) 
         wanted.len(),
         missing.iter().take(10).collect::<Vec<_>>()
     );
-    assert_eq!(arrivals.bad_bodies, 0, "{round}: bodies with a bad checksum");
+    assert_eq!(
+        arrivals.bad_bodies, 0,
+        "{round}: bodies with a bad checksum"
+    );
     let mut stored_twice = Vec::new();
     for seq in wanted {
         let deliveries = &arrivals.seen[seq];
@@ -331,7 +337,11 @@ fn dead_letters_reach_a_queue_led_elsewhere_and_survive_its_leader_killed() {
     let balance = vec![("KERATIN_CLUSTER__LEADER_BALANCE", "true")];
     let envs = (1..=3).map(|id| (id, balance.clone())).collect();
     let mut cluster = Cluster::start_with_env(envs);
-    cluster.cli_until_ok(1, &["queue", "declare", DLQ, "--nodes", "3,1,2"], SETTLE_MAX);
+    cluster.cli_until_ok(
+        1,
+        &["queue", "declare", DLQ, "--nodes", "3,1,2"],
+        SETTLE_MAX,
+    );
     cluster.cli_until_ok(
         1,
         &[
@@ -351,8 +361,11 @@ fn dead_letters_reach_a_queue_led_elsewhere_and_survive_its_leader_killed() {
     );
     wait_leaders(&cluster, DLQ, &[3]);
     wait_leaders(&cluster, SOURCE, &[1, 2, 1, 2]);
-    let addrs: BTreeMap<u64, SocketAddr> =
-        cluster.nodes.iter().map(|(id, n)| (*id, n.protocol)).collect();
+    let addrs: BTreeMap<u64, SocketAddr> = cluster
+        .nodes
+        .iter()
+        .map(|(id, n)| (*id, n.protocol))
+        .collect();
     let node_addr = |id: u64| addrs[&id];
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
