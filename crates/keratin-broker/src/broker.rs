@@ -353,7 +353,8 @@ impl QueueInfo {
     pub fn disk_bytes(&self) -> u64 {
         self.partitions.iter().map(|p| p.disk_bytes).sum()
     }
-    /// Messages dropped because dead-lettering them failed, by reason, over all partitions.
+    /// Dead-letter copies that failed, by reason, over all partitions (see
+    /// [`PartitionInfo::dead_letter_failures`]).
     pub fn dead_letter_failures(&self) -> BTreeMap<DeadLetterFailure, u64> {
         let mut total = BTreeMap::new();
         for (reason, count) in self.partitions.iter().flat_map(|p| &p.dead_letter_failures) {
@@ -1206,8 +1207,14 @@ impl Broker {
     /// The partition of queue `name` that `message` goes to (by its routing key; without one
     /// by its producer mark; else round robin), as a publish here would route it.
     pub fn route(&self, name: &str, message: &Message) -> BrokerResult<u32> {
-        let queue = self.inner.queue(name)?;
-        Ok(queue.route(message) as u32)
+        match self.inner.queue(name) {
+            Ok(queue) => Ok(queue.route(message) as u32),
+            Err(_) if self.inner.stream(name).is_ok() => Err(BrokerError::NameTaken {
+                name: name.to_string(),
+                kind: "stream",
+            }),
+            Err(error) => Err(error),
+        }
     }
 
     /// Dead-lettering's publish into partition `partition` of queue `name`, which this node

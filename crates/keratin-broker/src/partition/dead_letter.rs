@@ -275,6 +275,12 @@ impl HeldDeadLetters {
         self.retry_at = None;
     }
 
+    /// Every held message, waiting or in the attempt out.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Dying> {
+        let attempt = self.attempt.iter().flat_map(|(_, a)| a.iter());
+        self.waiting.iter().chain(attempt)
+    }
+
     /// Every waiting message (not those of an attempt out), leaving.
     pub(crate) fn take_waiting(&mut self) -> Vec<Dying> {
         let taken: Vec<Dying> = self.waiting.drain(..).collect();
@@ -391,6 +397,7 @@ mod tests {
         held.succeeded();
         assert!(held.due(now));
         // Shrunk to one message after the queue's limits refused a batch; doubling back.
+        held.hold(&node, (100..200).map(|m| dying(m, 10)));
         held.shrink();
         assert_eq!(held.next_bytes(), 10);
         for size in [2, 4, 8, 16, 32, 64, 64] {

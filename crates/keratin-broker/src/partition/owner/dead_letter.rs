@@ -215,6 +215,22 @@ impl Owner {
         }
     }
 
+    /// The delivery state is being reset (this node stopped or started leading): the held
+    /// messages stay live, and those `drop_oldest` removed count toward the limits again (no
+    /// SETTLE of theirs is coming from this leadership).
+    pub(super) fn forget_dead_letters(&mut self) {
+        let overflowed: Vec<u64> = self
+            .delivery
+            .dead_letters
+            .iter()
+            .filter(|d| d.reason == DeathReason::Overflow)
+            .map(|d| d.message)
+            .collect();
+        for m in overflowed {
+            self.undrop(m);
+        }
+    }
+
     /// Messages whose payload could not be read for dead-lettering are ready again.
     fn not_dead_lettered(&mut self, unread: Vec<u64>) {
         for m in unread {
