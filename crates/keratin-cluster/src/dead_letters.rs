@@ -156,6 +156,8 @@ impl DeadLetterSink for ClusterDeadLetters {
                     Err(error) => results[i] = Some(Err(error)),
                 }
             }
+            // One task per partition with copies: at most REQUEST_MESSAGES_MAX (an attempt's
+            // messages), and at most the queue's 64 partitions.
             let mut publishing = tokio::task::JoinSet::new();
             for (partition, (indexes, payloads)) in shares {
                 let share = Share {

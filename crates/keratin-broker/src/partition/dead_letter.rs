@@ -120,7 +120,7 @@ pub(crate) struct HeldDeadLetters {
     /// The attempt out, if any: its id and its messages.
     attempt: Option<(u64, Vec<Dying>)>,
     /// No attempt starts before this (after a failed one).
-    pub(crate) retry_at: Option<tokio::time::Instant>,
+    retry_at: Option<tokio::time::Instant>,
     /// The pause after the next failure.
     retry_after: Option<Duration>,
     /// Most messages the next attempt carries: [`ATTEMPT_MESSAGES_MAX`], or fewer after the
@@ -202,6 +202,17 @@ impl HeldDeadLetters {
         bytes
     }
 
+    /// When the owner must wake to start the next attempt: the end of the pause after a
+    /// failed one, if it is still ahead and no attempt is out. (A due attempt that could not
+    /// start waits for what held it back: the delivery budget kicks the owner, a heal ends a
+    /// round.)
+    pub(crate) fn wake_at(&self, now: tokio::time::Instant) -> Option<tokio::time::Instant> {
+        if self.attempt.is_some() || self.waiting.is_empty() {
+            return None;
+        }
+        self.retry_at.filter(|at| *at > now)
+    }
+
     /// Start attempt `id` with the oldest waiting messages: at most the attempt size
     /// ([`ATTEMPT_MESSAGES_MAX`] unless shrunk) and [`ATTEMPT_BYTES_MAX`] bytes (at least one
     /// message).
@@ -219,6 +230,7 @@ impl HeldDeadLetters {
             taken.extend(self.waiting.pop_front());
         }
         self.attempt = Some((id, taken.clone()));
+        self.retry_at = None;
         taken
     }
 
@@ -386,8 +398,11 @@ mod tests {
         assert_eq!(held.retry(failed, now), RETRY_AFTER_MIN);
         assert_eq!(node.get(), 100 - 32);
         assert!(!held.due(now));
+        assert_eq!(held.wake_at(now), Some(now + RETRY_AFTER_MIN));
+        assert_eq!(held.wake_at(now + RETRY_AFTER_MIN), None, "due: no timer");
         assert!(held.due(now + RETRY_AFTER_MIN));
         assert_eq!(held.start(2)[0].message, 32);
+        assert_eq!(held.wake_at(now), None, "an attempt is out");
         held.finish(2);
         assert_eq!(held.retry(Vec::new(), now), RETRY_AFTER_MIN * 2);
         for _ in 0..10 {

@@ -481,8 +481,7 @@ impl Owner {
         // `trim_due` at spawn) runs at once; `trim_to_limits` clears it either way.
         let trim = (self.trim_due && self.limits.overflow == Overflow::DropOldest).then_some(now);
         // The next dead-lettering attempt after a failed one.
-        let dead_letters = &self.delivery.dead_letters;
-        let dead_letter = dead_letters.retry_at.filter(|_| !dead_letters.is_empty());
+        let dead_letter = self.delivery.dead_letters.wake_at(now);
         [
             delayed,
             dead_letter,
