@@ -29,7 +29,8 @@ use keratin_net::{NetError, RemoteError, Transport};
 use crate::service::{BAD_REQUEST, SERVICE_GROUP, STARTING};
 
 /// Cluster service request kind: store dead-letter copies in a partition the receiver leads.
-pub const KIND_DEAD_LETTER: u8 = 4;
+/// (Kind 4 is `REBALANCE`, leader balancing's.)
+pub const KIND_DEAD_LETTER: u8 = 5;
 
 /// The version byte that opens a dead-letter request and its reply.
 pub const DEAD_LETTER_VERSION: u8 = 1;
