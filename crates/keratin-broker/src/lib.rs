@@ -17,8 +17,9 @@
 //!   replication slots in. `partition::local_log`: the single-node implementation over
 //!   `keratin_log::Log` (committed = durable).
 //! - `partition::dead_letter`: `DeadLetterSink`, where dead-lettered messages go (the
-//!   dead-letter queue's leader may be another node); the broker's `LocalDeadLetters`
-//!   publishes through this node.
+//!   dead-letter queue's leader may be another node: a cluster node's sink is
+//!   `keratin-cluster`'s), the messages held until their copies are confirmed, and the copies'
+//!   idempotent producer mark; the broker's `LocalDeadLetters` publishes through this node.
 //! - `partition::delivery_state`: what only a leader has: consumers, inflight, returned
 //!   messages, the delivery cursor and read-ahead (volatile).
 //! - `partition::owner`: the task that owns a partition: commands to records, records to state;
@@ -50,7 +51,7 @@ pub mod stream;
 
 pub use broker::{
     system_clock, Broker, BrokerConfig, Clock, MetadataLogInfo, NodeBounds, PartitionInfo,
-    PendingPublish, QueueInfo, ReadFrom, Receipt, CONSUMERS_MAX_DEFAULT, CURSOR_EXPIRY,
+    PendingPublish, QueueInfo, ReadFrom, Receipt, WeakBroker, CONSUMERS_MAX_DEFAULT, CURSOR_EXPIRY,
     DELIVERY_BYTES_DEFAULT, IDLE_RELEASE_AFTER_DEFAULT, MAX_PREFETCH, PARTITIONS_MAX_DEFAULT,
     PUBLISH_TIMEOUT_DEFAULT, QUEUES_MAX_DEFAULT, RETENTION_INTERVAL,
 };

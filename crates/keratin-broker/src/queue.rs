@@ -202,8 +202,12 @@ pub(crate) struct PartitionFigures {
     pub(crate) stops: AtomicU64,
     /// Times its stopped log was healed.
     pub(crate) heals: AtomicU64,
-    /// Messages dropped because dead-lettering them failed, by [`DeadLetterFailure`] index.
+    /// Dead-letter copies that failed, by [`DeadLetterFailure`] index (see
+    /// [`PartitionFigures::count_dead_letter_failures`]).
     pub(crate) dead_letter_failures: [AtomicU64; DeadLetterFailure::ALL.len()],
+    /// Messages held until their dead-letter copies are confirmed (as the owner last
+    /// published).
+    pub(crate) dead_letters_held: AtomicU64,
     /// Who leads the partition, as its owner last heard from its log.
     pub(crate) role: std::sync::RwLock<crate::partition::log::Role>,
     /// Times the leader its log reported changed to another known node (see
@@ -265,13 +269,18 @@ impl PartitionFigures {
         *self.role.write().unwrap_or_else(|e| e.into_inner()) = role;
     }
 
-    /// Count the messages of a dead-lettering batch whose publish to the dead-letter queue
-    /// failed: they are dropped, and this is how an operator hears of it.
+    /// Count the messages of a dead-lettering attempt whose copies the dead-letter queue did
+    /// not store: they are held and tried again, and this is how an operator hears of it.
     pub(crate) fn count_dead_letter_failures<T>(&self, results: &[BrokerResult<T>]) {
         for error in results.iter().filter_map(|r| r.as_ref().err()) {
             let failure = DeadLetterFailure::of(error);
             self.dead_letter_failures[failure as usize].fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Count `count` messages dropped instead of dead-lettered, for `reason`.
+    pub(crate) fn count_dead_letter_drops(&self, count: u64, reason: DeadLetterFailure) {
+        self.dead_letter_failures[reason as usize].fetch_add(count, Ordering::Relaxed);
     }
 
     /// The dead-letter failure counts, non-zero ones only.
@@ -289,15 +298,18 @@ impl PartitionFigures {
     }
 }
 
-/// Why a message could not be dead-lettered (it was dropped instead); the `reason` label of
-/// `keratin_dead_letter_failures_total`.
+/// Why a dead-letter copy was not stored (its original is held and tried again, or, past the
+/// node's bound of held dead letters, a message `drop_oldest` removed was dropped); the
+/// `reason` label of `keratin_dead_letter_failures_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum DeadLetterFailure {
     /// The dead-letter queue does not exist (never declared, or deleted).
     NotFound = 0,
     /// The dead-letter queue is full (its `max_messages` / `max_bytes` with `reject`).
     QueueFull = 1,
-    /// The dead-letter queue's partition could not write it (its log stopped).
+    /// The dead-letter queue's partition could not write it, or its outcome is unknown: its
+    /// log stopped, its leader is elsewhere, moving or unreachable, or the node held its most
+    /// dead letters (a `drop_oldest` removal dropped).
     Unavailable = 2,
     /// Anything else: the message is invalid there, or the node is shutting down.
     Other = 3,
@@ -328,7 +340,11 @@ impl DeadLetterFailure {
             BrokerError::Limited { .. } => DeadLetterFailure::QueueFull,
             BrokerError::Unavailable { .. }
             | BrokerError::OutcomeUnknown { .. }
-            | BrokerError::LeadershipLost { .. } => DeadLetterFailure::Unavailable,
+            | BrokerError::LeadershipLost { .. }
+            | BrokerError::TimedOut { .. }
+            | BrokerError::NotLeader { .. }
+            | BrokerError::Unreachable { .. }
+            | BrokerError::MetadataUnavailable { .. } => DeadLetterFailure::Unavailable,
             _ => DeadLetterFailure::Other,
         }
     }

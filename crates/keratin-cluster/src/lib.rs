@@ -10,7 +10,10 @@
 //! - `meta`: this node's member of the metadata group; proposals go to its leader.
 //! - `applier`: applies the group's records to the catalog and the broker, in order.
 //! - `hook`: the broker's `ClusterMetadata`.
-//! - `service`: node-to-node requests that are not Raft's (who are you, propose this).
+//! - `service`: node-to-node requests that are not Raft's (who are you, propose this, store
+//!   these dead letters).
+//! - `dead_letters`: the broker's dead-letter sink on a cluster node: each dead-letter copy
+//!   goes to its partition's leader, wherever it is.
 //! - `directory`: the nodes' client and admin addresses.
 //! - `levels`: every node's resource report, carried by node labels.
 //! - `elsewhere`: the log of a partition with no replica on this node.
@@ -27,6 +30,7 @@
 mod applier;
 mod balance;
 pub mod catalog;
+pub mod dead_letters;
 pub mod directory;
 pub mod elsewhere;
 mod hook;
@@ -42,6 +46,7 @@ pub mod remove;
 mod service;
 
 pub use balance::{LeaderKept, LeaderMove, RebalanceReport};
+pub use dead_letters::ClusterDeadLetters;
 pub use directory::{Directory, NodeInfo};
 pub use hook::{DEFAULT_REPLICAS, METADATA_TIMEOUT};
 pub use join::AddNodeError;

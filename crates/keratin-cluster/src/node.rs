@@ -19,6 +19,7 @@ use tokio::sync::watch;
 
 use crate::applier::{self, AppliedState, ApplyContext};
 use crate::balance::{Balancer, RebalanceReport, REBALANCE_WAIT};
+use crate::dead_letters::ClusterDeadLetters;
 use crate::directory::{Directory, NodeInfo};
 use crate::elsewhere::ElsewhereLog;
 use crate::hook::MetadataHook;
@@ -70,6 +71,8 @@ pub struct PreparedCluster {
     pub partition_logs: Arc<dyn PartitionLogs>,
     /// For `BrokerConfig::cluster_metadata`.
     pub metadata: Arc<dyn ClusterMetadata>,
+    /// For `BrokerConfig::dead_letters`: dead-letter copies go to their partition's leader.
+    pub dead_letters: Arc<ClusterDeadLetters>,
 }
 
 impl PreparedCluster {
@@ -235,6 +238,7 @@ impl ClusterNode {
         let own = Arc::new(OnceLock::new());
         let meta = Arc::new(OnceLock::new());
         let balancer = Arc::new(OnceLock::new());
+        let dead_letters = Arc::new(ClusterDeadLetters::new(cluster.node_id));
         groups.insert(
             SERVICE_GROUP,
             Arc::new(ClusterService {
@@ -242,6 +246,7 @@ impl ClusterNode {
                 directory: directory.clone(),
                 meta: meta.clone(),
                 balancer: balancer.clone(),
+                dead_letters: dead_letters.clone(),
             }),
         );
         let levels = ClusterLevels::new(cluster.node_id);
@@ -264,6 +269,7 @@ impl ClusterNode {
                 replicated: replicated.clone(),
             }),
             replicated,
+            dead_letters,
             levels,
             join: false,
             leader_balance: watch::channel(true).1,
@@ -295,12 +301,14 @@ impl ClusterNode {
             meta: meta_cell,
             applied,
             replicated,
+            dead_letters,
             levels,
             join,
             leader_balance,
             balancer: balancer_cell,
             ..
         } = prepared;
+        dead_letters.attach(&broker, transport.clone());
         directory.insert(own.clone());
         let _ = own_cell.set(own);
         let voters = formed(&cluster);

@@ -15,6 +15,8 @@
 //!   preferred leaders where they are caught up (`balance.rs`, `keratin cluster rebalance`),
 //!   waits up to 5 s for the new leaders, and replies with what moved and what stays (a JSON
 //!   `RebalanceReport`).
+//! - [`KIND_DEAD_LETTER`]: dead-letter copies for a partition the receiver leads, stored
+//!   before the reply; binary, not JSON (`dead_letters.rs`).
 
 use std::sync::{Arc, OnceLock};
 
@@ -24,6 +26,7 @@ use keratin_net::{BoxFuture, GroupId, RemoteError};
 use keratin_raft::network::GroupEndpoint;
 
 use crate::balance::Balancer;
+use crate::dead_letters::{ClusterDeadLetters, KIND_DEAD_LETTER};
 use crate::directory::NodeInfo;
 use crate::meta::MetaGroup;
 use crate::records::{ClusterRecord, RECORD_JSON_V1};
@@ -55,6 +58,8 @@ pub(crate) struct ClusterService {
     pub(crate) directory: crate::directory::Directory,
     pub(crate) meta: Arc<OnceLock<Arc<MetaGroup>>>,
     pub(crate) balancer: Arc<OnceLock<Arc<Balancer>>>,
+    /// Serves [`KIND_DEAD_LETTER`].
+    pub(crate) dead_letters: Arc<ClusterDeadLetters>,
 }
 
 impl GroupEndpoint for ClusterService {
@@ -65,6 +70,7 @@ impl GroupEndpoint for ClusterService {
             .map(|own| self.directory.get(own.id).unwrap_or_else(|| own.clone()));
         let meta = self.meta.get().cloned();
         let balancer = self.balancer.get().cloned();
+        let dead_letters = self.dead_letters.clone();
         Box::pin(async move {
             match kind {
                 KIND_HELLO => {
@@ -97,6 +103,7 @@ impl GroupEndpoint for ClusterService {
                     let report = balancer.rebalance_here().await;
                     Ok(Bytes::from(serde_json::to_vec(&report).unwrap_or_default()))
                 }
+                KIND_DEAD_LETTER => dead_letters.serve(body).await,
                 other => Err(RemoteError::new(
                     BAD_REQUEST,
                     format!("cluster service request kind {other} is unknown here"),

@@ -150,6 +150,7 @@ impl Node {
             limits.attach_cluster(prepared.levels().clone());
             broker_config.partition_logs = Some(prepared.partition_logs.clone());
             broker_config.cluster_metadata = Some(prepared.metadata.clone());
+            broker_config.dead_letters = Some(prepared.dead_letters.clone());
         }
         let broker = Broker::open(broker_config).await?;
         limits.attach(&broker);

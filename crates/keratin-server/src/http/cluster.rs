@@ -238,6 +238,7 @@ fn partition_json(p: &keratin_broker::PartitionInfo) -> Value {
         "leader_addr": p.leader_addr,
         "ready": p.ready,
         "inflight": p.inflight,
+        "dead_letters_held": p.dead_letters_held,
         "replicas": p.replicas,
         "preferred_leader": p.preferred_leader,
         "in_sync": in_sync,

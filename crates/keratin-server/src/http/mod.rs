@@ -435,6 +435,7 @@ pub fn queue_json(info: &QueueInfo) -> Value {
             "leader_addr": p.leader_addr,
             "rejected_queue_full": p.rejected_full,
             "overflowed": p.overflowed,
+            "dead_letters_held": p.dead_letters_held,
         })).collect::<Vec<_>>(),
     })
 }

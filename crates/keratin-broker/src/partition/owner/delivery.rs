@@ -50,6 +50,11 @@ impl Owner {
         {
             return;
         }
+        // A partition holding dead letters while the node holds its most delivers nothing
+        // more: each delivery its consumers reject would only add to them.
+        if !self.delivery.dead_letters.is_empty() && self.ctx.dead_letters_held.full() {
+            return;
+        }
         let Some(budget) = self.ctx.broker.upgrade().map(|b| b.delivery_budget()) else {
             return;
         };

@@ -116,6 +116,7 @@ impl Owner {
 
     /// Forget inflight, returns, the cursor and read-ahead; consumers stay.
     fn reset_delivery(&mut self) {
+        self.forget_dead_letters();
         let consumers = std::mem::take(&mut self.delivery.consumers);
         let epoch = self.delivery.reader_epoch + 1;
         let taken_over_at = self.delivery.taken_over_at;
