@@ -27,6 +27,7 @@ use crate::levels::{ClusterLevels, NodeLabel};
 use crate::meta::{meta_voters, MetaGroup};
 use crate::moves::{plan_move, MoveReplicaError};
 use crate::placement::eligible;
+use crate::purge::ClusterPurge;
 use crate::reconcile::Reconciler;
 use crate::records::ClusterRecord;
 use crate::remove::{plan_removal, PlannedMove, RemoveNodeError};
@@ -59,6 +60,8 @@ pub struct PreparedCluster {
     levels: ClusterLevels,
     join: bool,
     leader_balance: bool,
+    /// Serves and sends purges; the broker is attached at start.
+    purge: Arc<ClusterPurge>,
     /// For `BrokerConfig::partition_logs`.
     pub partition_logs: Arc<dyn PartitionLogs>,
     /// For `BrokerConfig::cluster_metadata`.
@@ -224,12 +227,14 @@ impl ClusterNode {
         let directory = Directory::default();
         let own = Arc::new(OnceLock::new());
         let meta = Arc::new(OnceLock::new());
+        let purge_cell = Arc::new(OnceLock::new());
         groups.insert(
             SERVICE_GROUP,
             Arc::new(ClusterService {
                 own: own.clone(),
                 directory: directory.clone(),
                 meta: meta.clone(),
+                purge: purge_cell.clone(),
             }),
         );
         let levels = ClusterLevels::new(cluster.node_id);
@@ -237,6 +242,12 @@ impl ClusterNode {
         let transport = Transport::start(cluster.clone(), options, groups.clone())
             .await
             .map_err(|e| format!("cluster transport: {e}"))?;
+        let purge = Arc::new(ClusterPurge::new(
+            cluster.node_id,
+            transport.clone(),
+            directory.clone(),
+        ));
+        let _ = purge_cell.set(purge.clone());
         let replicated = make_partition_logs(&transport, &groups, &directory);
         let applied = Arc::new(AppliedState::new());
         let metadata = Arc::new(MetadataHook {
@@ -244,6 +255,7 @@ impl ClusterNode {
             directory: directory.clone(),
             meta: meta.clone(),
             applied: applied.clone(),
+            purge: purge.clone(),
         });
         Ok(PreparedCluster {
             partition_logs: Arc::new(ClusterLogs {
@@ -255,6 +267,7 @@ impl ClusterNode {
             levels,
             join: false,
             leader_balance: true,
+            purge,
             metadata,
             cluster,
             transport,
@@ -285,8 +298,10 @@ impl ClusterNode {
             levels,
             join,
             leader_balance,
+            purge,
             ..
         } = prepared;
+        purge.attach(broker.downgrade());
         directory.insert(own.clone());
         let _ = own_cell.set(own);
         let voters = formed(&cluster);

@@ -11,6 +11,7 @@
 //!   still leads (openraft's ReadIndex) and replies with one past its last committed record
 //!   (8 bytes, little-endian); any other node refuses with [`NOT_META_LEADER`]. A node asked
 //!   for a queue it does not know catches up to that offset before answering "not found".
+//! - [`KIND_PURGE`]: purge a partition the receiver leads (`purge.rs`).
 
 use std::sync::{Arc, OnceLock};
 
@@ -21,6 +22,7 @@ use keratin_raft::network::GroupEndpoint;
 
 use crate::directory::NodeInfo;
 use crate::meta::MetaGroup;
+use crate::purge::{ClusterPurge, KIND_PURGE};
 use crate::records::{ClusterRecord, RECORD_JSON_V1};
 
 /// The service's group id: the last one (partition groups count up from 1, the metadata group
@@ -47,6 +49,8 @@ pub(crate) struct ClusterService {
     /// This node's entry there carries its current level and free space.
     pub(crate) directory: crate::directory::Directory,
     pub(crate) meta: Arc<OnceLock<Arc<MetaGroup>>>,
+    /// Serves [`KIND_PURGE`] (set once the transport runs).
+    pub(crate) purge: Arc<OnceLock<Arc<ClusterPurge>>>,
 }
 
 impl GroupEndpoint for ClusterService {
@@ -56,6 +60,7 @@ impl GroupEndpoint for ClusterService {
             .get()
             .map(|own| self.directory.get(own.id).unwrap_or_else(|| own.clone()));
         let meta = self.meta.get().cloned();
+        let purge = self.purge.get().cloned();
         Box::pin(async move {
             match kind {
                 KIND_HELLO => {
@@ -80,6 +85,12 @@ impl GroupEndpoint for ClusterService {
                     })?;
                     let committed = meta.read_index_here().await?;
                     Ok(Bytes::copy_from_slice(&committed.to_le_bytes()))
+                }
+                KIND_PURGE => {
+                    let purge = purge.ok_or_else(|| {
+                        RemoteError::new(STARTING, "the node is starting; ask again shortly")
+                    })?;
+                    purge.serve(body).await
                 }
                 other => Err(RemoteError::new(
                     BAD_REQUEST,
