@@ -62,6 +62,7 @@ pub use gate::{GateDecision, OpenGate, PublishGate};
 pub use partition::state::PartitionState;
 pub use queue::{
     validate_queue_name, DeadLetterFailure, Overflow, Queue, QueueSettings, MAX_PARTITIONS,
+    PRODUCER_SEQUENCE_BLOCK,
 };
 pub use range_set::RangeSet;
 pub use record::{Message, ProducerSeq};
