@@ -555,7 +555,7 @@ mod tests {
             routing_key: "123456789".into(),
             ..produced(1, 5)
         };
-        assert_eq!(route(&keyed, 7, &rr), (0xE306_9283 % 7) as usize);
+        assert_eq!(route(&keyed, 7, &rr), (0xE306_9283_u32 % 7) as usize);
         // Blocks of 64: sequences 0..=63 on partition (9 + 0) % 3, 64..=127 on (9 + 1) % 3.
         let block = PRODUCER_SEQUENCE_BLOCK;
         for sequence in 0..block {
