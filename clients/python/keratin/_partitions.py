@@ -1,13 +1,19 @@
 """Which partition of a queue a message goes to, computed as the broker computes it (the Rust
 client's ``partitioning.rs``): by the CRC32C of its routing key; without one, by its idempotent
-producer's id plus its sequence; without either the broker chooses (``None``). The client uses
-it to send each message to its partition's leader."""
+producer's id plus its sequence's block of :data:`PRODUCER_SEQUENCE_BLOCK`; without either the
+broker chooses (``None``). The client uses it to send each message to its partition's leader."""
 
 from __future__ import annotations
 
 from typing import List, Optional
 
-__all__ = ["crc32c", "partition_of"]
+__all__ = ["crc32c", "partition_of", "PRODUCER_SEQUENCE_BLOCK"]
+
+#: Consecutive sequences of an idempotent producer that go to one partition when they have no
+#: routing key: partition ``(producer id + sequence // 64) mod partitions``, so that each
+#: partition's window of the producer (64 runs) holds whole blocks, its last 4,096 sequences
+#: there (the broker's ``PRODUCER_SEQUENCE_BLOCK``, ``docs/protocol.md`` "Publish").
+PRODUCER_SEQUENCE_BLOCK = 64
 
 
 def _table() -> List[int]:
@@ -40,5 +46,5 @@ def partition_of(
     if key:
         return crc32c(key.encode("utf-8")) % n
     if producer_id is not None and sequence is not None:
-        return ((producer_id + sequence) & 0xFFFFFFFFFFFFFFFF) % n
+        return ((producer_id + sequence // PRODUCER_SEQUENCE_BLOCK) & 0xFFFFFFFFFFFFFFFF) % n
     return None

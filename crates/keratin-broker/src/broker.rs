@@ -392,6 +392,15 @@ pub struct MetadataLogInfo {
 /// says its file system is back above reserve); a metadata write also heals it first.
 const METADATA_HEAL_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
 
+/// How long a purge looks for a partition's leader (following the leaders named, waiting out
+/// elections) before it answers "not the leader": about two elections (500-1,000 ms timeouts
+/// and a vote each), well within a client's request timeout (10 s by default), which then
+/// has time to ask again elsewhere.
+pub const PURGE_LEADER_WAIT: std::time::Duration = std::time::Duration::from_secs(4);
+/// The pause before a purge asks again when no leader is named: a quarter of the shortest
+/// election timeout, as the clients' backoff after a 421 without a leader.
+const PURGE_LEADER_PAUSE: std::time::Duration = std::time::Duration::from_millis(250);
+
 pub(crate) struct BrokerInner {
     config: BrokerConfig,
     pool: SegmentPool,
@@ -1149,13 +1158,94 @@ impl Broker {
     }
 
     /// Remove every ready message; inflight ones stay until settled. Returns how many went.
+    ///
+    /// In a cluster each partition is purged on its leader: here for those this node leads,
+    /// through the cluster service ([`ClusterMetadata::purge_at`]) for the others, all at
+    /// once; a partition whose leader moves meanwhile, or has none yet (an election), is
+    /// asked again at the leader named, within [`PURGE_LEADER_WAIT`]. When a partition cannot
+    /// be purged the error is its own (421 when no leader was found in time), and the
+    /// partitions purged meanwhile stay purged: purging again removes what is ready then.
     pub async fn purge(&self, name: &str) -> BrokerResult<u64> {
         let queue = self.inner.queue(name)?;
-        let mut total = 0;
-        for partition in &queue.partitions {
-            total += partition.purge().await?;
+        let purges: Vec<_> = (0..queue.partitions.len())
+            .map(|index| {
+                let broker = self.clone();
+                let queue = queue.clone();
+                tokio::spawn(async move { broker.purge_partition_anywhere(&queue, index).await })
+            })
+            .collect();
+        let mut total: u64 = 0;
+        let mut first_error = None;
+        for purge in purges {
+            let outcome = purge
+                .await
+                .unwrap_or_else(|e| Err(BrokerError::Closed(format!("purge: {e}"))));
+            match outcome {
+                Ok(count) => total = total.saturating_add(count),
+                Err(error) => {
+                    first_error.get_or_insert(error);
+                }
+            }
         }
-        Ok(total)
+        match first_error {
+            Some(error) => Err(error),
+            None => Ok(total),
+        }
+    }
+
+    /// A handle that does not keep the broker open (for hooks the broker itself holds, and
+    /// the cluster service).
+    pub fn downgrade(&self) -> WeakBroker {
+        WeakBroker(Arc::downgrade(&self.inner))
+    }
+
+    /// Purge partition `index` of queue `name` here; [`BrokerError::NotLeader`] when this node
+    /// does not lead it (what another node's [`Broker::purge`] asks of the leader).
+    pub async fn purge_partition(&self, name: &str, index: u32) -> BrokerResult<u64> {
+        let queue = self.inner.queue(name)?;
+        let partition = queue.partitions.get(index as usize).ok_or_else(|| {
+            BrokerError::Invalid(format!(
+                "queue {name:?} has partitions 0 to {}, not {index}",
+                queue.partitions.len().saturating_sub(1)
+            ))
+        })?;
+        partition.purge().await
+    }
+
+    /// Purge partition `index` of `queue` on its leader, wherever it is (see [`Broker::purge`]).
+    async fn purge_partition_anywhere(&self, queue: &Queue, index: usize) -> BrokerResult<u64> {
+        let deadline = tokio::time::Instant::now() + PURGE_LEADER_WAIT;
+        let name = queue.name().to_string();
+        // The node to ask next: `None` this one.
+        let mut at: Option<u64> = None;
+        loop {
+            let outcome = match (at, &self.inner.config.cluster_metadata) {
+                (Some(leader), Some(cluster)) => {
+                    cluster.purge_at(name.clone(), index as u32, leader).await
+                }
+                _ => queue.partitions[index].purge().await,
+            };
+            let leader = match &outcome {
+                Err(BrokerError::NotLeader { leader, .. })
+                    if self.inner.config.cluster_metadata.is_some() =>
+                {
+                    *leader
+                }
+                _ => return outcome,
+            };
+            // A leader named is asked at once; none named (an election, or a node naming
+            // itself while it takes over) is asked again here after a pause.
+            let next = leader.filter(|leader| at != Some(*leader));
+            if next.is_none() {
+                if tokio::time::Instant::now() + PURGE_LEADER_PAUSE >= deadline {
+                    return outcome;
+                }
+                tokio::time::sleep(PURGE_LEADER_PAUSE).await;
+            } else if tokio::time::Instant::now() >= deadline {
+                return outcome;
+            }
+            at = next;
+        }
     }
 
     /// Figures of one queue.
@@ -1246,11 +1336,6 @@ impl Broker {
     /// partitions.
     pub fn dead_letters_held(&self) -> u64 {
         self.inner.dead_letters_held.get()
-    }
-
-    /// A handle that does not keep the broker open (for hooks the broker itself holds).
-    pub fn downgrade(&self) -> WeakBroker {
-        WeakBroker(Arc::downgrade(&self.inner))
     }
 
     /// Subscribe to a queue with a prefetch (most unsettled deliveries at once).

@@ -53,7 +53,7 @@ pub use broker::{
     system_clock, Broker, BrokerConfig, Clock, MetadataLogInfo, NodeBounds, PartitionInfo,
     PendingPublish, QueueInfo, ReadFrom, Receipt, WeakBroker, CONSUMERS_MAX_DEFAULT, CURSOR_EXPIRY,
     DELIVERY_BYTES_DEFAULT, IDLE_RELEASE_AFTER_DEFAULT, MAX_PREFETCH, PARTITIONS_MAX_DEFAULT,
-    PUBLISH_TIMEOUT_DEFAULT, QUEUES_MAX_DEFAULT, RETENTION_INTERVAL,
+    PUBLISH_TIMEOUT_DEFAULT, PURGE_LEADER_WAIT, QUEUES_MAX_DEFAULT, RETENTION_INTERVAL,
 };
 pub use byte_budget::{ByteBudget, BytePermit};
 pub use consumer::{
@@ -64,6 +64,7 @@ pub use gate::{GateDecision, OpenGate, PublishGate};
 pub use partition::state::PartitionState;
 pub use queue::{
     validate_queue_name, DeadLetterFailure, Overflow, Queue, QueueSettings, MAX_PARTITIONS,
+    PRODUCER_SEQUENCE_BLOCK,
 };
 pub use range_set::RangeSet;
 pub use record::{Message, ProducerSeq};

@@ -82,8 +82,9 @@
 //!   fail with [`ClientError::NotLeader`];
 //! - **confirmed publishes** go to the leader of their partition. The client computes each
 //!   message's partition as the broker does (routing key CRC32C; else the idempotent
-//!   producer's id plus the sequence; a message without either goes to any leader, which
-//!   places it) from the queue's layout (`QueueInfo`, once per queue), and keeps each
+//!   producer's id plus the sequence's block of [`PRODUCER_SEQUENCE_BLOCK`]; a message
+//!   without either goes to any leader, which places it) from the queue's layout
+//!   (`QueueInfo`, once per queue), and keeps each
 //!   partition's messages in order: a message refused with 421 or 429, or whose outcome is
 //!   unknown (an idempotent producer's 504 or lost connection), is sent again after every
 //!   earlier one of its partition was answered and before any later one, after a backoff when
@@ -159,6 +160,7 @@ pub use connection::PROTOCOL_VERSION_OFFERED;
 pub use consumer::{Consumer, Delivery, PREFETCH_MAX};
 pub use error::{ClientError, PublishFailed};
 pub use options::{BufferedOptions, ClientOptions, Credentials};
+pub use partitioning::PRODUCER_SEQUENCE_BLOCK;
 pub use publisher::{
     BufferedPublisher, Confirmed, DroppedPublish, DroppedPublishes, OutgoingMessage,
     RETRY_DELAY_MS_MIN,

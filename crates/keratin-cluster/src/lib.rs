@@ -2,7 +2,7 @@
 //! adapter (`keratin-raft`, which alone names openraft's types) and beside the broker
 //! (`keratin-broker`, which it drives through two hooks: `PartitionLogs` opens replicated
 //! partition logs, `ClusterMetadata` sends declare, delete and settings changes through the
-//! metadata group). Design: `docs/cluster.md`.
+//! metadata group, and purges to partitions' leaders). Design: `docs/cluster.md`.
 //!
 //! - `records`: the metadata group's records (JSON), byte by byte in `docs/cluster.md`.
 //! - `catalog`: the queues as the applied records say, with ids assigned in log order.
@@ -23,6 +23,7 @@
 //! - `remove`: where a removed node's replicas go.
 //! - `join`: which replicas move onto an added node.
 //! - `moves`: moving one replica to another node (`keratin queue move`).
+//! - `purge`: purging a partition on its leader from any node.
 //! - `node`: [`ClusterNode`], starting and stopping all of it.
 
 #![deny(missing_docs)]
@@ -40,6 +41,7 @@ mod meta;
 pub mod moves;
 mod node;
 pub mod placement;
+mod purge;
 mod reconcile;
 pub mod records;
 pub mod remove;

@@ -29,6 +29,7 @@ use crate::levels::{ClusterLevels, NodeLabel};
 use crate::meta::{meta_voters, MetaGroup};
 use crate::moves::{plan_move, MoveReplicaError};
 use crate::placement::eligible;
+use crate::purge::ClusterPurge;
 use crate::reconcile::Reconciler;
 use crate::records::ClusterRecord;
 use crate::remove::{plan_removal, PlannedMove, RemoveNodeError};
@@ -67,6 +68,8 @@ pub struct PreparedCluster {
     join: bool,
     leader_balance: watch::Receiver<bool>,
     balancer: Arc<OnceLock<Arc<Balancer>>>,
+    /// Serves and sends purges; the broker is attached at start.
+    purge: Arc<ClusterPurge>,
     /// For `BrokerConfig::partition_logs`.
     pub partition_logs: Arc<dyn PartitionLogs>,
     /// For `BrokerConfig::cluster_metadata`.
@@ -239,6 +242,7 @@ impl ClusterNode {
         let meta = Arc::new(OnceLock::new());
         let balancer = Arc::new(OnceLock::new());
         let dead_letters = Arc::new(ClusterDeadLetters::new(cluster.node_id));
+        let purge_cell = Arc::new(OnceLock::new());
         groups.insert(
             SERVICE_GROUP,
             Arc::new(ClusterService {
@@ -247,6 +251,7 @@ impl ClusterNode {
                 meta: meta.clone(),
                 balancer: balancer.clone(),
                 dead_letters: dead_letters.clone(),
+                purge: purge_cell.clone(),
             }),
         );
         let levels = ClusterLevels::new(cluster.node_id);
@@ -254,6 +259,12 @@ impl ClusterNode {
         let transport = Transport::start(cluster.clone(), options, groups.clone())
             .await
             .map_err(|e| format!("cluster transport: {e}"))?;
+        let purge = Arc::new(ClusterPurge::new(
+            cluster.node_id,
+            transport.clone(),
+            directory.clone(),
+        ));
+        let _ = purge_cell.set(purge.clone());
         let replicated = make_partition_logs(&transport, &groups, &directory);
         let applied = Arc::new(AppliedState::new());
         let metadata = Arc::new(MetadataHook {
@@ -261,6 +272,7 @@ impl ClusterNode {
             directory: directory.clone(),
             meta: meta.clone(),
             applied: applied.clone(),
+            purge: purge.clone(),
         });
         Ok(PreparedCluster {
             partition_logs: Arc::new(ClusterLogs {
@@ -274,6 +286,7 @@ impl ClusterNode {
             join: false,
             leader_balance: watch::channel(true).1,
             balancer,
+            purge,
             metadata,
             cluster,
             transport,
@@ -306,9 +319,11 @@ impl ClusterNode {
             join,
             leader_balance,
             balancer: balancer_cell,
+            purge,
             ..
         } = prepared;
         dead_letters.attach(&broker, transport.clone());
+        purge.attach(broker.downgrade());
         directory.insert(own.clone());
         let _ = own_cell.set(own);
         let voters = formed(&cluster);

@@ -17,6 +17,7 @@
 //!   `RebalanceReport`).
 //! - [`KIND_DEAD_LETTER`]: dead-letter copies for a partition the receiver leads, stored
 //!   before the reply; binary, not JSON (`dead_letters.rs`).
+//! - [`KIND_PURGE`]: purge a partition the receiver leads (`purge.rs`).
 
 use std::sync::{Arc, OnceLock};
 
@@ -29,6 +30,7 @@ use crate::balance::Balancer;
 use crate::dead_letters::{ClusterDeadLetters, KIND_DEAD_LETTER};
 use crate::directory::NodeInfo;
 use crate::meta::MetaGroup;
+use crate::purge::{ClusterPurge, KIND_PURGE};
 use crate::records::{ClusterRecord, RECORD_JSON_V1};
 
 /// The service's group id: the last one (partition groups count up from 1, the metadata group
@@ -60,6 +62,8 @@ pub(crate) struct ClusterService {
     pub(crate) balancer: Arc<OnceLock<Arc<Balancer>>>,
     /// Serves [`KIND_DEAD_LETTER`].
     pub(crate) dead_letters: Arc<ClusterDeadLetters>,
+    /// Serves [`KIND_PURGE`] (set once the transport runs).
+    pub(crate) purge: Arc<OnceLock<Arc<ClusterPurge>>>,
 }
 
 impl GroupEndpoint for ClusterService {
@@ -71,6 +75,7 @@ impl GroupEndpoint for ClusterService {
         let meta = self.meta.get().cloned();
         let balancer = self.balancer.get().cloned();
         let dead_letters = self.dead_letters.clone();
+        let purge = self.purge.get().cloned();
         Box::pin(async move {
             match kind {
                 KIND_HELLO => {
@@ -104,6 +109,12 @@ impl GroupEndpoint for ClusterService {
                     Ok(Bytes::from(serde_json::to_vec(&report).unwrap_or_default()))
                 }
                 KIND_DEAD_LETTER => dead_letters.serve(body).await,
+                KIND_PURGE => {
+                    let purge = purge.ok_or_else(|| {
+                        RemoteError::new(STARTING, "the node is starting; ask again shortly")
+                    })?;
+                    purge.serve(body).await
+                }
                 other => Err(RemoteError::new(
                     BAD_REQUEST,
                     format!("cluster service request kind {other} is unknown here"),

@@ -25,10 +25,18 @@
 //!   with `kill -9`; the consumer follows the partition to its new leader and gets them again
 //!   with `redelivered` set, and every message once acked.
 //!
-//! A message stored twice is allowed (at least once): a publish sent again after an unknown
-//! outcome is dropped by its partition only while the producer's window there still holds the
-//! first copy (`docs/cluster.md`, "Idempotent producers"); the tests print how many.
+//! - **a purge and a delete work through any node**: `queue purge pq` (leaders on nodes 1, 2,
+//!   3) through node 2 and `POST /api/v1/queues/rq/purge` through node 3 (leading none of
+//!   `rq`) purge every partition within 5 s, and `queue delete pq` through node 3 removes it
+//!   everywhere. It failed when a node purged only the partitions it leads and answered 421
+//!   for the next: the CLI, following the leaders, gave up after 43 redirects in 10 s.
 //!
+//! A message stored twice is allowed (at least once); the tests print how many. Keyless
+//! sequences of a producer go to the partitions in blocks of 64, so a partition's window
+//! covers the producer's last 4,096 there (`docs/cluster.md`, "Idempotent producers"), yet
+//! the kill below still read 14 and 39 of 100,000 back twice in two runs with blocks (7 with one sequence per
+//! partition in turn): window coverage is not what stores those twice; not yet explained.
+
 //! - `a_publish_resends_to_the_new_leader_after_a_kill`: `kill -9` of a partition's leader while
 //!   `keratin publish` (100,000 messages) runs through another node: every message is
 //!   confirmed (unknown outcomes are sent again, as the idempotent producer's, to the new
@@ -236,10 +244,10 @@ fn children_cpu() -> Duration {
 fn publishers_and_consumers_reach_every_partition_from_any_node() {
     let started = Instant::now();
     let mut cluster = balanced_cluster();
-    // z: partitions 0, 1, 2 preferred on nodes 1, 2, 3; rq: partitions 0, 1 on nodes 1, 2,
-    // so node 3 leads none of rq's. Publishing to z starts at once: the balancer moves the
+    // z and pq: partitions 0, 1, 2 preferred on nodes 1, 2, 3; rq: partitions 0, 1 on nodes
+    // 1, 2, so node 3 leads none of rq's. Publishing to z starts at once: the balancer moves the
     // leaders to their preferred nodes while it runs.
-    for (queue, partitions) in [("z", "3"), ("rq", "2")] {
+    for (queue, partitions) in [("z", "3"), ("rq", "2"), ("pq", "3")] {
         cluster.cli_until_ok(
             1,
             &[
@@ -304,6 +312,7 @@ fn publishers_and_consumers_reach_every_partition_from_any_node() {
     }
     eprintln!("z's leaders spread after {spread_at:?}");
     cluster.wait_leaders("rq", &[1, 2]);
+    purge_and_delete_through_any_node(&cluster);
 
     // One routing key through node 3, which leads none of rq's partitions, started just
     // after the key's leader (node 2) was stopped: the client sends to node 2 while the
@@ -379,11 +388,7 @@ fn publishers_and_consumers_reach_every_partition_from_any_node() {
     // Consumers through a node that leads one partition of three, and one that leads none.
     let (ok, summary, stderr) = cluster.cli_json(2, &["consume", "z", "--idle-exit-ms", "3000"]);
     eprintln!("consume z through node 2: {summary}");
-    // Every message once at least. A publish whose outcome was unknown (a leader moved while
-    // it was in flight) is sent again; the partition drops the second copy only while its
-    // window still holds the first (`docs/cluster.md`, "Idempotent producers": with 3
-    // partitions a window covers about a producer's last 64 keyless messages), so a few
-    // may be stored twice.
+    // Every message at least once (a few may be stored twice: see the module docs).
     let distinct =
         summary["received"].as_u64().unwrap_or(0) - summary["duplicates"].as_u64().unwrap_or(0);
     assert!(
@@ -401,6 +406,116 @@ fn publishers_and_consumers_reach_every_partition_from_any_node() {
 
     unacked_deliveries_come_back_flagged(&mut cluster);
     eprintln!("test took {:?}", started.elapsed());
+}
+
+/// What a purge of a queue through a node that leads only some of its partitions, or none,
+/// may take: milliseconds when every partition's leader answers at once. The purge that
+/// bounced between the leaders (each node purging its own partitions, then answering 421 for
+/// the next one's) never finished within the CLI's request timeout.
+const PURGE_MAX: Duration = Duration::from_secs(5);
+
+/// `queue purge` and `queue delete` through nodes that do not lead the partitions they reach:
+/// `pq`'s leaders are nodes 1, 2, 3 and the CLI purges it through node 2 (leading one of the
+/// three), the admin API purges `rq` through node 3 (leading none of its two) and answers how
+/// many messages went, and the CLI deletes `pq` through node 3. Leaves `rq` empty.
+fn purge_and_delete_through_any_node(cluster: &Cluster) {
+    cluster.wait_leaders("pq", &[1, 2, 3]);
+    let (ok, summary, stderr) = cluster.cli_json(1, &["publish", "pq", "--count", "3000"]);
+    assert!(ok && summary["confirmed"] == 3000, "{summary} {stderr}");
+    let ready = |id: u64, queue: &str| -> Option<Vec<u64>> {
+        let (ok, info, _) = cluster.cli_json(id, &["queue", "info", queue]);
+        let partitions = info["partitions"].as_array().filter(|_| ok)?;
+        partitions.iter().map(|p| p["ready"].as_u64()).collect()
+    };
+    // Node 1 sees the partitions it follows once it applied their records.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let before = ready(1, "pq");
+        if before
+            .as_ref()
+            .is_some_and(|r| r.iter().all(|&n| n > 0) && r.iter().sum::<u64>() == 3000)
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "3,000 keyless messages over pq's three partitions: {before:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    let asked = Instant::now();
+    let (ok, summary, stderr) = cluster.cli_json(2, &["queue", "purge", "pq"]);
+    let took = asked.elapsed();
+    eprintln!("purge pq through node 2: {summary} in {took:?}");
+    assert!(
+        ok && took < PURGE_MAX,
+        "purging pq (leaders 1, 2, 3) through node 2 took {took:?}: {summary} {stderr}"
+    );
+    // Each node's replica of each partition applies the purge.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for id in 1..=3 {
+        while ready(id, "pq") != Some(vec![0, 0, 0]) {
+            assert!(
+                Instant::now() < deadline,
+                "pq after the purge, as node {id} sees it: {:?}",
+                ready(id, "pq")
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    let (ok, summary, stderr) = cluster.cli_json(1, &["publish", "rq", "--count", "500"]);
+    assert!(ok && summary["confirmed"] == 500, "{summary} {stderr}");
+    let asked = Instant::now();
+    let (status, body) = http_post(cluster.nodes[&3].http, "/api/v1/queues/rq/purge");
+    let took = asked.elapsed();
+    eprintln!("POST /api/v1/queues/rq/purge on node 3: {status} {body} in {took:?}");
+    let answer: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    assert!(
+        status == 200 && answer["purged"] == 500 && took < PURGE_MAX,
+        "purging rq (leaders 1, 2) through node 3's admin API: {status} {body} in {took:?}"
+    );
+
+    let (ok, summary, stderr) = cluster.cli_json(3, &["queue", "delete", "pq"]);
+    assert!(ok, "deleting pq through node 3: {summary} {stderr}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for id in 1..=3 {
+        while ready(id, "pq").is_some() {
+            assert!(
+                Instant::now() < deadline,
+                "node {id} still has pq after its delete"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// `POST path` (no body) to an admin API: the status code and the body.
+fn http_post(addr: SocketAddr, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream =
+        std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(15)))
+        .expect("timeout");
+    write!(
+        stream,
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read");
+    let status = response
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+        .unwrap_or_default();
+    (status, body)
 }
 
 /// Waits for `child` (a `keratin ... --json`) at most `within`, killing it past that: whether
@@ -597,8 +712,7 @@ fn a_publish_resends_to_the_new_leader_after_a_kill() {
     let (ok, summary, stderr) =
         cluster.cli_json(2, &["consume", "z", "--idle-exit-ms", "3000", "--verify"]);
     eprintln!("consume z through node 2: {summary}");
-    // Every confirmed message at least once; a resent one whose first copy had left the
-    // partition's window of the producer's sequences is stored twice (see the first test).
+    // Every confirmed message at least once (a few may be stored twice: see the module docs).
     let distinct =
         summary["received"].as_u64().unwrap_or(0) - summary["duplicates"].as_u64().unwrap_or(0);
     assert!(

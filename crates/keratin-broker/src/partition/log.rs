@@ -394,6 +394,9 @@ pub trait PartitionLogs: Send + Sync + 'static {
 /// A boxed future of the cluster's metadata operations.
 pub type MetadataFuture = Pin<Box<dyn Future<Output = BrokerResult<()>> + Send>>;
 
+/// A boxed future of a purge on another node: the count of messages it removed.
+pub type PurgeFuture = Pin<Box<dyn Future<Output = BrokerResult<u64>> + Send>>;
+
 /// The cluster's metadata group, as the broker of a cluster node uses it: declaring, deleting
 /// and changing the settings of a queue go through the group (on whichever node leads it), and
 /// each future resolves once this node has applied the outcome (its broker then holds the
@@ -430,6 +433,11 @@ pub trait ClusterMetadata: Send + Sync + 'static {
     ) -> MetadataFuture;
     /// Delete stream `name` in the cluster.
     fn delete_stream(&self, name: String) -> MetadataFuture;
+    /// Purge partition `index` of queue `name` on node `leader`, which leads it as this node
+    /// last heard ([`crate::Broker::purge`] reaches a partition led elsewhere through this):
+    /// the count that node removed, or its refusal ([`BrokerError::NotLeader`] with the leader
+    /// it knows when the leadership moved, or none known yet; the caller asks again).
+    fn purge_at(&self, name: String, index: u32, leader: u64) -> PurgeFuture;
     /// Replace the retention of live stream `name` in the cluster.
     fn set_stream_settings(
         &self,

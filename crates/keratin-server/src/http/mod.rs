@@ -85,6 +85,10 @@ pub fn router(admin: Admin) -> Router {
             axum::routing::put(put_settings),
         )
         .route(
+            "/api/v1/queues/{name}/purge",
+            axum::routing::post(purge_queue),
+        )
+        .route(
             "/api/v1/queues/{name}/partitions/{index}/move",
             axum::routing::post(cluster::move_replica),
         )
@@ -325,6 +329,25 @@ async fn put_settings(
         .entry("queue.settings", Some(&name))
         .with_detail(body.clone());
     let response = queue_settings_update(&admin.broker, &name, &body).await;
+    audit::recorded(&admin.audit, entry, response).await
+}
+
+/// `POST /api/v1/queues/{name}/purge`: every ready message of the queue goes, each partition
+/// on its leader wherever it is (`Broker::purge`); answers `{"queue": ..., "purged": N}`.
+async fn purge_queue(
+    State(admin): State<Admin>,
+    axum::Extension(caller): axum::Extension<audit::Caller>,
+    Path(name): Path<String>,
+) -> Response {
+    let entry = caller.entry("queue.purge", Some(&name));
+    // A queue declared through another node a moment ago is found, not 404 (docs/cluster.md).
+    let response = match admin.broker.catch_up_for(&name).await {
+        Err(error) => error_response(&error),
+        Ok(()) => match admin.broker.purge(&name).await {
+            Ok(purged) => Json(json!({ "queue": name, "purged": purged })).into_response(),
+            Err(error) => error_response(&error),
+        },
+    };
     audit::recorded(&admin.audit, entry, response).await
 }
 
