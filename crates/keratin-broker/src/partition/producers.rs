@@ -145,6 +145,18 @@ impl ProducerWindows {
         true
     }
 
+    /// Forgets the windows of producers whose last stored message lies below `start` (the
+    /// log's records below it are gone, and with them what a rebuild would learn of them).
+    pub fn forget_below(&mut self, start: u64) {
+        while let Some(&(last_offset, producer)) = self.by_age.first() {
+            if last_offset >= start {
+                break;
+            }
+            self.by_age.remove(&(last_offset, producer));
+            self.windows.remove(&producer);
+        }
+    }
+
     /// Every window, by producer id (so equal windows give equal snapshots).
     pub fn snapshot(&self) -> Vec<WindowSnapshot> {
         let mut out: Vec<WindowSnapshot> = self

@@ -210,6 +210,15 @@ impl PartitionState {
         }
     }
 
+    /// Forgets the windows of producers whose last message lies below `start`: the idle
+    /// hand-back removed every record below it, the records that hold them included, so a
+    /// state rebuilt from the log has none of them. (A resend comes within the client's
+    /// publish timeout, 30 s at most by default; the hand-back follows `idle_release_after`,
+    /// 30 s, without an append.)
+    pub fn forget_producers_below(&mut self, start: u64) {
+        self.producers.forget_below(start);
+    }
+
     /// Where space reclaim may cut the log (remove what lies below) with `pin` the lowest live
     /// payload, keeping the producers' windows: `pin` itself while no producer has a window
     /// (windows never empty once filled, so none had one below it either); else the last

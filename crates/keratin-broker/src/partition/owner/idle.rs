@@ -92,6 +92,8 @@ impl Owner {
             Ok(removed) => {
                 if let Some(log) = &self.log {
                     self.state.forget_below(log.start_offset());
+                    // No record below the log's start is left, the windows' included.
+                    self.state.forget_producers_below(log.start_offset());
                     self.state_check_due = true;
                 }
                 tracing::debug!(queue = %self.ctx.queue, partition = self.ctx.index, segments = removed.segments, bytes = removed.bytes, "idle log handed back");
