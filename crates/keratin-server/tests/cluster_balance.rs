@@ -99,11 +99,8 @@ async fn the_leadership_comes_back_to_the_preferred_leader_after_a_failover() {
     }
 
     // Back: the leadership returns to it once it caught up.
-    nodes[(preferred - 1) as usize] = Some(
-        Node::start(&configs[(preferred - 1) as usize])
-            .await
-            .expect("the preferred leader starts again"),
-    );
+    nodes[(preferred - 1) as usize] =
+        Some(common::start_node(&configs[(preferred - 1) as usize]).await);
     until(
         &format!("node {preferred} leads again (node {failover} had it)"),
         || led_by(&nodes, preferred),

@@ -272,7 +272,7 @@ async fn an_added_node_joins_the_metadata_group_and_takes_its_share_of_replicas(
     assert_eq!(acked.len(), 20);
 
     // The fourth node starts alone: it forms nothing, and waits to be admitted.
-    nodes[3] = Some(Node::start(&configs[3]).await.expect("node 4 starts"));
+    nodes[3] = Some(common::start_node(&configs[3]).await);
     let addr4 = configs[3]
         .cluster
         .as_ref()

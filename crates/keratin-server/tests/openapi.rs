@@ -23,6 +23,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("get", "/api/v1/queues"),
     ("get", "/api/v1/queues/{name}"),
     ("put", "/api/v1/queues/{name}/settings"),
+    ("post", "/api/v1/queues/{name}/purge"),
     ("post", "/api/v1/queues/{name}/partitions/{index}/move"),
     ("get", "/api/v1/streams"),
     ("get", "/api/v1/streams/{name}"),

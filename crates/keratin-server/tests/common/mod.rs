@@ -104,14 +104,35 @@ pub async fn start_all(configs: &[Config]) -> Vec<Option<Node>> {
     let starting: Vec<_> = configs
         .iter()
         .cloned()
-        .map(|config| tokio::spawn(async move { Node::start(&config).await }))
+        .map(|config| tokio::spawn(async move { start_node(&config).await }))
         .collect();
     let mut nodes = Vec::new();
     for handle in starting {
-        nodes.push(Some(handle.await.expect("task").expect("node starts")));
+        nodes.push(Some(handle.await.expect("task")));
     }
     nodes
 }
+
+/// Start a node of `config`, trying again for up to [`BIND_RETRY`] while one of its ports is
+/// still held: a node shut down in this process may hold its listeners a moment longer, and
+/// another test binary may have bound a cluster port between its choice and this start.
+pub async fn start_node(config: &Config) -> Node {
+    let deadline = tokio::time::Instant::now() + BIND_RETRY;
+    loop {
+        match Node::start(config).await {
+            Ok(node) => return node,
+            Err(e)
+                if e.to_string().contains("in use") && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("node starts: {e}"),
+        }
+    }
+}
+
+/// How long [`start_node`] waits for a held port to be released.
+pub const BIND_RETRY: Duration = Duration::from_secs(20);
 
 /// How long the cluster tests wait for a change to show.
 pub const WAIT: Duration = Duration::from_secs(60);
