@@ -92,5 +92,5 @@ pub use store::{
 };
 pub use types::{
     CommittedOffsets, Entry, LeaderId, LogId, Membership, NodeAddr, PartitionRecord, Payload,
-    TypeConfig, Vote,
+    StorageId, TypeConfig, Vote,
 };

@@ -263,7 +263,10 @@ fn a_wiped_replica_costs_no_confirmed_message_and_is_replaced() {
                     Err(error) => eprintln!("declare: {error}"),
                 }
             }
-            assert!(Instant::now() < deadline, "the cluster never took the declare");
+            assert!(
+                Instant::now() < deadline,
+                "the cluster never took the declare"
+            );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     });
@@ -280,7 +283,10 @@ fn a_wiped_replica_costs_no_confirmed_message_and_is_replaced() {
     cluster.signal(c, "-STOP");
     let confirmed = runtime.block_on(publish(cluster.nodes[&a].protocol));
     assert_eq!(confirmed.len() as u64, MESSAGES);
-    println!("{} confirmed by A and B while C was paused", confirmed.len());
+    println!(
+        "{} confirmed by A and B while C was paused",
+        confirmed.len()
+    );
 
     cluster.kill9(b);
     std::fs::remove_dir_all(&cluster.nodes[&b].dir).expect("wipe B's data directory");

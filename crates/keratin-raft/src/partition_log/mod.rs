@@ -74,7 +74,7 @@ use keratin_broker::record::NOOP;
 use keratin_log::{Io, LogError, LogOptions, LogResult, PrefixRemoval, ReadRecord};
 use keratin_net::{GroupId, ResolvedCluster, Transport};
 use openraft::async_runtime::watch::WatchReceiver;
-use openraft::errors::{ClientWriteError, Fatal, InitializeError};
+use openraft::errors::{ClientWriteError, Fatal};
 use openraft::raft::WriteResult;
 use openraft::{Config, Instant as _, RaftMetrics};
 use tokio::sync::{mpsc, watch, Semaphore};
@@ -808,14 +808,7 @@ mod tests {
     ) -> RaftMetrics<TypeConfig> {
         let nodes: BTreeMap<u64, NodeAddr> = voters
             .iter()
-            .map(|v| {
-                (
-                    *v,
-                    NodeAddr {
-                        addr: format!("node-{v}:7000"),
-                    },
-                )
-            })
+            .map(|v| (*v, NodeAddr::new(format!("node-{v}:7000"))))
             .collect();
         let membership =
             Membership::new(vec![voters.iter().copied().collect::<BTreeSet<_>>()], nodes)
