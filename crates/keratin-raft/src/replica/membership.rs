@@ -10,8 +10,9 @@
 //! (`partition_log/provider.rs`).
 //!
 //! Changing ([`Replica::change_voters`], on the leader): every new node is added as a learner,
-//! with the copy of the group's storage it holds (asked with the storage probe: `copies.rs`),
-//! and followed until it holds everything up to the entry that added it (a snapshot and the
+//! with the copy of the group's storage it holds (asked with the storage probe: `copies.rs`;
+//! a learner already whose recorded copy is not the one it holds is removed and added back
+//! with it), and followed until it holds everything up to the entry that added it (a snapshot and the
 //! entries after it, as any lagging follower), within a bound; then the voters change by joint
 //! consensus (openraft's `change_membership`: a joint entry, then the uniform one), and the
 //! call returns once the uniform membership is committed. Voters that leave stay *learners*
@@ -435,11 +436,22 @@ pub(crate) async fn change_voters(
         if current.voters.contains(id) {
             continue;
         }
-        // A learner already (a change before this one added it) keeps its recorded copy: one
-        // that is not the copy it holds now is removed first (`copies::replace_copies`).
+        // Every node that joins says which copy of the group it holds now. A learner already
+        // (a change before this one added it) keeps its recorded copy while it holds it; one
+        // that holds another copy (it left the group and removed its files, then was placed
+        // here again; or its directory was wiped) is forgotten and added back with the copy
+        // it holds: the catch-up would otherwise wait on a copy that refuses every append.
+        let now = new_member(transport, group_id, *id, addr).await?;
         let node_addr = match known.get(id) {
-            Some(known) => known.clone(),
-            None => new_member(transport, group_id, *id, addr).await?,
+            Some(known) if known.storage.is_none() || known.storage == now.storage => known.clone(),
+            Some(_) => {
+                tracing::info!(group, node = id, "a learner holds another copy than the recorded one: it is added back with the copy it holds");
+                raft.change_membership(ChangeMembers::RemoveNodes([*id].into()), false)
+                    .await
+                    .map_err(|e| write_error(group, node, e))?;
+                now
+            }
+            None => now,
         };
         let added = raft
             .add_learner(*id, node_addr, false)
