@@ -4,7 +4,7 @@
 # file as `bench/cluster.sh run`; `keratin-bench compare-cluster` calls it back as
 # `bench/cluster.sh ctl VERB ...` to kill-and-restart nodes in its failover case.
 #
-# What it starts (recipe and pitfalls: /work/shared/design/peer-clusters.md), all on 127.0.0.1,
+# What it starts (recipe and pitfalls: docs/peers.md), all on 127.0.0.1,
 # on ports of its own (the single-node comparison uses 25673/25674, 24223 and 25680/25681):
 # - RabbitMQ rabbit{1,2,3}@localhost: AMQP 25701-25703, distribution 25711-25713, and an epmd
 #   of its own on 24370 (ERL_EPMD_PORT), so that neither another epmd nor a cleanup elsewhere

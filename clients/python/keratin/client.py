@@ -11,9 +11,10 @@ client's ``routing.rs``). Publishing lives in ``publisher.py``, consuming in ``c
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, List, Optional, Sequence, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, Union
 
 from . import _wire as w
 from ._connection import Connection, Options, random_producer_id
@@ -26,6 +27,8 @@ from .errors import (
 from .stream import KEEP as _KEEP
 from .stream import StreamConsumer, StreamInfo, require_streams
 from .tls import TLSArg, resolve
+
+log = logging.getLogger("keratin")
 
 if TYPE_CHECKING:
     from .consumer import Consumer
@@ -57,6 +60,9 @@ NOT_LEADER_IMMEDIATE_MAX = 2
 PEERS_MAX = 64
 #: Most queues whose leader a client remembers; past it the memory starts over.
 LEADER_HINTS_MAX = 1024
+#: After a queue's partition leaders could not be read, they are asked again this much later
+#: (seconds); meanwhile publishes follow 421s per queue.
+LAYOUT_RETRY = 5.0
 
 T = TypeVar("T")
 _UNSET: Any = object()
@@ -124,6 +130,11 @@ class Client:
         self._peers: Dict[str, Connection] = {}
         self._peers_lock = asyncio.Lock()
         self._leaders: Dict[str, str] = {}
+        # Per queue: each partition's leader address (None: not known), from the queue's
+        # info and the 421s since; None for a queue whose info could not be read (asked again
+        # after LAYOUT_RETRY). Shared asks, so that publishes waiting for one keep their order.
+        self._layouts: Dict[str, Tuple[float, Optional[List[Optional[str]]]]] = {}
+        self._layout_asks: Dict[str, "asyncio.Future[Optional[List[Optional[str]]]]"] = {}
 
     # ---------------------------------------------------------------------------------------
     # Identity and lifecycle
@@ -534,6 +545,48 @@ class Client:
 
     def _leader_hint(self, queue: str) -> Optional[str]:
         return self._leaders.get(queue)
+
+    async def _layout(self, queue: str) -> Optional[List[Optional[str]]]:
+        """Each partition's leader address of ``queue`` (``None`` entries: not known), or
+        ``None`` when the client publishes without it (a single node, or its info could not
+        be read lately). Returns at once once known."""
+        if len(self.server_info.nodes) <= 1:
+            return None
+        known = self._layouts.get(queue)
+        if known is not None and (known[1] is not None or time.monotonic() < known[0]):
+            return known[1]
+        ask = self._layout_asks.get(queue)
+        if ask is None:
+            ask = asyncio.ensure_future(self._read_layout(queue))
+            self._layout_asks[queue] = ask
+        try:
+            return await asyncio.shield(ask)
+        finally:
+            if ask.done():
+                self._layout_asks.pop(queue, None)
+
+    async def _read_layout(self, queue: str) -> Optional[List[Optional[str]]]:
+        async def info(conn: Connection) -> Tuple[Any, str]:
+            return await conn.request(w.QueueInfo(0, queue)), conn.address
+
+        try:
+            reply, answered = await self._routed("info", info, timeout=min(2.0, self._options.request_timeout))
+        except KeratinError as e:
+            log.debug("the partition leaders of %s are not known: %s", queue, e)
+            self._layouts[queue] = (time.monotonic() + LAYOUT_RETRY, None)
+            return None
+        leaders: List[Optional[str]] = []
+        for partition in getattr(reply, "partitions", []):
+            leaders.append(answered if partition.leading else partition.leader_addr)
+        if len(self._layouts) >= LEADER_HINTS_MAX and queue not in self._layouts:
+            self._layouts.clear()
+        self._layouts[queue] = (0.0, leaders or None)
+        return leaders or None
+
+    def _set_partition_leader(self, queue: str, partition: int, addr: Optional[str]) -> None:
+        known = self._layouts.get(queue)
+        if known is not None and known[1] is not None and partition < len(known[1]):
+            known[1][partition] = addr
 
     async def _next_node(
         self,

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, 
 
 from . import _wire as w
 from ._connection import ANSWER_TIMED_OUT, BufferedSlot, Connection
+from ._partitions import partition_of
 from .errors import (
     ConnectionLostError,
     KeratinError,
@@ -103,6 +104,8 @@ class _Attempt:
     attempts: int = 1
     redirects: int = 0
     resends: int = 0
+    #: The message's partition, when the client knows it (a cluster whose queue info it read).
+    partition: Optional[int] = None
 
 
 def _wire_message(client: "Client", message: Message) -> w.WireMessage:
@@ -142,8 +145,11 @@ async def publish_messages(
     limit = _frame_limit(queue)
     pending: List[_Attempt] = []
     hint = client._leader_hint(queue)
-    for index, message in enumerate(messages):
-        wire = _wire_message(client, message)
+    numbered = [(index, message, _wire_message(client, message)) for index, message in enumerate(messages)]
+    # In a cluster each message goes to its partition's leader (numbered first: the number
+    # picks the partition of a message without a key).
+    layout = await client._layout(queue)
+    for index, message, wire in numbered:
         if w.message_size(wire) > limit:
             results[index] = TooLargeError(
                 "message %d of %d bytes does not fit the 16 MiB frame size limit"
@@ -151,7 +157,15 @@ async def publish_messages(
                 413,
             )
             continue
-        pending.append(_Attempt(index, message, wire, hint))
+        partition = None
+        target = hint
+        if layout is not None:
+            partition = partition_of(wire.routing_key, client.producer_id, wire.sequence, len(layout))
+            if partition is not None and layout[partition] is not None:
+                target = layout[partition]
+                if client._is_own_address(target):
+                    target = None
+        pending.append(_Attempt(index, message, wire, target, partition=partition))
     while pending:
         answers = await _send_round(client, queue, pending, joinable, deadline, limit)
         limited: List[Tuple[_Attempt, LimitedError]] = []
@@ -328,7 +342,10 @@ async def _redirect(
             if e.leader_addr == answered_by or attempt.redirects > NOT_LEADER_IMMEDIATE_MAX:
                 # Leadership in transit (a node naming itself, or nodes naming each other).
                 waits.append(not_leader_backoff(attempt.redirects - NOT_LEADER_IMMEDIATE_MAX, e.retry_after_ms))
-            client._set_leader_hint(queue, e.leader_addr)
+            if attempt.partition is not None:
+                client._set_partition_leader(queue, attempt.partition, e.leader_addr)
+            else:
+                client._set_leader_hint(queue, e.leader_addr)
             attempt.target = e.leader_addr
         else:
             waits.append(not_leader_backoff(attempt.redirects, e.retry_after_ms))

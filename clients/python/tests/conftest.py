@@ -210,13 +210,15 @@ def free_port() -> int:
 class Cluster:
     """Three ``keratin serve`` nodes on loopback, node ids 1 to 3, peers of each other."""
 
-    def __init__(self) -> None:
+    def __init__(self, leader_balance: bool = False) -> None:
         self.ports = {i: (free_port(), free_port(), free_port()) for i in (1, 2, 3)}
         peers: List[str] = []
         for i, (_, _, cluster) in self.ports.items():
             peers += ["--peer", "%d=127.0.0.1:%d" % (i, cluster)]
         self.nodes: Dict[int, Broker] = {}
-        env = {"KERATIN_CLUSTER__LEADER_BALANCE": "false"}
+        # Leaders stay where elections put them, unless the test asks for them to go back to
+        # each partition's preferred leader (spread over the nodes by `nodes=[1, 2, 3]`).
+        env = {"KERATIN_CLUSTER__LEADER_BALANCE": "true" if leader_balance else "false"}
         try:
             for i, (protocol, http, _) in self.ports.items():
                 listen = ["--listen", "127.0.0.1:%d" % protocol, "--http", "127.0.0.1:%d" % http]
@@ -244,5 +246,13 @@ class Cluster:
 @pytest.fixture
 def cluster() -> Iterator[Cluster]:
     nodes = Cluster()
+    yield nodes
+    nodes.stop()
+
+
+@pytest.fixture
+def balanced_cluster() -> Iterator[Cluster]:
+    """Three nodes that hand each partition back to its preferred leader."""
+    nodes = Cluster(leader_balance=True)
     yield nodes
     nodes.stop()

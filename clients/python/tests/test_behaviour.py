@@ -257,6 +257,49 @@ def test_421_without_a_leader_backs_off_over_the_known_nodes_and_is_bounded() ->
     run(go())
 
 
+def test_a_consumer_waits_out_a_partition_without_a_leader_while_the_nodes_answer() -> None:
+    """A leader move or an election can leave a partition without a leader for longer than
+    ``request_timeout``; while the nodes answer, the consumer keeps looking and resumes at the
+    new leader instead of ending."""
+
+    async def go() -> None:
+        a, b = await two_nodes()
+        leader_from = time.monotonic() + 4.5  # nine request timeouts without a leader
+
+        async def subscribe_then_lose(conn: FakeConn, frame: Any) -> None:
+            await conn.send(w.SubscribeOk(frame.request_id, frame.consumer_tag))
+            await conn.send(w.Deliver(frame.consumer_tag, 1, 0, 0, False, 1, [], b"from a"))
+            await conn.send(w.ConsumerEnd(frame.consumer_tag, w.ErrorBody(421, "stepped down")))
+
+        async def leader_later(conn: FakeConn, frame: Any) -> None:
+            leader = b.address if time.monotonic() >= leader_from else None
+            partition = w.PartitionInfo(0, 0, 0, 0, leading=False, leader_addr=leader)
+            await conn.send(w.QueueInfoReply(frame.request_id, frame.queue, w.QueueSettings(), [partition]))
+
+        async def subscribe_and_deliver(conn: FakeConn, frame: Any) -> None:
+            await conn.send(w.SubscribeOk(frame.request_id, frame.consumer_tag))
+            await conn.send(w.Deliver(frame.consumer_tag, 7, 0, 0, True, 2, [], b"from b"))
+
+        a.on("Subscribe", subscribe_then_lose)
+        a.on("QueueInfo", leader_later)
+        b.on("QueueInfo", leader_later)
+        b.on("Subscribe", subscribe_and_deliver)
+        client = await keratin.connect(a.address, request_timeout=0.5)
+        bodies = []
+        async with client.consume("q", prefetch=10) as consumer:
+            async for delivery in consumer:
+                bodies.append(delivery.body)
+                await delivery.ack()
+                if len(bodies) == 2:
+                    break
+        assert bodies == [b"from a", b"from b"]
+        await client.close()
+        await a.stop()
+        await b.stop()
+
+    run(go())
+
+
 def test_a_consumer_ended_with_421_subscribes_again_at_the_leader() -> None:
     async def go() -> None:
         a, b = await two_nodes()
@@ -270,7 +313,14 @@ def test_a_consumer_ended_with_421_subscribes_again_at_the_leader() -> None:
             await conn.send(w.SubscribeOk(frame.request_id, frame.consumer_tag))
             await conn.send(w.Deliver(frame.consumer_tag, 7, 0, 0, True, 2, [("h", "v")], b"from b"))
 
+        async def led_by_b(conn: FakeConn, frame: Any) -> None:
+            # After the move a names b as the partition's leader (the consumer reads the
+            # leaders again and would subscribe at a node that says it leads).
+            partition = w.PartitionInfo(0, 0, 0, 0, leading=False, leader_addr=b.address)
+            await conn.send(w.QueueInfoReply(frame.request_id, frame.queue, w.QueueSettings(), [partition]))
+
         a.on("Subscribe", subscribe_then_move)
+        a.on("QueueInfo", led_by_b)
         b.on("Subscribe", subscribe_and_deliver)
         client = await keratin.connect(a.address)
         bodies = []

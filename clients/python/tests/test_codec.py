@@ -88,3 +88,21 @@ def test_the_encoder_refuses_what_the_protocol_forbids() -> None:
         w.encode_frame(w.Declare(1, "q", w.QueueSettings(), [1]), version=4)
     with pytest.raises(ValueError, match="overflow"):
         w.encode_frame(w.Declare(1, "q", w.QueueSettings(overflow="sideways")))
+
+
+def test_partitions_are_computed_as_the_broker_computes_them() -> None:
+    """The same vectors as the broker's ``queue.rs`` and the Rust client's
+    ``partitioning.rs``: keys by CRC32C, an idempotent producer's keyless sequences in blocks
+    of 64 per partition, the broker's choice otherwise."""
+    from keratin._partitions import PRODUCER_SEQUENCE_BLOCK, partition_of
+
+    assert PRODUCER_SEQUENCE_BLOCK == 64
+    # CRC32C("123456789") is the standard check value 0xE3069283.
+    assert partition_of("123456789", None, None, 7) == 0xE3069283 % 7
+    assert partition_of("123456789", 1, 5, 7) == 0xE3069283 % 7
+    assert [partition_of(None, 9, s, 3) for s in (0, 63, 64, 127, 128, 130)] == [0, 0, 1, 1, 2, 2]
+    assert partition_of(None, (1 << 64) - 1, 64, 3) == 0  # wraps: (2**64 - 1 + 1) mod 2**64 = 0
+    assert partition_of(None, None, 5, 3) is None
+    assert partition_of(None, 9, None, 3) is None
+    assert partition_of("", 1, 64, 3) == 2  # an empty key is none
+    assert partition_of(None, 9, 5, 0) == 0  # a count of 0 is 1

@@ -127,13 +127,13 @@ impl ClusterSystem {
                  fsyncs an entry before it is actioned (Ra's log docs; the WAL fdatasyncs each \
                  batch: the installed Ra 2.2.0 carries wal_sync_method with datasync, its \
                  default); about 21,000 fdatasync calls in 11 s at 5,000/s across the 3 nodes \
-                 were measured on this machine kind (/work/shared/PEERS.md)"
+                 were measured on this machine kind (docs/peers.md)"
             }
             ClusterSystem::NatsR3 => {
                 "NOT fsynced: NATS 2.9 acks once a majority of the stream's replicas hold the \
                  message in their file store, written to the page cache; the store fsyncs every \
                  sync_interval (2 min by default, docs.nats.io), no peer fsyncs before the ack \
-                 (0 fdatasync measured, PEERS.md), and 2.9.10 refuses `sync_interval: always` \
+                 (0 fdatasync measured, docs/peers.md), and 2.9.10 refuses `sync_interval: always` \
                  (unknown field)"
             }
         }

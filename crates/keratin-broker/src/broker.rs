@@ -15,7 +15,9 @@ use crate::consumer::{Consumer, ConsumerLink, ConsumerSlot, Credit, SubscribeOpt
 use crate::error::{BrokerError, BrokerResult};
 use crate::gate::{OpenGate, PublishGate};
 use crate::meta::{Catalog, MetaFigures, MetaLog, MetaRecord, QueueDecl, StreamDecl};
-use crate::partition::dead_letter::{DeadLetterSink, DeadLettering};
+use crate::partition::dead_letter::{
+    dead_letter_producer, DeadLetterSink, DeadLettering, HeldCount,
+};
 use crate::partition::local_log::{remove_if_no_segments, LocalLog};
 use crate::partition::log::{ClusterMetadata, PartitionLog, PartitionLogs, PartitionPlace};
 use crate::partition::owner::{self, rebuild, Command, OwnerContext};
@@ -122,6 +124,9 @@ pub struct BrokerConfig {
     /// The cluster's metadata group (a cluster node): declare, delete and settings changes go
     /// through it. `None` on a single node.
     pub cluster_metadata: Option<Arc<dyn ClusterMetadata>>,
+    /// Where dead-lettered messages go (a cluster node: to each dead-letter partition's
+    /// leader, wherever it is). `None`: this node's own queues ([`Broker::publish_internal_to`]).
+    pub dead_letters: Option<Arc<dyn DeadLetterSink>>,
 }
 
 impl std::fmt::Debug for BrokerConfig {
@@ -154,6 +159,7 @@ impl BrokerConfig {
             consumers_max: CONSUMERS_MAX_DEFAULT,
             partition_logs: None,
             cluster_metadata: None,
+            dead_letters: None,
         }
     }
 }
@@ -283,9 +289,13 @@ pub struct PartitionInfo {
     pub rejected_full: u64,
     /// Messages removed by `drop_oldest` since start.
     pub overflowed: u64,
-    /// Messages dropped since start because dead-lettering them failed, by reason (non-zero
-    /// counts only).
+    /// Dead-letter copies that failed since start, by reason (non-zero counts only): each
+    /// failed attempt of a message (its original is held and tried again), and each message
+    /// `drop_oldest` removed and dropped because the node held its most dead letters.
     pub dead_letter_failures: BTreeMap<DeadLetterFailure, u64>,
+    /// Messages held until their dead-letter copies are confirmed (leader only; they are not
+    /// ready, and not inflight).
+    pub dead_letters_held: u64,
     /// True if this node leads the partition (always on a single node).
     pub leading: bool,
     /// The leader's node id, if known (`None` on a single node).
@@ -343,7 +353,8 @@ impl QueueInfo {
     pub fn disk_bytes(&self) -> u64 {
         self.partitions.iter().map(|p| p.disk_bytes).sum()
     }
-    /// Messages dropped because dead-lettering them failed, by reason, over all partitions.
+    /// Dead-letter copies that failed, by reason, over all partitions (see
+    /// [`PartitionInfo::dead_letter_failures`]).
     pub fn dead_letter_failures(&self) -> BTreeMap<DeadLetterFailure, u64> {
         let mut total = BTreeMap::new();
         for (reason, count) in self.partitions.iter().flat_map(|p| &p.dead_letter_failures) {
@@ -381,6 +392,15 @@ pub struct MetadataLogInfo {
 /// says its file system is back above reserve); a metadata write also heals it first.
 const METADATA_HEAL_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
 
+/// How long a purge looks for a partition's leader (following the leaders named, waiting out
+/// elections) before it answers "not the leader": about two elections (500-1,000 ms timeouts
+/// and a vote each), well within a client's request timeout (10 s by default), which then
+/// has time to ask again elsewhere.
+pub const PURGE_LEADER_WAIT: std::time::Duration = std::time::Duration::from_secs(4);
+/// The pause before a purge asks again when no leader is named: a quarter of the shortest
+/// election timeout, as the clients' backoff after a 421 without a leader.
+const PURGE_LEADER_PAUSE: std::time::Duration = std::time::Duration::from_millis(250);
+
 pub(crate) struct BrokerInner {
     config: BrokerConfig,
     pool: SegmentPool,
@@ -404,6 +424,9 @@ pub(crate) struct BrokerInner {
     /// Consumers alive over all queues, against `consumers_max`.
     consumers: Arc<AtomicU64>,
     delivery_budget: Arc<ByteBudget>,
+    /// Messages held for dead-lettering over all partitions (`partition/dead_letter.rs`,
+    /// `HELD_MAX`).
+    dead_letters_held: HeldCount,
 }
 
 #[derive(Debug, Default)]
@@ -457,6 +480,17 @@ type OpenedPartitions = Vec<(Arc<dyn PartitionLog>, PartitionState, u64)>;
 #[derive(Clone)]
 pub struct Broker {
     inner: Arc<BrokerInner>,
+}
+
+/// A [`Broker`] handle that does not keep it open ([`Broker::downgrade`]).
+#[derive(Clone, Debug, Default)]
+pub struct WeakBroker(std::sync::Weak<BrokerInner>);
+
+impl WeakBroker {
+    /// The broker, unless it was dropped.
+    pub fn upgrade(&self) -> Option<Broker> {
+        self.0.upgrade().map(|inner| Broker { inner })
+    }
 }
 
 impl std::fmt::Debug for Broker {
@@ -550,6 +584,7 @@ impl Broker {
             next_consumer: AtomicU64::new(1),
             consumers: Arc::new(AtomicU64::new(0)),
             delivery_budget,
+            dead_letters_held: HeldCount::default(),
         });
         let ids: std::collections::BTreeSet<u64> = decls.iter().map(|d| d.id).collect();
         let stream_ids: std::collections::BTreeSet<u64> =
@@ -1048,9 +1083,7 @@ impl Broker {
             return Err(error);
         }
         inner.meta_state().catalog.apply(record);
-        let dead_letters: Arc<dyn DeadLetterSink> =
-            Arc::new(LocalDeadLetters::new(Arc::downgrade(inner)));
-        let ctx = inner.owner_context(&moved, index, device, dead_letters);
+        let ctx = inner.owner_context(&moved, index, device, inner.dead_letter_sink());
         let link = log.clone();
         let next = owner::spawn(ctx, log, state, Some(handle.figures.clone()));
         handle.figures.log.set(&link);
@@ -1125,13 +1158,94 @@ impl Broker {
     }
 
     /// Remove every ready message; inflight ones stay until settled. Returns how many went.
+    ///
+    /// In a cluster each partition is purged on its leader: here for those this node leads,
+    /// through the cluster service ([`ClusterMetadata::purge_at`]) for the others, all at
+    /// once; a partition whose leader moves meanwhile, or has none yet (an election), is
+    /// asked again at the leader named, within [`PURGE_LEADER_WAIT`]. When a partition cannot
+    /// be purged the error is its own (421 when no leader was found in time), and the
+    /// partitions purged meanwhile stay purged: purging again removes what is ready then.
     pub async fn purge(&self, name: &str) -> BrokerResult<u64> {
         let queue = self.inner.queue(name)?;
-        let mut total = 0;
-        for partition in &queue.partitions {
-            total += partition.purge().await?;
+        let purges: Vec<_> = (0..queue.partitions.len())
+            .map(|index| {
+                let broker = self.clone();
+                let queue = queue.clone();
+                tokio::spawn(async move { broker.purge_partition_anywhere(&queue, index).await })
+            })
+            .collect();
+        let mut total: u64 = 0;
+        let mut first_error = None;
+        for purge in purges {
+            let outcome = purge
+                .await
+                .unwrap_or_else(|e| Err(BrokerError::Closed(format!("purge: {e}"))));
+            match outcome {
+                Ok(count) => total = total.saturating_add(count),
+                Err(error) => {
+                    first_error.get_or_insert(error);
+                }
+            }
         }
-        Ok(total)
+        match first_error {
+            Some(error) => Err(error),
+            None => Ok(total),
+        }
+    }
+
+    /// A handle that does not keep the broker open (for hooks the broker itself holds, and
+    /// the cluster service).
+    pub fn downgrade(&self) -> WeakBroker {
+        WeakBroker(Arc::downgrade(&self.inner))
+    }
+
+    /// Purge partition `index` of queue `name` here; [`BrokerError::NotLeader`] when this node
+    /// does not lead it (what another node's [`Broker::purge`] asks of the leader).
+    pub async fn purge_partition(&self, name: &str, index: u32) -> BrokerResult<u64> {
+        let queue = self.inner.queue(name)?;
+        let partition = queue.partitions.get(index as usize).ok_or_else(|| {
+            BrokerError::Invalid(format!(
+                "queue {name:?} has partitions 0 to {}, not {index}",
+                queue.partitions.len().saturating_sub(1)
+            ))
+        })?;
+        partition.purge().await
+    }
+
+    /// Purge partition `index` of `queue` on its leader, wherever it is (see [`Broker::purge`]).
+    async fn purge_partition_anywhere(&self, queue: &Queue, index: usize) -> BrokerResult<u64> {
+        let deadline = tokio::time::Instant::now() + PURGE_LEADER_WAIT;
+        let name = queue.name().to_string();
+        // The node to ask next: `None` this one.
+        let mut at: Option<u64> = None;
+        loop {
+            let outcome = match (at, &self.inner.config.cluster_metadata) {
+                (Some(leader), Some(cluster)) => {
+                    cluster.purge_at(name.clone(), index as u32, leader).await
+                }
+                _ => queue.partitions[index].purge().await,
+            };
+            let leader = match &outcome {
+                Err(BrokerError::NotLeader { leader, .. })
+                    if self.inner.config.cluster_metadata.is_some() =>
+                {
+                    *leader
+                }
+                _ => return outcome,
+            };
+            // A leader named is asked at once; none named (an election, or a node naming
+            // itself while it takes over) is asked again here after a pause.
+            let next = leader.filter(|leader| at != Some(*leader));
+            if next.is_none() {
+                if tokio::time::Instant::now() + PURGE_LEADER_PAUSE >= deadline {
+                    return outcome;
+                }
+                tokio::time::sleep(PURGE_LEADER_PAUSE).await;
+            } else if tokio::time::Instant::now() >= deadline {
+                return outcome;
+            }
+            at = next;
+        }
     }
 
     /// Figures of one queue.
@@ -1178,6 +1292,50 @@ impl Broker {
     /// [`BrokerError::TooLarge`] instead of failing the append of every message routed with it.
     pub fn publish_dispatch_joined(&self, name: &str, messages: Vec<Message>) -> PendingPublish {
         self.inner.dispatch_with(name, messages, false, true)
+    }
+
+    /// The partition of queue `name` that `message` goes to (by its routing key; without one
+    /// by its producer mark; else round robin), as a publish here would route it.
+    pub fn route(&self, name: &str, message: &Message) -> BrokerResult<u32> {
+        match self.inner.queue(name) {
+            Ok(queue) => Ok(queue.route(message) as u32),
+            Err(_) if self.inner.stream(name).is_ok() => Err(BrokerError::NameTaken {
+                name: name.to_string(),
+                kind: "stream",
+            }),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Dead-lettering's publish into partition `partition` of queue `name`, which this node
+    /// must lead (else [`BrokerError::NotLeader`] naming the leader): `payloads` are encoded
+    /// messages ([`Message::encode`]); never held back by the resource gate, refused when the
+    /// queue is full (`reject`). Their offsets once committed.
+    pub async fn publish_internal_to(
+        &self,
+        name: &str,
+        partition: u32,
+        payloads: Vec<Vec<u8>>,
+    ) -> BrokerResult<std::ops::Range<u64>> {
+        let queue = self.inner.queue(name)?;
+        let handle = queue.partitions.get(partition as usize).ok_or_else(|| {
+            BrokerError::Invalid(format!(
+                "queue {name:?} has {} partitions, not {}",
+                queue.partitions.len(),
+                partition + 1
+            ))
+        })?;
+        let timestamp_ms = (self.inner.config.clock)();
+        handle
+            .dispatch(payloads, timestamp_ms, true)
+            .await
+            .unwrap_or_else(|_| Err(BrokerError::Closed(format!("queue {name:?}"))))
+    }
+
+    /// Messages this node holds until their dead-letter copies are confirmed, over all
+    /// partitions.
+    pub fn dead_letters_held(&self) -> u64 {
+        self.inner.dead_letters_held.get()
     }
 
     /// Subscribe to a queue with a prefetch (most unsettled deliveries at once).
@@ -1534,8 +1692,7 @@ impl BrokerInner {
     /// Spawn the owners of a queue's opened partitions and publish the queue.
     fn spawn_queue(self: &Arc<Self>, decl: &QueueDecl, opened: OpenedPartitions) {
         let mut partitions = Vec::with_capacity(opened.len());
-        let dead_letters: Arc<dyn DeadLetterSink> =
-            Arc::new(LocalDeadLetters::new(Arc::downgrade(self)));
+        let dead_letters = self.dead_letter_sink();
         for (index, (log, state, device)) in opened.into_iter().enumerate() {
             let ctx = self.owner_context(decl, index as u32, device, dead_letters.clone());
             let link = log.clone();
@@ -1556,6 +1713,15 @@ impl BrokerInner {
             .insert(decl.name.clone(), decl.placement.clone());
     }
 
+    /// Where this node's partitions send their dead letters: the configured sink, or this
+    /// node's own queues.
+    fn dead_letter_sink(self: &Arc<Self>) -> Arc<dyn DeadLetterSink> {
+        match &self.config.dead_letters {
+            Some(sink) => sink.clone(),
+            None => Arc::new(LocalDeadLetters::new(Arc::downgrade(self))),
+        }
+    }
+
     /// What the owner of partition `index` of `decl` runs with.
     fn owner_context(
         self: &Arc<Self>,
@@ -1572,6 +1738,8 @@ impl BrokerInner {
             settings: decl.settings.clone(),
             broker: Arc::downgrade(self),
             dead_letters,
+            dead_letter_producer: dead_letter_producer(decl.id, index),
+            dead_letters_held: self.dead_letters_held.clone(),
             clock: self.config.clock.clone(),
             segment_size_bytes: self.config.segment_size_bytes,
             publish_timeout: self.config.publish_timeout,
@@ -1668,6 +1836,7 @@ impl BrokerInner {
                     rejected_full: f.rejected_full.load(Ordering::Relaxed),
                     overflowed: f.overflowed.load(Ordering::Relaxed),
                     dead_letter_failures: f.dead_letter_failures(),
+                    dead_letters_held: f.dead_letters_held.load(Ordering::Relaxed),
                     leading: role.leading,
                     leader: role.leader,
                     leader_addr: role.addr,

@@ -145,6 +145,18 @@ pub enum BrokerError {
         /// The leader's client address (`host:port` of its protocol listener), if known.
         addr: Option<String>,
     },
+    /// In a cluster: the node that leads the partition could not be reached or did not answer
+    /// in time, so a request sent to it may or may not have been applied there. Mapped like
+    /// [`BrokerError::OutcomeUnknown`].
+    #[error("queue {queue:?} partition {partition}: {why}; the outcome is unknown")]
+    Unreachable {
+        /// The queue.
+        queue: String,
+        /// The partition.
+        partition: u32,
+        /// Which node, and what went wrong.
+        why: String,
+    },
     /// The broker or the queue is shutting down or was deleted.
     #[error("{0} is closed")]
     Closed(String),

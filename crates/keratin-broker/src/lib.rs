@@ -17,13 +17,15 @@
 //!   replication slots in. `partition::local_log`: the single-node implementation over
 //!   `keratin_log::Log` (committed = durable).
 //! - `partition::dead_letter`: `DeadLetterSink`, where dead-lettered messages go (the
-//!   dead-letter queue's leader may be another node); the broker's `LocalDeadLetters`
-//!   publishes through this node.
+//!   dead-letter queue's leader may be another node: a cluster node's sink is
+//!   `keratin-cluster`'s), the messages held until their copies are confirmed, and the copies'
+//!   idempotent producer mark; the broker's `LocalDeadLetters` publishes through this node.
 //! - `partition::delivery_state`: what only a leader has: consumers, inflight, returned
 //!   messages, the delivery cursor and read-ahead (volatile).
 //! - `partition::owner`: the task that owns a partition: commands to records, records to state;
 //!   its children own admission (queue limits, the gate, slowing), settling (acks, returns,
-//!   dead-lettering, purge), delivery, and reclaim (prefix removal, relocation, healing).
+//!   dead-lettering, purge), delivery (within the log's delivery lease), reclaim (prefix
+//!   removal, relocation, healing) and the `PRODUCERS` records reclaim cuts at (`checkpoint`).
 //! - `record`: the partition log's records, byte by byte (`docs/partition-records.md`).
 //! - `consumer`: [`Consumer`] and [`Delivery`].
 //! - `byte_budget`: [`ByteBudget`], bytes of deliveries held in memory (node-wide and per
@@ -49,9 +51,9 @@ pub mod stream;
 
 pub use broker::{
     system_clock, Broker, BrokerConfig, Clock, MetadataLogInfo, NodeBounds, PartitionInfo,
-    PendingPublish, QueueInfo, ReadFrom, Receipt, CONSUMERS_MAX_DEFAULT, CURSOR_EXPIRY,
+    PendingPublish, QueueInfo, ReadFrom, Receipt, WeakBroker, CONSUMERS_MAX_DEFAULT, CURSOR_EXPIRY,
     DELIVERY_BYTES_DEFAULT, IDLE_RELEASE_AFTER_DEFAULT, MAX_PREFETCH, PARTITIONS_MAX_DEFAULT,
-    PUBLISH_TIMEOUT_DEFAULT, QUEUES_MAX_DEFAULT, RETENTION_INTERVAL,
+    PUBLISH_TIMEOUT_DEFAULT, PURGE_LEADER_WAIT, QUEUES_MAX_DEFAULT, RETENTION_INTERVAL,
 };
 pub use byte_budget::{ByteBudget, BytePermit};
 pub use consumer::{
@@ -62,6 +64,7 @@ pub use gate::{GateDecision, OpenGate, PublishGate};
 pub use partition::state::PartitionState;
 pub use queue::{
     validate_queue_name, DeadLetterFailure, Overflow, Queue, QueueSettings, MAX_PARTITIONS,
+    PRODUCER_SEQUENCE_BLOCK,
 };
 pub use range_set::RangeSet;
 pub use record::{Message, ProducerSeq};

@@ -12,6 +12,7 @@ use crate::consumer::ConsumerLink;
 use crate::error::{BrokerError, BrokerResult};
 use crate::partition::log::PartitionLog;
 use crate::partition::owner::Command;
+use crate::partition::producers::RANGES_MAX;
 use crate::partition::replication::ReplicationStatus;
 use crate::partition::state::PartitionState;
 use crate::record::Message;
@@ -202,8 +203,12 @@ pub(crate) struct PartitionFigures {
     pub(crate) stops: AtomicU64,
     /// Times its stopped log was healed.
     pub(crate) heals: AtomicU64,
-    /// Messages dropped because dead-lettering them failed, by [`DeadLetterFailure`] index.
+    /// Dead-letter copies that failed, by [`DeadLetterFailure`] index (see
+    /// [`PartitionFigures::count_dead_letter_failures`]).
     pub(crate) dead_letter_failures: [AtomicU64; DeadLetterFailure::ALL.len()],
+    /// Messages held until their dead-letter copies are confirmed (as the owner last
+    /// published).
+    pub(crate) dead_letters_held: AtomicU64,
     /// Who leads the partition, as its owner last heard from its log.
     pub(crate) role: std::sync::RwLock<crate::partition::log::Role>,
     /// Times the leader its log reported changed to another known node (see
@@ -265,13 +270,18 @@ impl PartitionFigures {
         *self.role.write().unwrap_or_else(|e| e.into_inner()) = role;
     }
 
-    /// Count the messages of a dead-lettering batch whose publish to the dead-letter queue
-    /// failed: they are dropped, and this is how an operator hears of it.
+    /// Count the messages of a dead-lettering attempt whose copies the dead-letter queue did
+    /// not store: they are held and tried again, and this is how an operator hears of it.
     pub(crate) fn count_dead_letter_failures<T>(&self, results: &[BrokerResult<T>]) {
         for error in results.iter().filter_map(|r| r.as_ref().err()) {
             let failure = DeadLetterFailure::of(error);
             self.dead_letter_failures[failure as usize].fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Count `count` messages dropped instead of dead-lettered, for `reason`.
+    pub(crate) fn count_dead_letter_drops(&self, count: u64, reason: DeadLetterFailure) {
+        self.dead_letter_failures[reason as usize].fetch_add(count, Ordering::Relaxed);
     }
 
     /// The dead-letter failure counts, non-zero ones only.
@@ -289,15 +299,18 @@ impl PartitionFigures {
     }
 }
 
-/// Why a message could not be dead-lettered (it was dropped instead); the `reason` label of
-/// `keratin_dead_letter_failures_total`.
+/// Why a dead-letter copy was not stored (its original is held and tried again, or, past the
+/// node's bound of held dead letters, a message `drop_oldest` removed was dropped); the
+/// `reason` label of `keratin_dead_letter_failures_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum DeadLetterFailure {
     /// The dead-letter queue does not exist (never declared, or deleted).
     NotFound = 0,
     /// The dead-letter queue is full (its `max_messages` / `max_bytes` with `reject`).
     QueueFull = 1,
-    /// The dead-letter queue's partition could not write it (its log stopped).
+    /// The dead-letter queue's partition could not write it, or its outcome is unknown: its
+    /// log stopped, its leader is elsewhere, moving or unreachable, or the node held its most
+    /// dead letters (a `drop_oldest` removal dropped).
     Unavailable = 2,
     /// Anything else: the message is invalid there, or the node is shutting down.
     Other = 3,
@@ -328,7 +341,11 @@ impl DeadLetterFailure {
             BrokerError::Limited { .. } => DeadLetterFailure::QueueFull,
             BrokerError::Unavailable { .. }
             | BrokerError::OutcomeUnknown { .. }
-            | BrokerError::LeadershipLost { .. } => DeadLetterFailure::Unavailable,
+            | BrokerError::LeadershipLost { .. }
+            | BrokerError::TimedOut { .. }
+            | BrokerError::NotLeader { .. }
+            | BrokerError::Unreachable { .. }
+            | BrokerError::MetadataUnavailable { .. } => DeadLetterFailure::Unavailable,
             _ => DeadLetterFailure::Other,
         }
     }
@@ -438,13 +455,29 @@ impl PartitionHandle {
     }
 }
 
+/// Consecutive sequences of an idempotent producer that go to one partition when its messages
+/// have no routing key (Kafka's sticky partitioner): partition `(producer id + sequence /
+/// PRODUCER_SEQUENCE_BLOCK) mod partitions`. A partition's window of a producer keeps
+/// [`RANGES_MAX`] runs of stored sequences (`partition/producers.rs`); a block stored whole is
+/// one run, so the window covers the producer's last 64 blocks there, 64 × 64 = 4,096 of its
+/// sequences, four times the 1,000 publishes the CLI keeps in flight (what a lost leader
+/// leaves with an unknown outcome, to be sent again). With one sequence per partition in
+/// turn (a block of 1) each message was a run of its own and the window covered 64. A
+/// producer still moves on to the next partition every 64 messages, so its 1,000 publishes in
+/// flight spread over ~16 blocks and every partition. Part of the routing contract the
+/// clients compute too (`docs/protocol.md`, "Publish"; `keratin-client` `partitioning.rs`).
+pub const PRODUCER_SEQUENCE_BLOCK: u64 = 64;
+const _: () = assert!(PRODUCER_SEQUENCE_BLOCK * RANGES_MAX as u64 >= 4 * 1_000);
+
 /// The partition of `partitions` that `message` goes to (a queue's or a stream's; see
 /// [`Queue::route`]), `round_robin` counting the messages without key or producer.
 pub(crate) fn route(message: &Message, partitions: usize, round_robin: &AtomicU64) -> usize {
     let n = partitions.max(1) as u64;
     let choice = match (&message.producer, message.routing_key.is_empty()) {
         (_, false) => u64::from(crc32c::crc32c(message.routing_key.as_bytes())),
-        (Some(mark), true) => mark.producer.wrapping_add(mark.sequence),
+        (Some(mark), true) => mark
+            .producer
+            .wrapping_add(mark.sequence / PRODUCER_SEQUENCE_BLOCK),
         (None, true) => round_robin.fetch_add(1, Ordering::Relaxed),
     };
     (choice % n) as usize
@@ -477,7 +510,7 @@ impl Queue {
     }
 
     /// The partition `message` goes to: by the CRC32C of its routing key; without one, by its
-    /// idempotent producer's id plus its sequence (consecutive sequences go round robin, and a
+    /// idempotent producer's id plus its sequence's block ([`PRODUCER_SEQUENCE_BLOCK`]: a
     /// retry of the message, on any node, goes where the first copy went, so the partition's
     /// window drops it as a duplicate); else round robin.
     pub(crate) fn route(&self, message: &Message) -> usize {
@@ -521,6 +554,45 @@ mod tests {
             addr: None,
             from: 0,
         }
+    }
+
+    fn produced(producer: u64, sequence: u64) -> Message {
+        Message {
+            producer: Some(crate::record::ProducerSeq { producer, sequence }),
+            ..Message::new("x")
+        }
+    }
+
+    #[test]
+    fn a_producers_keyless_sequences_go_in_blocks_keys_by_crc32c() {
+        let rr = AtomicU64::new(0);
+        // CRC32C("123456789") is the standard check value 0xE3069283 (the clients test the same).
+        let keyed = Message {
+            routing_key: "123456789".into(),
+            ..produced(1, 5)
+        };
+        assert_eq!(route(&keyed, 7, &rr), (0xE306_9283_u32 % 7) as usize);
+        // Blocks of 64: sequences 0..=63 on partition (9 + 0) % 3, 64..=127 on (9 + 1) % 3.
+        let block = PRODUCER_SEQUENCE_BLOCK;
+        for sequence in 0..block {
+            assert_eq!(route(&produced(9, sequence), 3, &rr), 0);
+        }
+        assert_eq!(route(&produced(9, block), 3, &rr), 1);
+        assert_eq!(route(&produced(9, 2 * block - 1), 3, &rr), 1);
+        assert_eq!(route(&produced(9, 2 * block), 3, &rr), 2);
+        assert_eq!(
+            route(&produced(9, 130), 3, &rr),
+            ((9 + 130 / 64) % 3) as usize
+        );
+        assert_eq!(
+            route(&produced(u64::MAX, 64), 3, &rr),
+            (u64::MAX.wrapping_add(1) % 3) as usize
+        );
+        assert_eq!(
+            rr.load(Ordering::Relaxed),
+            0,
+            "no turn taken by keyed or numbered messages"
+        );
     }
 
     #[test]

@@ -20,6 +20,13 @@ pub const SETTINGS: u8 = 6;
 /// (a new leader's blank entry, a membership change) read back as a record so that offsets
 /// stay consecutive. Empty payload; never written by the broker.
 pub const NOOP: u8 = 7;
+/// Log record type holding the idempotent producers' windows as of this record: a state
+/// rebuilt from a log whose prefix was removed takes them from here (space reclaim cuts the
+/// log only at such a record, `docs/partition-records.md`, "`PRODUCERS`").
+pub const PRODUCERS: u8 = 8;
+
+/// Version byte at the start of a `PRODUCERS` payload.
+const PRODUCERS_FORMAT: u8 = 1;
 
 /// Version byte at the start of a message payload.
 const MESSAGE_FORMAT: u8 = 1;
@@ -225,6 +232,8 @@ pub enum PartitionRecord {
     Settings(Vec<u8>),
     /// An offset the replicated log took for its own entry: nothing to apply.
     Noop,
+    /// The idempotent producers' windows from here on, replacing what the state had.
+    Producers(Vec<crate::partition::producers::WindowSnapshot>),
 }
 
 impl PartitionRecord {
@@ -238,6 +247,7 @@ impl PartitionRecord {
             PartitionRecord::Relocate(_) => RELOCATE,
             PartitionRecord::Settings(_) => SETTINGS,
             PartitionRecord::Noop => NOOP,
+            PartitionRecord::Producers(_) => PRODUCERS,
         }
     }
 
@@ -272,6 +282,10 @@ impl PartitionRecord {
             }
             PartitionRecord::Settings(json) => out.extend_from_slice(json),
             PartitionRecord::Noop => {}
+            PartitionRecord::Producers(windows) => {
+                out.push(PRODUCERS_FORMAT);
+                crate::partition::producers::encode_windows(windows, &mut out);
+            }
             PartitionRecord::Relocate(relocate) => {
                 out.extend_from_slice(&relocate.message.to_le_bytes());
                 out.extend_from_slice(&relocate.delivery_count.to_le_bytes());
@@ -338,6 +352,13 @@ impl PartitionRecord {
             }),
             SETTINGS => PartitionRecord::Settings(r.rest().to_vec()),
             NOOP => PartitionRecord::Noop,
+            PRODUCERS => {
+                let format = r.u8()?;
+                if format != PRODUCERS_FORMAT {
+                    return Err(r.error(format!("format {format}, expected {PRODUCERS_FORMAT}")));
+                }
+                PartitionRecord::Producers(crate::partition::producers::decode_windows(&mut r)?)
+            }
             other => return Err(r.error(format!("unknown record type {other}"))),
         };
         if record_type != ENQUEUE && record_type != RELOCATE && !r.rest().is_empty() {
@@ -520,6 +541,13 @@ mod tests {
                 delivery_count: 1,
                 payload: b"xyz".to_vec(),
             }),
+            PartitionRecord::Producers(Vec::new()),
+            PartitionRecord::Producers(vec![crate::partition::producers::WindowSnapshot {
+                producer: 7,
+                floor: 2,
+                last_offset: 40,
+                stored: vec![(2, 5), (9, 10)],
+            }]),
         ];
         for record in records {
             let bytes = record.encode();
@@ -528,9 +556,37 @@ mod tests {
         }
     }
 
+    /// A `PRODUCERS` record whose windows break their rules, or with bytes past its end, is
+    /// corrupt (a damaged record must not become a wrong verdict).
+    #[test]
+    fn damaged_producers_records_are_corrupt() {
+        let good = PartitionRecord::Producers(vec![crate::partition::producers::WindowSnapshot {
+            producer: 7,
+            floor: 0,
+            last_offset: 3,
+            stored: vec![(1, 2)],
+        }])
+        .encode();
+        for len in 0..good.len() {
+            assert!(PartitionRecord::decode(PRODUCERS, &good[..len], 3).is_err());
+        }
+        let mut long = good.clone();
+        long.push(0);
+        assert!(PartitionRecord::decode(PRODUCERS, &long, 3).is_err());
+        let below_floor =
+            PartitionRecord::Producers(vec![crate::partition::producers::WindowSnapshot {
+                producer: 7,
+                floor: 5,
+                last_offset: 3,
+                stored: vec![(1, 2)],
+            }])
+            .encode();
+        assert!(PartitionRecord::decode(PRODUCERS, &below_floor, 3).is_err());
+    }
+
     proptest! {
         #[test]
-        fn arbitrary_bytes_never_panic(kind in 0u8..8, bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+        fn arbitrary_bytes_never_panic(kind in 0u8..9, bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
             let _ = PartitionRecord::decode(kind, &bytes, 0);
             let _ = Message::decode(&bytes, 0);
         }

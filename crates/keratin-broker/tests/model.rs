@@ -28,7 +28,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::*;
-use keratin_broker::{Broker, Consumer, Delivery, DeliveryTag, Message, QueueSettings};
+use keratin_broker::{
+    Broker, Consumer, Delivery, DeliveryTag, Message, ProducerSeq, QueueSettings,
+};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 
@@ -205,7 +207,14 @@ impl Model {
             "{} partition {}: the first ready message comes first",
             QUEUES[queue], d.tag.partition
         );
-        assert_eq!(d.message, msg.message, "body and headers of {seq}");
+        // A dead-letter copy carries its source partition's dead-letter mark (the model
+        // knows its size, not the producer id the broker derives from the queue's id).
+        let mut got = d.message.clone();
+        if msg.message.producer.is_some() {
+            assert!(got.producer.is_some(), "the dead-letter mark of {seq}");
+            got.producer = msg.message.producer;
+        }
+        assert_eq!(got, msg.message, "body and headers of {seq}");
         assert_eq!(d.delivery_count, msg.count + 1, "delivery count of {seq}");
         assert_eq!(d.redelivered, msg.count > 0, "redelivered flag of {seq}");
         part.inflight.insert(seq, (order, msg, d.delivery_count));
@@ -243,6 +252,10 @@ impl Model {
         headers.push(("x-death-reason".into(), reason.into()));
         headers.push(("x-death-queue".into(), QUEUES[queue].into()));
         headers.push(("x-death-count".into(), delivery_count.to_string()));
+        msg.message.producer = Some(ProducerSeq {
+            producer: 0,
+            sequence: 0,
+        });
         msg.count = 0;
         self.parts[DLQ][0].arrive(msg);
         DEAD_LETTERS.fetch_add(1, Ordering::Relaxed);

@@ -297,8 +297,11 @@ async fn limits_change_on_a_live_queue() {
     broker.shutdown().await.expect("shutdown");
 }
 
+/// A `drop_oldest` queue whose dead-letter queue is full (`reject`) holds what it removed
+/// until the dead-letter queue has room: dead-lettering is at least once, and the queue's
+/// limit still holds (the held message no longer counts toward it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_full_dead_letter_queue_drops_what_it_cannot_take() {
+async fn a_full_dead_letter_queue_holds_what_it_cannot_take_until_it_has_room() {
     let tmp = tempfile::tempdir().expect("tmp");
     let broker = open(&tmp).await;
     broker
@@ -313,11 +316,33 @@ async fn a_full_dead_letter_queue_drops_what_it_cannot_take() {
     for seq in 0..3 {
         publish_one(&broker, "q", seq).await.expect("admit");
     }
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    // The dead-letter queue took the first overflow (0); the second (1) found it full and was
-    // dropped; the queue holds the newest (2).
-    assert_eq!(drain_seqs(&broker, "dlq", 1).await, vec![0]);
+    // The dead-letter queue took the first overflow (0); the second (1) found it full and is
+    // held; the queue holds the newest (2), ready.
+    let held = |broker: &keratin_broker::Broker| -> u64 {
+        let info = broker.info("q").expect("info");
+        info.partitions.iter().map(|p| p.dead_letters_held).sum()
+    };
+    assert!(
+        wait_until(std::time::Duration::from_secs(5), || held(&broker) == 1).await,
+        "one held: {:?}",
+        broker.info("q")
+    );
+    assert_eq!(broker.info("q").expect("info").ready(), 1);
     assert_eq!(drain_seqs(&broker, "q", 1).await, vec![2]);
+    // Room in the dead-letter queue: the held one follows (retried within 5 s).
+    let mut dead = broker.subscribe("dlq", 1).expect("subscribe");
+    let mut got = Vec::new();
+    for _ in 0..2 {
+        let d = tokio::time::timeout(std::time::Duration::from_secs(10), dead.recv())
+            .await
+            .expect("a dead letter within 10 s")
+            .expect("open");
+        got.push(seq_of(&d.message.body));
+        dead.ack(&[d.tag]);
+    }
+    assert_eq!(got, vec![0, 1]);
+    assert!(wait_until(std::time::Duration::from_secs(5), || held(&broker) == 0).await);
+    drop(dead);
     broker.shutdown().await.expect("shutdown");
 }
 

@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::connection::{self, duration_ms, Command, Control, Handle, Ids, RequestKind};
 use crate::error::{ClientError, PublishFailed};
 use crate::options::ClientOptions;
+use crate::publish_router::Routers;
 use crate::routing::Peers;
 
 /// A connection to a Keratin broker. Cloning is cheap: every clone shares the one connection
@@ -28,11 +29,16 @@ pub struct Client {
     inner: Arc<Inner>,
 }
 
-struct Inner {
+pub(crate) struct Inner {
     handle: Handle,
     options: ClientOptions,
     /// Connections to other nodes of the cluster, opened to follow 421s (`routing.rs`).
     peers: Peers,
+    /// The publish routers of the queues published to lately (`publish_router.rs`).
+    routers: Routers,
+    /// Publishes go through the routers: the handshake listed other nodes, or a node answered
+    /// 421 (a node listing only itself while it does not know its cluster yet).
+    routing: std::sync::atomic::AtomicBool,
     /// The last sequence number given to a message of this client's producer.
     sequences: std::sync::atomic::AtomicU64,
     /// The producer id was the application's (`ClientOptions::producer_id`): its messages
@@ -66,11 +72,14 @@ impl Client {
         }
         let handle = connection::open(addr, &options).await?;
         tracing::debug!(node_id = %handle.node_id, "connected to keratin");
+        let routing = handle.info.nodes.len() > 1;
         Ok(Client {
             inner: Arc::new(Inner {
                 handle,
                 options,
                 peers: Peers::default(),
+                routers: Routers::default(),
+                routing: std::sync::atomic::AtomicBool::new(routing),
                 sequences: std::sync::atomic::AtomicU64::new(0),
                 own_sequences,
             }),
@@ -211,24 +220,35 @@ impl Client {
     /// A queue's settings and per-partition counts, with each partition's leader
     /// ([`keratin_proto::PartitionInfo::leading`], `leader`, `leader_addr`).
     pub async fn info(&self, queue: &str) -> Result<QueueInfoReply, ClientError> {
+        self.info_at(queue).await.map(|(info, _)| info)
+    }
+
+    /// [`Client::info`] and the connection that answered it (the node whose view `leading`
+    /// describes).
+    pub(crate) async fn info_at(
+        &self,
+        queue: &str,
+    ) -> Result<(QueueInfoReply, Client), ClientError> {
         let operation = format!("info {queue}");
         let timeout = self.inner.options.request_timeout;
-        let reply = self
+        let (reply, node) = self
             .routed(&operation, timeout, |node| {
                 let operation = operation.clone();
                 async move {
-                    node.request(operation, RequestKind::Plain, |request_id| {
-                        Frame::QueueInfo(QueueRequest {
-                            request_id,
-                            queue: queue.to_owned(),
+                    let reply = node
+                        .request(operation, RequestKind::Plain, |request_id| {
+                            Frame::QueueInfo(QueueRequest {
+                                request_id,
+                                queue: queue.to_owned(),
+                            })
                         })
-                    })
-                    .await
+                        .await?;
+                    Ok((reply, node))
                 }
             })
             .await?;
         match reply {
-            Frame::QueueInfoReply(info) => Ok(info),
+            Frame::QueueInfoReply(info) => Ok((info, node)),
             other => Err(unexpected(operation, "QueueInfoReply", &other)),
         }
     }
@@ -351,8 +371,42 @@ impl Client {
         &self.inner.peers
     }
 
+    pub(crate) fn routers(&self) -> &Routers {
+        &self.inner.routers
+    }
+
+    /// Whether publishes go through the per-queue routers (see [`Inner::routing`]).
+    pub(crate) fn routes_publishes(&self) -> bool {
+        self.inner
+            .routing
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// From now on publishes go through the routers: a node answered 421.
+    pub(crate) fn route_publishes(&self) {
+        self.inner
+            .routing
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// A handle that does not keep the connection open (a publish router holds one).
+    pub(crate) fn downgrade(&self) -> WeakClient {
+        WeakClient(Arc::downgrade(&self.inner))
+    }
+
     pub(crate) fn control(&self) -> &mpsc::UnboundedSender<Control> {
         &self.inner.handle.control
+    }
+}
+
+/// A [`Client`] that does not keep it alive: [`WeakClient::upgrade`] gives it back while a
+/// clone lives.
+#[derive(Clone)]
+pub(crate) struct WeakClient(std::sync::Weak<Inner>);
+
+impl WeakClient {
+    pub(crate) fn upgrade(&self) -> Option<Client> {
+        self.0.upgrade().map(|inner| Client { inner })
     }
 }
 
@@ -364,8 +418,6 @@ pub(crate) fn unexpected(operation: String, expected: &'static str, got: &Frame)
     }
 }
 
-/// A producer id nobody else picks in practice: 64 bits from the standard library's random
-/// hash keys (seeded from the OS), the time and the process id.
 /// The refusal of a message without a sequence from a producer whose id the application set.
 pub(crate) fn own_sequence_missing() -> ClientError {
     ClientError::InvalidArgument(
@@ -378,6 +430,8 @@ pub(crate) fn own_sequence_missing() -> ClientError {
     )
 }
 
+/// A producer id nobody else picks in practice: 64 bits from the standard library's random
+/// hash keys (seeded from the OS), the time and the process id.
 fn random_producer_id() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();

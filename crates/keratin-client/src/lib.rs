@@ -35,6 +35,10 @@
 //!   with their defaults.
 //! - `routing` (private): following `ERR_NOT_LEADER` (421) to the leader a cluster node
 //!   names, over connections to the other nodes opened on demand; see "Clusters" below.
+//! - `partitioning` (private): a message's partition as the broker computes it, and a queue's
+//!   layout (each partition's leader).
+//! - `publish_router` (private): confirmed publishing in a cluster, one task per queue with a
+//!   lane per partition (order, redirects, backoff, resends).
 //! - `connection` (private): the background task that owns the socket, multiplexes requests,
 //!   publishes and consumers, sends heartbeats and notices a silent broker.
 //!
@@ -48,7 +52,9 @@
 //! client crash loses the messages still in its buffer.
 //!
 //! # Reconnect behaviour
-//! The client does **not** reconnect by itself in this version. When the connection is lost
+//! On a single node the client does **not** reconnect by itself. (In a cluster, publishes and
+//! consumers go on through the other nodes, and reach a restarted node again through a new
+//! connection: see "Clusters".) When the connection is lost
 //! (socket error, the broker closes it, a fatal `Error`, or `server_silence_timeout` without a
 //! single frame from the broker):
 //! - every pending request (declare, info, subscribe, ...) fails with
@@ -66,24 +72,43 @@
 //!
 //! # Clusters
 //! A node that does not lead what a request needs answers 421 `ERR_NOT_LEADER`, naming the
-//! leader's address when it knows it. The client follows that by itself: it opens (once, with
-//! the same options) a connection to the named node and sends the refused request there —
-//! for a publish only the messages that were refused (a batch is refused per partition).
-//! Without a named leader it waits (100 ms, doubling, at most 1 s, at least the node's hint)
-//! and tries the node it connected to and the nodes its handshake listed, in turn. A call
-//! follows at most [`NOT_LEADER_RETRIES_MAX`] redirects, within `publish_timeout` for a
-//! publish and `request_timeout` for other requests, then fails with
-//! [`ClientError::NotLeader`]. A 421 changes nothing on the node, so following it never
-//! stores a message twice.
+//! leader's address when it knows it. The client connects to the other nodes as it needs them
+//! (once each, with the same options; one connection per node, shared by every partition the
+//! node leads) and:
+//! - **admin requests** (declare, info, purge, ...) follow the 421 to the named node; without a
+//!   named leader, or after two redirects in a row, they wait (100 ms, doubling, at most
+//!   [`NOT_LEADER_BACKOFF_MAX`], at least the node's hint) and try the nodes the handshake
+//!   listed in turn, at most [`NOT_LEADER_RETRIES_MAX`] times within `request_timeout`, then
+//!   fail with [`ClientError::NotLeader`];
+//! - **confirmed publishes** go to the leader of their partition. The client computes each
+//!   message's partition as the broker does (routing key CRC32C; else the idempotent
+//!   producer's id plus the sequence's block of [`PRODUCER_SEQUENCE_BLOCK`]; a message
+//!   without either goes to any leader, which places it) from the queue's layout
+//!   (`QueueInfo`, once per queue), and keeps each
+//!   partition's messages in order: a message refused with 421 or 429, or whose outcome is
+//!   unknown (an idempotent producer's 504 or lost connection), is sent again after every
+//!   earlier one of its partition was answered and before any later one, after a backoff when
+//!   refusals repeat (never in a tight loop). An idempotent producer's message whose outcome is
+//!   unknown is sent again to the new leader until `publish_timeout`; it fails as
+//!   [`ClientError::OutcomeUnknown`] only then. One task per queue does this
+//!   (`publish_router.rs`); on a single node publishes go straight to the connection;
+//! - **consumers** subscribe on every node that leads a partition of the queue and follow
+//!   leadership (see [`Consumer`]).
 //!
-//! A [`Consumer`] whose queue's partition moves is ended by the node (`ConsumerEnd`, 421):
-//! the consumer subscribes again at the named leader with the same prefetch and keeps
-//! yielding deliveries. Deliveries it yielded before the move stay bound to the old
-//! connection: acking or rejecting them sends the ack there, where the node no longer knows
-//! the delivery (it answers a non-fatal 404, which the client logs); the new leader delivers
-//! those messages again with `redelivered` set, so an application that acked one before the
-//! move may see it twice (at-least-once).
+//! A 421 changes nothing on the node, so following it never stores a message twice; a message
+//! sent again after an unknown outcome is stored once while its partition's window of the
+//! producer's sequences still holds the first copy (`docs/cluster.md`, "Idempotent
+//! producers").
 //!
+//! A [`Consumer`] in a cluster holds one subscription per leading node. A node ends its
+//! subscription when one of its partitions moves (`ConsumerEnd`, 421); the consumer then
+//! (and after a lost connection, and every [`consumer::LEADERS_RECHECK`]) reads the queue's
+//! leaders and subscribes where one is missing. Deliveries it yielded before a move stay bound
+//! to the old connection: acking or rejecting them sends the ack there, where the node no
+//! longer knows the delivery (it answers a non-fatal 404, which the client logs); the new
+//! leader delivers those messages again with `redelivered` set, so an application that acked
+//! one before the move may see it twice (at-least-once).
+
 //! # Streams
 //! Streams (issue 18, `docs/streams.md`) keep their messages after they are read. They need
 //! protocol version 7: the client offers [`PROTOCOL_VERSION_OFFERED`], and on a connection to
@@ -121,6 +146,8 @@ mod connection;
 pub mod consumer;
 pub mod error;
 pub mod options;
+mod partitioning;
+mod publish_router;
 pub mod publisher;
 mod routing;
 mod stream;
@@ -133,6 +160,7 @@ pub use connection::PROTOCOL_VERSION_OFFERED;
 pub use consumer::{Consumer, Delivery, PREFETCH_MAX};
 pub use error::{ClientError, PublishFailed};
 pub use options::{BufferedOptions, ClientOptions, Credentials};
+pub use partitioning::PRODUCER_SEQUENCE_BLOCK;
 pub use publisher::{
     BufferedPublisher, Confirmed, DroppedPublish, DroppedPublishes, OutgoingMessage,
     RETRY_DELAY_MS_MIN,

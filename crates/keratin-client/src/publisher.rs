@@ -44,11 +44,11 @@ use std::time::Duration;
 /// The least time an attempt is given for its answer, even when it was sent just before the
 /// publish timeout ran out (a retry on a hint can be): a second is far more than a broker needs
 /// to answer, and far less than the publish timeouts callers choose.
-const ATTEMPT_ANSWER_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+pub(crate) const ATTEMPT_ANSWER_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 use bytes::Bytes;
 use futures_core::Stream;
-use keratin_proto::codes::{ERR_GATEWAY_TIMEOUT, ERR_LIMITED, ERR_NOT_LEADER};
+use keratin_proto::codes::{ERR_LIMITED, ERR_NOT_LEADER};
 use keratin_proto::{ErrorBody, Header, Message, PublishMode, FRAME_SIZE_BYTES_MAX};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
@@ -57,7 +57,7 @@ use crate::client::Client;
 use crate::connection::{duration_ms, Command, PublishOutcome, Waiter};
 use crate::error::{ClientError, PublishFailed};
 use crate::options::BufferedOptions;
-use crate::routing::{not_leader_backoff, not_leader_error, NOT_LEADER_RETRIES_MAX};
+use crate::publish_router::{Pending, Submission};
 
 /// The smallest delay before retrying after `ERR_LIMITED`, whatever the hint says: a hint of 0
 /// would otherwise turn a full disk into a busy loop of publishes.
@@ -151,49 +151,27 @@ pub struct Confirmed {
     pub attempts: u32,
 }
 
-/// How one attempt ended: answered (the message's index and result), or refused with
-/// `ERR_LIMITED` (to retry after the hint).
+/// How one attempt of the direct path ended: answered (the message's index and result),
+/// refused with `ERR_LIMITED` (to retry after the hint here), or refused with 421, to hand
+/// over to the publish router (`publish_router.rs`).
 enum AttemptAnswer {
     Done(usize, Result<Confirmed, PublishFailed>),
     Limited(Attempt, ErrorBody),
-    /// Refused with `ERR_NOT_LEADER` (421): not applied, to send to the leader it names.
-    NotLeader(Attempt, ErrorBody),
-    /// An idempotent producer's message whose outcome is unknown (504, or the connection ended
-    /// after it was sent): to send again, with the same sequence, to a node that can answer.
-    Unknown(Attempt, ClientError),
+    Routed(Attempt, ErrorBody),
 }
 
 struct Attempt {
     index: usize,
     message: OutgoingMessage,
     attempts: u32,
-    /// The node to send it to (`None`: the client's own connection), set by a 421.
-    node: Option<String>,
-    /// 421s followed and unknown outcomes sent again so far.
-    redirects: u32,
-    /// The error of the last attempt whose outcome was unknown: once set, the message may be
-    /// stored, so a later attempt that fails for sure still fails the message as unknown.
-    unknown: Option<ClientError>,
 }
 
 impl Attempt {
-    /// The message back with `error`, or, when an earlier attempt's outcome was unknown, with
-    /// that error (the message may be stored whatever this attempt's answer).
-    fn failed(self, error: ClientError) -> PublishFailed {
-        PublishFailed {
-            message: self.message,
-            error: self.unknown.unwrap_or(error),
-        }
-    }
-
     fn first(index: usize, message: OutgoingMessage) -> Attempt {
         Attempt {
             index,
             message,
             attempts: 1,
-            node: None,
-            redirects: 0,
-            unknown: None,
         }
     }
 }
@@ -206,22 +184,31 @@ impl Client {
     /// allows. Then it fails with [`ClientError::Limited`] `{ timed_out: true, .. }`, naming
     /// the limit and reason.
     ///
+    /// In a cluster the message goes to its partition's leader, in order with the other
+    /// messages of its partition, following 421s, and an idempotent producer's message whose
+    /// outcome is unknown is sent again (see the crate docs, "Clusters").
+    ///
     /// Nothing else is retried. A 503 and other refusals are [`ClientError::Server`] (503: not
     /// applied, safe to publish again later). A 504, a connection lost after sending, or no
-    /// answer within `publish_timeout`, are [`ClientError::OutcomeUnknown`]: the message may or
-    /// may not be durable, and publishing it again can store it twice.
+    /// answer within `publish_timeout`, are [`ClientError::OutcomeUnknown`] (unless sent again
+    /// as above): the message may or may not be durable, and publishing it again can store it
+    /// twice.
     pub async fn publish(
         &self,
         queue: &str,
         message: OutgoingMessage,
     ) -> Result<Confirmed, PublishFailed> {
+        let message = self.numbered(message)?;
+        if self.routes_publishes() {
+            let mut results = self.publish_routed(queue, vec![message], true).await;
+            return match results.pop() {
+                Some(result) => result,
+                None => unreachable!("one result per message"),
+            };
+        }
         // The first attempt without the batch path's vectors (results, attempts, waiters,
         // frame lists: five allocations per message, a measurable share of a 1 KiB publish);
         // a message refused with ERR_LIMITED continues on the batch path, which retries it.
-        let message = self.numbered(message)?;
-        if let Some(node) = self.publish_node(queue).await {
-            return Box::pin(node.publish(queue, message)).await;
-        }
         let timeout = self.options().publish_timeout;
         let deadline = Instant::now() + timeout;
         let answer_deadline = deadline.max(Instant::now() + ATTEMPT_ANSWER_GRACE);
@@ -247,13 +234,10 @@ impl Client {
                 self.publish_retry_wait(vec![(attempt, body)], deadline, &mut results)
                     .await
             }
-            AttemptAnswer::NotLeader(attempt, body) => {
-                self.publish_redirect(queue, vec![(attempt, body)], deadline, &mut results)
-                    .await
-            }
-            AttemptAnswer::Unknown(attempt, error) => {
-                self.publish_resend_unknown(queue, vec![(attempt, error)], deadline, &mut results)
-                    .await
+            AttemptAnswer::Routed(attempt, body) => {
+                self.publish_hand_over(queue, vec![(attempt, body)], deadline, true, &mut results)
+                    .await;
+                Vec::new()
             }
         };
         let mut results = self
@@ -267,7 +251,8 @@ impl Client {
 
     /// Publishes `messages` in one `Publish` frame (several if they exceed the 16 MiB frame
     /// limit) and answers each one as [`Client::publish`] does, in order. Messages refused with
-    /// `ERR_LIMITED` are retried together, after the longest hint among them.
+    /// `ERR_LIMITED` are retried together, after the longest hint among them. In a cluster the
+    /// batch is split by partition, each partition's share sent to its leader in one frame.
     pub async fn publish_batch(
         &self,
         queue: &str,
@@ -307,8 +292,8 @@ impl Client {
                 .collect();
         }
         let messages = numbered;
-        if let Some(node) = self.publish_node(queue).await {
-            return Box::pin(node.publish_messages(queue, messages, joinable)).await;
+        if self.routes_publishes() {
+            return self.publish_routed(queue, messages, joinable).await;
         }
         let deadline = Instant::now() + self.options().publish_timeout;
         let results = messages.iter().map(|_| None).collect();
@@ -321,8 +306,62 @@ impl Client {
             .await
     }
 
+    /// `messages` through the router of `queue` (`publish_router.rs`), each answered in order.
+    async fn publish_routed(
+        &self,
+        queue: &str,
+        messages: Vec<OutgoingMessage>,
+        joinable: bool,
+    ) -> Vec<Result<Confirmed, PublishFailed>> {
+        let deadline = Instant::now() + self.options().publish_timeout;
+        let (items, answers): (Vec<Pending>, Vec<_>) = messages
+            .into_iter()
+            .map(|message| Pending::new(message, deadline, 0, None, None))
+            .unzip();
+        self.submit(queue, Submission { items, joinable }).await;
+        let mut results = Vec::with_capacity(answers.len());
+        for answer in answers {
+            results.push(answer.await.unwrap_or_else(|_| router_gone()));
+        }
+        results
+    }
+
+    /// Hands the attempts refused with 421 to the router of `queue`, and from now on routes
+    /// every publish: a node that answers 421 is part of a cluster.
+    async fn publish_hand_over(
+        &self,
+        queue: &str,
+        routed: Vec<(Attempt, ErrorBody)>,
+        deadline: Instant,
+        joinable: bool,
+        results: &mut [Option<Result<Confirmed, PublishFailed>>],
+    ) {
+        if routed.is_empty() {
+            return;
+        }
+        self.route_publishes();
+        let mut items = Vec::with_capacity(routed.len());
+        let mut answers = Vec::with_capacity(routed.len());
+        for (attempt, body) in routed {
+            let (item, answer) = Pending::new(
+                attempt.message,
+                deadline,
+                attempt.attempts,
+                None,
+                Some(body),
+            );
+            items.push(item);
+            answers.push((attempt.index, answer));
+        }
+        self.submit(queue, Submission { items, joinable }).await;
+        for (index, answer) in answers {
+            results[index] = Some(answer.await.unwrap_or_else(|_| router_gone()));
+        }
+    }
+
     /// Sends `pending` and waits for their answers, retrying those refused with
-    /// `ERR_LIMITED` until `deadline`; `results[attempt.index]` gets each one's outcome.
+    /// `ERR_LIMITED` until `deadline` and handing those refused with 421 to the router;
+    /// `results[attempt.index]` gets each one's outcome.
     async fn publish_attempts(
         &self,
         queue: &str,
@@ -331,39 +370,30 @@ impl Client {
         deadline: Instant,
         joinable: bool,
     ) -> Vec<Result<Confirmed, PublishFailed>> {
+        let mut routed: Vec<(Attempt, ErrorBody)> = Vec::new();
         while !pending.is_empty() {
             // An attempt sent just before the deadline still gets its answer: the broker answers
             // a refused publish at once, and reporting it as an unknown outcome would be false.
             let answer_deadline = deadline.max(Instant::now() + ATTEMPT_ANSWER_GRACE);
-            let waiting = self
-                .publish_send_routed(queue, pending, joinable, deadline)
-                .await;
+            let messages = pending.iter().map(|attempt| &attempt.message);
+            let waiting = self.publish_send_messages(queue, messages, joinable).await;
             let mut limited: Vec<(Attempt, ErrorBody)> = Vec::new();
-            let mut moved: Vec<(Attempt, ErrorBody)> = Vec::new();
-            let mut unknown: Vec<(Attempt, ClientError)> = Vec::new();
-            for (node, attempt, publish_id, answer) in waiting {
-                match node
+            for (attempt, (publish_id, answer)) in pending.into_iter().zip(waiting) {
+                match self
                     .attempt_answer(answer_deadline, answer, attempt, publish_id)
                     .await
                 {
                     AttemptAnswer::Done(index, result) => results[index] = Some(result),
                     AttemptAnswer::Limited(attempt, body) => limited.push((attempt, body)),
-                    AttemptAnswer::NotLeader(attempt, body) => moved.push((attempt, body)),
-                    AttemptAnswer::Unknown(attempt, error) => unknown.push((attempt, error)),
+                    AttemptAnswer::Routed(attempt, body) => routed.push((attempt, body)),
                 }
             }
             pending = self
                 .publish_retry_wait(limited, deadline, &mut results)
                 .await;
-            let redirected = self
-                .publish_redirect(queue, moved, deadline, &mut results)
-                .await;
-            pending.extend(redirected);
-            let resent = self
-                .publish_resend_unknown(queue, unknown, deadline, &mut results)
-                .await;
-            pending.extend(resent);
         }
+        self.publish_hand_over(queue, routed, deadline, joinable, &mut results)
+            .await;
         results
             .into_iter()
             .map(|result| match result {
@@ -381,20 +411,16 @@ impl Client {
         attempt: Attempt,
         publish_id: u64,
     ) -> AttemptAnswer {
-        let (outcome, timed_out) = match tokio::time::timeout_at(answer_deadline, answer).await {
-            Ok(Ok(outcome)) => (outcome, false),
-            Ok(Err(_)) => (PublishOutcome::NotSent(self.lost_error()), false),
-            Err(_) => (
-                PublishOutcome::Lost(format!(
-                    "no Confirm within publish_timeout ({} ms)",
-                    duration_ms(self.options().publish_timeout)
-                )),
-                true,
-            ),
+        let outcome = match tokio::time::timeout_at(answer_deadline, answer).await {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(_)) => PublishOutcome::NotSent(self.lost_error()),
+            Err(_) => PublishOutcome::Lost(format!(
+                "no Confirm within publish_timeout ({} ms)",
+                duration_ms(self.options().publish_timeout)
+            )),
         };
-        // An idempotent producer's message is sent again after an unknown outcome (the node
-        // drops a second copy as a duplicate), unless the publish timeout is what ran out.
-        let resendable = attempt.message.sequence.is_some() && !timed_out;
+        // On a single node an unknown outcome is the caller's to judge (no other node could be
+        // asked); a 421 means a cluster after all, whose router takes the message.
         let result = match outcome {
             PublishOutcome::Confirmed => Ok(Confirmed {
                 publish_id,
@@ -404,19 +430,7 @@ impl Client {
                 return AttemptAnswer::Limited(attempt, body);
             }
             PublishOutcome::Failed(body) if body.code() == ERR_NOT_LEADER => {
-                return AttemptAnswer::NotLeader(attempt, body);
-            }
-            PublishOutcome::Failed(body) if resendable && body.code() == ERR_GATEWAY_TIMEOUT => {
-                return AttemptAnswer::Unknown(attempt, ClientError::from_body(body));
-            }
-            PublishOutcome::Lost(detail) if resendable => {
-                return AttemptAnswer::Unknown(
-                    attempt,
-                    ClientError::OutcomeUnknown {
-                        error: None,
-                        detail,
-                    },
-                );
+                return AttemptAnswer::Routed(attempt, body);
             }
             PublishOutcome::Failed(body) => Err(ClientError::from_body(body)),
             PublishOutcome::Lost(detail) => Err(ClientError::OutcomeUnknown {
@@ -426,7 +440,13 @@ impl Client {
             PublishOutcome::NotSent(error) => Err(error),
         };
         let index = attempt.index;
-        AttemptAnswer::Done(index, result.map_err(|error| attempt.failed(error)))
+        AttemptAnswer::Done(
+            index,
+            result.map_err(|error| PublishFailed {
+                message: attempt.message,
+                error,
+            }),
+        )
     }
 
     /// Waits out the longest hint among `limited` and returns them as the next attempts, or,
@@ -469,169 +489,29 @@ impl Client {
                 *limit_timeout_ms = timeout_ms;
             }
             let index = attempt.index;
-            results[index] = Some(Err(attempt.failed(error)));
+            results[index] = Some(Err(PublishFailed {
+                message: attempt.message,
+                error,
+            }));
         }
         Vec::new()
     }
 
-    /// Sends each attempt to its node ([`Attempt::node`], opening the connection on first
-    /// use; this connection after a backoff when that node cannot be reached) and returns what
-    /// to wait on, with the connection that answers it.
-    async fn publish_send_routed(
+    /// Sends one attempt of each of `messages` on this connection under new publish ids, in
+    /// as few frames as fit, and returns each one's publish id and answer, in order.
+    pub(crate) async fn publish_send_messages<'a>(
         &self,
         queue: &str,
-        attempts: Vec<Attempt>,
+        messages: impl Iterator<Item = &'a OutgoingMessage>,
         joinable: bool,
-        deadline: Instant,
-    ) -> Vec<(Client, Attempt, u64, oneshot::Receiver<PublishOutcome>)> {
-        let mut by_node: Vec<(Option<String>, Vec<Attempt>)> = Vec::new();
-        for attempt in attempts {
-            match by_node.iter_mut().find(|(node, _)| *node == attempt.node) {
-                Some((_, group)) => group.push(attempt),
-                None => by_node.push((attempt.node.clone(), vec![attempt])),
-            }
-        }
-        let mut waiting = Vec::new();
-        for (node, group) in by_node {
-            let redirects = group.iter().map(|attempt| attempt.redirects).max();
-            let target = match node {
-                None => self.clone(),
-                Some(addr) => {
-                    self.node_or_own(Some(&addr), redirects.unwrap_or(1), deadline)
-                        .await
-                }
-            };
-            for (attempt, publish_id, answer) in target.publish_send(queue, group, joinable).await {
-                waiting.push((target.clone(), attempt, publish_id, answer));
-            }
-        }
-        waiting
-    }
-
-    /// The attempts refused with 421, sent next to the leader each refusal names (after a
-    /// backoff when one names none, `routing.rs`), or failed with [`ClientError::NotLeader`]
-    /// past [`crate::NOT_LEADER_RETRIES_MAX`] redirects or the deadline.
-    async fn publish_redirect(
-        &self,
-        queue: &str,
-        moved: Vec<(Attempt, ErrorBody)>,
-        deadline: Instant,
-        results: &mut [Option<Result<Confirmed, PublishFailed>>],
-    ) -> Vec<Attempt> {
-        let operation = format!("publish to {queue}");
-        let started = deadline
-            .checked_sub(self.options().publish_timeout)
-            .unwrap_or_else(Instant::now);
-        let mut next = Vec::with_capacity(moved.len());
-        // Refusals of one answer usually name the same leader or none: one backoff serves
-        // them all, so the wait is not paid once per message.
-        let mut followed: Vec<(Option<String>, u32, Option<Option<String>>)> = Vec::new();
-        for (attempt, body) in moved {
-            let redirects = attempt.redirects + 1;
-            let named = body.leader_addr().map(str::to_owned);
-            if let Some(addr) = &named {
-                self.set_leader_hint(queue, Some(addr));
-            }
-            let found = followed
-                .iter()
-                .find(|(addr, count, _)| *addr == named && *count == redirects)
-                .map(|(_, _, node)| node.clone());
-            let node = match found {
-                Some(node) => node,
-                None => {
-                    let node = self.next_node(&body, redirects, deadline).await;
-                    followed.push((named, redirects, node.clone()));
-                    node
-                }
-            };
-            match node {
-                Some(node) => next.push(Attempt {
-                    attempts: attempt.attempts + 1,
-                    node,
-                    redirects,
-                    ..attempt
-                }),
-                None => {
-                    let index = attempt.index;
-                    let error = not_leader_error(&operation, &body, redirects, started);
-                    results[index] = Some(Err(attempt.failed(error)));
-                }
-            }
-        }
-        next
-    }
-
-    /// The idempotent producer's attempts whose outcome was unknown, sent again with the same
-    /// sequence: the first time at once, later ones after the backoff of a 421 without a
-    /// leader, each to the next node that can answer ([`Client::resend_node`]). A node that
-    /// stored the first copy drops the second as a duplicate and confirms it, so nothing is
-    /// stored twice. Fails them with their unknown outcome past
-    /// [`crate::NOT_LEADER_RETRIES_MAX`] attempts, past the deadline, or when no node is left
-    /// to ask.
-    async fn publish_resend_unknown(
-        &self,
-        queue: &str,
-        unknown: Vec<(Attempt, ClientError)>,
-        deadline: Instant,
-        results: &mut [Option<Result<Confirmed, PublishFailed>>],
-    ) -> Vec<Attempt> {
-        let Some(retry) = unknown
-            .iter()
-            .map(|(attempt, _)| attempt.redirects + 1)
-            .max()
-        else {
-            return Vec::new();
-        };
-        // The node that failed to answer may be the one a 421 named: ask afresh.
-        self.set_leader_hint(queue, None);
-        if retry > 1 {
-            let delay = not_leader_backoff(retry - 1, None);
-            tokio::time::sleep_until((Instant::now() + delay).min(deadline)).await;
-        }
-        let in_time = retry <= NOT_LEADER_RETRIES_MAX && Instant::now() < deadline;
-        let mut next = Vec::with_capacity(unknown.len());
-        for (attempt, error) in unknown {
-            let node = in_time
-                .then(|| self.resend_node(attempt.node.as_deref(), retry))
-                .flatten();
-            match node {
-                Some(node) => {
-                    tracing::debug!(queue, node = ?node, retry, %error, "publishing again after an unknown outcome");
-                    next.push(Attempt {
-                        attempts: attempt.attempts + 1,
-                        node,
-                        redirects: retry,
-                        unknown: Some(error),
-                        ..attempt
-                    });
-                }
-                None => {
-                    let index = attempt.index;
-                    results[index] = Some(Err(PublishFailed {
-                        message: attempt.message,
-                        error,
-                    }));
-                }
-            }
-        }
-        next
-    }
-
-    /// Sends one attempt of each message under new publish ids, in as few frames as fit, and
-    /// returns what to wait on.
-    async fn publish_send(
-        &self,
-        queue: &str,
-        attempts: Vec<Attempt>,
-        joinable: bool,
-    ) -> Vec<(Attempt, u64, oneshot::Receiver<PublishOutcome>)> {
-        let mut waiting = Vec::with_capacity(attempts.len());
+    ) -> Vec<(u64, oneshot::Receiver<PublishOutcome>)> {
+        let mut waiting = Vec::with_capacity(messages.size_hint().0);
         let mut frame_messages = Vec::new();
         let mut frame_waiters = Vec::new();
         let mut frame_size_bytes = PUBLISH_FRAME_OVERHEAD_BYTES + queue.len();
-        for attempt in attempts {
-            let size_bytes = attempt.message.size_bytes();
-            let frame_limit = usize::try_from(FRAME_SIZE_BYTES_MAX).unwrap_or(usize::MAX);
+        let frame_limit = usize::try_from(FRAME_SIZE_BYTES_MAX).unwrap_or(usize::MAX);
+        for message in messages {
+            let size_bytes = message.size_bytes();
             if !frame_messages.is_empty() && frame_size_bytes + size_bytes > frame_limit {
                 let messages = std::mem::take(&mut frame_messages);
                 let waiters = std::mem::take(&mut frame_waiters);
@@ -642,9 +522,9 @@ impl Client {
             frame_size_bytes += size_bytes;
             let publish_id = self.ids().publish_id();
             let (waiter, answer) = oneshot::channel();
-            frame_messages.push(attempt.message.to_wire(publish_id));
+            frame_messages.push(message.to_wire(publish_id));
             frame_waiters.push(Waiter::Confirmed(waiter));
-            waiting.push((attempt, publish_id, answer));
+            waiting.push((publish_id, answer));
         }
         if !frame_messages.is_empty() {
             self.publish_frame(
@@ -676,7 +556,18 @@ impl Client {
             waiters,
             joinable,
         };
-        if let Err(mpsc::error::SendError(command)) = self.commands().send(command).await {
+        // Without waiting while there is room: see `Client::submit` on the order of publishes.
+        let unsent = match self.commands().try_send(command) {
+            Ok(()) => None,
+            Err(mpsc::error::TrySendError::Full(command)) => self
+                .commands()
+                .send(command)
+                .await
+                .err()
+                .map(|mpsc::error::SendError(command)| command),
+            Err(mpsc::error::TrySendError::Closed(command)) => Some(command),
+        };
+        if let Some(command) = unsent {
             // Confirmed waiters see their sender dropped and report the lost connection;
             // buffered messages go to the dropped path.
             let Command::Publish { waiters, .. } = command else {
@@ -727,6 +618,18 @@ pub(crate) fn retry_delay(hint_ms: u64, seed: u64) -> Duration {
     // seed % 2001 is 0..=2000, i.e. 0.0% to 20.0% in steps of 0.01%.
     let jitter_ms = base_ms.saturating_mul(seed % 2001) / 10_000;
     Duration::from_millis(base_ms.saturating_add(jitter_ms))
+}
+
+/// The answer of a message whose router let it go unanswered: never happens (a pending message
+/// answers as it is dropped), but a missing answer must not panic the caller.
+fn router_gone() -> Result<Confirmed, PublishFailed> {
+    Err(PublishFailed {
+        message: OutgoingMessage::default(),
+        error: ClientError::OutcomeUnknown {
+            error: None,
+            detail: "the client's publish router stopped without answering".into(),
+        },
+    })
 }
 
 fn jitter_seed(limited: &[(Attempt, ErrorBody)]) -> u64 {

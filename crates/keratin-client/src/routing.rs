@@ -33,22 +33,18 @@ pub const NOT_LEADER_BACKOFF_MIN: Duration = Duration::from_millis(100);
 /// 2.5 s: the cluster test's failover figures sat at 2.56 s), at four cheap requests a second
 /// per waiting call.
 pub const NOT_LEADER_BACKOFF_MAX: Duration = Duration::from_millis(250);
+/// Redirects of one call to a named leader made without waiting; later ones back off like a
+/// 421 without a leader. A leadership move needs one redirect.
+const NOT_LEADER_IMMEDIATE_MAX: u32 = 2;
 /// Most peer connections one client keeps: a cluster lists at most 64 nodes in its handshake
 /// (`keratin_proto::handshake::SERVER_INFO_NODES_MAX`).
 const PEERS_MAX: usize = 64;
 
-/// Most queues whose leader a client remembers; past it the memory starts over.
-const LEADER_HINTS_MAX: usize = 1024;
-
-/// The connections a client opened to other nodes, by protocol address, and where each
-/// queue's publishes last went.
+/// The connections a client opened to other nodes, by protocol address. Shared by every
+/// call of one client; each node's connection is shared by all the partitions it leads.
 #[derive(Default)]
 pub(crate) struct Peers {
     nodes: tokio::sync::Mutex<HashMap<String, Client>>,
-    /// Queue name to the protocol address of the node a 421 named as its leader: publishes go
-    /// there first, so that a client connected to a follower pays the redirect once, not per
-    /// publish.
-    leaders: std::sync::Mutex<HashMap<String, String>>,
 }
 
 /// The wait before attempt `retry` (1 for the first retry) after a 421 without a leader:
@@ -85,50 +81,15 @@ pub(crate) fn as_not_leader(error: &ClientError) -> Option<&ErrorBody> {
 }
 
 impl Client {
-    fn leader_hints(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
-        self.peers()
-            .leaders
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Remember `addr` as the leader of `queue`'s publishes (`None`: forget it).
-    pub(crate) fn set_leader_hint(&self, queue: &str, addr: Option<&str>) {
-        let mut hints = self.leader_hints();
-        match addr {
-            Some(addr) if !self.is_own_address(addr) => {
-                if hints.len() >= LEADER_HINTS_MAX && !hints.contains_key(queue) {
-                    hints.clear();
-                }
-                hints.insert(queue.to_owned(), addr.to_owned());
-            }
-            _ => {
-                hints.remove(queue);
-            }
-        }
-    }
-
-    /// The connection publishes to `queue` go to first: the node a 421 last named as its
-    /// leader, when it is another node and reachable; `None`: this one.
-    pub(crate) async fn publish_node(&self, queue: &str) -> Option<Client> {
-        let addr = self.leader_hints().get(queue).cloned()?;
-        match self.node(Some(&addr)).await {
-            Ok(node) => Some(node),
-            Err(error) => {
-                tracing::debug!(%addr, %error, "the queue's last known leader is unreachable");
-                self.set_leader_hint(queue, None);
-                None
-            }
-        }
-    }
-
     /// The connection to the node at `addr` (`None`: this one), opened on first use with this
     /// client's options and kept for later redirects.
     pub(crate) async fn node(&self, addr: Option<&str>) -> Result<Client, ClientError> {
         let Some(addr) = addr else {
             return Ok(self.clone());
         };
-        if self.is_own_address(addr) {
+        // This client's own node, once its connection is lost, is reached like any other: a
+        // partition it leads again (after a restart) needs a live connection.
+        if self.is_own_address(addr) && self.is_connected() {
             return Ok(self.clone());
         }
         let mut nodes = self.peers().nodes.lock().await;
@@ -147,8 +108,34 @@ impl Client {
         Ok(node)
     }
 
+    /// This connection while it is up, else the first other node of the handshake's list that
+    /// accepts a connection (the error of the last one tried when none does).
+    pub(crate) async fn live_node(&self) -> Result<Client, ClientError> {
+        if self.is_connected() {
+            return Ok(self.clone());
+        }
+        let mut last = self.lost_error();
+        for node in &self.server_info().nodes {
+            match self.node(Some(&node.server)).await {
+                Ok(node) => return Ok(node),
+                Err(error) => last = error,
+            }
+        }
+        Err(last)
+    }
+
+    /// This connection's own protocol address, as its handshake names it (`None` from a node
+    /// older than version 3, or one that did not list itself).
+    pub(crate) fn own_address(&self) -> Option<&str> {
+        self.server_info()
+            .nodes
+            .iter()
+            .find(|node| node.node_id == self.node_id())
+            .map(|node| node.server.as_str())
+    }
+
     /// Whether the handshake named `addr` as this connection's own node.
-    fn is_own_address(&self, addr: &str) -> bool {
+    pub(crate) fn is_own_address(&self, addr: &str) -> bool {
         self.server_info()
             .nodes
             .iter()
@@ -165,30 +152,6 @@ impl Client {
             .map(|index| nodes[index].server.clone())
     }
 
-    /// Where to send again, for the `retry`th time, a publish whose outcome was unknown at
-    /// `failed` (`None`: this connection's node): the handshake's nodes in turn, never
-    /// `failed` itself, and this connection's node only while it is connected. `Some(None)`:
-    /// this connection; `None`: no node is left to ask (a single node, or a lone connection
-    /// that ended).
-    pub(crate) fn resend_node(&self, failed: Option<&str>, retry: u32) -> Option<Option<String>> {
-        let own_up = failed.is_some() && self.is_connected();
-        let mut candidates: Vec<Option<String>> = Vec::new();
-        for node in &self.server_info().nodes {
-            if self.is_own_address(&node.server) {
-                if own_up {
-                    candidates.push(None);
-                }
-            } else if Some(node.server.as_str()) != failed {
-                candidates.push(Some(node.server.clone()));
-            }
-        }
-        if candidates.is_empty() {
-            return None;
-        }
-        let turn = usize::try_from(retry.saturating_sub(1)).unwrap_or(0) % candidates.len();
-        Some(candidates.swap_remove(turn))
-    }
-
     /// After the 421 `body` for attempt `retry` of a call that started at `started`: the
     /// address to send it to next (`Some(None)`: this connection's node), after the backoff
     /// when no leader is named; `None` once the count or `deadline` is reached.
@@ -202,6 +165,13 @@ impl Client {
             return None;
         }
         if let Some(addr) = body.leader_addr() {
+            // Nodes that name each other while a leadership moves would otherwise spend every
+            // retry in milliseconds: only the first redirects go at once.
+            if retry > NOT_LEADER_IMMEDIATE_MAX {
+                let delay =
+                    not_leader_backoff(retry - NOT_LEADER_IMMEDIATE_MAX, body.retry_after_ms());
+                tokio::time::sleep_until((Instant::now() + delay).min(deadline)).await;
+            }
             return Some(Some(addr.to_owned()));
         }
         let delay = not_leader_backoff(retry, body.retry_after_ms());

@@ -90,25 +90,35 @@ impl Client {
     /// A stream's settings and, per partition, its offsets, counts, bytes and leader (the
     /// figures of the answering node's copy).
     pub async fn stream_info(&self, stream: &str) -> Result<StreamInfoReply, ClientError> {
+        self.stream_info_at(stream).await.map(|(info, _)| info)
+    }
+
+    /// [`Client::stream_info`] and the connection that answered it.
+    pub(crate) async fn stream_info_at(
+        &self,
+        stream: &str,
+    ) -> Result<(StreamInfoReply, Client), ClientError> {
         let operation = format!("info of stream {stream}");
         let timeout = self.options().request_timeout;
-        let reply = self
+        let (reply, node) = self
             .routed(&operation, timeout, |node| {
                 let operation = operation.clone();
                 async move {
                     node.check_streams()?;
-                    node.request(operation, RequestKind::Plain, |request_id| {
-                        Frame::StreamInfo(StreamRequest {
-                            request_id,
-                            stream: stream.to_owned(),
+                    let reply = node
+                        .request(operation, RequestKind::Plain, |request_id| {
+                            Frame::StreamInfo(StreamRequest {
+                                request_id,
+                                stream: stream.to_owned(),
+                            })
                         })
-                    })
-                    .await
+                        .await?;
+                    Ok((reply, node))
                 }
             })
             .await?;
         match reply {
-            Frame::StreamInfoReply(info) => Ok(info),
+            Frame::StreamInfoReply(info) => Ok((info, node)),
             other => Err(unexpected(operation, "StreamInfoReply", &other)),
         }
     }

@@ -7,7 +7,7 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use keratin_broker::partition::log::{ClusterMetadata, MetadataFuture};
+use keratin_broker::partition::log::{ClusterMetadata, MetadataFuture, PurgeFuture};
 use keratin_broker::stream::StreamSettings;
 use keratin_broker::{BrokerError, QueueSettings};
 
@@ -15,6 +15,7 @@ use crate::applier::AppliedState;
 use crate::directory::Directory;
 use crate::meta::MetaGroup;
 use crate::placement::{eligible, name_hash, place_by_space, place_pinned};
+use crate::purge::ClusterPurge;
 use crate::records::ClusterRecord;
 
 /// A metadata change answers within this (the group may be electing a leader).
@@ -46,6 +47,8 @@ pub(crate) struct MetadataHook {
     pub(crate) directory: Directory,
     pub(crate) meta: Arc<OnceLock<Arc<MetaGroup>>>,
     pub(crate) applied: Arc<AppliedState>,
+    /// Purges of partitions led elsewhere go through it.
+    pub(crate) purge: Arc<ClusterPurge>,
 }
 
 fn starting(queue: &str) -> BrokerError {
@@ -254,6 +257,11 @@ impl ClusterMetadata for MetadataHook {
             }
             MetadataHook::change(meta, applied, ClusterRecord::StreamDeleted { name }).await
         })
+    }
+
+    fn purge_at(&self, name: String, index: u32, leader: u64) -> PurgeFuture {
+        let purge = self.purge.clone();
+        Box::pin(async move { purge.purge_at(name, index, leader).await })
     }
 
     fn set_stream_settings(&self, name: String, settings: StreamSettings) -> MetadataFuture {

@@ -18,6 +18,8 @@ use keratin_raft::partition_log::ReplicatedLogs;
 use tokio::sync::watch;
 
 use crate::applier::{self, AppliedState, ApplyContext};
+use crate::balance::{Balancer, RebalanceReport, REBALANCE_WAIT};
+use crate::dead_letters::ClusterDeadLetters;
 use crate::directory::{Directory, NodeInfo};
 use crate::elsewhere::ElsewhereLog;
 use crate::hook::MetadataHook;
@@ -27,13 +29,19 @@ use crate::levels::{ClusterLevels, NodeLabel};
 use crate::meta::{meta_voters, MetaGroup};
 use crate::moves::{plan_move, MoveReplicaError};
 use crate::placement::eligible;
+use crate::purge::ClusterPurge;
 use crate::reconcile::Reconciler;
 use crate::records::ClusterRecord;
 use crate::remove::{plan_removal, PlannedMove, RemoveNodeError};
-use crate::service::{ClusterService, SERVICE_GROUP};
+use crate::service::{ClusterService, KIND_REBALANCE, SERVICE_GROUP};
 
 /// The metadata group's logs, under the first storage directory.
 pub const META_DIR_NAME: &str = "cluster-meta";
+
+/// How long a node asked to rebalance has to answer: its own wait for the new leaders, and a
+/// margin for the hand-overs asked before it.
+const REBALANCE_CALL_TIMEOUT: std::time::Duration =
+    std::time::Duration::from_secs(REBALANCE_WAIT.as_secs() + 5);
 
 /// At most this many nodes in a cluster: [`crate::META_VOTERS_MAX`] of them vote in the
 /// metadata group, the others follow it as learners; every node keeps one connection to every
@@ -58,11 +66,16 @@ pub struct PreparedCluster {
     replicated: Arc<ReplicatedLogs>,
     levels: ClusterLevels,
     join: bool,
-    leader_balance: bool,
+    leader_balance: watch::Receiver<bool>,
+    balancer: Arc<OnceLock<Arc<Balancer>>>,
+    /// Serves and sends purges; the broker is attached at start.
+    purge: Arc<ClusterPurge>,
     /// For `BrokerConfig::partition_logs`.
     pub partition_logs: Arc<dyn PartitionLogs>,
     /// For `BrokerConfig::cluster_metadata`.
     pub metadata: Arc<dyn ClusterMetadata>,
+    /// For `BrokerConfig::dead_letters`: dead-letter copies go to their partition's leader.
+    pub dead_letters: Arc<ClusterDeadLetters>,
 }
 
 impl PreparedCluster {
@@ -79,9 +92,10 @@ impl PreparedCluster {
         self
     }
 
-    /// Hand partitions back to their preferred leaders (`[cluster] leader_balance`, on by
-    /// default; `docs/cluster.md`, "Leader balancing").
-    pub fn leader_balance(mut self, on: bool) -> PreparedCluster {
+    /// Hand partitions back to their preferred leaders while `on` says so (the runtime
+    /// setting `cluster.leader_balance` as in force on this node, on by default;
+    /// `docs/cluster.md`, "Leader balancing").
+    pub fn leader_balance(mut self, on: watch::Receiver<bool>) -> PreparedCluster {
         self.leader_balance = on;
         self
     }
@@ -136,6 +150,8 @@ pub struct ClusterNode {
     formed: BTreeMap<u64, String>,
     stop: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// Hands partitions back to their preferred leaders.
+    balancer: Arc<Balancer>,
 }
 
 /// One node as this node sees it.
@@ -224,12 +240,18 @@ impl ClusterNode {
         let directory = Directory::default();
         let own = Arc::new(OnceLock::new());
         let meta = Arc::new(OnceLock::new());
+        let balancer = Arc::new(OnceLock::new());
+        let dead_letters = Arc::new(ClusterDeadLetters::new(cluster.node_id));
+        let purge_cell = Arc::new(OnceLock::new());
         groups.insert(
             SERVICE_GROUP,
             Arc::new(ClusterService {
                 own: own.clone(),
                 directory: directory.clone(),
                 meta: meta.clone(),
+                balancer: balancer.clone(),
+                dead_letters: dead_letters.clone(),
+                purge: purge_cell.clone(),
             }),
         );
         let levels = ClusterLevels::new(cluster.node_id);
@@ -237,6 +259,12 @@ impl ClusterNode {
         let transport = Transport::start(cluster.clone(), options, groups.clone())
             .await
             .map_err(|e| format!("cluster transport: {e}"))?;
+        let purge = Arc::new(ClusterPurge::new(
+            cluster.node_id,
+            transport.clone(),
+            directory.clone(),
+        ));
+        let _ = purge_cell.set(purge.clone());
         let replicated = make_partition_logs(&transport, &groups, &directory);
         let applied = Arc::new(AppliedState::new());
         let metadata = Arc::new(MetadataHook {
@@ -244,6 +272,7 @@ impl ClusterNode {
             directory: directory.clone(),
             meta: meta.clone(),
             applied: applied.clone(),
+            purge: purge.clone(),
         });
         Ok(PreparedCluster {
             partition_logs: Arc::new(ClusterLogs {
@@ -252,9 +281,12 @@ impl ClusterNode {
                 replicated: replicated.clone(),
             }),
             replicated,
+            dead_letters,
             levels,
             join: false,
-            leader_balance: true,
+            leader_balance: watch::channel(true).1,
+            balancer,
+            purge,
             metadata,
             cluster,
             transport,
@@ -282,11 +314,16 @@ impl ClusterNode {
             meta: meta_cell,
             applied,
             replicated,
+            dead_letters,
             levels,
             join,
             leader_balance,
+            balancer: balancer_cell,
+            purge,
             ..
         } = prepared;
+        dead_letters.attach(&broker, transport.clone());
+        purge.attach(broker.downgrade());
         directory.insert(own.clone());
         let _ = own_cell.set(own);
         let voters = formed(&cluster);
@@ -330,14 +367,15 @@ impl ClusterNode {
             applied.clone(),
             stopped.clone(),
         )));
-        let reconciler = Reconciler::new(
+        let balancer = Arc::new(Balancer::new(
             cluster.node_id,
-            replicated,
-            meta.clone(),
+            replicated.clone(),
             applied.clone(),
-            voters.clone(),
-        )
-        .balancing(leader_balance);
+            leader_balance,
+        ));
+        let _ = balancer_cell.set(balancer.clone());
+        let reconciler = Reconciler::new(replicated, meta.clone(), applied.clone(), voters.clone())
+            .balancing(balancer.clone());
         tasks.push(tokio::spawn(reconciler.run(stopped.clone())));
         for (&peer, &addr) in &cluster.peers {
             if peer == cluster.node_id {
@@ -352,6 +390,7 @@ impl ClusterNode {
             )));
         }
         Ok(ClusterNode {
+            balancer,
             formed: voters,
             cluster,
             transport,
@@ -551,6 +590,58 @@ impl ClusterNode {
             .map_err(MoveReplicaError::Metadata)?;
         tracing::info!(queue, partition, from, to, "replica move proposed");
         Ok(planned)
+    }
+
+    /// Hand every partition to its preferred leader now, where that one is caught up
+    /// (`keratin cluster rebalance`), whatever `cluster.leader_balance` says: this node and
+    /// every other node of the cluster hand over the partitions they lead, at once, and wait
+    /// up to 5 s for the new leaders. Returns what moved, what stays and why, and the nodes
+    /// that could not be asked.
+    pub async fn rebalance(&self) -> RebalanceReport {
+        let catalog = self.applied.catalog();
+        let me = self.cluster.node_id;
+        let asks: Vec<_> = catalog
+            .nodes(&self.formed)
+            .into_keys()
+            .filter(|id| *id != me)
+            .map(|id| {
+                let transport = self.transport.clone();
+                tokio::spawn(async move {
+                    let answer = transport
+                        .call(
+                            id,
+                            SERVICE_GROUP,
+                            KIND_REBALANCE,
+                            bytes::Bytes::new(),
+                            REBALANCE_CALL_TIMEOUT,
+                        )
+                        .await
+                        .map_err(|e| e.to_string())
+                        .and_then(|body| {
+                            serde_json::from_slice::<RebalanceReport>(&body)
+                                .map_err(|e| format!("its answer did not decode: {e}"))
+                        });
+                    (id, answer)
+                })
+            })
+            .collect();
+        let mut report = self.balancer.rebalance_here().await;
+        for ask in asks {
+            match ask.await {
+                Ok((_, Ok(theirs))) => report.merge(theirs),
+                Ok((id, Err(error))) => {
+                    report.unreachable.insert(id, error);
+                }
+                Err(error) => tracing::warn!(%error, "a rebalance request task failed"),
+            }
+        }
+        report.merge(RebalanceReport::default());
+        tracing::info!(
+            moved = report.moved.len(),
+            kept = report.kept.len(),
+            "partitions handed to their preferred leaders on request"
+        );
+        report
     }
 
     /// The cluster-wide runtime settings as applied here (the metadata group's), as they

@@ -17,8 +17,8 @@
 //!   says which), with the same steps; the other nodes are made learners.
 //!
 //! - A partition group led here whose voters are settled hands its leadership back to its
-//!   preferred leader, the first of its replicas in the catalog (`balance.rs`), one group
-//!   per round.
+//!   preferred leader, the first of its replicas in the catalog (`balance.rs`), a bounded
+//!   number of groups per round, while `cluster.leader_balance` is on.
 //!
 //! It only acts on a group whose latest membership is committed, so it never races a change in
 //! flight, including one of a leader before this one; a committed joint membership is no
@@ -34,7 +34,7 @@ use keratin_raft::replica::{GroupMembers, CATCH_UP_WAIT};
 use tokio::sync::watch;
 
 use crate::applier::AppliedState;
-use crate::balance::LeaderBalance;
+use crate::balance::Balancer;
 use crate::meta::{meta_voters, MetaGroup};
 
 /// How often the groups are looked at.
@@ -62,15 +62,12 @@ pub(crate) struct Reconciler {
     busy: Arc<Mutex<BTreeSet<u64>>>,
     /// When each stale learner was first seen, by group.
     stale_since: BTreeMap<(u64, u64), Instant>,
-    /// This node's id.
-    node_id: u64,
-    /// Handing groups back to their preferred leaders (`balance.rs`); `None`: off.
-    balance: Option<LeaderBalance>,
+    /// Handing groups back to their preferred leaders (`balance.rs`); `None`: never.
+    balancer: Option<Arc<Balancer>>,
 }
 
 impl Reconciler {
     pub(crate) fn new(
-        node_id: u64,
         logs: Arc<ReplicatedLogs>,
         meta: Arc<MetaGroup>,
         applied: Arc<AppliedState>,
@@ -83,14 +80,14 @@ impl Reconciler {
             formed,
             busy: Arc::default(),
             stale_since: BTreeMap::new(),
-            node_id,
-            balance: Some(LeaderBalance::default()),
+            balancer: None,
         }
     }
 
-    /// Hand groups back to their preferred leaders (`on`) or never.
-    pub(crate) fn balancing(mut self, on: bool) -> Reconciler {
-        self.balance = on.then(LeaderBalance::default);
+    /// Hand groups back to their preferred leaders through `balancer` (while its setting is
+    /// on).
+    pub(crate) fn balancing(mut self, balancer: Arc<Balancer>) -> Reconciler {
+        self.balancer = Some(balancer);
         self
     }
 
@@ -139,37 +136,19 @@ impl Reconciler {
             .retain(|(group, _), _| seen.contains(group));
     }
 
-    /// Hand one group led here back to its preferred leader, if one is due (`balance.rs`).
+    /// Hand the groups led here that are due back to their preferred leaders (`balance.rs`).
     async fn balance(&mut self, led: &[(GroupId, u64)]) {
-        let now = Instant::now();
-        let node_id = self.node_id;
-        let Some(balance) = self.balance.as_mut() else {
+        let Some(balancer) = self.balancer.clone() else {
             return;
         };
-        let Some((group, preferred)) = balance.pick(node_id, now, led) else {
-            return;
-        };
-        if self
-            .busy
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains(&group.0)
-        {
-            return;
-        }
-        let outcome = self.logs.transfer_leader(group, preferred).await;
-        let Some(balance) = self.balance.as_mut() else {
-            return;
-        };
-        match outcome {
-            Ok(true) => balance.tried(group, now),
-            // Not caught up yet: the next round looks again.
-            Ok(false) => {}
-            Err(error) => {
-                tracing::warn!(group = group.0, to = preferred, %error, "handing a partition to its preferred leader");
-                balance.tried(group, now);
-            }
-        }
+        let busy = self.busy.clone();
+        balancer
+            .round(led, |group| {
+                busy.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .contains(&group.0)
+            })
+            .await;
     }
 
     /// Whether `group` may be changed now: no change of ours under way.

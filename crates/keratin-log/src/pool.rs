@@ -1,7 +1,6 @@
 //! `SegmentPool`: spare segment files shared by the logs of one node.
 //!
-//! Design: `shared/seeds/000_bcee1ae9ecf4f490.txt`, "Segment pool"; format and ordering rules in
-//! `docs/storage-format.md`, "Spares". In short:
+//! Format and ordering rules in `docs/storage-format.md`, "Spares". In short:
 //! - one pool per node, passed to every log it opens (no process-wide state: two nodes in one
 //!   process never exchange files); a log opened without one gets a private pool that keeps up to
 //!   [`PRIVATE_POOL_SPARES`] spares in `<log dir>/spares`;

@@ -25,7 +25,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use common::brokers::{wait_info, BrokerNode};
-use keratin_broker::{Broker, BrokerError, Consumer, Message};
+use keratin_broker::{Broker, BrokerError, BrokerResult, Consumer, Message, ProducerSeq, Receipt};
 use keratin_log::MIN_SEGMENT_SIZE_BYTES;
 use keratin_raft::partition_log::partition_group;
 
@@ -298,6 +298,137 @@ async fn replace_wiped(leader: &BrokerNode, wiped: u64) {
         .await
         .expect("the wiped node is added back and promoted");
     assert_eq!(members.voters, [1, 2, 3].into());
+}
+
+/// An idempotent producer's messages, stored (and acked) while a follower is down.
+const IDEMPOTENT: u64 = 10;
+/// Their producer.
+const PRODUCER: u64 = 0xfeed;
+
+fn idempotent(sequence: u64) -> Message {
+    let mut message = Message::new(format!("idempotent {sequence}"));
+    message.producer = Some(ProducerSeq {
+        producer: PRODUCER,
+        sequence,
+    });
+    message
+}
+
+/// A follower that was down while the others freed their logs rebuilds from the leader's
+/// snapshot; leadership then moves to it, and the producer sends its messages again (a retry
+/// after an unknown outcome, with the same sequences). The rebuilt follower must know them as
+/// stored, like its peers: before the producers' windows travelled with the snapshot it kept
+/// none of the sequences stored below it, and stored all ten again as new messages (its peers
+/// applied the same records as duplicates: the replicas disagreed about the queue).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_follower_rebuilt_from_a_snapshot_deduplicates_like_its_peers() {
+    let mut net = common::tcp::three_nodes().await;
+    let mut nodes = start_all(&mut net).await;
+    let first = leader(&nodes).await;
+    let lagging = *nodes.keys().find(|id| **id != first).expect("a follower");
+    nodes.remove(&lagging).expect("follower").stop().await;
+
+    // Stored and acked while the follower is down, then freed with the rest.
+    let stored: Vec<BrokerResult<Receipt>> = nodes[&first]
+        .broker
+        .publish(QUEUE, (1..=IDEMPOTENT).map(idempotent).collect())
+        .await;
+    for result in &stored {
+        assert!(result.is_ok(), "{result:?}");
+    }
+    let bodies: Vec<String> = (0..ACKED).map(|n| body("acked", n)).collect();
+    publish(&nodes[&first].broker, &bodies).await;
+    let mut consumer = nodes[&first]
+        .broker
+        .subscribe(QUEUE, 200)
+        .expect("subscribe");
+    consume_and_ack(&mut consumer, IDEMPOTENT as usize + ACKED).await;
+    drop(consumer);
+    let live: Vec<String> = (0..LIVE).map(|n| body("live", n)).collect();
+    publish(&nodes[&first].broker, &live).await;
+    wait_disk_at_most(
+        &nodes,
+        3 * MIN_SEGMENT_SIZE_BYTES,
+        "before the follower returns",
+    )
+    .await;
+
+    // The follower returns and rebuilds from the leader's snapshot.
+    let node = common::brokers::start(
+        net.dirs[&lagging].path(),
+        net.rebind(lagging).await,
+        net.cluster(lagging),
+    )
+    .await;
+    node.broker
+        .declare_replicated(QUEUE_ID, QUEUE, settings(), vec![vec![1, 2, 3]])
+        .await
+        .expect("declare again");
+    nodes.insert(lagging, node);
+    wait_info(
+        &nodes[&lagging].broker,
+        QUEUE,
+        WAIT,
+        "the returned follower counts the live messages only",
+        |info| info.partitions[0].ready == LIVE as u64,
+    )
+    .await;
+
+    // Leadership moves to it.
+    let group = keratin_raft::partition_log::partition_group(QUEUE_ID, 0).expect("group");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let now = leader(&nodes).await;
+        if now == lagging {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "leadership never moved to the rebuilt follower"
+        );
+        let _ = nodes[&now].logs.transfer_leader(group, lagging).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // The producer's retries are confirmed and stored nowhere.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let retried = loop {
+        let results = nodes[&lagging]
+            .broker
+            .publish(QUEUE, (1..=IDEMPOTENT).map(idempotent).collect())
+            .await;
+        let refused = results
+            .iter()
+            .all(|r| matches!(r, Err(BrokerError::NotLeader { leader: None, .. })));
+        if !refused || tokio::time::Instant::now() > deadline {
+            break results;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    for result in &retried {
+        assert!(result.is_ok(), "a retry: {result:?}");
+    }
+    for (id, node) in &nodes {
+        let info = wait_info(
+            &node.broker,
+            QUEUE,
+            WAIT,
+            &format!("node {id} applied the retries"),
+            |info| info.partitions[0].leader == Some(lagging),
+        )
+        .await;
+        // Give a follower the moment to apply what the leader committed.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let info = node.broker.info(QUEUE).unwrap_or(info);
+        assert_eq!(
+            info.partitions[0].ready, LIVE as u64,
+            "node {id}: a retry of a sequence stored before the snapshot was stored again \
+             (the rebuilt follower is {lagging})"
+        );
+    }
+    for (_, node) in nodes {
+        node.stop().await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

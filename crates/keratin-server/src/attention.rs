@@ -45,8 +45,8 @@ pub enum AttentionKind {
     LogStopped,
     /// A stopped log was healed (subject: its directory); history only.
     LogHealed,
-    /// Messages of a queue were dropped because dead-lettering them failed (subject: the
-    /// queue).
+    /// Dead-letter copies of a queue's messages failed (the messages wait in the queue and are
+    /// tried again; subject: the queue).
     DeadLetterFailed,
     /// A replicated partition on this node cannot confirm publishes safely: its leader (this
     /// node) sees fewer replicas in sync than a majority, or this replica has known no leader

@@ -329,6 +329,7 @@ mod tests {
             rejected_full: 0,
             overflowed: 0,
             dead_letter_failures: BTreeMap::new(),
+            dead_letters_held: 0,
             leading,
             leader: leading.then_some(1),
             leader_addr: None,

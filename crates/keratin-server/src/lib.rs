@@ -17,6 +17,8 @@
 //! - [`metrics`]: `/metrics` in the Prometheus text format.
 //! - [`settings`]: runtime settings: overrides stored in the node metadata, checked whole and
 //!   applied live (`GET/PUT /api/v1/settings`).
+//! - [`storage_lock`]: [`storage_lock::StorageLock`], one node per storage directory (`flock`
+//!   on `keratin.lock`, held for the node's life).
 //! - [`history`]: the recent free space of each file system, for the dashboard's plot.
 //! - [`time_to_full`]: each file system's projected time to its hard and reserve levels.
 //! - [`convert`]: wire types to broker types and back.
@@ -36,6 +38,7 @@ pub mod metrics;
 pub mod node;
 pub mod quota;
 pub mod settings;
+pub mod storage_lock;
 pub mod tcp;
 pub mod time_to_full;
 pub mod tls;

@@ -122,7 +122,7 @@ struct DeadLetterFigures {
     grew_at_ms: u64,
 }
 
-/// A `dead_letter_failed` item clears after this long without a new failure: the drops are
+/// A `dead_letter_failed` item clears after this long without a new failure: the failures are
 /// events, not a state the sampler can see end, and ten minutes is long enough for an operator
 /// who looks at the active items every few minutes to see it (the history keeps it after).
 const DEAD_LETTER_QUIET_MS: u64 = 10 * 60 * 1000;
@@ -442,9 +442,9 @@ impl NodeLimits {
         *seen = now;
     }
 
-    /// Raise an attention item when a queue dropped messages because dead-lettering them
-    /// failed (each drop is counted by the partitions); clear it after a quiet spell, or when
-    /// the queue is gone.
+    /// Raise an attention item when a queue's dead-letter copies failed (each failed attempt
+    /// of a message is counted by the partitions; the message waits and is tried again); clear
+    /// it after a quiet spell, or when the queue is gone.
     fn check_dead_letter_failures(&self, now_ms: u64) {
         let Some(broker) = self.broker.get() else {
             return;
@@ -461,10 +461,13 @@ impl NodeLimits {
                     .map(|(reason, count)| format!("{count} {}", reason.as_str()))
                     .collect();
                 let target = queue.settings.dead_letter.clone().unwrap_or_default();
+                let held: u64 = queue.partitions.iter().map(|p| p.dead_letters_held).sum();
                 let message = format!(
-                    "queue {} dropped {} messages since start because dead-lettering them to                      {target:?} failed ({}); declare the dead-letter queue, give it room, or                      change the queue's dead_letter",
+                    "queue {}: {total} dead-letter copies to {target:?} failed since start ({}); \
+                     {held} messages wait in the queue on this node and are tried again (every \
+                     5 s at most) until it takes them; declare the dead-letter queue, give it \
+                     room, or change the queue's dead_letter",
                     queue.name,
-                    total,
                     reasons.join(", ")
                 );
                 tracing::warn!("{message}");

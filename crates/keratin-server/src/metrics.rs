@@ -298,9 +298,17 @@ pub fn render(broker: &Broker, limits: &NodeLimits, access: &crate::access::Acce
     let dead_letter_failures = Family::<QueueReasonLabels, Counter>::default();
     registry.register(
         "dead_letter_failures",
-        "Messages dropped because dead-lettering them failed, by queue and reason (not_found, \
-         queue_full, unavailable, other)",
+        "Dead-letter copies the dead-letter queue did not store, by queue and reason (not_found, \
+         queue_full, unavailable, other): each failed attempt of a message (the original stays \
+         in the queue and is tried again), and each drop_oldest removal dropped because the node \
+         held its most dead letters",
         dead_letter_failures.clone(),
+    );
+    let dead_letters_held = gauge_family::<QueueLabels>(
+        &mut registry,
+        "queue_dead_letters_held",
+        "Messages held until their dead-letter queue confirms their copies (not ready, not \
+         inflight), on the partitions this node leads",
     );
     for q in queues {
         for (reason, count) in q.dead_letter_failures() {
@@ -327,6 +335,10 @@ pub fn render(broker: &Broker, limits: &NodeLimits, access: &crate::access::Acce
         set(&inflight.get_or_create(&labels), q.inflight());
         set(&bytes.get_or_create(&labels), q.bytes());
         set(&disk.get_or_create(&labels), q.disk_bytes());
+        set(
+            &dead_letters_held.get_or_create(&labels),
+            q.partitions.iter().map(|p| p.dead_letters_held).sum(),
+        );
     }
     let mut out = String::new();
     if encode(&mut out, &registry).is_err() {
@@ -623,6 +635,7 @@ mod tests {
             rejected_full: 0,
             overflowed: 0,
             dead_letter_failures: BTreeMap::new(),
+            dead_letters_held: 0,
             leading,
             leader: Some(1),
             leader_addr: None,

@@ -49,6 +49,9 @@ pub enum NodeError {
     /// The protocol port's certificate or key cannot be used.
     #[error("{0}; fix server.tls_cert_file / server.tls_key_file")]
     Tls(#[from] crate::tls::TlsError),
+    /// A storage directory is another node's, or cannot be locked.
+    #[error("{0}")]
+    StorageLock(#[from] crate::storage_lock::StorageLockError),
 }
 
 /// A running node.
@@ -70,6 +73,9 @@ pub struct Node {
     cluster_tls: Option<keratin_net::ClusterTls>,
     /// The audit trail.
     audit: crate::audit::AuditLog,
+    /// Every storage directory's lock, released when the node is dropped (after
+    /// [`Node::shutdown`] closed its logs).
+    storage_lock: crate::storage_lock::StorageLock,
 }
 
 impl Node {
@@ -94,6 +100,8 @@ impl Node {
         io: Arc<dyn Io>,
         origins: BTreeMap<String, Origin>,
     ) -> Result<Node, NodeError> {
+        // First of all: a directory another node holds is left exactly as it is.
+        let storage_lock = crate::storage_lock::StorageLock::acquire(&config.storage.dirs)?;
         // Before anything is opened: a bad certificate stops the start at once.
         let tls = match (&config.server.tls_cert_file, &config.server.tls_key_file) {
             (Some(cert), Some(key)) => Some(Arc::new(ServerTls::load_with_client_ca(
@@ -142,6 +150,7 @@ impl Node {
             limits.attach_cluster(prepared.levels().clone());
             broker_config.partition_logs = Some(prepared.partition_logs.clone());
             broker_config.cluster_metadata = Some(prepared.metadata.clone());
+            broker_config.dead_letters = Some(prepared.dead_letters.clone());
         }
         let broker = Broker::open(broker_config).await?;
         limits.attach(&broker);
@@ -182,6 +191,8 @@ impl Node {
                     level: None,
                     free_bytes: None,
                 };
+                // `cluster.leader_balance` is a runtime setting: the balancer follows it.
+                let prepared = prepared.leader_balance(settings.leader_balance());
                 let node = ClusterNode::start(prepared, broker.clone(), own)
                     .await
                     .map_err(NodeError::Cluster)?;
@@ -300,6 +311,7 @@ impl Node {
             access,
             cluster_tls,
             audit,
+            storage_lock,
         })
     }
 
@@ -378,6 +390,8 @@ impl Node {
                 Err(_) => tracing::warn!("the cluster layer is still in use at shutdown"),
             }
         }
+        // Only now may another node open the directories.
+        drop(self.storage_lock);
         Ok(())
     }
 }
@@ -480,11 +494,7 @@ async fn prepare_cluster(
         make_logs,
     )
     .await
-    .map(|prepared| {
-        prepared
-            .joining(cluster.join)
-            .leader_balance(cluster.leader_balance)
-    })
+    .map(|prepared| prepared.joining(cluster.join))
     .map_err(NodeError::Cluster)
 }
 

@@ -1,7 +1,7 @@
 //! Runtime settings: the keys of the configuration that change without a restart (every
-//! `limits.*` key but `limits.memory.limit_bytes`, plus `storage.max_bytes` and
-//! `storage.spare_budget_bytes`), read and changed through `GET/PUT /api/v1/settings` and
-//! `keratin settings`.
+//! `limits.*` key but `limits.memory.limit_bytes`, plus `storage.max_bytes`,
+//! `storage.spare_budget_bytes` and, on a cluster node, `cluster.leader_balance`), read and
+//! changed through `GET/PUT /api/v1/settings` and `keratin settings`.
 //!
 //! A change is stored as an *override* in the node metadata log (so it survives restarts and can
 //! later replicate with the rest of the metadata) and sits above the four configuration sources:
@@ -27,7 +27,7 @@ use std::collections::BTreeMap;
 use keratin_broker::Broker;
 use keratin_limits::LimitsError;
 use serde_json::{json, Map, Value};
-use tokio::sync::Mutex;
+use tokio::sync::{watch, Mutex};
 
 use keratin_cluster::ClusterNode;
 
@@ -39,6 +39,10 @@ pub const RUNTIME_ORIGIN: &str = "runtime";
 
 /// The origin shown for a value that a cluster-wide runtime setting set.
 pub const CLUSTER_ORIGIN: &str = "cluster";
+
+/// The runtime key that turns automatic leader balancing on and off (`docs/cluster.md`,
+/// "Leader balancing"); only on a cluster node.
+pub const LEADER_BALANCE_KEY: &str = "cluster.leader_balance";
 
 /// Why a settings change was refused or could not be applied.
 #[derive(Debug, thiserror::Error)]
@@ -129,6 +133,8 @@ pub struct NodeSettings {
     /// The overrides in force. The lock also serializes changes: each is stored and applied
     /// before the next one is checked.
     overrides: Mutex<Layers>,
+    /// `cluster.leader_balance` in force, for the cluster layer's balancer.
+    leader_balance: watch::Sender<bool>,
 }
 
 /// The two layers of runtime values above the configuration.
@@ -197,7 +203,9 @@ fn changes_of(changes: &Value) -> Result<&Map<String, Value>, SettingsError> {
 
 /// Whether `key` (dotted) can change at run time.
 pub fn is_runtime_key(key: &str) -> bool {
-    !startup_fields().contains(&key) && (key.starts_with("limits.") || key.starts_with("storage."))
+    key == LEADER_BALANCE_KEY
+        || (!startup_fields().contains(&key)
+            && (key.starts_with("limits.") || key.starts_with("storage.")))
 }
 
 /// The runtime keys with the kind of value each takes.
@@ -213,6 +221,8 @@ fn runtime_keys() -> Vec<(String, ValueKind)> {
         "storage.spare_budget_bytes".to_string(),
         ValueKind::Unsigned,
     ));
+    // The `[cluster]` section is absent from a default configuration.
+    keys.push((LEADER_BALANCE_KEY.to_string(), ValueKind::Bool));
     keys.sort();
     keys.dedup();
     keys
@@ -222,6 +232,7 @@ fn runtime_keys() -> Vec<(String, ValueKind)> {
 enum ValueKind {
     Unsigned,
     Fraction,
+    Bool,
 }
 
 impl ValueKind {
@@ -237,6 +248,7 @@ impl ValueKind {
         let ok = match self {
             ValueKind::Unsigned => value.is_u64(),
             ValueKind::Fraction => value.is_number(),
+            ValueKind::Bool => value.is_boolean(),
         };
         if ok {
             Ok(())
@@ -249,6 +261,7 @@ impl ValueKind {
                     ValueKind::Fraction => {
                         "a number such as 0.1 (JSON number without quotes)".into()
                     }
+                    ValueKind::Bool => "true or false (without quotes)".into(),
                 },
             })
         }
@@ -305,11 +318,16 @@ impl NodeSettings {
         flatten(&config_json(&configured), "", &mut |key, value| {
             configured_values.insert(key.to_string(), value.clone());
         });
+        let leader_balance = configured
+            .cluster
+            .as_ref()
+            .is_none_or(|cluster| cluster.leader_balance);
         NodeSettings {
             configured,
             configured_values,
             origins,
             overrides: Mutex::new(Layers::default()),
+            leader_balance: watch::Sender::new(leader_balance),
         }
     }
 
@@ -331,6 +349,15 @@ impl NodeSettings {
                 });
             };
             kind.check(key, value)?;
+            if key.starts_with("cluster.") && self.configured.cluster.is_none() {
+                return Err(SettingsError::Invalid {
+                    key: key.clone(),
+                    value: value.to_string(),
+                    expected: "a setting of cluster nodes; this node runs alone (no [cluster] \
+                               section)"
+                        .into(),
+                });
+            }
             set_path(&mut tree, key, value.clone());
         }
         let config: Config =
@@ -377,7 +404,7 @@ impl NodeSettings {
                     overrides = stored.len(),
                     "runtime settings from the node metadata are in force"
                 );
-                apply(&effective, broker, limits)?;
+                self.apply(&effective, broker, limits)?;
                 layers.node = stored;
             }
             Err(error) => tracing::error!(
@@ -411,7 +438,7 @@ impl NodeSettings {
         drop(layers);
         let changed = Value::Object(changes.clone());
         tracing::info!(changes = %changed, "runtime settings of this node changed");
-        apply(&effective, broker, limits)?;
+        self.apply(&effective, broker, limits)?;
         Ok(document)
     }
 
@@ -440,7 +467,7 @@ impl NodeSettings {
         drop(layers);
         let changed = Value::Object(changes.clone());
         tracing::info!(changes = %changed, "cluster-wide runtime settings changed");
-        apply(&effective, broker, limits)?;
+        self.apply(&effective, broker, limits)?;
         Ok(document)
     }
 
@@ -462,7 +489,7 @@ impl NodeSettings {
         match self.resolve(&Layers::merged(&layers.cluster, &layers.node)) {
             Ok(effective) => {
                 drop(layers);
-                match apply(&effective, broker, limits) {
+                match self.apply(&effective, broker, limits) {
                     Ok(()) => tracing::info!("cluster-wide runtime settings are in force"),
                     Err(error) => {
                         tracing::error!(%error, "applying the cluster-wide runtime settings")
@@ -478,6 +505,30 @@ impl NodeSettings {
         }
     }
 
+    /// `cluster.leader_balance` as in force on this node, as it changes (`true` on a node
+    /// that runs alone, where nothing reads it).
+    pub fn leader_balance(&self) -> watch::Receiver<bool> {
+        self.leader_balance.subscribe()
+    }
+
+    /// Apply resolved settings to the running node (see [`apply`]), and the cluster layer's
+    /// switches.
+    fn apply(
+        &self,
+        effective: &Effective,
+        broker: &Broker,
+        limits: &NodeLimits,
+    ) -> Result<(), SettingsError> {
+        if let Some(cluster) = &effective.config.cluster {
+            self.leader_balance.send_if_modified(|on| {
+                let changed = *on != cluster.leader_balance;
+                *on = cluster.leader_balance;
+                changed
+            });
+        }
+        apply(effective, broker, limits)
+    }
+
     /// The settings document of `GET /api/v1/settings`.
     pub async fn document(&self) -> Value {
         let layers = self.overrides.lock().await;
@@ -487,6 +538,9 @@ impl NodeSettings {
     fn render(&self, layers: &Layers) -> Value {
         let mut keys: BTreeMap<String, Value> = self.configured_values.clone();
         for (key, _) in runtime_keys() {
+            if key.starts_with("cluster.") && self.configured.cluster.is_none() {
+                continue;
+            }
             keys.entry(key).or_insert(Value::Null);
         }
         let settings: Vec<Value> = keys
@@ -656,6 +710,65 @@ mod tests {
             s.resolve(&checked).is_err(),
             "removing an unknown key is refused"
         );
+    }
+
+    #[test]
+    fn leader_balance_is_a_runtime_setting_of_cluster_nodes_only() {
+        let alone = settings();
+        let error = alone
+            .resolve(&overrides(&[(LEADER_BALANCE_KEY, json!(false))]))
+            .expect_err("a node alone has no leaders to balance");
+        assert!(
+            error.to_string().contains("this node runs alone"),
+            "{error}"
+        );
+        let document = alone.render(&Layers::default());
+        assert!(
+            !document.to_string().contains(LEADER_BALANCE_KEY),
+            "not listed on a node alone: {document}"
+        );
+        let config = Config {
+            cluster: Some(keratin_net::ClusterConfig {
+                node_id: 1,
+                listen: None,
+                peers: vec!["1=127.0.0.1:5690".parse().expect("peer")],
+                name: "keratin".to_string(),
+                join: false,
+                leader_balance: true,
+                tls: keratin_net::ClusterTlsConfig::default(),
+            }),
+            ..Config::default()
+        };
+        let node = NodeSettings::new(config, BTreeMap::new());
+        assert!(
+            *node.leader_balance().borrow(),
+            "the configured value first"
+        );
+        let effective = node
+            .resolve(&overrides(&[(LEADER_BALANCE_KEY, json!(false))]))
+            .expect("a cluster node takes it");
+        assert_eq!(
+            effective.config.cluster.map(|c| c.leader_balance),
+            Some(false)
+        );
+        let error = node
+            .resolve(&overrides(&[(LEADER_BALANCE_KEY, json!("no"))]))
+            .expect_err("not a boolean");
+        assert!(error.to_string().contains("true or false"), "{error}");
+        let error = node
+            .resolve(&overrides(&[("cluster.node_id", json!(2))]))
+            .expect_err("the rest of [cluster] stays a startup field");
+        assert!(matches!(error, SettingsError::StartupKey { .. }), "{error}");
+        let document = node.render(&Layers::default());
+        let entry = document["settings"]
+            .as_array()
+            .expect("list")
+            .iter()
+            .find(|e| e["key"] == LEADER_BALANCE_KEY)
+            .cloned()
+            .expect("listed on a cluster node");
+        assert_eq!(entry["live"], true);
+        assert_eq!(entry["value"], true);
     }
 
     #[test]

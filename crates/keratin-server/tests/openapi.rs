@@ -17,6 +17,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("get", "/api/v1/cluster"),
     ("post", "/api/v1/cluster/nodes"),
     ("post", "/api/v1/cluster/nodes/{id}/remove"),
+    ("post", "/api/v1/cluster/rebalance"),
     ("get", "/api/v1/attention"),
     ("get", "/api/v1/audit"),
     ("get", "/api/v1/queues"),

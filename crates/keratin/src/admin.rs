@@ -139,7 +139,16 @@ pub fn request(
                 .into(),
         ));
     }
-    let body = http_body(&response).map_err(fail)?;
+    let body = http_body(&response).map_err(|(status, message)| {
+        let failure = fail(message);
+        match status {
+            401 => connect::with_login_hint(Failure {
+                code: Some(401),
+                ..failure
+            }),
+            _ => failure,
+        }
+    })?;
     if body.is_empty() {
         // 204: done, nothing to show.
         return Ok(Value::Null);
@@ -179,13 +188,13 @@ fn tls_server_name(http: &str) -> Result<rustls::pki_types::ServerName<'static>,
 }
 
 /// The body of a complete HTTP/1.1 response read until close, after checking for 2xx. For any
-/// other status the error is the status line and the server's message (the `message` of a JSON
-/// error body, or the body's text).
-fn http_body(response: &[u8]) -> Result<Vec<u8>, String> {
+/// other status the error is the status (0 when there is none) and the status line with the
+/// server's message (the `message` of a JSON error body, or the body's text).
+fn http_body(response: &[u8]) -> Result<Vec<u8>, (u16, String)> {
     let split = response
         .windows(4)
         .position(|window| window == b"\r\n\r\n")
-        .ok_or("the response has no end of headers")?;
+        .ok_or((0, "the response has no end of headers".to_owned()))?;
     let head = String::from_utf8_lossy(&response[..split]);
     let body = &response[split + 4..];
     let status_line = head.lines().next().unwrap_or_default();
@@ -195,7 +204,7 @@ fn http_body(response: &[u8]) -> Result<Vec<u8>, String> {
         line.starts_with("transfer-encoding:") && line.contains("chunked")
     });
     let body = if chunked {
-        dechunk(body)?
+        dechunk(body).map_err(|message| (0, message))?
     } else {
         body.to_vec()
     };
@@ -204,7 +213,10 @@ fn http_body(response: &[u8]) -> Result<Vec<u8>, String> {
             .ok()
             .and_then(|v| v["message"].as_str().map(str::to_owned))
             .unwrap_or_else(|| String::from_utf8_lossy(&body).trim().to_owned());
-        return Err(format!("{status_line}: {message}"));
+        return Err((
+            status.parse().unwrap_or(0),
+            format!("{status_line}: {message}"),
+        ));
     }
     Ok(body)
 }
@@ -244,12 +256,12 @@ mod tests {
         let missing = b"HTTP/1.1 404 Not Found\r\n\r\nno such page";
         assert_eq!(
             http_body(missing).unwrap_err(),
-            "HTTP/1.1 404 Not Found: no such page"
+            (404, "HTTP/1.1 404 Not Found: no such page".to_owned())
         );
         let refused = b"HTTP/1.1 400 Bad Request\r\n\r\n{\"code\":400,\"message\":\"bad key\"}";
         assert_eq!(
             http_body(refused).unwrap_err(),
-            "HTTP/1.1 400 Bad Request: bad key"
+            (400, "HTTP/1.1 400 Bad Request: bad key".to_owned())
         );
     }
 }

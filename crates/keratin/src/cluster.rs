@@ -13,6 +13,11 @@
 //! with `--join` (`POST /api/v1/cluster/nodes`); prints the replicas that move onto it, and
 //! with `--wait` polls until every partition's leader counts the planned replicas.
 //!
+//! `keratin cluster rebalance`: hand every partition to its preferred leader now, where that
+//! one is caught up (`POST /api/v1/cluster/rebalance`, Kafka's preferred-leader election);
+//! prints what moved, what stays and why, and the nodes that could not be asked (exit 1 if
+//! any could not).
+//!
 //! `keratin cluster remove-node ID [--wait SECS]`: remove a node (`POST
 //! /api/v1/cluster/nodes/{id}/remove`); prints where each of its partitions goes, and with
 //! `--wait` polls the cluster document until no partition's leader counts the node among its
@@ -46,6 +51,9 @@ enum ClusterVerb {
     /// Remove a node (running or dead): its partitions move onto the other nodes, then it
     /// leaves the metadata group. Stop it once the moves are done (`--wait`).
     RemoveNode(RemoveArgs),
+    /// Hand every partition to its preferred leader now, where that one is caught up (after
+    /// a restart, or with `cluster.leader_balance` off); prints what moved.
+    Rebalance(StatusArgs),
 }
 
 /// Flags of `keratin cluster add-node`.
@@ -100,6 +108,7 @@ impl ClusterArgs {
             ClusterVerb::Status(args) => args.common.json,
             ClusterVerb::RemoveNode(args) => args.common.json,
             ClusterVerb::AddNode(args) => args.common.json,
+            ClusterVerb::Rebalance(args) => args.common.json,
         }
     }
 }
@@ -122,7 +131,81 @@ pub async fn run(args: ClusterArgs) -> Result<ExitCode, Failure> {
         }
         ClusterVerb::RemoveNode(args) => remove_node(args).await,
         ClusterVerb::AddNode(args) => add_node(args).await,
+        ClusterVerb::Rebalance(args) => rebalance(args).await,
     }
+}
+
+/// `keratin cluster rebalance` (see the module docs).
+async fn rebalance(args: StatusArgs) -> Result<ExitCode, Failure> {
+    let http = admin::address(&args.common, args.http.as_deref()).await?;
+    let answer = admin::request(&http, "POST", &format!("{CLUSTER_PATH}/rebalance"), None)?;
+    let unreachable = answer["unreachable"]
+        .as_object()
+        .map_or(0, serde_json::Map::len);
+    if args.common.json {
+        print_json(&answer);
+    } else {
+        print!("{}", rebalance_text(&answer));
+    }
+    Ok(if unreachable == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// The text of a rebalance answer: the moves, what stays and why, who was not asked.
+fn rebalance_text(answer: &Value) -> String {
+    let rows = |key: &str| {
+        answer[key]
+            .as_array()
+            .map_or(&[][..], Vec::as_slice)
+            .to_vec()
+    };
+    let (moved, kept) = (rows("moved"), rows("kept"));
+    let mut text = String::new();
+    if moved.is_empty() {
+        text.push_str("no partition changed leader\n");
+    } else {
+        text.push_str(&format!(
+            "{} partition(s) handed to their preferred leader\n",
+            moved.len()
+        ));
+        let mut table = Table::new(&["QUEUE", "PARTITION", "FROM", "TO"]);
+        for line in &moved {
+            table.row(vec![
+                field(line, "queue"),
+                field(line, "partition"),
+                field(line, "from"),
+                field(line, "to"),
+            ]);
+        }
+        text.push_str(&table.render());
+    }
+    if !kept.is_empty() {
+        text.push_str(&format!(
+            "{} partition(s) stay off their preferred leader\n",
+            kept.len()
+        ));
+        let mut table = Table::new(&["QUEUE", "PARTITION", "LEADER", "PREFERRED", "WHY"]);
+        for line in &kept {
+            table.row(vec![
+                field(line, "queue"),
+                field(line, "partition"),
+                field(line, "leader"),
+                field(line, "preferred"),
+                field(line, "reason"),
+            ]);
+        }
+        text.push_str(&table.render());
+    }
+    for (id, error) in answer["unreachable"].as_object().into_iter().flatten() {
+        text.push_str(&format!(
+            "node {id} could not be asked ({}); the partitions it leads were not looked at\n",
+            error.as_str().unwrap_or_default()
+        ));
+    }
+    text
 }
 
 /// `keratin cluster add-node` (see the module docs).

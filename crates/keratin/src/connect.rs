@@ -84,6 +84,9 @@ pub enum CliLogin {
         user: String,
         /// The password.
         password: String,
+        /// The file the password was read from (the admin password a node wrote), to name
+        /// when the node refuses it; `None`: given on the command line or in the environment.
+        file: Option<std::path::PathBuf>,
     },
     /// An API token.
     Token(String),
@@ -103,7 +106,7 @@ impl CliLogin {
     pub fn authorization(&self) -> String {
         use base64::Engine;
         match self {
-            CliLogin::Password { user, password } => format!(
+            CliLogin::Password { user, password, .. } => format!(
                 "Basic {}",
                 base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
             ),
@@ -114,7 +117,7 @@ impl CliLogin {
     /// The protocol client's credentials for it.
     fn credentials(&self) -> Credentials {
         match self {
-            CliLogin::Password { user, password } => Credentials::Password {
+            CliLogin::Password { user, password, .. } => Credentials::Password {
                 user: user.clone(),
                 password: password.clone(),
             },
@@ -156,6 +159,7 @@ fn resolve_login(common: &CommonArgs) -> Result<Option<CliLogin>, Failure> {
         return Ok(Some(CliLogin::Password {
             user: user.clone(),
             password: password.clone(),
+            file: None,
         }));
     }
     let dir = std::env::var_os("KERATIN_DATA_DIR")
@@ -163,14 +167,45 @@ fn resolve_login(common: &CommonArgs) -> Result<Option<CliLogin>, Failure> {
         .unwrap_or_else(|| std::path::PathBuf::from("keratin-data"));
     // Unreadable or absent: no login (a node with `server.auth = none` needs none; one that
     // needs it says so).
-    Ok(std::fs::read_to_string(dir.join(ADMIN_PASSWORD_FILE))
+    let file = dir.join(ADMIN_PASSWORD_FILE);
+    Ok(std::fs::read_to_string(&file)
         .ok()
         .map(|text| text.trim().to_string())
         .filter(|password| !password.is_empty())
         .map(|password| CliLogin::Password {
             user: "admin".into(),
             password,
+            file: Some(file),
         }))
+}
+
+/// What to add to a refused login (401): where the password came from when the CLI read it
+/// from a node's `admin-password` file (which may be stale, or another cluster's), and what
+/// to do; `None` when the login was given.
+pub fn refused_login_hint() -> Option<String> {
+    match current_login()? {
+        CliLogin::Password {
+            file: Some(file), ..
+        } => Some(format!(
+            "the CLI logged in as admin with the password in {} (the file the first node of a \
+             cluster writes in its data directory; this one may be stale, or another \
+             cluster's): pass --user and --password (KERATIN_USER, KERATIN_PASSWORD), or set \
+             KERATIN_DATA_DIR to the data directory of the node that wrote the cluster's \
+             admin password",
+            file.display()
+        )),
+        _ => None,
+    }
+}
+
+/// `failure` with [`refused_login_hint`] when it is a refused login (401).
+pub fn with_login_hint(mut failure: Failure) -> Failure {
+    if failure.code == Some(401) {
+        if let Some(hint) = refused_login_hint() {
+            failure.message = format!("{}; {hint}", failure.message);
+        }
+    }
+    failure
 }
 
 /// Connects to `--server` with `publish_timeout` (the client's default when `None`).
@@ -224,5 +259,10 @@ pub async fn connect(
     }
     Client::connect(common.server.as_str(), options)
         .await
-        .map_err(|error| Failure::client(format!("cannot connect to {}", common.server), &error))
+        .map_err(|error| {
+            with_login_hint(Failure::client(
+                format!("cannot connect to {}", common.server),
+                &error,
+            ))
+        })
 }

@@ -53,7 +53,14 @@ use crate::output::Failure;
 
 /// Keratin, a durable message broker that never falls over because a disk or memory filled up.
 #[derive(Debug, Parser)]
-#[command(name = "keratin", version, about)]
+#[command(
+    name = "keratin",
+    version,
+    about,
+    after_help = "The connection options (--server, --json, --ca, --user, --password, --token, \
+                  --cert, --key) may go before the verb or after it: \
+                  `keratin --server 127.0.0.1:5682 cluster status`."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -109,8 +116,53 @@ impl Command {
     }
 }
 
+/// The options every verb shares that take a value; `--json` is the one without. A user may
+/// put them before the verb (`keratin --server ADDR cluster status`): they are defined on each
+/// verb (`connect::CommonArgs`, global below it), so [`connection_options_last`] moves them
+/// after it.
+const CONNECTION_OPTIONS_WITH_VALUE: &[&str] = &[
+    "--server",
+    "--ca",
+    "--user",
+    "--password",
+    "--token",
+    "--cert",
+    "--key",
+];
+
+/// `args` (the program name first) with the connection options written before the verb moved
+/// to the end, where the verb (and any subcommand of it) reads them. Anything else before the
+/// verb (`--help`, `--version`, an unknown option) stops the move and is left to clap.
+fn connection_options_last(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let mut rest = args.into_iter();
+    let mut head: Vec<std::ffi::OsString> = rest.next().into_iter().collect();
+    let mut moved: Vec<std::ffi::OsString> = Vec::new();
+    let mut rest = rest.peekable();
+    while let Some(arg) = rest.peek() {
+        let text = arg.to_string_lossy();
+        let name = text.split_once('=').map_or(text.as_ref(), |(name, _)| name);
+        let takes_value = CONNECTION_OPTIONS_WITH_VALUE.contains(&name);
+        if !(takes_value || name == "--json") {
+            break;
+        }
+        let inline_value = text.contains('=');
+        if let Some(arg) = rest.next() {
+            moved.push(arg);
+        }
+        if takes_value && !inline_value {
+            match rest.next() {
+                Some(value) => moved.push(value),
+                None => break,
+            }
+        }
+    }
+    head.extend(rest);
+    head.extend(moved);
+    head
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(connection_options_last(std::env::args_os().collect()));
     let json = cli.command.json();
     let result = match cli.command {
         Command::Serve(args) => serve_main(args),
@@ -175,5 +227,36 @@ mod tests {
     #[test]
     fn the_command_line_is_consistent() {
         super::Cli::command().debug_assert();
+    }
+
+    fn moved(args: &[&str]) -> Vec<String> {
+        super::connection_options_last(args.iter().map(Into::into).collect())
+            .into_iter()
+            .map(|arg| arg.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn connection_options_before_the_verb_go_after_it() {
+        assert_eq!(
+            moved(&["keratin", "--server", "a:1", "--json", "cluster", "status"]),
+            ["keratin", "cluster", "status", "--server", "a:1", "--json"]
+        );
+        assert_eq!(
+            moved(&["keratin", "--server=a:1", "queue", "list", "--user", "u"]),
+            ["keratin", "queue", "list", "--user", "u", "--server=a:1"]
+        );
+        assert_eq!(
+            moved(&["keratin", "--help", "--server", "a:1"]),
+            ["keratin", "--help", "--server", "a:1"]
+        );
+        assert_eq!(moved(&["keratin", "--server"]), ["keratin", "--server"]);
+        let parsed = <super::Cli as clap::Parser>::try_parse_from(super::connection_options_last(
+            ["keratin", "--server", "a:1", "cluster", "status"]
+                .iter()
+                .map(Into::into)
+                .collect(),
+        ));
+        assert!(parsed.is_ok(), "{parsed:?}");
     }
 }

@@ -8,7 +8,8 @@
 //! channels (handing out a delivery), the records (`prepare`) and the log.
 //!
 //! Invariant: every live message below `cursor` is in exactly one of `inflight`, `limbo` (its
-//! settle, return or dead-lettering is being written) and `redeliver` (ready again).
+//! settle, return or dead-lettering is being written; a message held for dead-lettering is
+//! also in `dead_letters`) and `redeliver` (ready again).
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
@@ -16,6 +17,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use crate::consumer::ConsumerLink;
+use crate::partition::dead_letter::HeldDeadLetters;
 use crate::partition::log::BoxReader;
 use crate::partition::state::PartitionState;
 use crate::record::Message;
@@ -71,6 +73,8 @@ pub(crate) struct DeliveryState {
     /// delivered by an earlier leader, and is delivered with `redelivered` set. 0 on a single
     /// node.
     pub(crate) taken_over_at: u64,
+    /// Messages waiting for their dead-letter copies to be confirmed (each also in `limbo`).
+    pub(crate) dead_letters: HeldDeadLetters,
 }
 
 impl DeliveryState {

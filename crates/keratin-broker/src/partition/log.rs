@@ -10,7 +10,8 @@
 //! - **replication**: [`PartitionLog::propose`], the [`LogEvents`] of commits (including records
 //!   this owner did not propose), [`PartitionLog::reader`] of committed records,
 //!   [`PartitionLog::committed_offset`], [`PartitionLog::start_offset`],
-//!   [`PartitionLog::truncate_suffix`];
+//!   [`PartitionLog::truncate_suffix`], and [`PartitionLog::delivery_lease`] (whether the
+//!   leader may deliver now);
 //! - **storage upkeep** of this node's copy: heal after a write error, prefix removal below the
 //!   lowest live payload (space reclaim; on a replicated log, this node's compaction, never
 //!   above what it applied), hand-back of an idle log's segments, space figures, close,
@@ -20,7 +21,7 @@
 //! `remove_prefix` and `hand_back` return futures that never block; methods documented as
 //! blocking (`reader`'s iteration, `heal`, `truncate_suffix`, `close`, `delete`, `reset`) run on
 //! the blocking pool; the figures (`committed_offset`, `start_offset`, `disk_bytes`, `space`,
-//! `tail_room_bytes`, `replication`) take a short lock.
+//! `tail_room_bytes`, `replication`, `delivery_lease`) take a short lock.
 
 use std::future::Future;
 use std::ops::Range;
@@ -49,10 +50,13 @@ pub struct Proposal {
 #[derive(Debug)]
 pub enum LogEvent {
     /// Proposal `sequence` ended: committed at these offsets, or failed. A storage failure
-    /// (`BrokerError::Log`) after the proposal was queued means the outcome is unknown (the
-    /// records may be committed; the log is then stopped, and a heal tells). Any other error
-    /// (`BrokerError::NotLeader`: leadership moved while it was in flight) is answered as is,
-    /// and the log keeps running.
+    /// (`BrokerError::Log`, see [`is_storage_failure`]) after the proposal was queued means
+    /// the outcome is unknown (the records may be committed; the log is then stopped, and a
+    /// heal tells). Any other error means leadership moved while it was in flight, is
+    /// answered as is, and the log keeps running: `BrokerError::NotLeader` when nothing was
+    /// written, `BrokerError::LeadershipLost` when its records (some or all) were written and
+    /// their fate is unknown (another leader may commit them: they then come as commits, like
+    /// any record this owner did not propose).
     Proposed {
         /// The proposal's sequence number.
         sequence: u64,
@@ -82,6 +86,13 @@ pub enum LogEvent {
         /// What failed.
         error: LogError,
     },
+}
+
+/// Whether a failed proposal's error is its log's storage failure (the owner stops the
+/// partition and heals it) rather than a change of leadership (the log runs on). One rule for
+/// every owner of a partition log (queue partitions, stream partitions, cursor logs).
+pub fn is_storage_failure(error: &BrokerError) -> bool {
+    matches!(error, BrokerError::Log(_))
 }
 
 /// Who leads a partition, as its log on this node knows it.
@@ -135,6 +146,34 @@ impl Role {
             partition,
             leader: self.leader,
             addr: self.addr.clone(),
+        }
+    }
+}
+
+/// Until when this node may hand messages to consumers as the partition's leader
+/// ([`PartitionLog::delivery_lease`]). Deliveries are not entries: nothing in the log stops a
+/// deposed leader from delivering what its successor delivers too. A leader that a majority
+/// acknowledged at time `t` knows no other node can lead before `t` plus the followers' lease
+/// on it; it delivers only until shortly before that.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeliveryLease {
+    /// For as long as it leads: no other node can lead meanwhile (a single node's log, or a
+    /// group whose only voter is this node).
+    Held,
+    /// Until then: a majority acknowledged this leader recently enough.
+    Until(tokio::time::Instant),
+    /// Not now: this node does not lead, or no majority acknowledged it recently (cut off from
+    /// the others, or just elected and not acknowledged yet).
+    Lapsed,
+}
+
+impl DeliveryLease {
+    /// Whether it allows a delivery at `now`.
+    pub fn holds_at(self, now: tokio::time::Instant) -> bool {
+        match self {
+            DeliveryLease::Held => true,
+            DeliveryLease::Until(until) => now < until,
+            DeliveryLease::Lapsed => false,
         }
     }
 }
@@ -293,6 +332,12 @@ pub trait PartitionLog: Send + Sync + 'static {
     fn replication(&self) -> Option<super::replication::ReplicationStatus> {
         None
     }
+
+    /// Until when this node may deliver as the partition's leader (see [`DeliveryLease`]);
+    /// asked before every round of deliveries. A local log always leads. Takes a short lock.
+    fn delivery_lease(&self) -> DeliveryLease {
+        DeliveryLease::Held
+    }
 }
 
 /// Where a partition of a replicated queue lives, for [`PartitionLogs::open`].
@@ -349,6 +394,9 @@ pub trait PartitionLogs: Send + Sync + 'static {
 /// A boxed future of the cluster's metadata operations.
 pub type MetadataFuture = Pin<Box<dyn Future<Output = BrokerResult<()>> + Send>>;
 
+/// A boxed future of a purge on another node: the count of messages it removed.
+pub type PurgeFuture = Pin<Box<dyn Future<Output = BrokerResult<u64>> + Send>>;
+
 /// The cluster's metadata group, as the broker of a cluster node uses it: declaring, deleting
 /// and changing the settings of a queue go through the group (on whichever node leads it), and
 /// each future resolves once this node has applied the outcome (its broker then holds the
@@ -385,6 +433,11 @@ pub trait ClusterMetadata: Send + Sync + 'static {
     ) -> MetadataFuture;
     /// Delete stream `name` in the cluster.
     fn delete_stream(&self, name: String) -> MetadataFuture;
+    /// Purge partition `index` of queue `name` on node `leader`, which leads it as this node
+    /// last heard ([`crate::Broker::purge`] reaches a partition led elsewhere through this):
+    /// the count that node removed, or its refusal ([`BrokerError::NotLeader`] with the leader
+    /// it knows when the leadership moved, or none known yet; the caller asks again).
+    fn purge_at(&self, name: String, index: u32, leader: u64) -> PurgeFuture;
     /// Replace the retention of live stream `name` in the cluster.
     fn set_stream_settings(
         &self,

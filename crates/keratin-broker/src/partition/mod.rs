@@ -2,7 +2,8 @@
 //! (`prepare`), its log as the owner sees it (`log`, with the single-node `local_log`), the
 //! leader-only delivery state (`delivery_state`), where dead-lettered messages go
 //! (`dead_letter`), the task that owns it all (`owner`), and the idempotent producers'
-//! sequence windows (`producers`, applied with the state once idempotent publishing lands), and
+//! sequence windows (`producers`, applied with the state, carried past a removed prefix by
+//! `PRODUCERS` records), and
 //! how a replicated partition's copies keep up (`replication`: replicas, lag, the in-sync set).
 
 pub mod dead_letter;

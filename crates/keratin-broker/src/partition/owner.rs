@@ -19,6 +19,8 @@
 
 mod admission;
 mod append;
+mod checkpoint;
+mod dead_letter;
 mod delivery;
 mod disk;
 mod follow;
@@ -44,18 +46,21 @@ use crate::broker::BrokerInner;
 use crate::consumer::{ConsumerLink, Delivery, DeliveryPermit, DeliveryTag};
 use crate::error::{BrokerError, BrokerResult};
 use crate::gate::{GateDecision, PublishGate};
-use crate::partition::dead_letter::DeadLetterSink;
+use crate::partition::dead_letter::{DeadLetterSink, DeathReason, Dying, HeldCount};
 use crate::partition::delivery_state::{DeliveryState, Inflight, Prefetched};
 use crate::partition::log::{BoxReader, LogEvent, LogEvents, PartitionLog, Proposal, Role};
 use crate::partition::prepare::{self, LimitVerdict, CONTROL_ENTRIES_MAX};
 use crate::partition::state::{Applied, PartitionState};
-use crate::queue::{Overflow, PartitionFigures, PartitionHandle, PartitionLimits, QueueSettings};
+use crate::queue::{
+    DeadLetterFailure, Overflow, PartitionFigures, PartitionHandle, PartitionLimits, QueueSettings,
+};
 use crate::record::{
     Message, Outcome, PartitionRecord, Relocate, Returned, Settled, ENQUEUE, RELOCATE,
 };
 use crate::Clock;
 
 pub(crate) use append::Submission;
+pub(crate) use dead_letter::AttemptDone;
 pub(crate) use delivery::ReadBatch;
 pub(crate) use disk::{JobDone, RelocationRead};
 pub(crate) use follow::FollowRead;
@@ -93,12 +98,8 @@ pub(crate) enum Command {
     Purge {
         reply: oneshot::Sender<BrokerResult<u64>>,
     },
-    DeadLettered {
-        entries: Vec<(u64, u32)>,
-        delivered: bool,
-        /// Messages whose payload could not be read: ready again.
-        unread: Vec<u64>,
-    },
+    /// A dead-lettering attempt ended (`owner/dead_letter.rs`).
+    DeadLetterAttempt(AttemptDone),
     /// What the partition log reports: a proposal's outcome, or commits.
     Log(LogEvent),
     PrefixRemoved {
@@ -170,25 +171,6 @@ enum AppendOutcome {
     Refused(BrokerError),
 }
 
-/// Why a message goes to the dead-letter queue; sent as the `x-death-reason` header.
-#[derive(Debug, Clone, Copy)]
-enum DeathReason {
-    /// Dropped by `drop_oldest` to make room.
-    Overflow,
-    Rejected,
-    MaxDeliveries,
-}
-
-impl DeathReason {
-    fn as_str(self) -> &'static str {
-        match self {
-            DeathReason::Rejected => "rejected",
-            DeathReason::MaxDeliveries => "max_deliveries",
-            DeathReason::Overflow => "overflow",
-        }
-    }
-}
-
 /// What the owner knows of its queue.
 pub(crate) struct OwnerContext {
     /// The file system holding the partition's log.
@@ -200,6 +182,11 @@ pub(crate) struct OwnerContext {
     pub(crate) broker: Weak<BrokerInner>,
     /// Where dead-lettered messages go (the dead-letter queue may be led by another node).
     pub(crate) dead_letters: Arc<dyn DeadLetterSink>,
+    /// The idempotent producer id of this partition's dead-letter copies
+    /// (`dead_letter::dead_letter_producer` of the queue's id and the partition's index).
+    pub(crate) dead_letter_producer: u64,
+    /// The messages the node holds for dead-lettering, over all its partitions.
+    pub(crate) dead_letters_held: HeldCount,
     pub(crate) clock: Clock,
     pub(crate) segment_size_bytes: u64,
     /// A publish not confirmed within this answers [`BrokerError::TimedOut`].
@@ -290,6 +277,15 @@ struct Owner {
     deferred_purges: Vec<oneshot::Sender<BrokerResult<u64>>>,
     /// State checks asked for, answered at the end of the round (see `run_checks`).
     check_requests: Vec<oneshot::Sender<BrokerResult<(PartitionState, PartitionState)>>>,
+    /// Deliveries wait for the log's delivery lease: look again then (`delivery.rs`).
+    delivery_lease_retry_at: Option<Instant>,
+    /// The sequence of the `PRODUCERS` append waiting or in flight (`checkpoint.rs`).
+    checkpoint_sequence: Option<u64>,
+    /// Disk bytes when the need for a `PRODUCERS` record was last looked at.
+    checkpoint_disk_bytes: u64,
+    /// Dead-lettering attempts started: the last one's id (never reused, so that an attempt
+    /// from before a reset of the delivery state is told apart).
+    dead_letter_attempts: u64,
 }
 
 /// A publish waiting out its slowing delay. It holds no reservation: the gate and the queue
@@ -378,6 +374,10 @@ pub(crate) fn spawn(
         heal_retry_at: None,
         deferred_purges: Vec::new(),
         check_requests: Vec::new(),
+        delivery_lease_retry_at: None,
+        checkpoint_sequence: None,
+        checkpoint_disk_bytes: u64::MAX,
+        dead_letter_attempts: 0,
     };
     owner.limits = owner.ctx.settings.partition_limits();
     // Figures are right from the start, before the task first runs.
@@ -441,11 +441,15 @@ impl Owner {
             self.expire_publishes();
             self.maybe_heal();
             self.maybe_follow();
+            // A `PRODUCERS` record held back until the state caught up may go now.
+            self.submit_backlog();
             // Before delivering (a message owed to `drop_oldest` must not become inflight):
             // what a trim skipped while the log was stopped is owed still after its heal.
             self.trim_to_limits();
+            self.maybe_dead_letter();
             self.deliver();
             self.maybe_reclaim();
+            self.maybe_checkpoint();
             self.maybe_hand_back();
             self.publish_figures();
             self.run_checks();
@@ -473,8 +477,9 @@ impl Owner {
         records <= STATE_CHECK_RECORDS_MAX || self.state_check_rounds.is_multiple_of(interval)
     }
 
-    /// When the loop must wake without a command: the first delayed publish, the next heal
-    /// attempt of a stopped log, the first publish deadline, a delivery read retry, or the
+    /// When the loop must wake without a command: the first delayed publish, the next
+    /// dead-lettering attempt after a failed one, the next heal attempt of a stopped log, the
+    /// first publish deadline, a delivery read retry, a look at a lapsed delivery lease, or the
     /// idle hand-back.
     fn wake_at(&self) -> Option<Instant> {
         let delayed = self.delayed.front().map(|d| d.ready_at);
@@ -489,12 +494,16 @@ impl Owner {
         // A trim owed with nothing else to wake the owner (a rebuilt partition over its limit,
         // `trim_due` at spawn) runs at once; `trim_to_limits` clears it either way.
         let trim = (self.trim_due && self.limits.overflow == Overflow::DropOldest).then_some(now);
+        // The next dead-lettering attempt after a failed one.
+        let dead_letter = self.delivery.dead_letters.wake_at(now);
         [
             delayed,
+            dead_letter,
             heal,
             deadline,
             trim,
             self.delivery.read_retry_at,
+            self.delivery_lease_retry_at,
             self.idle_at(),
         ]
         .into_iter()
@@ -538,14 +547,7 @@ impl Owner {
                 let _ = reply.send(Ok(()));
             }
             Command::Purge { reply } => self.purge(reply),
-            Command::DeadLettered {
-                entries,
-                delivered,
-                unread,
-            } => {
-                self.not_dead_lettered(unread);
-                self.dead_lettered(entries, delivered);
-            }
+            Command::DeadLetterAttempt(done) => self.dead_letter_done(done),
             Command::Log(event) => self.log_event(event),
             Command::PrefixRemoved { result } => self.prefix_removed(result),
             Command::HandedBack { result } => self.handed_back(result),
@@ -663,6 +665,8 @@ impl Owner {
                 self.reclaim_due = true;
             }
             Applied::Settings | Applied::Nothing | Applied::Duplicate { .. } => {}
+            // Space reclaim may cut the log here now.
+            Applied::Checkpointed => self.reclaim_due = true,
             Applied::Settled(_) => self.reclaim_due = true,
             Applied::Returned(messages) => {
                 // A later return of the same message may still be on its way to the log: its
@@ -752,6 +756,8 @@ impl Owner {
         );
         f.inflight
             .store(self.delivery.inflight.len() as u64, Ordering::Relaxed);
+        f.dead_letters_held
+            .store(self.delivery.dead_letters.len() as u64, Ordering::Relaxed);
         f.live_bytes
             .store(self.state.live_bytes(), Ordering::Relaxed);
         if let Some(log) = &self.log {

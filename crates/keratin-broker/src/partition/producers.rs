@@ -216,6 +216,58 @@ impl ProducerWindows {
     }
 }
 
+/// Bytes of one producer's window in the encoding below, before its ranges.
+const WINDOW_HEAD_BYTES: usize = 8 + 8 + 8 + 2;
+
+/// Appends `windows` as a queue's `PRODUCERS` record and a stream's `STREAM_CHECKPOINT` hold
+/// them (`docs/partition-records.md`, `docs/streams.md`): a `u32` producer count, then per
+/// producer its id, floor and last offset (`u64` each), a `u16` range count and the ranges
+/// (two `u64` each), all little-endian. The counts must fit their types (windows of a
+/// [`ProducerWindows`] do: [`PRODUCERS_MAX`], [`RANGES_MAX`]).
+pub(crate) fn encode_windows(windows: &[WindowSnapshot], out: &mut Vec<u8>) {
+    debug_assert!(u32::try_from(windows.len()).is_ok());
+    out.extend_from_slice(&(windows.len() as u32).to_le_bytes());
+    for w in windows {
+        debug_assert!(u16::try_from(w.stored.len()).is_ok());
+        out.extend_from_slice(&w.producer.to_le_bytes());
+        out.extend_from_slice(&w.floor.to_le_bytes());
+        out.extend_from_slice(&w.last_offset.to_le_bytes());
+        out.extend_from_slice(&(w.stored.len() as u16).to_le_bytes());
+        for &(start, end) in &w.stored {
+            out.extend_from_slice(&start.to_le_bytes());
+            out.extend_from_slice(&end.to_le_bytes());
+        }
+    }
+}
+
+/// Reads windows written by [`encode_windows`], checked against the windows' own rules
+/// (bounds, order: [`ProducerWindows::from_snapshot`]): damaged bytes never become a wrong
+/// verdict.
+pub(crate) fn decode_windows(
+    r: &mut crate::record::Reader<'_>,
+) -> crate::error::BrokerResult<Vec<WindowSnapshot>> {
+    let count = r.count(WINDOW_HEAD_BYTES)?;
+    let mut windows = Vec::with_capacity(count);
+    for _ in 0..count {
+        let producer = r.u64()?;
+        let floor = r.u64()?;
+        let last_offset = r.u64()?;
+        let runs = usize::from(r.u16()?);
+        let mut stored = Vec::with_capacity(runs.min(RANGES_MAX));
+        for _ in 0..runs {
+            stored.push((r.u64()?, r.u64()?));
+        }
+        windows.push(WindowSnapshot {
+            producer,
+            floor,
+            last_offset,
+            stored,
+        });
+    }
+    ProducerWindows::from_snapshot(&windows).map_err(|reason| r.error(reason))?;
+    Ok(windows)
+}
+
 /// Keeps `window` within [`RANGES_MAX`] ranges: the lowest go, and the floor rises past them.
 fn trim(window: &mut Window) {
     while window.stored.range_count() > RANGES_MAX {

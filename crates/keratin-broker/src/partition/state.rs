@@ -7,22 +7,23 @@
 //! exceptions: messages returned with a delivery count, and messages relocated to the log's head.
 //! What is inflight is not durable state: after a restart every live message is ready.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use crate::error::{BrokerError, BrokerResult};
-use crate::partition::producers::ProducerWindows;
+use crate::partition::producers::{ProducerWindows, WindowSnapshot};
 use crate::range_set::RangeSet;
 use crate::record::{PartitionRecord, Purge, Relocate};
 
 /// The durable state of a partition.
 ///
-/// Equality (a live state against the state rebuilt from its log: the debug check, the crash
-/// tests) ignores the producers' windows: a live state still remembers the sequences of
-/// messages whose segments space reclaim removed, which a state rebuilt from the log no longer
-/// holds. Forgetting them at a restart can only store a late retry again, never lose a
-/// message (`docs/cluster.md`, "Idempotent producers"). Replicated logs remove no prefix (until
-/// partition snapshots, which will carry the windows), so replicas decide duplicates alike.
-#[derive(Debug, Clone, Eq)]
+/// The producers' windows survive the removal of the log's prefix: while a producer has a
+/// window, space reclaim cuts the log only at a `PRODUCERS` record ([`Self::window_cut`]),
+/// which replaces the windows with those it holds when applied; the leader writes one after
+/// every segment roll. So a state rebuilt from the log (at a restart, or a replica rebuilt from
+/// its leader's snapshot, whose log starts at the cut) has the windows of the live one, and
+/// equality (a live state against the state rebuilt from its log: the debug check, the crash
+/// tests) covers them.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PartitionState {
     /// First offset of the log (offsets below it were removed as free space).
     start: u64,
@@ -44,32 +45,16 @@ pub struct PartitionState {
     /// The idempotent producers' windows, from the ENQUEUE records applied: a second ENQUEUE
     /// of a producer's sequence is a duplicate, dead from the start (never delivered).
     producers: ProducerWindows,
+    /// Offsets of the `PRODUCERS` records at or above `start`, oldest first (about one per
+    /// segment: at most [`WINDOW_CHECKPOINTS_MAX`]).
+    checkpoints: VecDeque<u64>,
 }
 
-impl PartialEq for PartitionState {
-    fn eq(&self, other: &PartitionState) -> bool {
-        // Every field but `producers` (see the type's docs).
-        let PartitionState {
-            start,
-            head,
-            dead,
-            relocated,
-            counts,
-            live_count,
-            live_bytes,
-            recount_due,
-            producers: _,
-        } = self;
-        *start == other.start
-            && *head == other.head
-            && *dead == other.dead
-            && *relocated == other.relocated
-            && *counts == other.counts
-            && *live_count == other.live_count
-            && *live_bytes == other.live_bytes
-            && *recount_due == other.recount_due
-    }
-}
+/// Most `PRODUCERS` offsets a state keeps. The leader writes one per segment roll, so this
+/// covers 4,096 segments between the log's start and its head (256 GiB of 64 MiB segments);
+/// a longer log forgets the oldest, and space reclaim then falls back on cutting at the
+/// lowest live payload (see `owner/reclaim.rs`).
+pub const WINDOW_CHECKPOINTS_MAX: usize = 4_096;
 
 /// What applying a record changed, for the owner's volatile bookkeeping.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,6 +78,8 @@ pub enum Applied {
     },
     /// The queue's settings were recorded.
     Settings,
+    /// The producers' windows were replaced by a `PRODUCERS` record's: the log may be cut here.
+    Checkpointed,
     /// An offset with no partition record (a replicated log's own entry).
     Nothing,
     /// A message's payload now lives at `to`.
@@ -117,6 +104,7 @@ impl PartitionState {
             live_bytes: 0,
             recount_due: false,
             producers: ProducerWindows::new(),
+            checkpoints: VecDeque::new(),
         }
     }
 
@@ -217,6 +205,36 @@ impl PartitionState {
         self.dead.forget_below(start);
         self.start = start;
         self.head = self.head.max(start);
+        while self.checkpoints.front().is_some_and(|c| *c < start) {
+            self.checkpoints.pop_front();
+        }
+    }
+
+    /// Where space reclaim may cut the log (remove what lies below) with `pin` the lowest live
+    /// payload, keeping the producers' windows: `pin` itself while no producer has a window
+    /// (windows never empty once filled, so none had one below it either); else the last
+    /// `PRODUCERS` record at or below `pin`, whose windows a state rebuilt from there starts
+    /// with. `None`: no such record yet.
+    pub fn window_cut(&self, pin: u64) -> Option<u64> {
+        if self.producers.is_empty() {
+            return Some(pin);
+        }
+        self.checkpoints.iter().rev().find(|c| **c <= pin).copied()
+    }
+
+    /// Whether some idempotent producer has a window here.
+    pub fn has_producers(&self) -> bool {
+        !self.producers.is_empty()
+    }
+
+    /// The offset of the last `PRODUCERS` record applied, if one is at or above the start.
+    pub fn last_checkpoint(&self) -> Option<u64> {
+        self.checkpoints.back().copied()
+    }
+
+    /// The windows as a `PRODUCERS` record holds them.
+    pub fn producers_snapshot(&self) -> Vec<WindowSnapshot> {
+        self.producers.snapshot()
     }
 
     /// True when `live_bytes` must be recounted from the log's records (see
@@ -251,6 +269,19 @@ impl PartitionState {
                 reason: format!("applied out of order: expected offset {}", self.head),
             });
         }
+        // Checked before anything changes (a record decoded from the log was checked already).
+        let windows = match record {
+            PartitionRecord::Producers(windows) => {
+                Some(ProducerWindows::from_snapshot(windows).map_err(|reason| {
+                    BrokerError::Corrupt {
+                        what: "producers record",
+                        offset,
+                        reason,
+                    }
+                })?)
+            }
+            _ => None,
+        };
         self.head = offset + 1;
         let applied = match record {
             PartitionRecord::Enqueue {
@@ -307,6 +338,19 @@ impl PartitionState {
             PartitionRecord::Noop => {
                 self.dead.insert(offset);
                 Applied::Nothing
+            }
+            PartitionRecord::Producers(_) => {
+                // Replaced whatever this state had, on every replica alike: the leader wrote
+                // them with nothing of its own before them unapplied, so they are the windows
+                // every copy that applied the whole log has here; a copy rebuilt from here on
+                // gets them only from this record.
+                self.dead.insert(offset);
+                self.producers = windows.unwrap_or_default();
+                if self.checkpoints.len() >= WINDOW_CHECKPOINTS_MAX {
+                    self.checkpoints.pop_front();
+                }
+                self.checkpoints.push_back(offset);
+                Applied::Checkpointed
             }
         };
         Ok(applied)
@@ -523,6 +567,50 @@ mod tests {
         assert!(s.recount_due(), "the byte total covered unknown messages");
         s.recount(1, 10);
         assert_eq!((s.live_count(), s.live_bytes()), (1, 10));
+    }
+
+    /// The log may be cut at the pin while no producer has a window, and only at a
+    /// `PRODUCERS` record at or below the pin once one has; a state rebuilt from that record
+    /// on equals the live one, windows included, and still knows a sequence stored below it.
+    #[test]
+    fn a_producers_record_carries_the_windows_past_a_cut() {
+        use crate::record::ProducerSeq;
+        let mut s = PartitionState::new(0);
+        let plain = PartitionRecord::Enqueue {
+            size_bytes: 4,
+            producer: None,
+        };
+        s.apply(0, &plain).expect("apply");
+        s.apply(1, &settle(0, 4)).expect("apply");
+        assert_eq!(s.window_cut(2), Some(2), "no producer: cut at the pin");
+        let marked = PartitionRecord::Enqueue {
+            size_bytes: 4,
+            producer: Some(ProducerSeq {
+                producer: 9,
+                sequence: 1,
+            }),
+        };
+        s.apply(2, &marked).expect("apply");
+        s.apply(3, &settle(2, 4)).expect("apply");
+        assert_eq!(s.window_cut(4), None, "a window and no record to cut at");
+        let checkpoint = PartitionRecord::Producers(s.producers_snapshot());
+        assert_eq!(
+            s.apply(4, &checkpoint).expect("apply"),
+            Applied::Checkpointed
+        );
+        s.apply(5, &plain).expect("apply");
+        assert_eq!(s.pinned_offset(), 5);
+        assert_eq!(s.window_cut(s.pinned_offset()), Some(4));
+        s.forget_below(4);
+        let mut rebuilt = PartitionState::new(4);
+        rebuilt.apply(4, &checkpoint).expect("apply");
+        rebuilt.apply(5, &plain).expect("apply");
+        assert_eq!(rebuilt, s);
+        assert_eq!(
+            rebuilt.apply(6, &marked).expect("apply"),
+            Applied::Duplicate { offset: 6 },
+            "the sequence stored below the cut is still known"
+        );
     }
 
     /// A producer's sequence is stored once: its second ENQUEUE is dead from the start, and the

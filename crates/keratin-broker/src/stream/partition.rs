@@ -1096,9 +1096,10 @@ impl Owner {
         let Some(at) = self.inflight.iter().position(|i| i.sequence == sequence) else {
             return;
         };
-        if matches!(error, BrokerError::NotLeader { .. }) {
-            // A replicated log that does not lead (any more): this proposal took no offset
-            // and the log runs on (its successor's records come as commits).
+        if !crate::partition::log::is_storage_failure(&error) {
+            // A replicated log that does not lead (any more): the log runs on, and what it
+            // committed comes as commits, the successor's records and this proposal's if it
+            // took an offset that was committed after all (`LeadershipLost`: unknown).
             let mut refused = self.inflight.remove(at).expect("found");
             for (record, _) in &refused.records {
                 if let StreamRecord::Message(Message {

@@ -176,29 +176,24 @@ impl StreamRecord {
 }
 
 fn encode_checkpoint(c: &Checkpoint, out: &mut Vec<u8>) -> BrokerResult<()> {
-    let producers = u32::try_from(c.producers.len())
+    // The counts must fit the encoding's (`encode_windows`); the windows' own rules are the
+    // reader's to check.
+    u32::try_from(c.producers.len())
         .map_err(|_| BrokerError::Invalid("too many producers in a checkpoint".into()))?;
+    if c.producers
+        .iter()
+        .any(|w| u16::try_from(w.stored.len()).is_err())
+    {
+        return Err(BrokerError::Invalid(
+            "too many ranges in a producer window".into(),
+        ));
+    }
     out.push(CHECKPOINT_FORMAT);
     out.extend_from_slice(&c.messages.to_le_bytes());
     out.extend_from_slice(&c.bytes.to_le_bytes());
-    out.extend_from_slice(&producers.to_le_bytes());
-    for w in &c.producers {
-        let runs = u16::try_from(w.stored.len())
-            .map_err(|_| BrokerError::Invalid("too many ranges in a producer window".into()))?;
-        out.extend_from_slice(&w.producer.to_le_bytes());
-        out.extend_from_slice(&w.floor.to_le_bytes());
-        out.extend_from_slice(&w.last_offset.to_le_bytes());
-        out.extend_from_slice(&runs.to_le_bytes());
-        for &(start, end) in &w.stored {
-            out.extend_from_slice(&start.to_le_bytes());
-            out.extend_from_slice(&end.to_le_bytes());
-        }
-    }
+    crate::partition::producers::encode_windows(&c.producers, out);
     Ok(())
 }
-
-/// Bytes of one producer in a checkpoint before its ranges.
-const PRODUCER_HEAD_BYTES: usize = 8 + 8 + 8 + 2;
 
 fn decode_checkpoint(payload: &[u8], offset: u64) -> BrokerResult<Checkpoint> {
     let mut r = Reader::new(payload, "stream checkpoint", offset);
@@ -208,28 +203,8 @@ fn decode_checkpoint(payload: &[u8], offset: u64) -> BrokerResult<Checkpoint> {
     }
     let messages = r.u64()?;
     let bytes = r.u64()?;
-    let count = r.count(PRODUCER_HEAD_BYTES)?;
-    let mut producers = Vec::with_capacity(count);
-    for _ in 0..count {
-        let producer = r.u64()?;
-        let floor = r.u64()?;
-        let last_offset = r.u64()?;
-        let runs = usize::from(r.u16()?);
-        let mut stored = Vec::with_capacity(runs.min(payload.len() / 16));
-        for _ in 0..runs {
-            stored.push((r.u64()?, r.u64()?));
-        }
-        producers.push(WindowSnapshot {
-            producer,
-            floor,
-            last_offset,
-            stored,
-        });
-    }
+    let producers = crate::partition::producers::decode_windows(&mut r)?;
     r.end()?;
-    // The windows' own rules (bounds, order) are checked by rebuilding them.
-    crate::partition::producers::ProducerWindows::from_snapshot(&producers)
-        .map_err(|reason| r.error(reason))?;
     Ok(Checkpoint {
         messages,
         bytes,

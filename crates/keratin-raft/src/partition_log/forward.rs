@@ -21,9 +21,14 @@ pub(super) async fn forward(
     mut seen: (bool, Option<u64>, Option<String>),
 ) {
     let mut metrics = raft.metrics();
+    let mut elected = Elected::default();
     // openraft sends no metrics while a cut-off leader waits, so the quorum check
     // (`quorum_lost`) is also made when the last acknowledgement comes of age.
-    let mut check_at = check_time(&metrics.borrow_watched());
+    let mut check_at = {
+        let now = metrics.borrow_watched();
+        let elected_at = elected.observe(&now);
+        check_time(&now, elected_at)
+    };
     let mut address_at = address_time(&seen);
     // Commits made before the owner started (it rebuilt its state from what was committed when
     // the log opened).
@@ -69,8 +74,9 @@ pub(super) async fn forward(
             () = sleep_until(address_at) => {}
         }
         let now = metrics.borrow_watched();
-        check_at = check_time(&now);
-        let role = role_of(answers.id, &now, &answers.client_addrs);
+        let elected_at = elected.observe(&now);
+        check_at = check_time(&now, elected_at);
+        let role = role_of(answers.id, &now, elected_at, &answers.client_addrs);
         drop(now);
         let now_seen = (role.leading, role.leader, role.addr.clone());
         if now_seen != seen {
@@ -79,6 +85,30 @@ pub(super) async fn forward(
             answers.events.send(LogEvent::Role(role));
         }
         address_at = address_time(&seen);
+    }
+}
+
+/// When this node was elected, as far as the forwarder saw it: the first metrics that showed
+/// it leading under its current vote (a leader never acknowledged by a majority is cut off
+/// once that is [`QUORUM_LOST_AFTER`] old).
+#[derive(Default)]
+struct Elected(Option<(crate::types::Vote, tokio::time::Instant)>);
+
+impl Elected {
+    /// Since when `metrics` show this node leading under the same vote, if they do.
+    fn observe(&mut self, metrics: &RaftMetrics<TypeConfig>) -> Option<tokio::time::Instant> {
+        if !metrics.state.is_leader() || metrics.current_leader != Some(metrics.id) {
+            self.0 = None;
+            return None;
+        }
+        match &self.0 {
+            Some((vote, at)) if *vote == metrics.vote => Some(*at),
+            _ => {
+                let at = tokio::time::Instant::now();
+                self.0 = Some((metrics.vote, at));
+                Some(at)
+            }
+        }
     }
 }
 
@@ -95,8 +125,11 @@ fn address_time(seen: &(bool, Option<u64>, Option<String>)) -> Option<tokio::tim
 }
 
 /// When to check the quorum again ([`quorum_check_in`] from now).
-fn check_time(metrics: &RaftMetrics<TypeConfig>) -> Option<tokio::time::Instant> {
-    quorum_check_in(metrics).map(|wait| tokio::time::Instant::now() + wait)
+fn check_time(
+    metrics: &RaftMetrics<TypeConfig>,
+    elected_at: Option<tokio::time::Instant>,
+) -> Option<tokio::time::Instant> {
+    quorum_check_in(metrics, elected_at).map(|wait| tokio::time::Instant::now() + wait)
 }
 
 /// Sleeps until `at`; never resolves for `None`.

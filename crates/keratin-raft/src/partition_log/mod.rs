@@ -16,13 +16,16 @@
 //!   batch (`client_write_many`, whose first await returns once the core has the batch, so
 //!   proposals are pipelined and get increasing, consecutive offsets in proposal order). Its
 //!   outcome is awaited on a task of its own: the offsets once committed and applied; "not the
-//!   leader" when openraft discarded it (a deposed leader's entry cut by its successor) or
-//!   refused it; a storage error (outcome unknown) when the replica's storage fenced or the
-//!   group stopped.
+//!   leader" when openraft refused it before appending anything; "leadership lost" (504,
+//!   outcome unknown) when openraft discarded an entry of it as this node took another
+//!   leader's log (that leader, or a later one, may still commit it: openraft says "commit
+//!   status unknown"), or when the proposal was committed in part; a storage error (outcome
+//!   unknown) when the replica's storage fenced or the group stopped.
 //!
 //! A deposed leader's entries in flight are not failed when it steps down: openraft answers
 //! them when their fate is known — committed by the successor (then they are reported
-//! committed and the owner applies them at their offsets) or cut by it (then "not the leader").
+//! committed and the owner applies them at their offsets) or discarded (then "leadership
+//! lost": only an idempotent producer's retry is safe, so nobody is told to send again).
 //! The owner reads records committed by others meanwhile up to its oldest pending proposal
 //! (`owner/follow.rs`), so nothing waits on a proposal that cannot end while a leader exists.
 //!
@@ -51,7 +54,7 @@ mod replication;
 mod submit;
 
 use forward::forward;
-pub use provider::{ReplicatedLogs, ReplicatedLogsSetup};
+pub use provider::{ReplicatedLogs, ReplicatedLogsSetup, FORMATION_HOLD};
 use reader::ReplicatedReader;
 use replication::LeaderlessClock;
 use submit::{submit, Answers, Submission};
@@ -66,8 +69,8 @@ use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
 use keratin_broker::error::{BrokerError, BrokerResult};
 use keratin_broker::partition::log::{
-    BoxReader, LogEvent, LogEvents, LogSpace, PartitionLog, PartitionLogs, PartitionPlace,
-    PartitionReader, Proposal, Proposing, Removing, Role,
+    BoxReader, DeliveryLease, LogEvent, LogEvents, LogSpace, PartitionLog, PartitionLogs,
+    PartitionPlace, PartitionReader, Proposal, Proposing, Removing, Role,
 };
 use keratin_broker::partition::replication::ReplicationStatus;
 use keratin_broker::record::NOOP;
@@ -163,39 +166,108 @@ fn log_error(what: &str, error: RaftError) -> LogError {
 /// leader").
 pub const QUORUM_LOST_AFTER: Duration = Duration::from_millis(ELECTION_TIMEOUT_MAX_MS);
 
-/// Whether the metrics show a leader of several voters whose last request a majority
-/// acknowledged was sent over [`QUORUM_LOST_AFTER`] ago. A leader with no such request yet
-/// (just elected) is not cut off: openraft refuses its writes until its lease is confirmed.
-fn quorum_lost(metrics: &RaftMetrics<TypeConfig>) -> bool {
-    quorum_ack_age(metrics).is_some_and(|age| age > QUORUM_LOST_AFTER)
+/// What a leader's delivery lease leaves for the way from the decision to deliver to the
+/// consumer's socket (the owner's round, a full connection buffer, a busy core) and for clock
+/// rates: a message handed out just before the lease ends is on its way well before any
+/// successor can lead (`docs/cluster.md`, "A cut-off leader").
+pub const DELIVERY_MARGIN: Duration = Duration::from_millis(250);
+
+/// A leader of several voters delivers only while a majority acknowledged a request it sent
+/// within this: [`QUORUM_LOST_AFTER`], the followers' lease on it (openraft's leader lease,
+/// the longest election timeout: a follower that acknowledged a request sent at `t` votes for
+/// no one else before `t` + 1 s), less [`DELIVERY_MARGIN`].
+pub const DELIVERY_LEASE: Duration =
+    Duration::from_millis(ELECTION_TIMEOUT_MAX_MS - DELIVERY_MARGIN.as_millis() as u64);
+const _: () = assert!(DELIVERY_MARGIN.as_millis() < ELECTION_TIMEOUT_MAX_MS as u128 / 2);
+
+/// Whether the metrics show a leader of several voters cut off from a majority: its last
+/// request a majority acknowledged was sent over [`QUORUM_LOST_AFTER`] ago, or, with none
+/// acknowledged yet, it was elected (`elected_at`, when known) over [`QUORUM_LOST_AFTER`] ago.
+/// openraft refuses a new leader's writes until its lease is confirmed; this keeps it from
+/// holding consumers it cannot serve.
+fn quorum_lost(
+    metrics: &RaftMetrics<TypeConfig>,
+    elected_at: Option<tokio::time::Instant>,
+) -> bool {
+    match quorum_ack_age(metrics, elected_at) {
+        Some(QuorumAck::Age(age)) => age > QUORUM_LOST_AFTER,
+        Some(QuorumAck::Never { elected_for }) => elected_for > QUORUM_LOST_AFTER,
+        None => false,
+    }
 }
 
-/// How long ago a majority acknowledged the last request of this node as the leader of
-/// several voters; `None` when it does not lead, leads alone, or has no acknowledged request.
-fn quorum_ack_age(metrics: &RaftMetrics<TypeConfig>) -> Option<Duration> {
-    if !metrics.state.is_leader()
-        || metrics.current_leader != Some(metrics.id)
-        || metrics
+/// When this node, as the leader of several voters, last heard from a majority.
+enum QuorumAck {
+    /// A majority acknowledged a request sent this long ago.
+    Age(Duration),
+    /// None yet, since it was elected this long ago.
+    Never { elected_for: Duration },
+}
+
+/// Whether this node leads several voters (not alone): the leaders a lease matters for.
+fn leads_others(metrics: &RaftMetrics<TypeConfig>) -> bool {
+    metrics.state.is_leader()
+        && metrics.current_leader == Some(metrics.id)
+        && metrics
             .membership_config
             .membership()
             .voter_ids()
             .nth(1)
-            .is_none()
-    {
-        return None;
-    }
-    let acked = metrics.last_quorum_acked?;
-    Some(acked.into_inner().elapsed())
+            .is_some()
 }
 
-/// When the forwarder should check the quorum again: once the last acknowledgement would be
-/// [`QUORUM_LOST_AFTER`] old, while this node leads with its quorum; `None` otherwise (a change
-/// of metrics wakes it then).
-fn quorum_check_in(metrics: &RaftMetrics<TypeConfig>) -> Option<Duration> {
-    let age = quorum_ack_age(metrics)?;
+/// How long ago a majority acknowledged the last request of this node as the leader of
+/// several voters (or, with none yet, how long ago it was elected when `elected_at` is known);
+/// `None` when it does not lead, leads alone, or nothing is known.
+fn quorum_ack_age(
+    metrics: &RaftMetrics<TypeConfig>,
+    elected_at: Option<tokio::time::Instant>,
+) -> Option<QuorumAck> {
+    if !leads_others(metrics) {
+        return None;
+    }
+    match metrics.last_quorum_acked {
+        Some(acked) => Some(QuorumAck::Age(acked.into_inner().elapsed())),
+        None => elected_at.map(|at| QuorumAck::Never {
+            elected_for: at.elapsed(),
+        }),
+    }
+}
+
+/// When the forwarder should check the quorum again: once the last acknowledgement (or the
+/// election, with none yet) would be [`QUORUM_LOST_AFTER`] old, while this node leads others;
+/// `None` otherwise (a change of metrics wakes it then).
+fn quorum_check_in(
+    metrics: &RaftMetrics<TypeConfig>,
+    elected_at: Option<tokio::time::Instant>,
+) -> Option<Duration> {
+    let age = match quorum_ack_age(metrics, elected_at)? {
+        QuorumAck::Age(age) => age,
+        QuorumAck::Never { elected_for } => elected_for,
+    };
     QUORUM_LOST_AFTER
         .checked_sub(age)
         .map(|left| left + Duration::from_millis(1))
+}
+
+/// The delivery lease the metrics show for this node (see [`DELIVERY_LEASE`]): held by a
+/// leader alone in its group; until [`DELIVERY_LEASE`] after the last request a majority
+/// acknowledged for the leader of several voters; lapsed otherwise (no leader, or none
+/// acknowledged: a leader just elected delivers from its first acknowledged heartbeat).
+fn delivery_lease(metrics: &RaftMetrics<TypeConfig>) -> DeliveryLease {
+    if !metrics.state.is_leader() || metrics.current_leader != Some(metrics.id) {
+        return DeliveryLease::Lapsed;
+    }
+    if !leads_others(metrics) {
+        return DeliveryLease::Held;
+    }
+    let Some(acked) = metrics.last_quorum_acked else {
+        return DeliveryLease::Lapsed;
+    };
+    match DELIVERY_LEASE.checked_sub(acked.into_inner().elapsed()) {
+        Some(left) if !left.is_zero() => DeliveryLease::Until(tokio::time::Instant::now() + left),
+        _ => DeliveryLease::Lapsed,
+    }
 }
 
 /// The leader node `id`, which does not lead, may send its clients to: the one its metrics
@@ -215,12 +287,17 @@ fn redirect_target(id: u64, metrics: &RaftMetrics<TypeConfig>) -> Option<u64> {
         .then_some(leader)
 }
 
-/// The role openraft's metrics show for node `id`: a leader cut off from a majority
-/// ([`quorum_lost`]) is not leading and knows no leader; a node that does not lead names only
-/// a [`redirect_target`].
-fn role_of(id: u64, metrics: &RaftMetrics<TypeConfig>, client_addrs: &ClientAddrs) -> Role {
+/// The role openraft's metrics show for node `id`, elected at `elected_at` if that is known:
+/// a leader cut off from a majority ([`quorum_lost`]) is not leading and knows no leader; a
+/// node that does not lead names only a [`redirect_target`].
+fn role_of(
+    id: u64,
+    metrics: &RaftMetrics<TypeConfig>,
+    elected_at: Option<tokio::time::Instant>,
+    client_addrs: &ClientAddrs,
+) -> Role {
     let elected = metrics.state.is_leader() && metrics.current_leader == Some(id);
-    let cut_off = elected && quorum_lost(metrics);
+    let cut_off = elected && quorum_lost(metrics, elected_at);
     let leading = elected && !cut_off;
     let leader = if cut_off {
         None
@@ -368,6 +445,7 @@ impl ReplicatedLog {
         let role = role_of(
             self.id,
             &raft.metrics().borrow_watched(),
+            None,
             &self.client_addrs,
         );
         let seen = (role.leading, role.leader, role.addr.clone());
@@ -430,9 +508,12 @@ impl ReplicatedLog {
         if let Some(reason) = running.replica.fence().reason() {
             return Err(BrokerError::Log(fenced_error(reason)));
         }
+        // Not knowing when it was elected, a leader never acknowledged counts as leading here:
+        // openraft refuses its writes until its lease is confirmed.
         let role = role_of(
             self.id,
             &running.replica.raft().metrics().borrow_watched(),
+            None,
             &self.client_addrs,
         );
         if !role.leading {
@@ -780,6 +861,16 @@ impl PartitionLog for ReplicatedLog {
         self.with_replica(|replica| replication::status_of(self.id, replica, &self.leaderless))
     }
 
+    fn delivery_lease(&self) -> DeliveryLease {
+        self.with_replica(|replica| {
+            if replica.fence().is_tripped() {
+                return DeliveryLease::Lapsed;
+            }
+            delivery_lease(&replica.raft().metrics().borrow_watched())
+        })
+        .unwrap_or(DeliveryLease::Lapsed)
+    }
+
     fn reset(self: Arc<Self>) -> (Option<Arc<dyn PartitionLog>>, BrokerResult<()>) {
         let error = BrokerError::Invalid(format!(
             "partition {} of {:?} is replicated: its log is not reset in place; a purge \
@@ -829,6 +920,7 @@ mod tests {
         let role = role_of(
             2,
             &metrics(2, ServerState::Follower, Some(3), &[1, 2, 3]),
+            None,
             &client_addrs(),
         );
         assert!(!role.leading);
@@ -841,6 +933,7 @@ mod tests {
         let role = role_of(
             2,
             &metrics(2, ServerState::Leader, Some(2), &[1, 2, 3]),
+            None,
             &client_addrs(),
         );
         assert!(role.leading);
@@ -856,11 +949,60 @@ mod tests {
             ServerState::Candidate,
             ServerState::Learner,
         ] {
-            let role = role_of(2, &metrics(2, state, Some(2), &[1, 2, 3]), &client_addrs());
+            let role = role_of(
+                2,
+                &metrics(2, state, Some(2), &[1, 2, 3]),
+                None,
+                &client_addrs(),
+            );
             assert!(!role.leading, "{state:?}");
             assert_eq!(role.leader, None, "{state:?}: named itself");
             assert_eq!(role.addr, None, "{state:?}: its own address");
         }
+    }
+
+    /// A leader that no majority acknowledged since its election does not count as cut off at
+    /// first (openraft holds its writes until its lease is confirmed), but does once the
+    /// lease has passed since it was elected: its consumers must go where a leader can serve
+    /// them. It never holds the delivery lease meanwhile.
+    #[test]
+    fn a_leader_never_acknowledged_is_cut_off_a_lease_after_its_election() {
+        let leader = metrics(2, ServerState::Leader, Some(2), &[1, 2, 3]);
+        let now = tokio::time::Instant::now();
+        let just = role_of(2, &leader, Some(now), &client_addrs());
+        assert!(just.leading, "just elected: {just:?}");
+        let long_ago = now
+            .checked_sub(QUORUM_LOST_AFTER + Duration::from_millis(100))
+            .expect("the clock runs longer than a lease");
+        let late = role_of(2, &leader, Some(long_ago), &client_addrs());
+        assert!(!late.leading, "never acknowledged for a lease: {late:?}");
+        assert_eq!(late.leader, None);
+        assert_eq!(delivery_lease(&leader), DeliveryLease::Lapsed);
+    }
+
+    /// The delivery lease: none for a follower, held by a leader alone, and for the leader of
+    /// several voters until `DELIVERY_LEASE` after the last acknowledged request.
+    #[test]
+    fn the_delivery_lease_follows_the_last_quorum_acknowledgement() {
+        let follower = metrics(2, ServerState::Follower, Some(3), &[1, 2, 3]);
+        assert_eq!(delivery_lease(&follower), DeliveryLease::Lapsed);
+        let alone = metrics(2, ServerState::Leader, Some(2), &[2]);
+        assert_eq!(delivery_lease(&alone), DeliveryLease::Held);
+        let mut leader = metrics(2, ServerState::Leader, Some(2), &[1, 2, 3]);
+        let now = <openraft::type_config::alias::InstantOf<TypeConfig> as openraft::Instant>::now();
+        leader.last_quorum_acked = Some(now.into());
+        let before = tokio::time::Instant::now();
+        match delivery_lease(&leader) {
+            DeliveryLease::Until(until) => {
+                // (Two clock readings apart: a millisecond of slack.)
+                let latest = before + DELIVERY_LEASE + Duration::from_millis(1);
+                assert!(until > before && until <= latest, "{until:?}");
+            }
+            other => panic!("a leader just acknowledged: {other:?}"),
+        }
+        let stale = now - (DELIVERY_LEASE + Duration::from_millis(1));
+        leader.last_quorum_acked = Some(stale.into());
+        assert_eq!(delivery_lease(&leader), DeliveryLease::Lapsed);
     }
 
     /// A former leader moved off the group (no voter any more) stays the leader a follower
@@ -871,6 +1013,7 @@ mod tests {
         let role = role_of(
             2,
             &metrics(2, ServerState::Follower, Some(4), &[1, 2, 3]),
+            None,
             &client_addrs(),
         );
         assert!(!role.leading);

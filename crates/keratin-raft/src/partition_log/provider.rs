@@ -6,7 +6,9 @@
 use std::collections::BTreeSet;
 
 use super::*;
-use crate::replica::{copies, membership, GroupMembers, MembershipError, Replaced};
+use crate::replica::{
+    copies, membership, GroupMembers, MembershipError, Replaced, ELECTION_TIMEOUT_MAX_MS,
+};
 
 /// How a node opens its replicated partition logs: see [`ReplicatedLogs::new`].
 pub struct ReplicatedLogsSetup {
@@ -304,6 +306,13 @@ impl ReplicatedLogs {
         })
     }
 
+    /// The leader of `group` as this node's replica knows it (itself included), if any.
+    pub fn leader_of(&self, group: GroupId) -> Option<u64> {
+        let raft = self.running_raft(group).ok()?;
+        let leader = raft.metrics().borrow_watched().current_leader;
+        leader
+    }
+
     /// Retire this node's replica of `group` once the voters changed without it: waits up to
     /// `wait` until the membership it knows committed no longer names it a voter (its vote
     /// can no longer be needed; refused with [`MembershipError::StillVoter`] otherwise), then
@@ -337,6 +346,13 @@ impl ReplicatedLogs {
     }
 }
 
+/// How long a replica that forms a group but is not its preferred leader waits for a leader
+/// before it forms the group itself: twice the largest election timeout, time for the
+/// preferred replica to open the group and campaign twice (its first vote requests can reach
+/// replicas that have not opened the group yet). A group whose preferred replica is down
+/// elects another one this much later.
+pub const FORMATION_HOLD: Duration = Duration::from_millis(2 * ELECTION_TIMEOUT_MAX_MS);
+
 /// A replica's logs in `place.dir`, on the node's pool (blocking).
 fn open_group_logs(place: &PartitionPlace) -> Result<GroupLogs, RaftError> {
     let options = LogOptions {
@@ -368,6 +384,23 @@ impl PartitionLogs for ReplicatedLogs {
         let group = partition_group(place.queue_id, place.index)
             .map_err(|e| BrokerError::Invalid(e.to_string()))?;
         let opening = self.opening(place)?;
+        // The first election of a group formed now goes to its preferred leader (the first
+        // replica): it forms the group at once (openraft's `initialize` campaigns at once);
+        // another forming replica starts empty, gives its vote, and forms the group itself
+        // only if no leader reached it within `FORMATION_HOLD` (the preferred one is down).
+        // (A preferred leader outside the formation cannot form it: then all form at once.)
+        // Formed by all at once, the first to campaign won, usually every group on the
+        // node that applied the declare first.
+        let preferred = place.replicas.first().copied();
+        let (opening, deferred) = match opening {
+            Opening::Form(voters)
+                if preferred != Some(self.node_id)
+                    && preferred.is_some_and(|id| voters.contains_key(&id)) =>
+            {
+                (Opening::Join, Some(voters))
+            }
+            other => (other, None),
+        };
         let handle = tokio::runtime::Handle::try_current().map_err(|e| {
             BrokerError::Invalid(format!("replicated logs open inside a tokio runtime: {e}"))
         })?;
@@ -382,6 +415,9 @@ impl PartitionLogs for ReplicatedLogs {
         let replica = handle
             .block_on(self.start_group(group, logs, opening))
             .map_err(invalid)?;
+        if let Some(voters) = deferred {
+            replica.form_in_background_after(&voters, FORMATION_HOLD);
+        }
         let log = Arc::new(ReplicatedLog::new(replica, place, self));
         let mut opened = self.opened.lock().unwrap_or_else(|e| e.into_inner());
         opened.retain(|_, log| log.strong_count() > 0);

@@ -91,7 +91,12 @@ pub(super) fn status_of(id: u64, replica: &Replica, clock: &LeaderlessClock) -> 
     };
     // A leader cut off from a majority (`quorum_lost`) serves nothing: as far as the broker
     // and its attention items go, no leader is known here since it last heard a majority.
-    let cut_off_for = quorum_ack_age(&metrics).filter(|age| *age > QUORUM_LOST_AFTER);
+    // (When it was elected is the forwarder's to know: a leader never acknowledged counts as
+    // leading here.)
+    let cut_off_for = match quorum_ack_age(&metrics, None) {
+        Some(QuorumAck::Age(age)) if age > QUORUM_LOST_AFTER => Some(age),
+        _ => None,
+    };
     ReplicationStatus {
         leader: metrics.current_leader.filter(|_| cut_off_for.is_none()),
         leaderless_ms: match (cut_off_for, metrics.current_leader) {

@@ -33,14 +33,51 @@ impl Answers {
         }
     }
 
-    /// A write openraft answered with an error.
-    pub(super) fn write_error(&self, error: ClientWriteError<TypeConfig>) -> BrokerError {
+    /// A write openraft answered with an error, `committed` entries of the same proposal
+    /// before it having been committed.
+    ///
+    /// Only a refusal before anything was appended (`ForwardToLeader` on the proposal's first
+    /// entry) is "not the leader": nothing was written, and any client may send it again. An
+    /// entry openraft discarded when this node adopted another leader's log
+    /// (`LogEntryDiscarded`) may have been committed by that leader or may still be by a later
+    /// one (openraft: "commit status unknown"), and a proposal whose first entries were
+    /// committed is stored in part: both are answered as unknown
+    /// ([`BrokerError::LeadershipLost`], 504), which only an idempotent producer resends.
+    pub(super) fn write_error(
+        &self,
+        error: ClientWriteError<TypeConfig>,
+        committed: usize,
+    ) -> BrokerError {
         match error {
+            // A leader without a lease answers with no leader named: itself, as far as a
+            // client can tell, once its lease is back.
+            ClientWriteError::ForwardToLeader(forward) if committed == 0 => {
+                self.not_leader(forward.leader_id)
+            }
             ClientWriteError::ForwardToLeader(forward)
             | ClientWriteError::LogEntryDiscarded(forward) => {
-                // A leader without a lease answers with no leader named: itself, as far as a
-                // client can tell, once its lease is back.
-                self.not_leader(forward.leader_id)
+                let leader = forward.leader_id.filter(|leader| *leader != self.id);
+                let now = match leader.and_then(|id| (self.client_addrs)(id).map(|a| (id, a))) {
+                    Some((id, addr)) => format!("node {id} at {addr} leads it now"),
+                    None => match leader {
+                        Some(id) => format!("node {id} leads it now"),
+                        None => "no leader is known here".to_string(),
+                    },
+                };
+                BrokerError::LeadershipLost {
+                    queue: self.queue.clone(),
+                    partition: self.partition,
+                    why: format!(
+                        "this node's copy dropped the publish's records from {} on when it \
+                         took the new leader's log, {committed} before them were committed, \
+                         and that leader may still commit the rest; {now}",
+                        if committed == 0 {
+                            "the first"
+                        } else {
+                            "the next"
+                        }
+                    ),
+                }
             }
             other => BrokerError::Invalid(format!(
                 "partition {} of {:?}: the replica refused a write: {other}",
@@ -114,12 +151,15 @@ pub(super) async fn outcome(
     count: u64,
 ) -> BrokerResult<Range<u64>> {
     let mut offsets = crate::replica::Offsets::default();
+    let mut committed = 0usize;
     while let Some(result) = results.next().await {
-        // The first failure decides: a deposed leader's entries behind a cut one are cut too.
+        // The first failure decides (a deposed leader's entries behind a cut one are cut
+        // too); what it means depends on whether entries before it were committed.
         let written = result
             .map_err(|fatal| answers.stopped(&fatal))?
-            .map_err(|error| answers.write_error(error))?;
+            .map_err(|error| answers.write_error(error, committed))?;
         offsets.push(written.log_id.index);
+        committed += 1;
     }
     Ok(offsets.finish(count))
 }

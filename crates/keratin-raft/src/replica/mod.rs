@@ -36,7 +36,9 @@ use openraft::{Config, SnapshotPolicy};
 use tokio::sync::watch;
 
 pub use copies::{Formation, Replaced, COPY_ACK_AGE_MAX, FORMATION_RETRY};
-pub use membership::{GroupMembers, MembershipError, CATCH_UP_WAIT};
+pub use membership::{
+    GroupMembers, MembershipError, CATCH_UP_WAIT, TRANSFER_ACK_AGE_MAX, TRANSFER_LAG_MAX,
+};
 pub use notifier::{AppliedImage, CommitNotifier, NotifierSnapshotBuilder};
 pub use reader::CommittedReader;
 

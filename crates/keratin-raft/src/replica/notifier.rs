@@ -13,8 +13,9 @@
 //! continues at the floor, receives the records from there, and its owner rebuilds its state
 //! from them. The snapshot's meta (last log id and membership) is kept durable in the group's
 //! state log ([`SnapshotKeeper`]) *before* openraft learns of it, so openraft never purges
-//! entries a restart could not account for. What a snapshot does not carry: idempotent
-//! producers' windows for messages below the floor (as after a single node's prefix removal).
+//! entries a restart could not account for. The idempotent producers' windows need no data
+//! either: while a producer has one, the owner's floor is a `PRODUCERS` record holding them
+//! (`keratin-broker` `partition/owner/checkpoint.rs`), the first entry after the snapshot.
 //!
 //! The committed watch: moved by every applied entry, and, after a snapshot install, by the
 //! purge that follows it ([`crate::LogStore::watch_purges`]), so that the owner never looks

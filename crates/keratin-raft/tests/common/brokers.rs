@@ -122,6 +122,48 @@ pub async fn start_resolving(
     }
 }
 
+/// [`start`] behind a [`super::faults::FaultyGroups`] handler: the returned faults cut or
+/// shape what this node hears from each peer.
+pub async fn start_faulty(
+    dir: &std::path::Path,
+    listener: TcpListener,
+    cluster: ResolvedCluster,
+) -> (BrokerNode, super::faults::Faults) {
+    let groups = Arc::new(Groups::new());
+    let faults = super::faults::Faults::default();
+    let handler = super::faults::FaultyGroups {
+        groups: groups.clone(),
+        faults: faults.clone(),
+    };
+    let transport = Transport::start_on(
+        listener,
+        cluster.clone(),
+        TransportOptions::default(),
+        Arc::new(handler) as Arc<dyn keratin_net::Handler>,
+    )
+    .expect("transport");
+    let logs = Arc::new(replicated_logs(
+        cluster,
+        transport.clone(),
+        groups,
+        client_addrs(),
+    ));
+    let defaults = BrokerConfig::new(vec![dir.to_path_buf()]);
+    let config = BrokerConfig {
+        segment_size_bytes: MIN_SEGMENT_SIZE_BYTES,
+        pool_background: false,
+        partition_logs: Some(logs.clone()),
+        ..defaults
+    };
+    let broker = Broker::open(config).await.expect("broker opens");
+    let node = BrokerNode {
+        broker,
+        transport,
+        logs,
+    };
+    (node, faults)
+}
+
 /// Polls `check` on `info(name)` every 20 ms until it holds; panics with `what` after `wait`.
 pub async fn wait_info(
     broker: &Broker,

@@ -4,6 +4,7 @@
 #![allow(dead_code, reason = "each test file uses a part")]
 
 pub mod brokers;
+pub mod faults;
 pub mod tcp;
 
 use std::collections::BTreeMap;

@@ -4,7 +4,7 @@
 //! what each route lets a user do:
 //! - reading the node (`GET` of status, cluster, attention, settings, `/metrics`): any user;
 //! - a queue (`/api/v1/queues/{name}`): reading it needs any permission on it, its settings
-//!   `manage`; the queue list shows the queues the user has a permission on; streams
+//!   and its purge `manage`; the queue list shows the queues the user has a permission on; streams
 //!   (`/api/v1/streams[/{name}]`, read-only) the same, queues and streams sharing one name space;
 //! - changing the node or cluster (settings, nodes, replica moves) and users: admins (a user
 //!   may change its own password and tokens).
@@ -155,7 +155,9 @@ fn route_check(method: &Method, path: &str, grant: &Grant) -> Result<(), ErrorBo
                 grant.check(name, Permission::Consume)
             }
         }
-        ["api", "v1", "queues", name, "settings"] => grant.check(name, Permission::Manage),
+        ["api", "v1", "queues", name, "settings" | "purge"] => {
+            grant.check(name, Permission::Manage)
+        }
         ["api", "v1", "audit"] => grant.check_admin("read the audit trail"),
         _ if method == Method::GET || method == Method::HEAD => Ok(()),
         _ => grant.check_admin(&format!("{method} {path}")),

@@ -10,6 +10,10 @@
 //! `POST /api/v1/cluster/nodes/{id}/remove`: remove a node (`ClusterNode::remove_node`); the
 //! answer lists the partitions' moves, which the groups then carry out.
 //!
+//! `POST /api/v1/cluster/rebalance`: every partition to its preferred leader now, where that
+//! one is caught up (`ClusterNode::rebalance`); the answer lists what moved (`moved`), what
+//! stays and why (`kept`), and the nodes that could not be asked (`unreachable`).
+//!
 //! `POST /api/v1/queues/{name}/partitions/{index}/move` (`{"from", "to"}`): move one replica
 //! (`ClusterNode::move_replica`); the answer is the planned move, which the partition's group
 //! then carries out.
@@ -74,6 +78,19 @@ async fn node_removed(admin: &Admin, id: u64) -> Response {
             refusal(status, code, &error)
         }
     }
+}
+
+/// Hand every partition to its preferred leader (see the module docs).
+pub(super) async fn rebalance(
+    State(admin): State<Admin>,
+    Extension(caller): Extension<Caller>,
+) -> Response {
+    let entry = caller.entry("cluster.rebalance", None);
+    let response = match &admin.cluster {
+        None => not_a_cluster(),
+        Some(cluster) => Json(cluster.rebalance().await).into_response(),
+    };
+    recorded(&admin.audit, entry, response).await
 }
 
 /// What `POST /api/v1/queues/{name}/partitions/{index}/move` takes.
@@ -221,6 +238,7 @@ fn partition_json(p: &keratin_broker::PartitionInfo) -> Value {
         "leader_addr": p.leader_addr,
         "ready": p.ready,
         "inflight": p.inflight,
+        "dead_letters_held": p.dead_letters_held,
         "replicas": p.replicas,
         "preferred_leader": p.preferred_leader,
         "in_sync": in_sync,

@@ -66,6 +66,10 @@ pub fn router(admin: Admin) -> Router {
             "/api/v1/cluster/nodes/{id}/remove",
             axum::routing::post(cluster::remove_node),
         )
+        .route(
+            "/api/v1/cluster/rebalance",
+            axum::routing::post(cluster::rebalance),
+        )
         .route("/api/v1/attention", get(attention))
         .route("/api/v1/audit", get(audit::audit))
         .route(
@@ -79,6 +83,10 @@ pub fn router(admin: Admin) -> Router {
         .route(
             "/api/v1/queues/{name}/settings",
             axum::routing::put(put_settings),
+        )
+        .route(
+            "/api/v1/queues/{name}/purge",
+            axum::routing::post(purge_queue),
         )
         .route(
             "/api/v1/queues/{name}/partitions/{index}/move",
@@ -324,6 +332,25 @@ async fn put_settings(
     audit::recorded(&admin.audit, entry, response).await
 }
 
+/// `POST /api/v1/queues/{name}/purge`: every ready message of the queue goes, each partition
+/// on its leader wherever it is (`Broker::purge`); answers `{"queue": ..., "purged": N}`.
+async fn purge_queue(
+    State(admin): State<Admin>,
+    axum::Extension(caller): axum::Extension<audit::Caller>,
+    Path(name): Path<String>,
+) -> Response {
+    let entry = caller.entry("queue.purge", Some(&name));
+    // A queue declared through another node a moment ago is found, not 404 (docs/cluster.md).
+    let response = match admin.broker.catch_up_for(&name).await {
+        Err(error) => error_response(&error),
+        Ok(()) => match admin.broker.purge(&name).await {
+            Ok(purged) => Json(json!({ "queue": name, "purged": purged })).into_response(),
+            Err(error) => error_response(&error),
+        },
+    };
+    audit::recorded(&admin.audit, entry, response).await
+}
+
 async fn queue_settings_update(broker: &Broker, name: &str, body: &Value) -> Response {
     // The body is checked before the queue is looked at, then applied to the settings in force
     // under the broker's metadata lock (a concurrent change of another setting stays).
@@ -431,6 +458,7 @@ pub fn queue_json(info: &QueueInfo) -> Value {
             "leader_addr": p.leader_addr,
             "rejected_queue_full": p.rejected_full,
             "overflowed": p.overflowed,
+            "dead_letters_held": p.dead_letters_held,
         })).collect::<Vec<_>>(),
     })
 }

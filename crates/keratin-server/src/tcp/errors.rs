@@ -52,7 +52,8 @@ pub fn error_body(error: &BrokerError) -> ErrorBody {
         // Written, then the log failed: the outcome is unknown.
         BrokerError::OutcomeUnknown { .. }
         | BrokerError::TimedOut { .. }
-        | BrokerError::LeadershipLost { .. } => ERR_GATEWAY_TIMEOUT,
+        | BrokerError::LeadershipLost { .. }
+        | BrokerError::Unreachable { .. } => ERR_GATEWAY_TIMEOUT,
         _ => ERR_INTERNAL,
     };
     ErrorBody::new(code, error.to_string())

@@ -199,7 +199,7 @@ impl Owner {
         if self.purges > 0 {
             return Ok(());
         }
-        let mut dropped = Vec::new();
+        let mut dropped: Vec<Dying> = Vec::new();
         loop {
             let (used_count, used_bytes) = self.queue_usage();
             if !self.over_limits(used_count + count, used_bytes + bytes) {
@@ -213,10 +213,10 @@ impl Owner {
                 Err(error) => {
                     // All or nothing: the messages picked so far are ready again (first in
                     // line), and the publish is refused.
-                    for (picked, _, _) in dropped {
-                        self.delivery.limbo.remove(&picked);
-                        self.undrop(picked);
-                        self.delivery.redeliver.insert(picked);
+                    for picked in dropped {
+                        self.delivery.limbo.remove(&picked.message);
+                        self.undrop(picked.message);
+                        self.delivery.redeliver.insert(picked.message);
                     }
                     return Err(error);
                 }
@@ -233,18 +233,18 @@ impl Owner {
             self.dropping.insert(m, size);
             self.dropping_bytes += u64::from(size);
             let delivery_count = self.state.delivery_count(m);
-            dropped.push((
-                m,
-                Inflight {
+            dropped.push(Dying {
+                message: m,
+                entry: Inflight {
                     consumer: 0,
                     delivery_count,
                     size_bytes: size,
                 },
-                DeathReason::Overflow,
-            ));
+                reason: DeathReason::Overflow,
+            });
         }
-        for (m, _, _) in &dropped {
-            self.delivery.counts_pending.remove(m);
+        for d in &dropped {
+            self.delivery.counts_pending.remove(&d.message);
         }
         self.figures
             .overflowed
@@ -279,6 +279,10 @@ impl Owner {
     /// New settings of a live queue: recorded in the partition's log, in force at once.
     /// Lowering a `drop_oldest` limit below the current depth trims ready messages.
     pub(super) fn set_settings(&mut self, settings: QueueSettings) {
+        if settings.dead_letter != self.ctx.settings.dead_letter {
+            // Held dead letters go to the new dead-letter queue (or are dropped) at once.
+            self.delivery.dead_letters.retry_now();
+        }
         self.limits = settings.partition_limits();
         self.ctx.settings = settings;
         // Only the leader writes: every replica learns the settings from the metadata.

@@ -101,11 +101,27 @@ impl Owner {
 
     /// Hand a batch to the log. It usually has room: the first poll queues the records and
     /// the answer is handled at once; otherwise the owner polls it beside its commands.
-    fn start_submission(&mut self, batch: Proposal) {
+    /// Returns false when the batch is a `PRODUCERS` record that waits for the state to catch
+    /// up (`checkpoint.rs`): it goes back to the front of the backlog.
+    fn start_submission(&mut self, mut batch: Proposal) -> bool {
+        if self.checkpoint_sequence == Some(batch.sequence) {
+            match self.fill_checkpoint(&mut batch) {
+                super::checkpoint::Checkpoint::Ready => {}
+                super::checkpoint::Checkpoint::Wait => {
+                    self.backlog.push_front(batch);
+                    return false;
+                }
+                super::checkpoint::Checkpoint::Drop => {
+                    let error = self.not_leader();
+                    self.resolve(batch.sequence, AppendOutcome::Refused(error));
+                    return true;
+                }
+            }
+        }
         let Some(log) = self.log.clone() else {
             let error = BrokerError::Closed(format!("queue {:?}", self.ctx.queue));
             self.resolve(batch.sequence, AppendOutcome::Refused(error));
-            return;
+            return true;
         };
         let sequence = batch.sequence;
         let mut proposing = log.propose(batch);
@@ -120,15 +136,19 @@ impl Owner {
                 })
             }
         }
+        true
     }
 
-    /// Hand the backlog to the log, in order, until one has to wait for room.
+    /// Hand the backlog to the log, in order, until one has to wait for room (or for the
+    /// state, a `PRODUCERS` record).
     pub(super) fn submit_backlog(&mut self) {
         while self.appending.is_none() {
             let Some(batch) = self.backlog.pop_front() else {
                 break;
             };
-            self.start_submission(batch);
+            if !self.start_submission(batch) {
+                break;
+            }
         }
     }
 
@@ -161,8 +181,10 @@ impl Owner {
                 let outcome = match result {
                     Ok(range) => AppendOutcome::Durable(range),
                     Err(BrokerError::Log(error)) => AppendOutcome::Failed(error),
-                    // Leadership moved while it was in flight: answered as is (a retry at the
-                    // new leader is safe with an idempotent producer); the log runs on.
+                    // Leadership moved while it was in flight: answered as is, "not the
+                    // leader" (nothing written) or unknown (a retry at the new leader is safe
+                    // with an idempotent producer); the log runs on, and records of it that
+                    // were committed after all are applied like any other's (`follow.rs`).
                     Err(other) => AppendOutcome::Refused(other),
                 };
                 self.resolve(sequence, outcome);
@@ -229,6 +251,9 @@ impl Owner {
             let Some(entry) = self.pending.pop_front() else {
                 break;
             };
+            if self.checkpoint_sequence == Some(entry.sequence) {
+                self.checkpoint_sequence = None;
+            }
             match entry.result {
                 Some(AppendOutcome::Durable(range)) => self.apply(range, entry.records, entry.done),
                 Some(AppendOutcome::Failed(error)) => {

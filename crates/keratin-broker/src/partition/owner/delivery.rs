@@ -14,6 +14,12 @@ const READ_BATCH_BYTES: usize = 256 << 10;
 /// A failed delivery read is tried again after this long (or on the next command).
 const READ_RETRY_AFTER: Duration = Duration::from_millis(100);
 
+/// A leader whose delivery lease lapsed looks at it again after this long (or on the next
+/// command): a new leader's first acknowledgement comes within a heartbeat (100 ms), and a
+/// cut-off one turns its role within the rest of its lease (250 ms), so a partition with
+/// consumers waiting wakes at most 50 times a second meanwhile.
+const LEASE_RETRY_AFTER: Duration = Duration::from_millis(20);
+
 /// What a delivery read job returns.
 pub(crate) struct ReadBatch {
     reader: Option<BoxReader>,
@@ -34,13 +40,19 @@ impl Owner {
     /// overtaken by a returned message meanwhile), else the read-ahead is dropped and read
     /// again.
     pub(super) fn deliver(&mut self) {
+        self.delivery_lease_retry_at = None;
         // A pending purge names ready messages the state still shows live: delivering one would
         // hand out a message the purge answered as removed (and its segment may soon be gone).
         if self.delivery.consumers.is_empty()
             || self.log.is_none()
             || self.purges > 0
-            || !self.role.leading
+            || !self.may_deliver_now()
         {
+            return;
+        }
+        // A partition holding dead letters while the node holds its most delivers nothing
+        // more: each delivery its consumers reject would only add to them.
+        if !self.delivery.dead_letters.is_empty() && self.ctx.dead_letters_held.full() {
             return;
         }
         let Some(budget) = self.ctx.broker.upgrade().map(|b| b.delivery_budget()) else {
@@ -119,6 +131,26 @@ impl Owner {
         if self.delivery.prefetched.is_empty() {
             self.start_delivery_read(&budget);
         }
+    }
+
+    /// Whether this node may hand messages out now: it leads, it applied every record of its
+    /// predecessors' leaderships (a new leader whose state still misses settles they
+    /// committed would deliver acked messages again), and its log's delivery lease holds (a
+    /// leader cut off from the others stops before a successor can be elected). A lapsed
+    /// lease is looked at again after [`LEASE_RETRY_AFTER`].
+    fn may_deliver_now(&mut self) -> bool {
+        if !self.role.leading || self.state.head() < self.role.from {
+            return false;
+        }
+        let Some(log) = &self.log else {
+            return false;
+        };
+        let now = Instant::now();
+        if log.delivery_lease().holds_at(now) {
+            return true;
+        }
+        self.delivery_lease_retry_at = Some(now + LEASE_RETRY_AFTER);
+        false
     }
 
     /// Read the next ready messages ahead, on the blocking pool, when a consumer could take

@@ -220,6 +220,8 @@ mod tests {
             settings: QueueSettings::default(),
             broker: Weak::new(),
             dead_letters: Arc::new(LocalDeadLetters::new(Weak::new())),
+            dead_letter_producer: 1,
+            dead_letters_held: HeldCount::default(),
             clock: Arc::new(|| 0),
             segment_size_bytes: 1 << 20,
             publish_timeout: Duration::from_secs(30),

@@ -3,6 +3,11 @@
 
 use super::*;
 
+/// Space reclaim waits for a `PRODUCERS` record below the lowest live payload while the last
+/// one lies fewer segments below it than this; the leader writes one per segment, so it lags
+/// by one segment at most while it can write them.
+const CHECKPOINT_LAG_SEGMENTS_MAX: usize = 4;
+
 impl Owner {
     /// Heal a log stopped by a write error once its file system has room again, or at reserve
     /// once what it writes next fits (see `stopped.rs`).
@@ -102,7 +107,15 @@ impl Owner {
         let bases = &space.segment_bases;
         let pin = self.state.pinned_offset();
         if bases.len() >= 2 && bases[1] <= pin {
-            match log.remove_prefix(pin) {
+            let Some(cut) = self.reclaim_cut(pin, bases) else {
+                // The producers' windows have no record to rebuild from yet below the pin:
+                // the leader writes one per segment (`checkpoint.rs`); applying it asks again.
+                return;
+            };
+            if bases[1] > cut {
+                return;
+            }
+            match log.remove_prefix(cut) {
                 Ok(ticket) => {
                     self.reclaim_busy = true;
                     let commands = self.commands.clone();
@@ -125,6 +138,26 @@ impl Owner {
             let first = (bases[0], bases[1]);
             self.relocate(first);
         }
+    }
+
+    /// Where to cut the log below `pin` (the lowest live payload) so that the producers'
+    /// windows survive (`PartitionState::window_cut`); `None` to wait for a `PRODUCERS` record.
+    /// When the last one lies [`CHECKPOINT_LAG_SEGMENTS_MAX`] segments or more below the pin
+    /// (none can be written: a window too large for a record, a leader that writes none),
+    /// the log is cut at the pin all the same and the windows of what lies below are forgotten
+    /// at the next rebuild: a late retry may be stored twice, but the disk never fills for it.
+    fn reclaim_cut(&self, pin: u64, bases: &[u64]) -> Option<u64> {
+        let cut = self.state.window_cut(pin);
+        let from = cut.unwrap_or(self.state.start());
+        let lag = bases
+            .iter()
+            .filter(|base| **base > from && **base <= pin)
+            .count();
+        if lag < CHECKPOINT_LAG_SEGMENTS_MAX {
+            return cut;
+        }
+        tracing::warn!(queue = %self.ctx.queue, partition = self.ctx.index, pin, last_producers_record = ?cut, "no PRODUCERS record for {lag} segments below the lowest live message: reclaiming there; a restart forgets the producers' windows of what goes");
+        Some(pin)
     }
 
     /// Copy the live payloads stored in `[start, end)` to the head of the log.

@@ -12,7 +12,9 @@
 //! others learns nothing until the cut heals) is answered [`BrokerError::LeadershipLost`]
 //! (outcome unknown, 504) then, and its proposal stays in the log's hands, like one past its
 //! publish timeout. When it starts leading, delivery starts from the oldest live message, and every
-//! message below the leadership's first offset is flagged `redelivered`.
+//! message below the leadership's first offset is flagged `redelivered`; it starts only once the
+//! state applied every record below that offset (its predecessors' settles included) and while
+//! the log's delivery lease holds (`delivery.rs`).
 
 use super::*;
 
@@ -114,6 +116,7 @@ impl Owner {
 
     /// Forget inflight, returns, the cursor and read-ahead; consumers stay.
     fn reset_delivery(&mut self) {
+        self.forget_dead_letters();
         let consumers = std::mem::take(&mut self.delivery.consumers);
         let epoch = self.delivery.reader_epoch + 1;
         let taken_over_at = self.delivery.taken_over_at;

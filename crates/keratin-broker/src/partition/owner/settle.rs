@@ -1,5 +1,6 @@
 //! How messages leave or come back: acks (one round's acks in few SETTLE records), rejects,
-//! returns of a lost consumer's deliveries, dead-lettering, and purge.
+//! returns of a lost consumer's deliveries, and purge; what is dead-lettered goes on to
+//! `dead_letter.rs`.
 
 use super::*;
 
@@ -28,7 +29,11 @@ impl Owner {
                     outcome: Outcome::Acked,
                 }),
                 Some(true) => self.sort_return(m, entry, &mut returns, &mut dead),
-                Some(false) => dead.push((m, entry, DeathReason::Rejected)),
+                Some(false) => dead.push(Dying {
+                    message: m,
+                    entry,
+                    reason: DeathReason::Rejected,
+                }),
             }
         }
         // Acks of one round of commands become one SETTLE record (see `flush_acks`).
@@ -70,7 +75,7 @@ impl Owner {
         m: u64,
         entry: Inflight,
         returns: &mut Vec<Returned>,
-        dead: &mut Vec<(u64, Inflight, DeathReason)>,
+        dead: &mut Vec<Dying>,
     ) {
         let exhausted = self
             .ctx
@@ -78,7 +83,11 @@ impl Owner {
             .max_deliveries
             .is_some_and(|max| entry.delivery_count >= max);
         if exhausted {
-            dead.push((m, entry, DeathReason::MaxDeliveries));
+            dead.push(Dying {
+                message: m,
+                entry,
+                reason: DeathReason::MaxDeliveries,
+            });
         } else {
             returns.push(Returned {
                 message: m,
@@ -116,125 +125,6 @@ impl Owner {
         }
         self.write_returns(returns);
         self.dead_letter(dead);
-    }
-
-    /// Send messages to the dead-letter queue through the dead-letter sink (then settle them as
-    /// dead-lettered), or drop them when the queue has none.
-    pub(super) fn dead_letter(&mut self, entries: Vec<(u64, Inflight, DeathReason)>) {
-        if entries.is_empty() {
-            return;
-        }
-        let target = self.ctx.settings.dead_letter.clone();
-        let sink = self.ctx.dead_letters.clone();
-        let (Some(target), true) = (target, sink.is_open()) else {
-            let settled = entries.iter().map(|(m, e, _)| (*m, e.size_bytes)).collect();
-            self.dead_lettered(settled, false);
-            return;
-        };
-        // The messages are in `limbo`: their payloads stay where they are (relocation, purge
-        // and prefix removal leave them) until their SETTLE is applied, so the task reads them
-        // on the blocking pool while the owner goes on.
-        let wanted: Vec<(u64, u64)> = entries
-            .iter()
-            .map(|(m, _, _)| (*m, self.state.payload_offset(*m)))
-            .collect();
-        let runs = self.plan_runs(&wanted);
-        let commands = self.commands.clone();
-        let queue = self.ctx.queue.clone();
-        let figures = self.figures.clone();
-        tokio::spawn(async move {
-            let read = match runs {
-                Some(runs) => {
-                    tokio::task::spawn_blocking(move || disk::read_runs(runs, usize::MAX)).await
-                }
-                None => Ok(disk::RunsRead {
-                    reader: None,
-                    payloads: Vec::new(),
-                    error: Some(BrokerError::Closed("log".into())),
-                }),
-            };
-            let mut messages = Vec::with_capacity(entries.len());
-            let mut settled = Vec::with_capacity(entries.len());
-            let mut unread = Vec::new();
-            let mut payloads = match read {
-                Ok(read) => {
-                    if let Some(error) = &read.error {
-                        tracing::error!(%queue, %error, "cannot read messages to dead-letter them");
-                    }
-                    read.payloads.into_iter()
-                }
-                Err(error) => {
-                    tracing::error!(%queue, %error, "cannot read messages to dead-letter them");
-                    Vec::new().into_iter()
-                }
-            };
-            for (m, entry, reason) in entries {
-                let message = payloads
-                    .next()
-                    .filter(|(id, _, _)| *id == m)
-                    .and_then(|(_, _, payload)| Message::decode(&payload, m).ok());
-                let Some(mut message) = message else {
-                    unread.push(m);
-                    continue;
-                };
-                message
-                    .headers
-                    .push(("x-death-reason".into(), reason.as_str().into()));
-                message
-                    .headers
-                    .push(("x-death-queue".into(), queue.clone()));
-                message
-                    .headers
-                    .push(("x-death-count".into(), entry.delivery_count.to_string()));
-                messages.push(message);
-                settled.push((m, entry.size_bytes));
-            }
-            let delivered = if messages.is_empty() {
-                true
-            } else {
-                let results = sink.publish(&target, messages).await;
-                figures.count_dead_letter_failures(&results);
-                let delivered = results.iter().all(Result::is_ok);
-                if !delivered {
-                    tracing::warn!(%queue, dead_letter = %target, "dead-lettering failed; the messages are dropped");
-                }
-                delivered
-            };
-            let _ = commands.send(Command::DeadLettered {
-                entries: settled,
-                delivered,
-                unread,
-            });
-        });
-    }
-
-    /// Messages whose payload could not be read for dead-lettering are ready again.
-    pub(super) fn not_dead_lettered(&mut self, unread: Vec<u64>) {
-        for m in unread {
-            self.delivery.limbo.remove(&m);
-            self.undrop(m);
-            self.delivery.redeliver.insert(m);
-        }
-    }
-
-    pub(super) fn dead_lettered(&mut self, entries: Vec<(u64, u32)>, delivered: bool) {
-        let outcome = if delivered {
-            Outcome::DeadLettered
-        } else {
-            Outcome::Dropped
-        };
-        let settled: Vec<Settled> = entries
-            .into_iter()
-            .map(|(message, size_bytes)| Settled {
-                message,
-                size_bytes,
-                outcome,
-            })
-            .collect();
-        if settled.is_empty() {
-            return;
-        }
-        self.write_settles(settled);
     }
 
     pub(super) fn purge(&mut self, reply: oneshot::Sender<BrokerResult<u64>>) {

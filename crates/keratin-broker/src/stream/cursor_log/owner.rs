@@ -317,7 +317,9 @@ impl Owner {
                     // read back like any other's.
                     match result {
                         Ok(range) => self.committed = self.committed.max(range.end),
-                        Err(error @ BrokerError::Log(_)) => self.stop(error),
+                        Err(error) if crate::partition::log::is_storage_failure(&error) => {
+                            self.stop(error)
+                        }
                         Err(_) => {}
                     }
                     return;
@@ -327,7 +329,7 @@ impl Owner {
                 match result {
                     Ok(range) => self.committed_own(pending, range).await,
                     Err(error) => {
-                        if matches!(error, BrokerError::Log(_)) {
+                        if crate::partition::log::is_storage_failure(&error) {
                             self.stop(error.clone());
                         }
                         pending.reply.failed(error);

@@ -1,0 +1,95 @@
+//! `PRODUCERS` records: the idempotent producers' windows written into the log, so that the
+//! log's prefix can go without them (`docs/partition-records.md`, "`PRODUCERS`"). Space
+//! reclaim cuts a log whose producers have windows only at such a record
+//! (`PartitionState::window_cut`); a state rebuilt from there (a restart, a replica rebuilt
+//! from its leader's snapshot, whose log starts at the cut) takes the windows from it and
+//! deduplicates like its peers.
+//!
+//! The leader writes one after every segment roll while a producer has a window (none while
+//! the log has a single segment). Its windows must be those of every copy at its offset: it
+//! is handed to the log only once nothing of this owner's before it is pending and the state
+//! applied everything committed before it (its predecessors' records included), and its
+//! windows are taken then. Appends made meanwhile wait behind it in the backlog, for about one
+//! commit round trip per segment.
+
+use super::*;
+
+/// What becomes of a `PRODUCERS` record about to be handed to the log.
+pub(super) enum Checkpoint {
+    /// Its windows are filled in: hand it on.
+    Ready,
+    /// The state has not caught up with where it will land: it waits.
+    Wait,
+    /// Not to be written (a stopped log, a node that stopped leading): its windows would be
+    /// empty, and applying them would empty every replica's.
+    Drop,
+}
+
+impl Owner {
+    /// As leader, append a `PRODUCERS` record when a producer has a window and none lies in
+    /// the log's tail segment, once the log has rolled (a log of one segment is never cut).
+    /// Its windows are filled in when it is handed to the log ([`Owner::fill_checkpoint`]).
+    pub(super) fn maybe_checkpoint(&mut self) {
+        if !self.role.leading
+            || self.stopped.is_some()
+            || self.checkpoint_sequence.is_some()
+            || !self.state.has_producers()
+        {
+            return;
+        }
+        // A roll grows the log's disk use: look at the segments only then (and at the first
+        // round with a producer).
+        if self.disk_bytes == self.checkpoint_disk_bytes {
+            return;
+        }
+        self.checkpoint_disk_bytes = self.disk_bytes;
+        let Some(log) = &self.log else {
+            return;
+        };
+        let bases = log.space().segment_bases;
+        // A log of one segment has nothing for reclaim to cut below a record.
+        let Some(&tail_base) = bases.last().filter(|_| bases.len() >= 2) else {
+            return;
+        };
+        if self
+            .state
+            .last_checkpoint()
+            .is_some_and(|at| at >= tail_base)
+        {
+            return;
+        }
+        let sequence = self.next_sequence;
+        self.checkpoint_sequence = Some(sequence);
+        let record = PartitionRecord::Producers(Vec::new());
+        self.append(vec![record], vec![Vec::new()], Done::Internal);
+        if self.next_sequence == sequence {
+            // Refused at once (nothing was queued).
+            self.checkpoint_sequence = None;
+        }
+    }
+
+    /// Fill in the `PRODUCERS` record `batch` with the windows now, if the state is where the
+    /// record will land: nothing of this owner's before it is pending, and every record
+    /// committed before it (its predecessors' too, below the leadership's first offset) is
+    /// applied. A stopped log or a node that no longer leads drops it (never written).
+    pub(super) fn fill_checkpoint(&mut self, batch: &mut Proposal) -> Checkpoint {
+        if self.stopped.is_some() || !self.role.leading {
+            return Checkpoint::Drop;
+        }
+        let first_pending = self.pending.front().map(|p| p.sequence);
+        let head = self.state.head();
+        if first_pending != Some(batch.sequence)
+            || self.following
+            || head < self.committed_up_to
+            || head < self.role.from
+        {
+            return Checkpoint::Wait;
+        }
+        let record = PartitionRecord::Producers(self.state.producers_snapshot());
+        batch.payloads = vec![record.encode()];
+        if let Some(pending) = self.pending.front_mut() {
+            pending.records = vec![record];
+        }
+        Checkpoint::Ready
+    }
+}
