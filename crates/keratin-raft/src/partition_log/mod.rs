@@ -54,7 +54,7 @@ mod replication;
 mod submit;
 
 use forward::forward;
-pub use provider::{ReplicatedLogs, ReplicatedLogsSetup, FORMATION_HOLD};
+pub use provider::{ReplicatedLogs, ReplicatedLogsSetup};
 use reader::ReplicatedReader;
 use replication::LeaderlessClock;
 use submit::{submit, Answers, Submission};

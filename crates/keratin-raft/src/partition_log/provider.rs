@@ -6,9 +6,7 @@
 use std::collections::BTreeSet;
 
 use super::*;
-use crate::replica::{
-    copies, membership, GroupMembers, MembershipError, Replaced, ELECTION_TIMEOUT_MAX_MS,
-};
+use crate::replica::{copies, membership, GroupMembers, MembershipError, Replaced};
 
 /// How a node opens its replicated partition logs: see [`ReplicatedLogs::new`].
 pub struct ReplicatedLogsSetup {
@@ -346,13 +344,6 @@ impl ReplicatedLogs {
     }
 }
 
-/// How long a replica that forms a group but is not its preferred leader waits for a leader
-/// before it forms the group itself: twice the largest election timeout, time for the
-/// preferred replica to open the group and campaign twice (its first vote requests can reach
-/// replicas that have not opened the group yet). A group whose preferred replica is down
-/// elects another one this much later.
-pub const FORMATION_HOLD: Duration = Duration::from_millis(2 * ELECTION_TIMEOUT_MAX_MS);
-
 /// A replica's logs in `place.dir`, on the node's pool (blocking).
 fn open_group_logs(place: &PartitionPlace) -> Result<GroupLogs, RaftError> {
     let options = LogOptions {
@@ -384,23 +375,9 @@ impl PartitionLogs for ReplicatedLogs {
         let group = partition_group(place.queue_id, place.index)
             .map_err(|e| BrokerError::Invalid(e.to_string()))?;
         let opening = self.opening(place)?;
-        // The first election of a group formed now goes to its preferred leader (the first
-        // replica): it forms the group at once (openraft's `initialize` campaigns at once);
-        // another forming replica starts empty, gives its vote, and forms the group itself
-        // only if no leader reached it within `FORMATION_HOLD` (the preferred one is down).
-        // (A preferred leader outside the formation cannot form it: then all form at once.)
-        // Formed by all at once, the first to campaign won, usually every group on the
-        // node that applied the declare first.
-        let preferred = place.replicas.first().copied();
-        let (opening, deferred) = match opening {
-            Opening::Form(voters)
-                if preferred != Some(self.node_id)
-                    && preferred.is_some_and(|id| voters.contains_key(&id)) =>
-            {
-                (Opening::Join, Some(voters))
-            }
-            other => (other, None),
-        };
+        // Every replica of the formation forms the group at once (`copies.rs`, "Forming");
+        // the first to campaign leads, and the cluster's leader balancing hands the group to
+        // its preferred leader once that one is caught up.
         let handle = tokio::runtime::Handle::try_current().map_err(|e| {
             BrokerError::Invalid(format!("replicated logs open inside a tokio runtime: {e}"))
         })?;
@@ -415,9 +392,6 @@ impl PartitionLogs for ReplicatedLogs {
         let replica = handle
             .block_on(self.start_group(group, logs, opening))
             .map_err(invalid)?;
-        if let Some(voters) = deferred {
-            replica.form_in_background_after(&voters, FORMATION_HOLD);
-        }
         let log = Arc::new(ReplicatedLog::new(replica, place, self));
         let mut opened = self.opened.lock().unwrap_or_else(|e| e.into_inner());
         opened.retain(|_, log| log.strong_count() > 0);

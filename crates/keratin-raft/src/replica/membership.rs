@@ -221,13 +221,6 @@ impl Replica {
     /// [`Replica::form`] on a task of its own (it ends when decided or when the replica
     /// stops); a failure is logged.
     pub fn form_in_background(&self, voters: &BTreeMap<u64, String>) {
-        self.form_in_background_after(voters, Duration::ZERO);
-    }
-
-    /// [`Replica::form_in_background`] after `hold`: a replica that is not the group's
-    /// preferred leader gives that one the time to form the group and reach it first (then
-    /// its log holds the group's membership and forming finds it held).
-    pub fn form_in_background_after(&self, voters: &BTreeMap<u64, String>, hold: Duration) {
         let forming = copies::form(
             self.raft.clone(),
             self.transport.clone(),
@@ -236,7 +229,6 @@ impl Replica {
         );
         let group = self.group.0;
         tokio::spawn(async move {
-            tokio::time::sleep(hold).await;
             match forming.await {
                 Ok(Formation::Formed) => tracing::info!(group, "group formed"),
                 Ok(_) => {}
