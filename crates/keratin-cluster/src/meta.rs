@@ -14,7 +14,7 @@ use keratin_log::{Io, LogOptions, SegmentPool};
 use keratin_net::{GroupId, NetError, RemoteError, Transport};
 use keratin_raft::network::Groups;
 use keratin_raft::replica::{
-    CommittedReader, GroupMembers, MembershipError, ProposeError, Replica,
+    CommittedReader, GroupMembers, MembershipError, ProposeError, Replaced, Replica,
 };
 use keratin_raft::{GroupLogs, PartitionRecord};
 use tokio::sync::watch;
@@ -70,8 +70,10 @@ impl std::fmt::Debug for MetaGroup {
 
 impl MetaGroup {
     /// Open (or create) the group's logs under `dir`, start this node's replica and form the
-    /// group with `voters` (node id to cluster address) if it is new; `None`: this node joins
-    /// a running group (it waits to be added, never forming it).
+    /// group with `voters` (node id to cluster address) in the background if it exists nowhere
+    /// yet (`keratin_raft::replica::Replica::form`: a node whose data was wiped joins the
+    /// group it formed once); `None`: this node joins a running group (it waits to be added,
+    /// never forming it).
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn start(
         node_id: u64,
@@ -103,10 +105,7 @@ impl MetaGroup {
             .await
             .map_err(|e| format!("starting the metadata group: {e}"))?;
         if let Some(voters) = voters {
-            replica
-                .initialize_voters(&voters)
-                .await
-                .map_err(|e| format!("forming the metadata group: {e}"))?;
+            replica.form_in_background(&voters);
         }
         Ok(MetaGroup {
             node_id,
@@ -138,6 +137,17 @@ impl MetaGroup {
         catch_up_wait: Duration,
     ) -> Result<GroupMembers, MembershipError> {
         self.replica.change_voters(voters, catch_up_wait).await
+    }
+
+    /// On the group's leader: the members that have not acknowledged it lately.
+    pub(crate) fn silent_members(&self) -> BTreeSet<u64> {
+        self.replica.silent_members()
+    }
+
+    /// Remove the members that hold another copy of the group's storage than the recorded one,
+    /// on the group's leader (`change_voters` adds them back).
+    pub(crate) async fn replace_copies(&self) -> Result<Replaced, MembershipError> {
+        self.replica.replace_copies().await
     }
 
     /// Make `learners` (node id to cluster address) learners unless they are members, on the

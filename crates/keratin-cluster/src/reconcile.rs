@@ -2,7 +2,14 @@
 //! to the members the metadata says it has.
 //! - A partition group whose committed voters differ from its replicas in the catalog changes
 //!   them (`ReplicatedLogs::change_voters`: new nodes join as learners and catch up first,
-//!   then joint consensus). One change per group at a time, on a task of its own.
+//!   then joint consensus). One change per group at a time, on a task of its own. A group left
+//!   joint (its leader lost between the joint and the final entry) is finished toward the
+//!   catalog's replicas the same way.
+//! - A member that has not acknowledged the leader lately is asked which copy of the group's
+//!   storage it holds; one that holds another copy than the recorded one (its directory was
+//!   wiped) is removed (`ReplicatedLogs::replace_copies`), and the change of voters above adds
+//!   it back as a learner, catches it up and promotes it (`docs/cluster.md`, "Storage
+//!   identities").
 //! - Learners that are no longer replicas (voters that left) are forgotten once they had
 //!   [`LEARNER_GRACE`] to learn that the change committed (they retire on seeing it).
 //! - The metadata group's voters are up to [`crate::META_VOTERS_MAX`] of the cluster's nodes
@@ -13,8 +20,9 @@
 //!   preferred leader, the first of its replicas in the catalog (`balance.rs`), a bounded
 //!   number of groups per round, while `cluster.leader_balance` is on.
 //!
-//! It only acts on a group whose membership is settled (not joint, the latest committed), so
-//! it never races a change in flight, including one of a leader before this one.
+//! It only acts on a group whose latest membership is committed, so it never races a change in
+//! flight, including one of a leader before this one; a committed joint membership is no
+//! change in flight (its leader is gone) and is finished.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -22,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use keratin_net::GroupId;
 use keratin_raft::partition_log::{partition_group, ReplicatedLogs};
-use keratin_raft::replica::CATCH_UP_WAIT;
+use keratin_raft::replica::{GroupMembers, CATCH_UP_WAIT};
 use tokio::sync::watch;
 
 use crate::applier::AppliedState;
@@ -35,6 +43,12 @@ pub(crate) const ROUND: Duration = Duration::from_secs(1);
 /// A former voter stays a learner this long before the leader forgets it: the time it needs
 /// to hear that the change committed (a few heartbeats), with room for a slow node.
 pub(crate) const LEARNER_GRACE: Duration = Duration::from_secs(5);
+
+/// A group's change (replacing copies, then changing voters) gives up after this and is tried
+/// again: the catch-up wait of each new node, with a minute for the joint consensus and the
+/// probes. A change whose entries cannot commit (most voters down) would otherwise hold the
+/// group's turn for good.
+pub(crate) const CHANGE_WAIT_MAX: Duration = Duration::from_secs(CATCH_UP_WAIT.as_secs() + 60);
 
 /// What the reconciler works with.
 pub(crate) struct Reconciler {
@@ -164,26 +178,38 @@ impl Reconciler {
         let Ok((effective, committed)) = self.logs.members(group).await else {
             return false;
         };
-        if effective.joint || effective != committed {
-            return false;
-        }
-        if committed.voters != target {
+        let silent = self.logs.silent_members(group);
+        let change = match turn(&effective, &committed, &target, !silent.is_empty()) {
+            Turn::Wait => return false,
+            Turn::Settled => false,
+            Turn::Work { change } => change,
+        };
+        if change || !silent.is_empty() {
             let Some(guard) = self.claim(group.0) else {
                 return false;
             };
             let logs = self.logs.clone();
+            let voters = target.clone();
             tokio::spawn(async move {
                 let _guard = guard;
-                match logs.change_voters(group, &target, CATCH_UP_WAIT).await {
-                    Ok(members) => {
-                        tracing::info!(group = group.0, voters = ?members.voters, "partition group voters changed")
+                let work = async {
+                    if !silent.is_empty() && !replace_partition_copies(&logs, group).await {
+                        return;
                     }
-                    Err(error) => {
-                        tracing::warn!(group = group.0, %error, "changing a partition group's voters; retrying")
+                    if change {
+                        change_partition_voters(&logs, group, &voters).await;
                     }
+                };
+                if tokio::time::timeout(CHANGE_WAIT_MAX, work).await.is_err() {
+                    tracing::warn!(
+                        group = group.0,
+                        "a partition group's change took over {CHANGE_WAIT_MAX:?}; trying again"
+                    );
                 }
             });
-            return false;
+            if change {
+                return false;
+            }
         }
         let stale: BTreeSet<u64> = committed.learners.difference(&target).copied().collect();
         let expired = self.expired(group.0, &stale);
@@ -207,28 +233,56 @@ impl Reconciler {
         let Ok((effective, committed)) = self.meta.members().await else {
             return;
         };
-        if effective.joint || effective != committed {
-            return;
-        }
         let voters = meta_voters(&nodes, &committed.voters);
         let target: BTreeSet<u64> = voters.keys().copied().collect();
-        if committed.voters != target {
+        let silent = self.meta.silent_members();
+        let change = match turn(&effective, &committed, &target, !silent.is_empty()) {
+            Turn::Wait => return,
+            Turn::Settled => false,
+            Turn::Work { change } => change,
+        };
+        if change || !silent.is_empty() {
             let Some(guard) = self.claim(group) else {
                 return;
             };
             let meta = self.meta.clone();
             tokio::spawn(async move {
                 let _guard = guard;
-                match meta.change_voters(&voters, CATCH_UP_WAIT).await {
-                    Ok(members) => {
-                        tracing::info!(voters = ?members.voters, learners = ?members.learners, "metadata group voters changed")
+                let work = async {
+                    if !silent.is_empty() {
+                        match meta.replace_copies().await {
+                            Ok(replaced) if !replaced.removed.is_empty() => {
+                                tracing::info!(nodes = ?replaced.removed, "metadata group members with a replaced copy removed; they are added back");
+                                return;
+                            }
+                            Ok(_) => {}
+                            Err(error) => {
+                                tracing::warn!(%error, "looking for replaced copies of the metadata group; retrying");
+                                return;
+                            }
+                        }
                     }
-                    Err(error) => {
-                        tracing::warn!(%error, "changing the metadata group's voters; retrying")
+                    if !change {
+                        return;
                     }
+                    match meta.change_voters(&voters, CATCH_UP_WAIT).await {
+                        Ok(members) => {
+                            tracing::info!(voters = ?members.voters, learners = ?members.learners, "metadata group voters changed")
+                        }
+                        Err(error) => {
+                            tracing::warn!(%error, "changing the metadata group's voters; retrying")
+                        }
+                    }
+                };
+                if tokio::time::timeout(CHANGE_WAIT_MAX, work).await.is_err() {
+                    tracing::warn!(
+                        "a metadata group change took over {CHANGE_WAIT_MAX:?}; trying again"
+                    );
                 }
             });
-            return;
+            if change {
+                return;
+            }
         }
         // The nodes beyond the voters follow as learners.
         let missing: BTreeMap<u64, String> = nodes
@@ -268,6 +322,71 @@ impl Reconciler {
     }
 }
 
+/// What the reconciler does with a group it leads, this round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Turn {
+    /// A membership change is in flight (the latest membership is not committed): leave it.
+    Wait,
+    /// The voters are the target, every member answers: nothing to do.
+    Settled,
+    /// A task for the group: look for replaced copies (among silent members), and change the
+    /// voters (`change`) when they are not the target or the membership is joint.
+    Work {
+        /// The voters must change.
+        change: bool,
+    },
+}
+
+/// The turn of a group whose latest membership is `effective`, whose committed one is
+/// `committed`, whose voters should be `target`, with members that have not acknowledged its
+/// leader lately (`silent`). A committed joint membership is no change in flight: its leader
+/// was lost between the joint and the final entry, and nobody else will finish it.
+fn turn(
+    effective: &GroupMembers,
+    committed: &GroupMembers,
+    target: &BTreeSet<u64>,
+    silent: bool,
+) -> Turn {
+    if effective != committed {
+        return Turn::Wait;
+    }
+    let change = committed.joint || committed.voters != *target;
+    if change || silent {
+        Turn::Work { change }
+    } else {
+        Turn::Settled
+    }
+}
+
+/// Remove the members of `group` (led here) that hold another copy than the recorded one;
+/// whether the change of voters may follow in the same turn (nothing was removed and nothing
+/// failed: a removed member is added back by the next round's change).
+async fn replace_partition_copies(logs: &ReplicatedLogs, group: GroupId) -> bool {
+    match logs.replace_copies(group).await {
+        Ok(replaced) if !replaced.removed.is_empty() => {
+            tracing::info!(group = group.0, nodes = ?replaced.removed, "partition group members with a replaced copy removed; they are added back");
+            false
+        }
+        Ok(_) => true,
+        Err(error) => {
+            tracing::warn!(group = group.0, %error, "looking for replaced copies of a partition group; retrying");
+            false
+        }
+    }
+}
+
+/// Make `target` the voters of `group` (led here), finishing a joint membership first.
+async fn change_partition_voters(logs: &ReplicatedLogs, group: GroupId, target: &BTreeSet<u64>) {
+    match logs.change_voters(group, target, CATCH_UP_WAIT).await {
+        Ok(members) => {
+            tracing::info!(group = group.0, voters = ?members.voters, "partition group voters changed")
+        }
+        Err(error) => {
+            tracing::warn!(group = group.0, %error, "changing a partition group's voters; retrying")
+        }
+    }
+}
+
 /// Marks a group busy while held.
 struct BusyGuard {
     busy: Arc<Mutex<BTreeSet<u64>>>,
@@ -280,5 +399,46 @@ impl Drop for BusyGuard {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&self.group);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn members(voters: &[u64], joint: bool, offset: u64) -> GroupMembers {
+        GroupMembers {
+            voters: voters.iter().copied().collect(),
+            learners: BTreeSet::new(),
+            joint,
+            offset: Some(offset),
+        }
+    }
+
+    #[test]
+    fn a_committed_joint_membership_is_finished_toward_the_target() {
+        // The leader that wrote the joint entry (voters 1, 2, 3 and 1, 2, 4) was lost before
+        // the uniform one: the joint one is committed, nothing is in flight.
+        let joint = members(&[1, 2, 3, 4], true, 40);
+        assert_eq!(
+            turn(&joint, &joint, &[1, 2, 4].into(), false),
+            Turn::Work { change: true }
+        );
+    }
+
+    #[test]
+    fn a_change_in_flight_is_left_alone_and_a_settled_group_is_settled() {
+        let old = members(&[1, 2, 3], false, 10);
+        let joint = members(&[1, 2, 3, 4], true, 12);
+        assert_eq!(turn(&joint, &old, &[1, 2, 4].into(), true), Turn::Wait);
+        assert_eq!(turn(&old, &old, &[1, 2, 3].into(), false), Turn::Settled);
+        assert_eq!(
+            turn(&old, &old, &[1, 2, 3].into(), true),
+            Turn::Work { change: false }
+        );
+        assert_eq!(
+            turn(&old, &old, &[1, 2, 4].into(), false),
+            Turn::Work { change: true }
+        );
     }
 }

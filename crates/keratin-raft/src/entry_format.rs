@@ -9,7 +9,9 @@ use bytes::Bytes;
 use keratin_log::{ReadRecord, Record};
 
 use crate::error::RaftError;
-use crate::types::{Entry, LeaderId, LogId, Membership, NodeAddr, PartitionRecord, Payload};
+use crate::types::{
+    Entry, LeaderId, LogId, Membership, NodeAddr, PartitionRecord, Payload, StorageId,
+};
 
 /// Version of the entry prefix; a reader refuses other versions.
 pub const ENTRY_FORMAT_VERSION: u8 = 1;
@@ -18,11 +20,25 @@ pub const ENTRY_FORMAT_VERSION: u8 = 1;
 pub const RECORD_TYPE_RESERVED_MIN: u8 = 0xf0;
 /// A blank entry (a new leader's first entry).
 pub const RECORD_TYPE_BLANK: u8 = 0xf0;
-/// A membership entry.
+/// A membership entry without storage identities (replicated-log format 1 and 2): read, never
+/// written.
 pub const RECORD_TYPE_MEMBERSHIP: u8 = 0xf1;
 /// A gap filler: takes an offset that has no Raft entry (below a purge point that lies past
 /// the log's end), so that Raft index and log offset stay equal. Never read as an entry.
 pub const RECORD_TYPE_GAP: u8 = 0xf2;
+/// A membership entry whose nodes carry their storage identities (replicated-log format 3):
+/// what is written.
+pub const RECORD_TYPE_MEMBERSHIP_STORAGE: u8 = 0xf3;
+
+/// The two encodings of a membership body (`docs/storage-format.md`, "Membership body").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MembershipBody {
+    /// Nodes with their address only (record type `0xf1`, state records up to version 2).
+    Addresses,
+    /// Nodes with their storage identity and address (record type `0xf3`, state records of
+    /// version 3, Raft bodies of version 2): what is written.
+    WithStorage,
+}
 
 /// Every record of a replicated log carries this caller flag: a reader can tell a replicated
 /// log from a single-node partition log record by record.
@@ -106,11 +122,11 @@ pub(crate) fn encode_entry(entry: &Entry) -> Result<EncodedEntry, RaftError> {
             })
         }
         Payload::Membership(membership) => {
-            let body = encode_membership(membership)?;
+            let body = encode_membership(membership, MembershipBody::WithStorage)?;
             let mut payload = prefix(leader, body.len());
             payload.extend_from_slice(&body);
             Ok(EncodedEntry {
-                record_type: RECORD_TYPE_MEMBERSHIP,
+                record_type: RECORD_TYPE_MEMBERSHIP_STORAGE,
                 timestamp_ms: 0,
                 payload,
             })
@@ -203,7 +219,12 @@ pub(crate) fn decode_shared(
             }
             Payload::Blank
         }
-        RECORD_TYPE_MEMBERSHIP => Payload::Membership(decode_membership(body).map_err(bad)?),
+        RECORD_TYPE_MEMBERSHIP => {
+            Payload::Membership(decode_membership(body, MembershipBody::Addresses).map_err(bad)?)
+        }
+        RECORD_TYPE_MEMBERSHIP_STORAGE => {
+            Payload::Membership(decode_membership(body, MembershipBody::WithStorage).map_err(bad)?)
+        }
         t if t < RECORD_TYPE_RESERVED_MIN => Payload::Normal(PartitionRecord {
             record_type: t,
             timestamp_ms,
@@ -220,7 +241,12 @@ fn read_u64(bytes: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b)
 }
 
-pub(crate) fn encode_membership(membership: &Membership) -> Result<Vec<u8>, RaftError> {
+/// A membership's body in `encoding` ([`MembershipBody::WithStorage`] is what is written; the
+/// other only for tests of the older layouts).
+pub(crate) fn encode_membership(
+    membership: &Membership,
+    encoding: MembershipBody,
+) -> Result<Vec<u8>, RaftError> {
     let too_big = |what: &str| RaftError::Invalid(format!("membership: too many {what}"));
     let configs = membership.get_joint_config();
     let mut body = Vec::new();
@@ -251,6 +277,9 @@ pub(crate) fn encode_membership(membership: &Membership) -> Result<Vec<u8>, Raft
             .filter(|len| *len <= NODE_ADDR_BYTES_MAX)
             .ok_or_else(|| RaftError::Invalid(format!("node {id}: address too long")))?;
         body.extend_from_slice(&id.to_le_bytes());
+        if encoding == MembershipBody::WithStorage {
+            body.extend_from_slice(&StorageId::to_wire(node.storage).to_le_bytes());
+        }
         body.extend_from_slice(&len.to_le_bytes());
         body.extend_from_slice(node.addr.as_bytes());
     }
@@ -285,6 +314,12 @@ impl Cursor<'_> {
         Ok(read_u64(self.take(8)?, 0))
     }
 
+    fn u128(&mut self) -> Result<u128, String> {
+        let mut b = [0u8; 16];
+        b.copy_from_slice(self.take(16)?);
+        Ok(u128::from_le_bytes(b))
+    }
+
     fn count(&mut self, max: u32, what: &str) -> Result<u32, String> {
         let count = self.u32()?;
         if count > max {
@@ -294,7 +329,11 @@ impl Cursor<'_> {
     }
 }
 
-pub(crate) fn decode_membership(body: &[u8]) -> Result<Membership, String> {
+/// Read a membership body encoded as `encoding` says.
+pub(crate) fn decode_membership(
+    body: &[u8],
+    encoding: MembershipBody,
+) -> Result<Membership, String> {
     let mut cursor = Cursor { rest: body };
     let config_count = cursor.count(MEMBERSHIP_CONFIGS_MAX, "configurations")?;
     let mut configs = Vec::new();
@@ -310,11 +349,15 @@ pub(crate) fn decode_membership(body: &[u8]) -> Result<Membership, String> {
     let mut nodes = BTreeMap::new();
     for _ in 0..node_count {
         let id = cursor.u64()?;
+        let storage = match encoding {
+            MembershipBody::Addresses => None,
+            MembershipBody::WithStorage => StorageId::from_u128(cursor.u128()?),
+        };
         let len = cursor.count(NODE_ADDR_BYTES_MAX, "address bytes")?;
         let addr = std::str::from_utf8(cursor.take(len as usize)?)
             .map_err(|e| format!("node {id}: address is not UTF-8: {e}"))?
             .to_string();
-        nodes.insert(id, NodeAddr { addr });
+        nodes.insert(id, NodeAddr { addr, storage });
     }
     if !cursor.rest.is_empty() {
         return Err(format!("{} bytes after the membership", cursor.rest.len()));
@@ -344,12 +387,14 @@ mod tests {
     fn every_kind_roundtrips() {
         let mut nodes = BTreeMap::new();
         for id in 1..=3u64 {
-            nodes.insert(
-                id,
-                NodeAddr {
-                    addr: format!("10.0.0.{id}:7000"),
-                },
-            );
+            let storage = StorageId::from_u128(u128::from(id) << 100 | 7);
+            let addr = format!("10.0.0.{id}:7000");
+            // Node 3's identity is not recorded yet.
+            let node = match storage.filter(|_| id != 3) {
+                Some(storage) => NodeAddr::with_storage(addr, storage),
+                None => NodeAddr::new(addr),
+            };
+            nodes.insert(id, node);
         }
         let configs = vec![BTreeSet::from([1, 2]), BTreeSet::from([1, 2, 3])];
         let membership = Membership::new(configs, nodes).expect("membership");
@@ -397,10 +442,40 @@ mod tests {
     }
 
     #[test]
+    fn a_membership_without_storage_identities_still_reads() {
+        // Written by replicated-log format 1 and 2: one configuration {1}, node 1 at "a:1".
+        let mut body = Vec::new();
+        body.extend_from_slice(&1u32.to_le_bytes());
+        body.extend_from_slice(&1u32.to_le_bytes());
+        body.extend_from_slice(&1u64.to_le_bytes());
+        body.extend_from_slice(&1u32.to_le_bytes());
+        body.extend_from_slice(&1u64.to_le_bytes());
+        body.extend_from_slice(&3u32.to_le_bytes());
+        body.extend_from_slice(b"a:1");
+        let mut payload = entry_prefix(&leader(2, 1)).to_vec();
+        payload.extend_from_slice(&body);
+        let record = ReadRecord {
+            offset: 4,
+            record_type: RECORD_TYPE_MEMBERSHIP,
+            flags: FLAG_REPLICATED,
+            timestamp_ms: 0,
+            payload,
+        };
+        let entry = decode_entry(&record).expect("decode").expect("an entry");
+        let Payload::Membership(membership) = entry.payload else {
+            panic!("not a membership: {entry:?}");
+        };
+        let nodes: Vec<_> = membership.nodes().collect();
+        assert_eq!(nodes, [(&1, &NodeAddr::new("a:1"))]);
+        // Read as the other encoding, the same bytes are refused, never misread.
+        assert!(decode_membership(&body, MembershipBody::WithStorage).is_err());
+    }
+
+    #[test]
     fn arbitrary_payloads_never_panic() {
         // Every prefix and a few corruptions of a membership record decode to an error or an
         // entry, never a panic.
-        let nodes = BTreeMap::from([(1u64, NodeAddr { addr: "a:1".into() })]);
+        let nodes = BTreeMap::from([(1u64, NodeAddr::new("a:1"))]);
         let membership = Membership::new(vec![BTreeSet::from([1])], nodes).expect("membership");
         let entry = Entry {
             log_id: LogId::new(leader(1, 1), 0),

@@ -46,6 +46,18 @@ pub enum RaftError {
         /// The first entry this node holds.
         floor: u64,
     },
+    /// An append whose first entry does not follow its previous log id by one (see
+    /// `network::client`, "Non-contiguous appends").
+    #[error(
+        "an append's first entry is {first} but the entry after its previous log id is {next}: \
+         not sent, the leader starts again from the follower's position"
+    )]
+    NotContiguous {
+        /// The first entry's index.
+        first: u64,
+        /// The index that must follow the previous log id.
+        next: u64,
+    },
     /// Bad arguments (a reserved record type, an oversize membership).
     #[error("invalid argument: {0}")]
     Invalid(String),

@@ -3,12 +3,13 @@
 //! openraft type stays inside this crate, so an alpha API change touches one place.
 //!
 //! # Layout
-//! - `types`: the openraft type configuration ([`TypeConfig`]): node ids `u64`, [`NodeAddr`],
-//!   the application data [`PartitionRecord`] and the response [`CommittedOffsets`].
+//! - `types`: the openraft type configuration ([`TypeConfig`]): node ids `u64`, [`NodeAddr`]
+//!   (with the [`StorageId`] of the member's copy), the application data [`PartitionRecord`]
+//!   and the response [`CommittedOffsets`].
 //! - [`entry_format`]: one Raft entry as one segment-log record (record type, flags, the entry
 //!   prefix with the leader id), `docs/storage-format.md`, "Replicated log records".
-//! - `raft_state`: the vote, committed id and purge point, in a small state log
-//!   ([`RaftState`]).
+//! - `raft_state`: the copy's storage identity, the vote, committed id and purge point, in a
+//!   small state log ([`RaftState`]).
 //! - `store`: [`GroupLogs`] (a group's two logs, kept across rebuilds), [`LogStore`]
 //!   (openraft's `RaftLogStorage`) and [`LogStoreReader`] (`RaftLogReader`), with the
 //!   in-memory tail of entries not yet durable and applied.
@@ -16,9 +17,12 @@
 //! - `state_machine`: [`RecordStateMachine`], an in-memory state machine of records by offset,
 //!   with snapshots.
 //! - [`network`]: the groups' network over `keratin-net` (one connection per node pair,
-//!   coalesced heartbeats): openraft's sending side and the node's request handler.
+//!   coalesced heartbeats): openraft's sending side and the node's request handler; every
+//!   request names the copy of the receiver's storage it is for, and a copy answers only its
+//!   own (`docs/cluster.md`, "Storage identities"); the storage probe.
 //! - [`replica`]: [`replica::Replica`], one node's member of a partition group in the broker's
-//!   terms (propose, committed offset, committed reader), over the network below.
+//!   terms (propose, committed offset, committed reader), over the network below; forming a
+//!   group, recording and replacing its members' copies, changing its voters.
 //! - [`partition_log`]: [`partition_log::ReplicatedLog`], the broker's partition log over a
 //!   replica, and [`partition_log::ReplicatedLogs`], the provider a cluster node's broker opens
 //!   them with; the group id of a partition ([`partition_log::partition_group`]).
@@ -92,5 +96,5 @@ pub use store::{
 };
 pub use types::{
     CommittedOffsets, Entry, LeaderId, LogId, Membership, NodeAddr, PartitionRecord, Payload,
-    TypeConfig, Vote,
+    StorageId, TypeConfig, Vote,
 };

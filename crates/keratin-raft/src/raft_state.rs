@@ -1,6 +1,6 @@
-//! `StateLog`: the group's vote, committed log id, purge point and the meta of its last
-//! snapshot, kept in a small-class keratin log beside the entries (`docs/storage-format.md`,
-//! "Raft state records"). Every record holds the whole state, so the last durable record is the
+//! `StateLog`: the storage identity of this copy of the group, its vote, committed log id,
+//! purge point and the meta of its last snapshot, kept in a small-class keratin log beside the
+//! entries (`docs/storage-format.md`, "Raft state records"). Every record holds the whole state, so the last durable record is the
 //! state and older segments can go.
 //!
 //! One `StateLog` per group, shared by the log storage (vote, committed, purge point) and the
@@ -17,10 +17,10 @@ use std::sync::Arc;
 
 use keratin_log::{Log, LogError, LogResult, ReadRecord, Record};
 
-use crate::entry_format::{decode_membership, encode_membership};
+use crate::entry_format::{decode_membership, encode_membership, MembershipBody};
 use crate::error::RaftError;
 use crate::state_machine::{SnapshotMeta, StoredMembership};
-use crate::types::{LeaderId, LogId, Vote};
+use crate::types::{LeaderId, LogId, StorageId, Vote};
 
 /// The record type of a state record (in the adapter's reserved range).
 pub const RECORD_TYPE_RAFT_STATE: u8 = 0xf8;
@@ -28,6 +28,9 @@ pub const RECORD_TYPE_RAFT_STATE: u8 = 0xf8;
 pub const STATE_FORMAT_VERSION: u8 = 1;
 /// Version of the state record with a snapshot meta after the version 1 fields.
 pub const STATE_FORMAT_VERSION_SNAPSHOT: u8 = 2;
+/// Version of the state record with the copy's storage identity (and a snapshot meta, if
+/// any): what is written once the copy has an identity.
+pub const STATE_FORMAT_VERSION_STORAGE: u8 = 3;
 
 const VERSION_OFFSET: usize = 0;
 const PRESENT_OFFSET: usize = VERSION_OFFSET + 1;
@@ -57,6 +60,22 @@ const SNAPSHOT_MEMBERSHIP_LEN_OFFSET: usize = SNAPSHOT_MEMBERSHIP_ID_OFFSET + LO
 const SNAPSHOT_MEMBERSHIP_OFFSET: usize = SNAPSHOT_MEMBERSHIP_LEN_OFFSET + 4;
 const SNAPSHOT_HAS_MEMBERSHIP_ID: u8 = 0x01;
 
+/// Version 3: the storage identity after the version 1 fields, then flags, then the snapshot
+/// part of version 2 at its own offsets when flag [`V3_HAS_SNAPSHOT`] is set.
+const V3_STORAGE_OFFSET: usize = STATE_RECORD_SIZE;
+const V3_FLAGS_OFFSET: usize = V3_STORAGE_OFFSET + 16;
+const V3_SNAPSHOT_LAST_OFFSET: usize = V3_FLAGS_OFFSET + 8;
+const V3_SNAPSHOT_MEMBERSHIP_ID_OFFSET: usize = V3_SNAPSHOT_LAST_OFFSET + LOG_ID_SIZE;
+const V3_SNAPSHOT_MEMBERSHIP_LEN_OFFSET: usize = V3_SNAPSHOT_MEMBERSHIP_ID_OFFSET + LOG_ID_SIZE;
+const V3_SNAPSHOT_MEMBERSHIP_OFFSET: usize = V3_SNAPSHOT_MEMBERSHIP_LEN_OFFSET + 4;
+/// Size of a version 3 record without a snapshot.
+const V3_RECORD_SIZE: usize = V3_SNAPSHOT_LAST_OFFSET;
+const _: () = assert!(V3_RECORD_SIZE == 96 && V3_SNAPSHOT_MEMBERSHIP_OFFSET == 148);
+/// Version 3 flag: the snapshot's membership has a log id (as [`SNAPSHOT_HAS_MEMBERSHIP_ID`]).
+const V3_HAS_MEMBERSHIP_ID: u8 = 0x01;
+/// Version 3 flag: a snapshot part follows.
+const V3_HAS_SNAPSHOT: u8 = 0x02;
+
 /// After this many writes the state log hands back the segments below its last durable record.
 /// A state record takes 104 bytes with the log's header, so a small segment (8 MiB by default,
 /// 32 KiB at least) holds over 300 of them: 4,096 writes reclaim at most a few segments per pass.
@@ -70,9 +89,12 @@ const COMPACT_EVERY_WRITES: u64 = 4096;
 /// bound).
 pub const COMMITTED_WRITE_EVERY_ENTRIES: u64 = 256;
 
-/// What openraft persists besides the entries.
+/// What openraft persists besides the entries, and the identity of this copy.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RaftState {
+    /// This copy's storage identity (`None` in records written before identities existed; the
+    /// store gives the copy one when it opens).
+    pub storage: Option<StorageId>,
     /// The last vote.
     pub vote: Option<Vote>,
     /// The last committed log id saved (a lower bound of the cluster's).
@@ -106,27 +128,54 @@ impl RaftState {
             put_log_id(&mut bytes, PURGED_OFFSET, purged);
         }
         bytes[PRESENT_OFFSET] = present;
-        if let Some(snapshot) = &self.snapshot {
-            let Some(last) = &snapshot.last_log_id else {
-                return Err(RaftError::Invalid(
-                    "a snapshot without a last log id is not kept".into(),
-                ));
-            };
-            bytes[VERSION_OFFSET] = STATE_FORMAT_VERSION_SNAPSHOT;
-            bytes.resize(SNAPSHOT_MEMBERSHIP_OFFSET, 0);
-            put_log_id(&mut bytes, SNAPSHOT_LAST_OFFSET, last);
-            let membership = &snapshot.last_membership;
-            if let Some(id) = membership.log_id() {
-                bytes[SNAPSHOT_FLAGS_OFFSET] = SNAPSHOT_HAS_MEMBERSHIP_ID;
-                put_log_id(&mut bytes, SNAPSHOT_MEMBERSHIP_ID_OFFSET, id);
-            }
-            let body = encode_membership(membership.membership())?;
-            let len = u32::try_from(body.len())
-                .map_err(|_| RaftError::Invalid("snapshot membership too large".into()))?;
-            bytes[SNAPSHOT_MEMBERSHIP_LEN_OFFSET..SNAPSHOT_MEMBERSHIP_OFFSET]
-                .copy_from_slice(&len.to_le_bytes());
-            bytes.extend_from_slice(&body);
+        match self.storage {
+            Some(storage) => self.encode_v3(bytes, storage),
+            None => self.encode_v2(bytes),
         }
+    }
+
+    /// Version 3: `base` (the version 1 fields) with the identity and the snapshot, if any.
+    fn encode_v3(&self, mut bytes: Vec<u8>, storage: StorageId) -> Result<Vec<u8>, RaftError> {
+        bytes[VERSION_OFFSET] = STATE_FORMAT_VERSION_STORAGE;
+        bytes.resize(V3_RECORD_SIZE, 0);
+        bytes[V3_STORAGE_OFFSET..V3_FLAGS_OFFSET].copy_from_slice(&storage.get().to_le_bytes());
+        let Some(snapshot) = &self.snapshot else {
+            return Ok(bytes);
+        };
+        let last = snapshot_last(snapshot)?;
+        let mut flags = V3_HAS_SNAPSHOT;
+        bytes.resize(V3_SNAPSHOT_MEMBERSHIP_OFFSET, 0);
+        put_log_id(&mut bytes, V3_SNAPSHOT_LAST_OFFSET, last);
+        let membership = &snapshot.last_membership;
+        if let Some(id) = membership.log_id() {
+            flags |= V3_HAS_MEMBERSHIP_ID;
+            put_log_id(&mut bytes, V3_SNAPSHOT_MEMBERSHIP_ID_OFFSET, id);
+        }
+        bytes[V3_FLAGS_OFFSET] = flags;
+        let body = encode_membership(membership.membership(), MembershipBody::WithStorage)?;
+        put_len(&mut bytes, V3_SNAPSHOT_MEMBERSHIP_LEN_OFFSET, body.len())?;
+        bytes.extend_from_slice(&body);
+        Ok(bytes)
+    }
+
+    /// Versions 1 and 2, for a state without an identity (tests of the older layouts).
+    fn encode_v2(&self, mut bytes: Vec<u8>) -> Result<Vec<u8>, RaftError> {
+        let Some(snapshot) = &self.snapshot else {
+            return Ok(bytes);
+        };
+        let last = snapshot_last(snapshot)?;
+        bytes[VERSION_OFFSET] = STATE_FORMAT_VERSION_SNAPSHOT;
+        bytes.resize(SNAPSHOT_MEMBERSHIP_OFFSET, 0);
+        put_log_id(&mut bytes, SNAPSHOT_LAST_OFFSET, last);
+        let membership = &snapshot.last_membership;
+        if let Some(id) = membership.log_id() {
+            bytes[SNAPSHOT_FLAGS_OFFSET] = SNAPSHOT_HAS_MEMBERSHIP_ID;
+            put_log_id(&mut bytes, SNAPSHOT_MEMBERSHIP_ID_OFFSET, id);
+        }
+        // Version 2 holds the membership without identities.
+        let body = encode_membership(membership.membership(), MembershipBody::Addresses)?;
+        put_len(&mut bytes, SNAPSHOT_MEMBERSHIP_LEN_OFFSET, body.len())?;
+        bytes.extend_from_slice(&body);
         Ok(bytes)
     }
 
@@ -140,17 +189,16 @@ impl RaftState {
         }
         let bytes = record.payload.as_slice();
         let version = bytes.get(VERSION_OFFSET).copied();
-        let snapshot_part = match version {
-            Some(STATE_FORMAT_VERSION) if bytes.len() == STATE_RECORD_SIZE => None,
-            Some(STATE_FORMAT_VERSION_SNAPSHOT) if bytes.len() >= SNAPSHOT_MEMBERSHIP_OFFSET => {
-                Some(&bytes[STATE_RECORD_SIZE..])
-            }
-            Some(STATE_FORMAT_VERSION | STATE_FORMAT_VERSION_SNAPSHOT) => {
-                return Err(bad(format!("{} bytes", bytes.len())))
-            }
+        match version {
+            Some(STATE_FORMAT_VERSION) if bytes.len() == STATE_RECORD_SIZE => {}
+            Some(STATE_FORMAT_VERSION_SNAPSHOT) if bytes.len() >= SNAPSHOT_MEMBERSHIP_OFFSET => {}
+            Some(STATE_FORMAT_VERSION_STORAGE) if bytes.len() >= V3_RECORD_SIZE => {}
+            Some(
+                STATE_FORMAT_VERSION | STATE_FORMAT_VERSION_SNAPSHOT | STATE_FORMAT_VERSION_STORAGE,
+            ) => return Err(bad(format!("{} bytes", bytes.len()))),
             Some(other) => return Err(bad(format!("version {other}"))),
             None => return Err(bad("empty".into())),
-        };
+        }
         let present = bytes[PRESENT_OFFSET];
         if present & !PRESENT_ALL != 0
             || (present & PRESENT_VOTE_COMMITTED != 0 && present & PRESENT_VOTE == 0)
@@ -170,11 +218,15 @@ impl RaftState {
             },
             committed: present & PRESENT_VOTE_COMMITTED != 0,
         });
-        let snapshot = match snapshot_part {
-            None => None,
-            Some(_) => Some(decode_snapshot(bytes).map_err(bad)?),
+        let (storage, snapshot) = match version {
+            Some(STATE_FORMAT_VERSION_SNAPSHOT) => {
+                (None, Some(decode_snapshot(bytes).map_err(bad)?))
+            }
+            Some(STATE_FORMAT_VERSION_STORAGE) => decode_v3(bytes).map_err(bad)?,
+            _ => (None, None),
         };
         Ok(RaftState {
+            storage,
             vote,
             committed: (present & PRESENT_COMMITTED != 0)
                 .then(|| get_log_id(bytes, COMMITTED_OFFSET)),
@@ -204,13 +256,73 @@ fn decode_snapshot(bytes: &[u8]) -> Result<SnapshotMeta, String> {
             body.len()
         ));
     }
-    let membership = decode_membership(body)?;
+    let membership = decode_membership(body, MembershipBody::Addresses)?;
     let membership_id = (flags & SNAPSHOT_HAS_MEMBERSHIP_ID != 0)
         .then(|| get_log_id(bytes, SNAPSHOT_MEMBERSHIP_ID_OFFSET));
     Ok(SnapshotMeta {
         last_log_id: Some(get_log_id(bytes, SNAPSHOT_LAST_OFFSET)),
         last_membership: StoredMembership::new(membership_id, membership),
     })
+}
+
+/// The identity and the snapshot of a version 3 record (`bytes` is the whole payload, at least
+/// [`V3_RECORD_SIZE`] bytes).
+fn decode_v3(bytes: &[u8]) -> Result<(Option<StorageId>, Option<SnapshotMeta>), String> {
+    let mut storage = [0u8; 16];
+    storage.copy_from_slice(&bytes[V3_STORAGE_OFFSET..V3_FLAGS_OFFSET]);
+    let storage = StorageId::from_u128(u128::from_le_bytes(storage))
+        .ok_or_else(|| "a storage identity of zero".to_string())?;
+    let flags = bytes[V3_FLAGS_OFFSET];
+    if flags & !(V3_HAS_SNAPSHOT | V3_HAS_MEMBERSHIP_ID) != 0
+        || (flags & V3_HAS_MEMBERSHIP_ID != 0 && flags & V3_HAS_SNAPSHOT == 0)
+        || bytes[V3_FLAGS_OFFSET + 1..V3_SNAPSHOT_LAST_OFFSET]
+            .iter()
+            .any(|b| *b != 0)
+    {
+        return Err(format!("flags {flags:#04x} or reserved bytes"));
+    }
+    if flags & V3_HAS_SNAPSHOT == 0 {
+        if bytes.len() != V3_RECORD_SIZE {
+            return Err(format!("{} bytes without a snapshot", bytes.len()));
+        }
+        return Ok((Some(storage), None));
+    }
+    if bytes.len() < V3_SNAPSHOT_MEMBERSHIP_OFFSET {
+        return Err(format!("{} bytes with a snapshot", bytes.len()));
+    }
+    let mut len = [0u8; 4];
+    len.copy_from_slice(&bytes[V3_SNAPSHOT_MEMBERSHIP_LEN_OFFSET..V3_SNAPSHOT_MEMBERSHIP_OFFSET]);
+    let len = u32::from_le_bytes(len) as usize;
+    let body = &bytes[V3_SNAPSHOT_MEMBERSHIP_OFFSET..];
+    if body.len() != len {
+        return Err(format!(
+            "snapshot membership of {len} bytes, {} present",
+            body.len()
+        ));
+    }
+    let membership = decode_membership(body, MembershipBody::WithStorage)?;
+    let membership_id = (flags & V3_HAS_MEMBERSHIP_ID != 0)
+        .then(|| get_log_id(bytes, V3_SNAPSHOT_MEMBERSHIP_ID_OFFSET));
+    let snapshot = SnapshotMeta {
+        last_log_id: Some(get_log_id(bytes, V3_SNAPSHOT_LAST_OFFSET)),
+        last_membership: StoredMembership::new(membership_id, membership),
+    };
+    Ok((Some(storage), Some(snapshot)))
+}
+
+/// A kept snapshot's last log id (a snapshot without one is not kept).
+fn snapshot_last(snapshot: &SnapshotMeta) -> Result<&LogId, RaftError> {
+    snapshot
+        .last_log_id
+        .as_ref()
+        .ok_or_else(|| RaftError::Invalid("a snapshot without a last log id is not kept".into()))
+}
+
+fn put_len(bytes: &mut [u8], at: usize, len: usize) -> Result<(), RaftError> {
+    let len = u32::try_from(len)
+        .map_err(|_| RaftError::Invalid("snapshot membership too large".into()))?;
+    bytes[at..at + 4].copy_from_slice(&len.to_le_bytes());
+    Ok(())
 }
 
 fn put_u64(bytes: &mut [u8], at: usize, value: u64) {
@@ -283,6 +395,21 @@ impl StateLog {
         RaftState::decode(&record)
     }
 
+    /// Write `state` as the only change to `log` and wait until it is durable (blocking: at
+    /// open, before any `StateLog` exists).
+    pub(crate) fn write_now(log: &Log, state: &RaftState) -> LogResult<()> {
+        let bytes = state
+            .encode()
+            .map_err(|e| LogError::Invalid(format!("encode the raft state: {e}")))?;
+        let record = Record {
+            record_type: RECORD_TYPE_RAFT_STATE,
+            flags: 0,
+            timestamp_ms: 0,
+            payload: &bytes,
+        };
+        log.append_sync(&[record]).map(drop)
+    }
+
     /// The snapshot meta last written (or read at open).
     pub(crate) fn snapshot(&self) -> Option<&SnapshotMeta> {
         self.last.snapshot.as_ref()
@@ -346,6 +473,7 @@ mod tests {
         let states = [
             RaftState::default(),
             RaftState {
+                storage: None,
                 vote: Some(Vote::new(3, 2)),
                 committed: None,
                 purged: Some(LogId::new(
@@ -358,6 +486,7 @@ mod tests {
                 snapshot: None,
             },
             RaftState {
+                storage: StorageId::from_u128(u128::MAX),
                 vote: Some(Vote::new_committed(u64::MAX, 7)),
                 committed: Some(LogId::new(
                     LeaderId {
@@ -370,6 +499,7 @@ mod tests {
                 snapshot: None,
             },
             RaftState {
+                storage: None,
                 vote: Some(Vote::new(4, 1)),
                 committed: None,
                 purged: Some(LogId::new(
@@ -401,9 +531,10 @@ mod tests {
                                 .map(|id| {
                                     (
                                         id,
-                                        crate::types::NodeAddr {
-                                            addr: format!("127.0.0.1:{}", 5690 + id),
-                                        },
+                                        crate::types::NodeAddr::new(format!(
+                                            "127.0.0.1:{}",
+                                            5690 + id
+                                        )),
                                     )
                                 })
                                 .collect::<std::collections::BTreeMap<_, _>>(),
@@ -413,6 +544,28 @@ mod tests {
                 }),
             },
         ];
+        // The same with an identity (version 3), node 2's recorded in the snapshot's
+        // membership.
+        let mut with_storage = states[3].clone();
+        with_storage.storage = StorageId::from_u128(0x1234_5678_9abc_def0 << 64 | 42);
+        if let Some(snapshot) = with_storage.snapshot.as_mut() {
+            let membership = snapshot.last_membership.membership();
+            let mut nodes: std::collections::BTreeMap<u64, crate::types::NodeAddr> = membership
+                .nodes()
+                .map(|(id, node)| (*id, node.clone()))
+                .collect();
+            if let (Some(node), Some(id)) = (nodes.get_mut(&2), StorageId::from_u128(77)) {
+                node.storage = Some(id);
+            }
+            let changed =
+                crate::types::Membership::new(membership.get_joint_config().clone(), nodes)
+                    .expect("membership");
+            snapshot.last_membership =
+                StoredMembership::new(*snapshot.last_membership.log_id(), changed);
+        }
+        let mut no_snapshot = with_storage.clone();
+        no_snapshot.snapshot = None;
+        let states = states.into_iter().chain([with_storage, no_snapshot]);
         for state in states {
             let record = ReadRecord {
                 offset: 0,

@@ -40,7 +40,7 @@ use crate::entry_format::{
 use crate::error::RaftError;
 use crate::fence::Fence;
 use crate::raft_state::{RaftState, StateLog};
-use crate::types::{Entry, LogId, TypeConfig, Vote};
+use crate::types::{Entry, LogId, StorageId, TypeConfig, Vote};
 
 /// The entry log's directory inside a group's directory.
 pub const ENTRIES_DIR_NAME: &str = "entries";
@@ -182,6 +182,19 @@ impl GroupLogs {
             }
         }
         let mut state = StateLog::read(&self.state)?;
+        let storage = match state.storage {
+            Some(storage) => storage,
+            None => {
+                // A new copy (or one written before identities existed): its identity is
+                // durable before the replica answers anyone, so that every answer it gives is
+                // this copy's.
+                let storage = StorageId::random()?;
+                state.storage = Some(storage);
+                StateLog::write_now(&self.state, &state)
+                    .map_err(|e| RaftError::log("save the storage identity", e))?;
+                storage
+            }
+        };
         let entries = &self.entries;
         let purged_next = state.purged.as_ref().map_or(0, |p| p.index + 1);
         if entries.next_offset() < purged_next {
@@ -238,6 +251,7 @@ impl GroupLogs {
         };
         Ok(LogStore {
             shared: Arc::new(Shared {
+                storage,
                 entries: self.entries.clone(),
                 fence: Fence::new(),
                 view: Mutex::new(view),
@@ -346,6 +360,8 @@ impl View {
 
 #[derive(Debug)]
 struct Shared {
+    /// This copy's identity (also in `view.state`, which the state log writes).
+    storage: StorageId,
     entries: Arc<Log>,
     fence: Fence,
     view: Mutex<View>,
@@ -480,6 +496,8 @@ pub struct LogStore {
 #[derive(Debug, Clone)]
 pub struct SnapshotKeeper {
     state_log: Arc<tokio::sync::Mutex<StateLog>>,
+    /// The store's fence: once tripped, nothing is kept (see [`SnapshotKeeper::save`]).
+    fence: Fence,
 }
 
 impl SnapshotKeeper {
@@ -488,12 +506,24 @@ impl SnapshotKeeper {
         self.state_log.lock().await.snapshot().cloned()
     }
 
-    /// Keep `meta` as the snapshot's: returns once it is durable.
+    /// Keep `meta` as the snapshot's: returns once it is durable. Refused once the store is
+    /// fenced: truncations and purges then reach only the in-memory view, and a snapshot kept
+    /// over the uncut entries on disk would disagree with them when the replica starts again
+    /// (openraft refuses such a log). The rebuilt replica gets the snapshot again.
     pub async fn save(
         &self,
         meta: crate::state_machine::SnapshotMeta,
     ) -> keratin_log::LogResult<()> {
-        self.state_log.lock().await.write_snapshot(meta).await
+        let mut state_log = self.state_log.lock().await;
+        // Checked under the state log's lock: the store trips the fence before it skips a
+        // write, so a truncation skipped while fenced is never followed by a kept snapshot.
+        if let Some(reason) = self.fence.reason() {
+            return Err(keratin_log::LogError::Invalid(format!(
+                "the group's storage is fenced ({reason}): no snapshot is kept until it is \
+                 rebuilt"
+            )));
+        }
+        state_log.write_snapshot(meta).await
     }
 }
 
@@ -510,6 +540,11 @@ pub struct LogStoreReader {
 }
 
 impl LogStore {
+    /// This copy's storage identity (made when the copy was created, see [`StorageId`]).
+    pub fn storage(&self) -> StorageId {
+        self.reader().storage()
+    }
+
     /// This instance's fence: tripped at the first failure of either log.
     pub fn fence(&self) -> Fence {
         self.shared.fence.clone()
@@ -519,6 +554,7 @@ impl LogStore {
     pub fn snapshot_keeper(&self) -> SnapshotKeeper {
         SnapshotKeeper {
             state_log: self.state_log.clone(),
+            fence: self.shared.fence.clone(),
         }
     }
 
@@ -599,6 +635,11 @@ fn index_range(range: &impl RangeBounds<u64>) -> (u64, u64) {
 }
 
 impl LogStoreReader {
+    /// This copy's storage identity.
+    pub fn storage(&self) -> StorageId {
+        self.shared.storage
+    }
+
     /// The state machine applied every entry below `next`: those that are durable leave the
     /// view's tail (later reads of them go to the entry log).
     pub(crate) fn release_applied(&self, next: u64) {

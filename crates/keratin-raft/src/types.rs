@@ -1,5 +1,6 @@
 //! The openraft type configuration of a partition group ([`TypeConfig`]) and the types it names:
-//! [`NodeAddr`], the application data [`PartitionRecord`] and the response [`CommittedOffsets`].
+//! [`NodeAddr`] (with the [`StorageId`] of the node's copy), the application data
+//! [`PartitionRecord`] and the response [`CommittedOffsets`].
 
 use std::fmt;
 use std::ops::Range;
@@ -22,11 +23,87 @@ openraft::declare_raft_types!(
         AsyncRuntime = openraft::impls::TokioRuntime,
 );
 
-/// A node of the cluster: where its peers reach it.
+/// A member of a group: where its peers reach it, and which copy of the group's storage it is.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct NodeAddr {
     /// `host:port` of the node's cluster listener.
     pub addr: String,
+    /// The storage identity of the copy the membership counts on (`None`: not recorded yet, a
+    /// group formed a moment ago or before identities existed). A replica whose own identity
+    /// differs is another copy (a wiped directory): it answers nothing addressed to this one
+    /// (`docs/cluster.md`, "Storage identities").
+    pub storage: Option<StorageId>,
+}
+
+impl NodeAddr {
+    /// A member at `addr` whose storage identity is not recorded.
+    pub fn new(addr: impl Into<String>) -> NodeAddr {
+        NodeAddr {
+            addr: addr.into(),
+            storage: None,
+        }
+    }
+
+    /// A member at `addr` whose copy is `storage`.
+    pub fn with_storage(addr: impl Into<String>, storage: StorageId) -> NodeAddr {
+        NodeAddr {
+            addr: addr.into(),
+            storage: Some(storage),
+        }
+    }
+}
+
+/// The identity of one copy of a group's storage: 128 random bits, created with the group's
+/// directory on a node and kept in its state log (`docs/storage-format.md`, "State records").
+/// A directory wiped and created again gets a new one, so the group can tell the copy that
+/// voted and acknowledged entries from an empty one that took its place (Kafka KRaft's
+/// directory id, KIP-853). Never zero: zero on disk and on the wire means "none".
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct StorageId(std::num::NonZeroU128);
+
+impl StorageId {
+    /// A new random identity (the operating system's random source).
+    pub fn random() -> Result<StorageId, RaftError> {
+        for _ in 0..4 {
+            let mut bytes = [0u8; 16];
+            getrandom::fill(&mut bytes).map_err(|e| {
+                RaftError::Invalid(format!("no random bytes for a storage identity: {e}"))
+            })?;
+            if let Some(id) = StorageId::from_u128(u128::from_le_bytes(bytes)) {
+                return Ok(id);
+            }
+        }
+        Err(RaftError::Invalid(
+            "the random source gave zero four times".into(),
+        ))
+    }
+
+    /// The identity `value`, `None` for zero (no identity).
+    pub fn from_u128(value: u128) -> Option<StorageId> {
+        std::num::NonZeroU128::new(value).map(StorageId)
+    }
+
+    /// The identity as a number (never zero).
+    pub fn get(self) -> u128 {
+        self.0.get()
+    }
+
+    /// `id` as stored and sent: zero for none.
+    pub fn to_wire(id: Option<StorageId>) -> u128 {
+        id.map_or(0, StorageId::get)
+    }
+}
+
+impl fmt::Display for StorageId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.get())
+    }
+}
+
+impl fmt::Debug for StorageId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "StorageId({self})")
+    }
 }
 
 /// The application data of one Raft entry: one record of the partition log, opaque to the

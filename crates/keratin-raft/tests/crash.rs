@@ -293,12 +293,7 @@ async fn run_step(store: &mut LogStore, step: Step, model: &mut Model) {
 fn snapshot_meta(last: LogId) -> SnapshotMeta {
     let membership = Membership::new(
         vec![std::collections::BTreeSet::from([1])],
-        BTreeMap::from([(
-            1,
-            NodeAddr {
-                addr: "127.0.0.1:5690".into(),
-            },
-        )]),
+        BTreeMap::from([(1, NodeAddr::new("127.0.0.1:5690"))]),
     )
     .expect("membership");
     SnapshotMeta {
@@ -546,9 +541,14 @@ fn fault_sweep(fault: SimFault) {
         // owner opens again, and the workload runs on a disk without a fault.
         let logs = GroupLogs::open(Arc::new(io.clone()), Path::new(DIR), options(), None)
             .unwrap_or_else(|_| open(&io));
-        let mut store = logs
-            .store()
-            .unwrap_or_else(|e| panic!("{what}: store: {e}"));
+        // The fault may hit the write of the copy's storage identity as the store is built (an
+        // error to the owner too): the owner heals the logs and builds it again.
+        let mut store = logs.store().unwrap_or_else(|_| {
+            logs.heal()
+                .unwrap_or_else(|e| panic!("{what}: heal after a failed store: {e}"));
+            logs.store()
+                .unwrap_or_else(|e| panic!("{what}: store: {e}"))
+        });
         run_workload(&mut store, &mut model);
         let fence = store.fence();
         drop(store);

@@ -12,7 +12,8 @@
 //! - The leader removes itself: a new leader is elected among the others, nothing confirmed is
 //!   lost, and the former leader is left a learner that can retire.
 //! - A joining replica never initializes: node 4 opened alone holds no membership (a replica
-//!   that formed the group would hold one at offset 0, as node 1 does in the same test).
+//!   that formed the group would hold one at offset 0, as node 1 does in the same test once a
+//!   majority of the formation is known to hold nothing of the group; before, it waits).
 //! - Node 4 stopped in the middle of catching up and started again resumes, and the change
 //!   completes.
 //! - A voter of a group that has committed nothing yet (no leader ever elected) is still a
@@ -397,9 +398,28 @@ async fn a_joining_replica_never_initializes() {
         matches!(refused, MembershipError::NotLeader { leader: None, .. }),
         "{refused}"
     );
-    // A forming replica (node 1, in the formation) holds the formation at offset 0.
+    // A forming replica (node 1, in the formation) waits while it cannot tell whether the
+    // group exists (nodes 2 and 3 down)...
     let forming = start_node(&mut net, 1, &[1, 2, 3], &[1, 2, 3]).await;
-    let (latest, committed) = forming.logs.members(group()).await.expect("members");
+    tokio::time::sleep(3 * keratin_raft::replica::FORMATION_RETRY).await;
+    let (latest, _) = forming.logs.members(group()).await.expect("members");
+    assert_eq!(
+        latest.offset, None,
+        "formed with most of the formation down: {latest:?}"
+    );
+    // ...and forms it, the formation at offset 0, once a majority is known to hold nothing of
+    // it: node 3 runs without the queue (it answers that it serves no such group).
+    let listener = net.listeners.remove(&3).expect("node 3's listener");
+    let bare = common::brokers::start(net.dirs[&3].path(), listener, net.cluster(3)).await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let (latest, committed) = loop {
+        let (latest, committed) = forming.logs.members(group()).await.expect("members");
+        if latest.offset.is_some() {
+            break (latest, committed);
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never formed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert_eq!(latest.offset, Some(0), "{latest:?}");
     assert_eq!(latest.voters, [1, 2, 3].into());
     // Nothing committed yet (nodes 2 and 3 are down: no leader), yet node 1 votes: it may
@@ -431,6 +451,7 @@ async fn a_joining_replica_never_initializes() {
     );
     joining.stop().await;
     forming.stop().await;
+    bare.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -492,8 +513,8 @@ async fn a_joining_node_restarted_mid_catch_up_completes() {
     stop_all(nodes).await;
 }
 
-/// A catch-up that cannot finish (the new node is not running) ends with a typed error that
-/// says so, and the voters stay as they were.
+/// A change to a new node that is not running ends with a typed error that says so (the node
+/// cannot say which copy of the group it holds), and the members stay as they were.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_new_node_that_does_not_catch_up_leaves_the_voters_unchanged() {
     let (_net, nodes) = start_three().await;
@@ -505,14 +526,15 @@ async fn a_new_node_that_does_not_catch_up_leaves_the_voters_unchanged() {
         .change_voters(group(), &[1, 2, 3, 4].into(), Duration::from_millis(1_500))
         .await
         .expect_err("node 4 is down");
+    // Node 4 cannot say which copy of the group it holds: it is not even added.
     assert!(
-        matches!(error, MembershipError::CatchUpTimeout { node: 4, .. }),
+        matches!(error, MembershipError::NoCopy { node: 4, .. }),
         "{error}"
     );
     let (latest, committed) = nodes[&first].logs.members(group()).await.expect("members");
     assert_eq!(committed.voters, [1, 2, 3].into());
     assert_eq!(latest.voters, [1, 2, 3].into());
-    assert!(latest.learners.contains(&4), "{latest:?}");
+    assert!(latest.learners.is_empty(), "{latest:?}");
     // A voter's replica does not retire: its vote may be needed.
     let still = nodes[&first]
         .logs
@@ -535,5 +557,71 @@ async fn a_new_node_that_does_not_catch_up_leaves_the_voters_unchanged() {
         matches!(refused, MembershipError::NotLeader { leader: Some(l), .. } if l == first),
         "{refused}"
     );
+    stop_all(nodes).await;
+}
+
+/// A membership change cut between its two entries (its leader lost once the joint entry
+/// committed, before the uniform one) leaves the group joint: a committed joint membership,
+/// written here as the cut leaves it (openraft's `append_membership`, one entry). Node 3, a
+/// voter of its old half, cannot retire while it lasts; `change_voters` on the leader, as the
+/// cluster's reconciler calls it for every group it leads, finishes it toward the target, and
+/// node 3 then retires. Fails if the joint membership stays, or if node 3 retires while it is
+/// a voter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_change_cut_between_its_entries_is_finished() {
+    let (_net, nodes) = start_three().await;
+    let leader = leader_among(&nodes, &[1, 2, 3].into()).await;
+    let brokers: BTreeMap<u64, &Broker> = [(leader, &nodes[&leader].broker)].into();
+    publish(&brokers, &bodies("before", 20)).await;
+    let raft = nodes[&leader]
+        .logs
+        .raft(group())
+        .expect("the leader's group");
+    let current = raft.metrics().borrow_watched().membership_config.clone();
+    let leaving = *[1, 2, 3]
+        .iter()
+        .find(|id| **id != leader)
+        .expect("a follower");
+    let rest: BTreeSet<u64> = [1, 2, 3].into_iter().filter(|id| *id != leaving).collect();
+    let joint = keratin_raft::Membership::new(
+        vec![[1, 2, 3].into(), rest.clone()],
+        current
+            .membership()
+            .nodes()
+            .map(|(id, node)| (*id, node.clone()))
+            .collect::<BTreeMap<_, _>>(),
+    )
+    .expect("joint membership");
+    raft.append_membership(joint, keratin_raft::Payload::Blank, [])
+        .await
+        .expect("the joint entry commits");
+    let (latest, committed) = nodes[&leader].logs.members(group()).await.expect("members");
+    assert!(
+        latest.joint && latest == committed,
+        "{latest:?} / {committed:?}"
+    );
+    let still = nodes[&leaving]
+        .logs
+        .wait_retired(group(), Duration::from_millis(500))
+        .await
+        .expect_err("a voter of the joint membership");
+    assert!(
+        matches!(still, MembershipError::StillVoter { .. }),
+        "{still}"
+    );
+
+    let finished = nodes[&leader]
+        .logs
+        .change_voters(group(), &rest, WAIT)
+        .await
+        .expect("the change is finished");
+    assert!(!finished.joint, "{finished:?}");
+    assert_eq!(finished.voters, rest);
+    nodes[&leaving]
+        .logs
+        .wait_retired(group(), WAIT)
+        .await
+        .expect("node 3 may retire once the uniform membership committed");
+    publish(&brokers, &bodies("after", 20)).await;
     stop_all(nodes).await;
 }

@@ -24,7 +24,7 @@ use keratin_log::RealIo;
 use keratin_net::{GroupId, Transport, TransportOptions};
 use keratin_raft::network::{Groups, NetworkFactory, RaftEndpoint};
 use keratin_raft::{
-    GroupLogs, NodeAddr, PartitionRecord, RecordStateMachine, RecordsImage, TypeConfig,
+    GroupLogs, NodeAddr, PartitionRecord, RecordStateMachine, RecordsImage, StorageId, TypeConfig,
 };
 use openraft::Config;
 use tokio::net::TcpListener;
@@ -37,6 +37,8 @@ struct Group {
     raft: Raft,
     machine: RecordStateMachine,
     logs: GroupLogs,
+    /// This node's copy of the group's storage.
+    storage: StorageId,
 }
 
 struct Node {
@@ -76,6 +78,7 @@ async fn start(id: u64, dir: &Path, listener: TcpListener, net: &Loopback) -> No
             GroupLogs::open(Arc::new(RealIo::new()), &path, common::options(), None).expect("logs");
         let store = logs.store().expect("store");
         let fence = store.fence();
+        let storage = store.storage();
         let machine = RecordStateMachine::new();
         let network =
             NetworkFactory::<RecordsImage>::new(transport.clone(), GroupId(group), fence.clone());
@@ -84,7 +87,7 @@ async fn start(id: u64, dir: &Path, listener: TcpListener, net: &Loopback) -> No
             .expect("raft");
         handler.insert(
             GroupId(group),
-            Arc::new(RaftEndpoint::new(raft.clone(), fence)),
+            Arc::new(RaftEndpoint::new(raft.clone(), fence, storage)),
         );
         groups.insert(
             group,
@@ -92,6 +95,7 @@ async fn start(id: u64, dir: &Path, listener: TcpListener, net: &Loopback) -> No
                 raft,
                 machine,
                 logs,
+                storage,
             },
         );
     }
@@ -233,7 +237,11 @@ async fn two_groups_share_one_connection_per_pair_and_survive_a_node() {
             .await
             .unwrap_or_else(|e| panic!("group {group}: {e}"));
         for id in [2, 3] {
-            raft.add_learner(id, members[&id].clone(), true)
+            // A learner is added with its copy: a replica that holds no membership answers
+            // only requests addressed to it.
+            let storage = nodes[&id].groups[&group].storage;
+            let learner = NodeAddr::with_storage(members[&id].addr.clone(), storage);
+            raft.add_learner(id, learner, true)
                 .await
                 .unwrap_or_else(|e| panic!("group {group}: add learner {id}: {e}"));
         }

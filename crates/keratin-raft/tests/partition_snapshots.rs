@@ -10,7 +10,9 @@
 //!   restarts at the snapshot, its broker rebuilds the partition from there and shows the
 //!   live messages; once the leader is stopped, the follower (or the third node) leads and
 //!   delivers every live message and none of the acked ones. The same with the follower's
-//!   data directory wiped before it returns (a replaced disk).
+//!   data directory wiped before it returns (a replaced disk): it is another copy of the
+//!   group's storage, so the leader removes it and adds it back as a learner (what the
+//!   cluster's reconciler does), and it rebuilds from the snapshot.
 //!
 //! Each fails if disk is not freed within its bound, if a partition stops, or if a message is
 //! lost or an acked one delivered again.
@@ -25,6 +27,7 @@ use std::time::Duration;
 use common::brokers::{wait_info, BrokerNode};
 use keratin_broker::{Broker, BrokerError, BrokerResult, Consumer, Message, ProducerSeq, Receipt};
 use keratin_log::MIN_SEGMENT_SIZE_BYTES;
+use keratin_raft::partition_log::partition_group;
 
 const QUEUE: &str = "events";
 const QUEUE_ID: u64 = 5;
@@ -237,6 +240,9 @@ async fn follower_returns(wipe: bool) {
         .await
         .expect("declare again");
     nodes.insert(lagging, node);
+    if wipe {
+        replace_wiped(&nodes[&first], lagging).await;
+    }
     let info = wait_info(
         &nodes[&lagging].broker,
         QUEUE,
@@ -268,6 +274,30 @@ async fn follower_returns(wipe: bool) {
     for (_, node) in nodes {
         node.stop().await;
     }
+}
+
+/// On `leader`, what the cluster's reconciler does for a member whose directory was wiped:
+/// once it is silent (it refuses everything addressed to its old copy), remove it, then add it
+/// back as a learner with its new copy and promote it once caught up. Within `WAIT`.
+async fn replace_wiped(leader: &BrokerNode, wiped: u64) {
+    let group = partition_group(QUEUE_ID, 0).expect("group id");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut removed = false;
+    while !removed {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the wiped copy of node {wiped} was never found replaced"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let replaced = leader.logs.replace_copies(group).await.expect("replace");
+        removed = replaced.removed.contains(&wiped);
+    }
+    let members = leader
+        .logs
+        .change_voters(group, &[1, 2, 3].into(), WAIT)
+        .await
+        .expect("the wiped node is added back and promoted");
+    assert_eq!(members.voters, [1, 2, 3].into());
 }
 
 /// An idempotent producer's messages, stored (and acked) while a follower is down.

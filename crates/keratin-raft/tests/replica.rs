@@ -147,13 +147,14 @@ async fn replicas_commit_read_and_survive_the_loss_of_the_leader() {
     for (id, listener) in std::mem::take(&mut net.listeners) {
         nodes.insert(id, start(id, net.dirs[&id].path(), listener, &net).await);
     }
-    let members = net.members();
-    nodes[&1]
-        .replica
-        .raft()
-        .initialize(members)
-        .await
-        .expect("initialize");
+    let voters: BTreeMap<u64, String> = addrs
+        .iter()
+        .map(|(id, addr)| (*id, addr.to_string()))
+        .collect();
+    let forming = nodes.values().map(|node| node.replica.form(&voters));
+    for formed in futures_util::future::join_all(forming).await {
+        formed.expect("form the group");
+    }
 
     let mut expected = BTreeMap::new();
     for (offsets, records) in propose(&nodes, 0, 40, 25).await {

@@ -7,9 +7,13 @@
 //! refusal ends the stream's session; openraft then resets the follower's progress and sends
 //! from its real position.
 //!
+//! The same stream with entries: its reads of the purged entries are raised to the purge
+//! point, so it would send entry 599 after entry 565; that append is refused unsent too (the
+//! receiver refuses it as well: `tests/contiguous.rs`).
+//!
 //! The client here has no peer to reach: a refusal for the purge names it, any other answer
 //! (the transport's "not connected") means the append would have gone out. It fails without
-//! the check in `GroupNetwork::append_entries`.
+//! the checks in `GroupNetwork::append_entries`.
 
 mod common;
 
@@ -70,9 +74,7 @@ async fn an_append_from_below_the_purge_point_is_refused_unsent() {
     let mut factory =
         NetworkFactory::<AppliedImage>::new(transport.clone(), GroupId(7), store.fence())
             .with_log_view(view);
-    let target = NodeAddr {
-        addr: net.addrs[&2].to_string(),
-    };
+    let target = NodeAddr::new(net.addrs[&2].to_string());
     let mut client = factory.new_client(2, &target).await;
     let option = RPCOption::new(std::time::Duration::from_millis(100));
 
@@ -106,6 +108,16 @@ async fn an_append_from_below_the_purge_point_is_refused_unsent() {
         log_id: log_id(599),
         payload: Payload::Normal(PartitionRecord::new(1, 0, b"m".to_vec()).expect("record")),
     };
+    // A stale stream whose read was raised to the purge point: entry 599 after entry 565.
+    // Not sent: the follower would hold 599 without 566 to 598 (it must not fill the hole).
+    let refused = client
+        .append_entries(append(Some(565), vec![entry.clone()]), option.clone())
+        .await
+        .expect_err("refused");
+    assert!(
+        refused.to_string().contains("not sent"),
+        "an append of 599 after 565 was not refused unsent: {refused}"
+    );
     let sent = client
         .append_entries(append(Some(598), vec![entry]), option.clone())
         .await

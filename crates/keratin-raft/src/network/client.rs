@@ -8,6 +8,20 @@
 //! `Unreachable`, never as a storage error, and openraft backs off and retries. A fenced group
 //! sends nothing and drops replies that arrive after it tripped (`crate::Fence`).
 //!
+//! Addressing (`docs/cluster.md`, "Storage identities"). Every request names the copy of the
+//! group's storage the sender's membership records for the target: the latest membership this
+//! replica holds ([`Addressing`], read from openraft's metrics at each send, so that a copy
+//! recorded or replaced since a stream started is addressed as it is now), else the node
+//! openraft named when it made the client. A replica whose own latest membership records
+//! another copy for itself sends no vote request: it is not the copy the group counts on, and
+//! must not campaign until it has been replaced.
+//!
+//! Non-contiguous appends. An append whose first entry does not follow its previous log id by
+//! one is refused here, as unreachable (the stream's session ends and openraft starts again
+//! from the follower's position), and by the receiver's decoder: a log is never filled around
+//! a hole. A stale stream's reads start at the purge point (`crate::store`), so its entries can
+//! begin past the entry after its previous log id.
+//!
 //! Stale streams. openraft 0.10.0-alpha.37 can leave a replication stream working on a payload
 //! the leader's core has given up: a heartbeat finds a follower's log reverted (its data
 //! directory was wiped), the core resets that follower's progress, which lets the purge it had
@@ -23,9 +37,11 @@
 
 use std::future::Future;
 use std::marker::PhantomData;
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use keratin_net::{GroupId, NetError, Transport};
+use openraft::async_runtime::watch::WatchReceiver;
 use openraft::errors::{RPCError, ReplicationClosed, StreamingError, Unreachable};
 use openraft::network::{RPCOption, RaftNetworkFactory, RaftNetworkV2};
 use openraft::raft::{
@@ -33,14 +49,78 @@ use openraft::raft::{
     TransferLeaderResponse, VoteRequest, VoteResponse,
 };
 use openraft::storage::Snapshot;
-use openraft::OptionalSend;
+use openraft::type_config::alias::WatchReceiverOf;
+use openraft::{OptionalSend, RaftMetrics};
 
 use super::parts;
 use super::rpc::{self, SnapshotWire};
 use crate::error::RaftError;
 use crate::fence::Fence;
 use crate::store::LogStoreReader;
-use crate::types::{LeaderId, NodeAddr, TypeConfig, Vote};
+use crate::types::{LeaderId, NodeAddr, StorageId, TypeConfig, Vote};
+
+/// Which copy of each member's storage this replica addresses, and which copy it is itself
+/// (module docs, "Addressing"). Made before the group's `Raft`, given its metrics once it runs.
+pub struct Addressing {
+    own: StorageId,
+    metrics: OnceLock<WatchReceiverOf<TypeConfig, RaftMetrics<TypeConfig>>>,
+}
+
+impl std::fmt::Debug for Addressing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Addressing")
+            .field("own", &self.own)
+            .field("following", &self.metrics.get().is_some())
+            .finish()
+    }
+}
+
+impl Addressing {
+    /// The addressing of a replica whose copy is `own`.
+    pub fn new(own: StorageId) -> Addressing {
+        Addressing {
+            own,
+            metrics: OnceLock::new(),
+        }
+    }
+
+    /// Read the memberships from `metrics` (the group's `Raft::metrics`) from now on.
+    pub fn follow(&self, metrics: WatchReceiverOf<TypeConfig, RaftMetrics<TypeConfig>>) {
+        let _ = self.metrics.set(metrics);
+    }
+
+    /// The copy to address on `target`: as the latest membership records it, else as `node`
+    /// (openraft's when the client was made) does.
+    fn target_storage(&self, target: u64, node: &NodeAddr) -> Option<StorageId> {
+        let Some(metrics) = self.metrics.get() else {
+            return node.storage;
+        };
+        let metrics = metrics.borrow_watched();
+        match metrics.membership_config.membership().get_node(&target) {
+            Some(recorded) => recorded.storage,
+            None => node.storage,
+        }
+    }
+
+    /// Why this replica must not campaign, if its latest membership records another copy for
+    /// it.
+    fn campaign_refused(&self) -> Option<String> {
+        let metrics = self.metrics.get()?;
+        let metrics = metrics.borrow_watched();
+        let recorded = metrics
+            .membership_config
+            .membership()
+            .get_node(&metrics.id)?
+            .storage?;
+        (recorded != self.own).then(|| {
+            format!(
+                "this node's copy {} of the group is not the copy {recorded} its membership \
+                 counts on: it does not campaign until the leader replaces that copy with it",
+                self.own
+            )
+        })
+    }
+}
 
 /// Builds the group's connections to its peers (one [`GroupNetwork`] per target; openraft
 /// asks for separate heartbeat and snapshot clients).
@@ -50,6 +130,7 @@ pub struct NetworkFactory<D> {
     group: GroupId,
     fence: Fence,
     view: Option<LogStoreReader>,
+    addressing: Option<Arc<Addressing>>,
     _data: PhantomData<fn() -> D>,
 }
 
@@ -61,8 +142,17 @@ impl<D> NetworkFactory<D> {
             group,
             fence,
             view: None,
+            addressing: None,
             _data: PhantomData,
         }
+    }
+
+    /// Address each target's copy as the replica's latest membership records it, and send no
+    /// vote request while that membership records another copy for this node (module docs,
+    /// "Addressing"). Without it, targets are addressed as openraft named them.
+    pub fn with_addressing(mut self, addressing: Arc<Addressing>) -> NetworkFactory<D> {
+        self.addressing = Some(addressing);
+        self
     }
 
     /// Refuse the appends of stale replication streams, which start below the start of the
@@ -72,13 +162,15 @@ impl<D> NetworkFactory<D> {
         self
     }
 
-    fn client(&self, target: u64, heartbeats: bool) -> GroupNetwork<D> {
+    fn client(&self, target: u64, node: &NodeAddr, heartbeats: bool) -> GroupNetwork<D> {
         GroupNetwork {
             transport: self.transport.clone(),
             group: self.group,
             target,
+            node: node.clone(),
             fence: self.fence.clone(),
             view: self.view.clone(),
+            addressing: self.addressing.clone(),
             heartbeats,
             _data: PhantomData,
         }
@@ -88,12 +180,12 @@ impl<D> NetworkFactory<D> {
 impl<D: SnapshotWire + Sync> RaftNetworkFactory<TypeConfig> for NetworkFactory<D> {
     type Network = GroupNetwork<D>;
 
-    async fn new_client(&mut self, target: u64, _node: &NodeAddr) -> GroupNetwork<D> {
-        self.client(target, false)
+    async fn new_client(&mut self, target: u64, node: &NodeAddr) -> GroupNetwork<D> {
+        self.client(target, node, false)
     }
 
-    async fn new_heartbeat_client(&mut self, target: u64, _node: &NodeAddr) -> GroupNetwork<D> {
-        self.client(target, true)
+    async fn new_heartbeat_client(&mut self, target: u64, node: &NodeAddr) -> GroupNetwork<D> {
+        self.client(target, node, true)
     }
 }
 
@@ -103,9 +195,12 @@ pub struct GroupNetwork<D> {
     transport: Transport,
     group: GroupId,
     target: u64,
+    /// The target as openraft named it when it made this client.
+    node: NodeAddr,
     fence: Fence,
     /// The group's log, for refusing stale streams (module docs).
     view: Option<LogStoreReader>,
+    addressing: Option<Arc<Addressing>>,
     /// Empty appends go coalesced (openraft's heartbeat client).
     heartbeats: bool,
     _data: PhantomData<fn() -> D>,
@@ -116,6 +211,40 @@ fn unreachable(error: &(impl std::error::Error + 'static)) -> Unreachable<TypeCo
 }
 
 impl<D> GroupNetwork<D> {
+    /// The copy of the target's storage to address (module docs, "Addressing").
+    fn to(&self) -> Option<StorageId> {
+        match &self.addressing {
+            Some(addressing) => addressing.target_storage(self.target, &self.node),
+            None => self.node.storage,
+        }
+    }
+
+    /// Refuses a vote request of a replica that is not the copy its membership counts on.
+    fn check_campaign(&self) -> Result<(), Unreachable<TypeConfig>> {
+        match self.addressing.as_ref().and_then(|a| a.campaign_refused()) {
+            Some(reason) => Err(unreachable(&RaftError::Invalid(reason))),
+            None => Ok(()),
+        }
+    }
+
+    /// An append whose first entry does not follow its previous log id (module docs,
+    /// "Non-contiguous appends").
+    fn check_contiguous(
+        rpc: &AppendEntriesRequest<TypeConfig>,
+    ) -> Result<(), Unreachable<TypeConfig>> {
+        let Some(first) = rpc.entries.first() else {
+            return Ok(());
+        };
+        let next = rpc.prev_log_id.as_ref().map_or(0, |prev| prev.index + 1);
+        if first.log_id.index != next {
+            return Err(unreachable(&RaftError::NotContiguous {
+                first: first.log_id.index,
+                next,
+            }));
+        }
+        Ok(())
+    }
+
     /// An append without entries from a replication stream whose next entry this node purged
     /// (module docs, "Stale streams").
     fn check_stale(
@@ -177,7 +306,7 @@ impl<D> GroupNetwork<D> {
         option: &RPCOption,
         coalesce: bool,
     ) -> Result<AppendEntriesResponse<TypeConfig>, Unreachable<TypeConfig>> {
-        let body = decoded(rpc::encode_append(rpc))?;
+        let body = decoded(rpc::encode_append(rpc, self.to()))?;
         let reply = self.send(rpc::KIND_APPEND, body, option, coalesce).await?;
         decoded(rpc::decode_append_reply(&reply))
     }
@@ -198,6 +327,7 @@ impl<D: SnapshotWire + Sync> RaftNetworkV2<TypeConfig> for GroupNetwork<D> {
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
         self.check_stale(&rpc)?;
+        Self::check_contiguous(&rpc)?;
         let coalesce = self.heartbeats && rpc.entries.is_empty();
         let mut parts = parts::split(rpc, parts::APPEND_PART_BYTES);
         if parts.len() == 1 {
@@ -221,9 +351,9 @@ impl<D: SnapshotWire + Sync> RaftNetworkV2<TypeConfig> for GroupNetwork<D> {
         rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
-        let reply = self
-            .send(rpc::KIND_VOTE, rpc::encode_vote(&rpc), &option, false)
-            .await?;
+        self.check_campaign()?;
+        let body = rpc::encode_vote(&rpc, self.to());
+        let reply = self.send(rpc::KIND_VOTE, body, &option, false).await?;
         Ok(decoded(rpc::decode_vote_reply(&reply))?)
     }
 
@@ -232,9 +362,9 @@ impl<D: SnapshotWire + Sync> RaftNetworkV2<TypeConfig> for GroupNetwork<D> {
         rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
-        let reply = self
-            .send(rpc::KIND_PRE_VOTE, rpc::encode_vote(&rpc), &option, false)
-            .await?;
+        self.check_campaign()?;
+        let body = rpc::encode_vote(&rpc, self.to());
+        let reply = self.send(rpc::KIND_PRE_VOTE, body, &option, false).await?;
         Ok(decoded(rpc::decode_vote_reply(&reply))?)
     }
 
@@ -243,7 +373,7 @@ impl<D: SnapshotWire + Sync> RaftNetworkV2<TypeConfig> for GroupNetwork<D> {
         rpc: TransferLeaderRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
-        let body = rpc::encode_transfer_leader(&rpc);
+        let body = rpc::encode_transfer_leader(&rpc, self.to());
         let reply = self
             .send(rpc::KIND_TRANSFER_LEADER, body, &option, false)
             .await?;
@@ -261,6 +391,7 @@ impl<D: SnapshotWire + Sync> RaftNetworkV2<TypeConfig> for GroupNetwork<D> {
             &vote,
             &snapshot.meta,
             &snapshot.snapshot,
+            self.to(),
         ))?;
         let send = self.send(rpc::KIND_SNAPSHOT, body, &option, false);
         let reply = tokio::select! {

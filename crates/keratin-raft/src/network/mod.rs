@@ -7,15 +7,17 @@
 //! - `client`: [`NetworkFactory`] and [`GroupNetwork`], openraft's sending side; `parts`, an
 //!   append too large for one body sent as consecutive appends.
 //! - `server`: [`Groups`], the node's handler that routes requests to each group's `Raft`.
+//! - [`probe`]: the storage probe, which copy of a group's storage a node holds.
 //! - [`codes`]: the refusals a group answers with (application codes of `keratin-net`).
 
 mod client;
 mod parts;
+pub mod probe;
 pub mod rpc;
 mod server;
 
-pub use client::{GroupNetwork, NetworkFactory};
-pub use rpc::SnapshotWire;
+pub use client::{Addressing, GroupNetwork, NetworkFactory};
+pub use rpc::{CopyStatus, SnapshotWire};
 pub use server::{GroupEndpoint, Groups, LabelSink, RaftEndpoint};
 
 /// Refusals of the Raft handler; `keratin-net` application codes (from `APP_CODE_MIN`). The
@@ -36,4 +38,10 @@ pub mod codes {
     /// The node's storage is at its reserve level: a partition group's append with entries is
     /// refused (`Groups::refuse_appends`).
     pub const NO_ROOM: u16 = APP_CODE_MIN + 5;
+    /// The request is for another copy of the group's storage than the one this node holds
+    /// (its directory was wiped and made again): the old copy's vote and entries are gone.
+    pub const OTHER_STORAGE: u16 = APP_CODE_MIN + 6;
+    /// The request names no copy and this node's replica holds no membership yet: it waits
+    /// until the group's leader records its copy.
+    pub const NOT_MEMBER: u16 = APP_CODE_MIN + 7;
 }

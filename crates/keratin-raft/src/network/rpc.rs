@@ -1,6 +1,8 @@
 //! The bodies of the Raft RPCs between nodes, byte by byte as `docs/cluster-protocol.md` ("Raft
-//! bodies") specifies: append-entries, vote (and pre-vote), full snapshots and leadership
-//! transfers, their replies, and the kinds that name them in a `keratin-net` request.
+//! bodies") specifies: append-entries, vote (and pre-vote), full snapshots, leadership
+//! transfers and the storage probe, their replies, and the kinds that name them in a
+//! `keratin-net` request. Every request names the copy it is for ([`addressed_to`]): the
+//! storage identity the sender's membership records for the receiver.
 //!
 //! Entries travel in the replicated-log record format ([`crate::entry_format`]): what a follower
 //! receives is what it stores, checked by the same decoder. Input from the network never
@@ -15,11 +17,11 @@ use openraft::raft::{
 
 use crate::entry_format::{
     decode_membership, decode_shared, encode_entry, encode_membership, entry_prefix,
-    ENTRY_PREFIX_SIZE, FLAG_REPLICATED, RECORD_TYPE_RESERVED_MIN,
+    MembershipBody, ENTRY_PREFIX_SIZE, FLAG_REPLICATED, RECORD_TYPE_RESERVED_MIN,
 };
 use crate::error::RaftError;
 use crate::state_machine::{RecordsImage, SnapshotMeta, StoredMembership};
-use crate::types::{Entry, LeaderId, LogId, PartitionRecord, Payload, TypeConfig, Vote};
+use crate::types::{Entry, LeaderId, LogId, PartitionRecord, Payload, StorageId, TypeConfig, Vote};
 
 /// Request kind: append-entries with entries (heartbeats travel coalesced, see `client`).
 pub const KIND_APPEND: u8 = 1;
@@ -31,9 +33,17 @@ pub const KIND_PRE_VOTE: u8 = 3;
 pub const KIND_SNAPSHOT: u8 = 4;
 /// Request kind: the leader hands its leadership to a voter (openraft's `TransferLeader`).
 pub const KIND_TRANSFER_LEADER: u8 = 5;
+/// Request kind: which copy of the group's storage the receiver holds, whether its log holds a
+/// membership and its last entry ([`CopyStatus`]); answered whatever copy it is addressed to.
+pub const KIND_STORAGE: u8 = 6;
 
-/// Version byte that opens every Raft body; a receiver refuses other versions.
-pub const RPC_VERSION: u8 = 1;
+/// Version byte that opens every Raft body; a receiver refuses other versions. Version 2 adds
+/// the addressed storage identity to every request and the nodes' identities to a snapshot's
+/// membership.
+pub const RPC_VERSION: u8 = 2;
+
+/// Bytes before a request's own fields: the version and the addressed storage identity.
+const REQUEST_HEAD_BYTES: usize = 1 + 16;
 
 /// Most entries one append-entries body may carry (openraft sends at most
 /// `Config::max_payload_entries`, 300 by default).
@@ -55,8 +65,17 @@ pub trait SnapshotWire: Sized + Send + 'static {
 struct Writer(Vec<u8>);
 
 impl Writer {
+    /// A reply body.
     fn new() -> Writer {
         Writer(vec![RPC_VERSION])
+    }
+
+    /// A request body for the copy `to` (`None`: its identity is not recorded).
+    fn request(to: Option<StorageId>, capacity: usize) -> Writer {
+        let mut w = Writer(Vec::with_capacity(REQUEST_HEAD_BYTES + capacity));
+        w.u8(RPC_VERSION);
+        w.0.extend_from_slice(&StorageId::to_wire(to).to_le_bytes());
+        w
     }
 
     fn u8(&mut self, value: u8) {
@@ -116,6 +135,14 @@ impl<'a> Reader<'a> {
         Ok(reader)
     }
 
+    /// A request body: the version, then the addressed identity, which the server checked
+    /// already ([`addressed_to`]) and this skips.
+    fn open_request(body: &'a [u8], what: &'static str) -> Result<Reader<'a>, RaftError> {
+        let mut reader = Reader::open(body, what)?;
+        reader.take(16)?;
+        Ok(reader)
+    }
+
     fn bad(&self, reason: String) -> RaftError {
         RaftError::Invalid(format!("{}: {reason}", self.what))
     }
@@ -156,6 +183,12 @@ impl<'a> Reader<'a> {
         Ok(u64::from_le_bytes(b))
     }
 
+    fn u128(&mut self) -> Result<u128, RaftError> {
+        let mut b = [0u8; 16];
+        b.copy_from_slice(self.take(16)?);
+        Ok(u128::from_le_bytes(b))
+    }
+
     fn bytes(&mut self) -> Result<&'a [u8], RaftError> {
         let len = self.u32()? as usize;
         self.take(len)
@@ -190,12 +223,19 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// The storage identity a request body is addressed to (`None`: the sender's membership does
+/// not record the receiver's), read before anything else of it.
+pub fn addressed_to(body: &[u8]) -> Result<Option<StorageId>, RaftError> {
+    let mut r = Reader::open(body, "request")?;
+    Ok(StorageId::from_u128(r.u128()?))
+}
+
 // ---------------------------------------------------------------------------------------------
 // Append-entries
 
-/// Fixed bytes of an append-entries body before its entries: version, vote, two log ids and
-/// the count.
-const APPEND_HEAD_BYTES: usize = 1 + 17 + 2 * 25 + 4;
+/// Fixed bytes of an append-entries body before its entries, after the request head: vote,
+/// two log ids and the count.
+const APPEND_HEAD_BYTES: usize = 17 + 2 * 25 + 4;
 
 /// The bytes `entry` takes in an append-entries body: a normal entry's exact size (index, type,
 /// timestamp, length, prefix, body); the others are small and may take a little more.
@@ -206,8 +246,11 @@ pub fn append_entry_bytes(entry: &Entry) -> usize {
     }
 }
 
-/// An append-entries request (with or without entries).
-pub fn encode_append(rpc: &AppendEntriesRequest<TypeConfig>) -> Result<Vec<u8>, RaftError> {
+/// An append-entries request (with or without entries) for the copy `to`.
+pub fn encode_append(
+    rpc: &AppendEntriesRequest<TypeConfig>,
+    to: Option<StorageId>,
+) -> Result<Vec<u8>, RaftError> {
     let count = u32::try_from(rpc.entries.len())
         .ok()
         .filter(|count| *count <= ENTRIES_MAX)
@@ -216,8 +259,7 @@ pub fn encode_append(rpc: &AppendEntriesRequest<TypeConfig>) -> Result<Vec<u8>, 
         })?;
     // One allocation for the whole body.
     let entries_bytes: usize = rpc.entries.iter().map(append_entry_bytes).sum();
-    let mut w = Writer(Vec::with_capacity(APPEND_HEAD_BYTES + entries_bytes));
-    w.u8(RPC_VERSION);
+    let mut w = Writer::request(to, APPEND_HEAD_BYTES + entries_bytes);
     w.vote(&rpc.vote);
     w.log_id(rpc.prev_log_id.as_ref());
     w.log_id(rpc.leader_commit.as_ref());
@@ -255,7 +297,7 @@ pub fn decode_append(body: &[u8]) -> Result<AppendEntriesRequest<TypeConfig>, Ra
 /// Reads an append-entries request received as `body`: the entries' payloads are slices of it,
 /// not copies.
 pub fn decode_append_shared(body: &Bytes) -> Result<AppendEntriesRequest<TypeConfig>, RaftError> {
-    let mut r = Reader::open(body, "append-entries")?;
+    let mut r = Reader::open_request(body, "append-entries")?;
     let vote = r.vote()?;
     let prev_log_id = r.log_id()?;
     let leader_commit = r.log_id()?;
@@ -272,13 +314,17 @@ pub fn decode_append_shared(body: &Bytes) -> Result<AppendEntriesRequest<TypeCon
         let entry = decode_shared(offset, record_type, FLAG_REPLICATED, timestamp_ms, payload)
             .map_err(|e| RaftError::Invalid(format!("append-entries: {e}")))?
             .ok_or_else(|| r.bad(format!("a gap record at {offset} is not an entry")))?;
-        if let Some(previous) = entries.last() {
-            if entry.log_id.index != previous.log_id.index + 1 {
-                return Err(r.bad(format!(
-                    "entry {} follows entry {}",
-                    entry.log_id.index, previous.log_id.index
-                )));
-            }
+        // Each entry follows the one before it, the first one the previous log id: a follower
+        // never fills a hole (`client.rs`, "Non-contiguous appends").
+        let follows = entries
+            .last()
+            .map(|previous: &Entry| previous.log_id.index + 1)
+            .unwrap_or_else(|| prev_log_id.as_ref().map_or(0, |prev| prev.index + 1));
+        if entry.log_id.index != follows {
+            return Err(r.bad(format!(
+                "entry {} where entry {follows} must come",
+                entry.log_id.index
+            )));
         }
         entries.push(entry);
     }
@@ -326,9 +372,9 @@ pub fn decode_append_reply(body: &[u8]) -> Result<AppendEntriesResponse<TypeConf
 // ---------------------------------------------------------------------------------------------
 // Vote
 
-/// A vote or pre-vote request.
-pub fn encode_vote(rpc: &VoteRequest<TypeConfig>) -> Vec<u8> {
-    let mut w = Writer::new();
+/// A vote or pre-vote request for the copy `to`.
+pub fn encode_vote(rpc: &VoteRequest<TypeConfig>, to: Option<StorageId>) -> Vec<u8> {
+    let mut w = Writer::request(to, 17 + 25 + 1);
     w.vote(&rpc.vote);
     w.log_id(rpc.last_log_id.as_ref());
     w.u8(u8::from(rpc.leadership_transfer));
@@ -337,7 +383,7 @@ pub fn encode_vote(rpc: &VoteRequest<TypeConfig>) -> Vec<u8> {
 
 /// Reads a vote or pre-vote request.
 pub fn decode_vote(body: &[u8]) -> Result<VoteRequest<TypeConfig>, RaftError> {
-    let mut r = Reader::open(body, "vote")?;
+    let mut r = Reader::open_request(body, "vote")?;
     let vote = r.vote()?;
     let last_log_id = r.log_id()?;
     let leadership_transfer = r.bool()?;
@@ -369,17 +415,19 @@ pub fn decode_vote_reply(body: &[u8]) -> Result<VoteResponse<TypeConfig>, RaftEr
 // ---------------------------------------------------------------------------------------------
 // Snapshots
 
-/// A whole snapshot: the leader's vote, the snapshot's meta and its data.
+/// A whole snapshot for the copy `to`: the leader's vote, the snapshot's meta and its data.
 pub fn encode_snapshot<D: SnapshotWire>(
     vote: &Vote,
     meta: &SnapshotMeta,
     data: &D,
+    to: Option<StorageId>,
 ) -> Result<Vec<u8>, RaftError> {
-    let mut w = Writer::new();
+    let mut w = Writer::request(to, 0);
     w.vote(vote);
     w.log_id(meta.last_log_id.as_ref());
     w.log_id(meta.last_membership.log_id().as_ref());
-    w.bytes(&encode_membership(meta.last_membership.membership())?)?;
+    let membership = meta.last_membership.membership();
+    w.bytes(&encode_membership(membership, MembershipBody::WithStorage)?)?;
     let mut bytes = Vec::new();
     data.encode(&mut bytes)?;
     w.bytes(&bytes)?;
@@ -388,11 +436,12 @@ pub fn encode_snapshot<D: SnapshotWire>(
 
 /// Reads a whole snapshot.
 pub fn decode_snapshot<D: SnapshotWire>(body: &[u8]) -> Result<(Vote, SnapshotMeta, D), RaftError> {
-    let mut r = Reader::open(body, "snapshot")?;
+    let mut r = Reader::open_request(body, "snapshot")?;
     let vote = r.vote()?;
     let last_log_id = r.log_id()?;
     let membership_log_id = r.log_id()?;
-    let membership = decode_membership(r.bytes()?).map_err(|reason| r.bad(reason))?;
+    let membership = decode_membership(r.bytes()?, MembershipBody::WithStorage)
+        .map_err(|reason| r.bad(reason))?;
     let data = D::decode(r.bytes()?)?;
     r.finish()?;
     let meta = SnapshotMeta {
@@ -420,10 +469,13 @@ pub fn decode_snapshot_reply(body: &[u8]) -> Result<Vote, RaftError> {
 // ---------------------------------------------------------------------------------------------
 // Leadership transfer
 
-/// A leadership transfer: the leader's vote, the node to take over, and the last log id it
-/// must hold first.
-pub fn encode_transfer_leader(rpc: &TransferLeaderRequest<TypeConfig>) -> Vec<u8> {
-    let mut w = Writer::new();
+/// A leadership transfer for the copy `to`: the leader's vote, the node to take over, and the
+/// last log id it must hold first.
+pub fn encode_transfer_leader(
+    rpc: &TransferLeaderRequest<TypeConfig>,
+    to: Option<StorageId>,
+) -> Vec<u8> {
+    let mut w = Writer::request(to, 17 + 8 + 25);
     w.vote(rpc.from_leader());
     w.u64(*rpc.to_node_id());
     w.log_id(rpc.last_log_id());
@@ -432,7 +484,7 @@ pub fn encode_transfer_leader(rpc: &TransferLeaderRequest<TypeConfig>) -> Vec<u8
 
 /// Reads a leadership transfer.
 pub fn decode_transfer_leader(body: &[u8]) -> Result<TransferLeaderRequest<TypeConfig>, RaftError> {
-    let mut r = Reader::open(body, "transfer leader")?;
+    let mut r = Reader::open_request(body, "transfer leader")?;
     let from = r.vote()?;
     let to = r.u64()?;
     let last_log_id = r.log_id()?;
@@ -488,6 +540,58 @@ pub fn decode_transfer_leader_reply(
     Ok(reply)
 }
 
+// ---------------------------------------------------------------------------------------------
+// Storage probe
+
+/// What a node holds of a group, as it answers [`KIND_STORAGE`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CopyStatus {
+    /// Its copy's storage identity.
+    pub storage: StorageId,
+    /// Its log holds a membership (it formed the group, or a leader reached it).
+    pub member: bool,
+    /// The index of its last entry (`None`: an empty log).
+    pub last_index: Option<u64>,
+}
+
+/// A storage probe (the request names no copy: any copy answers).
+pub fn encode_storage_probe() -> Vec<u8> {
+    Writer::request(None, 0).0
+}
+
+/// A storage probe's reply.
+pub fn encode_storage_reply(status: &CopyStatus) -> Vec<u8> {
+    let mut w = Writer::new();
+    w.0.extend_from_slice(&status.storage.get().to_le_bytes());
+    w.u8(u8::from(status.member));
+    match status.last_index {
+        None => w.u8(0),
+        Some(index) => {
+            w.u8(1);
+            w.u64(index);
+        }
+    }
+    w.0
+}
+
+/// Reads a storage probe's reply.
+pub fn decode_storage_reply(body: &[u8]) -> Result<CopyStatus, RaftError> {
+    let mut r = Reader::open(body, "storage reply")?;
+    let storage = StorageId::from_u128(r.u128()?)
+        .ok_or_else(|| r.bad("a storage identity of zero".into()))?;
+    let member = r.bool()?;
+    let last_index = match r.bool()? {
+        false => None,
+        true => Some(r.u64()?),
+    };
+    r.finish()?;
+    Ok(CopyStatus {
+        storage,
+        member,
+        last_index,
+    })
+}
+
 /// The test state machine's image: its records by offset.
 impl SnapshotWire for RecordsImage {
     fn encode(&self, dst: &mut Vec<u8>) -> Result<(), RaftError> {
@@ -540,7 +644,11 @@ mod tests {
         let nodes = (1..=3u64)
             .map(|id| {
                 let addr = format!("127.0.0.{id}:7000");
-                (id, NodeAddr { addr })
+                let node = match StorageId::from_u128(u128::from(id) * 1_000_003) {
+                    Some(storage) if id != 2 => NodeAddr::with_storage(addr, storage),
+                    _ => NodeAddr::new(addr),
+                };
+                (id, node)
             })
             .collect::<BTreeMap<_, _>>();
         Membership::new(vec![BTreeSet::from([1, 2, 3])], nodes).expect("membership")
@@ -581,12 +689,16 @@ mod tests {
         let same = |a: &AppendEntriesRequest<TypeConfig>, b: &AppendEntriesRequest<TypeConfig>| {
             assert_eq!(format!("{a:?}"), format!("{b:?}"));
         };
-        same(&decode_append(&encode_append(&rpc).unwrap()).unwrap(), &rpc);
+        let to = StorageId::from_u128(0xfeed << 64 | 9);
+        let body = encode_append(&rpc, to).unwrap();
+        assert_eq!(addressed_to(&body).unwrap(), to);
+        same(&decode_append(&body).unwrap(), &rpc);
         let heartbeat = AppendEntriesRequest {
             entries: Vec::new(),
             ..append()
         };
-        let body = encode_append(&heartbeat).unwrap();
+        let body = encode_append(&heartbeat, None).unwrap();
+        assert_eq!(addressed_to(&body).unwrap(), None);
         same(&decode_append(&body).unwrap(), &heartbeat);
         for reply in [
             AppendEntriesResponse::Success,
@@ -609,7 +721,9 @@ mod tests {
             Some(LogId::new(leader(4, 2), 12)),
         );
         vote.leadership_transfer = true;
-        assert_eq!(decode_vote(&encode_vote(&vote)).unwrap(), vote);
+        let body = encode_vote(&vote, to);
+        assert_eq!(addressed_to(&body).unwrap(), to);
+        assert_eq!(decode_vote(&body).unwrap(), vote);
         let reply = VoteResponse::new(vote.vote, None, true);
         assert_eq!(
             decode_vote_reply(&encode_vote_reply(&reply)).unwrap(),
@@ -633,11 +747,12 @@ mod tests {
             )]
             .into(),
         };
-        let body = encode_snapshot(&vote.vote, &meta, &image).unwrap();
+        let body = encode_snapshot(&vote.vote, &meta, &image, to).unwrap();
+        assert_eq!(addressed_to(&body).unwrap(), to);
         let (got_vote, got_meta, got_image) = decode_snapshot::<RecordsImage>(&body).unwrap();
         assert_eq!((got_vote, got_meta, got_image), (vote.vote, meta, image));
         let transfer = TransferLeaderRequest::new(vote.vote, 2, Some(LogId::new(leader(5, 3), 40)));
-        let got = decode_transfer_leader(&encode_transfer_leader(&transfer)).unwrap();
+        let got = decode_transfer_leader(&encode_transfer_leader(&transfer, to)).unwrap();
         assert_eq!(format!("{got}"), format!("{transfer}"));
         for reply in [
             Ok(()),
@@ -659,8 +774,39 @@ mod tests {
     }
 
     #[test]
+    fn a_storage_reply_roundtrips() {
+        for status in [
+            CopyStatus {
+                storage: StorageId::from_u128(u128::MAX).unwrap(),
+                member: true,
+                last_index: Some(41),
+            },
+            CopyStatus {
+                storage: StorageId::from_u128(1).unwrap(),
+                member: false,
+                last_index: None,
+            },
+        ] {
+            assert_eq!(
+                decode_storage_reply(&encode_storage_reply(&status)).unwrap(),
+                status
+            );
+        }
+        let probe = encode_storage_probe();
+        assert_eq!(addressed_to(&probe).unwrap(), None);
+        // A reply naming identity zero is refused.
+        let mut zero = encode_storage_reply(&CopyStatus {
+            storage: StorageId::from_u128(5).unwrap(),
+            member: true,
+            last_index: None,
+        });
+        zero[1] = 0;
+        assert!(decode_storage_reply(&zero).is_err());
+    }
+
+    #[test]
     fn malformed_bodies_are_errors_never_panics() {
-        let body = encode_append(&append()).unwrap();
+        let body = encode_append(&append(), None).unwrap();
         for cut in 0..body.len() {
             assert!(decode_append(&body[..cut]).is_err(), "cut at {cut}");
         }
@@ -668,10 +814,10 @@ mod tests {
         trailing.push(0);
         assert!(decode_append(&trailing).is_err());
         let mut version = body.clone();
-        version[0] = 2;
+        version[0] = 1;
         assert!(decode_append(&version).is_err());
         // A count that cannot fit is refused before anything is allocated for it.
-        let mut w = Writer::new();
+        let mut w = Writer::request(None, 0);
         w.vote(&append().vote);
         w.log_id(None);
         w.log_id(None);
@@ -680,7 +826,15 @@ mod tests {
         // Entries out of order.
         let mut rpc = append();
         rpc.entries.swap(0, 1);
-        assert!(decode_append(&encode_append(&rpc).unwrap()).is_err());
+        assert!(decode_append(&encode_append(&rpc, None).unwrap()).is_err());
+        // A first entry that does not follow the previous log id (9): entries 11 and 12.
+        let mut rpc = append();
+        rpc.entries.remove(0);
+        assert!(decode_append(&encode_append(&rpc, None).unwrap()).is_err());
+        // Without a previous log id the first entry is 0.
+        let mut rpc = append();
+        rpc.prev_log_id = None;
+        assert!(decode_append(&encode_append(&rpc, None).unwrap()).is_err());
         // Arbitrary bytes.
         let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
         for len in 0..512 {
@@ -698,6 +852,8 @@ mod tests {
             let _ = decode_vote_reply(&bytes);
             let _ = decode_transfer_leader(&bytes);
             let _ = decode_transfer_leader_reply(&bytes);
+            let _ = decode_storage_reply(&bytes);
+            let _ = addressed_to(&bytes);
         }
     }
 }

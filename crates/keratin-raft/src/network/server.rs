@@ -5,6 +5,17 @@
 //! failed) and a group whose fence tripped answer with a refusal the sender sees as
 //! `Unreachable`, so openraft retries; a reply computed while the fence tripped is dropped,
 //! because openraft may have acted on a vote or entry that is not on disk (`crate::Fence`).
+//!
+//! Storage identities (`docs/cluster.md`, "Storage identities"). Every request names the copy
+//! of the group's storage its sender's membership records for this node. A copy answers only
+//! what is addressed to it: a request for another copy (the one this node held before its
+//! directory was wiped) is refused with [`codes::OTHER_STORAGE`], so the sender sees the node
+//! as unreachable: the empty copy neither votes nor acknowledges entries as the one that
+//! voted and stored them. A request that names no copy (the membership has not recorded this
+//! node's yet) is answered only by a replica whose log holds a membership ([`codes::NOT_MEMBER`]
+//! otherwise): a replica that formed the group answers its first leader, an empty one waits
+//! until a leader records it. The storage probe ([`rpc::KIND_STORAGE`]) is answered by any
+//! copy.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -13,13 +24,14 @@ use bytes::Bytes;
 use futures_util::future::join_all;
 use keratin_net::handler::BoxFuture;
 use keratin_net::{GroupId, Handler, NodeId, RemoteError};
+use openraft::async_runtime::watch::WatchReceiver;
 use openraft::storage::{RaftStateMachine, Snapshot};
 
 use super::codes;
 use super::rpc::{self, SnapshotWire};
 use crate::error::RaftError;
 use crate::fence::Fence;
-use crate::types::TypeConfig;
+use crate::types::{StorageId, TypeConfig};
 
 /// One group as the server reaches it: serve a request of `kind`.
 pub trait GroupEndpoint: Send + Sync + 'static {
@@ -27,16 +39,67 @@ pub trait GroupEndpoint: Send + Sync + 'static {
     fn serve(&self, kind: u8, body: Bytes) -> BoxFuture<Result<Bytes, RemoteError>>;
 }
 
-/// A group's `Raft` and its fence, served over the network.
+/// A group's `Raft`, its fence and its copy's storage identity, served over the network.
 pub struct RaftEndpoint<SM: RaftStateMachine<TypeConfig>> {
     raft: openraft::Raft<TypeConfig, SM>,
     fence: Fence,
+    storage: StorageId,
 }
 
 impl<SM: RaftStateMachine<TypeConfig>> RaftEndpoint<SM> {
-    /// Serve `raft`, whose storage trips `fence`.
-    pub fn new(raft: openraft::Raft<TypeConfig, SM>, fence: Fence) -> RaftEndpoint<SM> {
-        RaftEndpoint { raft, fence }
+    /// Serve `raft`, whose storage (the copy `storage`) trips `fence`.
+    pub fn new(
+        raft: openraft::Raft<TypeConfig, SM>,
+        fence: Fence,
+        storage: StorageId,
+    ) -> RaftEndpoint<SM> {
+        RaftEndpoint {
+            raft,
+            fence,
+            storage,
+        }
+    }
+}
+
+/// What this replica's log holds now, for a storage probe.
+fn copy_status<SM: RaftStateMachine<TypeConfig>>(
+    raft: &openraft::Raft<TypeConfig, SM>,
+    storage: StorageId,
+) -> rpc::CopyStatus {
+    let watched = raft.metrics();
+    let metrics = watched.borrow_watched();
+    rpc::CopyStatus {
+        storage,
+        member: metrics.membership_config.log_id().is_some(),
+        last_index: metrics.last_log_index,
+    }
+}
+
+/// Refuses a request addressed to another copy than `storage`, or to no copy while this
+/// replica's log holds no membership (module docs).
+fn check_addressed<SM: RaftStateMachine<TypeConfig>>(
+    raft: &openraft::Raft<TypeConfig, SM>,
+    storage: StorageId,
+    body: &Bytes,
+) -> Result<(), RemoteError> {
+    match rpc::addressed_to(body).map_err(bad_body)? {
+        Some(to) if to == storage => Ok(()),
+        Some(to) => Err(RemoteError::new(
+            codes::OTHER_STORAGE,
+            format!(
+                "this node's copy of the group is {storage}, not the copy {to} the request is \
+                 for (its storage was replaced): it answers once the group's leader has \
+                 replaced the old copy with it"
+            ),
+        )),
+        None if copy_status(raft, storage).member => Ok(()),
+        None => Err(RemoteError::new(
+            codes::NOT_MEMBER,
+            format!(
+                "this node's copy {storage} of the group holds no membership yet: it answers \
+                 requests addressed to it once the group's leader has recorded it"
+            ),
+        )),
     }
 }
 
@@ -56,10 +119,16 @@ where
     fn serve(&self, kind: u8, body: Bytes) -> BoxFuture<Result<Bytes, RemoteError>> {
         let raft = self.raft.clone();
         let fence = self.fence.clone();
+        let storage = self.storage;
         Box::pin(async move {
             if let Some(reason) = fence.reason() {
                 return Err(RemoteError::new(codes::FENCED, reason.to_string()));
             }
+            if kind == rpc::KIND_STORAGE {
+                let status = copy_status(&raft, storage);
+                return Ok(Bytes::from(rpc::encode_storage_reply(&status)));
+            }
+            check_addressed(&raft, storage, &body)?;
             let reply = serve_kind(&raft, kind, &body).await?;
             // Acted on while the storage failed: the reply may rest on a vote or entry that is
             // not durable. Drop it.

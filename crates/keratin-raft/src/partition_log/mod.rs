@@ -54,7 +54,7 @@ mod replication;
 mod submit;
 
 use forward::forward;
-pub use provider::{ReplicatedLogs, ReplicatedLogsSetup, FORMATION_HOLD};
+pub use provider::{ReplicatedLogs, ReplicatedLogsSetup};
 use reader::ReplicatedReader;
 use replication::LeaderlessClock;
 use submit::{submit, Answers, Submission};
@@ -77,7 +77,7 @@ use keratin_broker::record::NOOP;
 use keratin_log::{Io, LogError, LogOptions, LogResult, PrefixRemoval, ReadRecord};
 use keratin_net::{GroupId, ResolvedCluster, Transport};
 use openraft::async_runtime::watch::WatchReceiver;
-use openraft::errors::{ClientWriteError, Fatal, InitializeError};
+use openraft::errors::{ClientWriteError, Fatal};
 use openraft::raft::WriteResult;
 use openraft::{Config, Instant as _, RaftMetrics};
 use tokio::sync::{mpsc, watch, Semaphore};
@@ -899,14 +899,7 @@ mod tests {
     ) -> RaftMetrics<TypeConfig> {
         let nodes: BTreeMap<u64, NodeAddr> = voters
             .iter()
-            .map(|v| {
-                (
-                    *v,
-                    NodeAddr {
-                        addr: format!("node-{v}:7000"),
-                    },
-                )
-            })
+            .map(|v| (*v, NodeAddr::new(format!("node-{v}:7000"))))
             .collect();
         let membership =
             Membership::new(vec![voters.iter().copied().collect::<BTreeSet<_>>()], nodes)

@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 
 use super::*;
-use crate::replica::{membership, GroupMembers, MembershipError, ELECTION_TIMEOUT_MAX_MS};
+use crate::replica::{copies, membership, GroupMembers, MembershipError, Replaced};
 
 /// How a node opens its replicated partition logs: see [`ReplicatedLogs::new`].
 pub struct ReplicatedLogsSetup {
@@ -53,17 +53,12 @@ impl ReplicatedLogs {
             .cluster
             .peers
             .iter()
-            .map(|(id, addr)| {
-                let addr = addr.to_string();
-                (*id, NodeAddr { addr })
-            })
+            .map(|(id, addr)| (*id, NodeAddr::new(addr.to_string())))
             .collect();
         // Listed peers name this node as the others reach it; `listen` only stands in.
         members
             .entry(setup.cluster.node_id)
-            .or_insert_with(|| NodeAddr {
-                addr: setup.cluster.listen.to_string(),
-            });
+            .or_insert_with(|| NodeAddr::new(setup.cluster.listen.to_string()));
         ReplicatedLogs {
             node_id: setup.node_id,
             transport: setup.transport,
@@ -103,7 +98,7 @@ impl ReplicatedLogs {
         self.members
             .write()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(id, NodeAddr { addr });
+            .insert(id, NodeAddr::new(addr));
     }
 
     /// How this node's replica of `place` starts when its log holds no membership yet: it
@@ -123,36 +118,37 @@ impl ReplicatedLogs {
         let voters = formation
             .iter()
             .map(|id| {
-                let addr = self.addr_of(*id).ok_or_else(|| {
+                let node = self.addr_of(*id).ok_or_else(|| {
                     BrokerError::Invalid(format!(
                         "partition {} of {:?}: replica node {id} is not in the cluster's peer \
                          list",
                         place.index, place.queue
                     ))
                 })?;
-                Ok((*id, addr))
+                Ok((*id, node.addr))
             })
             .collect::<BrokerResult<_>>()?;
         Ok(Opening::Form(voters))
     }
 
-    /// Start the replica of `group` on `logs`; a [`Opening::Form`] one makes sure its group is
-    /// initialized.
+    /// Start the replica of `group` on `logs`; a [`Opening::Form`] one forms its group in the
+    /// background where it exists nowhere yet, else joins it ([`Replica::form`]).
     ///
     /// Every forming replica initializes a group whose log holds no membership yet, with the
     /// same voters (the group's formation, with the addresses of the cluster configuration
-    /// every node shares), at the same time: openraft documents this as safe
-    /// (`Raft::initialize`: "calling `initialize()` on multiple nodes with identical
-    /// configuration is also acceptable": each writes the same membership at index 0 and the
-    /// vote elects one leader), and a member that already holds a log (another's membership
-    /// reached it, or it restarted) answers `NotAllowed`, which is the goal reached. So a
-    /// group forms while any majority of its replicas is up, whichever node is down; choosing
-    /// one initializer would stall the group while that node is down.
+    /// every node shares): openraft documents this as safe (`Raft::initialize`: "calling
+    /// `initialize()` on multiple nodes with identical configuration is also acceptable": each
+    /// writes the same membership at index 0 and the vote elects one leader). So a group forms
+    /// while any majority of its replicas is up, whichever node is down; choosing one
+    /// initializer would stall the group while that node is down. A forming replica first asks
+    /// the other voters: one that holds the group past its formation means the group exists
+    /// (this node's copy was wiped, or it was down while the others formed it), and the
+    /// replica joins instead.
     ///
     /// A joining replica never initializes: a membership of its own at index 0 would name
     /// voters the group no longer has (or never had), and it could campaign on it. It starts
-    /// with an empty log, answers the leader, and takes part once the leader adds it
-    /// ([`ReplicatedLogs::change_voters`]).
+    /// with an empty log and waits for the leader to add it (with its copy of the storage:
+    /// [`ReplicatedLogs::change_voters`]), or to record it (a joining member of the formation).
     async fn start_group(
         &self,
         group: GroupId,
@@ -168,38 +164,10 @@ impl ReplicatedLogs {
             &self.groups,
         )
         .await?;
-        let Opening::Form(voters) = opening else {
-            return Ok(replica);
-        };
-        let initialized = async {
-            let raft = replica.raft();
-            let done = raft
-                .is_initialized()
-                .await
-                .map_err(|e| RaftError::Invalid(format!("group {}: {e}", group.0)))?;
-            if done {
-                return Ok(());
-            }
-            match raft.initialize(voters).await {
-                Ok(()) => Ok(()),
-                Err(openraft::errors::RaftError::APIError(InitializeError::NotAllowed(_))) => {
-                    Ok(())
-                }
-                Err(e) => Err(RaftError::Invalid(format!(
-                    "initialize group {}: {e}",
-                    group.0
-                ))),
-            }
+        if let Opening::Form(voters) = opening {
+            replica.form_in_background(&voters);
         }
-        .await;
-        match initialized {
-            Ok(()) => Ok(replica),
-            Err(error) => {
-                let logs = replica.shutdown(&self.groups).await;
-                drop(logs);
-                Err(error)
-            }
-        }
+        Ok(replica)
     }
 
     /// The open log of `group`.
@@ -239,7 +207,23 @@ impl ReplicatedLogs {
             })?;
             target.insert(*id, addr.addr);
         }
-        membership::change_voters(&raft, group.0, &target, catch_up_wait).await
+        membership::change_voters(&raft, &self.transport, group, &target, catch_up_wait).await
+    }
+
+    /// On the leader of `group`: the members that have not acknowledged it lately (see
+    /// [`ReplicatedLogs::replace_copies`]); empty if this node does not lead it.
+    pub fn silent_members(&self, group: GroupId) -> BTreeSet<u64> {
+        self.running_raft(group)
+            .map(|raft| copies::silent_members(&raft.metrics().borrow_watched()))
+            .unwrap_or_default()
+    }
+
+    /// On the leader of `group`: remove the members that hold another copy of the group's
+    /// storage than the recorded one (a wiped directory); [`ReplicatedLogs::change_voters`]
+    /// adds them back as learners with their new copy and promotes them once caught up.
+    pub async fn replace_copies(&self, group: GroupId) -> Result<Replaced, MembershipError> {
+        let raft = self.running_raft(group)?;
+        copies::replace_copies(&raft, &self.transport, group).await
     }
 
     /// Forget `learners` of `group` (retired replicas), on its leader: see
@@ -360,33 +344,6 @@ impl ReplicatedLogs {
     }
 }
 
-/// How long a replica that forms a group but is not its preferred leader waits for a leader
-/// before it forms the group itself: twice the largest election timeout, time for the
-/// preferred replica to open the group and campaign twice (its first vote requests can reach
-/// replicas that have not opened the group yet). A group whose preferred replica is down
-/// elects another one this much later.
-pub const FORMATION_HOLD: Duration = Duration::from_millis(2 * ELECTION_TIMEOUT_MAX_MS);
-
-/// After [`FORMATION_HOLD`], form the group on `raft` as one of `voters` unless a leader
-/// already reached it (its log then holds the group's membership, and `initialize` answers
-/// `NotAllowed`, which is the goal reached).
-async fn form_unless_led(raft: ReplicaRaft, group: GroupId, voters: BTreeMap<u64, NodeAddr>) {
-    tokio::time::sleep(FORMATION_HOLD).await;
-    match raft.is_initialized().await {
-        Ok(false) => {}
-        // Formed (a leader reached it) or stopped meanwhile.
-        Ok(true) | Err(_) => return,
-    }
-    match raft.initialize(voters).await {
-        Ok(()) => tracing::info!(
-            group = group.0,
-            "no leader within the formation hold; this replica formed the group"
-        ),
-        Err(openraft::errors::RaftError::APIError(InitializeError::NotAllowed(_))) => {}
-        Err(error) => tracing::warn!(group = group.0, %error, "forming a group after the hold"),
-    }
-}
-
 /// A replica's logs in `place.dir`, on the node's pool (blocking).
 fn open_group_logs(place: &PartitionPlace) -> Result<GroupLogs, RaftError> {
     let options = LogOptions {
@@ -405,9 +362,9 @@ fn open_group_logs(place: &PartitionPlace) -> Result<GroupLogs, RaftError> {
 /// How a replica whose log holds no membership yet starts.
 #[derive(Debug)]
 enum Opening {
-    /// This node is one of the voters the group is formed with: it initializes the group with
-    /// them.
-    Form(BTreeMap<u64, NodeAddr>),
+    /// This node is one of the voters the group is formed with (by node id, their cluster
+    /// addresses): it initializes the group with them unless the group exists already.
+    Form(BTreeMap<u64, String>),
     /// This node joins a group formed without it: it waits for the leader to add it.
     Join,
 }
@@ -418,23 +375,9 @@ impl PartitionLogs for ReplicatedLogs {
         let group = partition_group(place.queue_id, place.index)
             .map_err(|e| BrokerError::Invalid(e.to_string()))?;
         let opening = self.opening(place)?;
-        // The first election of a group formed now goes to its preferred leader (the first
-        // replica): it forms the group at once (openraft's `initialize` campaigns at once);
-        // another forming replica starts empty, gives its vote, and forms the group itself
-        // only if no leader reached it within `FORMATION_HOLD` (the preferred one is down).
-        // (A preferred leader outside the formation cannot form it: then all form at once.)
-        // Formed by all at once, the first to campaign won, usually every group on the
-        // node that applied the declare first.
-        let preferred = place.replicas.first().copied();
-        let (opening, deferred) = match opening {
-            Opening::Form(voters)
-                if preferred != Some(self.node_id)
-                    && preferred.is_some_and(|id| voters.contains_key(&id)) =>
-            {
-                (Opening::Join, Some(voters))
-            }
-            other => (other, None),
-        };
+        // Every replica of the formation forms the group at once (`copies.rs`, "Forming");
+        // the first to campaign leads, and the cluster's leader balancing hands the group to
+        // its preferred leader once that one is caught up.
         let handle = tokio::runtime::Handle::try_current().map_err(|e| {
             BrokerError::Invalid(format!("replicated logs open inside a tokio runtime: {e}"))
         })?;
@@ -449,9 +392,6 @@ impl PartitionLogs for ReplicatedLogs {
         let replica = handle
             .block_on(self.start_group(group, logs, opening))
             .map_err(invalid)?;
-        if let Some(voters) = deferred {
-            handle.spawn(form_unless_led(replica.raft().clone(), group, voters));
-        }
         let log = Arc::new(ReplicatedLog::new(replica, place, self));
         let mut opened = self.opened.lock().unwrap_or_else(|e| e.into_inner());
         opened.retain(|_, log| log.strong_count() > 0);

@@ -4,11 +4,15 @@
 //! voters (its docs: "Calling `initialize()` on multiple nodes with identical configuration is
 //! also acceptable"), so a group whose members are decided elsewhere (the cluster's metadata,
 //! the `[cluster]` settings) is formed by each member initializing it with that same set: no
-//! member has to be up first. A node that joins a live group later never initializes: it
-//! starts empty and waits for the leader to add it (`partition_log/provider.rs`).
+//! member has to be up first. Each does so only once it learned that the group exists nowhere
+//! yet ([`Replica::form`], `copies.rs`): a member whose copy was wiped joins. A node that joins
+//! a live group later never initializes: it starts empty and waits for the leader to add it
+//! (`partition_log/provider.rs`).
 //!
-//! Changing ([`Replica::change_voters`], on the leader): every new node is added as a learner
-//! and followed until it holds everything up to the entry that added it (a snapshot and the
+//! Changing ([`Replica::change_voters`], on the leader): every new node is added as a learner,
+//! with the copy of the group's storage it holds (asked with the storage probe: `copies.rs`;
+//! a learner already whose recorded copy is not the one it holds is removed and added back
+//! with it), and followed until it holds everything up to the entry that added it (a snapshot and the
 //! entries after it, as any lagging follower), within a bound; then the voters change by joint
 //! consensus (openraft's `change_membership`: a joint entry, then the uniform one), and the
 //! call returns once the uniform membership is committed. Voters that leave stay *learners*
@@ -38,11 +42,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use openraft::async_runtime::watch::WatchReceiver;
-use openraft::errors::{ClientWriteError, InitializeError, RaftError as OpenRaftError};
+use openraft::errors::{ClientWriteError, RaftError as OpenRaftError};
 use openraft::{ChangeMembers, RaftMetrics};
 
+use keratin_net::{GroupId, Transport};
+
+use super::copies::{self, Formation, Replaced};
 use super::{Replica, ReplicaRaft};
 use crate::error::RaftError;
+use crate::network::probe::probe_storage;
 use crate::types::{NodeAddr, TypeConfig};
 
 /// How long [`Replica::change_voters`] waits by default for a new node to catch up: a
@@ -160,6 +168,17 @@ pub enum MembershipError {
         /// The committed voters.
         voters: BTreeSet<u64>,
     },
+    /// A node to add did not say which copy of the group's storage it holds (it is down, or
+    /// has not opened its replica yet); nothing was changed.
+    #[error("group {group}: node {node} did not say which copy of the group it holds ({reason}); is it running with the group open? retry")]
+    NoCopy {
+        /// The group.
+        group: u64,
+        /// The node.
+        node: u64,
+        /// What the probe got.
+        reason: String,
+    },
     /// The replica is not open on this node.
     #[error("group {group} is not open on this node (or its replica failed and is not rebuilt)")]
     NotOpen {
@@ -185,26 +204,49 @@ impl Replica {
             .map_err(|e| RaftError::Invalid(format!("group {}: {e}", self.group.0)))
     }
 
-    /// Form the group with `voters` (node id to cluster address) unless its log holds a
-    /// membership already. Every voter may call it at the same time with the same `voters`.
-    pub async fn initialize_voters(&self, voters: &BTreeMap<u64, String>) -> Result<(), RaftError> {
-        if self.is_initialized().await? {
-            return Ok(());
-        }
-        let members: BTreeMap<u64, NodeAddr> = voters
-            .iter()
-            .map(|(id, addr)| (*id, NodeAddr { addr: addr.clone() }))
-            .collect();
-        match self.raft.initialize(members).await {
-            Ok(()) => Ok(()),
-            // Another member's membership arrived first: formed.
-            Err(OpenRaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
-            Err(error) => Err(RaftError::Invalid(format!(
-                "form group {} with voters {:?}: {error}",
-                self.group.0,
-                voters.keys().collect::<Vec<_>>()
-            ))),
-        }
+    /// Form the group with `voters` (node id to cluster address; this node among them) where
+    /// it exists nowhere yet, else join it (`copies.rs`, "Forming"): returns once decided,
+    /// which takes until a majority of `voters` answered. Every voter may call it at the same
+    /// time with the same `voters`. Run it in the background ([`Replica::form_in_background`]).
+    pub async fn form(&self, voters: &BTreeMap<u64, String>) -> Result<Formation, RaftError> {
+        copies::form(
+            self.raft.clone(),
+            self.transport.clone(),
+            self.group,
+            formation_members(voters),
+        )
+        .await
+    }
+
+    /// [`Replica::form`] on a task of its own (it ends when decided or when the replica
+    /// stops); a failure is logged.
+    pub fn form_in_background(&self, voters: &BTreeMap<u64, String>) {
+        let forming = copies::form(
+            self.raft.clone(),
+            self.transport.clone(),
+            self.group,
+            formation_members(voters),
+        );
+        let group = self.group.0;
+        tokio::spawn(async move {
+            match forming.await {
+                Ok(Formation::Formed) => tracing::info!(group, "group formed"),
+                Ok(_) => {}
+                Err(error) => tracing::warn!(group, %error, "forming the group"),
+            }
+        });
+    }
+
+    /// On the leader: the members that have not acknowledged it lately (down, cut off, or
+    /// holding another copy): [`Replica::replace_copies`] asks them. Empty elsewhere.
+    pub fn silent_members(&self) -> BTreeSet<u64> {
+        copies::silent_members(&self.raft.metrics().borrow_watched())
+    }
+
+    /// On the leader: remove the members that hold another copy of the group's storage than
+    /// the recorded one (`copies.rs`, "Replacing"); [`Replica::change_voters`] adds them back.
+    pub async fn replace_copies(&self) -> Result<Replaced, MembershipError> {
+        copies::replace_copies(&self.raft, &self.transport, self.group).await
     }
 
     /// The members in the latest membership this replica holds (committed or not), and in
@@ -222,7 +264,14 @@ impl Replica {
         target: &BTreeMap<u64, String>,
         catch_up_wait: Duration,
     ) -> Result<GroupMembers, MembershipError> {
-        change_voters(&self.raft, self.group.0, target, catch_up_wait).await
+        change_voters(
+            &self.raft,
+            &self.transport,
+            self.group,
+            target,
+            catch_up_wait,
+        )
+        .await
     }
 
     /// Add `learners` (node id to cluster address) that are not members yet: they receive
@@ -231,7 +280,7 @@ impl Replica {
         &self,
         learners: &BTreeMap<u64, String>,
     ) -> Result<GroupMembers, MembershipError> {
-        add_learners(&self.raft, self.group.0, learners).await
+        add_learners(&self.raft, &self.transport, self.group, learners).await
     }
 
     /// Hand the leadership over to voter `to` if it is nearly caught up (see the module
@@ -278,8 +327,37 @@ pub(crate) async fn members(
     })
 }
 
+/// The members of a formation, their copies not recorded yet (every forming replica must
+/// write the same membership).
+fn formation_members(voters: &BTreeMap<u64, String>) -> BTreeMap<u64, NodeAddr> {
+    voters
+        .iter()
+        .map(|(id, addr)| (*id, NodeAddr::new(addr.clone())))
+        .collect()
+}
+
+/// Node `id` at `addr` as a new member: with the copy of the group's storage it holds now.
+async fn new_member(
+    transport: &Transport,
+    group: GroupId,
+    id: u64,
+    addr: &str,
+) -> Result<NodeAddr, MembershipError> {
+    match probe_storage(transport, id, group).await {
+        Ok(status) => Ok(NodeAddr::with_storage(addr, status.storage)),
+        Err(error) => Err(MembershipError::NoCopy {
+            group: group.0,
+            node: id,
+            reason: error.to_string(),
+        }),
+    }
+}
+
 /// `Ok` on the leader, else who leads.
-fn ensure_leader(metrics: &RaftMetrics<TypeConfig>, group: u64) -> Result<(), MembershipError> {
+pub(crate) fn ensure_leader(
+    metrics: &RaftMetrics<TypeConfig>,
+    group: u64,
+) -> Result<(), MembershipError> {
     if metrics.state.is_leader() && metrics.current_leader == Some(metrics.id) {
         return Ok(());
     }
@@ -293,7 +371,7 @@ fn ensure_leader(metrics: &RaftMetrics<TypeConfig>, group: u64) -> Result<(), Me
 }
 
 /// openraft's refusal of a membership write, in our terms.
-fn write_error(
+pub(crate) fn write_error(
     group: u64,
     node: u64,
     error: OpenRaftError<TypeConfig, ClientWriteError<TypeConfig>>,
@@ -326,17 +404,29 @@ fn write_error(
 /// See [`Replica::change_voters`].
 pub(crate) async fn change_voters(
     raft: &ReplicaRaft,
-    group: u64,
+    transport: &Transport,
+    group_id: GroupId,
     target: &BTreeMap<u64, String>,
     catch_up_wait: Duration,
 ) -> Result<GroupMembers, MembershipError> {
+    let group = group_id.0;
     if target.is_empty() {
         return Err(MembershipError::EmptyTarget { group });
     }
-    let (node, current) = {
+    let (node, current, known) = {
         let metrics = raft.metrics().borrow_watched().clone();
         ensure_leader(&metrics, group)?;
-        (metrics.id, GroupMembers::of(&metrics.membership_config))
+        let known: BTreeMap<u64, NodeAddr> = metrics
+            .membership_config
+            .membership()
+            .nodes()
+            .map(|(id, node)| (*id, node.clone()))
+            .collect();
+        (
+            metrics.id,
+            GroupMembers::of(&metrics.membership_config),
+            known,
+        )
     };
     let wanted: BTreeSet<u64> = target.keys().copied().collect();
     if !current.joint && current.voters == wanted {
@@ -346,7 +436,23 @@ pub(crate) async fn change_voters(
         if current.voters.contains(id) {
             continue;
         }
-        let node_addr = NodeAddr { addr: addr.clone() };
+        // Every node that joins says which copy of the group it holds now. A learner already
+        // (a change before this one added it) keeps its recorded copy while it holds it; one
+        // that holds another copy (it left the group and removed its files, then was placed
+        // here again; or its directory was wiped) is forgotten and added back with the copy
+        // it holds: the catch-up would otherwise wait on a copy that refuses every append.
+        let now = new_member(transport, group_id, *id, addr).await?;
+        let node_addr = match known.get(id) {
+            Some(known) if known.storage.is_none() || known.storage == now.storage => known.clone(),
+            Some(_) => {
+                tracing::info!(group, node = id, "a learner holds another copy than the recorded one: it is added back with the copy it holds");
+                raft.change_membership(ChangeMembers::RemoveNodes([*id].into()), false)
+                    .await
+                    .map_err(|e| write_error(group, node, e))?;
+                now
+            }
+            None => now,
+        };
         let added = raft
             .add_learner(*id, node_addr, false)
             .await
@@ -458,9 +564,11 @@ pub(crate) async fn transfer_leader(
 /// See [`Replica::add_learners`].
 pub(crate) async fn add_learners(
     raft: &ReplicaRaft,
-    group: u64,
+    transport: &Transport,
+    group_id: GroupId,
     learners: &BTreeMap<u64, String>,
 ) -> Result<GroupMembers, MembershipError> {
+    let group = group_id.0;
     let (node, current) = {
         let metrics = raft.metrics().borrow_watched().clone();
         ensure_leader(&metrics, group)?;
@@ -470,7 +578,7 @@ pub(crate) async fn add_learners(
         if current.voters.contains(id) || current.learners.contains(id) {
             continue;
         }
-        let node_addr = NodeAddr { addr: addr.clone() };
+        let node_addr = new_member(transport, group_id, *id, addr).await?;
         raft.add_learner(*id, node_addr, false)
             .await
             .map_err(|e| write_error(group, node, e))?;

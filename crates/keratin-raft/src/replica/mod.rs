@@ -8,12 +8,17 @@
 //! - `reader`: [`CommittedReader`], the partition's records below the committed offset, read
 //!   from the group's log view (entry log and the tail not yet durable here) with the
 //!   adapter's own entries (blank, membership) skipped.
-//! - `membership`: forming the group, and changing the voters of a live group
+//! - `membership`: forming the group and changing the voters of a live group
 //!   ([`Replica::change_voters`], [`MembershipError`]).
+//! - `copies`: which copy of the group's storage each member is: forming only where the group
+//!   exists nowhere yet ([`Replica::form`]), recording the members' copies (a task of every
+//!   replica, acting while it leads), removing a member whose copy is not the recorded one
+//!   ([`Replica::replace_copies`]).
 //!
 //! A proposal refused because this node is not the leader is [`ProposeError::NotLeader`] with
 //! the leader openraft knows of, so the broker can answer "not the leader" with its address.
 
+pub(crate) mod copies;
 pub(crate) mod membership;
 mod notifier;
 mod reader;
@@ -30,6 +35,7 @@ use openraft::errors::{
 use openraft::{Config, SnapshotPolicy};
 use tokio::sync::watch;
 
+pub use copies::{Formation, Replaced, COPY_ACK_AGE_MAX, FORMATION_RETRY};
 pub use membership::{
     GroupMembers, MembershipError, CATCH_UP_WAIT, TRANSFER_ACK_AGE_MAX, TRANSFER_LAG_MAX,
 };
@@ -38,9 +44,9 @@ pub use reader::CommittedReader;
 
 use crate::error::RaftError;
 use crate::fence::Fence;
-use crate::network::{Groups, NetworkFactory, RaftEndpoint};
+use crate::network::{Addressing, Groups, NetworkFactory, RaftEndpoint};
 use crate::store::{GroupLogs, LogStoreReader};
-use crate::types::{NodeAddr, PartitionRecord, TypeConfig};
+use crate::types::{NodeAddr, PartitionRecord, StorageId, TypeConfig};
 
 /// The openraft instance of a replica.
 pub type ReplicaRaft = openraft::Raft<TypeConfig, CommitNotifier>;
@@ -66,12 +72,11 @@ pub fn replica_config(cluster_name: &str) -> Result<Arc<Config>, RaftError> {
         election_timeout_max: ELECTION_TIMEOUT_MAX_MS,
         snapshot_policy: SnapshotPolicy::Never,
         max_in_snapshot_log_to_keep: 0,
-        // A replica whose data directory was wiped (a replaced disk) comes back with an empty
-        // log: the leader starts its replication over (a snapshot, then the entries) instead
-        // of treating the reverted log as a bug. Caveat (docs/cluster.md, "Snapshots and
-        // rebuild"): the wiped voter forgot its vote and votes at once; rejoining as a learner
-        // first needs the wiring of membership changes (`membership.rs` is the building block).
-        allow_log_reversion: Some(true),
+        // A follower's log never goes back under the leader: a replica whose data directory
+        // was wiped is another copy of the storage (`StorageId`), which answers nothing
+        // addressed to the copy the leader replicated to, until the leader replaces it
+        // (`membership.rs`): removed, added back as a learner from an empty log, promoted.
+        allow_log_reversion: Some(false),
         // A replica that led before a restart starts as a follower: restored at once, it took
         // proposals (a consumer's acks) that the election after it answered as "not the
         // leader", so acked messages came back (`tests/partition_snapshots.rs`).
@@ -117,6 +122,8 @@ pub struct Replica {
     notifier: CommitNotifier,
     fence: Fence,
     group: GroupId,
+    /// The node's cluster transport (storage probes of the members).
+    transport: Transport,
 }
 
 impl std::fmt::Debug for Replica {
@@ -141,17 +148,27 @@ impl Replica {
         let mut store = logs.store()?;
         let fence = store.fence();
         let view = store.reader();
+        let storage = store.storage();
         let notifier =
             CommitNotifier::new(fence.clone(), store.snapshot_keeper(), view.clone()).await;
         store.watch_purges(notifier.committed_sender());
-        let network = NetworkFactory::<AppliedImage>::new(transport, group, fence.clone())
-            .with_log_view(view.clone());
+        let addressing = Arc::new(Addressing::new(storage));
+        let network = NetworkFactory::<AppliedImage>::new(transport.clone(), group, fence.clone())
+            .with_log_view(view.clone())
+            .with_addressing(addressing.clone());
         let raft = ReplicaRaft::new(id, config, network, store, notifier.clone())
             .await
             .map_err(|e| RaftError::Invalid(format!("start group {}: {e}", group.0)))?;
+        addressing.follow(raft.metrics());
+        tokio::spawn(copies::record_while_running(
+            raft.clone(),
+            transport.clone(),
+            group,
+            storage,
+        ));
         groups.insert(
             group,
-            Arc::new(RaftEndpoint::new(raft.clone(), fence.clone())),
+            Arc::new(RaftEndpoint::new(raft.clone(), fence.clone(), storage)),
         );
         Ok(Replica {
             raft,
@@ -160,6 +177,7 @@ impl Replica {
             notifier,
             fence,
             group,
+            transport,
         })
     }
 
@@ -187,6 +205,11 @@ impl Replica {
     /// The group this replica belongs to.
     pub fn group(&self) -> GroupId {
         self.group
+    }
+
+    /// This node's copy of the group's storage (`docs/cluster.md`, "Storage identities").
+    pub fn storage(&self) -> StorageId {
+        self.view.storage()
     }
 
     /// The group's storage fence: it trips when this node's copy fails.

@@ -108,7 +108,8 @@ impl FaultyGroups {
                     .last()
                     .map(|e| e.log_id)
                     .or(request.prev_log_id);
-                let body = rpc::encode_append(&request).expect("encode a cut append");
+                let to = rpc::addressed_to(&body).expect("the cut append names its copy");
+                let body = rpc::encode_append(&request, to).expect("encode a cut append");
                 Action::ServePartly(Bytes::from(body), kept)
             }
             Rule::DeafAfter(after) => {

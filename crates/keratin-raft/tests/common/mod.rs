@@ -209,7 +209,7 @@ pub async fn initialize_three(nodes: &BTreeMap<u64, Node>) {
     let members: BTreeMap<u64, NodeAddr> = (1..=3)
         .map(|id| {
             let addr = format!("node-{id}");
-            (id, NodeAddr { addr })
+            (id, NodeAddr::new(addr))
         })
         .collect();
     nodes[&1]

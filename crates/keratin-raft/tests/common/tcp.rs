@@ -2,7 +2,7 @@
 //! directories, listeners bound before any node starts (so every address is known), and the
 //! pieces every such test needs.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -58,7 +58,7 @@ impl Loopback {
             .iter()
             .map(|(id, addr)| {
                 let addr = addr.to_string();
-                (*id, NodeAddr { addr })
+                (*id, NodeAddr::new(addr))
             })
             .collect()
     }
@@ -138,7 +138,8 @@ pub async fn start_replica(
     }
 }
 
-/// Start the replicas of `group` on every node of `net` and form the group from node 1.
+/// Start the replicas of `group` on every node of `net` and form the group with all of them,
+/// as the nodes of a formation do (`Replica::form`).
 pub async fn start_group(
     net: &mut Loopback,
     group: keratin_net::GroupId,
@@ -148,13 +149,43 @@ pub async fn start_group(
         let dir = net.dirs[&id].path().join("group");
         nodes.insert(id, start_replica(id, group, &dir, listener, net).await);
     }
-    nodes[&1]
-        .replica
-        .raft()
-        .initialize(net.members())
-        .await
-        .expect("initialize");
+    form(&nodes, net).await;
+    agreed_leader(&nodes, Duration::from_secs(30)).await;
     nodes
+}
+
+/// Waits until every replica of `nodes` names the same leader (every forming replica
+/// campaigns: the first leader seen may still lose to a later candidate until all heard it).
+pub async fn agreed_leader(nodes: &BTreeMap<u64, ReplicaNode>, wait: Duration) -> u64 {
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let mut leaders = BTreeSet::new();
+        for node in nodes.values() {
+            leaders.insert(node.replica.leader().await);
+        }
+        if let [Some(leader)] = leaders.into_iter().collect::<Vec<_>>()[..] {
+            return leader;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the replicas named no common leader in {wait:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Every replica of `nodes` forms the group with all of them (at once, as a formation does).
+pub async fn form(nodes: &BTreeMap<u64, ReplicaNode>, net: &Loopback) {
+    let voters: BTreeMap<u64, String> = net
+        .addrs
+        .iter()
+        .filter(|(id, _)| nodes.contains_key(id))
+        .map(|(id, addr)| (*id, addr.to_string()))
+        .collect();
+    let forming = nodes.values().map(|node| node.replica.form(&voters));
+    for formed in futures_util::future::join_all(forming).await {
+        formed.expect("form the group");
+    }
 }
 
 /// The node that leads, within `wait`.
