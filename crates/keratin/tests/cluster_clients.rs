@@ -311,6 +311,9 @@ fn publishers_and_consumers_reach_every_partition_from_any_node() {
         }
     }
     eprintln!("z's leaders spread after {spread_at:?}");
+    cluster.wait_leaders("z", &[1, 2, 3]);
+    keyless_publishes_reach_every_leader(&cluster, published);
+    published += KEYLESS_COUNT;
     cluster.wait_leaders("rq", &[1, 2]);
     purge_and_delete_through_any_node(&cluster);
 
@@ -321,31 +324,12 @@ fn publishers_and_consumers_reach_every_partition_from_any_node() {
     // through any node.
     let sent = cluster.root.path().join("rq-sent");
     cluster.signal(2, "-STOP");
-    let mut publish = Command::new(env!("CARGO_BIN_EXE_keratin"))
-        .args([
-            "publish",
-            "rq",
-            "--count",
-            "20000",
-            "--size",
-            "64",
-            "--routing-key",
-            "one-key",
-            "--timeout-ms",
-            "20000",
-            "--record-seqs",
-        ])
-        .arg(&sent)
-        .args([
-            "--server",
-            &cluster.nodes[&3].protocol.to_string(),
-            "--json",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start keratin publish");
+    let mut publish = spawn_publish(
+        &cluster,
+        3,
+        &["rq", "--count", "20000", "--routing-key", "one-key"],
+        &sent,
+    );
     std::thread::sleep(Duration::from_secs(3));
     cluster.signal(2, "-CONT");
     let (ok, summary, stderr) = wait_cli(&mut publish, Duration::from_secs(40));
@@ -406,6 +390,75 @@ fn publishers_and_consumers_reach_every_partition_from_any_node() {
 
     unacked_deliveries_come_back_flagged(&mut cluster);
     eprintln!("test took {:?}", started.elapsed());
+}
+
+/// Messages of [`keyless_publishes_reach_every_leader`].
+const KEYLESS_COUNT: u64 = 3000;
+
+/// The messages each partition of `queue` holds ready, as its leader counts them.
+fn ready_by_partition(cluster: &Cluster, queue: &str) -> Vec<u64> {
+    let infos: BTreeMap<u64, Value> = (1..=3)
+        .map(|id| {
+            let (ok, info, stderr) = cluster.cli_json(id, &["queue", "info", queue]);
+            assert!(ok, "queue info {queue} on node {id}: {info} {stderr}");
+            (id, info)
+        })
+        .collect();
+    let partitions = infos[&1]["partitions"].as_array().expect("partitions");
+    (0..partitions.len())
+        .map(|p| {
+            let leader = partitions[p]["leader"].as_u64().expect("a leader");
+            infos[&leader]["partitions"][p]["ready"]
+                .as_u64()
+                .expect("ready")
+        })
+        .collect()
+}
+
+/// A publisher that is no idempotent producer sends messages without a routing key (the
+/// broker chooses their partition) through node 3, which leads one of `z`'s three
+/// partitions: every message is confirmed within [`PUBLISH_3000_MAX`], and each partition's
+/// leader gets its share (a third, within 10 %), the client spreading them over the leaders
+/// and each leader storing them in a partition it leads. Bodies numbered from `first`.
+fn keyless_publishes_reach_every_leader(cluster: &Cluster, first: u64) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let before = ready_by_partition(cluster, "z");
+    let node3: SocketAddr = cluster.nodes[&3].protocol;
+    let took = runtime.block_on(async {
+        let options = ClientOptions {
+            idempotent: false,
+            ..client_options()
+        };
+        let client = Client::connect(node3, options)
+            .await
+            .expect("connect to node 3");
+        let messages = (first..first + KEYLESS_COUNT)
+            .map(|seq| OutgoingMessage::new(support::body(seq, 256)))
+            .collect();
+        let began = Instant::now();
+        for result in client.publish_batch("z", messages).await {
+            result.expect("confirmed");
+        }
+        let took = began.elapsed();
+        client.close().await;
+        took
+    });
+    let after = ready_by_partition(cluster, "z");
+    let added: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    eprintln!("{KEYLESS_COUNT} keyless messages through node 3 in {took:?}, by partition {added:?}");
+    assert_eq!(added.iter().sum::<u64>(), KEYLESS_COUNT, "{added:?}");
+    assert!(
+        added.iter().all(|&n| n * 10 >= KEYLESS_COUNT * 3),
+        "each of z's partitions gets a third of the keyless messages: {added:?}"
+    );
+    assert!(
+        took < PUBLISH_3000_MAX,
+        "{KEYLESS_COUNT} keyless publishes through node 3 took {took:?}"
+    );
 }
 
 /// What a purge of a queue through a node that leads only some of its partitions, or none,
@@ -516,6 +569,26 @@ fn http_post(addr: SocketAddr, path: &str) -> (u16, String) {
         .map(|(_, body)| body.to_string())
         .unwrap_or_default();
     (status, body)
+}
+
+/// Starts `keratin publish ARGS --size 64 --timeout-ms 20000 --record-seqs <sent> --server
+/// <node id> --json` in the background (the caller waits with [`wait_cli`]).
+fn spawn_publish(cluster: &Cluster, id: u64, args: &[&str], sent: &Path) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_keratin"))
+        .arg("publish")
+        .args(args)
+        .args(["--size", "64", "--timeout-ms", "20000", "--record-seqs"])
+        .arg(sent)
+        .args([
+            "--server",
+            &cluster.nodes[&id].protocol.to_string(),
+            "--json",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start keratin publish")
 }
 
 /// Waits for `child` (a `keratin ... --json`) at most `within`, killing it past that: whether
@@ -650,29 +723,7 @@ fn a_publish_resends_to_the_new_leader_after_a_kill() {
     cluster.declare_spread("z", &[1, 2, 3]);
     eprintln!("leaders spread after {:?}", started.elapsed());
     let sent = cluster.root.path().join("sent");
-    let mut publish = Command::new(env!("CARGO_BIN_EXE_keratin"))
-        .args([
-            "publish",
-            "z",
-            "--count",
-            "100000",
-            "--size",
-            "64",
-            "--timeout-ms",
-            "20000",
-            "--record-seqs",
-        ])
-        .arg(&sent)
-        .args([
-            "--server",
-            &cluster.nodes[&2].protocol.to_string(),
-            "--json",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start keratin publish");
+    let mut publish = spawn_publish(&cluster, 2, &["z", "--count", "100000"], &sent);
     std::thread::sleep(Duration::from_millis(500));
     assert!(
         publish.try_wait().expect("wait").is_none(),
