@@ -135,6 +135,9 @@ class Client:
         # after LAYOUT_RETRY). Shared asks, so that publishes waiting for one keep their order.
         self._layouts: Dict[str, Tuple[float, Optional[List[Optional[str]]]]] = {}
         self._layout_asks: Dict[str, "asyncio.Future[Optional[List[Optional[str]]]]"] = {}
+        # Messages without key or producer number sent so far: they go to each partition's
+        # leader in turn.
+        self._spread = 0
 
     # ---------------------------------------------------------------------------------------
     # Identity and lifecycle
@@ -444,6 +447,12 @@ class Client:
 
     # ---------------------------------------------------------------------------------------
     # Routing (421)
+
+    def _next_spread(self) -> int:
+        """The turn of the next message without key or producer number."""
+        turn = self._spread
+        self._spread += 1
+        return turn
 
     def _is_own_address(self, addr: str) -> bool:
         if addr == self._conn.address:

@@ -161,8 +161,11 @@ async def publish_messages(
         target = hint
         if layout is not None:
             partition = partition_of(wire.routing_key, client.producer_id, wire.sequence, len(layout))
-            if partition is not None and layout[partition] is not None:
-                target = layout[partition]
+            # Without key or producer number the broker chooses, among the partitions the node
+            # it reaches leads: such messages go to each partition's leader in turn.
+            leader = layout[partition] if partition is not None else layout[client._next_spread() % len(layout)]
+            if leader is not None:
+                target = leader
                 if client._is_own_address(target):
                     target = None
         pending.append(_Attempt(index, message, wire, target, partition=partition))

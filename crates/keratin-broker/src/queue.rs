@@ -256,6 +256,11 @@ impl PartitionFigures {
         self.role.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// Whether this node leads the partition (without cloning the role).
+    pub(crate) fn is_leading(&self) -> bool {
+        self.role.read().unwrap_or_else(|e| e.into_inner()).leading
+    }
+
     /// The owner heard `role` from its log: publish it, and count a change of leader (a
     /// leader named that differs from the last one named; "no leader known" between two
     /// terms of the same leader is no change).
@@ -470,17 +475,32 @@ pub const PRODUCER_SEQUENCE_BLOCK: u64 = 64;
 const _: () = assert!(PRODUCER_SEQUENCE_BLOCK * RANGES_MAX as u64 >= 4 * 1_000);
 
 /// The partition of `partitions` that `message` goes to (a queue's or a stream's; see
-/// [`Queue::route`]), `round_robin` counting the messages without key or producer.
-pub(crate) fn route(message: &Message, partitions: usize, round_robin: &AtomicU64) -> usize {
-    let n = partitions.max(1) as u64;
+/// [`Queue::route`]), `round_robin` counting the messages without key or producer. Those go
+/// round robin over the partitions `leads` says this node leads when it leads any, else over
+/// all (and are refused "not the leader" by the partition's owner, naming its leader).
+pub(crate) fn route(
+    message: &Message,
+    partitions: usize,
+    round_robin: &AtomicU64,
+    leads: impl Fn(usize) -> bool,
+) -> usize {
+    let n = partitions.max(1);
     let choice = match (&message.producer, message.routing_key.is_empty()) {
         (_, false) => u64::from(crc32c::crc32c(message.routing_key.as_bytes())),
         (Some(mark), true) => mark
             .producer
             .wrapping_add(mark.sequence / PRODUCER_SEQUENCE_BLOCK),
-        (None, true) => round_robin.fetch_add(1, Ordering::Relaxed),
+        (None, true) => {
+            let turn = round_robin.fetch_add(1, Ordering::Relaxed);
+            let led = (0..n).filter(|&p| leads(p)).count();
+            if led == 0 {
+                return (turn % n as u64) as usize;
+            }
+            let k = (turn % led as u64) as usize;
+            return (0..n).filter(|&p| leads(p)).nth(k).unwrap_or(0);
+        }
     };
-    (choice % n) as usize
+    (choice % n as u64) as usize
 }
 
 /// A declared queue.
@@ -512,9 +532,13 @@ impl Queue {
     /// The partition `message` goes to: by the CRC32C of its routing key; without one, by its
     /// idempotent producer's id plus its sequence's block ([`PRODUCER_SEQUENCE_BLOCK`]: a
     /// retry of the message, on any node, goes where the first copy went, so the partition's
-    /// window drops it as a duplicate); else round robin.
+    /// window drops it as a duplicate); else round robin over the partitions this node leads
+    /// (all when it leads none): a message with neither key nor producer may go to any
+    /// partition, and one led elsewhere would only be refused ("not the leader").
     pub(crate) fn route(&self, message: &Message) -> usize {
-        route(message, self.partitions.len(), &self.round_robin)
+        route(message, self.partitions.len(), &self.round_robin, |p| {
+            self.partitions[p].figures.is_leading()
+        })
     }
 
     /// The queue's id (names its directories).
@@ -566,26 +590,27 @@ mod tests {
     #[test]
     fn a_producers_keyless_sequences_go_in_blocks_keys_by_crc32c() {
         let rr = AtomicU64::new(0);
+        let all = |_: usize| true;
         // CRC32C("123456789") is the standard check value 0xE3069283 (the clients test the same).
         let keyed = Message {
             routing_key: "123456789".into(),
             ..produced(1, 5)
         };
-        assert_eq!(route(&keyed, 7, &rr), (0xE306_9283_u32 % 7) as usize);
+        assert_eq!(route(&keyed, 7, &rr, all), (0xE306_9283_u32 % 7) as usize);
         // Blocks of 64: sequences 0..=63 on partition (9 + 0) % 3, 64..=127 on (9 + 1) % 3.
         let block = PRODUCER_SEQUENCE_BLOCK;
         for sequence in 0..block {
-            assert_eq!(route(&produced(9, sequence), 3, &rr), 0);
+            assert_eq!(route(&produced(9, sequence), 3, &rr, all), 0);
         }
-        assert_eq!(route(&produced(9, block), 3, &rr), 1);
-        assert_eq!(route(&produced(9, 2 * block - 1), 3, &rr), 1);
-        assert_eq!(route(&produced(9, 2 * block), 3, &rr), 2);
+        assert_eq!(route(&produced(9, block), 3, &rr, all), 1);
+        assert_eq!(route(&produced(9, 2 * block - 1), 3, &rr, all), 1);
+        assert_eq!(route(&produced(9, 2 * block), 3, &rr, all), 2);
         assert_eq!(
-            route(&produced(9, 130), 3, &rr),
+            route(&produced(9, 130), 3, &rr, all),
             ((9 + 130 / 64) % 3) as usize
         );
         assert_eq!(
-            route(&produced(u64::MAX, 64), 3, &rr),
+            route(&produced(u64::MAX, 64), 3, &rr, all),
             (u64::MAX.wrapping_add(1) % 3) as usize
         );
         assert_eq!(
@@ -593,6 +618,19 @@ mod tests {
             0,
             "no turn taken by keyed or numbered messages"
         );
+    }
+
+    #[test]
+    fn messages_without_key_or_producer_go_round_robin_over_the_partitions_led_here() {
+        let rr = AtomicU64::new(0);
+        let plain = Message::new("x");
+        let picks: Vec<usize> = (0..6).map(|_| route(&plain, 3, &rr, |p| p == 1)).collect();
+        assert_eq!(picks, vec![1; 6], "one partition led here: all of them there");
+        let picks: Vec<usize> = (0..4).map(|_| route(&plain, 3, &rr, |p| p != 1)).collect();
+        assert_eq!(picks, vec![0, 2, 0, 2]);
+        let mut picks: Vec<usize> = (0..3).map(|_| route(&plain, 3, &rr, |_| false)).collect();
+        picks.sort_unstable();
+        assert_eq!(picks, vec![0, 1, 2], "none led here: over all, as before");
     }
 
     #[test]

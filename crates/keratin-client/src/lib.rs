@@ -82,8 +82,9 @@
 //!   fail with [`ClientError::NotLeader`];
 //! - **confirmed publishes** go to the leader of their partition. The client computes each
 //!   message's partition as the broker does (routing key CRC32C; else the idempotent
-//!   producer's id plus the sequence's block of [`PRODUCER_SEQUENCE_BLOCK`]; a message
-//!   without either goes to any leader, which places it) from the queue's layout
+//!   producer's id plus the sequence's block of [`PRODUCER_SEQUENCE_BLOCK`]; messages
+//!   without either go to each partition's leader in turn, which stores each in a partition
+//!   it leads) from the queue's layout
 //!   (`QueueInfo`, once per queue), and keeps each
 //!   partition's messages in order: a message refused with 421 or 429, or whose outcome is
 //!   unknown (an idempotent producer's 504 or lost connection), is sent again after every

@@ -5,8 +5,9 @@
 //! Owns the per-partition *lanes* and their rules. The partition of a message is computed as the
 //! broker computes it (`partitioning.rs`) from the queue's layout, asked once per router with
 //! `QueueInfo` (or `StreamInfo`); a message whose partition the broker chooses (no routing key,
-//! no producer mark), and every message while the layout is not known, goes to the lane of
-//! unknown partition, which learns its node from the 421s. Connections are the client's, one
+//! no producer mark) goes to each partition's lane in turn (its leader stores it in a partition
+//! it leads); every message while the layout is not known goes to the lane of unknown
+//! partition, which learns its node from the 421s. Connections are the client's, one
 //! per node, shared by every partition it leads (`routing.rs`). What is not cluster-specific
 //! (numbering, the frame limit, the answers of one connection) stays in `publisher.rs` and
 //! `connection.rs`.
@@ -384,6 +385,8 @@ struct Router {
     next_ticket: u64,
     /// Turns of asking the cluster's nodes when a lane knows no leader.
     turn: usize,
+    /// Messages without key or producer mark spread over the partitions' lanes so far.
+    spread: u64,
 }
 
 impl Router {
@@ -409,6 +412,7 @@ impl Router {
             answers: FuturesUnordered::new(),
             next_ticket: 0,
             turn: 0,
+            spread: 0,
         };
         router.start_fetch(client);
         router
@@ -522,11 +526,19 @@ impl Router {
         }
     }
 
-    /// The lane of `message`.
-    fn key_of(&self, message: &OutgoingMessage) -> LaneKey {
+    /// The lane of `message`: its partition's; a message whose partition the broker chooses
+    /// (no routing key, no producer mark) goes to the partitions' lanes in turn, so that one
+    /// publisher's messages reach every partition's leader, each of which stores it in a
+    /// partition it leads (Kafka's producer spreads keyless records over partitions too).
+    fn key_of(&mut self, message: &OutgoingMessage) -> LaneKey {
         match &self.layout {
             LayoutState::Known(layout) if !self.drain_unknown => {
-                partition_of(message, self.producer_id, layout.partitions())
+                let partitions = layout.partitions();
+                partition_of(message, self.producer_id, partitions).or_else(|| {
+                    let turn = self.spread;
+                    self.spread = self.spread.wrapping_add(1);
+                    u32::try_from(turn % u64::from(partitions.max(1))).ok()
+                })
             }
             _ => None,
         }

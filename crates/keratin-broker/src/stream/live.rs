@@ -121,9 +121,13 @@ impl Stream {
         self.partition_count as u32
     }
 
-    /// The partition `message` goes to: by its key's hash, else as a queue's.
+    /// The partition `message` goes to: by its key's hash, else as a queue's (a message with
+    /// neither key nor producer round robin over the partitions this node leads).
     pub(crate) fn route(&self, message: &Message) -> usize {
-        route(message, self.partition_count, &self.round_robin)
+        let partitions = self.partitions.read().unwrap_or_else(|p| p.into_inner());
+        route(message, self.partition_count, &self.round_robin, |p| {
+            partitions.get(p).is_some_and(StreamPartition::is_leading)
+        })
     }
 
     /// A handle on partition `index` (hold it only for one call: the log closes once its

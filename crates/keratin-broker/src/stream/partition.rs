@@ -356,6 +356,11 @@ impl StreamPartition {
         answer.await.map_err(|_| self.closed())?
     }
 
+    /// Whether this node leads the partition, as its log last reported (always on one node).
+    pub(crate) fn is_leading(&self) -> bool {
+        self.figures.lock().unwrap_or_else(|p| p.into_inner()).leading
+    }
+
     /// The partition's figures (as of its last change).
     pub fn figures(&self) -> StreamPartitionFigures {
         let mut figures = *self.figures.lock().unwrap_or_else(|p| p.into_inner());
