@@ -32,7 +32,7 @@
 #
 # Settings (environment, from compare.sh): ROUNDS (2), SECONDS_PER_RUN (3), CLUSTER_BACKLOG
 # (50000), CLUSTER_SYSTEMS (keratin-cluster,keratin-single,rabbitmq-quorum,nats-r3; only the
-# clusters named are started), CLUSTER_CASES (publish,consume,latency,failover), WRITE_DOCS (1),
+# clusters named are started), CLUSTER_CASES (publish,publish-3,publish-3p,publish-3p-3,consume,latency,failover), WRITE_DOCS (1),
 # KERATIN_BIN (the release `keratin`, needed for keratin-cluster).
 set -euo pipefail
 
@@ -310,7 +310,7 @@ run() {
     local bench=${BENCH:?BENCH: the keratin-bench binary} bench_dir=${BENCH_DIR:-/var/tmp}
     local rounds=${ROUNDS:-2} seconds=${SECONDS_PER_RUN:-3} backlog=${CLUSTER_BACKLOG:-50000}
     local systems=${CLUSTER_SYSTEMS:-keratin-cluster,keratin-single,rabbitmq-quorum,nats-r3}
-    local cases=${CLUSTER_CASES:-publish,consume,latency,failover}
+    local cases=${CLUSTER_CASES:-publish,publish-3,publish-3p,publish-3p-3,consume,latency,failover}
     CLUSTER_BASE=$(mktemp -d "$bench_dir/keratin-cluster.XXXXXX")
     export CLUSTER_BASE
     trap 'stop_everything; rm -rf "$CLUSTER_BASE"' EXIT

@@ -6,6 +6,11 @@
 //!
 //! Cases (1 KiB bodies, the client connected to the queue's leader):
 //! - `publish`: 1 producer, `in_flight` confirmed publishes in flight (msg/s);
+//! - `publish-3`: 3 producers (a connection each) on one queue, `in_flight` each (msg/s);
+//! - `publish-3p` and `publish-3p-3` (Keratin only: a quorum queue or a NATS stream is one Raft
+//!   group): 1 and 3 producers on a queue of 3 partitions whose leaders are on the three nodes,
+//!   connected to node 1 (and 2, 3), the client sending each partition's messages to its
+//!   leader; against `publish` and `publish-3` of the same run (goal >= 1.5x);
 //! - `consume`: consume + ack a backlog of `backlog` (msg/s);
 //! - `latency`: publish-to-confirm p50 / p99 at a paced `latency_rate`;
 //! - `failover`: a producer publishes confirmed at a paced `failover_rate`; the leader's process
@@ -41,7 +46,7 @@ use crate::cluster_failover::{
 };
 use crate::compare::{fixed_rate, publish_window, KeratinChild};
 use crate::contender::{BenchError, BenchResult};
-use crate::keratin_cluster_peer::{keratin_health, node_addrs};
+use crate::keratin_cluster_peer::{keratin_health, keratin_spread, node_addrs};
 use crate::net_bench::latency_line;
 use crate::peers::{Endpoints, Peer, System};
 use crate::report::{median, percentile};
@@ -56,6 +61,13 @@ const GOAL_PUBLISH_VS_SINGLE: f64 = 0.5;
 const GOAL_FAILOVER: Duration = Duration::from_secs(2);
 /// Members of every replicated queue.
 pub const REPLICAS: usize = 3;
+/// Partitions of the queue of the partitioned cases, one led by each node.
+const PARTITIONS: u32 = 3;
+/// Producers of the cases with several, each its own connection.
+const PRODUCERS: usize = 3;
+/// A partitioned queue over three nodes against a queue of one partition (same producers,
+/// same run) at least this.
+const GOAL_PARTITIONED: f64 = 1.5;
 /// A queue gets this long to have every member online and current (after a declare or a
 /// restart).
 const HEALTHY_DEADLINE: Duration = Duration::from_secs(90);
@@ -154,6 +166,15 @@ impl ClusterSystem {
 pub enum ClusterCase {
     /// 1 producer, `in_flight` confirmed publishes in flight.
     Publish,
+    /// [`PRODUCERS`] producers on one queue, each with `in_flight` in flight: the reference of
+    /// [`ClusterCase::PartitionedProducers`].
+    Producers,
+    /// 1 producer on a Keratin queue of [`PARTITIONS`] partitions whose leaders are on
+    /// different nodes, connected to node 1 (its client sends each partition's messages to
+    /// that partition's leader).
+    Partitioned,
+    /// [`PRODUCERS`] producers on that queue, connected to nodes 1, 2 and 3.
+    PartitionedProducers,
     /// Consume + ack of a backlog.
     Consume,
     /// Publish-to-confirm latency at a paced rate.
@@ -167,12 +188,16 @@ impl ClusterCase {
     pub fn parse(text: &str) -> Result<ClusterCase, String> {
         Ok(match text.trim() {
             "publish" => ClusterCase::Publish,
+            "publish-3" => ClusterCase::Producers,
+            "publish-3p" => ClusterCase::Partitioned,
+            "publish-3p-3" => ClusterCase::PartitionedProducers,
             "consume" => ClusterCase::Consume,
             "latency" => ClusterCase::Latency,
             "failover" => ClusterCase::Failover,
             other => {
                 return Err(format!(
-                    "unknown case {other:?}; use publish, consume, latency, failover"
+                    "unknown case {other:?}; use publish, publish-3, publish-3p, publish-3p-3, \
+                     consume, latency, failover"
                 ))
             }
         })
@@ -181,9 +206,55 @@ impl ClusterCase {
     fn name(self) -> &'static str {
         match self {
             ClusterCase::Publish => "publish",
+            ClusterCase::Producers => "publish-3",
+            ClusterCase::Partitioned => "publish-3p",
+            ClusterCase::PartitionedProducers => "publish-3p-3",
             ClusterCase::Consume => "consume",
             ClusterCase::Latency => "latency",
             ClusterCase::Failover => "failover",
+        }
+    }
+
+    /// Whether the case measures publishing (msg/s of confirmed publishes).
+    fn publishes(self) -> bool {
+        matches!(
+            self,
+            ClusterCase::Publish
+                | ClusterCase::Producers
+                | ClusterCase::Partitioned
+                | ClusterCase::PartitionedProducers
+        )
+    }
+
+    /// The producers of a publish case.
+    fn producers(self) -> usize {
+        match self {
+            ClusterCase::Producers | ClusterCase::PartitionedProducers => PRODUCERS,
+            _ => 1,
+        }
+    }
+
+    /// Whether the case's queue has [`PARTITIONS`] partitions.
+    fn partitioned(self) -> bool {
+        matches!(
+            self,
+            ClusterCase::Partitioned | ClusterCase::PartitionedProducers
+        )
+    }
+
+    /// Why `system` does not run this case, if it does not.
+    fn skipped_for(self, system: ClusterSystem) -> Option<&'static str> {
+        match (self, system) {
+            (ClusterCase::Failover, ClusterSystem::KeratinSingle) => Some(SINGLE_NO_FAILOVER),
+            (ClusterCase::Partitioned | ClusterCase::PartitionedProducers, s)
+                if !matches!(s, ClusterSystem::KeratinCluster | ClusterSystem::KeratinSingle) =>
+            {
+                Some(
+                    "publish-3p and publish-3p-3: a RabbitMQ quorum queue and a NATS stream have \
+                     no partitions (one Raft group each); they run publish and publish-3 only",
+                )
+            }
+            _ => None,
         }
     }
 }
@@ -405,6 +476,77 @@ async fn fresh_on_leader(
     Ok((peer, leader))
 }
 
+/// A fresh Keratin queue of [`PARTITIONS`] partitions (3 replicas each on the cluster) whose
+/// leaders are on different nodes, and `producers` connections: the first to node 1, the next
+/// to nodes 2 and 3 (all to the node of keratin-single); with the partitions' leaders.
+async fn fresh_partitioned(
+    config: &ClusterConfig,
+    system: ClusterSystem,
+    queue: &str,
+    producers: usize,
+) -> BenchResult<(Vec<Peer>, Vec<u64>)> {
+    let driver = system.peer_system()?;
+    let cluster = system == ClusterSystem::KeratinCluster;
+    let first = Peer::connect(driver, &config.endpoints(system, 1)?, queue).await?;
+    // A queue left by an earlier, interrupted run would hold its messages.
+    let _ = first.delete().await;
+    first
+        .declare_partitioned(PARTITIONS, cluster.then_some(REPLICAS))
+        .await?;
+    let leaders = if cluster {
+        wait_spread(config, queue).await?
+    } else {
+        vec![1; PARTITIONS as usize]
+    };
+    let mut peers = vec![first];
+    for i in 1..producers {
+        let node = if cluster { i % REPLICAS + 1 } else { 1 };
+        peers.push(Peer::connect(driver, &config.endpoints(system, node)?, queue).await?);
+    }
+    Ok((peers, leaders))
+}
+
+/// Waits until every Keratin node names the same leaders for `queue`'s partitions, each on
+/// another node (leader balancing hands each partition to its preferred leader, which
+/// placement rotates over the nodes); returns them.
+async fn wait_spread(config: &ClusterConfig, queue: &str) -> BenchResult<Vec<u64>> {
+    let nodes = node_addrs(config.nodes(ClusterSystem::KeratinCluster)?)?;
+    let began = Instant::now();
+    while began.elapsed() < HEALTHY_DEADLINE {
+        if let Some(leaders) = keratin_spread(&nodes, queue).await {
+            return Ok(leaders);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Err(format!(
+        "keratin-cluster {queue}: the leaders of its {PARTITIONS} partitions were not on \
+         {PARTITIONS} different nodes within {} s (is leader balancing off? `keratin cluster \
+         rebalance` moves them)",
+        HEALTHY_DEADLINE.as_secs()
+    )
+    .into())
+}
+
+/// `peers` publishing at once, each with `in_flight` confirmed publishes in flight, for
+/// `duration`: the publishes confirmed in all, and the longest producer's time.
+async fn publish_together(
+    peers: &[Peer],
+    body: &Bytes,
+    in_flight: usize,
+    duration: Duration,
+) -> BenchResult<(u64, Duration)> {
+    let runs = peers
+        .iter()
+        .map(|peer| publish_window(peer, body, in_flight, duration, None));
+    let (mut confirmed, mut longest) = (0, Duration::ZERO);
+    for result in futures_util::future::join_all(runs).await {
+        let (count, took) = result?;
+        confirmed += count;
+        longest = longest.max(took);
+    }
+    Ok((confirmed, longest))
+}
+
 // ---------------------------------------------------------------------------------------------
 // The rounds.
 
@@ -444,16 +586,29 @@ impl Harness<'_> {
     ) -> BenchResult<()> {
         let (config, body, queue) = (self.config, self.body.clone(), self.queue(case, round));
         let rate = rt.block_on(async {
-            let (peer, leader) = fresh_on_leader(config, system, &queue).await?;
-            let rate = if case == ClusterCase::Publish {
+            let (peers, placed) = if case.partitioned() {
+                let (peers, leaders) =
+                    fresh_partitioned(config, system, &queue, case.producers()).await?;
+                (peers, format!("leaders {leaders:?}"))
+            } else {
+                let (first, leader) = fresh_on_leader(config, system, &queue).await?;
+                let mut peers = vec![first];
+                for _ in 1..case.producers() {
+                    let endpoints = config.endpoints(system, leader)?;
+                    peers.push(Peer::connect(system.peer_system()?, &endpoints, &queue).await?);
+                }
+                (peers, format!("leader n{leader}"))
+            };
+            let rate = if case.publishes() {
                 let warm = Duration::from_millis(200);
-                publish_window(&peer, &body, config.in_flight, warm, None).await?;
+                publish_together(&peers, &body, config.in_flight, warm).await?;
                 let (confirmed, elapsed) =
-                    publish_window(&peer, &body, config.in_flight, config.duration, None).await?;
+                    publish_together(&peers, &body, config.in_flight, config.duration).await?;
                 confirmed as f64 / elapsed.as_secs_f64().max(1e-9)
             } else {
+                let peer = &peers[0];
                 let (queued, _) = publish_window(
-                    &peer,
+                    peer,
                     &body,
                     config.in_flight,
                     Duration::from_secs(3600),
@@ -474,13 +629,11 @@ impl Harness<'_> {
                 }
                 consumed as f64 / elapsed.as_secs_f64().max(1e-9)
             };
-            eprintln!(
-                "  {} {}: {rate:.0} msg/s (leader n{leader})",
-                case.name(),
-                system.name()
-            );
-            peer.delete().await?;
-            peer.close().await;
+            eprintln!("  {} {}: {rate:.0} msg/s ({placed})", case.name(), system.name());
+            peers[0].delete().await?;
+            for peer in peers {
+                peer.close().await;
+            }
             Ok::<_, BenchError>(rate)
         })?;
         self.results
@@ -656,10 +809,14 @@ pub fn run(config: &ClusterConfig) -> BenchResult<()> {
         nonce: std::process::id(),
         results: Results::default(),
     };
-    if config.systems.contains(&ClusterSystem::KeratinSingle)
-        && config.cases.contains(&ClusterCase::Failover)
-    {
-        harness.results.notes.push(SINGLE_NO_FAILOVER.into());
+    for &case in &config.cases {
+        for &system in &config.systems {
+            if let Some(reason) = case.skipped_for(system) {
+                if !harness.results.notes.iter().any(|n| n == reason) {
+                    harness.results.notes.push(reason.into());
+                }
+            }
+        }
     }
     let rt = runtime()?;
     for &case in &config.cases {
@@ -670,13 +827,15 @@ pub fn run(config: &ClusterConfig) -> BenchResult<()> {
                 order.reverse();
             }
             for system in order {
-                if system == ClusterSystem::KeratinSingle && case == ClusterCase::Failover {
+                if case.skipped_for(system).is_some() {
                     continue;
                 }
                 let result = match case {
-                    ClusterCase::Publish | ClusterCase::Consume => {
-                        harness.throughput(&rt, case, system, round)
-                    }
+                    ClusterCase::Publish
+                    | ClusterCase::Producers
+                    | ClusterCase::Partitioned
+                    | ClusterCase::PartitionedProducers
+                    | ClusterCase::Consume => harness.throughput(&rt, case, system, round),
                     ClusterCase::Latency => harness.latency(&rt, system, round),
                     ClusterCase::Failover => harness.failover(&rt, system, round),
                 };
@@ -731,7 +890,11 @@ fn median_recovery(outcomes: &[FailoverOutcome]) -> Option<f64> {
 /// The figure of `case` for `system`: msg/s, p99 µs or failover seconds (medians).
 fn figure(results: &Results, case: ClusterCase, system: &str) -> Option<f64> {
     match case {
-        ClusterCase::Publish | ClusterCase::Consume => results
+        ClusterCase::Publish
+        | ClusterCase::Producers
+        | ClusterCase::Partitioned
+        | ClusterCase::PartitionedProducers
+        | ClusterCase::Consume => results
             .rates
             .get(&(case, system.to_string()))
             .map(|v| median(v)),
@@ -749,7 +912,11 @@ fn figure(results: &Results, case: ClusterCase, system: &str) -> Option<f64> {
 fn cell(results: &Results, case: ClusterCase, system: ClusterSystem) -> String {
     let name = system.name();
     match case {
-        ClusterCase::Publish | ClusterCase::Consume => {
+        ClusterCase::Publish
+        | ClusterCase::Producers
+        | ClusterCase::Partitioned
+        | ClusterCase::PartitionedProducers
+        | ClusterCase::Consume => {
             figure(results, case, name).map_or("-".into(), |v| format!("{v:.0}"))
         }
         ClusterCase::Latency => results.latencies.get(name).map_or("-".into(), |l| {
@@ -791,6 +958,29 @@ fn markdown(config: &ClusterConfig, results: &Results) -> String {
             format!(
                 "1. confirmed publish, 1 producer, {} in flight, {} B (msg/s)",
                 config.in_flight, config.body_bytes
+            ),
+        ),
+        (
+            ClusterCase::Producers,
+            format!(
+                "1b. confirmed publish, {PRODUCERS} producers, {} in flight each (msg/s)",
+                config.in_flight
+            ),
+        ),
+        (
+            ClusterCase::Partitioned,
+            format!(
+                "1c. confirmed publish, 1 producer, {PARTITIONS} partitions led by {PARTITIONS} \
+                 nodes, {} in flight (msg/s)",
+                config.in_flight
+            ),
+        ),
+        (
+            ClusterCase::PartitionedProducers,
+            format!(
+                "1d. confirmed publish, {PRODUCERS} producers through nodes 1-{PRODUCERS}, \
+                 {PARTITIONS} partitions led by {PARTITIONS} nodes, {} in flight each (msg/s)",
+                config.in_flight
             ),
         ),
         (
@@ -948,6 +1138,30 @@ fn goals(results: &Results) -> String {
         k.zip(single).map(|(k, s)| k / s.max(1e-9)),
         &|v| v >= GOAL_PUBLISH_VS_SINGLE,
     );
+    let cluster = |case: ClusterCase| figure(results, case, ClusterSystem::KeratinCluster.name());
+    let three = cluster(ClusterCase::Producers);
+    goal(
+        format!(
+            "publish-3p keratin-cluster / publish keratin-cluster >= {GOAL_PARTITIONED} \
+             (reference {})",
+            reference(k, " msg/s")
+        ),
+        cluster(ClusterCase::Partitioned)
+            .zip(k)
+            .map(|(p, k)| p / k.max(1e-9)),
+        &|v| v >= GOAL_PARTITIONED,
+    );
+    goal(
+        format!(
+            "publish-3p-3 keratin-cluster / publish-3 keratin-cluster >= {GOAL_PARTITIONED} \
+             (reference {})",
+            reference(three, " msg/s")
+        ),
+        cluster(ClusterCase::PartitionedProducers)
+            .zip(three)
+            .map(|(p, t)| p / t.max(1e-9)),
+        &|v| v >= GOAL_PARTITIONED,
+    );
     goal(
         format!(
             "failover keratin-cluster <= {} s (rabbitmq-quorum {}, nats-r3 {})",
@@ -981,6 +1195,25 @@ mod tests {
             .unwrap_err()
             .contains("nats-r3"));
         assert_eq!(ClusterCase::parse(" failover"), Ok(ClusterCase::Failover));
+        for case in [
+            ClusterCase::Publish,
+            ClusterCase::Producers,
+            ClusterCase::Partitioned,
+            ClusterCase::PartitionedProducers,
+        ] {
+            assert_eq!(ClusterCase::parse(case.name()), Ok(case));
+            assert!(case.publishes());
+        }
+        assert_eq!(ClusterCase::PartitionedProducers.producers(), PRODUCERS);
+        assert!(ClusterCase::Partitioned
+            .skipped_for(ClusterSystem::RabbitQuorum)
+            .is_some());
+        assert!(ClusterCase::Partitioned
+            .skipped_for(ClusterSystem::KeratinSingle)
+            .is_none());
+        assert!(ClusterCase::Producers
+            .skipped_for(ClusterSystem::NatsR3)
+            .is_none());
         assert!(ClusterCase::parse("fill").is_err());
         assert_eq!(
             ClusterSystem::KeratinSingle.peer_system().ok(),
@@ -1124,6 +1357,15 @@ mod tests {
                 .rates
                 .insert((ClusterCase::Publish, system.into()), vec![rate]);
         }
+        for (case, rate) in [
+            (ClusterCase::Partitioned, 60_000.0),
+            (ClusterCase::Producers, 50_000.0),
+            (ClusterCase::PartitionedProducers, 70_000.0),
+        ] {
+            results
+                .rates
+                .insert((case, "keratin-cluster".into()), vec![rate]);
+        }
         results.failovers.insert(
             "keratin-cluster".into(),
             vec![FailoverOutcome {
@@ -1148,6 +1390,18 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("failover keratin-cluster <= 2 s"), "{text}");
+        assert!(
+            text.contains(
+                "publish-3p keratin-cluster / publish keratin-cluster >= 1.5 (reference 30000 msg/s): 2.00 met"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "publish-3p-3 keratin-cluster / publish-3 keratin-cluster >= 1.5 (reference 50000 msg/s): 1.40 MISSED"
+            ),
+            "{text}"
+        );
         assert!(text.contains(": 1.50 met\n"), "{text}");
         assert!(
             text.contains("keratin-cluster: fsynced on a majority"),

@@ -49,23 +49,49 @@ pub(crate) fn node_addrs(nodes: &[String]) -> BenchResult<Vec<SocketAddr>> {
         .collect()
 }
 
-/// What one node says about `queue`'s first (only) partition: its leader's node id; `None`
-/// when the node is down, does not know the queue yet or knows no leader.
-async fn leader_seen_by(addr: SocketAddr, queue: &str) -> Option<u64> {
+/// What one node says about the leaders of `queue`'s partitions (node ids, `None` for a
+/// partition whose leader it does not know); `None` when the node is down or does not know
+/// the queue yet.
+async fn leaders_seen_by(addr: SocketAddr, queue: &str) -> Option<Vec<Option<u64>>> {
     let options = ClientOptions {
         connect_timeout: HEALTH_CONNECT_TIMEOUT,
         request_timeout: HEALTH_CONNECT_TIMEOUT,
         ..ClientOptions::default()
     };
     let client = Client::connect(addr, options).await.ok()?;
-    // Queue info is answered by the node itself (no 421): its own view of the partition.
-    let leader = client
+    // Queue info is answered by the node itself (no 421): its own view of the partitions.
+    let leaders = client
         .info(queue)
         .await
         .ok()
-        .and_then(|info| info.partitions.first().and_then(|p| p.leader));
+        .map(|info| info.partitions.iter().map(|p| p.leader).collect());
     client.close().await;
-    leader
+    leaders
+}
+
+/// What one node says about `queue`'s first (only) partition: its leader's node id; `None`
+/// when the node is down, does not know the queue yet or knows no leader.
+async fn leader_seen_by(addr: SocketAddr, queue: &str) -> Option<u64> {
+    leaders_seen_by(addr, queue).await?.first().copied().flatten()
+}
+
+/// The leaders (node ids) of `queue`'s partitions when every node of `nodes` names the same
+/// leader for each partition and no node leads two of them (leaders spread over the nodes);
+/// `None` until then.
+pub(crate) async fn keratin_spread(nodes: &[SocketAddr], queue: &str) -> Option<Vec<u64>> {
+    let mut agreed: Option<Vec<Option<u64>>> = None;
+    for addr in nodes {
+        let seen = leaders_seen_by(*addr, queue).await?;
+        match &agreed {
+            Some(first) if *first != seen => return None,
+            _ => agreed = Some(seen),
+        }
+    }
+    let leaders: Vec<u64> = agreed?.into_iter().collect::<Option<_>>()?;
+    let mut distinct = leaders.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    (distinct.len() == leaders.len()).then_some(leaders)
 }
 
 /// `queue`'s leader (node number, 1-based) as most nodes see it, and how many nodes answer

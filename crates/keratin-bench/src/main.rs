@@ -282,11 +282,13 @@ struct CompareClusterArgs {
         default_value = "keratin-cluster,keratin-single,rabbitmq-quorum,nats-r3"
     )]
     systems: Vec<String>,
-    /// Cases, comma-separated: publish, consume, latency, failover.
+    /// Cases, comma-separated: publish, publish-3 (3 producers), publish-3p and publish-3p-3
+    /// (1 and 3 producers on a Keratin queue of 3 partitions led by 3 nodes), consume,
+    /// latency, failover.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "publish,consume,latency,failover"
+        default_value = "publish,publish-3,publish-3p,publish-3p-3,consume,latency,failover"
     )]
     cases: Vec<String>,
     /// AMQP URIs of the 3 RabbitMQ nodes, node 1 first (bench/cluster.sh's ports by default).

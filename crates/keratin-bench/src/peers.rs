@@ -188,6 +188,28 @@ impl Peer {
         self.declare_replicated(system, max_bytes, None).await
     }
 
+    /// A Keratin queue of `partitions` partitions with `replicas` copies of each (`None`: a
+    /// queue of one node), created fresh; the other systems have no partitioned queue here.
+    pub async fn declare_partitioned(
+        &self,
+        partitions: u32,
+        replicas: Option<usize>,
+    ) -> BenchResult<()> {
+        let Peer::Keratin { client, queue } = self else {
+            return Err("only a Keratin queue is declared with partitions here".into());
+        };
+        let replicas = replicas
+            .map(|r| u32::try_from(r).map_err(|_| format!("{r} replicas is too many")))
+            .transpose()?;
+        let settings = QueueSettings {
+            partitions,
+            replicas,
+            ..QueueSettings::default()
+        };
+        client.declare(queue, settings).await?;
+        Ok(())
+    }
+
     /// [`Peer::declare`] on a cluster: `replicas` members (Keratin queue `replicas`, RabbitMQ
     /// quorum queue `x-quorum-initial-group-size`, NATS stream `num_replicas`); `None` keeps
     /// the broker's default (one node's queue or stream; a quorum queue on every cluster node).
