@@ -453,6 +453,18 @@ class Connection:
     def remove_consumer(self, tag: str) -> None:
         self._consumers.pop(tag, None)
 
+    async def cancel_consumer(self, tag: str) -> None:
+        """Cancels consumer ``tag`` on this node (``Cancel``: its unacknowledged deliveries
+        return to ready; a stream reader's auto-commit commits first) and stops routing its
+        frames. A lost connection or an error answer is logged, not raised: the consumer ends
+        either way, and the node cancels it when the connection closes."""
+        try:
+            await self.request(w.Cancel(0, tag))
+        except (ConnectionLostError, KeratinError) as e:
+            log.debug("cancel of consumer %s: %s", tag, e)
+        finally:
+            self.remove_consumer(tag)
+
     # ---------------------------------------------------------------------------------------
     # Reading
 

@@ -389,12 +389,7 @@ class Consumer:
         for sub in subs:
             if sub.ended or not sub.conn.is_connected:
                 continue
-            try:
-                await sub.conn.request(w.Cancel(0, sub.tag))
-            except (ConnectionLostError, KeratinError) as e:
-                log.debug("cancel of %s: %s", sub.tag, e)
-            finally:
-                sub.conn.remove_consumer(sub.tag)
+            await sub.conn.cancel_consumer(sub.tag)
 
     async def __aenter__(self) -> "Consumer":
         return await self.start()

@@ -338,12 +338,7 @@ class StreamConsumer:
         reader = self._reader
         if reader is None or reader.ended or not reader.conn.is_connected:
             return
-        try:
-            await reader.conn.request(w.Cancel(0, reader.tag))
-        except (ConnectionLostError, KeratinError) as e:
-            log.debug("cancel of stream reader %s: %s", reader.tag, e)
-        finally:
-            reader.conn.remove_consumer(reader.tag)
+        await reader.conn.cancel_consumer(reader.tag)
 
     async def __aenter__(self) -> "StreamConsumer":
         return await self.start()

@@ -8,8 +8,9 @@ fallback, heartbeats, Close."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
-from typing import Any, List
+from typing import Any, Callable, List, Optional
 
 import pytest
 
@@ -232,6 +233,43 @@ def test_requests_and_publishes_follow_421_to_the_named_leader() -> None:
     run(go())
 
 
+def subscribe_delivering(deliver: w.Deliver, end: Optional[w.ErrorBody] = None) -> Any:
+    """A fake node's ``Subscribe`` answer: accepted, then ``deliver`` (its consumer tag
+    replaced by the subscription's), then, with ``end``, the consumer ended with that error."""
+
+    async def handler(conn: FakeConn, frame: Any) -> None:
+        await conn.send(w.SubscribeOk(frame.request_id, frame.consumer_tag))
+        await conn.send(dataclasses.replace(deliver, consumer_tag=frame.consumer_tag))
+        if end is not None:
+            await conn.send(w.ConsumerEnd(frame.consumer_tag, end))
+
+    return handler
+
+
+def queue_info_led_by(leader: Callable[[], Optional[str]]) -> Any:
+    """A fake node's ``QueueInfo`` answer: one partition, led by the address ``leader()``
+    names when asked (``None``: no leader known)."""
+
+    async def handler(conn: FakeConn, frame: Any) -> None:
+        partition = w.PartitionInfo(0, 0, 0, 0, leading=False, leader_addr=leader())
+        await conn.send(w.QueueInfoReply(frame.request_id, frame.queue, w.QueueSettings(), [partition]))
+
+    return handler
+
+
+async def consume_bodies(client: keratin.Client, queue: str, count: int) -> List[bytes]:
+    """The bodies of the first ``count`` deliveries of ``queue``, each acknowledged; leaving
+    the block cancels the consumer."""
+    bodies: List[bytes] = []
+    async with client.consume(queue, prefetch=10) as consumer:
+        async for delivery in consumer:
+            bodies.append(delivery.body)
+            await delivery.ack()
+            if len(bodies) == count:
+                break
+    return bodies
+
+
 def test_421_without_a_leader_backs_off_over_the_known_nodes_and_is_bounded() -> None:
     async def go() -> None:
         a, b = await two_nodes()
@@ -266,33 +304,13 @@ def test_a_consumer_waits_out_a_partition_without_a_leader_while_the_nodes_answe
         a, b = await two_nodes()
         leader_from = time.monotonic() + 4.5  # nine request timeouts without a leader
 
-        async def subscribe_then_lose(conn: FakeConn, frame: Any) -> None:
-            await conn.send(w.SubscribeOk(frame.request_id, frame.consumer_tag))
-            await conn.send(w.Deliver(frame.consumer_tag, 1, 0, 0, False, 1, [], b"from a"))
-            await conn.send(w.ConsumerEnd(frame.consumer_tag, w.ErrorBody(421, "stepped down")))
-
-        async def leader_later(conn: FakeConn, frame: Any) -> None:
-            leader = b.address if time.monotonic() >= leader_from else None
-            partition = w.PartitionInfo(0, 0, 0, 0, leading=False, leader_addr=leader)
-            await conn.send(w.QueueInfoReply(frame.request_id, frame.queue, w.QueueSettings(), [partition]))
-
-        async def subscribe_and_deliver(conn: FakeConn, frame: Any) -> None:
-            await conn.send(w.SubscribeOk(frame.request_id, frame.consumer_tag))
-            await conn.send(w.Deliver(frame.consumer_tag, 7, 0, 0, True, 2, [], b"from b"))
-
-        a.on("Subscribe", subscribe_then_lose)
+        leader_later = queue_info_led_by(lambda: b.address if time.monotonic() >= leader_from else None)
+        a.on("Subscribe", subscribe_delivering(w.Deliver("", 1, 0, 0, False, 1, [], b"from a"), end=w.ErrorBody(421, "stepped down")))
         a.on("QueueInfo", leader_later)
         b.on("QueueInfo", leader_later)
-        b.on("Subscribe", subscribe_and_deliver)
+        b.on("Subscribe", subscribe_delivering(w.Deliver("", 7, 0, 0, True, 2, [], b"from b")))
         client = await keratin.connect(a.address, request_timeout=0.5)
-        bodies = []
-        async with client.consume("q", prefetch=10) as consumer:
-            async for delivery in consumer:
-                bodies.append(delivery.body)
-                await delivery.ack()
-                if len(bodies) == 2:
-                    break
-        assert bodies == [b"from a", b"from b"]
+        assert await consume_bodies(client, "q", 2) == [b"from a", b"from b"]
         await client.close()
         await a.stop()
         await b.stop()
@@ -304,33 +322,14 @@ def test_a_consumer_ended_with_421_subscribes_again_at_the_leader() -> None:
     async def go() -> None:
         a, b = await two_nodes()
 
-        async def subscribe_then_move(conn: FakeConn, frame: Any) -> None:
-            await conn.send(w.SubscribeOk(frame.request_id, frame.consumer_tag))
-            await conn.send(w.Deliver(frame.consumer_tag, 1, 0, 0, False, 1, [], b"from a"))
-            await conn.send(w.ConsumerEnd(frame.consumer_tag, w.ErrorBody(421, "moved", leader_addr=b.address)))
-
-        async def subscribe_and_deliver(conn: FakeConn, frame: Any) -> None:
-            await conn.send(w.SubscribeOk(frame.request_id, frame.consumer_tag))
-            await conn.send(w.Deliver(frame.consumer_tag, 7, 0, 0, True, 2, [("h", "v")], b"from b"))
-
-        async def led_by_b(conn: FakeConn, frame: Any) -> None:
-            # After the move a names b as the partition's leader (the consumer reads the
-            # leaders again and would subscribe at a node that says it leads).
-            partition = w.PartitionInfo(0, 0, 0, 0, leading=False, leader_addr=b.address)
-            await conn.send(w.QueueInfoReply(frame.request_id, frame.queue, w.QueueSettings(), [partition]))
-
-        a.on("Subscribe", subscribe_then_move)
-        a.on("QueueInfo", led_by_b)
-        b.on("Subscribe", subscribe_and_deliver)
+        moved = w.ErrorBody(421, "moved", leader_addr=b.address)
+        a.on("Subscribe", subscribe_delivering(w.Deliver("", 1, 0, 0, False, 1, [], b"from a"), end=moved))
+        # After the move a names b as the partition's leader (the consumer reads the leaders
+        # again and would subscribe at a node that says it leads).
+        a.on("QueueInfo", queue_info_led_by(lambda: b.address))
+        b.on("Subscribe", subscribe_delivering(w.Deliver("", 7, 0, 0, True, 2, [("h", "v")], b"from b")))
         client = await keratin.connect(a.address)
-        bodies = []
-        async with client.consume("q", prefetch=10) as consumer:
-            async for delivery in consumer:
-                bodies.append(delivery.body)
-                await delivery.ack()
-                if len(bodies) == 2:
-                    break
-        assert bodies == [b"from a", b"from b"]
+        assert await consume_bodies(client, "q", 2) == [b"from a", b"from b"]
         assert b.received("Subscribe")[0].prefetch == 10
         assert [f.delivery_ids for f in b.received("Ack")] == [[7]]
         assert len(b.received("Cancel")) == 1  # leaving the block cancels at the new leader

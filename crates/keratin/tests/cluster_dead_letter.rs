@@ -146,13 +146,16 @@ async fn connect(addr: SocketAddr) -> Option<Client> {
     Client::connect(addr, options).await.ok()
 }
 
-/// Consume `work` through `addrs[start]` (then the others in turn) and reject every delivery
-/// (see the module docs), counting the round-2 rejects, until `stop`.
-async fn rejecter(
+/// Consume `queue` (prefetch `prefetch`) through the nodes of `addrs` in turn from `start`,
+/// moving on to the next node when one cannot be reached or its consumer ends, and hand each
+/// delivery to `handle`, until `stop`.
+async fn consume_through_nodes(
     addrs: Arc<Mutex<Vec<SocketAddr>>>,
     start: usize,
-    round_2_rejects: Arc<AtomicU64>,
+    queue: &'static str,
+    prefetch: u32,
     stop: Arc<AtomicBool>,
+    mut handle: impl FnMut(keratin_client::Delivery),
 ) {
     let mut turn = start;
     while !stop.load(Ordering::Relaxed) {
@@ -163,24 +166,37 @@ async fn rejecter(
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
-        let Ok(mut consumer) = client.subscribe(SOURCE, 32).await else {
+        let Ok(mut consumer) = client.subscribe(queue, prefetch).await else {
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
         loop {
             let next = tokio::time::timeout(Duration::from_millis(300), consumer.recv()).await;
-            let delivery = match next {
-                Ok(Some(delivery)) => delivery,
+            match next {
+                Ok(Some(delivery)) => handle(delivery),
                 Ok(None) => break,
                 Err(_) if stop.load(Ordering::Relaxed) => return,
                 Err(_) => continue,
-            };
-            let seq = seq_of(&delivery.body).unwrap_or(1);
-            if delivery.reject(seq % 2 == 1).is_ok() && seq >= ROUND_2_FIRST {
-                round_2_rejects.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
+}
+
+/// Consume `work` through `addrs[start]` (then the others in turn) and reject every delivery
+/// (see the module docs), counting the round-2 rejects, until `stop`.
+async fn rejecter(
+    addrs: Arc<Mutex<Vec<SocketAddr>>>,
+    start: usize,
+    round_2_rejects: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+) {
+    consume_through_nodes(addrs, start, SOURCE, 32, stop, |delivery| {
+        let seq = seq_of(&delivery.body).unwrap_or(1);
+        if delivery.reject(seq % 2 == 1).is_ok() && seq >= ROUND_2_FIRST {
+            round_2_rejects.fetch_add(1, Ordering::Relaxed);
+        }
+    })
+    .await;
 }
 
 /// Consume `dlq` through the nodes of `addrs` in turn, acking each delivery, until `stop`.
@@ -189,42 +205,22 @@ async fn dead_letter_reader(
     arrivals: Arc<Mutex<Arrivals>>,
     stop: Arc<AtomicBool>,
 ) {
-    let mut turn = 0;
-    while !stop.load(Ordering::Relaxed) {
-        let list = addrs.lock().expect("lock").clone();
-        let addr = list[turn % list.len()];
-        turn += 1;
-        let Some(client) = connect(addr).await else {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            continue;
-        };
-        let Ok(mut consumer) = client.subscribe(DLQ, 256).await else {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            continue;
-        };
-        loop {
-            let next = tokio::time::timeout(Duration::from_millis(300), consumer.recv()).await;
-            let delivery = match next {
-                Ok(Some(delivery)) => delivery,
-                Ok(None) => break,
-                Err(_) if stop.load(Ordering::Relaxed) => return,
-                Err(_) => continue,
-            };
-            {
-                let mut arrivals = arrivals.lock().expect("lock");
-                match seq_of(&delivery.body) {
-                    Some(seq) => arrivals.seen.entry(seq).or_default().push((
-                        delivery.redelivered,
-                        header(&delivery, "x-death-reason"),
-                        header(&delivery, "x-death-queue"),
-                        header(&delivery, "x-death-count"),
-                    )),
-                    None => arrivals.bad_bodies += 1,
-                }
+    consume_through_nodes(addrs, 0, DLQ, 256, stop, |delivery| {
+        {
+            let mut arrivals = arrivals.lock().expect("lock");
+            match seq_of(&delivery.body) {
+                Some(seq) => arrivals.seen.entry(seq).or_default().push((
+                    delivery.redelivered,
+                    header(&delivery, "x-death-reason"),
+                    header(&delivery, "x-death-queue"),
+                    header(&delivery, "x-death-count"),
+                )),
+                None => arrivals.bad_bodies += 1,
             }
-            let _ = delivery.ack();
         }
-    }
+        let _ = delivery.ack();
+    })
+    .await;
 }
 
 /// Publish `seqs` to `work` through `addr` in batches of 50, confirmed (the client is an
