@@ -247,7 +247,10 @@ impl ClusterCase {
         match (self, system) {
             (ClusterCase::Failover, ClusterSystem::KeratinSingle) => Some(SINGLE_NO_FAILOVER),
             (ClusterCase::Partitioned | ClusterCase::PartitionedProducers, s)
-                if !matches!(s, ClusterSystem::KeratinCluster | ClusterSystem::KeratinSingle) =>
+                if !matches!(
+                    s,
+                    ClusterSystem::KeratinCluster | ClusterSystem::KeratinSingle
+                ) =>
             {
                 Some(
                     "publish-3p and publish-3p-3: a RabbitMQ quorum queue and a NATS stream have \
@@ -629,7 +632,11 @@ impl Harness<'_> {
                 }
                 consumed as f64 / elapsed.as_secs_f64().max(1e-9)
             };
-            eprintln!("  {} {}: {rate:.0} msg/s ({placed})", case.name(), system.name());
+            eprintln!(
+                "  {} {}: {rate:.0} msg/s ({placed})",
+                case.name(),
+                system.name()
+            );
             peers[0].delete().await?;
             for peer in peers {
                 peer.close().await;

@@ -72,7 +72,11 @@ async fn leaders_seen_by(addr: SocketAddr, queue: &str) -> Option<Vec<Option<u64
 /// What one node says about `queue`'s first (only) partition: its leader's node id; `None`
 /// when the node is down, does not know the queue yet or knows no leader.
 async fn leader_seen_by(addr: SocketAddr, queue: &str) -> Option<u64> {
-    leaders_seen_by(addr, queue).await?.first().copied().flatten()
+    leaders_seen_by(addr, queue)
+        .await?
+        .first()
+        .copied()
+        .flatten()
 }
 
 /// The leaders (node ids) of `queue`'s partitions when every node of `nodes` names the same

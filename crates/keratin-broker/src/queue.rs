@@ -625,7 +625,11 @@ mod tests {
         let rr = AtomicU64::new(0);
         let plain = Message::new("x");
         let picks: Vec<usize> = (0..6).map(|_| route(&plain, 3, &rr, |p| p == 1)).collect();
-        assert_eq!(picks, vec![1; 6], "one partition led here: all of them there");
+        assert_eq!(
+            picks,
+            vec![1; 6],
+            "one partition led here: all of them there"
+        );
         let picks: Vec<usize> = (0..4).map(|_| route(&plain, 3, &rr, |p| p != 1)).collect();
         assert_eq!(picks, vec![0, 2, 0, 2]);
         let mut picks: Vec<usize> = (0..3).map(|_| route(&plain, 3, &rr, |_| false)).collect();

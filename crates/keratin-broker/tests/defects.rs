@@ -151,7 +151,10 @@ async fn subscribe_and_purge(
         if !delivered_first || attempt == SETUP_TRIES {
             return (purged, consumer, delivered);
         }
-        eprintln!("attempt {attempt}: {} delivered before the purge; again", delivered.len());
+        eprintln!(
+            "attempt {attempt}: {} delivered before the purge; again",
+            delivered.len()
+        );
         drop(consumer);
         broker.delete("q").await.expect("delete");
         attempt += 1;

@@ -449,7 +449,9 @@ fn keyless_publishes_reach_every_leader(cluster: &Cluster, first: u64) {
     });
     let after = ready_by_partition(cluster, "z");
     let added: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
-    eprintln!("{KEYLESS_COUNT} keyless messages through node 3 in {took:?}, by partition {added:?}");
+    eprintln!(
+        "{KEYLESS_COUNT} keyless messages through node 3 in {took:?}, by partition {added:?}"
+    );
     assert_eq!(added.iter().sum::<u64>(), KEYLESS_COUNT, "{added:?}");
     assert!(
         added.iter().all(|&n| n * 10 >= KEYLESS_COUNT * 3),

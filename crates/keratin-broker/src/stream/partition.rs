@@ -358,7 +358,10 @@ impl StreamPartition {
 
     /// Whether this node leads the partition, as its log last reported (always on one node).
     pub(crate) fn is_leading(&self) -> bool {
-        self.figures.lock().unwrap_or_else(|p| p.into_inner()).leading
+        self.figures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .leading
     }
 
     /// The partition's figures (as of its last change).
