@@ -1385,7 +1385,7 @@ mod tests {
         let config = cluster_config(&args).unwrap();
         assert_eq!(config.systems.len(), 4);
         assert_eq!(config.keratin_nodes[1], "127.0.0.1:25722");
-        assert_eq!(config.cases.len(), 4);
+        assert_eq!(config.cases.len(), 7);
         assert_eq!(
             config.amqp_nodes[2],
             "amqp://guest:guest@127.0.0.1:25703/%2f"
