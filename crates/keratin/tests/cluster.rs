@@ -97,7 +97,7 @@ impl Cluster {
     fn wait_knows_leader(&self, id: u64) {
         let deadline = Instant::now() + RECOVERY_MAX;
         loop {
-            let knows = self.partitions_seen_by(id).is_some_and(|ps| {
+            let knows = self.partitions_seen_by(id, QUEUE).is_some_and(|ps| {
                 !ps.is_empty() && ps.iter().all(|p| p["leader"].as_u64().is_some())
             });
             if knows {
@@ -117,7 +117,7 @@ impl Cluster {
     fn wait_in_sync(&self, leader: u64, id: u64) {
         let deadline = Instant::now() + RECOVERY_MAX;
         loop {
-            let synced = self.partitions_seen_by(leader).is_some_and(|ps| {
+            let synced = self.partitions_seen_by(leader, QUEUE).is_some_and(|ps| {
                 let led: Vec<_> = ps.iter().filter(|p| p["leading"] == true).collect();
                 !led.is_empty()
                     && led.iter().all(|p| {
@@ -132,7 +132,7 @@ impl Cluster {
             assert!(
                 Instant::now() < deadline,
                 "node {leader} never counted node {id} in sync: {:?}",
-                self.partitions_seen_by(leader)
+                self.partitions_seen_by(leader, QUEUE)
             );
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -141,23 +141,9 @@ impl Cluster {
     /// The first of `ids` that says it leads a partition of the queue.
     fn leader_among(&self, ids: &[u64]) -> Option<u64> {
         ids.iter().copied().find(|id| {
-            self.partitions_seen_by(*id)
+            self.partitions_seen_by(*id, QUEUE)
                 .is_some_and(|ps| ps.iter().any(|p| p["leading"].as_bool() == Some(true)))
         })
-    }
-
-    /// The queue's partitions as node `id` sees them.
-    fn partitions_seen_by(&self, id: u64) -> Option<Vec<serde_json::Value>> {
-        let document = self.cluster_document(id)?;
-        Some(
-            document["queues"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|q| q["name"] == QUEUE)
-                .flat_map(|q| q["partitions"].as_array().cloned().unwrap_or_default())
-                .collect(),
-        )
     }
 
     /// Waits until every node reaches every other, all name the same leader of each of the
@@ -174,7 +160,7 @@ impl Cluster {
                 let reaches_all = document["nodes"]
                     .as_array()
                     .is_some_and(|ns| ns.len() == 3 && ns.iter().all(|n| n["reachable"] == true));
-                let partitions = self.partitions_seen_by(*id).unwrap_or_default();
+                let partitions = self.partitions_seen_by(*id, QUEUE).unwrap_or_default();
                 views.push((*id, reaches_all, partitions));
             }
             let converged = views.len() == 3
@@ -827,7 +813,7 @@ fn cut_round(cluster: &Cluster, ledger: &Mutex<Ledger>) -> Duration {
         std::thread::sleep(left);
     }
     let cut_still_leads = cluster
-        .partitions_seen_by(cut)
+        .partitions_seen_by(cut, QUEUE)
         .is_some_and(|ps| ps.iter().any(|p| p["leading"] == true));
     let dropped = rules.dropped_packets();
     probe.stop_publishing();

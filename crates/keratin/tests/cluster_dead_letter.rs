@@ -29,7 +29,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use keratin_client::{Client, ClientOptions, OutgoingMessage};
-use serde_json::Value;
 use support::cluster::Cluster;
 use support::{body, seq_of};
 
@@ -66,57 +65,6 @@ fn header(delivery: &keratin_client::Delivery, name: &str) -> String {
         .unwrap_or_default()
 }
 
-/// The partitions of `queue` as node `id` sees them.
-fn partitions(cluster: &Cluster, id: u64, queue: &str) -> Vec<Value> {
-    let Some(document) = cluster.cluster_document(id) else {
-        return Vec::new();
-    };
-    document["queues"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|q| q["name"] == queue)
-        .flat_map(|q| q["partitions"].as_array().cloned().unwrap_or_default())
-        .collect()
-}
-
-/// The leader of each partition of `queue`, as the nodes that say they lead it report.
-fn leaders(cluster: &Cluster, queue: &str) -> Vec<Option<u64>> {
-    let mut out: Vec<Option<u64>> = Vec::new();
-    for id in cluster.nodes.keys().copied() {
-        if cluster.nodes[&id].server.is_none() {
-            continue;
-        }
-        for p in partitions(cluster, id, queue) {
-            let index = p["index"].as_u64().unwrap_or(0) as usize;
-            if out.len() <= index {
-                out.resize(index + 1, None);
-            }
-            if p["leading"] == true {
-                out[index] = Some(id);
-            }
-        }
-    }
-    out
-}
-
-/// Waits until `queue`'s partitions are led by `wanted` (leader balancing moves them there).
-fn wait_leaders(cluster: &Cluster, queue: &str, wanted: &[u64]) {
-    let wanted: Vec<Option<u64>> = wanted.iter().map(|id| Some(*id)).collect();
-    let deadline = Instant::now() + SETTLE_MAX;
-    loop {
-        let now = leaders(cluster, queue);
-        if now == wanted {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{queue}: leaders {now:?}, wanted {wanted:?}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 /// Ready and inflight messages of `queue`, summed over its partitions as their leaders see
 /// them, and how many partitions no running node leads.
 fn depth(cluster: &Cluster, queue: &str) -> (u64, u64) {
@@ -126,7 +74,7 @@ fn depth(cluster: &Cluster, queue: &str) -> (u64, u64) {
         if cluster.nodes[&id].server.is_none() {
             continue;
         }
-        for p in partitions(cluster, id, queue) {
+        for p in cluster.partitions_seen_by(id, queue).unwrap_or_default() {
             if p["leading"] == true {
                 partitions_led.insert(p["index"].as_u64().unwrap_or(0));
                 messages += p["ready"].as_u64().unwrap_or(0)
@@ -355,8 +303,11 @@ fn dead_letters_reach_a_queue_led_elsewhere_and_survive_its_leader_killed() {
         ],
         SETTLE_MAX,
     );
-    wait_leaders(&cluster, DLQ, &[3]);
-    wait_leaders(&cluster, SOURCE, &[1, 2, 1, 2]);
+    // Leader balancing moves each partition to its preferred leader.
+    cluster.wait_leaders(DLQ, "leader on node 3", SETTLE_MAX, |l| l == [3]);
+    cluster.wait_leaders(SOURCE, "leaders on nodes 1, 2, 1, 2", SETTLE_MAX, |l| {
+        l == [1, 2, 1, 2]
+    });
     let addrs: BTreeMap<u64, SocketAddr> = cluster
         .nodes
         .iter()

@@ -53,48 +53,6 @@ async fn connect(addr: SocketAddr) -> Option<Client> {
     Client::connect(addr, options).await.ok()
 }
 
-/// The queue's partitions as node `id` sees them, by index.
-fn partitions(cluster: &Cluster, id: u64) -> Option<Vec<serde_json::Value>> {
-    let document = cluster.cluster_document(id)?;
-    let found: Vec<serde_json::Value> = document["queues"]
-        .as_array()?
-        .iter()
-        .filter(|q| q["name"] == QUEUE)
-        .flat_map(|q| q["partitions"].as_array().cloned().unwrap_or_default())
-        .collect();
-    (found.len() == PARTITIONS as usize).then_some(found)
-}
-
-/// Waits until every running node names the same leader for every partition, and that
-/// leader says it leads; the leaders by partition.
-fn wait_leaders(cluster: &Cluster, running: &[u64]) -> Vec<u64> {
-    let deadline = Instant::now() + WAIT_MAX;
-    loop {
-        let views: Vec<Option<Vec<serde_json::Value>>> =
-            running.iter().map(|id| partitions(cluster, *id)).collect();
-        let leaders: Option<Vec<u64>> = (0..PARTITIONS as usize)
-            .map(|i| {
-                let leader = views.first()?.as_ref()?.get(i)?["leader"].as_u64()?;
-                let agreed = running.iter().zip(&views).all(|(id, view)| {
-                    view.as_ref().and_then(|v| v.get(i)).is_some_and(|p| {
-                        p["leader"].as_u64() == Some(leader)
-                            && (p["leading"] == true) == (leader == *id)
-                    })
-                });
-                agreed.then_some(leader)
-            })
-            .collect();
-        if let Some(leaders) = leaders {
-            return leaders;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no agreed leader of every partition within {WAIT_MAX:?}: {views:?}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 /// Publish `MESSAGES` numbered messages through node `via`, in batches, resending what was not
 /// confirmed (the idempotent producer stores a resend once); the confirmed sequence numbers.
 async fn publish(via: SocketAddr) -> BTreeSet<u64> {
@@ -209,8 +167,10 @@ fn wait_whole(cluster: &Cluster, running: &[u64], id: u64, count: u64) -> Result
     let started = Instant::now();
     let deadline = started + WAIT_MAX;
     loop {
-        let leaders: Vec<Option<Vec<serde_json::Value>>> =
-            running.iter().map(|n| partitions(cluster, *n)).collect();
+        let leaders: Vec<Option<Vec<serde_json::Value>>> = running
+            .iter()
+            .map(|n| cluster.partitions_seen_by(*n, QUEUE))
+            .collect();
         let in_sync = (0..PARTITIONS as usize).all(|i| {
             leaders.iter().flatten().any(|view| {
                 view.get(i).is_some_and(|p| {
@@ -221,7 +181,7 @@ fn wait_whole(cluster: &Cluster, running: &[u64], id: u64, count: u64) -> Result
                 })
             })
         });
-        let own = partitions(cluster, id);
+        let own = cluster.partitions_seen_by(id, QUEUE);
         let ready: u64 = own
             .iter()
             .flatten()
@@ -270,7 +230,7 @@ fn a_wiped_replica_costs_no_confirmed_message_and_is_replaced() {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     });
-    let leaders = wait_leaders(&cluster, &all);
+    let leaders = cluster.wait_leaders(QUEUE, "agreed leaders", WAIT_MAX, |_| true);
     // C leads nothing (two partitions, three nodes); A leads partition 0; B is the third.
     let c = *all
         .iter()
@@ -296,7 +256,7 @@ fn a_wiped_replica_costs_no_confirmed_message_and_is_replaced() {
     std::thread::sleep(ALONE);
     cluster.start_node(a);
 
-    let leaders = wait_leaders(&cluster, &all);
+    let leaders = cluster.wait_leaders(QUEUE, "agreed leaders", WAIT_MAX, |_| true);
     println!("with A back, leaders by partition {leaders:?}");
     let whole = wait_whole(&cluster, &all, b, MESSAGES);
     let addrs: Vec<SocketAddr> = all.iter().map(|id| cluster.nodes[id].protocol).collect();

@@ -227,3 +227,81 @@ impl Cluster {
         serde_json::from_str(json).ok()
     }
 }
+
+impl Cluster {
+    /// `queue`'s partitions as running node `id` describes them in its cluster document, by
+    /// index; `None` when it does not answer.
+    pub fn partitions_seen_by(&self, id: u64, queue: &str) -> Option<Vec<serde_json::Value>> {
+        let document = self.cluster_document(id)?;
+        Some(
+            document["queues"]
+                .as_array()?
+                .iter()
+                .filter(|q| q["name"] == queue)
+                .flat_map(|q| q["partitions"].as_array().cloned().unwrap_or_default())
+                .collect(),
+        )
+    }
+
+    /// The leader of each of `queue`'s partitions, by index: the one running node that says it
+    /// leads the partition, named as its leader by every running node. `None` until every
+    /// running node answers, all describe the same non-zero number of partitions and each
+    /// partition has such a leader.
+    pub fn leaders(&self, queue: &str) -> Option<Vec<u64>> {
+        let views: Vec<(u64, Vec<serde_json::Value>)> = self
+            .nodes
+            .iter()
+            .filter(|(_, node)| node.server.is_some())
+            .map(|(id, _)| Some((*id, self.partitions_seen_by(*id, queue)?)))
+            .collect::<Option<_>>()?;
+        let count = views.first()?.1.len();
+        if count == 0 || views.iter().any(|(_, ps)| ps.len() != count) {
+            return None;
+        }
+        (0..count)
+            .map(|i| {
+                let leader = views[0].1[i]["leader"].as_u64()?;
+                views
+                    .iter()
+                    .all(|(id, ps)| {
+                        ps[i]["leader"].as_u64() == Some(leader)
+                            && (ps[i]["leading"] == true) == (leader == *id)
+                    })
+                    .then_some(leader)
+            })
+            .collect()
+    }
+
+    /// Waits up to `within` until [`Cluster::leaders`] of `queue` are known and `done` holds
+    /// of them; the leaders by partition, or a panic naming `what` and the last leaders seen.
+    pub fn wait_leaders(
+        &self,
+        queue: &str,
+        what: &str,
+        within: std::time::Duration,
+        done: impl Fn(&[u64]) -> bool,
+    ) -> Vec<u64> {
+        let deadline = std::time::Instant::now() + within;
+        let mut last = None;
+        loop {
+            if let Some(leaders) = self.leaders(queue) {
+                if done(&leaders) {
+                    return leaders;
+                }
+                last = Some(leaders);
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{queue}: {what} not within {within:?}; last leaders by partition: {last:?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+}
+
+/// Whether `leaders` (by partition) are on as many different nodes as there are partitions,
+/// up to three.
+pub fn spread(leaders: &[u64]) -> bool {
+    let nodes: std::collections::BTreeSet<u64> = leaders.iter().copied().collect();
+    nodes.len() == leaders.len().min(3)
+}
