@@ -41,6 +41,9 @@ const B_BODY_BYTES: usize = 512;
 /// How long B's rate is measured, before the fill and while A is refused.
 const B_WINDOW: Duration = Duration::from_secs(3);
 const PHASE_MAX: Duration = Duration::from_secs(60);
+/// Partitions of a queue whose leaders spread over the three nodes (the reserve test's queue
+/// r has one fewer, so that node 3 leads none of them).
+const PARTITIONS: u32 = 3;
 
 /// Environment of every node: leader balancing, small segments (the tmpfs holds 64 of them),
 /// sampling every 100 ms.
@@ -132,32 +135,57 @@ fn placements(cluster: &Cluster) -> BTreeMap<String, (Vec<u64>, Option<u64>)> {
     placed
 }
 
-/// Declares `name` with its replicas pinned to `nodes` (again, while the cluster forms), then
-/// waits until its first partition is led by `nodes[0]`, its preferred leader (leader
-/// balancing hands it there), within [`PHASE_MAX`].
-async fn declare_pinned(cluster: &Cluster, admin: &Client, name: &str, nodes: &[u64]) {
+/// Declares `name` with `partitions` partitions, each with a replica on every node of `nodes`
+/// (again, while the cluster forms), then waits until partition `p` is led by `nodes[p mod
+/// n]`, its preferred leader (the declare rotates them; leader balancing hands each partition
+/// there), within [`PHASE_MAX`]; the leaders by partition.
+async fn declare_pinned(
+    cluster: &Cluster,
+    admin: &Client,
+    name: &str,
+    nodes: &[u64],
+    partitions: u32,
+) -> Vec<u64> {
+    let preferred: Vec<u64> = (0..partitions as usize)
+        .map(|p| nodes[p % nodes.len()])
+        .collect();
+    let settings = QueueSettings {
+        partitions,
+        ..QueueSettings::default()
+    };
     let deadline = Instant::now() + PHASE_MAX;
     loop {
-        if let Err(error) = admin
-            .declare_on(name, QueueSettings::default(), nodes)
-            .await
-        {
+        if let Err(error) = admin.declare_on(name, settings.clone(), nodes).await {
             eprintln!("declare {name}: {error} (the cluster may still be forming)");
         }
         let placed = placements(cluster);
-        if let Some((replicas, leader)) = placed.get(name) {
+        if let Some((replicas, _)) = placed.get(name) {
             assert_eq!(replicas, nodes, "{name} is on the nodes named, in order");
-            if *leader == Some(nodes[0]) {
-                return;
+            let leaders = tokio::task::block_in_place(|| cluster.leaders(name));
+            if leaders.as_ref() == Some(&preferred) {
+                return preferred;
             }
         }
         assert!(
             Instant::now() < deadline,
-            "{name} not led by node {}: {placed:?}",
-            nodes[0]
+            "{name} not led by nodes {preferred:?}: {placed:?}"
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// A routing key for each of `partitions` partitions, by index: `key-N` with the least `N`
+/// whose CRC32C falls there (the client and the broker route a key to `crc32c(key) mod
+/// partitions`).
+fn keys_by_partition(partitions: u32) -> Vec<String> {
+    (0..partitions)
+        .map(|p| {
+            (0u32..)
+                .map(|n| format!("key-{n}"))
+                .find(|key| crc32c::crc32c(key.as_bytes()) % partitions == p)
+                .expect("a key for every partition")
+        })
+        .collect()
 }
 
 /// Node `id`'s level of its first file system, from its own status document.
@@ -201,33 +229,60 @@ struct ALedger {
     /// Confirms after the last refusal (A resumed).
     confirmed_after_limited: u64,
     next_seq: u64,
+    /// By partition, where the publisher chose it with a routing key: the first
+    /// `ERR_LIMITED` (reason, retry hint, message, when), and the confirms after the
+    /// partition's last refusal.
+    first_limited_by_partition: BTreeMap<usize, (String, u32, String, Instant)>,
+    confirmed_after_limited_by_partition: BTreeMap<usize, u64>,
 }
 
-/// Publishes A's batches until `stop`, retrying refused ones after their hint.
+/// Publishes A's batches to partition `partition` (with its routing key `keys[partition]`)
+/// until `stop`, retrying refused ones after their hint. Its messages are numbered `k ×
+/// keys.len() + partition`: a number's partition is its remainder.
 async fn a_publisher(
     client: Client,
     queue: String,
+    keys: Vec<String>,
+    partition: usize,
     ledger: Arc<Mutex<ALedger>>,
     stop: Arc<AtomicBool>,
 ) {
+    let partitions = keys.len() as u64;
+    let partition_of = |seq: u64| (seq % partitions) as usize;
+    let mut next = 0u64;
     while !stop.load(Ordering::Relaxed) {
-        let first = {
-            let mut ledger = ledger.lock().expect("lock");
-            let first = ledger.next_seq;
-            ledger.next_seq += A_BATCH as u64;
-            first
-        };
-        let batch: Vec<OutgoingMessage> = (first..first + A_BATCH as u64)
-            .map(|seq| OutgoingMessage::new(body(seq, A_BODY_BYTES)))
+        let seqs: Vec<u64> = (next..next + A_BATCH as u64)
+            .map(|k| k * partitions + partition as u64)
+            .collect();
+        next += A_BATCH as u64;
+        let batch: Vec<OutgoingMessage> = seqs
+            .iter()
+            .map(|seq| {
+                OutgoingMessage::new(body(*seq, A_BODY_BYTES))
+                    .with_routing_key(keys[partition].clone())
+            })
             .collect();
         let mut wait = Duration::ZERO;
-        for (seq, result) in (first..).zip(client.publish_batch(&queue, batch).await) {
+        for (seq, result) in seqs
+            .iter()
+            .copied()
+            .zip(client.publish_batch(&queue, batch).await)
+        {
             let mut ledger = ledger.lock().expect("lock");
             match result {
                 Ok(_) => {
                     ledger.confirmed.insert(seq);
                     if ledger.limited > 0 {
                         ledger.confirmed_after_limited += 1;
+                    }
+                    if ledger
+                        .first_limited_by_partition
+                        .contains_key(&partition_of(seq))
+                    {
+                        *ledger
+                            .confirmed_after_limited_by_partition
+                            .entry(partition_of(seq))
+                            .or_default() += 1;
                     }
                 }
                 Err(failed) => match failed.error {
@@ -239,13 +294,21 @@ async fn a_publisher(
                     } => {
                         ledger.limited += 1;
                         ledger.confirmed_after_limited = 0;
+                        ledger
+                            .confirmed_after_limited_by_partition
+                            .insert(partition_of(seq), 0);
+                        let first = (
+                            reason.name().to_owned(),
+                            retry_after_ms,
+                            message,
+                            Instant::now(),
+                        );
+                        ledger
+                            .first_limited_by_partition
+                            .entry(partition_of(seq))
+                            .or_insert_with(|| first.clone());
                         if ledger.first_limited.is_none() {
-                            ledger.first_limited = Some((
-                                reason.name().to_owned(),
-                                retry_after_ms,
-                                message,
-                                Instant::now(),
-                            ));
+                            ledger.first_limited = Some(first);
                         }
                         wait = wait.max(Duration::from_millis(u64::from(retry_after_ms)));
                     }
@@ -359,8 +422,8 @@ fn a_full_node_limits_only_the_partitions_with_a_copy_on_it() {
         let node1 = cluster.nodes[&1].protocol;
         let admin = connect(node1, Duration::from_secs(10)).await;
         let (queue_a, queue_b) = ("a".to_string(), "b".to_string());
-        declare_pinned(&cluster, &admin, &queue_a, &[1, 3]).await;
-        declare_pinned(&cluster, &admin, &queue_b, &[1, 2]).await;
+        declare_pinned(&cluster, &admin, &queue_a, &[1, 3], 1).await;
+        declare_pinned(&cluster, &admin, &queue_b, &[1, 2], 1).await;
         let placed = placements(&cluster);
         eprintln!("A = {queue_a} {:?}, B = {queue_b} {:?}", placed[&queue_a], placed[&queue_b]);
 
@@ -375,6 +438,8 @@ fn a_full_node_limits_only_the_partitions_with_a_copy_on_it() {
         let a_task = tokio::spawn(a_publisher(
             connect(node1, Duration::from_millis(300)).await,
             queue_a.clone(),
+            keys_by_partition(1),
+            0,
             a_ledger.clone(),
             a_stop.clone(),
         ));
@@ -488,23 +553,36 @@ fn a_full_node_limits_only_the_partitions_with_a_copy_on_it() {
     });
 }
 
-/// The partition of `queue` as node `id` sees it.
-fn partition_on(cluster: &Cluster, id: u64, queue: &str) -> Option<serde_json::Value> {
-    let document = cluster.cluster_document(id)?;
-    document["queues"]
-        .as_array()?
+/// Partition `index` of `queue` as node `id` sees it.
+fn partition_on(
+    cluster: &Cluster,
+    id: u64,
+    queue: &str,
+    index: usize,
+) -> Option<serde_json::Value> {
+    cluster.partitions_seen_by(id, queue)?.get(index).cloned()
+}
+
+/// The in-sync set of each partition of `queue` as its leader in `leaders` (by partition) sees
+/// it; `Null` where the leader does not answer.
+fn in_sync_sets(cluster: &Cluster, queue: &str, leaders: &[u64]) -> Vec<serde_json::Value> {
+    leaders
         .iter()
-        .find(|q| q["name"] == queue)?["partitions"]
-        .as_array()?
-        .first()
-        .cloned()
+        .enumerate()
+        .map(|(index, leader)| {
+            partition_on(cluster, *leader, queue, index)
+                .map(|p| p["in_sync"].clone())
+                .unwrap_or_default()
+        })
+        .collect()
 }
 
 /// Node 3 filled from outside to its reserve level: it refuses new entries for the partitions
-/// it follows and leaves their in-sync sets, while a queue of three replicas led elsewhere
-/// keeps confirming on the other two, and consuming, acknowledging, purging, declaring and
-/// deleting keep working; once the filler is removed it catches up and is back in sync. No log
-/// stops anywhere.
+/// it follows and leaves their in-sync sets, while a queue of two partitions with three
+/// replicas each, led by nodes 1 and 2, keeps confirming on the other two in both, and
+/// consuming, acknowledging, purging, declaring and deleting keep working; once the filler is
+/// removed it catches up and is back in sync in both partitions, holding what they committed
+/// meanwhile. No log stops anywhere.
 #[test]
 fn a_follower_at_reserve_leaves_the_in_sync_set_and_catches_up_after() {
     if !support::privileged("a_follower_at_reserve_leaves_the_in_sync_set_and_catches_up_after") {
@@ -516,9 +594,10 @@ fn a_follower_at_reserve_leaves_the_in_sync_set_and_catches_up_after() {
         let node1 = cluster.nodes[&1].protocol;
         let admin = connect(node1, Duration::from_secs(10)).await;
         let queue = "r".to_string();
-        declare_pinned(&cluster, &admin, &queue, &[1, 2, 3]).await;
-        let leader = placements(&cluster)[&queue].1.expect("leader");
-        eprintln!("queue {queue}, led by node {leader}");
+        // Two partitions, led by nodes 1 and 2: node 3 follows both (a third would be led
+        // by node 3, not a follower).
+        let leaders = declare_pinned(&cluster, &admin, &queue, &[1, 2, 3], PARTITIONS - 1).await;
+        eprintln!("queue {queue}, led by nodes {leaders:?} (by partition)");
 
         // A publisher that never stops confirming: small batches, as fast as they confirm.
         let ledger = Arc::new(Mutex::new(ALedger::default()));
@@ -547,21 +626,22 @@ fn a_follower_at_reserve_leaves_the_in_sync_set_and_catches_up_after() {
             assert!(Instant::now() < deadline, "node 3 never reached reserve");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        // It leaves the in-sync set (it falls behind) while the publishes keep confirming.
+        // It leaves every partition's in-sync set (it falls behind) while the publishes keep
+        // confirming.
         let confirmed_at_reserve = ledger.lock().expect("lock").confirmed.len();
         loop {
-            let in_sync = partition_on(&cluster, leader, &queue)
-                .map(|p| p["in_sync"].clone())
-                .unwrap_or_default();
-            let out = in_sync
-                .as_array()
-                .is_some_and(|set| !set.is_empty() && !set.contains(&serde_json::Value::from(3)));
+            let in_sync = in_sync_sets(&cluster, &queue, &leaders);
+            let out = in_sync.iter().all(|set| {
+                set.as_array().is_some_and(|set| {
+                    !set.is_empty() && !set.contains(&serde_json::Value::from(3))
+                })
+            });
             if out {
                 break;
             }
             assert!(
                 Instant::now() < deadline,
-                "node 3 never left the in-sync set: {in_sync}"
+                "node 3 never left every in-sync set (by partition): {in_sync:?}"
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -610,47 +690,50 @@ fn a_follower_at_reserve_leaves_the_in_sync_set_and_catches_up_after() {
         let freed = Instant::now();
         let deadline = freed + PHASE_MAX;
         loop {
-            let in_sync = partition_on(&cluster, leader, &queue)
-                .map(|p| p["in_sync"].clone())
-                .unwrap_or_default();
-            if in_sync
-                .as_array()
-                .is_some_and(|set| set.contains(&serde_json::Value::from(3)))
-            {
+            let in_sync = in_sync_sets(&cluster, &queue, &leaders);
+            if in_sync.iter().all(|set| {
+                set.as_array()
+                    .is_some_and(|set| set.contains(&serde_json::Value::from(3)))
+            }) {
                 break;
             }
             assert!(
                 Instant::now() < deadline,
-                "node 3 never came back in sync: {in_sync}"
+                "node 3 never came back in every in-sync set (by partition): {in_sync:?}"
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         let back = freed.elapsed();
         stop.store(true, Ordering::Relaxed);
         publisher.await.expect("publisher");
-        // Node 3 holds what the others confirmed meanwhile.
-        let leader_offset = partition_on(&cluster, leader, &queue).expect("leader's view")
-            ["committed_offset"]
-            .as_u64()
-            .expect("offset");
-        let deadline = Instant::now() + PHASE_MAX;
-        loop {
-            let offset = partition_on(&cluster, 3, &queue)
-                .and_then(|p| p["committed_offset"].as_u64())
-                .unwrap_or(0);
-            if offset >= leader_offset {
-                break;
+        // Node 3 holds what the others confirmed meanwhile, in every partition.
+        let mut offsets = Vec::new();
+        for (index, leader) in leaders.iter().enumerate() {
+            let leader_offset = partition_on(&cluster, *leader, &queue, index)
+                .expect("leader's view")["committed_offset"]
+                .as_u64()
+                .expect("offset");
+            let deadline = Instant::now() + PHASE_MAX;
+            loop {
+                let offset = partition_on(&cluster, 3, &queue, index)
+                    .and_then(|p| p["committed_offset"].as_u64())
+                    .unwrap_or(0);
+                if offset >= leader_offset {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "partition {index}: node 3 at {offset} of {leader_offset}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            assert!(
-                Instant::now() < deadline,
-                "node 3 at {offset} of {leader_offset}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            offsets.push(leader_offset);
         }
         assert_no_log_stopped(&cluster);
         eprintln!(
-            "node 3 at reserve: out of the in-sync set {:.1} s after the fill, back {:.1} s \
-             after the filler went; {} confirmed",
+            "node 3 at reserve: out of every in-sync set {:.1} s after the fill, back {:.1} s \
+             after the filler went; {} confirmed; node 3 holds committed offsets {offsets:?} (by \
+             partition)",
             left.as_secs_f64(),
             back.as_secs_f64(),
             ledger.lock().expect("lock").confirmed.len()
@@ -709,8 +792,8 @@ fn a_node_short_of_memory_limits_only_its_partitions() {
         let node1 = cluster.nodes[&1].protocol;
         let admin = connect(node1, Duration::from_secs(10)).await;
         let (queue_a, queue_b) = ("a", "b");
-        declare_pinned(&cluster, &admin, queue_a, &[1, 3]).await;
-        declare_pinned(&cluster, &admin, queue_b, &[1, 2]).await;
+        declare_pinned(&cluster, &admin, queue_a, &[1, 3], 1).await;
+        declare_pinned(&cluster, &admin, queue_b, &[1, 2], 1).await;
         let limit = support::status(cluster.nodes[&3].http)["memory"]["limit_bytes"]
             .as_u64()
             .expect("limit");
@@ -816,7 +899,7 @@ fn a_replica_moves_off_the_small_node_under_load_and_nothing_is_lost() {
         let node1 = cluster.nodes[&1].protocol;
         let admin = connect(node1, Duration::from_secs(10)).await;
         let queue = "a".to_string();
-        declare_pinned(&cluster, &admin, &queue, &[1, 3]).await;
+        declare_pinned(&cluster, &admin, &queue, &[1, 3], 1).await;
 
         let ledger = Arc::new(Mutex::new(ALedger::default()));
         let stop = Arc::new(AtomicBool::new(false));
@@ -864,7 +947,7 @@ fn a_replica_moves_off_the_small_node_under_load_and_nothing_is_lost() {
         publisher.await.expect("publisher");
 
         // The replicas are 1 and 2 now, and node 3's copy is gone.
-        let replicas: Vec<u64> = partition_on(&cluster, 1, &queue).expect("node 1's view")
+        let replicas: Vec<u64> = partition_on(&cluster, 1, &queue, 0).expect("node 1's view")
             ["replicas"]
             .as_array()
             .into_iter()

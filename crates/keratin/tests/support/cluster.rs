@@ -244,30 +244,43 @@ impl Cluster {
     }
 
     /// The leader of each of `queue`'s partitions, by index: the one running node that says it
-    /// leads the partition, named as its leader by every running node. `None` until every
-    /// running node answers, all describe the same non-zero number of partitions and each
-    /// partition has such a leader.
+    /// leads the partition, named as its leader by every running node that holds a copy of it
+    /// (a node without one may not know). `None` until every running node answers, the nodes
+    /// that list the queue's partitions list the same non-zero number, and each partition has
+    /// such a leader.
     pub fn leaders(&self, queue: &str) -> Option<Vec<u64>> {
         let views: Vec<(u64, Vec<serde_json::Value>)> = self
             .nodes
             .iter()
             .filter(|(_, node)| node.server.is_some())
             .map(|(id, _)| Some((*id, self.partitions_seen_by(*id, queue)?)))
-            .collect::<Option<_>>()?;
+            .collect::<Option<Vec<_>>>()?
+            .into_iter()
+            .filter(|(_, ps)| !ps.is_empty())
+            .collect();
         let count = views.first()?.1.len();
-        if count == 0 || views.iter().any(|(_, ps)| ps.len() != count) {
+        if views.iter().any(|(_, ps)| ps.len() != count) {
             return None;
         }
         (0..count)
             .map(|i| {
-                let leader = views[0].1[i]["leader"].as_u64()?;
-                views
+                let holders: Vec<(u64, &serde_json::Value)> = views
                     .iter()
-                    .all(|(id, ps)| {
-                        ps[i]["leader"].as_u64() == Some(leader)
-                            && (ps[i]["leading"] == true) == (leader == *id)
+                    .map(|(id, ps)| (*id, &ps[i]))
+                    .filter(|(id, p)| {
+                        p["replicas"]
+                            .as_array()
+                            .is_some_and(|r| r.contains(&serde_json::Value::from(*id)))
                     })
-                    .then_some(leader)
+                    .collect();
+                let leader = holders.first()?.1["leader"].as_u64()?;
+                let running = holders.iter().any(|(id, _)| *id == leader);
+                (running
+                    && holders.iter().all(|(id, p)| {
+                        p["leader"].as_u64() == Some(leader)
+                            && (p["leading"] == true) == (leader == *id)
+                    }))
+                .then_some(leader)
             })
             .collect()
     }
