@@ -1,15 +1,23 @@
 //! A stream on three real `keratin serve` processes on 127.0.0.1 (issue 18): declared through
-//! one node, its two partitions and its cursor log replicated on all three. A client connected
-//! to another node publishes keyed messages (following 421 to each partition's leader); a
-//! reader with a cursor, connected to a third node, is sent to the node leading the cursor log
-//! (421) and reads them in order per key, then commits. Then that node is killed with
-//! `kill -9`: the other two elect new leaders, take more publishes, and a reader with the same
-//! cursor resumes exactly after the committed position, reading every message published after
-//! it once, in order per key. The killed node restarts and catches up with the messages
+//! one node, its three partitions and its cursor log replicated on all three, leader balancing
+//! on. The keys of the test's messages reach every partition. A client connected to one node
+//! publishes keyed messages (following 421 to each partition's leader); a reader with a cursor,
+//! connected to another node that does not lead the cursor log, is sent to the node leading it
+//! (421) and reads them in order per key, then commits. Then a node that leads a stream
+//! partition is killed with `kill -9` (the cursor log's leader when it leads one too, else
+//! partition 0's leader): the other two elect new leaders, take more publishes through the
+//! cursor log's leader, and a reader with the same cursor on the other node resumes exactly
+//! after the committed position, reading every message published after it once, in order per
+//! key. The killed node restarts and catches up with the messages
 //! published while it was down. Then the cursor log's leader is stopped (SIGSTOP) until the
-//! others elect another: once it runs again its reader with a cursor ends with 421 naming the
-//! new leader, and subscribing again resumes there from the commit. It fails if a confirmed message is lost, read twice or out
-//! of order, if the cursor is lost, or if the cluster does not serve again within 30 s.
+//! others elect another: once it runs again its reader with a cursor ends every partition with
+//! 421 naming the new leader, and subscribing again resumes there from the commit. It fails if
+//! a confirmed message is lost, read twice or out of order, if the cursor is lost, or if the
+//! cluster does not serve again within 30 s.
+//!
+//! The stream's partitions are led where their elections put them: stream groups get no
+//! preferred leaders handed back by leader balancing, and in the runs so far one node led all
+//! three at the start (after the kill, two nodes lead them).
 
 mod support;
 
@@ -24,6 +32,8 @@ use keratin_client::{
 use support::cluster::Cluster;
 
 const STREAM: &str = "events";
+/// The stream's partitions, their leaders on three different nodes.
+const PARTITIONS: u32 = 3;
 const CURSOR: &str = "billing";
 const KEYS: u64 = 5;
 /// Messages published before the failover, read and committed before it, then after it.
@@ -133,6 +143,47 @@ fn stream_document(cluster: &Cluster, id: u64) -> Option<serde_json::Value> {
     serde_json::from_str(json).ok()
 }
 
+/// The leader of each of the stream's partitions, by index: the one running node that says it
+/// leads it (their stream documents); `None` until every running node answers and each
+/// partition has exactly one.
+fn stream_leaders(cluster: &Cluster) -> Option<Vec<u64>> {
+    let mut leading: Vec<Vec<u64>> = vec![Vec::new(); PARTITIONS as usize];
+    for (id, node) in &cluster.nodes {
+        if node.server.is_none() {
+            continue;
+        }
+        let document = stream_document(cluster, *id)?;
+        for (index, partition) in document["partitions"].as_array()?.iter().enumerate() {
+            if partition["leading"] == true {
+                leading.get_mut(index)?.push(*id);
+            }
+        }
+    }
+    leading
+        .into_iter()
+        .map(|ids| match ids[..] {
+            [id] => Some(id),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The leaders of the stream's partitions once every one has a single leader, within
+/// [`RECOVERY_MAX`].
+fn wait_stream_leaders(cluster: &Cluster) -> Vec<u64> {
+    let deadline = Instant::now() + RECOVERY_MAX;
+    loop {
+        if let Some(leaders) = stream_leaders(cluster) {
+            return leaders;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the stream's partitions have no single leader each within {RECOVERY_MAX:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// The node that says it leads the stream's cursor log, among the running ones but `except`
 /// (a stopped process would keep the admin request waiting).
 fn wait_cursor_leader(cluster: &Cluster, except: Option<u64>) -> u64 {
@@ -160,12 +211,26 @@ fn wait_cursor_leader(cluster: &Cluster, except: Option<u64>) -> u64 {
 
 #[test]
 fn a_replicated_stream_keeps_its_messages_and_cursor_across_a_leader_kill() {
-    let mut cluster = Cluster::start();
+    // Every partition gets messages: the keys' partitions (`crc32c(key) mod partitions`)
+    // cover them all.
+    let covered: std::collections::BTreeSet<u32> = (0..KEYS)
+        .map(|k| crc32c::crc32c(format!("k{k}").as_bytes()) % PARTITIONS)
+        .collect();
+    assert_eq!(
+        covered.len(),
+        PARTITIONS as usize,
+        "the keys reach every partition"
+    );
+    // Leader balancing on: the stream's partitions get leaders on the three nodes.
+    let balance = (1..=3)
+        .map(|id| (id, vec![("KERATIN_CLUSTER__LEADER_BALANCE", "true")]))
+        .collect();
+    let mut cluster = Cluster::start_with_env(balance);
     let rt = runtime();
     let (first_home, read_first) = rt.block_on(async {
         let admin = connect(&cluster, 1).await;
         let settings = StreamSettings {
-            partitions: 2,
+            partitions: PARTITIONS,
             replicas: Some(3),
             ..StreamSettings::default()
         };
@@ -175,12 +240,17 @@ fn a_replicated_stream_keeps_its_messages_and_cursor_across_a_leader_kill() {
             assert!(Instant::now() < deadline, "declare: {error}");
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+        let leaders = wait_stream_leaders(&cluster);
         let home = wait_cursor_leader(&cluster, None);
         let publisher_node = if home == 2 { 3 } else { 2 };
         let reader_node = [1, 2, 3]
             .into_iter()
             .find(|id| *id != home && *id != publisher_node)
             .expect("a third node");
+        println!(
+            "stream partitions led by nodes {leaders:?}; the cursor log by node {home}; \
+             publisher on node {publisher_node}, reader on node {reader_node}"
+        );
         publish(&connect(&cluster, publisher_node).await, 0, FIRST).await;
 
         // Connected to a node that does not lead the cursor log: sent on to the one that does.
@@ -193,13 +263,32 @@ fn a_replicated_stream_keeps_its_messages_and_cursor_across_a_leader_kill() {
         (home, numbers)
     });
 
-    cluster.kill9(first_home);
+    // The node killed leads a stream partition: the cursor log's leader when it leads one too
+    // (kill -9 takes both), else partition 0's leader.
+    let leaders = stream_leaders(&cluster).unwrap_or_default();
+    let victim = if leaders.contains(&first_home) {
+        first_home
+    } else {
+        leaders[0]
+    };
+    let led: Vec<usize> = (0..leaders.len())
+        .filter(|p| leaders[*p] == victim)
+        .collect();
+    cluster.kill9(victim);
+    let killed_at = Instant::now();
     let second_home = wait_cursor_leader(&cluster, None);
-    assert_ne!(second_home, first_home);
+    assert_ne!(second_home, victim);
+    // The publisher on the cursor log's leader, the reader on the other node left.
+    let other = [1, 2, 3]
+        .into_iter()
+        .find(|id| *id != victim && *id != second_home)
+        .expect("the other node left");
     rt.block_on(async {
         let client = connect(&cluster, second_home).await;
         publish(&client, FIRST, SECOND).await;
-        let mut reader = subscribe(&client).await;
+        let published = killed_at.elapsed();
+        let reader_client = connect(&cluster, other).await;
+        let mut reader = subscribe(&reader_client).await;
         let numbers = read(&mut reader, FIRST - READ_BEFORE + SECOND).await;
         in_order_per_key(&numbers);
         let mut sorted = numbers.clone();
@@ -222,19 +311,27 @@ fn a_replicated_stream_keeps_its_messages_and_cursor_across_a_leader_kill() {
             "more messages than were published: {quiet:?}"
         );
         reader.cancel().await.expect("cancel");
+        let now = stream_leaders(&cluster);
+        println!(
+            "node {victim} killed (it led stream partitions {led:?} of {leaders:?}; the \
+             cursor log was led by node {first_home}): the cursor log led by node \
+             {second_home}, the partitions by {now:?}; {SECOND} published through node \
+             {second_home} {published:?} after the kill, read through node {other} from the \
+             committed position"
+        );
     });
 
     // The killed node catches up with what was published while it was down.
-    cluster.start_node(first_home);
+    cluster.start_node(victim);
     let deadline = Instant::now() + RECOVERY_MAX;
     loop {
-        let messages = stream_document(&cluster, first_home).and_then(|d| d["messages"].as_u64());
+        let messages = stream_document(&cluster, victim).and_then(|d| d["messages"].as_u64());
         if messages == Some(FIRST + SECOND) {
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "node {first_home} holds {messages:?} of {} messages",
+            "node {victim} holds {messages:?} of {} messages",
             FIRST + SECOND
         );
         std::thread::sleep(Duration::from_millis(200));
@@ -256,7 +353,7 @@ fn a_replicated_stream_keeps_its_messages_and_cursor_across_a_leader_kill() {
         let next_addr = cluster.nodes[&next_home].protocol.to_string();
         let deadline = Instant::now() + RECOVERY_MAX;
         let mut ends = BTreeMap::new();
-        while ends.len() < 2 {
+        while ends.len() < PARTITIONS as usize {
             assert!(
                 Instant::now() < deadline,
                 "the reader on node {home} did not end after it stopped leading: {ends:?}"
