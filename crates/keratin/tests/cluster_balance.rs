@@ -45,45 +45,29 @@ const WAIT_MAX: Duration = Duration::from_secs(60);
 /// `(queue, partition) -> (leader, preferred leader)`.
 type Leaders = BTreeMap<(String, usize), (u64, u64)>;
 
-/// Who leads each partition of each queue, and each one's preferred leader, as the running
-/// nodes say: `(queue, partition) -> (leader, preferred)`. A partition's leader is the one
-/// running node whose own document says it leads it; `None` until every partition has exactly
-/// one and every running node answers.
+/// Who leads each partition of each queue, and each one's preferred leader:
+/// `(queue, partition) -> (leader, preferred)`. The leaders as the running nodes agree
+/// ([`Cluster::leaders`]), the preferred leaders as the first running node lists them; `None`
+/// until both are known for every partition.
 fn leaders(cluster: &Cluster) -> Option<Leaders> {
-    let mut leading: BTreeMap<(String, usize), Vec<u64>> = BTreeMap::new();
-    let mut preferred: BTreeMap<(String, usize), u64> = BTreeMap::new();
-    for (&id, node) in &cluster.nodes {
-        if node.server.is_none() {
-            continue;
+    let first = cluster
+        .nodes
+        .iter()
+        .find(|(_, node)| node.server.is_some())
+        .map(|(id, _)| *id)?;
+    let mut out = Leaders::new();
+    for queue in QUEUES {
+        let leaders = cluster.leaders(queue)?;
+        let partitions = cluster.partitions_seen_by(first, queue)?;
+        if leaders.len() != PARTITIONS || partitions.len() != PARTITIONS {
+            return None;
         }
-        let document = cluster.cluster_document(id)?;
-        for queue in document["queues"].as_array()? {
-            let name = queue["name"].as_str()?.to_string();
-            if !QUEUES.contains(&name.as_str()) {
-                continue;
-            }
-            for (index, partition) in queue["partitions"].as_array()?.iter().enumerate() {
-                let key = (name.clone(), index);
-                preferred.insert(key.clone(), partition["preferred_leader"].as_u64()?);
-                let entry = leading.entry(key).or_default();
-                if partition["leading"] == Value::Bool(true) {
-                    entry.push(id);
-                }
-            }
+        for (index, (leader, partition)) in leaders.iter().zip(&partitions).enumerate() {
+            let preferred = partition["preferred_leader"].as_u64()?;
+            out.insert((queue.to_string(), index), (*leader, preferred));
         }
     }
-    if preferred.len() != QUEUES.len() * PARTITIONS {
-        return None;
-    }
-    preferred
-        .into_iter()
-        .map(
-            |(key, preferred)| match leading.get(&key).map(Vec::as_slice) {
-                Some([leader]) => Some((key, (*leader, preferred))),
-                _ => None,
-            },
-        )
-        .collect()
+    Some(out)
 }
 
 /// Waits up to `within` until `done` holds of the leaders; how long it took, or a panic with

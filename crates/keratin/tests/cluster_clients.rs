@@ -109,26 +109,12 @@ impl Cluster {
         Some(partitions.iter().map(|p| p["leader"].as_u64()).collect())
     }
 
-    /// Waits until every running node names `expected` as the leaders of `queue`'s partitions.
-    fn wait_leaders(&self, queue: &str, expected: &[u64]) {
-        let want: Vec<Option<u64>> = expected.iter().copied().map(Some).collect();
-        let deadline = Instant::now() + SETTLE_MAX;
-        loop {
-            let views: Vec<(u64, Option<Vec<Option<u64>>>)> = self
-                .nodes
-                .iter()
-                .filter(|(_, node)| node.server.is_some())
-                .map(|(id, _)| (*id, self.leaders_seen_by(*id, queue)))
-                .collect();
-            if views.iter().all(|(_, seen)| seen.as_ref() == Some(&want)) {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the leaders of {queue} did not settle on {expected:?}: {views:?}"
-            );
-            std::thread::sleep(Duration::from_millis(300));
-        }
+    /// Waits until `queue`'s partitions are led by `expected` (by partition), as the running
+    /// nodes that hold a copy agree, within [`SETTLE_MAX`].
+    fn wait_spread_on(&self, queue: &str, expected: &[u64]) {
+        self.wait_leaders(queue, "the expected leaders", SETTLE_MAX, |now| {
+            now == expected
+        });
     }
 
     /// Whether every running node names `expected` as the leaders of `queue`'s partitions.
@@ -159,7 +145,7 @@ impl Cluster {
             ],
             SETTLE_MAX,
         );
-        self.wait_leaders(queue, leaders);
+        self.wait_spread_on(queue, leaders);
     }
 }
 
@@ -311,10 +297,10 @@ fn publishers_and_consumers_reach_every_partition_from_any_node() {
         }
     }
     eprintln!("z's leaders spread after {spread_at:?}");
-    cluster.wait_leaders("z", &[1, 2, 3]);
+    cluster.wait_spread_on("z", &[1, 2, 3]);
     keyless_publishes_reach_every_leader(&cluster, published);
     published += KEYLESS_COUNT;
-    cluster.wait_leaders("rq", &[1, 2]);
+    cluster.wait_spread_on("rq", &[1, 2]);
     purge_and_delete_through_any_node(&cluster);
 
     // One routing key through node 3, which leads none of rq's partitions, started just
@@ -474,7 +460,7 @@ const PURGE_MAX: Duration = Duration::from_secs(5);
 /// three), the admin API purges `rq` through node 3 (leading none of its two) and answers how
 /// many messages went, and the CLI deletes `pq` through node 3. Leaves `rq` empty.
 fn purge_and_delete_through_any_node(cluster: &Cluster) {
-    cluster.wait_leaders("pq", &[1, 2, 3]);
+    cluster.wait_spread_on("pq", &[1, 2, 3]);
     let (ok, summary, stderr) = cluster.cli_json(1, &["publish", "pq", "--count", "3000"]);
     assert!(ok && summary["confirmed"] == 3000, "{summary} {stderr}");
     let ready = |id: u64, queue: &str| -> Option<Vec<u64>> {
