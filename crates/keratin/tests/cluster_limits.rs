@@ -873,20 +873,26 @@ fn a_node_short_of_memory_limits_only_its_partitions() {
     });
 }
 
-/// Bytes of `queue`'s first partition on node `id`'s disk (0 where it holds no replica).
-fn disk_bytes_on(cluster: &Cluster, id: u64, queue: &str) -> Option<u64> {
+/// Bytes of each partition of `queue` on node `id`'s disk, by partition (0 where it holds no
+/// replica).
+fn disk_bytes_on(cluster: &Cluster, id: u64, queue: &str) -> Option<Vec<u64>> {
     let http = cluster.nodes[&id].http;
     let text =
         std::panic::catch_unwind(|| support::http_get(http, &format!("/api/v1/queues/{queue}")))
             .ok()?;
     let document: serde_json::Value = serde_json::from_str(&text[text.find('{')?..]).ok()?;
-    document["partitions"][0]["disk_bytes"].as_u64()
+    document["partitions"]
+        .as_array()?
+        .iter()
+        .map(|p| p["disk_bytes"].as_u64())
+        .collect()
 }
 
-/// A replica moves off the small node under load: queue A, pinned to nodes 1 and 3 (led by
-/// node 1), confirms publishes all along while `keratin queue move a --partition 0 --from 3
-/// --to 2 --wait 60` runs (node 2 joins as a learner, catches up, takes node 3's place; node
-/// 3's copy retires and its files go). Publishes keep confirming during the move, and every
+/// Replicas move off the small node under load: queue A, 3 partitions pinned to nodes 1 and 3
+/// (led by nodes 1, 3, 1), confirms publishes all along while `keratin queue move a
+/// --partition P --from 3 --to 2 --wait 60` runs for each partition in turn (node 2 joins as a
+/// learner, catches up, takes node 3's place; node 3's copy retires and its files go), node 3's
+/// leadership of partition 1 included. Publishes keep confirming during every move, and every
 /// confirmed message is delivered afterwards.
 #[test]
 fn a_replica_moves_off_the_small_node_under_load_and_nothing_is_lost() {
@@ -899,7 +905,8 @@ fn a_replica_moves_off_the_small_node_under_load_and_nothing_is_lost() {
         let node1 = cluster.nodes[&1].protocol;
         let admin = connect(node1, Duration::from_secs(10)).await;
         let queue = "a".to_string();
-        declare_pinned(&cluster, &admin, &queue, &[1, 3], 1).await;
+        let leaders = declare_pinned(&cluster, &admin, &queue, &[1, 3], PARTITIONS).await;
+        eprintln!("queue {queue}, led by nodes {leaders:?} (by partition)");
 
         let ledger = Arc::new(Mutex::new(ALedger::default()));
         let stop = Arc::new(AtomicBool::new(false));
@@ -910,53 +917,70 @@ fn a_replica_moves_off_the_small_node_under_load_and_nothing_is_lost() {
             stop.clone(),
         ));
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let on_3 = disk_bytes_on(&cluster, 3, &queue).unwrap_or(0);
-        assert!(on_3 > 0, "node 3 holds A's replica before the move");
-
-        let confirmed_before = ledger.lock().expect("lock").confirmed.len();
-        let started = Instant::now();
-        let (ok, out) = tokio::task::block_in_place(|| {
-            cluster.cli(
-                1,
-                &[
-                    "queue",
-                    "move",
-                    &queue,
-                    "--partition",
-                    "0",
-                    "--from",
-                    "3",
-                    "--to",
-                    "2",
-                    "--wait",
-                    "60",
-                ],
-            )
-        });
-        let took = started.elapsed();
-        eprintln!("{out}");
-        assert!(ok, "queue move: {out}");
-        assert!(out.contains("node 2 holds the replica"), "{out}");
-        let confirmed_during = ledger.lock().expect("lock").confirmed.len() - confirmed_before;
+        let on_3 = disk_bytes_on(&cluster, 3, &queue).unwrap_or_default();
         assert!(
-            confirmed_during > 0,
-            "publishes confirmed while the replica moved"
+            on_3.len() == PARTITIONS as usize && on_3.iter().all(|bytes| *bytes > 0),
+            "node 3 holds every partition's replica before the moves: {on_3:?}"
         );
+
+        let mut took = Vec::new();
+        let mut confirmed_during = Vec::new();
+        for partition in 0..PARTITIONS {
+            let confirmed_before = ledger.lock().expect("lock").confirmed.len();
+            let started = Instant::now();
+            let partition_text = partition.to_string();
+            let (ok, out) = tokio::task::block_in_place(|| {
+                cluster.cli(
+                    1,
+                    &[
+                        "queue",
+                        "move",
+                        &queue,
+                        "--partition",
+                        &partition_text,
+                        "--from",
+                        "3",
+                        "--to",
+                        "2",
+                        "--wait",
+                        "60",
+                    ],
+                )
+            });
+            took.push(started.elapsed());
+            eprintln!("{out}");
+            assert!(ok, "queue move of partition {partition}: {out}");
+            assert!(out.contains("node 2 holds the replica"), "{out}");
+            let during = ledger.lock().expect("lock").confirmed.len() - confirmed_before;
+            assert!(
+                during > 0,
+                "publishes confirmed while partition {partition}'s replica moved"
+            );
+            confirmed_during.push(during);
+        }
         tokio::time::sleep(Duration::from_secs(1)).await;
         stop.store(true, Ordering::Relaxed);
         publisher.await.expect("publisher");
 
-        // The replicas are 1 and 2 now, and node 3's copy is gone.
-        let replicas: Vec<u64> = partition_on(&cluster, 1, &queue, 0).expect("node 1's view")
-            ["replicas"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(serde_json::Value::as_u64)
-            .collect();
-        assert_eq!(replicas, vec![1, 2], "node 2 in node 3's place");
+        // Every partition's replicas are 1 and 2 now, and node 3's copies are gone.
+        for partition in 0..PARTITIONS as usize {
+            let mut replicas: Vec<u64> = partition_on(&cluster, 1, &queue, partition)
+                .expect("node 1's view")["replicas"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(serde_json::Value::as_u64)
+                .collect();
+            replicas.sort_unstable();
+            assert_eq!(
+                replicas,
+                vec![1, 2],
+                "partition {partition}: node 2 in node 3's place"
+            );
+        }
         let deadline = Instant::now() + PHASE_MAX;
-        while disk_bytes_on(&cluster, 3, &queue) != Some(0) {
+        let gone = |bytes: Option<Vec<u64>>| bytes.is_some_and(|b| b.iter().all(|n| *n == 0));
+        while !gone(disk_bytes_on(&cluster, 3, &queue)) {
             assert!(
                 Instant::now() < deadline,
                 "node 3 still holds {:?} bytes of A",
@@ -981,9 +1005,9 @@ fn a_replica_moves_off_the_small_node_under_load_and_nothing_is_lost() {
         assert_no_log_stopped(&cluster);
         let failed = ledger.lock().expect("lock").limited;
         eprintln!(
-            "move off node 3 under load: {:.1} s; {confirmed_during} confirmed during it, {} in \
-             all, all delivered; {failed} publishes failed (retried by nobody: not confirmed)",
-            took.as_secs_f64(),
+            "moves off node 3 under load, by partition: {took:?}; {confirmed_during:?} confirmed \
+             during them, {} in all, all delivered; {failed} publishes failed (retried by \
+             nobody: not confirmed)",
             confirmed.len()
         );
     });
