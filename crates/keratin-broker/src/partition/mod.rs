@@ -8,6 +8,7 @@
 
 pub mod dead_letter;
 pub(crate) mod delivery_state;
+pub(crate) mod driver;
 pub mod local_log;
 pub mod log;
 #[cfg(test)]
