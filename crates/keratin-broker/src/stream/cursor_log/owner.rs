@@ -278,7 +278,10 @@ impl Owner {
         };
         let sequence = proposal.sequence;
         if let Err(error) = self.log.clone().propose(proposal).await {
-            // Refused: nothing was written.
+            // Refused: nothing was written; a stopped log's refusal stops the owner too.
+            if is_storage_failure(&error) {
+                self.stop(error.clone());
+            }
             self.driver.resolve(sequence, Err(error));
             self.release().await;
         }
