@@ -172,6 +172,11 @@ impl<T> LogDriver<T> {
         self.pending.get_mut(index)
     }
 
+    /// How many proposals are pending.
+    pub(crate) fn pending_count(&self) -> usize {
+        self.pending.len()
+    }
+
     /// Whether nothing is pending.
     pub(crate) fn is_idle(&self) -> bool {
         self.pending.is_empty()
@@ -292,9 +297,22 @@ impl<T> LogDriver<T> {
         }
     }
 
+    /// Whether a heal runs.
+    pub(crate) fn is_healing(&self) -> bool {
+        matches!(self.phase, Phase::Healing { .. })
+    }
+
     /// Whether a heal is due at `now`.
     pub(crate) fn heal_due(&self, now: Instant) -> bool {
         self.heal_at().is_some_and(|at| at <= now)
+    }
+
+    /// A heal may not run yet (the disk has no room for what follows it): due again
+    /// [`HEAL_RETRY`] after `now`.
+    pub(crate) fn heal_later(&mut self, now: Instant) {
+        if let Phase::Stopped { heal_at, .. } = &mut self.phase {
+            *heal_at = now + HEAL_RETRY;
+        }
     }
 
     /// A heal starts (the owner runs it). Nothing happens unless stopped.
@@ -444,7 +462,7 @@ mod tests {
             "b's fate is known"
         );
         assert_eq!(driver.grace_at(), None, "once");
-        assert!(driver.get_mut(a).is_some(), "still the log's to report");
+        assert_eq!(driver.pending_count(), 2, "still the log's to report");
     }
 
     #[tokio::test(start_paused = true)]
@@ -478,7 +496,7 @@ mod tests {
         assert!(!driver.stop(storage(), start), "counted once");
         assert!(driver.heal_due(start), "the first heal is due at once");
         driver.heal_started();
-        assert!(matches!(driver.phase, Phase::Healing { .. }));
+        assert!(driver.is_healing());
         assert!(driver.stopped().is_some(), "refused while healing");
         assert!(!driver.heal_due(start));
         driver.heal_done(Err(()), start);
@@ -486,6 +504,9 @@ mod tests {
         assert_eq!(driver.heal_at(), Some(start + HEAL_RETRY));
         tokio::time::advance(HEAL_RETRY).await;
         assert!(driver.heal_due(Instant::now()));
+        driver.heal_later(Instant::now());
+        assert!(!driver.heal_due(Instant::now()), "the disk said not yet");
+        tokio::time::advance(HEAL_RETRY).await;
         driver.heal_started();
         driver.heal_done(Ok(()), Instant::now());
         assert!(matches!(driver.phase, Phase::Running));
