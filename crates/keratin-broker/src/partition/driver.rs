@@ -166,10 +166,25 @@ impl<T> LogDriver<T> {
         self.pending.drain(..)
     }
 
+    /// The pending proposals, oldest first, for the owner's part of them.
+    pub(crate) fn pending_mut(&mut self) -> impl Iterator<Item = &mut Pending<T>> {
+        self.pending.iter_mut()
+    }
+
     /// The pending proposal `sequence`, if it is.
     pub(crate) fn get_mut(&mut self, sequence: u64) -> Option<&mut Pending<T>> {
         let index = self.index_of(sequence)?;
         self.pending.get_mut(index)
+    }
+
+    /// The oldest pending proposal.
+    pub(crate) fn oldest(&self) -> Option<&Pending<T>> {
+        self.pending.front()
+    }
+
+    /// The sequence number the next proposal gets.
+    pub(crate) fn next_sequence(&self) -> u64 {
+        self.next_sequence
     }
 
     /// How many proposals are pending.
@@ -238,6 +253,12 @@ impl<T> LogDriver<T> {
     /// One past the last offset the log reported committed.
     pub(crate) fn committed_up_to(&self) -> u64 {
         self.committed_up_to
+    }
+
+    /// Sets what is committed after the log was replaced by an empty one (a reset: it may go
+    /// down).
+    pub(crate) fn reset_committed(&mut self, up_to: u64) {
+        self.committed_up_to = up_to;
     }
 
     /// Where records committed elsewhere may be applied up to now: the committed end while
