@@ -363,6 +363,15 @@ impl<T> LogDriver<T> {
     }
 }
 
+/// Sleeps until `at`, or for ever without one: an owner's `select!` arm for the driver's next
+/// instant (the grace's end, a heal's retry) or its own.
+pub(crate) async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     //! The driver alone, with tokio's paused time: fails if outcomes were released out of

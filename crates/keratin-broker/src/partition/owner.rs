@@ -2,7 +2,9 @@
 //! commands into log records, applies records to the [`PartitionState`] once the log reports them
 //! durable (in offset order), and holds the leader-only delivery bookkeeping
 //! ([`DeliveryState`]: which messages are inflight to which consumer, which were returned, where
-//! the delivery cursor is). The records themselves come from the pure `prepare` step.
+//! the delivery cursor is). The records themselves come from the pure `prepare` step; the
+//! order of its appends' outcomes, the role and its step-down grace, what may be followed and
+//! the stop/heal phase are its [`LogDriver`]'s.
 //!
 //! The owner never waits for the disk on the async worker it runs on: appends wait for room in
 //! the log's queue asynchronously (`append`), and every call that reads or syncs files (payload
@@ -48,7 +50,7 @@ use crate::error::{BrokerError, BrokerResult};
 use crate::gate::{GateDecision, PublishGate};
 use crate::partition::dead_letter::{DeadLetterSink, DeathReason, Dying, HeldCount};
 use crate::partition::delivery_state::{DeliveryState, Inflight, Prefetched};
-use crate::partition::driver::{LogDriver, Pending, HEAL_RETRY};
+use crate::partition::driver::{sleep_until, LogDriver, Pending, HEAL_RETRY};
 use crate::partition::log::{BoxReader, LogEvent, LogEvents, PartitionLog, Proposal, Role};
 use crate::partition::prepare::{self, LimitVerdict, CONTROL_ENTRIES_MAX};
 use crate::partition::state::{Applied, PartitionState};
@@ -757,12 +759,5 @@ impl Owner {
         if f.full.load(Ordering::Relaxed) != 0 && self.has_room() {
             f.full.store(0, Ordering::Relaxed);
         }
-    }
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }

@@ -1,7 +1,9 @@
 //! The owner task of one stream partition on a single node: the only code that appends to its
 //! payload log (`docs/streams.md`). It asks the publish gate, skips an idempotent producer's
 //! duplicates, writes a checkpoint when one is due, applies what the log commits to the
-//! [`StreamPartitionState`], runs retention, and stops and heals the log after a write error.
+//! [`StreamPartitionState`], runs retention, and stops and heals the log after a write error
+//! (the proposals' order, the role, following and the stop/heal phase are its
+//! [`LogDriver`]'s).
 //! Readers do not go through it: [`StreamPartition::read`] reads committed records on the
 //! blocking pool, so reading is never held up by appends, by the gate or by a stopped log.
 //!

@@ -255,14 +255,9 @@ impl Owner {
     /// [`BrokerError::TimedOut`].
     pub(super) fn expire_publishes(&mut self) {
         let now = Instant::now();
-        let why = self.driver.role().leadership_now();
+        let lost = (self.driver.role()).leadership_lost(&self.ctx.queue, self.ctx.index);
         for sequence in self.driver.grace_expired(now) {
-            let error = BrokerError::LeadershipLost {
-                queue: self.ctx.queue.clone(),
-                partition: self.ctx.index,
-                why: why.clone(),
-            };
-            if self.answer_unknown(sequence, error) {
+            if self.answer_unknown(sequence, lost.clone()) {
                 tracing::info!(queue = %self.ctx.queue, partition = self.ctx.index, "a publish in flight when this node stopped leading is answered as unknown");
             }
         }

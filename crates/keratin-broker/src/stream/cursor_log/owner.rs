@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use super::{Request, Shared, CURSOR_LOG_PARTITION};
 use crate::error::{BrokerError, BrokerResult};
-use crate::partition::driver::LogDriver;
+use crate::partition::driver::{sleep_until, LogDriver};
 use crate::partition::log::{is_storage_failure, read_committed, LogEvent, PartitionLog, Proposal};
 use crate::record::NOOP;
 use crate::stream::cursors::{should_compact, CursorRecord, CursorTable};
@@ -353,18 +353,11 @@ impl Owner {
     /// The step-down grace ended: the proposal whose fate the log did not tell is answered as
     /// unknown (it stays the log's: applied if committed after all).
     fn grace_over(&mut self) {
-        let why = self.driver.role().leadership_now();
+        let lost = (self.driver.role()).leadership_lost(&self.stream, CURSOR_LOG_PARTITION);
         for sequence in self.driver.grace_expired(Instant::now()) {
-            let reply = self
-                .driver
-                .get_mut(sequence)
-                .and_then(|pending| pending.item.reply.take());
-            if let Some(reply) = reply {
-                reply.failed(BrokerError::LeadershipLost {
-                    queue: self.stream.clone(),
-                    partition: CURSOR_LOG_PARTITION,
-                    why: why.clone(),
-                });
+            let pending = self.driver.get_mut(sequence);
+            if let Some(reply) = pending.and_then(|p| p.item.reply.take()) {
+                reply.failed(lost.clone());
             }
         }
     }
@@ -550,12 +543,5 @@ impl Owner {
         let snapshot = self.table().snapshot();
         self.propose(vec![snapshot], Reply::Compaction, self.now_ms)
             .await;
-    }
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }

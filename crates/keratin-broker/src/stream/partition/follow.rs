@@ -82,18 +82,11 @@ impl Owner {
     /// The grace after stepping down may have ended: appends whose fate is still unknown are
     /// answered so (their proposals stay in the log's hands, and are applied if committed).
     pub(super) fn step_down_grace(&mut self) {
-        let why = self.driver.role().leadership_now();
+        let lost = (self.driver.role()).leadership_lost(&self.config.stream, self.config.index);
         for sequence in self.driver.grace_expired(tokio::time::Instant::now()) {
-            let reply = self
-                .driver
-                .get_mut(sequence)
-                .and_then(|pending| pending.item.reply.take());
-            if let Some(reply) = reply {
-                let _ = reply.send(Err(BrokerError::LeadershipLost {
-                    queue: self.config.stream.clone(),
-                    partition: self.config.index,
-                    why: why.clone(),
-                }));
+            let pending = self.driver.get_mut(sequence);
+            if let Some(reply) = pending.and_then(|p| p.item.reply.take()) {
+                let _ = reply.send(Err(lost.clone()));
             }
         }
     }
