@@ -20,6 +20,9 @@
 //!   dead-letter queue's leader may be another node: a cluster node's sink is
 //!   `keratin-cluster`'s), the messages held until their copies are confirmed, and the copies'
 //!   idempotent producer mark; the broker's `LocalDeadLetters` publishes through this node.
+//! - `partition::driver`: `LogDriver`, what every owner of a partition log keeps about driving
+//!   it, once: proposals in sequence order (outcomes released in order), the role and the
+//!   step-down grace, the follow limit, and the stop/heal phase with its retry (pure).
 //! - `partition::delivery_state`: what only a leader has: consumers, inflight, returned
 //!   messages, the delivery cursor and read-ahead (volatile).
 //! - `partition::owner`: the task that owns a partition: commands to records, records to state;
@@ -33,7 +36,8 @@
 //! - `gate`: [`PublishGate`], the resource limits as partitions see them.
 //! - `range_set`: [`RangeSet`], compact sets of offsets.
 //! - `stream`: streams (`docs/streams.md`): payload and cursor log records, retention and the
-//!   cursor table (pure; the stream owner is not built yet).
+//!   cursor table (pure), the stream partition owner and the cursor log's owner (both drive
+//!   their logs through `partition::driver`).
 #![deny(missing_docs)]
 
 mod broker;

@@ -139,6 +139,16 @@ impl Role {
         }
     }
 
+    /// The answer to a proposal whose fate the step-down left unknown (it may be committed
+    /// yet: an idempotent producer's retry is stored once).
+    pub fn leadership_lost(&self, queue: &str, partition: u32) -> BrokerError {
+        BrokerError::LeadershipLost {
+            queue: queue.to_string(),
+            partition,
+            why: self.leadership_now(),
+        }
+    }
+
     /// The refusal of a request this node cannot serve because another node leads.
     pub fn not_leader(&self, queue: &str, partition: u32) -> BrokerError {
         BrokerError::NotLeader {

@@ -2,7 +2,9 @@
 //! commands into log records, applies records to the [`PartitionState`] once the log reports them
 //! durable (in offset order), and holds the leader-only delivery bookkeeping
 //! ([`DeliveryState`]: which messages are inflight to which consumer, which were returned, where
-//! the delivery cursor is). The records themselves come from the pure `prepare` step.
+//! the delivery cursor is). The records themselves come from the pure `prepare` step; the
+//! order of its appends' outcomes, the role and its step-down grace, what may be followed and
+//! the stop/heal phase are its [`LogDriver`]'s.
 //!
 //! The owner never waits for the disk on the async worker it runs on: appends wait for room in
 //! the log's queue asynchronously (`append`), and every call that reads or syncs files (payload
@@ -48,6 +50,7 @@ use crate::error::{BrokerError, BrokerResult};
 use crate::gate::{GateDecision, PublishGate};
 use crate::partition::dead_letter::{DeadLetterSink, DeathReason, Dying, HeldCount};
 use crate::partition::delivery_state::{DeliveryState, Inflight, Prefetched};
+use crate::partition::driver::{sleep_until, LogDriver, Pending, HEAL_RETRY};
 use crate::partition::log::{BoxReader, LogEvent, LogEvents, PartitionLog, Proposal, Role};
 use crate::partition::prepare::{self, LimitVerdict, CONTROL_ENTRIES_MAX};
 use crate::partition::state::{Applied, PartitionState};
@@ -143,32 +146,22 @@ enum Done {
     Internal,
 }
 
-/// When a pending publish is answered if its outcome has not come by then.
+/// When a pending publish is answered [`BrokerError::TimedOut`] if its outcome has not come
+/// by then.
 #[derive(Debug, Clone, Copy)]
 struct PublishDeadline {
     at: Instant,
     /// The append's sequence number.
     sequence: u64,
-    /// Shortened because this node stopped leading: answered as
-    /// [`BrokerError::LeadershipLost`], else as [`BrokerError::TimedOut`].
-    leadership_lost: bool,
 }
 
-struct PendingAppend {
-    sequence: u64,
+/// The owner's part of an append in the log (its order and outcome are the driver's: durable
+/// at offsets; a storage failure after it was queued, `BrokerError::Log`, may be durable or
+/// not; any other error means it never reached the log, or was withdrawn after its publish
+/// timed out).
+struct Appending {
     records: Vec<PartitionRecord>,
-    result: Option<AppendOutcome>,
     done: Done,
-}
-
-/// How an append ended, known out of order and acted on in order.
-enum AppendOutcome {
-    /// Durable at these offsets.
-    Durable(Range<u64>),
-    /// Queued in the log, which then failed: it may be durable or not.
-    Failed(LogError),
-    /// Never reached the log (refused by it, or withdrawn after its publish timed out).
-    Refused(BrokerError),
 }
 
 /// What the owner knows of its queue.
@@ -204,13 +197,11 @@ struct Owner {
     state: PartitionState,
     commands: mpsc::UnboundedSender<Command>,
     figures: Arc<PartitionFigures>,
-    pending: VecDeque<PendingAppend>,
-    next_sequence: u64,
-    stopped: Option<LogError>,
+    /// The appends in the log, the role (a local log: this node leads, always), what is
+    /// committed, and the stop/heal phase.
+    driver: LogDriver<Appending>,
     /// What only a leader has: consumers, inflight, the cursor, read-ahead.
     delivery: DeliveryState,
-    /// Who leads the partition (a local log: this node, always).
-    role: Role,
     reclaim_busy: bool,
     reclaim_due: bool,
     /// Publishes held back by slowing, in arrival order, each with when it may be written.
@@ -254,15 +245,11 @@ struct Owner {
     backlog: VecDeque<Proposal>,
     /// The append being handed to the log (waiting for room in its queue).
     appending: Option<Submission>,
-    /// When each pending publish is answered unless its outcome came first, in sequence order
-    /// (and in time order): its publish timeout, or, once this node stopped leading, the
-    /// step-down grace (`role.rs`).
+    /// When each pending publish times out unless its outcome came first, in sequence order
+    /// (and in time order; the step-down grace is the driver's).
     deadlines: VecDeque<PublishDeadline>,
     /// When the last append was made (the idle hand-back counts from it).
     last_append: Instant,
-    /// The log reported every record below this committed (only a replicated log reports
-    /// records this owner did not propose, see `follow.rs`).
-    committed_up_to: u64,
     /// A read of records committed by another node is out.
     following: bool,
     /// A hand-back is in the log's queue.
@@ -271,8 +258,6 @@ struct Owner {
     handed_back: bool,
     /// The blocking job that holds the log (heal, reset, state check), at most one.
     log_job: Option<tokio::task::JoinHandle<()>>,
-    /// After a failed heal, the next one starts no sooner than this.
-    heal_retry_at: Option<Instant>,
     /// Purges waiting for `log_job` to end.
     deferred_purges: Vec<oneshot::Sender<BrokerResult<u64>>>,
     /// State checks asked for, answered at the end of the round (see `run_checks`).
@@ -309,10 +294,6 @@ const STATE_CHECK_RECORDS_MAX: u64 = 1024;
 /// `STATE_CHECK_RECORDS_MAX` records in the log.
 const STATE_CHECK_INTERVAL: u64 = 64;
 
-/// A stopped log is offered a heal this often (when the gate says its file system is back
-/// above reserve).
-const HEAL_INTERVAL: Duration = Duration::from_millis(500);
-
 /// Start the owner task of a partition whose log was opened and whose state was rebuilt.
 pub(crate) fn spawn(
     ctx: OwnerContext,
@@ -334,11 +315,8 @@ pub(crate) fn spawn(
         state,
         commands: commands.clone(),
         figures: figures.clone(),
-        pending: VecDeque::new(),
-        next_sequence: 0,
-        stopped: None,
+        driver: LogDriver::new(0),
         delivery: DeliveryState::default(),
-        role: Role::alone(),
         reclaim_busy: false,
         reclaim_due: true,
         delayed: VecDeque::new(),
@@ -366,12 +344,10 @@ pub(crate) fn spawn(
         appending: None,
         deadlines: VecDeque::new(),
         last_append: Instant::now(),
-        committed_up_to: 0,
         following: false,
         handing_back: false,
         handed_back: false,
         log_job: None,
-        heal_retry_at: None,
         deferred_purges: Vec::new(),
         check_requests: Vec::new(),
         delivery_lease_retry_at: None,
@@ -479,17 +455,16 @@ impl Owner {
 
     /// When the loop must wake without a command: the first delayed publish, the next
     /// dead-lettering attempt after a failed one, the next heal attempt of a stopped log, the
-    /// first publish deadline, a delivery read retry, a look at a lapsed delivery lease, or the
-    /// idle hand-back.
+    /// first publish deadline or the end of the step-down grace, a delivery read retry, a look
+    /// at a lapsed delivery lease, or the idle hand-back.
     fn wake_at(&self) -> Option<Instant> {
         let delayed = self.delayed.front().map(|d| d.ready_at);
         // A stopped log waits for a failed heal's pause, else polls the gate.
         let now = Instant::now();
-        let heal = self.stopped.as_ref().map(|_| {
-            self.heal_retry_at
-                .filter(|at| *at > now)
-                .unwrap_or(now + HEAL_INTERVAL)
-        });
+        let heal = self
+            .driver
+            .heal_at()
+            .map(|at| if at > now { at } else { now + HEAL_RETRY });
         let deadline = self.deadlines.front().map(|d| d.at);
         // A trim owed with nothing else to wake the owner (a rebuilt partition over its limit,
         // `trim_due` at spawn) runs at once; `trim_to_limits` clears it either way.
@@ -501,6 +476,7 @@ impl Owner {
             dead_letter,
             heal,
             deadline,
+            self.driver.grace_at(),
             trim,
             self.delivery.read_retry_at,
             self.delivery_lease_retry_at,
@@ -515,6 +491,15 @@ impl Owner {
         self.log
             .as_ref()
             .ok_or_else(|| BrokerError::Closed(format!("queue {:?}", self.ctx.queue)))
+    }
+
+    /// Why the log stopped, while it is stopped (or healing): every stop of this owner is its
+    /// log's error, `BrokerError::Log`.
+    fn stop_error(&self) -> Option<LogError> {
+        self.driver.stopped().map(|error| match error {
+            BrokerError::Log(error) => error.clone(),
+            other => LogError::Invalid(other.to_string()),
+        })
     }
 
     fn unavailable(&self, source: LogError) -> BrokerError {
@@ -560,7 +545,7 @@ impl Owner {
             Command::Delete { reply } => return Some(Exit::Delete(reply)),
             Command::Replace { reply } => {
                 self.answer_moved();
-                let consumers = if self.role.leading {
+                let consumers = if self.driver.role().leading {
                     let reason = Role {
                         leading: false,
                         leader: None,
@@ -741,10 +726,9 @@ impl Owner {
     /// The log stopped with `error`: refuse appends until [`Owner::maybe_heal`] reopens it.
     /// Each stop is counted once, for attention items and metrics.
     fn stop(&mut self, error: LogError) {
-        if self.stopped.is_none() {
+        if self.driver.stop(BrokerError::Log(error), Instant::now()) {
             self.figures.stops.fetch_add(1, Ordering::Relaxed);
         }
-        self.stopped = Some(error);
     }
 
     fn publish_figures(&mut self) {
@@ -768,17 +752,12 @@ impl Owner {
             self.disk_bytes = disk_bytes;
             f.disk_bytes.store(disk_bytes, Ordering::Relaxed);
         }
-        f.stopped
-            .store(u64::from(self.stopped.is_some()), Ordering::Relaxed);
+        f.stopped.store(
+            u64::from(self.driver.stopped().is_some()),
+            Ordering::Relaxed,
+        );
         if f.full.load(Ordering::Relaxed) != 0 && self.has_room() {
             f.full.store(0, Ordering::Relaxed);
         }
-    }
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }

@@ -1,7 +1,9 @@
 //! The owner task of one stream partition on a single node: the only code that appends to its
 //! payload log (`docs/streams.md`). It asks the publish gate, skips an idempotent producer's
 //! duplicates, writes a checkpoint when one is due, applies what the log commits to the
-//! [`StreamPartitionState`], runs retention, and stops and heals the log after a write error.
+//! [`StreamPartitionState`], runs retention, and stops and heals the log after a write error
+//! (the proposals' order, the role, following and the stop/heal phase are its
+//! [`LogDriver`]'s).
 //! Readers do not go through it: [`StreamPartition::read`] reads committed records on the
 //! blocking pool, so reading is never held up by appends, by the gate or by a stopped log.
 //!
@@ -23,7 +25,8 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::error::{BrokerError, BrokerResult};
 use crate::gate::{GateDecision, PublishGate};
-use crate::partition::log::{LogEvent, LogEvents, PartitionLog, Proposal, Role};
+use crate::partition::driver::{LogDriver, Pending};
+use crate::partition::log::{is_storage_failure, LogEvent, LogEvents, PartitionLog, Proposal};
 use crate::partition::producers::Verdict;
 use crate::record::Message;
 use crate::stream::rebuild::rebuild;
@@ -34,8 +37,6 @@ use crate::stream::CHECKPOINT_INTERVAL_DIVISOR;
 
 mod follow;
 
-/// How often a stopped log is offered a heal (when the gate allows it).
-const HEAL_RETRY: Duration = Duration::from_millis(500);
 /// Most proposals handed to the log and not yet committed; more appends wait in the owner's
 /// queue (bounds the submitter's channel and what a stalled disk holds in memory).
 const PROPOSALS_IN_FLIGHT_MAX: usize = 64;
@@ -173,10 +174,9 @@ enum Command {
     Restarted {
         result: BrokerResult<(StreamPartitionState, Held)>,
     },
-    /// The grace after this node stopped leading (`leadership` counts role changes) ended.
-    StepDownGrace {
-        leadership: u64,
-    },
+    /// The grace after this node stopped leading may have ended (`LogDriver::grace_expired`
+    /// tells).
+    StepDownGrace,
     Close {
         reply: oneshot::Sender<BrokerResult<()>>,
         /// Delete this node's copy of the log instead of closing it (the stream is deleted).
@@ -246,17 +246,11 @@ impl StreamPartition {
             waiting: VecDeque::new(),
             slowed: false,
             head_delayed: false,
-            inflight: VecDeque::new(),
+            driver: LogDriver::new(0),
             inflight_marks: HashSet::new(),
-            next_sequence: 0,
-            stopped: None,
-            healing: false,
             retention_busy: false,
             closing: None,
             sealed: Arc::new(Mutex::new(BTreeMap::new())),
-            role: Role::alone(),
-            leadership: 0,
-            committed_up_to: 0,
             following: false,
             restarting: false,
         };
@@ -607,17 +601,14 @@ struct Waiting {
     reply: oneshot::Sender<BrokerResult<Vec<Appended>>>,
 }
 
-/// A proposal in flight.
+/// The owner's part of a proposal in flight (its order and outcome are the driver's).
 struct Inflight {
-    sequence: u64,
     records: Vec<(StreamRecord, Vec<u8>)>,
     timestamp_ms: u64,
     /// What each message of the append became: `None` for a record written, in order.
     outcome: Vec<Option<Appended>>,
+    /// Whom to answer; `None` once the step-down grace answered it as unknown.
     reply: Option<oneshot::Sender<BrokerResult<Vec<Appended>>>>,
-    /// Its offsets once the log committed it (commits may be reported out of order; they are
-    /// applied in proposal order).
-    committed: Option<Range<u64>>,
 }
 
 struct Owner {
@@ -647,14 +638,11 @@ struct Owner {
     /// The head of `waiting` was slowed once already: after its delay it goes unless the gate
     /// refuses it (slowing delays an append once, as it does a queue's publish).
     head_delayed: bool,
-    inflight: VecDeque<Inflight>,
+    /// The proposals in flight, the role, what is committed, stop and heal.
+    driver: LogDriver<Inflight>,
     /// Idempotent producers' marks proposed and not applied yet (so a retry racing its first
     /// attempt is a duplicate too).
     inflight_marks: HashSet<(u64, u64)>,
-    next_sequence: u64,
-    /// Why the log stopped, while it is stopped.
-    stopped: Option<BrokerError>,
-    healing: bool,
     retention_busy: bool,
     /// A close waiting for what is in flight.
     /// Where to answer the close, and whether the log is deleted rather than closed.
@@ -662,12 +650,6 @@ struct Owner {
     /// Facts of sealed segments (they never change), by base offset, so a retention pass
     /// reads only segments it has not seen.
     sealed: Arc<Mutex<BTreeMap<u64, Sealed>>>,
-    /// This node's role, as the log last reported it (a local log always leads).
-    role: Role,
-    /// Role changes seen (stale step-down timers are told by it).
-    leadership: u64,
-    /// One past the last offset the log reported committed by any node.
-    committed_up_to: u64,
     /// A read of records to follow is running.
     following: bool,
     /// A rebuild after the log restarted past the state is running.
@@ -690,11 +672,11 @@ impl Owner {
                     timestamp_ms,
                     reply,
                 } => {
-                    if !self.role.leading {
+                    if !self.driver.role().leading {
                         let _ = reply.send(Err(self.not_leader()));
                         continue;
                     }
-                    if let Some(stopped) = &self.stopped {
+                    if let Some(stopped) = self.driver.stopped() {
                         // Refused at once: the log heals in the background.
                         let _ = reply.send(Err(BrokerError::Unavailable {
                             queue: self.config.stream.clone(),
@@ -757,7 +739,7 @@ impl Owner {
                 Command::Healed { result } => self.healed(result),
                 Command::Followed { from, result } => self.followed(from, result),
                 Command::Restarted { result } => self.restarted(result),
-                Command::StepDownGrace { leadership } => self.step_down_grace(leadership),
+                Command::StepDownGrace => self.step_down_grace(),
                 Command::Close { reply, delete } => {
                     let stream = self.config.stream.clone();
                     self.fail_waiting(|| BrokerError::Closed(format!("stream {stream:?}")));
@@ -766,9 +748,9 @@ impl Owner {
             }
             // Closing waits for what is in flight: proposals, a retention pass, a heal.
             if self.closing.is_some()
-                && self.inflight.is_empty()
+                && self.driver.is_idle()
                 && !self.retention_busy
-                && !self.healing
+                && !self.driver.is_healing()
                 && !self.following
                 && !self.restarting
             {
@@ -798,13 +780,10 @@ impl Owner {
                 .saturating_sub(self.held.messages_below);
             figures.bytes = self.state.bytes().saturating_sub(self.held.bytes_below);
             figures.oldest_timestamp_ms = self.held.oldest_timestamp_ms;
-            figures.stopped = self.stopped.is_some();
-            figures.leading = self.role.leading;
-            figures.leader = if self.role.leading {
-                None
-            } else {
-                self.role.leader
-            };
+            let role = self.driver.role();
+            figures.stopped = self.driver.stopped().is_some();
+            figures.leading = role.leading;
+            figures.leader = if role.leading { None } else { role.leader };
         }
         self.end.send_if_modified(|end| {
             let next = self.state.next_offset();
@@ -846,11 +825,11 @@ impl Owner {
 
     /// Proposes what waits, in order, as far as the gate, a due checkpoint and the log allow.
     fn pump(&mut self) {
-        while !self.slowed && self.stopped.is_none() {
+        while !self.slowed && self.driver.stopped().is_none() {
             let Some(head) = self.waiting.front() else {
                 return;
             };
-            if self.inflight.len() >= PROPOSALS_IN_FLIGHT_MAX {
+            if self.driver.pending_count() >= PROPOSALS_IN_FLIGHT_MAX {
                 return; // the next commit pumps again
             }
             if !self.caught_up() {
@@ -858,7 +837,7 @@ impl Owner {
             }
             let interval = self.config.segment_bytes / CHECKPOINT_INTERVAL_DIVISOR;
             let checkpoint_due = self.state.checkpoint_due(interval);
-            if checkpoint_due && !self.inflight.is_empty() {
+            if checkpoint_due && !self.driver.is_idle() {
                 return; // the checkpoint waits for the state to catch up
             }
             let bytes: u64 = head.messages.iter().map(|m| m.body.len() as u64).sum();
@@ -898,7 +877,7 @@ impl Owner {
         let mut records = Vec::new();
         if checkpoint {
             debug_assert!(
-                self.inflight.is_empty(),
+                self.driver.is_idle(),
                 "a checkpoint follows applied records"
             );
             records.push(StreamRecord::Checkpoint(self.state.checkpoint()));
@@ -953,22 +932,21 @@ impl Owner {
             return;
         }
         self.inflight_marks.extend(marks);
-        let sequence = self.next_sequence;
-        self.next_sequence += 1;
-        let proposal = Proposal {
-            sequence,
-            types: encoded.iter().map(|(r, _)| r.record_type()).collect(),
-            payloads: encoded.iter().map(|(_, p)| p.clone()).collect(),
-            timestamp_ms: append.timestamp_ms,
-        };
-        self.inflight.push_back(Inflight {
-            sequence,
+        let types = encoded.iter().map(|(r, _)| r.record_type()).collect();
+        let payloads = encoded.iter().map(|(_, p)| p.clone()).collect();
+        let inflight = Inflight {
             records: encoded,
             timestamp_ms: append.timestamp_ms,
             outcome,
             reply: Some(append.reply),
-            committed: None,
-        });
+        };
+        let sequence = self.driver.propose(inflight, tokio::time::Instant::now());
+        let proposal = Proposal {
+            sequence,
+            types,
+            payloads,
+            timestamp_ms: append.timestamp_ms,
+        };
         if let Err(error) = self.submit.try_send(proposal) {
             // Bounded by PROPOSALS_IN_FLIGHT_MAX, and the submitter lives as long as the
             // owner: neither full nor closed.
@@ -988,7 +966,7 @@ impl Owner {
             },
             LogEvent::Role(role) => self.role_changed(role),
             LogEvent::Committed { up_to } => {
-                self.committed_up_to = self.committed_up_to.max(up_to);
+                self.driver.committed(up_to);
                 self.maybe_follow();
             }
             LogEvent::Stopped { error } => self.stop(BrokerError::Log(error)),
@@ -996,32 +974,35 @@ impl Owner {
     }
 
     /// The log committed proposal `sequence` at `range`: it and every committed proposal
-    /// after it are applied once all before them are (the log's reports may arrive out of
-    /// order; its offsets follow proposal order).
+    /// after it are applied once all before them are (the driver releases them in proposal
+    /// order; the log's reports may arrive out of order).
     fn committed(&mut self, sequence: u64, range: Range<u64>) {
-        let Some(inflight) = self.inflight.iter_mut().find(|i| i.sequence == sequence) else {
-            return; // failed already (the log stopped): the heal's rebuild has it
-        };
-        inflight.committed = Some(range);
-        self.apply_ready();
+        if self.driver.resolve(sequence, Ok(range)) {
+            self.apply_ready();
+        }
+        // Otherwise it failed already (the log stopped): the heal's rebuild has it.
     }
 
-    /// Applies the committed proposals at the head of the queue, in order. One that lands past
-    /// the state's end waits for the records before it (another leader's, or a replicated
-    /// log's own entries) to be followed first.
+    /// Acts on the proposals the driver releases, in order: a commit is applied and answered,
+    /// a refusal answered. One that lands past the state's end waits for the records before it
+    /// (another leader's, or a replicated log's own entries) to be followed first.
     fn apply_ready(&mut self) {
-        while let Some(range) = self.inflight.front().and_then(|i| i.committed.clone()) {
-            if range.start > self.state.next_offset() {
-                self.maybe_follow();
-                break;
-            }
-            assert_eq!(
-                range.start,
-                self.state.next_offset(),
-                "a log commits proposals past every record applied, in proposal order"
-            );
-            if !self.apply_committed(range) {
-                return;
+        while let Some(Pending { item, outcome, .. }) =
+            self.driver.next_released(self.state.next_offset())
+        {
+            match outcome {
+                Some(Ok(range)) => {
+                    assert_eq!(
+                        range.start,
+                        self.state.next_offset(),
+                        "a log commits proposals past every record applied, in proposal order"
+                    );
+                    if !self.apply_committed(item, range) {
+                        return;
+                    }
+                }
+                Some(Err(error)) => self.refused(item, error),
+                None => {}
             }
         }
         self.publish_figures();
@@ -1047,9 +1028,9 @@ impl Owner {
         self.retention(self.state.newest_timestamp_ms(), reply);
     }
 
-    /// Applies the head proposal at `range` and answers it; false when the partition stopped.
-    fn apply_committed(&mut self, range: Range<u64>) -> bool {
-        let mut done = self.inflight.pop_front().expect("the head");
+    /// Applies the released proposal at `range` and answers it; false when the partition
+    /// stopped.
+    fn apply_committed(&mut self, mut done: Inflight, range: Range<u64>) -> bool {
         assert_eq!(
             range.end - range.start,
             done.records.len() as u64,
@@ -1100,31 +1081,32 @@ impl Owner {
         true
     }
 
+    /// Proposal `sequence` failed: a storage failure stops the partition; a refusal (a
+    /// replicated log that does not lead any more) is answered in its order, and the log runs
+    /// on: what it committed comes as commits, the successor's records and this proposal's if it
+    /// took an offset that was committed after all (`LeadershipLost`: unknown).
     fn failed(&mut self, sequence: u64, error: BrokerError) {
-        let Some(at) = self.inflight.iter().position(|i| i.sequence == sequence) else {
-            return;
-        };
-        if !crate::partition::log::is_storage_failure(&error) {
-            // A replicated log that does not lead (any more): the log runs on, and what it
-            // committed comes as commits, the successor's records and this proposal's if it
-            // took an offset that was committed after all (`LeadershipLost`: unknown).
-            let mut refused = self.inflight.remove(at).expect("found");
-            for (record, _) in &refused.records {
-                if let StreamRecord::Message(Message {
-                    producer: Some(mark),
-                    ..
-                }) = record
-                {
-                    self.inflight_marks.remove(&(mark.producer, mark.sequence));
-                }
-            }
-            if let Some(reply) = refused.reply.take() {
-                let _ = reply.send(Err(error));
-            }
+        if is_storage_failure(&error) {
+            self.stop(error);
+        } else if self.driver.resolve(sequence, Err(error)) {
             self.apply_ready();
-            return;
         }
-        self.stop(error);
+    }
+
+    /// A released proposal that was refused: answered, its producers' marks forgotten.
+    fn refused(&mut self, mut refused: Inflight, error: BrokerError) {
+        for (record, _) in &refused.records {
+            if let StreamRecord::Message(Message {
+                producer: Some(mark),
+                ..
+            }) = record
+            {
+                self.inflight_marks.remove(&(mark.producer, mark.sequence));
+            }
+        }
+        if let Some(reply) = refused.reply.take() {
+            let _ = reply.send(Err(error));
+        }
     }
 
     /// The log failed: every append in flight has an unknown outcome, waiting ones are refused,
@@ -1134,8 +1116,8 @@ impl Owner {
             BrokerError::Log(e) => e.clone(),
             other => keratin_log::LogError::Invalid(other.to_string()),
         };
-        for mut inflight in self.inflight.drain(..) {
-            if let Some(reply) = inflight.reply.take() {
+        for Pending { mut item, .. } in self.driver.drain() {
+            if let Some(reply) = item.reply.take() {
                 let _ = reply.send(Err(BrokerError::OutcomeUnknown {
                     queue: self.config.stream.clone(),
                     partition: self.config.index,
@@ -1151,10 +1133,15 @@ impl Owner {
             partition: index,
             source: source.clone(),
         });
-        if self.stopped.is_none() {
-            tracing::warn!(stream = %self.config.stream, partition = self.config.index, %error, "stream partition log stopped; healing when the disk allows");
+        let shown = error.to_string();
+        let now = tokio::time::Instant::now();
+        if self.driver.stop(error, now) {
+            tracing::warn!(stream = %self.config.stream, partition = self.config.index, error = %shown, "stream partition log stopped; healing when the disk allows");
+            // A stream partition's first heal waits a retry too: the stop stays visible in the
+            // figures meanwhile, and one a record that does not apply caused is not rebuilt
+            // past at once.
+            self.driver.heal_later(now);
         }
-        self.stopped = Some(error);
         self.lock_figures().stops += 1;
         self.publish_figures();
         self.schedule_heal();
@@ -1168,25 +1155,35 @@ impl Owner {
         self.head_delayed = false;
     }
 
+    /// A heal tick when the driver's next heal is due.
     fn schedule_heal(&self) {
+        let Some(at) = self.driver.heal_at() else {
+            return;
+        };
         let commands = self.commands.clone();
         tokio::spawn(async move {
-            tokio::time::sleep(HEAL_RETRY).await;
+            tokio::time::sleep_until(at).await;
             let _ = commands.send(Command::HealTick);
         });
     }
 
     fn try_heal(&mut self) {
-        if self.stopped.is_none() || self.healing {
+        let now = tokio::time::Instant::now();
+        if self.driver.heal_at().is_none() {
+            return; // running, or a heal runs
+        }
+        if !self.driver.heal_due(now) {
+            self.schedule_heal();
             return;
         }
         // A rebuild after a restart of the log is still reading it: its result is dropped
         // (`follow.rs`), and the heal's own rebuild starts after it.
         if self.restarting || !self.gate.may_heal(self.config.device) {
+            self.driver.heal_later(now);
             self.schedule_heal();
             return;
         }
-        self.healing = true;
+        self.driver.heal_started();
         let log = self.log.clone();
         let commands = self.commands.clone();
         tokio::task::spawn_blocking(move || {
@@ -1200,13 +1197,13 @@ impl Owner {
     }
 
     fn healed(&mut self, result: BrokerResult<(StreamPartitionState, Held)>) {
-        self.healing = false;
+        let now = tokio::time::Instant::now();
         match result {
             Ok((state, held)) => {
                 tracing::info!(stream = %self.config.stream, partition = self.config.index, "stream partition log healed; appends resume");
                 self.state = state;
                 self.held = held;
-                self.stopped = None;
+                self.driver.heal_done(Ok(()), now);
                 self.lock_figures().heals += 1;
                 self.publish_figures();
                 self.pump();
@@ -1214,6 +1211,7 @@ impl Owner {
             }
             Err(error) => {
                 tracing::warn!(stream = %self.config.stream, partition = self.config.index, %error, "stream partition heal failed; trying again");
+                self.driver.heal_done(Err(()), now);
                 self.schedule_heal();
             }
         }

@@ -12,12 +12,12 @@ impl Owner {
         internal: bool,
         reply: oneshot::Sender<BrokerResult<Range<u64>>>,
     ) {
-        if !self.role.leading {
+        if !self.driver.role().leading {
             let _ = reply.send(Err(self.not_leader()));
             return;
         }
-        if let Some(stop) = &self.stopped {
-            let _ = reply.send(Err(self.unavailable(stop.clone())));
+        if let Some(stop) = self.stop_error() {
+            let _ = reply.send(Err(self.unavailable(stop)));
             return;
         }
         let bytes: u64 = payloads.iter().map(|p| p.len() as u64).sum();
@@ -262,8 +262,8 @@ impl Owner {
     pub(super) fn trim_to_limits(&mut self) {
         if !std::mem::take(&mut self.trim_due)
             || self.limits.overflow != Overflow::DropOldest
-            || !self.role.leading
-            || self.stopped.is_some()
+            || !self.driver.role().leading
+            || self.driver.stopped().is_some()
         {
             return;
         }
@@ -286,7 +286,7 @@ impl Owner {
         self.limits = settings.partition_limits();
         self.ctx.settings = settings;
         // Only the leader writes: every replica learns the settings from the metadata.
-        if !self.role.leading {
+        if !self.driver.role().leading {
             return;
         }
         if let Some(record) = prepare::settings(&self.ctx.settings) {
@@ -310,8 +310,8 @@ impl Owner {
             let Some(d) = self.delayed.pop_front() else {
                 break;
             };
-            if let Some(stop) = &self.stopped {
-                let error = self.unavailable(stop.clone());
+            if let Some(stop) = self.stop_error() {
+                let error = self.unavailable(stop);
                 let _ = d.reply.send(Err(error));
                 continue;
             }

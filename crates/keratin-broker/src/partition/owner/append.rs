@@ -58,8 +58,8 @@ impl Owner {
     ) {
         // A stopped partition writes nothing: its state is rebuilt from the log when it heals,
         // and nothing may be appended behind a gap between the two.
-        let refused = match (self.log(), &self.stopped) {
-            (Ok(_), Some(stop)) => Some(self.unavailable(stop.clone())),
+        let refused = match (self.log(), self.stop_error()) {
+            (Ok(_), Some(stop)) => Some(self.unavailable(stop)),
             (Ok(_), None) => None,
             (Err(e), _) => Some(e),
         };
@@ -67,23 +67,16 @@ impl Owner {
             self.fail(records, done, error);
             return;
         }
-        let sequence = self.next_sequence;
-        self.next_sequence += 1;
         let now = Instant::now();
-        if matches!(done, Done::Publish(_)) {
+        let publish = matches!(done, Done::Publish(_));
+        let types = records.iter().map(PartitionRecord::record_type).collect();
+        let sequence = self.driver.propose(Appending { records, done }, now);
+        if publish {
             self.deadlines.push_back(PublishDeadline {
                 at: now + self.ctx.publish_timeout,
                 sequence,
-                leadership_lost: false,
             });
         }
-        let types = records.iter().map(PartitionRecord::record_type).collect();
-        self.pending.push_back(PendingAppend {
-            sequence,
-            records,
-            result: None,
-            done,
-        });
         self.last_append = now;
         self.handed_back = false;
         let batch = Proposal {
@@ -113,14 +106,14 @@ impl Owner {
                 }
                 super::checkpoint::Checkpoint::Drop => {
                     let error = self.not_leader();
-                    self.resolve(batch.sequence, AppendOutcome::Refused(error));
+                    self.resolve(batch.sequence, Err(error));
                     return true;
                 }
             }
         }
         let Some(log) = self.log.clone() else {
             let error = BrokerError::Closed(format!("queue {:?}", self.ctx.queue));
-            self.resolve(batch.sequence, AppendOutcome::Refused(error));
+            self.resolve(batch.sequence, Err(error));
             return true;
         };
         let sequence = batch.sequence;
@@ -171,28 +164,22 @@ impl Owner {
             // Not the leader: nothing was written, the log runs on.
             Err(other) => other,
         };
-        self.resolve(sequence, AppendOutcome::Refused(error));
+        self.resolve(sequence, Err(error));
     }
 
-    /// What the partition log reported.
+    /// What the partition log reported. A proposal's storage failure (`BrokerError::Log`)
+    /// stops the partition when it is acted on in order; any other failure means leadership
+    /// moved while it was in flight: answered as is, "not the leader" (nothing written) or
+    /// unknown (a retry at the new leader is safe with an idempotent producer); the log runs
+    /// on, and records of it that were committed after all are applied like any other's
+    /// (`follow.rs`).
     pub(super) fn log_event(&mut self, event: LogEvent) {
         match event {
-            LogEvent::Proposed { sequence, result } => {
-                let outcome = match result {
-                    Ok(range) => AppendOutcome::Durable(range),
-                    Err(BrokerError::Log(error)) => AppendOutcome::Failed(error),
-                    // Leadership moved while it was in flight: answered as is, "not the
-                    // leader" (nothing written) or unknown (a retry at the new leader is safe
-                    // with an idempotent producer); the log runs on, and records of it that
-                    // were committed after all are applied like any other's (`follow.rs`).
-                    Err(other) => AppendOutcome::Refused(other),
-                };
-                self.resolve(sequence, outcome);
-            }
-            LogEvent::Committed { up_to } => self.committed(up_to),
+            LogEvent::Proposed { sequence, result } => self.resolve(sequence, result),
+            LogEvent::Committed { up_to } => self.driver.committed(up_to),
             LogEvent::Role(role) => self.role_changed(role),
             LogEvent::Stopped { error } => {
-                if self.stopped.is_none() {
+                if self.driver.stopped().is_none() {
                     tracing::warn!(queue = %self.ctx.queue, partition = self.ctx.index, %error, "this node's copy of the partition log failed; healing it");
                     self.stop(error);
                 }
@@ -200,20 +187,12 @@ impl Owner {
         }
     }
 
-    fn pending_index(&self, sequence: u64) -> Option<usize> {
-        let front = self.pending.front()?.sequence;
-        let index = usize::try_from(sequence.checked_sub(front)?).ok()?;
-        (index < self.pending.len()).then_some(index)
-    }
-
     /// Record how append `sequence` ended, then act on every answered append at the front, in
     /// order.
-    fn resolve(&mut self, sequence: u64, outcome: AppendOutcome) {
-        let Some(index) = self.pending_index(sequence) else {
-            return;
-        };
-        self.pending[index].result = Some(outcome);
-        self.act_on_answers();
+    fn resolve(&mut self, sequence: u64, outcome: BrokerResult<Range<u64>>) {
+        if self.driver.resolve(sequence, outcome) {
+            self.act_on_answers();
+        }
     }
 
     /// Act on every answered append at the front, in order. A proposal committed past the
@@ -232,31 +211,28 @@ impl Owner {
         // Deadlines of answered appends go now: kept to their time, a busy partition would
         // hold one per append of the last `publish_timeout`.
         let next = self
-            .pending
-            .front()
-            .map_or(self.next_sequence, |p| p.sequence);
+            .driver
+            .oldest()
+            .map_or(self.driver.next_sequence(), |p| p.sequence);
         while self.deadlines.front().is_some_and(|d| d.sequence < next) {
             self.deadlines.pop_front();
         }
     }
 
-    /// The loop of `act_on_answers`.
+    /// The loop of `act_on_answers`: the driver releases answered appends in order.
     fn act_on_answers_in_order(&mut self) {
-        while let Some(front) = self.pending.front() {
-            match &front.result {
-                None => break,
-                Some(AppendOutcome::Durable(range)) if range.start > self.state.head() => break,
-                Some(_) => {}
-            }
-            let Some(entry) = self.pending.pop_front() else {
-                break;
-            };
-            if self.checkpoint_sequence == Some(entry.sequence) {
+        while let Some(Pending {
+            sequence,
+            outcome,
+            item,
+        }) = self.driver.next_released(self.state.head())
+        {
+            if self.checkpoint_sequence == Some(sequence) {
                 self.checkpoint_sequence = None;
             }
-            match entry.result {
-                Some(AppendOutcome::Durable(range)) => self.apply(range, entry.records, entry.done),
-                Some(AppendOutcome::Failed(error)) => {
+            match outcome {
+                Some(Ok(range)) => self.apply(range, item.records, item.done),
+                Some(Err(BrokerError::Log(error))) => {
                     self.stop(error.clone());
                     // The records reached the log's queue: a crash before the failure could
                     // leave them durable, so the caller cannot know.
@@ -265,63 +241,65 @@ impl Owner {
                         partition: self.ctx.index,
                         source: error,
                     };
-                    self.fail(entry.records, entry.done, error);
+                    self.fail(item.records, item.done, error);
                 }
-                Some(AppendOutcome::Refused(error)) => self.fail(entry.records, entry.done, error),
+                Some(Err(error)) => self.fail(item.records, item.done, error),
                 None => {}
             }
         }
     }
 
-    /// Answer the publishes whose timeout passed: one still waiting for room in the log's queue
-    /// is withdrawn; one in the log's queue stays there (it may yet become durable, and is then
-    /// applied like any record), its publisher told the outcome is unknown.
+    /// Answer the publishes whose fate is not known in time: those pending when this node
+    /// stopped leading, once the driver's step-down grace is over, as
+    /// [`BrokerError::LeadershipLost`]; those past their publish timeout as
+    /// [`BrokerError::TimedOut`].
     pub(super) fn expire_publishes(&mut self) {
         let now = Instant::now();
-        while let Some(&PublishDeadline {
-            at,
-            sequence,
-            leadership_lost,
-        }) = self.deadlines.front()
-        {
+        let lost = (self.driver.role()).leadership_lost(&self.ctx.queue, self.ctx.index);
+        for sequence in self.driver.grace_expired(now) {
+            if self.answer_unknown(sequence, lost.clone()) {
+                tracing::info!(queue = %self.ctx.queue, partition = self.ctx.index, "a publish in flight when this node stopped leading is answered as unknown");
+            }
+        }
+        while let Some(&PublishDeadline { at, sequence }) = self.deadlines.front() {
             if at > now {
                 break;
             }
             self.deadlines.pop_front();
-            let Some(index) = self.pending_index(sequence) else {
-                continue;
+            let error = BrokerError::TimedOut {
+                queue: self.ctx.queue.clone(),
+                partition: self.ctx.index,
+                timeout_ms: self.ctx.publish_timeout.as_millis() as u64,
             };
-            if self.pending[index].result.is_some() {
-                // Answered, waiting only for an earlier append's answer.
-                continue;
-            }
-            let error = if leadership_lost {
-                tracing::info!(queue = %self.ctx.queue, partition = self.ctx.index, "a publish in flight when this node stopped leading is answered as unknown");
-                BrokerError::LeadershipLost {
-                    queue: self.ctx.queue.clone(),
-                    partition: self.ctx.index,
-                    why: self.leadership_now(),
-                }
-            } else {
+            if self.answer_unknown(sequence, error) {
                 tracing::warn!(queue = %self.ctx.queue, partition = self.ctx.index, "a publish was not confirmed within the publish timeout");
-                BrokerError::TimedOut {
-                    queue: self.ctx.queue.clone(),
-                    partition: self.ctx.index,
-                    timeout_ms: self.ctx.publish_timeout.as_millis() as u64,
-                }
-            };
-            // Answered now: the appends before it may wait for the disk much longer.
-            if let Done::Publish(reply) =
-                std::mem::replace(&mut self.pending[index].done, Done::Internal)
-            {
-                let _ = reply.send(Err(error.clone()));
-            }
-            // Not in the log's queue yet: withdrawn. Its entry still waits for its turn, so
-            // that its reservation is given back in order.
-            if let Some(at) = self.backlog.iter().position(|b| b.sequence == sequence) {
-                self.backlog.remove(at);
-                self.resolve(sequence, AppendOutcome::Refused(error));
             }
         }
+    }
+
+    /// Answer publish `sequence` with `error` now, if its outcome is not known yet; true if it
+    /// was answered. One still waiting for room in the log's queue is withdrawn (never
+    /// written); one in the log's queue stays there (it may yet become durable, and is then
+    /// applied like any record).
+    fn answer_unknown(&mut self, sequence: u64, error: BrokerError) -> bool {
+        let Some(pending) = self.driver.get_mut(sequence) else {
+            return false;
+        };
+        if pending.outcome.is_some() {
+            // Answered, waiting only for an earlier append's answer.
+            return false;
+        }
+        // Answered now: the appends before it may wait for the disk much longer.
+        let Done::Publish(reply) = std::mem::replace(&mut pending.item.done, Done::Internal) else {
+            return false;
+        };
+        let _ = reply.send(Err(error.clone()));
+        // Not in the log's queue yet: withdrawn. Its entry still waits for its turn, so that
+        // its reservation is given back in order.
+        if let Some(at) = self.backlog.iter().position(|b| b.sequence == sequence) {
+            self.backlog.remove(at);
+            self.resolve(sequence, Err(error));
+        }
+        true
     }
 }

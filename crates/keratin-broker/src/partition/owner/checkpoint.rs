@@ -30,8 +30,8 @@ impl Owner {
     /// the log's tail segment, once the log has rolled (a log of one segment is never cut).
     /// Its windows are filled in when it is handed to the log ([`Owner::fill_checkpoint`]).
     pub(super) fn maybe_checkpoint(&mut self) {
-        if !self.role.leading
-            || self.stopped.is_some()
+        if !self.driver.role().leading
+            || self.driver.stopped().is_some()
             || self.checkpoint_sequence.is_some()
             || !self.state.has_producers()
         {
@@ -58,11 +58,11 @@ impl Owner {
         {
             return;
         }
-        let sequence = self.next_sequence;
+        let sequence = self.driver.next_sequence();
         self.checkpoint_sequence = Some(sequence);
         let record = PartitionRecord::Producers(Vec::new());
         self.append(vec![record], vec![Vec::new()], Done::Internal);
-        if self.next_sequence == sequence {
+        if self.driver.next_sequence() == sequence {
             // Refused at once (nothing was queued).
             self.checkpoint_sequence = None;
         }
@@ -73,22 +73,22 @@ impl Owner {
     /// committed before it (its predecessors' too, below the leadership's first offset) is
     /// applied. A stopped log or a node that no longer leads drops it (never written).
     pub(super) fn fill_checkpoint(&mut self, batch: &mut Proposal) -> Checkpoint {
-        if self.stopped.is_some() || !self.role.leading {
+        if self.driver.stopped().is_some() || !self.driver.role().leading {
             return Checkpoint::Drop;
         }
-        let first_pending = self.pending.front().map(|p| p.sequence);
+        let first_pending = self.driver.oldest().map(|p| p.sequence);
         let head = self.state.head();
         if first_pending != Some(batch.sequence)
             || self.following
-            || head < self.committed_up_to
-            || head < self.role.from
+            || head < self.driver.committed_up_to()
+            || head < self.driver.role().from
         {
             return Checkpoint::Wait;
         }
         let record = PartitionRecord::Producers(self.state.producers_snapshot());
         batch.payloads = vec![record.encode()];
-        if let Some(pending) = self.pending.front_mut() {
-            pending.records = vec![record];
+        if let Some(pending) = self.driver.get_mut(batch.sequence) {
+            pending.item.records = vec![record];
         }
         Checkpoint::Ready
     }

@@ -93,8 +93,8 @@ impl Owner {
     /// has room for the payloads (else the owner is kicked when bytes come back).
     pub(super) fn maybe_dead_letter(&mut self) {
         if self.delivery.dead_letters.is_empty()
-            || !self.role.leading
-            || self.stopped.is_some()
+            || !self.driver.role().leading
+            || self.driver.stopped().is_some()
             || self.log.is_none()
         {
             return;

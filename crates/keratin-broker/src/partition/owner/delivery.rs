@@ -139,7 +139,7 @@ impl Owner {
     /// leader cut off from the others stops before a successor can be elected). A lapsed
     /// lease is looked at again after [`LEASE_RETRY_AFTER`].
     fn may_deliver_now(&mut self) -> bool {
-        if !self.role.leading || self.state.head() < self.role.from {
+        if !self.driver.role().leading || self.state.head() < self.driver.role().from {
             return false;
         }
         let Some(log) = &self.log else {

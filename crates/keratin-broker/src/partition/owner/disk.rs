@@ -180,7 +180,10 @@ impl Owner {
         self.reclaim_busy = false;
         // A purge written meanwhile may name these messages (a copy applied after it could
         // bring one back), a heal may have rebuilt the state: reclaim looks again later.
-        if read.epoch != self.delivery.reader_epoch || self.purges > 0 || self.stopped.is_some() {
+        if read.epoch != self.delivery.reader_epoch
+            || self.purges > 0
+            || self.driver.stopped().is_some()
+        {
             self.reclaim_due = true;
             return;
         }
@@ -297,10 +300,10 @@ impl Owner {
             } => self.reset_done(log, result, count, reply),
         }
         for reply in std::mem::take(&mut self.deferred_purges) {
-            match &self.stopped {
+            match self.stop_error() {
                 // A heal or reset was just tried: it did not help.
                 Some(stop) => {
-                    let error = self.unavailable(stop.clone());
+                    let error = self.unavailable(stop);
                     let _ = reply.send(Err(error));
                 }
                 _ => self.purge(reply),

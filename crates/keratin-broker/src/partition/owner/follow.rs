@@ -33,26 +33,6 @@ pub(crate) struct FollowRead {
 }
 
 impl Owner {
-    /// Records up to `up_to` are committed; those past what this owner applied and proposed
-    /// were proposed elsewhere.
-    pub(super) fn committed(&mut self, up_to: u64) {
-        self.committed_up_to = self.committed_up_to.max(up_to);
-    }
-
-    /// Where foreign records may be applied up to now: the committed end while nothing of
-    /// this owner's is pending, the start of its oldest pending proposal once that is
-    /// committed past the head, else nowhere (see the module docs).
-    fn follow_limit(&self) -> Option<u64> {
-        match self.pending.front() {
-            None => Some(self.committed_up_to),
-            Some(PendingAppend {
-                result: Some(AppendOutcome::Durable(range)),
-                ..
-            }) if range.start > self.state.head() => Some(range.start),
-            Some(_) => None,
-        }
-    }
-
     /// Read the next batch of foreign records when some are committed and not applied, and
     /// nothing of this owner's is in the way (see the module docs).
     pub(super) fn maybe_follow(&mut self) {
@@ -60,10 +40,14 @@ impl Owner {
             self.recount();
         }
         let from = self.state.head();
-        let Some(until) = self.follow_limit() else {
+        let Some(until) = self.driver.follow_limit(from) else {
             return;
         };
-        if self.following || until <= from || self.stopped.is_some() || self.log_job.is_some() {
+        if self.following
+            || until <= from
+            || self.driver.stopped().is_some()
+            || self.log_job.is_some()
+        {
             return;
         }
         let Some(log) = self.log.clone() else {
@@ -73,7 +57,7 @@ impl Owner {
             // The log restarted past the head: this replica lagged so far that the leader sent
             // a snapshot (the records below the log's start hold nothing live) instead of the
             // records. Only a rebuild from the log's start makes the state equal the log again.
-            if self.pending.is_empty() {
+            if self.driver.is_idle() {
                 self.start_log_job(|log| JobDone::Restarted(super::rebuild(log.as_ref(), None)));
             }
             return;
@@ -92,9 +76,9 @@ impl Owner {
     /// owner's is pending (a rebuild replaces the state: see `rebuilt`); until then the live
     /// byte total is short by what the record counted twice, and following goes on.
     fn recount(&mut self) {
-        if self.pending.is_empty()
+        if self.driver.is_idle()
             && !self.following
-            && self.stopped.is_none()
+            && self.driver.stopped().is_none()
             && self.log_job.is_none()
             && self.log.is_some()
         {
@@ -112,10 +96,10 @@ impl Owner {
         // The read ends below every pending proposal: those made since it started got offsets
         // past the committed end it read to, and an older one bounded it (`follow_limit`).
         let end = read.from + read.records.len() as u64;
-        if let Some(PendingAppend {
-            result: Some(AppendOutcome::Durable(range)),
+        if let Some(Pending {
+            outcome: Some(Ok(range)),
             ..
-        }) = self.pending.front()
+        }) = self.driver.oldest()
         {
             if end > range.start {
                 tracing::error!(queue = %self.ctx.queue, partition = self.ctx.index, end, start = range.start, "records read to apply overlap a pending proposal; reading again");

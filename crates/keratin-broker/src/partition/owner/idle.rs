@@ -21,7 +21,7 @@ impl Owner {
         self.state.live_count() == 0
             && self.delivery.is_quiet()
             && self.dropping.is_empty()
-            && self.pending.is_empty()
+            && self.driver.is_idle()
             && self.backlog.is_empty()
             && self.appending.is_none()
             && self.acks.is_empty()
@@ -29,10 +29,10 @@ impl Owner {
             && self.purges == 0
             && self.reserved_count == 0
             && !self.reclaim_busy
-            && self.stopped.is_none()
+            && self.driver.stopped().is_none()
             && self.log_job.is_none()
             && !self.following
-            && self.committed_up_to <= self.state.head()
+            && self.driver.committed_up_to() <= self.state.head()
     }
 
     /// When the idle hand-back is due, if the partition is idle and has not handed back yet.

@@ -12,10 +12,10 @@ impl Owner {
     /// Heal a log stopped by a write error once its file system has room again, or at reserve
     /// once what it writes next fits (see `stopped.rs`).
     pub(super) fn maybe_heal(&mut self) {
-        if self.stopped.is_none() || !self.pending.is_empty() {
+        if !self.driver.is_idle() || !self.driver.heal_due(Instant::now()) {
             return;
         }
-        if self.heal_retry_at.is_some_and(|at| Instant::now() < at) || !self.may_heal_now() {
+        if !self.may_heal_now() {
             return;
         }
         self.heal_now();
@@ -30,27 +30,32 @@ impl Owner {
     /// (`Log::heal` does nothing on a running log). The partition stays stopped (appends are
     /// refused) until the job's answer is taken in `heal_done`.
     pub(super) fn heal_now(&mut self) {
-        self.start_log_job(|log| {
+        let started = self.start_log_job(|log| {
             let healed = log
                 .heal()
                 .map_err(BrokerError::from)
                 .and_then(|()| rebuild(log.as_ref(), None));
             JobDone::Healed(healed)
         });
+        if started {
+            self.driver.heal_started();
+        }
     }
 
     /// A heal job returned.
     pub(super) fn heal_done(&mut self, healed: BrokerResult<PartitionState>) {
         match healed {
             // Nothing was appended while stopped, so nothing is pending.
-            Ok(state) if self.stopped.is_some() && self.pending.is_empty() => {
+            Ok(state) if self.driver.stopped().is_some() && self.driver.is_idle() => {
                 self.rebuilt(state);
                 self.healed();
             }
-            Ok(_) => {}
+            // Not taken (appends pending): heal again after the pause.
+            Ok(_) => self.driver.heal_done(Err(()), Instant::now()),
             Err(error) => {
-                // Its answer woke the owner: without a pause the next heal would start at once.
-                self.heal_retry_at = Some(Instant::now() + HEAL_INTERVAL);
+                // Its answer woke the owner: without the driver's pause the next heal would
+                // start at once.
+                self.driver.heal_done(Err(()), Instant::now());
                 tracing::warn!(queue = %self.ctx.queue, partition = self.ctx.index, %error, "heal failed; will retry");
             }
         }
@@ -59,7 +64,7 @@ impl Owner {
     /// A rebuild after the log restarted past the head returned (`follow.rs`).
     pub(super) fn restart_done(&mut self, rebuilt: BrokerResult<PartitionState>) {
         match rebuilt {
-            Ok(state) if self.stopped.is_none() && self.pending.is_empty() => {
+            Ok(state) if self.driver.stopped().is_none() && self.driver.is_idle() => {
                 tracing::info!(queue = %self.ctx.queue, partition = self.ctx.index, start = state.start(), head = state.head(), "state rebuilt from the log (after a snapshot from the leader, or to recount a purge)");
                 self.rebuilt(state);
             }
@@ -81,7 +86,7 @@ impl Owner {
     /// removed leave `redeliver`; inflight ones stay until their consumer settles them (a
     /// settle of a message that is gone changes nothing).
     fn rebuilt(&mut self, state: PartitionState) {
-        assert!(self.pending.is_empty(), "rebuilt with appends pending");
+        assert!(self.driver.is_idle(), "rebuilt with appends pending");
         assert!(
             state.head() >= self.state.head(),
             "the healed log lost applied records"
@@ -96,7 +101,11 @@ impl Owner {
     /// 2 × live bytes + 2 segments whatever the ack pattern.
     pub(super) fn maybe_reclaim(&mut self) {
         // A pending purge settles messages the state still shows live: relocation waits for it.
-        if self.reclaim_busy || !self.reclaim_due || self.stopped.is_some() || self.purges > 0 {
+        if self.reclaim_busy
+            || !self.reclaim_due
+            || self.driver.stopped().is_some()
+            || self.purges > 0
+        {
             return;
         }
         self.reclaim_due = false;
@@ -130,7 +139,7 @@ impl Owner {
         }
         let bound = 2 * self.state.live_bytes() + 2 * self.ctx.segment_size_bytes;
         // Relocation writes records: the leader's to do.
-        if self.role.leading
+        if self.driver.role().leading
             && space.disk_bytes > bound
             && bases.len() > 2
             && self.relocation_fits()

@@ -8,7 +8,7 @@
 //! new leader delivers those messages again, flagged `redelivered`), and publishes held back by
 //! slowing are answered "not the leader". Proposals already in the log are answered by the log
 //! when their fate is known (committed by the next leader, or cut: "not the leader"); a
-//! publish whose fate is not known within [`STEP_DOWN_GRACE`] (a leader cut off from the
+//! publish whose fate is not known within the driver's step-down grace (a leader cut off from the
 //! others learns nothing until the cut heals) is answered [`BrokerError::LeadershipLost`]
 //! (outcome unknown, 504) then, and its proposal stays in the log's hands, like one past its
 //! publish timeout. When it starts leading, delivery starts from the oldest live message, and every
@@ -17,28 +17,24 @@
 //! the log's delivery lease holds (`delivery.rs`).
 
 use super::*;
-
-/// How long publishes in flight when this node stops leading wait for their fate before they
-/// are answered as unknown: a deposed leader that still reaches the others learns it within a
-/// few heartbeats (100 ms each), while one cut off from them learns nothing until the cut
-/// heals, and its publishers had better try the other nodes.
-pub(crate) const STEP_DOWN_GRACE: Duration = Duration::from_millis(500);
+use crate::partition::log::is_storage_failure;
 
 impl Owner {
     /// The refusal of a request only the leader serves.
     pub(super) fn not_leader(&self) -> BrokerError {
-        self.role.not_leader(&self.ctx.queue, self.ctx.index)
+        self.driver
+            .role()
+            .not_leader(&self.ctx.queue, self.ctx.index)
     }
 
     /// The log reported a role.
     pub(super) fn role_changed(&mut self, role: Role) {
-        let was_leading = self.role.leading;
         tracing::info!(queue = %self.ctx.queue, partition = self.ctx.index, leading = role.leading, leader = ?role.leader, "partition role");
-        self.role = role;
-        self.figures.set_role(self.role.clone());
-        if was_leading && !self.role.leading {
+        let before = self.driver.set_role(role, Instant::now());
+        self.figures.set_role(self.driver.role().clone());
+        if before.leading && !self.driver.role().leading {
             self.step_down();
-        } else if self.role.leading {
+        } else if self.driver.role().leading {
             self.take_over();
         }
     }
@@ -54,18 +50,6 @@ impl Owner {
         }
         self.acks.clear();
         self.reset_delivery();
-        self.shorten_publish_deadlines(Instant::now() + STEP_DOWN_GRACE);
-    }
-
-    /// Pending publishes are answered by `at` at the latest, as [`BrokerError::LeadershipLost`].
-    /// Deadlines stay in time order: each becomes the earlier of its own and `at`.
-    fn shorten_publish_deadlines(&mut self, at: Instant) {
-        for deadline in &mut self.deadlines {
-            if deadline.at > at {
-                deadline.at = at;
-                deadline.leadership_lost = true;
-            }
-        }
     }
 
     /// This node's copy of the partition is being replaced (it moved: `Command::Replace`):
@@ -79,15 +63,15 @@ impl Owner {
             partition: self.ctx.index,
             why: "this node's copy of the partition moved to other nodes".to_string(),
         };
-        for pending in &mut self.pending {
+        for pending in self.driver.pending_mut() {
             // An outcome known but not answered yet (an earlier append is still out) is told
             // as it is: durable is confirmed, refused is refused.
-            let outcome = match &pending.result {
-                Some(AppendOutcome::Durable(range)) => Ok(range.clone()),
-                Some(AppendOutcome::Refused(error)) => Err(error.clone()),
-                Some(AppendOutcome::Failed(_)) | None => Err(lost.clone()),
+            let outcome = match &pending.outcome {
+                Some(Ok(range)) => Ok(range.clone()),
+                Some(Err(error)) if !is_storage_failure(error) => Err(error.clone()),
+                Some(Err(_)) | None => Err(lost.clone()),
             };
-            match std::mem::replace(&mut pending.done, Done::Internal) {
+            match std::mem::replace(&mut pending.item.done, Done::Internal) {
                 Done::Publish(reply) => {
                     let _ = reply.send(outcome);
                 }
@@ -103,15 +87,10 @@ impl Owner {
         }
     }
 
-    /// What this node knows of the partition's leadership, for an answer to a publisher.
-    pub(super) fn leadership_now(&self) -> String {
-        self.role.leadership_now()
-    }
-
     /// This node leads from `role.from` on: deliver every live message again, from the oldest.
     fn take_over(&mut self) {
         self.reset_delivery();
-        self.delivery.taken_over_at = self.role.from;
+        self.delivery.taken_over_at = self.driver.role().from;
     }
 
     /// Forget inflight, returns, the cursor and read-ahead; consumers stay.

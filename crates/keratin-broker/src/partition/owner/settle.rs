@@ -128,12 +128,12 @@ impl Owner {
     }
 
     pub(super) fn purge(&mut self, reply: oneshot::Sender<BrokerResult<u64>>) {
-        if !self.role.leading {
+        if !self.driver.role().leading {
             let _ = reply.send(Err(self.not_leader()));
             return;
         }
         // A purge frees space: a stopped log does it without a write, or heals first.
-        let reply = match self.stopped {
+        let reply = match self.driver.stopped() {
             Some(_) => match self.purge_stopped(reply) {
                 Some(reply) => reply,
                 None => return,

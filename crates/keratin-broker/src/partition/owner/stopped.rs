@@ -66,8 +66,8 @@ impl Owner {
         &mut self,
         reply: oneshot::Sender<BrokerResult<u64>>,
     ) -> Option<oneshot::Sender<BrokerResult<u64>>> {
-        let stop = self.stopped.clone()?;
-        if !self.pending.is_empty() {
+        let stop = self.stop_error()?;
+        if !self.driver.is_idle() {
             let _ = reply.send(Err(self.unavailable(stop)));
             return None;
         }
@@ -91,8 +91,7 @@ impl Owner {
     /// The log healed: appends resume, readers start over, reclaim looks again.
     pub(super) fn healed(&mut self) {
         tracing::info!(queue = %self.ctx.queue, partition = self.ctx.index, "log healed; writes resume");
-        self.stopped = None;
-        self.heal_retry_at = None;
+        self.driver.heal_done(Ok(()), Instant::now());
         self.figures.heals.fetch_add(1, Ordering::Relaxed);
         self.delivery.forget_reader();
         self.reclaim_busy = false;
@@ -152,7 +151,7 @@ impl Owner {
         match result {
             Ok(()) => {
                 self.state = PartitionState::new(0);
-                self.committed_up_to = 0;
+                self.driver.reset_committed(0);
                 self.delivery.reset();
                 self.dropping.clear();
                 self.dropping_bytes = 0;

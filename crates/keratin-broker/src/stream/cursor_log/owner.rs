@@ -1,9 +1,11 @@
-//! The owner task of a stream's cursor log (see the parent module's docs): one proposal at a
-//! time, records applied in offset order, roles, compaction, stop and heal.
+//! The owner task of a stream's cursor log (see the parent module's docs): what requests
+//! become (cursor records, one proposal at a time), applying records to the cursor table in
+//! offset order, compaction, and the table's rebuild after a heal. The proposal's order, the
+//! role and its step-down grace, following and the stop/heal phase are the
+//! [`LogDriver`]'s.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 use keratin_log::ReadRecord;
 use tokio::sync::{mpsc, oneshot};
@@ -12,20 +14,14 @@ use tokio::time::Instant;
 
 use super::{Request, Shared, CURSOR_LOG_PARTITION};
 use crate::error::{BrokerError, BrokerResult};
-use crate::partition::log::{read_committed, LogEvent, PartitionLog, Proposal, Role};
+use crate::partition::driver::{sleep_until, LogDriver};
+use crate::partition::log::{is_storage_failure, read_committed, LogEvent, PartitionLog, Proposal};
 use crate::record::NOOP;
 use crate::stream::cursors::{should_compact, CursorRecord, CursorTable};
 
 /// Records read back from the log per batch (the blocking pool is not held long).
 const READ_BATCH_COUNT: usize = 4096;
 const READ_BATCH_BYTES: usize = 4 << 20;
-
-/// How long a proposal in the log when this node stops leading waits for its fate before it
-/// is answered as unknown (as a partition's, `stream/partition/follow.rs`).
-const STEP_DOWN_GRACE: Duration = Duration::from_millis(500);
-
-/// A heal that failed is tried again after this long (or at the next request).
-const HEAL_RETRY: Duration = Duration::from_secs(1);
 
 /// Who waits for a proposal.
 enum Reply {
@@ -60,12 +56,12 @@ impl Reply {
     }
 }
 
-/// The proposal in the log.
+/// The owner's part of its proposal in the log.
 struct Pending {
-    sequence: u64,
     records: Vec<CursorRecord>,
     timestamp_ms: u64,
-    reply: Reply,
+    /// Whom to answer; `None` once the step-down grace answered it as unknown.
+    reply: Option<Reply>,
 }
 
 /// See the module docs.
@@ -76,17 +72,8 @@ pub(super) struct Owner {
     shared: Arc<Shared>,
     /// The next offset to apply: every record below it is in the table.
     applied: u64,
-    /// The log's committed end as last reported.
-    committed: u64,
-    role: Role,
-    pending: Option<Pending>,
-    next_sequence: u64,
-    /// A write failed: nothing is proposed before a heal.
-    stopped: Option<BrokerError>,
-    /// When to try the heal.
-    heal_at: Option<Instant>,
-    /// When a proposal pending at a step-down is answered as unknown.
-    grace_at: Option<Instant>,
+    /// The proposal (one at a time), the role, what is committed, stop and heal.
+    driver: LogDriver<Pending>,
     /// Bytes of records applied since the last snapshot record, and that snapshot's size.
     since_snapshot: u64,
     last_snapshot_bytes: u64,
@@ -111,16 +98,10 @@ impl Owner {
         let mut owner = Owner {
             stream: stream.to_string(),
             applied: log.start_offset(),
-            committed: log.committed_offset(),
+            driver: LogDriver::new(log.committed_offset()),
             log,
             segment_bytes,
             shared,
-            role: Role::alone(),
-            pending: None,
-            next_sequence: 0,
-            stopped: None,
-            heal_at: None,
-            grace_at: None,
             since_snapshot: 0,
             last_snapshot_bytes: 0,
             floor: 0,
@@ -140,13 +121,16 @@ impl Owner {
     ) {
         let mut closing = false;
         loop {
-            if self.stopped.is_none() && self.pending.is_none() && self.applied < self.committed {
-                if let Err(error) = self.catch_up_until(self.committed).await {
-                    self.stop(error);
+            if self.driver.stopped().is_none() {
+                if let Some(due) = self.driver.follow_due(self.applied) {
+                    if let Err(error) = self.catch_up_until(due.end).await {
+                        self.stop(error);
+                    }
+                    self.release().await;
+                    continue;
                 }
-                continue;
             }
-            if self.pending.is_none() {
+            if self.driver.is_idle() {
                 if closing {
                     break;
                 }
@@ -155,9 +139,12 @@ impl Owner {
                     continue;
                 }
             }
-            let accepting = !closing && self.pending.is_none() && self.may_take_requests();
-            let grace_at = self.grace_at;
-            let heal_at = self.heal_at.filter(|_| self.pending.is_none());
+            // A follower refuses requests at once, even with a proposal of its leadership
+            // still pending; a leader takes one at a time.
+            let one_at_a_time = self.driver.is_idle() || !self.driver.role().leading;
+            let accepting = !closing && one_at_a_time && self.may_take_requests();
+            let grace_at = self.driver.grace_at();
+            let heal_at = self.driver.heal_at().filter(|_| self.driver.is_idle());
             tokio::select! {
                 biased;
                 event = events.recv() => match event {
@@ -173,11 +160,11 @@ impl Owner {
                 },
             }
         }
-        if let Some(pending) = self.pending.take() {
-            pending.reply.failed(BrokerError::Closed(format!(
-                "stream {:?}'s cursor log",
-                self.stream
-            )));
+        let closed = BrokerError::Closed(format!("stream {:?}'s cursor log", self.stream));
+        for pending in self.driver.drain() {
+            if let Some(reply) = pending.item.reply {
+                reply.failed(closed.clone());
+            }
         }
         if let Some(removal) = self.removal.take() {
             let _ = removal.await;
@@ -187,9 +174,10 @@ impl Owner {
     /// Requests can be served: a follower refuses them at once; a leader takes them once it
     /// applied every record committed before, its predecessors' included.
     fn may_take_requests(&self) -> bool {
-        !self.role.leading
-            || self.stopped.is_some()
-            || (self.applied >= self.committed && self.applied >= self.role.from)
+        let role = self.driver.role();
+        !role.leading
+            || self.driver.stopped().is_some()
+            || (self.applied >= self.driver.committed_up_to() && self.applied >= role.from)
     }
 
     async fn on_request(&mut self, request: Request) {
@@ -259,16 +247,15 @@ impl Owner {
         &mut self,
         reply: oneshot::Sender<BrokerResult<T>>,
     ) -> Option<oneshot::Sender<BrokerResult<T>>> {
-        if !self.role.leading {
-            let _ = reply.send(Err(self
-                .role
-                .not_leader(&self.stream, CURSOR_LOG_PARTITION)));
+        let role = self.driver.role();
+        if !role.leading {
+            let _ = reply.send(Err(role.not_leader(&self.stream, CURSOR_LOG_PARTITION)));
             return None;
         }
-        if self.stopped.is_some() {
+        if self.driver.heal_due(Instant::now()) {
             self.heal().await;
         }
-        if let Some(error) = &self.stopped {
+        if let Some(error) = self.driver.stopped() {
             let _ = reply.send(Err(error.clone()));
             return None;
         }
@@ -276,119 +263,103 @@ impl Owner {
     }
 
     async fn propose(&mut self, records: Vec<CursorRecord>, reply: Reply, timestamp_ms: u64) {
-        let sequence = self.next_sequence;
-        self.next_sequence += 1;
+        let types = records.iter().map(CursorRecord::record_type).collect();
+        let payloads = records.iter().map(CursorRecord::encode).collect();
+        let pending = Pending {
+            records,
+            timestamp_ms,
+            reply: Some(reply),
+        };
         let proposal = Proposal {
-            sequence,
-            types: records.iter().map(CursorRecord::record_type).collect(),
-            payloads: records.iter().map(CursorRecord::encode).collect(),
+            sequence: self.driver.propose(pending, Instant::now()),
+            types,
+            payloads,
             timestamp_ms,
         };
-        match self.log.clone().propose(proposal).await {
-            Ok(()) => {
-                self.pending = Some(Pending {
-                    sequence,
-                    records,
-                    timestamp_ms,
-                    reply,
-                });
-                if !self.role.leading {
-                    self.grace_at = Some(Instant::now() + STEP_DOWN_GRACE);
-                }
+        let sequence = proposal.sequence;
+        if let Err(error) = self.log.clone().propose(proposal).await {
+            // Refused: nothing was written; a stopped log's refusal stops the owner too.
+            if is_storage_failure(&error) {
+                self.stop(error.clone());
             }
-            Err(error) => {
-                if matches!(error, BrokerError::Log(_)) {
-                    self.stop(error.clone());
-                }
-                reply.failed(error);
-            }
+            self.driver.resolve(sequence, Err(error));
+            self.release().await;
         }
     }
 
     async fn on_event(&mut self, event: LogEvent) {
         match event {
             LogEvent::Proposed { sequence, result } => {
-                let ours = self
-                    .pending
-                    .as_ref()
-                    .is_some_and(|p| p.sequence == sequence);
-                if !ours {
-                    // Answered already (the step-down grace): its records, if committed, are
-                    // read back like any other's.
-                    match result {
-                        Ok(range) => self.committed = self.committed.max(range.end),
-                        Err(error) if crate::partition::log::is_storage_failure(&error) => {
-                            self.stop(error)
-                        }
-                        Err(_) => {}
-                    }
-                    return;
-                }
-                let pending = self.pending.take().expect("checked above");
-                self.grace_at = None;
-                match result {
-                    Ok(range) => self.committed_own(pending, range).await,
-                    Err(error) => {
-                        if crate::partition::log::is_storage_failure(&error) {
-                            self.stop(error.clone());
-                        }
-                        pending.reply.failed(error);
+                if let Err(error) = &result {
+                    if is_storage_failure(error) {
+                        self.stop(error.clone());
                     }
                 }
+                self.driver.resolve(sequence, result);
+                self.release().await;
             }
             LogEvent::Role(role) => {
                 tracing::info!(stream = %self.stream, leading = role.leading, leader = ?role.leader,
                                from = role.from, "stream cursor log role");
-                if role.leading {
-                    self.grace_at = None;
-                } else if self.pending.is_some() && self.grace_at.is_none() {
-                    self.grace_at = Some(Instant::now() + STEP_DOWN_GRACE);
-                }
                 *self.shared.role.lock().unwrap_or_else(|p| p.into_inner()) = role.clone();
-                self.role = role;
+                self.driver.set_role(role, Instant::now());
             }
-            LogEvent::Committed { up_to } => self.committed = self.committed.max(up_to),
+            LogEvent::Committed { up_to } => self.driver.committed(up_to),
             LogEvent::Stopped { error } => self.stop(BrokerError::Log(error)),
         }
     }
 
-    /// This owner's proposal is committed at `range`: applied after every record before it
-    /// (a new leader's records land after its predecessors'), then answered.
-    async fn committed_own(&mut self, pending: Pending, range: std::ops::Range<u64>) {
-        assert_eq!(
-            range.end - range.start,
-            pending.records.len() as u64,
-            "the log committed a cursor proposal at a range of another length"
-        );
-        self.committed = self.committed.max(range.end);
-        if self.applied < range.start {
-            if let Err(error) = self.catch_up_until(range.start).await {
-                // Committed, so answered so; the table comes back with the heal.
-                self.stop(error);
-                pending.reply.done(&self.shared);
+    /// Acts on the proposal whose outcome is known: a commit at the table's head is applied,
+    /// then answered (one past the head waits for the records before it, which the run loop
+    /// follows first); a failure is answered as is. With the log stopped, a commit is answered
+    /// without applying it: the table comes back with the heal, which reads it.
+    async fn release(&mut self) {
+        loop {
+            let released = match self.driver.stopped() {
+                None => self.driver.next_released(self.applied),
+                Some(_) => self.driver.next_answered(),
+            };
+            let Some(released) = released else {
                 return;
+            };
+            let pending = released.item;
+            match released.outcome {
+                Some(Ok(range)) => {
+                    assert_eq!(
+                        range.end - range.start,
+                        pending.records.len() as u64,
+                        "the log committed a cursor proposal at a range of another length"
+                    );
+                    if self.applied == range.start {
+                        for (offset, record) in range.zip(&pending.records) {
+                            let bytes = record.encode().len() as u64;
+                            self.apply(offset, pending.timestamp_ms, bytes, record);
+                        }
+                    }
+                    if let Some(reply) = pending.reply {
+                        reply.done(&self.shared);
+                    }
+                }
+                Some(Err(error)) => {
+                    if let Some(reply) = pending.reply {
+                        reply.failed(error);
+                    }
+                }
+                None => {}
             }
         }
-        if self.applied == range.start {
-            for (offset, record) in range.zip(&pending.records) {
-                let bytes = record.encode().len() as u64;
-                self.apply(offset, pending.timestamp_ms, bytes, record);
-            }
-        }
-        pending.reply.done(&self.shared);
     }
 
+    /// The step-down grace ended: the proposal whose fate the log did not tell is answered as
+    /// unknown (it stays the log's: applied if committed after all).
     fn grace_over(&mut self) {
-        self.grace_at = None;
-        let Some(pending) = self.pending.take() else {
-            return;
-        };
-        let why = self.role.leadership_now();
-        pending.reply.failed(BrokerError::LeadershipLost {
-            queue: self.stream.clone(),
-            partition: CURSOR_LOG_PARTITION,
-            why,
-        });
+        let lost = (self.driver.role()).leadership_lost(&self.stream, CURSOR_LOG_PARTITION);
+        for sequence in self.driver.grace_expired(Instant::now()) {
+            let pending = self.driver.get_mut(sequence);
+            if let Some(reply) = pending.and_then(|p| p.item.reply.take()) {
+                reply.failed(lost.clone());
+            }
+        }
     }
 
     fn table(&self) -> std::sync::RwLockReadGuard<'_, CursorTable> {
@@ -506,22 +477,22 @@ impl Owner {
     /// The table read again from the log's start to its committed end.
     async fn rebuild(&mut self) -> BrokerResult<()> {
         self.restart_at(self.log.start_offset());
-        self.committed = self.committed.max(self.log.committed_offset());
+        self.driver.committed(self.log.committed_offset());
         let until = self.log.committed_offset();
         self.catch_up_until(until).await
     }
 
     fn stop(&mut self, error: BrokerError) {
-        if self.stopped.is_none() {
-            tracing::warn!(stream = %self.stream, %error, "a stream's cursor log stopped; healing it");
-            self.heal_at = Some(Instant::now());
+        let shown = error.to_string();
+        if self.driver.stop(error, Instant::now()) {
+            tracing::warn!(stream = %self.stream, error = %shown, "a stream's cursor log stopped; healing it");
         }
-        self.stopped = Some(error);
     }
 
     /// Heals a stopped log and reads the table again from what is durable (a write that failed
     /// after its sync is in the log, so it is in the table too).
     async fn heal(&mut self) {
+        self.driver.heal_started();
         let log = self.log.clone();
         let healed = tokio::task::spawn_blocking(move || log.heal())
             .await
@@ -534,13 +505,11 @@ impl Owner {
         match result {
             Ok(()) => {
                 tracing::info!(stream = %self.stream, "a stream's cursor log healed");
-                self.stopped = None;
-                self.heal_at = None;
+                self.driver.heal_done(Ok(()), Instant::now());
             }
             Err(error) => {
                 tracing::warn!(stream = %self.stream, %error, "healing a stream's cursor log failed; trying again");
-                self.stopped = Some(error);
-                self.heal_at = Some(Instant::now() + HEAL_RETRY);
+                self.driver.heal_done(Err(()), Instant::now());
             }
         }
     }
@@ -548,9 +517,9 @@ impl Owner {
     /// Whether the leader should write a snapshot now (cheap checks first: the snapshot is only
     /// encoded once enough was written since the last one).
     fn compaction_due(&self) -> bool {
-        if !self.role.leading
-            || self.stopped.is_some()
-            || self.applied < self.committed
+        if !self.driver.role().leading
+            || self.driver.stopped().is_some()
+            || self.applied < self.driver.committed_up_to()
             || self.compaction_tried_at == Some(self.applied)
             || self.since_snapshot <= self.last_snapshot_bytes.saturating_mul(4)
         {
@@ -574,12 +543,5 @@ impl Owner {
         let snapshot = self.table().snapshot();
         self.propose(vec![snapshot], Reply::Compaction, self.now_ms)
             .await;
-    }
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }

@@ -6,17 +6,17 @@
 //!   [`BrokerError::NotLeader`] naming the leader. When this node stops leading, appends waiting
 //!   for the gate are refused "not the leader"; those in the log are answered by the log when
 //!   their fate is known (committed by the successor, or cut: "not the leader"), and any still
-//!   unknown after [`STEP_DOWN_GRACE`] are answered [`BrokerError::LeadershipLost`] (outcome
-//!   unknown; an idempotent producer's retry is stored once).
+//!   unknown after the driver's step-down grace are answered [`BrokerError::LeadershipLost`]
+//!   (outcome unknown; an idempotent producer's retry is stored once).
 //! - **A new leader catches up first.** Every record below the leadership's first offset
 //!   (`Role::from`) may be an earlier leader's; this owner proposes nothing — no message (its
 //!   producers' sequences are checked against the state) and no checkpoint (it describes the
 //!   state at its offset) — until it has applied them all.
 //! - **Following.** Records committed by another node are read back from the log on the
 //!   blocking pool, in bounded batches, and applied in offset order exactly like this owner's
-//!   own: only while none of its own proposals is pending, or up to the first offset of its
-//!   oldest pending proposal once that one is committed past the head (a new leader's records
-//!   land after its predecessor's and the log's own entries). A read that comes back after the
+//!   own, up to the driver's follow limit (`LogDriver::follow_limit`: the first offset of the
+//!   oldest pending proposal once that one is committed past the head). A read that comes
+//!   back after the
 //!   state moved on (a heal's rebuild) is dropped and read again from the new head.
 //! - **A log restarted past the head** (a lagging follower installed the leader's snapshot) is
 //!   not read: the state is rebuilt from the log's start, as at open.
@@ -25,18 +25,13 @@
 //! not match the state it follows stops the partition instead of building on a wrong state.
 
 use super::*;
-use crate::partition::log::read_committed;
+use crate::partition::log::{read_committed, Role};
 
 /// A read of foreign records stops after this many records...
 const FOLLOW_BATCH_COUNT: usize = 1024;
 
 /// ...or once it holds this many bytes of payloads (one batch per partition in memory).
 const FOLLOW_BATCH_BYTES: usize = 4 << 20;
-
-/// How long appends in the log when this node stops leading wait for their fate before they
-/// are answered as unknown (as a queue partition's: a deposed leader that still reaches the
-/// others learns it within a few heartbeats of 100 ms).
-pub(crate) const STEP_DOWN_GRACE: Duration = Duration::from_millis(500);
 
 /// A record another node proposed, read for applying.
 #[derive(Debug)]
@@ -50,69 +45,49 @@ pub(crate) struct Foreign {
 impl Owner {
     /// The refusal of an append on a node that does not lead.
     pub(super) fn not_leader(&self) -> BrokerError {
-        self.role.not_leader(&self.config.stream, self.config.index)
+        self.driver
+            .role()
+            .not_leader(&self.config.stream, self.config.index)
     }
 
     /// Appends may be proposed: the state holds every record an earlier leader wrote, and is
     /// not being rebuilt.
     pub(super) fn caught_up(&self) -> bool {
-        self.state.next_offset() >= self.role.from && !self.restarting
+        self.state.next_offset() >= self.driver.role().from && !self.restarting
     }
 
-    /// The log reported a role.
+    /// The log reported a role: what only a leader has (appends waiting for the gate) goes
+    /// at a step-down; the driver's grace answers those in the log.
     pub(super) fn role_changed(&mut self, role: Role) {
-        let was_leading = self.role.leading;
         tracing::info!(stream = %self.config.stream, partition = self.config.index,
                        leading = role.leading, leader = ?role.leader, from = role.from,
                        "stream partition role");
-        self.role = role;
-        if was_leading != self.role.leading {
-            self.leadership += 1;
-        }
-        if was_leading && !self.role.leading {
+        let before = self.driver.set_role(role, tokio::time::Instant::now());
+        if before.leading && !self.driver.role().leading {
             let refusal = self.not_leader();
             self.fail_waiting(|| refusal.clone());
-            if self.inflight.iter().any(|i| i.reply.is_some()) {
-                let commands = self.commands.clone();
-                let leadership = self.leadership;
-                tokio::spawn(async move {
-                    tokio::time::sleep(STEP_DOWN_GRACE).await;
-                    let _ = commands.send(Command::StepDownGrace { leadership });
-                });
-            }
+        }
+        if let Some(at) = self.driver.grace_at() {
+            let commands = self.commands.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep_until(at).await;
+                let _ = commands.send(Command::StepDownGrace);
+            });
         }
         self.publish_figures();
         self.pump();
         self.maybe_follow();
     }
 
-    /// The grace after stepping down ended: appends whose fate is still unknown are answered
-    /// so (their proposals stay in the log's hands, and are applied if committed).
-    pub(super) fn step_down_grace(&mut self, leadership: u64) {
-        if leadership != self.leadership || self.role.leading {
-            return;
-        }
-        let why = self.role.leadership_now();
-        for inflight in &mut self.inflight {
-            if let Some(reply) = inflight.reply.take() {
-                let _ = reply.send(Err(BrokerError::LeadershipLost {
-                    queue: self.config.stream.clone(),
-                    partition: self.config.index,
-                    why: why.clone(),
-                }));
+    /// The grace after stepping down may have ended: appends whose fate is still unknown are
+    /// answered so (their proposals stay in the log's hands, and are applied if committed).
+    pub(super) fn step_down_grace(&mut self) {
+        let lost = (self.driver.role()).leadership_lost(&self.config.stream, self.config.index);
+        for sequence in self.driver.grace_expired(tokio::time::Instant::now()) {
+            let pending = self.driver.get_mut(sequence);
+            if let Some(reply) = pending.and_then(|p| p.item.reply.take()) {
+                let _ = reply.send(Err(lost.clone()));
             }
-        }
-    }
-
-    /// Where foreign records may be applied up to now (see the module docs).
-    fn follow_limit(&self) -> Option<u64> {
-        match self.inflight.front() {
-            None => Some(self.committed_up_to),
-            Some(Inflight {
-                committed: Some(range),
-                ..
-            }) if range.start > self.state.next_offset() => Some(range.start),
-            Some(_) => None,
         }
     }
 
@@ -120,16 +95,16 @@ impl Owner {
     /// nothing of this owner's is in the way; rebuilds the state when the log restarted past
     /// it.
     pub(super) fn maybe_follow(&mut self) {
-        if self.following || self.restarting || self.stopped.is_some() || self.healing {
+        if self.following || self.restarting || self.driver.stopped().is_some() {
             return;
         }
-        let from = self.state.next_offset();
-        let Some(until) = self.follow_limit() else {
+        let Some(Range {
+            start: from,
+            end: until,
+        }) = self.driver.follow_due(self.state.next_offset())
+        else {
             return;
         };
-        if until <= from {
-            return;
-        }
         let log = self.log.clone();
         let commands = self.commands.clone();
         if from < log.start_offset() {
@@ -157,7 +132,7 @@ impl Owner {
     /// A batch of foreign records read from `from`: applied, unless the state moved meanwhile.
     pub(super) fn followed(&mut self, from: u64, result: BrokerResult<Vec<Foreign>>) {
         self.following = false;
-        if self.stopped.is_some() || from != self.state.next_offset() {
+        if self.driver.stopped().is_some() || from != self.state.next_offset() {
             self.maybe_follow();
             return;
         }
@@ -199,7 +174,7 @@ impl Owner {
     /// The state rebuilt after the log restarted past it.
     pub(super) fn restarted(&mut self, result: BrokerResult<(StreamPartitionState, Held)>) {
         self.restarting = false;
-        if self.stopped.is_some() {
+        if self.driver.stopped().is_some() {
             // The log stopped meanwhile: its heal rebuilds from what it holds then.
             return;
         }
@@ -244,6 +219,7 @@ fn read_foreign(log: &dyn PartitionLog, from: u64, until: u64) -> BrokerResult<V
 mod tests {
     use super::*;
     use crate::gate::OpenGate;
+    use crate::partition::driver::STEP_DOWN_GRACE;
     use crate::partition::mem_log::MemLog;
     use crate::record::ProducerSeq;
     use crate::stream::records::Checkpoint;
