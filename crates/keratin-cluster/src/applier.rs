@@ -383,7 +383,7 @@ async fn act(
             }
         }
         Change::StreamDeclared { name, entry } => {
-            let replicas = vec![entry.replicas.clone(); entry.settings.partitions as usize];
+            let replicas = crate::groups::stream_partition_replicas(entry);
             match broker
                 .declare_stream_replicated(entry.id, name, entry.settings, replicas)
                 .await

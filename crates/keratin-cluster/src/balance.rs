@@ -1,8 +1,10 @@
 //! Leader balancing: each partition's *preferred leader* is the first node of its replica list
-//! in the catalog, and placement rotates the first node over the cluster, so leaders spread.
-//! A new group's first election already goes to its preferred leader (the other replicas hold
-//! their first campaign, `ReplicatedLogs::hold_first_election`). Later elections do not keep
-//! that order: after a failover the new leader stays where the election put it, and a node
+//! in the catalog, and placement rotates the first node over the cluster, so leaders spread
+//! (a stream's groups rotate its one replica set: `groups.rs`; they are balanced as queue
+//! partitions are).
+//! Every replica of a new group forms it at once, so its first election goes to whichever
+//! campaigns first, and the hand-over below moves it; later elections do not keep the
+//! preferred order either: after a failover the new leader stays where the election put it, and a node
 //! back from a restart leads nothing. As Kafka's preferred leader election does
 //! (`auto.leader.rebalance.enable`), the leader of a group hands it back to the preferred
 //! leader once that one is caught up (`ReplicatedLogs::transfer_leader`: a voter at most a few
@@ -29,7 +31,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use keratin_net::GroupId;
-use keratin_raft::partition_log::{partition_group, ReplicatedLogs};
+use keratin_raft::partition_log::ReplicatedLogs;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
@@ -62,9 +64,9 @@ const REBALANCE_POLL: Duration = Duration::from_millis(50);
 /// One leadership handed over on request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeaderMove {
-    /// The queue.
+    /// The queue or stream.
     pub queue: String,
-    /// The partition's index.
+    /// The partition's index (`u32::MAX`, 4294967295, for a stream's cursor log).
     pub partition: u32,
     /// The node that led it.
     pub from: u64,
@@ -75,9 +77,9 @@ pub struct LeaderMove {
 /// A partition that is not led by its preferred leader and was not handed over, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeaderKept {
-    /// The queue.
+    /// The queue or stream.
     pub queue: String,
-    /// The partition's index.
+    /// The partition's index (`u32::MAX`, 4294967295, for a stream's cursor log).
     pub partition: u32,
     /// The node that leads it.
     pub leader: u64,
@@ -323,31 +325,22 @@ impl Balancer {
         report
     }
 
-    /// The queue partitions this node leads whose preferred leader is another node.
+    /// The groups (queue and stream partitions, stream cursor logs) this node leads whose
+    /// preferred leader is another node.
     fn led_elsewhere_preferred(&self) -> Vec<Led> {
         let catalog = self.applied.catalog();
-        let mut led = Vec::new();
-        for (name, entry) in catalog.queues() {
-            for (index, replicas) in entry.replicas.iter().enumerate() {
-                let Ok(partition) = u32::try_from(index) else {
-                    continue;
-                };
-                let Ok(group) = partition_group(entry.id, partition) else {
-                    continue;
-                };
-                let preferred = replicas.first().copied();
-                if preferred.is_none_or(|p| p == self.node_id) || !self.logs.leads(group) {
-                    continue;
-                }
-                led.push(Led {
-                    group,
-                    queue: name.clone(),
-                    partition,
-                    replicas: replicas.clone(),
-                });
-            }
-        }
-        led
+        crate::groups::catalog_groups(&catalog)
+            .into_iter()
+            .filter(|g| {
+                g.replicas.first().is_some_and(|p| *p != self.node_id) && self.logs.leads(g.group)
+            })
+            .map(|g| Led {
+                group: g.group,
+                queue: g.name,
+                partition: g.partition,
+                replicas: g.replicas,
+            })
+            .collect()
     }
 
     /// Why `led`'s group may not change leader now (a membership change under way or its

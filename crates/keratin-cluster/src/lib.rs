@@ -17,6 +17,7 @@
 //! - `directory`: the nodes' client and admin addresses.
 //! - `levels`: every node's resource report, carried by node labels.
 //! - `elsewhere`: the log of a partition with no replica on this node.
+//! - `groups`: every queue's and stream's replicated groups, the preferred leader first.
 //! - `reconcile`: brings the groups this node leads to the members the metadata names.
 //! - `balance`: hands partitions back to their preferred leaders (automatically, and on
 //!   request: [`ClusterNode::rebalance`]).
@@ -34,6 +35,7 @@ pub mod catalog;
 pub mod dead_letters;
 pub mod directory;
 pub mod elsewhere;
+mod groups;
 mod hook;
 pub mod join;
 pub mod levels;

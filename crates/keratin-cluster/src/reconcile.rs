@@ -1,5 +1,6 @@
-//! The reconciler: on every node, every [`ROUND`], each Raft group this node leads is brought
-//! to the members the metadata says it has.
+//! The reconciler: on every node, every [`ROUND`], each Raft group this node leads (a queue's
+//! partition, a stream's partition or cursor log: `groups.rs`) is brought to the members the
+//! metadata says it has.
 //! - A partition group whose committed voters differ from its replicas in the catalog changes
 //!   them (`ReplicatedLogs::change_voters`: new nodes join as learners and catch up first,
 //!   then joint consensus). One change per group at a time, on a task of its own. A group left
@@ -17,7 +18,7 @@
 //!   says which), with the same steps; the other nodes are made learners.
 //!
 //! - A partition group led here whose voters are settled hands its leadership back to its
-//!   preferred leader, the first of its replicas in the catalog (`balance.rs`), a bounded
+//!   preferred leader, the first of its replicas as `groups.rs` lists them (`balance.rs`), a bounded
 //!   number of groups per round, while `cluster.leader_balance` is on.
 //!
 //! It only acts on a group whose latest membership is committed, so it never races a change in
@@ -29,7 +30,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use keratin_net::GroupId;
-use keratin_raft::partition_log::{partition_group, ReplicatedLogs};
+use keratin_raft::partition_log::ReplicatedLogs;
 use keratin_raft::replica::{GroupMembers, CATCH_UP_WAIT};
 use tokio::sync::watch;
 
@@ -109,22 +110,17 @@ impl Reconciler {
         let catalog = self.applied.catalog();
         let mut seen = BTreeSet::new();
         let mut settled_led = Vec::new();
-        for entry in catalog.queues().values() {
-            for (index, replicas) in entry.replicas.iter().enumerate() {
-                // A leader that is moving off still leads the change.
-                let Ok(group) = partition_group(entry.id, index as u32) else {
-                    continue;
-                };
-                if !self.logs.leads(group) {
-                    continue;
-                }
-                seen.insert(group.0);
-                let settled = self
-                    .partition(group, replicas.iter().copied().collect())
-                    .await;
-                if let (true, Some(&preferred)) = (settled, replicas.first()) {
-                    settled_led.push((group, preferred));
-                }
+        for entry in crate::groups::catalog_groups(&catalog) {
+            // A leader that is moving off still leads the change.
+            if !self.logs.leads(entry.group) {
+                continue;
+            }
+            seen.insert(entry.group.0);
+            let settled = self
+                .partition(entry.group, entry.replicas.iter().copied().collect())
+                .await;
+            if let (true, Some(&preferred)) = (settled, entry.replicas.first()) {
+                settled_led.push((entry.group, preferred));
             }
         }
         self.balance(&settled_led).await;

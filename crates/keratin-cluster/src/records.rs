@@ -73,8 +73,9 @@ pub enum ClusterRecord {
         /// The keys that change, with their values (`null`: back to each node's configuration).
         changes: BTreeMap<String, serde_json::Value>,
     },
-    /// A stream (issue 18), its partitions and its cursor log replicated on `replicas` (the
-    /// first is the preferred leader). Its id is assigned when applied, from the queues'
+    /// A stream, its partitions and its cursor log replicated on `replicas` (partition `p`
+    /// prefers the node at `p` modulo their number as leader, the cursor log the node after the
+    /// last partition's: `groups.rs`). Its id is assigned when applied, from the queues'
     /// counter (one name space and one id space with queues).
     StreamDeclared {
         /// The stream.

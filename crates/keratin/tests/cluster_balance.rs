@@ -1,11 +1,13 @@
 //! Leader balancing on three real `keratin serve` processes on 127.0.0.1, with two queues of
-//! three partitions and three replicas (their preferred leaders rotate over the three nodes):
+//! three partitions and three replicas (their preferred leaders rotate over the three nodes),
+//! and a stream of three partitions on the three nodes (each partition prefers another one):
 //! 1. Fresh cluster: within [`SPREAD_WITHIN`] of the declares, every partition is led by its
 //!    preferred leader, so each queue's leaders are on three different nodes (every replica
 //!    forms the group at once; the first leader hands it over once it has led 5 s,
-//!    `LEADER_SETTLE`, in a reconciler round of 1 s).
+//!    `LEADER_SETTLE`, in a reconciler round of 1 s). The stream's partitions too are led by
+//!    three different nodes.
 //! 2. A node killed (`kill -9`) and started again gets its preferred leaderships back within
-//!    [`BACK_WITHIN`] of its start.
+//!    [`BACK_WITHIN`] of its start, a stream partition among them.
 //! 3. `keratin settings set cluster.leader_balance=false` (cluster-wide, runtime): a node
 //!    killed and started again gets nothing back: once the leaders settled after its start
 //!    they stay for [`OFF_HOLD`]; `keratin cluster rebalance` then hands every partition not
@@ -13,7 +15,9 @@
 //!    the leaders are the preferred ones again.
 //!
 //! Fails (before the fix): step 1 found every partition led by the node whose replicas opened
-//! first, for longer than [`SPREAD_WITHIN`]; step 3's setting and verb did not exist.
+//! first, for longer than [`SPREAD_WITHIN`]; step 3's setting and verb did not exist. Before
+//! streams were balanced, every partition of a stream preferred the same node and a stream's
+//! leaders stayed where its first elections put them.
 //!
 //! No root needed. Bounded: each wait has a deadline; the processes are stopped by PID.
 
@@ -28,6 +32,8 @@ use support::cluster::Cluster;
 /// The two queues, three partitions each.
 const QUEUES: [&str; 2] = ["spread-a", "spread-b"];
 const PARTITIONS: usize = 3;
+/// The stream, three partitions on the three nodes.
+const STREAM: &str = "spread-s";
 
 /// A fresh queue's partitions are led by their preferred leaders within this of the declare.
 const SPREAD_WITHIN: Duration = Duration::from_secs(10);
@@ -68,6 +74,61 @@ fn leaders(cluster: &Cluster) -> Option<Leaders> {
         }
     }
     Some(out)
+}
+
+/// Which node leads each of the stream's partitions, by index: the one running node whose
+/// stream document says it leads it; `None` until every running node answers and each
+/// partition has exactly one.
+fn stream_leaders(cluster: &Cluster) -> Option<Vec<u64>> {
+    let mut leading: Vec<Vec<u64>> = vec![Vec::new(); PARTITIONS];
+    for (id, node) in &cluster.nodes {
+        if node.server.is_none() {
+            continue;
+        }
+        let path = format!("/api/v1/streams/{STREAM}");
+        let http = node.http;
+        let text = std::panic::catch_unwind(move || support::http_get(http, &path)).ok()?;
+        let document: Value = serde_json::from_str(&text[text.find('{')?..]).ok()?;
+        let partitions = document["partitions"].as_array()?;
+        if partitions.len() != PARTITIONS {
+            return None;
+        }
+        for (index, partition) in partitions.iter().enumerate() {
+            if partition["leading"] == true {
+                leading[index].push(*id);
+            }
+        }
+    }
+    leading
+        .into_iter()
+        .map(|ids| match ids[..] {
+            [id] => Some(id),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Waits up to `within` until the stream's partitions are led by three different nodes; how
+/// long it took, or a panic with the last leaders seen.
+fn wait_stream_spread(cluster: &Cluster, what: &str, within: Duration) -> Duration {
+    let start = Instant::now();
+    let mut last = None;
+    loop {
+        if let Some(now) = stream_leaders(cluster) {
+            let mut nodes = now.clone();
+            nodes.sort_unstable();
+            if nodes == [1, 2, 3] {
+                return start.elapsed();
+            }
+            last = Some(now);
+        }
+        assert!(
+            start.elapsed() < within,
+            "{what}: the stream's partitions not led by three nodes within {within:?}; leaders \
+             by partition: {last:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// Waits up to `within` until `done` holds of the leaders; how long it took, or a panic with
@@ -154,6 +215,20 @@ fn leaders_spread_at_declare_come_back_after_a_restart_and_rebalance_on_request(
         );
         assert!(out.contains("declared queue"), "{out}");
     }
+    let out = cluster.cli_until_ok(
+        1,
+        &[
+            "stream",
+            "declare",
+            STREAM,
+            "--partitions",
+            "3",
+            "--replicas",
+            "3",
+        ],
+        WAIT_MAX,
+    );
+    assert!(out.contains(STREAM), "{out}");
     wait_leaders(
         &cluster,
         "every fresh partition led by its preferred leader",
@@ -172,6 +247,11 @@ fn leaders_spread_at_declare_come_back_after_a_restart_and_rebalance_on_request(
         nodes.sort_unstable();
         assert_eq!(nodes, vec![1, 2, 3], "{queue}'s leaders: {now:?}");
     }
+    wait_stream_spread(
+        &cluster,
+        "a fresh stream",
+        SPREAD_WITHIN.saturating_sub(declared_at.elapsed()),
+    );
     for queue in QUEUES {
         let out = cluster.cli_until_ok(
             2,
@@ -192,6 +272,7 @@ fn leaders_spread_at_declare_come_back_after_a_restart_and_rebalance_on_request(
         all_preferred,
     );
     eprintln!("node {back} led its preferred partitions again {took:?} after its start");
+    wait_stream_spread(&cluster, "the stream after node 2's restart", BACK_WITHIN);
 
     // 3. Off: a node started again leads nothing; `cluster rebalance` hands them back.
     let out = cluster.cli_until_ok(
@@ -244,6 +325,15 @@ fn leaders_spread_at_declare_come_back_after_a_restart_and_rebalance_on_request(
         })
         .collect();
     moved.sort();
+    // The stream's groups (partitions and cursor log) move too; the queues' moves are exactly
+    // the partitions the settled leaders left off their preferred leaders.
+    assert!(
+        moved
+            .iter()
+            .all(|((name, _), _, _)| QUEUES.contains(&name.as_str()) || name == STREAM),
+        "the moves reported: {answer}"
+    );
+    moved.retain(|((name, _), _, _)| name != STREAM);
     assert_eq!(moved, expected, "the moves reported: {answer}");
     assert_eq!(answer["kept"], serde_json::json!([]), "{answer}");
     wait_leaders(
@@ -251,6 +341,11 @@ fn leaders_spread_at_declare_come_back_after_a_restart_and_rebalance_on_request(
         "the preferred leaders after `cluster rebalance`",
         Duration::from_secs(5),
         all_preferred,
+    );
+    wait_stream_spread(
+        &cluster,
+        "the stream after `cluster rebalance`",
+        Duration::from_secs(5),
     );
     // Nothing left to move: a second rebalance reports no moves.
     let again = cluster.cli_until_ok(1, &["cluster", "rebalance", "--json"], WAIT_MAX);

@@ -56,10 +56,6 @@ fn stream_dir(storage: &Path, id: u64) -> PathBuf {
     storage.join("streams").join(id.to_string())
 }
 
-/// The index of a replicated stream's cursor log among its groups (partition group ids hold
-/// indexes below 256; a stream's partitions stay below 64).
-const CURSOR_LOG_GROUP_INDEX: u32 = 255;
-
 /// The cursor log's directory, beside partition 0's payload log.
 fn cursors_dir(decl: &StreamDecl) -> BrokerResult<PathBuf> {
     let storage = decl
@@ -600,7 +596,7 @@ impl BrokerInner {
         let cursors = match decl.replicas.first() {
             Some(replicas) => self.open_replicated(
                 decl,
-                CURSOR_LOG_GROUP_INDEX,
+                cursor_log::CURSOR_LOG_GROUP_INDEX,
                 cursors_dir(decl)?,
                 replicas,
                 SizeClass::Small,

@@ -43,6 +43,10 @@ use crate::stream::cursors::should_compact;
 /// a few hundred), so a client can tell the cursor log's leader from a partition's.
 pub const CURSOR_LOG_PARTITION: u32 = u32::MAX;
 
+/// The index of a replicated stream's cursor log among its Raft groups (a group id holds
+/// indexes below 256; a stream's payload partitions stay below 64, so none is 255).
+pub const CURSOR_LOG_GROUP_INDEX: u32 = 255;
+
 /// Requests waiting for the owner; more wait for room (commits are answered one at a time).
 const REQUESTS_MAX: usize = 256;
 
