@@ -4,8 +4,7 @@
 //! publishes keyed messages (following 421 to each partition's leader); a reader with a cursor,
 //! connected to another node that does not lead the cursor log, is sent to the node leading it
 //! (421) and reads them in order per key, then commits. Then a node that leads a stream
-//! partition is killed with `kill -9` (the cursor log's leader when it leads one too, else
-//! partition 0's leader): the other two elect new leaders, take more publishes through the
+//! partition is killed with `kill -9` (the cursor log's leader, which then leads one): the other two elect new leaders, take more publishes through the
 //! cursor log's leader, and a reader with the same cursor on the other node resumes exactly
 //! after the committed position, reading every message published after it once, in order per
 //! key. The killed node restarts and catches up with the messages
@@ -15,9 +14,9 @@
 //! a confirmed message is lost, read twice or out of order, if the cursor is lost, or if the
 //! cluster does not serve again within 30 s.
 //!
-//! The stream's partitions are led where their elections put them: stream groups get no
-//! preferred leaders handed back by leader balancing, and in the runs so far one node led all
-//! three at the start (after the kill, two nodes lead them).
+//! Before anything is published the stream's partitions must be led by three different nodes
+//! within 30 s (the declare rotates preferred leaders, leader balancing hands each partition
+//! there), so that the node killed leads one partition and the others go on.
 
 mod support;
 
@@ -168,17 +167,20 @@ fn stream_leaders(cluster: &Cluster) -> Option<Vec<u64>> {
         .collect()
 }
 
-/// The leaders of the stream's partitions once every one has a single leader, within
-/// [`RECOVERY_MAX`].
-fn wait_stream_leaders(cluster: &Cluster) -> Vec<u64> {
+/// Waits until the stream's partitions are led by three different nodes (the declare rotates
+/// their preferred leaders; leader balancing hands each there), within [`RECOVERY_MAX`]; the
+/// leaders by partition.
+fn wait_stream_spread(cluster: &Cluster) -> Vec<u64> {
     let deadline = Instant::now() + RECOVERY_MAX;
     loop {
-        if let Some(leaders) = stream_leaders(cluster) {
-            return leaders;
+        let leaders = stream_leaders(cluster);
+        if let Some(leaders) = leaders.as_ref().filter(|l| support::cluster::spread(l)) {
+            return leaders.clone();
         }
         assert!(
             Instant::now() < deadline,
-            "the stream's partitions have no single leader each within {RECOVERY_MAX:?}"
+            "the stream's partitions not led by three nodes within {RECOVERY_MAX:?}: \
+             {leaders:?}"
         );
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -240,7 +242,7 @@ fn a_replicated_stream_keeps_its_messages_and_cursor_across_a_leader_kill() {
             assert!(Instant::now() < deadline, "declare: {error}");
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        let leaders = wait_stream_leaders(&cluster);
+        let leaders = wait_stream_spread(&cluster);
         let home = wait_cursor_leader(&cluster, None);
         let publisher_node = if home == 2 { 3 } else { 2 };
         let reader_node = [1, 2, 3]
