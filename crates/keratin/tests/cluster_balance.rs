@@ -76,45 +76,13 @@ fn leaders(cluster: &Cluster) -> Option<Leaders> {
     Some(out)
 }
 
-/// Which node leads each of the stream's partitions, by index: the one running node whose
-/// stream document says it leads it; `None` until every running node answers and each
-/// partition has exactly one.
-fn stream_leaders(cluster: &Cluster) -> Option<Vec<u64>> {
-    let mut leading: Vec<Vec<u64>> = vec![Vec::new(); PARTITIONS];
-    for (id, node) in &cluster.nodes {
-        if node.server.is_none() {
-            continue;
-        }
-        let path = format!("/api/v1/streams/{STREAM}");
-        let http = node.http;
-        let text = std::panic::catch_unwind(move || support::http_get(http, &path)).ok()?;
-        let document: Value = serde_json::from_str(&text[text.find('{')?..]).ok()?;
-        let partitions = document["partitions"].as_array()?;
-        if partitions.len() != PARTITIONS {
-            return None;
-        }
-        for (index, partition) in partitions.iter().enumerate() {
-            if partition["leading"] == true {
-                leading[index].push(*id);
-            }
-        }
-    }
-    leading
-        .into_iter()
-        .map(|ids| match ids[..] {
-            [id] => Some(id),
-            _ => None,
-        })
-        .collect()
-}
-
 /// Waits up to `within` until the stream's partitions are led by three different nodes; how
 /// long it took, or a panic with the last leaders seen.
 fn wait_stream_spread(cluster: &Cluster, what: &str, within: Duration) -> Duration {
     let start = Instant::now();
     let mut last = None;
     loop {
-        if let Some(now) = stream_leaders(cluster) {
+        if let Some(now) = cluster.stream_leaders(STREAM) {
             let mut nodes = now.clone();
             nodes.sort_unstable();
             if nodes == [1, 2, 3] {
@@ -215,6 +183,7 @@ fn leaders_spread_at_declare_come_back_after_a_restart_and_rebalance_on_request(
         );
         assert!(out.contains("declared queue"), "{out}");
     }
+    let stream_declared_at = Instant::now();
     let out = cluster.cli_until_ok(
         1,
         &[
@@ -250,7 +219,7 @@ fn leaders_spread_at_declare_come_back_after_a_restart_and_rebalance_on_request(
     wait_stream_spread(
         &cluster,
         "a fresh stream",
-        SPREAD_WITHIN.saturating_sub(declared_at.elapsed()),
+        SPREAD_WITHIN.saturating_sub(stream_declared_at.elapsed()),
     );
     for queue in QUEUES {
         let out = cluster.cli_until_ok(

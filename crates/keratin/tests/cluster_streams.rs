@@ -132,48 +132,13 @@ fn in_order_per_key(numbers: &[u64]) {
     }
 }
 
-/// `GET /api/v1/streams/events` of node `id`, if it answers with JSON.
-fn stream_document(cluster: &Cluster, id: u64) -> Option<serde_json::Value> {
-    let node = cluster.nodes.get(&id).filter(|n| n.server.is_some())?;
-    let http = node.http;
-    let path = format!("/api/v1/streams/{STREAM}");
-    let text = std::panic::catch_unwind(move || support::http_get(http, &path)).ok()?;
-    let json = text.find('{').map(|at| &text[at..])?;
-    serde_json::from_str(json).ok()
-}
-
-/// The leader of each of the stream's partitions, by index: the one running node that says it
-/// leads it (their stream documents); `None` until every running node answers and each
-/// partition has exactly one.
-fn stream_leaders(cluster: &Cluster) -> Option<Vec<u64>> {
-    let mut leading: Vec<Vec<u64>> = vec![Vec::new(); PARTITIONS as usize];
-    for (id, node) in &cluster.nodes {
-        if node.server.is_none() {
-            continue;
-        }
-        let document = stream_document(cluster, *id)?;
-        for (index, partition) in document["partitions"].as_array()?.iter().enumerate() {
-            if partition["leading"] == true {
-                leading.get_mut(index)?.push(*id);
-            }
-        }
-    }
-    leading
-        .into_iter()
-        .map(|ids| match ids[..] {
-            [id] => Some(id),
-            _ => None,
-        })
-        .collect()
-}
-
 /// Waits until the stream's partitions are led by three different nodes (the declare rotates
 /// their preferred leaders; leader balancing hands each there), within [`RECOVERY_MAX`]; the
 /// leaders by partition.
 fn wait_stream_spread(cluster: &Cluster) -> Vec<u64> {
     let deadline = Instant::now() + RECOVERY_MAX;
     loop {
-        let leaders = stream_leaders(cluster);
+        let leaders = cluster.stream_leaders(STREAM);
         if let Some(leaders) = leaders.as_ref().filter(|l| support::cluster::spread(l)) {
             return leaders.clone();
         }
@@ -197,7 +162,9 @@ fn wait_cursor_leader(cluster: &Cluster, except: Option<u64>) -> u64 {
             .copied()
             .filter(|id| Some(*id) != except)
             .filter(|id| {
-                stream_document(cluster, *id).is_some_and(|d| d["cursor_log"]["leading"] == true)
+                cluster
+                    .stream_document(*id, STREAM)
+                    .is_some_and(|d| d["cursor_log"]["leading"] == true)
             })
             .collect();
         if let [id] = leading[..] {
@@ -267,7 +234,7 @@ fn a_replicated_stream_keeps_its_messages_and_cursor_across_a_leader_kill() {
 
     // The node killed leads a stream partition: the cursor log's leader when it leads one too
     // (kill -9 takes both), else partition 0's leader.
-    let leaders = stream_leaders(&cluster).unwrap_or_default();
+    let leaders = cluster.stream_leaders(STREAM).unwrap_or_default();
     let victim = if leaders.contains(&first_home) {
         first_home
     } else {
@@ -313,7 +280,7 @@ fn a_replicated_stream_keeps_its_messages_and_cursor_across_a_leader_kill() {
             "more messages than were published: {quiet:?}"
         );
         reader.cancel().await.expect("cancel");
-        let now = stream_leaders(&cluster);
+        let now = cluster.stream_leaders(STREAM);
         println!(
             "node {victim} killed (it led stream partitions {led:?} of {leaders:?}; the \
              cursor log was led by node {first_home}): the cursor log led by node \
@@ -327,7 +294,9 @@ fn a_replicated_stream_keeps_its_messages_and_cursor_across_a_leader_kill() {
     cluster.start_node(victim);
     let deadline = Instant::now() + RECOVERY_MAX;
     loop {
-        let messages = stream_document(&cluster, victim).and_then(|d| d["messages"].as_u64());
+        let messages = cluster
+            .stream_document(victim, STREAM)
+            .and_then(|d| d["messages"].as_u64());
         if messages == Some(FIRST + SECOND) {
             break;
         }

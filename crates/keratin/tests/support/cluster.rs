@@ -318,3 +318,50 @@ pub fn spread(leaders: &[u64]) -> bool {
     let nodes: std::collections::BTreeSet<u64> = leaders.iter().copied().collect();
     nodes.len() == leaders.len().min(3)
 }
+
+impl Cluster {
+    /// `GET /api/v1/streams/{stream}` of node `id`, if it runs and answers with JSON.
+    pub fn stream_document(&self, id: u64, stream: &str) -> Option<serde_json::Value> {
+        let node = self.nodes.get(&id).filter(|n| n.server.is_some())?;
+        let http = node.http;
+        let path = format!("/api/v1/streams/{stream}");
+        let text = std::panic::catch_unwind(move || super::http_get(http, &path)).ok()?;
+        let json = text.find('{').map(|at| &text[at..])?;
+        serde_json::from_str(json).ok()
+    }
+
+    /// The leader of each of `stream`'s partitions, by index: the one running node whose
+    /// stream document says it leads it; `None` until every running node answers, they list
+    /// the same non-zero number of partitions, and each partition has exactly one.
+    pub fn stream_leaders(&self, stream: &str) -> Option<Vec<u64>> {
+        let mut leading: Vec<Vec<u64>> = Vec::new();
+        for (id, node) in &self.nodes {
+            if node.server.is_none() {
+                continue;
+            }
+            let document = self.stream_document(*id, stream)?;
+            let partitions = document["partitions"].as_array()?;
+            if leading.is_empty() {
+                leading = vec![Vec::new(); partitions.len()];
+            }
+            if partitions.is_empty() || partitions.len() != leading.len() {
+                return None;
+            }
+            for (index, partition) in partitions.iter().enumerate() {
+                if partition["leading"] == true {
+                    leading[index].push(*id);
+                }
+            }
+        }
+        if leading.is_empty() {
+            return None;
+        }
+        leading
+            .into_iter()
+            .map(|ids| match ids[..] {
+                [id] => Some(id),
+                _ => None,
+            })
+            .collect()
+    }
+}
