@@ -192,3 +192,90 @@ impl Owner {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! A leader whose log refuses an ack's SETTLE while the owner still takes itself for the
+    //! leader (openraft refuses writes during a leadership transfer and while its lease has
+    //! lapsed, before the role change reaches the owner): the acked message is ready again,
+    //! and its next delivery must say it was delivered before. Fails if it comes back as new
+    //! (`redelivered` false, delivery count 1): a consumer then takes a message it acked for
+    //! one it never saw.
+
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use crate::error::{BrokerError, BrokerResult};
+    use crate::partition::log::{PartitionLog, PartitionLogs, PartitionPlace, Role};
+    use crate::partition::mem_log::MemLog;
+    use crate::record::Message;
+    use crate::{Broker, BrokerConfig, QueueSettings};
+
+    /// Every replicated partition of the test's broker is the one `MemLog`.
+    struct OneLog(Arc<MemLog>);
+
+    impl PartitionLogs for OneLog {
+        fn open(&self, _place: &PartitionPlace) -> BrokerResult<Arc<dyn PartitionLog>> {
+            Ok(self.0.clone())
+        }
+    }
+
+    #[tokio::test]
+    async fn an_acked_message_whose_settle_the_log_refuses_comes_again_flagged_redelivered() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let log = Arc::new(MemLog::default());
+        let mut config = BrokerConfig::new(vec![dir.path().join("data")]);
+        config.pool_background = false;
+        config.partition_logs = Some(Arc::new(OneLog(log.clone())));
+        let broker = Broker::open(config).await.expect("broker opens");
+        broker
+            .declare_replicated(7, "q", QueueSettings::default(), vec![vec![1, 2, 3]])
+            .await
+            .expect("declared");
+        // This node leads from offset 0: a message published now is one it alone delivered.
+        log.set_role(Role {
+            leading: true,
+            leader: Some(1),
+            addr: None,
+            from: 0,
+        });
+        let published = broker.publish("q", vec![Message::new("m")]).await;
+        assert!(published.iter().all(Result::is_ok), "{published:?}");
+        let mut consumer = broker.subscribe("q", 10).expect("subscribed");
+        let within = Duration::from_secs(5);
+        let first = tokio::time::timeout(within, consumer.recv())
+            .await
+            .expect("delivered within 5 s")
+            .expect("consumer open");
+        assert!(!first.redelivered);
+        assert_eq!(first.delivery_count, 1);
+        log.hold_proposals();
+        consumer.ack(&[first.tag]);
+        let deadline = tokio::time::Instant::now() + within;
+        while log.held_count() == 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the ack's SETTLE was never proposed"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // The log refuses it (nothing written), the owner's role unchanged.
+        log.settle_held(Some(BrokerError::NotLeader {
+            queue: "q".into(),
+            partition: 0,
+            leader: None,
+            addr: None,
+        }));
+        let again = tokio::time::timeout(within, consumer.recv())
+            .await
+            .expect("the message whose settle was refused is delivered again within 5 s")
+            .expect("consumer open");
+        assert_eq!(again.tag, first.tag);
+        assert!(
+            again.redelivered && again.delivery_count == 2,
+            "an acked message came again as new: redelivered {}, delivery count {}",
+            again.redelivered,
+            again.delivery_count
+        );
+    }
+}
