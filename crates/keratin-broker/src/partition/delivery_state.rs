@@ -56,7 +56,8 @@ pub(crate) struct DeliveryState {
     pub(crate) limbo: HashMap<u64, u32>,
     /// Messages ready again (returned, or a failed write put them back), delivered first.
     pub(crate) redeliver: BTreeSet<u64>,
-    /// Delivery counts of returned messages whose RETURN record is not applied yet.
+    /// Delivery counts not durable yet: of returned messages whose RETURN record is not
+    /// applied yet, and of messages whose settle was refused (dropped when they are settled).
     pub(crate) counts_pending: HashMap<u64, u32>,
     /// The reader the last delivery read stopped at, to read on from there.
     pub(crate) reader: Option<BoxReader>,
@@ -126,6 +127,13 @@ impl DeliveryState {
         state
             .delivery_count(m)
             .max(self.counts_pending.get(&m).copied().unwrap_or(0))
+    }
+
+    /// Message `m` comes back to ready after a delivery that no RETURN record counts (its
+    /// settle was refused): its next delivery counts this one, and is flagged redelivered.
+    pub(crate) fn count_delivery(&mut self, state: &PartitionState, m: u64) {
+        let count = self.delivery_count(state, m) + 1;
+        self.counts_pending.insert(m, count);
     }
 
     /// Messages inflight or leaving (whether or not still live).

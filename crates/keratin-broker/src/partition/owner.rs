@@ -652,7 +652,14 @@ impl Owner {
             Applied::Settings | Applied::Nothing | Applied::Duplicate { .. } => {}
             // Space reclaim may cut the log here now.
             Applied::Checkpointed => self.reclaim_due = true,
-            Applied::Settled(_) => self.reclaim_due = true,
+            Applied::Settled(messages) => {
+                // A count still pending (a return, or a refused settle, not written) goes with
+                // its message.
+                for m in messages {
+                    self.delivery.counts_pending.remove(&m);
+                }
+                self.reclaim_due = true;
+            }
             Applied::Returned(messages) => {
                 // A later return of the same message may still be on its way to the log: its
                 // count stays pending until the state has caught up with it.
@@ -689,16 +696,28 @@ impl Owner {
                 _ => {}
             }
         }
-        // Messages whose settle or return was being written are ready again.
+        // Messages whose settle or return was being written are ready again. A settled one
+        // that a consumer held (all but those `drop_oldest` took from the ready ones) was
+        // delivered, and no RETURN record says so: its next delivery counts this one and is
+        // flagged redelivered (a log refuses writes while the owner still leads: during a
+        // leadership transfer, or with its lease lapsed).
         for record in &records {
-            let messages: Vec<u64> = match record {
-                PartitionRecord::Settle(entries) => entries.iter().map(|e| e.message).collect(),
-                PartitionRecord::Return(entries) => entries.iter().map(|e| e.message).collect(),
+            let messages: Vec<(u64, bool)> = match record {
+                PartitionRecord::Settle(entries) => {
+                    entries.iter().map(|e| (e.message, true)).collect()
+                }
+                PartitionRecord::Return(entries) => {
+                    entries.iter().map(|e| (e.message, false)).collect()
+                }
                 _ => Vec::new(),
             };
-            for m in messages {
+            for (m, settled) in messages {
+                let delivered = settled && !self.dropping.contains_key(&m);
                 self.undrop(m);
                 if self.delivery.limbo.remove(&m).is_some() {
+                    if delivered {
+                        self.delivery.count_delivery(&self.state, m);
+                    }
                     self.delivery.redeliver.insert(m);
                 }
             }
