@@ -1,23 +1,32 @@
-//! Three real `keratin serve` processes on 127.0.0.1 form a cluster; a replicated queue
-//! (3 replicas) takes confirmed publishes and acking consumers while nodes are killed, in
-//! rounds:
-//! 1. `kill -9` the partition's leader (and restart it): the failover time — from the kill to
-//!    the first confirm of a publish sent after it (a confirm of an earlier publish can still
-//!    arrive just after the kill) — is measured and printed;
-//! 2. `SIGSTOP` a follower for 10 s, then `SIGCONT`;
-//! 3. `kill -9` two nodes at once (no majority: publishes wait), then restart both;
-//! 5. (listed after 4, runs last) wipe a follower's data directory and restart it (it rebuilds
-//!    from the leader's snapshot and log); then kill the other follower (confirms need the
-//!    rebuilt one), restart it, and kill the leader (the two followers elect one);
-//! 4. (root and iptables only) cut the partition's leader off the other two nodes: iptables
+//! Three real `keratin serve` processes on 127.0.0.1 form a cluster with leader balancing on;
+//! a replicated queue of 3 partitions (3 replicas each), whose leaders the declare spreads
+//! over the three nodes, takes confirmed publishes and acking consumers while nodes are
+//! killed, in rounds. Each round's victim leads a partition (the test waits, between rounds,
+//! until balancing has spread the leaders over the three nodes again), and a failover time is
+//! that of the victim's partitions: from the fault to their first confirm of a publish sent
+//! after it (a confirm of an earlier publish can still arrive just after the fault; the
+//! partitions the victim did not lead confirm at once). The publisher's messages have no
+//! routing key and its idempotent producer numbers them, so each one's partition is known:
+//! `(producer id + sequence / 64) mod 3`, as the client and the broker route it.
+//! 1. `kill -9` the leader of partition 0 (and restart it);
+//! 2. `SIGSTOP` the leader of partition 1 for 10 s, then `SIGCONT`: its partition fails over,
+//!    and it is a paused follower of the two others; every partition confirms meanwhile;
+//! 3. `kill -9` nodes 1 and 3 at once (no majority: publishes wait), then restart both;
+//!    every partition confirms again;
+//! 5. (listed after 4, runs last) wipe the data directory of a node that follows partition 2
+//!    and restart it (it rebuilds every partition from the leaders' snapshots and logs); then
+//!    kill the other follower of partition 2 (every partition's confirms need the rebuilt
+//!    one), restart it, and kill partition 2's leader (the two others elect leaders for what
+//!    it led);
+//! 4. (root and iptables only) cut the leader of partition 2 off the other two nodes: iptables
 //!    rules on loopback drop every packet between cluster ports except the two others'
 //!    connection, for at least 5 s and until the others serve; then the exact rules are
-//!    deleted. A raw protocol probe connected only to the cut node (it follows no redirect)
-//!    publishes every 200 ms from before the cut to the heal: it must see confirms before the
-//!    cut, and **no publish sent after the cut is ever confirmed or delivered** (a minority
-//!    leader cannot commit). The failover figure is the time from the cut to the first confirm
-//!    of a publish sent after it. Without root the round is skipped loudly, and fails the test
-//!    under `KERATIN_REQUIRE_PRIVILEGED_TESTS=1`.
+//!    deleted. A raw protocol probe connected only to the cut node (it follows no redirect; the
+//!    node routes its keyless publishes to the partitions it leads) publishes every 200 ms
+//!    from before the cut to the heal: it must see confirms before the cut, and **no publish
+//!    sent after the cut is ever confirmed or delivered** (a minority leader cannot commit).
+//!    The failover figure is that of the cut node's partitions. Without root the round is
+//!    skipped loudly, and fails the test under `KERATIN_REQUIRE_PRIVILEGED_TESTS=1`.
 //!
 //! Clients connect to any node and follow "not the leader" answers; the test's publisher and
 //! consumer reconnect to another node when theirs dies. After each round it checks, and at
@@ -29,9 +38,11 @@
 //! not allowed: the publisher is an idempotent producer (one producer id over all its
 //! reconnections, the sequence number as its sequence), so **no message is delivered twice as
 //! new**; redeliveries of unacked messages after a leader change are flagged `redelivered`.
+//! Confirmed and delivered messages are counted per partition; a confirmed message never
+//! delivered is reported with its partition.
 //!
-//! Bounded: each round waits at most 30 s for the cluster to serve again; the whole test
-//! takes about a minute. Processes are killed by PID when dropped, iptables rules deleted by
+//! Bounded: each round waits at most 30 s for the cluster to serve again (and for the leaders
+//! to spread); the whole test takes about a minute. Processes are killed by PID when dropped, iptables rules deleted by
 //! their exact spec when dropped.
 
 mod support;
@@ -52,6 +63,8 @@ use support::cluster::Cluster;
 use support::{body, seq_of, with_buffer, IptablesRules};
 
 const QUEUE: &str = "orders";
+/// The queue's partitions, their leaders on three different nodes.
+const PARTITIONS: usize = 3;
 /// The test publisher's idempotent producer id.
 const PRODUCER_ID: u64 = 0x6b65_7261_7469_6e31;
 const BODY_BYTES: usize = 256;
@@ -70,35 +83,45 @@ const PROBE_LINGER: Duration = Duration::from_secs(3);
 const PROBE_RUN_MAX: Duration = Duration::from_secs(120);
 
 impl Cluster {
-    /// The node leading the queue's partition, as the nodes' cluster documents say.
-    fn leader(&self) -> Option<u64> {
-        self.leader_among(&[1, 2, 3])
+    /// The leader of each of the queue's partitions, by index, once the running nodes agree
+    /// (an election may still be settling), for [`RECOVERY_MAX`] at most.
+    fn wait_queue_leaders(&self) -> Vec<u64> {
+        self.wait_leaders(QUEUE, "agreed leaders", RECOVERY_MAX, |_| true)
     }
 
-    /// A leader, as the nodes say, polled (an election may still be settling) for
-    /// [`RECOVERY_MAX`] at most.
-    fn wait_leader(&self) -> u64 {
-        let deadline = Instant::now() + RECOVERY_MAX;
-        loop {
-            if let Some(leader) = self.leader() {
-                return leader;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no node says it leads: {:?}",
-                self.cluster_document(1)
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+    /// Waits until the queue's partitions are led by three different nodes (leader balancing
+    /// hands a partition back to its preferred leader once that node is back and the
+    /// partition's current leader has led it a while), for [`RECOVERY_MAX`] at most; how long
+    /// that took.
+    fn wait_spread(&self) -> Duration {
+        let started = Instant::now();
+        self.wait_leaders(
+            QUEUE,
+            "leaders on three nodes",
+            RECOVERY_MAX,
+            support::cluster::spread,
+        );
+        started.elapsed()
     }
 
-    /// Wait until node `id` names the queue's partition leader (its replica runs and hears
-    /// the leader), for [`RECOVERY_MAX`] at most.
+    /// The partitions of the queue that node `id` says it leads.
+    fn led_by(&self, id: u64) -> Vec<usize> {
+        self.partitions_seen_by(id, QUEUE)
+            .unwrap_or_default()
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p["leading"] == true)
+            .map(|(index, _)| index)
+            .collect()
+    }
+
+    /// Wait until node `id` names a leader of each of the queue's partitions (its replicas
+    /// run and hear their leaders), for [`RECOVERY_MAX`] at most.
     fn wait_knows_leader(&self, id: u64) {
         let deadline = Instant::now() + RECOVERY_MAX;
         loop {
             let knows = self.partitions_seen_by(id, QUEUE).is_some_and(|ps| {
-                !ps.is_empty() && ps.iter().all(|p| p["leader"].as_u64().is_some())
+                ps.len() == PARTITIONS && ps.iter().all(|p| p["leader"].as_u64().is_some())
             });
             if knows {
                 return;
@@ -112,38 +135,38 @@ impl Cluster {
         }
     }
 
-    /// Wait until `leader` counts node `id` in the in-sync set of every partition of the
-    /// queue it leads, for [`RECOVERY_MAX`] at most.
-    fn wait_in_sync(&self, leader: u64, id: u64) {
+    /// Wait until each partition's leader counts node `id` in the partition's in-sync set,
+    /// for [`RECOVERY_MAX`] at most.
+    fn wait_in_sync(&self, id: u64) {
         let deadline = Instant::now() + RECOVERY_MAX;
         loop {
-            let synced = self.partitions_seen_by(leader, QUEUE).is_some_and(|ps| {
-                let led: Vec<_> = ps.iter().filter(|p| p["leading"] == true).collect();
-                !led.is_empty()
-                    && led.iter().all(|p| {
+            let views: Vec<(u64, Option<serde_json::Value>)> = self
+                .leaders(QUEUE)
+                .unwrap_or_default()
+                .iter()
+                .enumerate()
+                .map(|(index, leader)| {
+                    let seen = self.partitions_seen_by(*leader, QUEUE);
+                    (*leader, seen.and_then(|ps| ps.get(index).cloned()))
+                })
+                .collect();
+            let synced = views.len() == PARTITIONS
+                && views.iter().all(|(_, p)| {
+                    p.as_ref().is_some_and(|p| {
                         p["in_sync"]
                             .as_array()
                             .is_some_and(|set| set.contains(&serde_json::Value::from(id)))
                     })
-            });
+                });
             if synced {
                 return;
             }
             assert!(
                 Instant::now() < deadline,
-                "node {leader} never counted node {id} in sync: {:?}",
-                self.partitions_seen_by(leader, QUEUE)
+                "the leaders never all counted node {id} in sync: {views:?}"
             );
             std::thread::sleep(Duration::from_millis(100));
         }
-    }
-
-    /// The first of `ids` that says it leads a partition of the queue.
-    fn leader_among(&self, ids: &[u64]) -> Option<u64> {
-        ids.iter().copied().find(|id| {
-            self.partitions_seen_by(*id, QUEUE)
-                .is_some_and(|ps| ps.iter().any(|p| p["leading"].as_bool() == Some(true)))
-        })
     }
 
     /// Waits until every node reaches every other, all name the same leader of each of the
@@ -192,8 +215,9 @@ impl Cluster {
 #[derive(Default)]
 struct Ledger {
     confirmed: BTreeSet<u64>,
-    /// When each confirmed batch was sent and when its confirm came, to measure failover.
-    confirms: Vec<(Instant, Instant)>,
+    /// Each confirm: when its batch was sent, when the confirm came, the message's partition
+    /// (to measure failover per partition).
+    confirms: Vec<Confirm>,
     acked: BTreeSet<u64>,
     /// Deliveries of a message after its ack was sent, not flagged redelivered.
     acked_then_new: Vec<u64>,
@@ -201,6 +225,9 @@ struct Ledger {
     /// Deliveries not flagged redelivered, per sequence number: with an idempotent producer a
     /// message is stored once, so at most one.
     delivered_new: BTreeMap<u64, u32>,
+    /// Where each sequence number was delivered: (partition, offset, delivery count) of each
+    /// delivery, to tell a message stored twice (two offsets) from one delivered again.
+    delivered_at: BTreeMap<u64, Vec<DeliveredAt>>,
     bad_bodies: u64,
     publish_retries: u64,
     /// Sequence numbers published again after a failed attempt (the idempotent producer
@@ -214,6 +241,25 @@ struct Ledger {
     /// Each failed batch: when it was sent, when it failed, its connection's node and the
     /// first error.
     publish_failures: Vec<(Instant, Instant, String)>,
+}
+
+/// One delivery of a message: its partition, offset, delivery count and
+/// `consumer tag#delivery id`.
+type DeliveredAt = (u32, u64, u32, String);
+
+/// One confirmed publish of the test's publisher.
+struct Confirm {
+    sent: Instant,
+    confirmed: Instant,
+    partition: usize,
+}
+
+/// The partition the publisher's message `seq` goes to: it has no routing key and is sent
+/// with sequence `seq + 1` by the idempotent producer [`PRODUCER_ID`], so both the client and
+/// the broker route it to `(producer id + sequence / block) mod partitions`.
+fn partition_of(seq: u64) -> usize {
+    let block = PRODUCER_ID.wrapping_add((seq + 1) / keratin_client::PRODUCER_SEQUENCE_BLOCK);
+    (block % PARTITIONS as u64) as usize
 }
 
 async fn connect_any(addrs: &[SocketAddr], start: usize) -> Option<Client> {
@@ -273,7 +319,11 @@ async fn publisher(
                 match result {
                     Ok(_) => {
                         ledger.confirmed.insert(*seq);
-                        ledger.confirms.push((sent, Instant::now()));
+                        ledger.confirms.push(Confirm {
+                            sent,
+                            confirmed: Instant::now(),
+                            partition: partition_of(*seq),
+                        });
                     }
                     Err(error) => {
                         if failed.is_empty() {
@@ -334,6 +384,12 @@ async fn consumer(
             match seq_of(&delivery.body) {
                 Some(seq) => {
                     *ledger.delivered.entry(seq).or_default() += 1;
+                    ledger.delivered_at.entry(seq).or_default().push((
+                        delivery.partition,
+                        delivery.offset,
+                        delivery.delivery_count,
+                        format!("{}#{}", delivery.consumer_tag, delivery.delivery_id),
+                    ));
                     if !delivery.redelivered {
                         *ledger.delivered_new.entry(seq).or_default() += 1;
                     }
@@ -350,40 +406,79 @@ async fn consumer(
     }
 }
 
-/// Waits until a publish is confirmed after `since`; how long that took.
-fn wait_confirm_after(ledger: &Mutex<Ledger>, since: Instant) -> Duration {
-    wait_confirm(ledger, since, |(_, confirmed)| *confirmed > since)
+/// Waits until each of `partitions` (every partition when empty) has a publish confirmed
+/// after `since`; how long after `since` the last of them came.
+fn wait_confirm_after(ledger: &Mutex<Ledger>, since: Instant, partitions: &[usize]) -> Duration {
+    wait_confirm(ledger, since, partitions, |c| c.confirmed > since)
 }
 
-/// Waits until a publish *sent* after `since` is confirmed; how long after `since` that was.
-fn wait_confirm_sent_after(ledger: &Mutex<Ledger>, since: Instant) -> Duration {
-    wait_confirm(ledger, since, |(sent, _)| *sent > since)
+/// Waits until each of `partitions` (every partition when empty) has a confirmed publish
+/// *sent* after `since`; how long after `since` the last of those first confirms came: the
+/// failover of those partitions when `since` is when their leader was lost.
+fn wait_confirm_sent_after(
+    ledger: &Mutex<Ledger>,
+    since: Instant,
+    partitions: &[usize],
+) -> Duration {
+    wait_confirm(ledger, since, partitions, |c| c.sent > since)
 }
 
-/// Waits for the first confirm that `pick` accepts; its time after `since`.
+/// Waits until each of `partitions` (all when empty) has a confirm that `pick` accepts; the
+/// time after `since` of the latest partition's first one.
 fn wait_confirm(
     ledger: &Mutex<Ledger>,
     since: Instant,
-    pick: impl Fn(&(Instant, Instant)) -> bool,
+    partitions: &[usize],
+    pick: impl Fn(&Confirm) -> bool,
 ) -> Duration {
+    let all: Vec<usize> = (0..PARTITIONS).collect();
+    let partitions = if partitions.is_empty() {
+        &all[..]
+    } else {
+        partitions
+    };
     let deadline = Instant::now() + RECOVERY_MAX;
     loop {
-        let first = ledger
-            .lock()
-            .expect("lock")
-            .confirms
-            .iter()
-            .find(|c| pick(c))
-            .map(|(_, confirmed)| *confirmed);
-        if let Some(at) = first {
-            return at.saturating_duration_since(since);
+        let firsts: Vec<Option<Instant>> = {
+            let ledger = ledger.lock().expect("lock");
+            partitions
+                .iter()
+                .map(|p| {
+                    ledger
+                        .confirms
+                        .iter()
+                        .find(|c| c.partition == *p && pick(c))
+                        .map(|c| c.confirmed)
+                })
+                .collect()
+        };
+        if let Some(firsts) = firsts.iter().copied().collect::<Option<Vec<Instant>>>() {
+            let last = firsts.into_iter().max().unwrap_or(since);
+            return last.saturating_duration_since(since);
         }
         assert!(
             Instant::now() < deadline,
-            "no publish confirmed within {RECOVERY_MAX:?}"
+            "partitions {partitions:?}: not every one confirmed a publish within              {RECOVERY_MAX:?} (first confirms by partition: {firsts:?})"
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// The publisher's confirmed and distinct delivered messages per partition, and the
+/// confirmed ones never delivered (the probe's are counted apart: the broker chose their
+/// partitions).
+fn by_partition(ledger: &Ledger) -> Vec<(usize, usize, usize)> {
+    let mut counts = vec![(0, 0, 0); PARTITIONS];
+    for seq in &ledger.confirmed {
+        counts[partition_of(*seq)].0 += 1;
+        if !ledger.delivered.contains_key(seq) {
+            counts[partition_of(*seq)].2 += 1;
+        }
+    }
+    for seq in ledger.delivered.keys().filter(|seq| **seq < PROBE_BASE) {
+        counts[partition_of(*seq)].1 += 1;
+    }
+    counts
 }
 
 fn check(ledger: &Ledger, round: &str) {
@@ -396,17 +491,23 @@ fn check(ledger: &Ledger, round: &str) {
         ledger.acked.len(),
         ledger.publish_retries
     );
+    println!(
+        "{round}: by partition (confirmed, distinct delivered): {:?}",
+        by_partition(ledger)
+    );
     assert_eq!(ledger.bad_bodies, 0, "{round}: bodies with a bad checksum");
-    let stored_twice: Vec<u64> = ledger
+    let stored_twice: Vec<(u64, Option<&Vec<DeliveredAt>>)> = ledger
         .delivered_new
         .iter()
         .filter(|(_, n)| **n > 1)
-        .map(|(seq, _)| *seq)
+        .map(|(seq, _)| (*seq, ledger.delivered_at.get(seq)))
         .take(10)
         .collect();
     assert!(
         stored_twice.is_empty(),
-        "{round}: messages of the idempotent producer delivered as new twice: {stored_twice:?}"
+        "{round}: messages of the idempotent producer delivered as new twice (sequence number, \
+         each delivery's partition, offset, delivery count, consumer tag # delivery id): \
+         {stored_twice:?}"
     );
     assert!(
         ledger.acked_then_new.is_empty(),
@@ -775,17 +876,13 @@ fn probe_connect(addr: SocketAddr) -> Result<(TcpStream, Vec<u8>, u16, Vec<Strin
     }
 }
 
-/// Round 4: cuts the queue's leader off the others (see the module comment); returns the
-/// failover, from the cut to the first confirm of a publish sent after it.
+/// Round 4: cuts the leader of partition 2 off the others (see the module comment); returns
+/// the failover of the partitions it led, from the cut to their first confirm of a publish
+/// sent after it.
 fn cut_round(cluster: &Cluster, ledger: &Mutex<Ledger>) -> Duration {
-    let deadline = Instant::now() + RECOVERY_MAX;
-    let cut = loop {
-        if let Some(leader) = cluster.leader() {
-            break leader;
-        }
-        assert!(Instant::now() < deadline, "round 4: no leader to cut off");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let leaders = cluster.wait_queue_leaders();
+    let cut = leaders[2];
+    let led = cluster.led_by(cut);
     let others: Vec<u64> = (1..=3).filter(|id| *id != cut).collect();
     let probe = Probe::start(cluster.nodes[&cut].protocol);
     // The probe works and the node leads: it confirms before the cut.
@@ -798,23 +895,30 @@ fn cut_round(cluster: &Cluster, ledger: &Mutex<Ledger>) -> Duration {
     let mut rules = cut_off(cluster, cut);
     let cut_at = Instant::now();
     let deadline = cut_at + RECOVERY_MAX;
-    let (elected, new_leader) = loop {
-        if let Some(id) = cluster.leader_among(&others) {
-            break (cut_at.elapsed(), id);
+    let (elected, new_leaders) = loop {
+        let led_now: Vec<Vec<usize>> = others.iter().map(|id| cluster.led_by(*id)).collect();
+        let new_leaders: Option<Vec<u64>> = led
+            .iter()
+            .map(|p| {
+                let at = led_now.iter().position(|ps| ps.contains(p))?;
+                Some(others[at])
+            })
+            .collect();
+        if let Some(new_leaders) = new_leaders {
+            break (cut_at.elapsed(), new_leaders);
         }
         assert!(
             Instant::now() < deadline,
-            "round 4: nodes {others:?} elected no leader within {RECOVERY_MAX:?} of the cut"
+            "round 4: nodes {others:?} elected no leader of partitions {led:?} within \
+             {RECOVERY_MAX:?} of the cut"
         );
         std::thread::sleep(Duration::from_millis(50));
     };
-    let failover = wait_confirm_sent_after(ledger, cut_at);
+    let failover = wait_confirm_sent_after(ledger, cut_at, &led);
     if let Some(left) = CUT_MIN.checked_sub(cut_at.elapsed()) {
         std::thread::sleep(left);
     }
-    let cut_still_leads = cluster
-        .partitions_seen_by(cut, QUEUE)
-        .is_some_and(|ps| ps.iter().any(|p| p["leading"] == true));
+    let cut_still_leads = !cluster.led_by(cut).is_empty();
     let dropped = rules.dropped_packets();
     probe.stop_publishing();
     let held = cut_at.elapsed();
@@ -858,9 +962,10 @@ fn cut_round(cluster: &Cluster, ledger: &Mutex<Ledger>) -> Duration {
         }
     }
     println!(
-        "round 4: node {cut} cut off {held:?} ({dropped} packets dropped; it still said it \
-         leads at the end: {cut_still_leads}); node {new_leader} led after {elected:?}; \
-         failover (cut to first confirm of a publish sent after it) {failover:?}; converged \
+        "round 4: node {cut} cut off {held:?} (leaders by partition {leaders:?}; {dropped} \
+         packets dropped; it still said it leads at the end: {cut_still_leads}); its \
+         partitions {led:?} led by nodes {new_leaders:?} after {elected:?}; failover (cut to \
+         their first confirm of a publish sent after it) {failover:?}; converged \
          {converged:?} after the heal"
     );
     println!(
@@ -927,7 +1032,12 @@ fn confirmed_messages_survive_leader_kills_pauses_and_lost_majorities() {
     let _turn = HEAVY.lock().unwrap_or_else(|e| e.into_inner());
     // Decided first, so that a machine that forbids skipping fails at once.
     let cut_round_runs = support::iptables("cluster round 4 (network cut, iptables)");
-    let mut cluster = Cluster::start();
+    // Leader balancing on, as users run it: the declare spreads the partitions' leaders over
+    // the three nodes, and a node that comes back gets its preferred leadership back.
+    let balance = (1..=3)
+        .map(|id| (id, vec![("KERATIN_CLUSTER__LEADER_BALANCE", "true")]))
+        .collect();
+    let mut cluster = Cluster::start_with_env(balance);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -942,7 +1052,11 @@ fn confirmed_messages_survive_leader_kills_pauses_and_lost_majorities() {
         let deadline = Instant::now() + RECOVERY_MAX;
         loop {
             let client = connect_any(&[cluster.nodes[&2].protocol], 0).await;
-            let settings = QueueSettings::default();
+            let settings = QueueSettings {
+                partitions: PARTITIONS as u32,
+                replicas: Some(3),
+                ..QueueSettings::default()
+            };
             if let Some(client) = client {
                 match client.declare(QUEUE, settings).await {
                     Ok(()) => break,
@@ -990,39 +1104,82 @@ fn confirmed_messages_survive_leader_kills_pauses_and_lost_majorities() {
         runtime.spawn(consumer(addrs.clone(), ledger.clone(), stop.clone())),
     ];
     let load_started = Instant::now();
-    wait_confirm_after(&ledger, load_started);
-    std::thread::sleep(Duration::from_secs(2));
+    let spread_leaders = cluster.wait_leaders(
+        QUEUE,
+        "leaders on three nodes",
+        RECOVERY_MAX,
+        support::cluster::spread,
+    );
+    println!(
+        "leaders by partition {spread_leaders:?} after {:?}",
+        load_started.elapsed()
+    );
+    wait_confirm_after(&ledger, load_started, &[]);
 
-    // Round 1: kill -9 the leader.
-    let leader = cluster.wait_leader();
+    // Round 1: kill -9 the leader of partition 0 (and whatever else it leads).
+    let leaders = cluster.wait_queue_leaders();
+    let victim = leaders[0];
+    let led = cluster.led_by(victim);
     let killed_at = Instant::now();
-    cluster.kill9(leader);
+    cluster.kill9(victim);
     *addrs.lock().expect("lock") = cluster.live();
-    let failover = wait_confirm_sent_after(&ledger, killed_at);
-    println!("round 1: leader node {leader} killed; failover (kill to first confirm of a publish sent after it) {failover:?}");
-    cluster.start_node(leader);
+    let failover = wait_confirm_sent_after(&ledger, killed_at, &led);
+    println!(
+        "round 1: node {victim} killed (leaders by partition {leaders:?}); failover of \
+         partitions {led:?} (kill to their first confirm of a publish sent after it) \
+         {failover:?}"
+    );
+    cluster.start_node(victim);
     *addrs.lock().expect("lock") = cluster.live();
-    std::thread::sleep(Duration::from_secs(2));
+    let spread_again = cluster.wait_spread();
+    println!("round 1: node {victim} back, leaders on three nodes again after {spread_again:?}");
     check(&ledger.lock().expect("lock"), "round 1");
 
-    // Round 2: SIGSTOP a follower for 10 s.
-    let leader = cluster.wait_leader();
-    let follower = (1..=3).find(|id| *id != leader).expect("a follower");
-    cluster.signal(follower, "-STOP");
+    // Round 2: SIGSTOP the leader of partition 1 for 10 s: its partitions fail over, and it is
+    // a paused follower of the others. Every partition confirms while it is paused.
+    let leaders = cluster.wait_queue_leaders();
+    let paused = leaders[1];
+    let led = cluster.led_by(paused);
+    cluster.signal(paused, "-STOP");
     let paused_at = Instant::now();
-    std::thread::sleep(Duration::from_secs(10));
-    cluster.signal(follower, "-CONT");
-    let confirmed_while_paused = ledger
+    // The test's clients reconnect to running nodes only (a handshake with the paused node
+    // would wait out the client's connect timeout).
+    addrs
         .lock()
         .expect("lock")
-        .confirms
-        .iter()
-        .filter(|(_, confirmed)| *confirmed > paused_at)
-        .count();
-    println!("round 2: follower node {follower} stopped 10 s; {confirmed_while_paused} confirmed meanwhile");
+        .retain(|addr| *addr != cluster.nodes[&paused].protocol);
+    let paused_failover = wait_confirm_sent_after(&ledger, paused_at, &led);
+    if let Some(left) = Duration::from_secs(10).checked_sub(paused_at.elapsed()) {
+        std::thread::sleep(left);
+    }
+    let confirmed_while_paused: Vec<usize> = {
+        let ledger = ledger.lock().expect("lock");
+        (0..PARTITIONS)
+            .map(|p| {
+                ledger
+                    .confirms
+                    .iter()
+                    .filter(|c| c.partition == p && c.sent > paused_at)
+                    .count()
+            })
+            .collect()
+    };
+    cluster.signal(paused, "-CONT");
+    *addrs.lock().expect("lock") = cluster.live();
+    println!(
+        "round 2: node {paused} stopped 10 s (leaders by partition {leaders:?}); failover of \
+         partitions {led:?} {paused_failover:?}; confirmed meanwhile by partition \
+         {confirmed_while_paused:?}"
+    );
+    assert!(
+        confirmed_while_paused.iter().all(|n| *n > 0),
+        "round 2: a partition confirmed nothing while node {paused} was paused: \
+         {confirmed_while_paused:?}"
+    );
     check(&ledger.lock().expect("lock"), "round 2");
 
     // Round 3: kill -9 two nodes, restart them.
+    let leaders = cluster.wait_queue_leaders();
     let survivors: Vec<u64> = vec![1, 3];
     for id in &survivors {
         cluster.kill9(*id);
@@ -1034,26 +1191,31 @@ fn confirmed_messages_survive_leader_kills_pauses_and_lost_majorities() {
         cluster.start_node(*id);
     }
     *addrs.lock().expect("lock") = cluster.live();
-    let back = wait_confirm_after(&ledger, restarted_at);
+    let back = wait_confirm_after(&ledger, restarted_at, &[]);
+    let spread_again = cluster.wait_spread();
     println!(
-        "round 3: nodes 1 and 3 killed and restarted; serving again {back:?} after the restart"
+        "round 3: nodes 1 and 3 killed and restarted (leaders by partition {leaders:?}); every \
+         partition confirms again {back:?} after the restart, leaders on three nodes again \
+         {spread_again:?} after"
     );
-    std::thread::sleep(Duration::from_secs(2));
     check(&ledger.lock().expect("lock"), "round 3");
 
-    // Round 4: cut the leader off the other two nodes.
+    // Round 4: cut the leader of partition 2 off the other two nodes.
     let cut_failover = cut_round_runs.then(|| {
         let failover = cut_round(&cluster, &ledger);
-        std::thread::sleep(Duration::from_secs(2));
+        let spread_again = cluster.wait_spread();
+        println!("round 4: leaders on three nodes again {spread_again:?} after the heal");
         check(&ledger.lock().expect("lock"), "round 4");
         failover
     });
 
-    // Round 5: wipe a follower's data directory and restart it: it rebuilds from the
-    // leader's snapshot and log. Then it must carry the partition: with the other follower
-    // down, confirms need its acks; with the leader down, it and the other follower elect a
-    // leader, and every confirmed message is still delivered.
-    let leader = cluster.wait_leader();
+    // Round 5: wipe the data directory of a node that follows partition 2 and restart it: it
+    // rebuilds every partition from the leaders' snapshots and logs. Then it must carry the
+    // partitions: with the other follower of partition 2 down, every partition's confirms
+    // need its acks; with partition 2's leader down, it and the other node elect leaders for
+    // what that node led, and every confirmed message is still delivered.
+    let leaders = cluster.wait_queue_leaders();
+    let leader = leaders[2];
     let mut followers = cluster.nodes.keys().copied().filter(|id| *id != leader);
     let (wiped, other) = (
         followers.next().expect("a follower"),
@@ -1067,28 +1229,30 @@ fn confirmed_messages_survive_leader_kills_pauses_and_lost_majorities() {
     *addrs.lock().expect("lock") = cluster.live();
     cluster.wait_knows_leader(wiped);
     let rejoined = wiped_at.elapsed();
-    // Rebuilt: the leader counts it in sync (the publisher kept the leader busy meanwhile;
+    // Rebuilt: every leader counts it in sync (the publisher kept the leaders busy meanwhile;
     // a fixed pause left it 126,000 entries behind once under a loaded CI machine).
-    cluster.wait_in_sync(leader, wiped);
+    cluster.wait_in_sync(wiped);
     let in_sync = wiped_at.elapsed();
     cluster.kill9(other);
     *addrs.lock().expect("lock") = cluster.live();
     let other_down = Instant::now();
-    let with_wiped = wait_confirm_sent_after(&ledger, other_down);
+    let with_wiped = wait_confirm_sent_after(&ledger, other_down, &[]);
     cluster.start_node(other);
     *addrs.lock().expect("lock") = cluster.live();
     cluster.wait_knows_leader(other);
     std::thread::sleep(Duration::from_secs(2));
+    let led = cluster.led_by(leader);
     cluster.kill9(leader);
     *addrs.lock().expect("lock") = cluster.live();
     let leader_down = Instant::now();
-    let without_leader = wait_confirm_sent_after(&ledger, leader_down);
+    let without_leader = wait_confirm_sent_after(&ledger, leader_down, &led);
     cluster.start_node(leader);
     *addrs.lock().expect("lock") = cluster.live();
     println!(
-        "round 5: node {wiped} wiped and restarted, names a leader after {rejoined:?}, in \
-         sync after {in_sync:?}; with node {other} down, confirms again after {with_wiped:?} \
-         (they need node {wiped}); with leader {leader} down, after {without_leader:?}"
+        "round 5: node {wiped} wiped and restarted (leaders by partition {leaders:?}), names \
+         the leaders after {rejoined:?}, in sync after {in_sync:?}; with node {other} down, \
+         every partition confirms again after {with_wiped:?} (they need node {wiped}); with \
+         node {leader} down (leading partitions {led:?}), after {without_leader:?}"
     );
     std::thread::sleep(Duration::from_secs(2));
     check(&ledger.lock().expect("lock"), "round 5");
@@ -1118,7 +1282,9 @@ fn confirmed_messages_survive_leader_kills_pauses_and_lost_majorities() {
         }
         assert!(
             Instant::now() < deadline,
-            "{missing} confirmed messages never delivered"
+            "{missing} confirmed messages never delivered; by partition (confirmed, delivered, \
+             missing): {:?}",
+            by_partition(&ledger.lock().expect("lock"))
         );
         std::thread::sleep(Duration::from_millis(100));
     }
