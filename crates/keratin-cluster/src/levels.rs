@@ -77,6 +77,11 @@ impl ClusterLevels {
         }
     }
 
+    /// This node's id.
+    pub fn own_id(&self) -> u64 {
+        self.inner.own_id
+    }
+
     /// Node `from` sent `label`.
     pub fn heard(&self, from: u64, label: &[u8]) {
         match NodeLabel::decode(label) {

@@ -650,6 +650,12 @@ impl NodeLimits {
         level: Level,
         retry_after_ms: u64,
     ) -> String {
+        // A cluster node names itself, as it names a replica's node that limits a publish.
+        let node = self
+            .cluster_levels
+            .get()
+            .map(|levels| format!(" on node {}", levels.own_id()))
+            .unwrap_or_default();
         let monitor = lock(&self.monitor);
         match reason {
             Reason::Disk => {
@@ -657,9 +663,10 @@ impl NodeLimits {
                 let (free, hard) = status.map_or((0, 0), |s| {
                     (s.sample.effective_free_bytes(), s.thresholds.hard_bytes)
                 });
+                let on = if node.is_empty() { " on" } else { "," };
                 format!(
-                    "disk at {level} level on {} ({} MiB free, hard level at {} MiB); publishing \
-                     resumes once consumers free space; retry after {retry_after_ms} ms",
+                    "disk at {level} level{node}{on} {} ({} MiB free, hard level at {} MiB); \
+                     publishing resumes once consumers free space; retry after {retry_after_ms} ms",
                     self.path_of(device),
                     mib(free),
                     mib(hard)
@@ -670,8 +677,8 @@ impl NodeLimits {
                 let (resident, limit) =
                     memory.map_or((0, 0), |m| (m.sample.resident_bytes, m.sample.limit_bytes));
                 format!(
-                    "memory at {level} level ({} MiB resident of a {} MiB limit); publishing \
-                     resumes once memory falls; retry after {retry_after_ms} ms",
+                    "memory at {level} level{node} ({} MiB resident of a {} MiB limit); \
+                     publishing resumes once memory falls; retry after {retry_after_ms} ms",
                     mib(resident),
                     mib(limit)
                 )
