@@ -774,11 +774,12 @@ async fn small_publisher(
 }
 
 /// Memory: node 3 runs in a 512 MiB cgroup v1 memory group (its limit comes from it). Queues
-/// are placed while it is normal; then its memory thresholds are lowered live below its
-/// resident size (`keratin settings set` on node 3), which puts it at hard at its next sample
-/// as load would. A queue with a copy there, led elsewhere, is refused with `429 memory`
-/// naming node 3, while a queue without one keeps confirming; once the settings are reset, the
-/// first queue is accepted again.
+/// are placed while it is normal: A of 3 partitions with a copy on every node (led by nodes
+/// 1, 2, 3), B of 3 partitions on nodes 1 and 2. Then its memory thresholds are lowered live
+/// below its resident size (`keratin settings set` on node 3), which puts it at hard at its
+/// next sample as load would. Every partition of A, node 3's own included, is refused with
+/// `429 memory` naming node 3, while every partition of B keeps confirming; once the settings
+/// are reset, every partition of A is accepted again.
 #[test]
 fn a_node_short_of_memory_limits_only_its_partitions() {
     let test = "a_node_short_of_memory_limits_only_its_partitions";
@@ -792,8 +793,10 @@ fn a_node_short_of_memory_limits_only_its_partitions() {
         let node1 = cluster.nodes[&1].protocol;
         let admin = connect(node1, Duration::from_secs(10)).await;
         let (queue_a, queue_b) = ("a", "b");
-        declare_pinned(&cluster, &admin, queue_a, &[1, 3], 1).await;
-        declare_pinned(&cluster, &admin, queue_b, &[1, 2], 1).await;
+        let a_leaders = declare_pinned(&cluster, &admin, queue_a, &[1, 2, 3], PARTITIONS).await;
+        let b_leaders = declare_pinned(&cluster, &admin, queue_b, &[1, 2], PARTITIONS).await;
+        eprintln!("A led by {a_leaders:?}, B led by {b_leaders:?} (by partition)");
+        let keys = keys_by_partition(PARTITIONS);
         let limit = support::status(cluster.nodes[&3].http)["memory"]["limit_bytes"]
             .as_u64()
             .expect("limit");
@@ -819,31 +822,47 @@ fn a_node_short_of_memory_limits_only_its_partitions() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
 
+        // Every partition of A has a copy on node 3 (and node 3 leads one): each is refused.
         let client = connect(node1, Duration::from_millis(300)).await;
-        let deadline = Instant::now() + PHASE_MAX;
-        let refusal = loop {
-            let result = client
-                .publish(queue_a, OutgoingMessage::new(body(1, B_BODY_BYTES)))
-                .await;
-            match result {
-                Err(failed) => match failed.error {
-                    ClientError::Limited {
-                        reason, message, ..
-                    } => break (reason.name().to_owned(), message),
-                    other => panic!("A's publish: {other}"),
-                },
-                Ok(_) => {
-                    assert!(Instant::now() < deadline, "A never refused");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut unnamed = Vec::new();
+        for (partition, key) in keys.iter().enumerate() {
+            let deadline = Instant::now() + PHASE_MAX;
+            let refusal = loop {
+                let message = OutgoingMessage::new(body(1, B_BODY_BYTES)).with_routing_key(key);
+                match client.publish(queue_a, message).await {
+                    Err(failed) => match failed.error {
+                        ClientError::Limited {
+                            reason, message, ..
+                        } => break (reason.name().to_owned(), message),
+                        other => panic!("A's publish to partition {partition}: {other}"),
+                    },
+                    Ok(_) => {
+                        assert!(
+                            Instant::now() < deadline,
+                            "A's partition {partition} never refused"
+                        );
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
                 }
+            };
+            eprintln!(
+                "A's partition {partition} (led by node {}) refused: {refusal:?}",
+                a_leaders[partition]
+            );
+            assert_eq!(refusal.0, "memory", "partition {partition}: {}", refusal.1);
+            if !refusal.1.contains("node 3") {
+                unnamed.push(format!("partition {partition}: {}", refusal.1));
             }
-        };
-        eprintln!("A refused: {refusal:?}");
-        assert_eq!(refusal.0, "memory", "{}", refusal.1);
-        assert!(refusal.1.contains("node 3"), "{}", refusal.1);
-        for seq in 0..20 {
+        }
+        assert!(
+            unnamed.is_empty(),
+            "refusals that do not name node 3: {unnamed:#?}"
+        );
+        for seq in 0..21 {
+            let key = &keys[(seq % u64::from(PARTITIONS)) as usize];
+            let message = OutgoingMessage::new(body(seq, B_BODY_BYTES)).with_routing_key(key);
             client
-                .publish(queue_b, OutgoingMessage::new(body(seq, B_BODY_BYTES)))
+                .publish(queue_b, message)
                 .await
                 .unwrap_or_else(|failed| panic!("B is not limited: {}", failed.error));
         }
@@ -860,14 +879,16 @@ fn a_node_short_of_memory_limits_only_its_partitions() {
             ],
         );
         assert!(ok, "settings reset: {out}");
-        let deadline = Instant::now() + PHASE_MAX;
-        while client
-            .publish(queue_a, OutgoingMessage::new(body(2, B_BODY_BYTES)))
-            .await
-            .is_err()
-        {
-            assert!(Instant::now() < deadline, "A never accepted again");
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        for (partition, key) in keys.iter().enumerate() {
+            let deadline = Instant::now() + PHASE_MAX;
+            let message = || OutgoingMessage::new(body(2, B_BODY_BYTES)).with_routing_key(key);
+            while client.publish(queue_a, message()).await.is_err() {
+                assert!(
+                    Instant::now() < deadline,
+                    "A's partition {partition} never accepted again"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
         }
         assert_eq!(cgroup.oom_kills(), 0, "node 3 was never OOM-killed");
     });
