@@ -113,7 +113,9 @@ impl ProducerWindows {
     }
 
     /// Record that the message at `offset` stored `sequence` of `producer`; returns false (and
-    /// changes nothing) when the sequence was stored already: the caller drops that message.
+    /// changes nothing) when the sequence was stored already: the caller drops that message. A
+    /// sequence below the window's floor (stored by a leader whose window was trimmed
+    /// differently) is kept and leaves the ranges as they are.
     /// Offsets must grow from call to call (records are applied in log order).
     pub fn record(&mut self, producer: u64, sequence: u64, offset: u64) -> bool {
         if let Some(window) = self.windows.get_mut(&producer) {
@@ -122,7 +124,12 @@ impl ProducerWindows {
             }
             debug_assert!(offset >= window.last_offset, "records apply in log order");
             self.by_age.remove(&(window.last_offset, producer));
-            window.stored.insert(sequence);
+            // Below the floor the window knows nothing (every sequence there is "too old"): a
+            // record another leader stored there is kept, and the window does not grow below
+            // its floor (a checkpoint carries only ranges at or above it).
+            if sequence >= window.floor {
+                window.stored.insert(sequence);
+            }
             window.last_offset = offset;
             trim(window);
             self.by_age.insert((offset, producer));
@@ -325,6 +332,26 @@ mod tests {
         assert_eq!(windows.verdict(1, 9), Verdict::TooOld { floor: 11 });
         assert_eq!(windows.verdict(1, 11), Verdict::New);
         assert_eq!(windows.verdict(1, 12), Verdict::Duplicate);
+    }
+
+    #[test]
+    fn a_sequence_below_the_floor_applied_from_the_log_keeps_the_window_valid() {
+        // Another leader's window (trimmed elsewhere) stored sequence 10 after this copy's
+        // floor passed it, next to a range starting at the floor: applying that record keeps
+        // the message and leaves a window that a checkpoint can carry (no range below the
+        // floor).
+        let mut windows = ProducerWindows::new();
+        for i in 0..=RANGES_MAX as u64 {
+            assert!(windows.record(1, 10 + 2 * i, i));
+        }
+        let offset = RANGES_MAX as u64 + 1;
+        assert!(windows.record(1, 11, offset), "at the floor: new");
+        assert_eq!(windows.verdict(1, 10), Verdict::TooOld { floor: 11 });
+        assert!(windows.record(1, 10, offset + 1), "a stored record is kept");
+        let rebuilt = ProducerWindows::from_snapshot(&windows.snapshot())
+            .unwrap_or_else(|e| panic!("the window no longer makes a valid snapshot: {e}"));
+        assert_eq!(rebuilt, windows);
+        assert_eq!(windows.verdict(1, 10), Verdict::TooOld { floor: 11 });
     }
 
     #[test]
