@@ -210,12 +210,20 @@ impl PartitionState {
         }
     }
 
-    /// Forgets the windows of producers whose last message lies below `start`: the idle
-    /// hand-back removed every record below it, the records that hold them included, so a
-    /// state rebuilt from the log has none of them. (A resend comes within the client's
+    /// After an idle hand-back left the log starting at `start`: forgets the windows of
+    /// producers whose last message lies below it, unless a `PRODUCERS` record is still at or
+    /// above it. A state rebuilt from the log has exactly these windows: a `PRODUCERS` record
+    /// replaces the windows with all of them (its own writer's, which applied the whole log),
+    /// so with one left a rebuild ends with every window this state has (a replicated log's
+    /// start is the cut reclaim placed on such a record, and its hand-back removes nothing
+    /// more); with none left (a local log's hand-back removes every record) a rebuild knows
+    /// only the producers of the records from `start` on. (A resend comes within the client's
     /// publish timeout, 30 s at most by default; the hand-back follows `idle_release_after`,
     /// 30 s, without an append.)
     pub fn forget_producers_below(&mut self, start: u64) {
+        if self.checkpoints.iter().any(|c| *c >= start) {
+            return;
+        }
         self.producers.forget_below(start);
     }
 
@@ -619,6 +627,41 @@ mod tests {
             rebuilt.apply(6, &marked).expect("apply"),
             Applied::Duplicate { offset: 6 },
             "the sequence stored below the cut is still known"
+        );
+    }
+
+    /// An idle hand-back whose log keeps a `PRODUCERS` record at its start (a replicated log's
+    /// start is the cut reclaim placed on such a record) keeps the windows that record holds,
+    /// as a state rebuilt from the start has them.
+    #[test]
+    fn a_hand_back_that_keeps_a_producers_record_keeps_its_windows() {
+        use crate::record::ProducerSeq;
+        let mut s = PartitionState::new(0);
+        let marked = PartitionRecord::Enqueue {
+            size_bytes: 4,
+            producer: Some(ProducerSeq {
+                producer: 9,
+                sequence: 1,
+            }),
+        };
+        s.apply(0, &marked).expect("apply");
+        s.apply(1, &settle(0, 4)).expect("apply");
+        let checkpoint = PartitionRecord::Producers(s.producers_snapshot());
+        s.apply(2, &checkpoint).expect("apply");
+        // Nothing live: the log starts at the record (the cut), and the hand-back removes
+        // nothing more.
+        s.forget_below(2);
+        s.forget_producers_below(2);
+        let mut rebuilt = PartitionState::new(2);
+        rebuilt.apply(2, &checkpoint).expect("apply");
+        assert_eq!(
+            s, rebuilt,
+            "the live state differs from the state rebuilt from its log"
+        );
+        assert_eq!(
+            s.apply(3, &marked).expect("apply"),
+            Applied::Duplicate { offset: 3 },
+            "a resend after the hand-back is still a duplicate"
         );
     }
 

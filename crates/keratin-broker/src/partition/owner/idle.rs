@@ -92,7 +92,8 @@ impl Owner {
             Ok(removed) => {
                 if let Some(log) = &self.log {
                     self.state.forget_below(log.start_offset());
-                    // No record below the log's start is left, the windows' included.
+                    // No record below the log's start is left: the windows only such records
+                    // held go, unless a `PRODUCERS` record at or above it holds them all.
                     self.state.forget_producers_below(log.start_offset());
                     self.state_check_due = true;
                 }
