@@ -339,28 +339,23 @@ async fn a_cut_off_leader_stops_delivering_within_its_lease() {
     let cut = nodes.remove(&leader).expect("the cut node");
     let successor = agreed_leader(&nodes, QUEUE, WAIT).await;
     let delivered_before: BTreeSet<u64> = seen.iter().map(|s| s.message).collect();
-    let first_successor_delivery_at;
     let mut consumer = nodes[&successor]
         .broker
         .subscribe(QUEUE, 500)
         .expect("subscribe at the successor");
     let mut again = BTreeSet::new();
-    let expected = nodes[&successor]
-        .broker
-        .info(QUEUE)
-        .expect("info")
-        .partitions[0]
-        .ready;
-    {
-        let delivery = tokio::time::timeout(WAIT, consumer.recv())
-            .await
-            .expect("a delivery from the successor")
-            .expect("open");
-        first_successor_delivery_at = Instant::now();
-        let mut delivery = Some(delivery);
-        let mut count = 0u64;
-        while let Some(d) = delivery.take() {
-            count += 1;
+    let first = tokio::time::timeout(WAIT, consumer.recv())
+        .await
+        .expect("a delivery from the successor")
+        .expect("open");
+    let first_successor_delivery_at = Instant::now();
+    // Drain until the successor holds nothing. Its `ready` right after the election may still
+    // count messages whose SETTLE the cut leader wrote and the successor commits only with its
+    // first entry, so the end is "nothing ready, nothing in flight", not a count taken once.
+    let drain_deadline = Instant::now() + WAIT;
+    let mut next = Some(first);
+    loop {
+        if let Some(d) = next.take() {
             if delivered_before.contains(&d.tag.message) {
                 assert!(
                     d.redelivered,
@@ -371,12 +366,20 @@ async fn a_cut_off_leader_stops_delivering_within_its_lease() {
                 again.insert(d.tag.message);
             }
             consumer.ack(&[d.tag]);
-            if count < expected {
-                delivery = Some(
-                    tokio::time::timeout(WAIT, consumer.recv())
-                        .await
-                        .expect("the next delivery from the successor")
-                        .expect("open"),
+        }
+        match tokio::time::timeout(Duration::from_millis(500), consumer.recv()).await {
+            Ok(delivery) => next = Some(delivery.expect("the successor's consumer is open")),
+            Err(_) => {
+                let info = nodes[&successor].broker.info(QUEUE).expect("info");
+                let partition = &info.partitions[0];
+                if partition.ready == 0 && partition.inflight == 0 {
+                    break;
+                }
+                assert!(
+                    Instant::now() < drain_deadline,
+                    "the successor stopped delivering with {} ready and {} in flight",
+                    partition.ready,
+                    partition.inflight
                 );
             }
         }
