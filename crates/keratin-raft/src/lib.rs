@@ -64,6 +64,10 @@
 //! A follower at the disk reserve (the broker's limits, before any write fails) refuses appends
 //! the same way, at the network level.
 //!
+//! A read of entries that a purge (a snapshot's, or the partition's space reclaim) removed
+//! while the read ran is no failure: the fence stays as it is, and the reader gets the segment
+//! log's `OutOfRange`, as a local log reports a removed prefix, and reads on from the new start.
+//!
 //! # What is left
 //! Snapshot *transfer* of a partition (segment files plus queue state), restarting a log at a
 //! higher offset after a large snapshot install (needs a keratin-log operation), leadership

@@ -386,9 +386,9 @@ impl Shared {
         view.sweep();
     }
 
-    /// The entries in `lo..hi` that exist, in order; with an error, those before the failure.
+    /// The entries in `lo..hi` that exist, in order; with a failure, those before it.
     /// Disk reads (of entries that left the tail) run on the blocking pool.
-    async fn read_range(self: &Arc<Self>, lo: u64, hi: u64) -> (Vec<Entry>, Option<RaftError>) {
+    async fn read_range(self: &Arc<Self>, lo: u64, hi: u64) -> (Vec<Entry>, Option<ReadFailure>) {
         let plan = self.read_plan(lo, hi);
         if plan.disk.is_none() {
             return self.read_disk(plan);
@@ -429,7 +429,7 @@ impl Shared {
     }
 
     /// Carry out a plan: read its disk range (blocking), merge, keep the entries consecutive.
-    fn read_disk(&self, plan: ReadPlan) -> (Vec<Entry>, Option<RaftError>) {
+    fn read_disk(&self, plan: ReadPlan) -> (Vec<Entry>, Option<ReadFailure>) {
         let ReadPlan { mut found, disk } = plan;
         let mut failure = None;
         if let Some((disk_lo, disk_hi)) = disk {
@@ -439,7 +439,7 @@ impl Shared {
                 let record = match result {
                     Ok(record) => record,
                     Err(e) => {
-                        failure = Some(RaftError::log("read entries", e));
+                        failure = Some(self.read_failure(e));
                         break;
                     }
                 };
@@ -456,7 +456,7 @@ impl Shared {
                     }
                     Ok(None) => {}
                     Err(e) => {
-                        failure = Some(e);
+                        failure = Some(ReadFailure::Storage(e));
                         break;
                     }
                 }
@@ -471,6 +471,49 @@ impl Shared {
             entries.push(entry);
         }
         (entries, failure)
+    }
+
+    /// What a failed read of the entry log means. A purge raises the view's purge point before
+    /// it removes segments, so an offset below the point (or below the log's start) when the
+    /// read fails was removed after the read was planned: the entries are gone on purpose.
+    fn read_failure(&self, error: keratin_log::LogError) -> ReadFailure {
+        let purged = match &error {
+            keratin_log::LogError::OutOfRange { offset, .. } => {
+                let floor = self.view().purged_next().max(self.entries.start_offset());
+                *offset < floor
+            }
+            _ => false,
+        };
+        let error = RaftError::log("read entries", error);
+        if purged {
+            ReadFailure::Purged(error)
+        } else {
+            ReadFailure::Storage(error)
+        }
+    }
+}
+
+/// Why a read returned fewer entries than it planned.
+#[derive(Debug)]
+enum ReadFailure {
+    /// A purge (a snapshot's, or the partition's space reclaim) removed entries after the read
+    /// was planned: no storage failed. The error is the segment log's `OutOfRange`; a reader
+    /// asks again from the new start.
+    Purged(RaftError),
+    /// The entry log failed, or holds what is not an entry: the fence trips.
+    Storage(RaftError),
+}
+
+impl ReadFailure {
+    /// The error, after tripping `fence` if storage failed.
+    fn settle(self, fence: &Fence) -> RaftError {
+        match self {
+            ReadFailure::Purged(error) => error,
+            ReadFailure::Storage(error) => {
+                fence.trip(error.clone());
+                error
+            }
+        }
     }
 }
 
@@ -682,16 +725,23 @@ impl LogStoreReader {
     }
 
     /// The entries in `lo..hi` that exist, in order, the in-memory tail of entries not yet
-    /// durable included; with an error (the fence trips too), those before the failure. For
+    /// durable included; with an error, those before the failure. The fence trips if storage
+    /// failed; entries a purge removed while the read ran end it with the segment log's
+    /// `OutOfRange` and leave the fence alone (the caller reads on from the new start). For
     /// the partition's committed reader (`crate::replica`): a committed entry need not be
     /// durable on this node yet (a majority elsewhere committed it).
     /// Blocking (it reads files): call it on the blocking pool.
     pub(crate) fn read_entries(&self, lo: u64, hi: u64) -> (Vec<Entry>, Option<RaftError>) {
-        let (entries, failure) = self.shared.read_disk(self.shared.read_plan(lo, hi));
-        if let Some(error) = &failure {
-            self.shared.fence.trip(error.clone());
-        }
-        (entries, failure)
+        self.read_planned(self.shared.read_plan(lo, hi))
+    }
+
+    /// Carry out a read planned before (see [`LogStoreReader::read_entries`]).
+    fn read_planned(&self, plan: ReadPlan) -> (Vec<Entry>, Option<RaftError>) {
+        let (entries, failure) = self.shared.read_disk(plan);
+        (
+            entries,
+            failure.map(|failure| failure.settle(&self.shared.fence)),
+        )
     }
 }
 
@@ -702,10 +752,11 @@ impl RaftLogReader<TypeConfig> for LogStoreReader {
     ) -> Result<Vec<Entry>, io::Error> {
         let (lo, hi) = index_range(&range);
         let (entries, failure) = self.shared.read_range(lo, hi).await;
-        if let Some(error) = failure {
+        if let Some(failure) = failure {
             // Fewer entries than asked: replication treats a short read as a heartbeat and
-            // retries; the owner rebuilds the group.
-            self.shared.fence.trip(error);
+            // retries (after a purge, from the snapshot); after a storage failure the fence
+            // tripped and the owner rebuilds the group.
+            failure.settle(&self.shared.fence);
         }
         Ok(entries)
     }
@@ -726,7 +777,12 @@ impl RaftLogReader<TypeConfig> for LogStoreReader {
         let items = stream::iter(entries.into_iter().map(Ok));
         match failure {
             None => items.boxed(),
-            Some(error) => {
+            Some(failure) => {
+                // Never a purge in practice (entries the state machine has yet to apply are
+                // not purged), and either way an entry it needs is gone: the fence trips.
+                let error = match failure {
+                    ReadFailure::Purged(error) | ReadFailure::Storage(error) => error,
+                };
                 // The state machine applies what this stream yields and counts on all of it
                 // (openraft asserts it in debug builds): after a read failure the stream stays
                 // open, without an error, while this instance runs. Once its store is dropped
@@ -924,5 +980,122 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             });
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use keratin_log::{LogError, SimIo, MIN_SEGMENT_SIZE_BYTES};
+    use openraft::type_config::TypeConfigExt;
+
+    use super::*;
+    use crate::types::{LeaderId, PartitionRecord, Payload};
+
+    /// Entries of 32 KiB: about seven to a segment of the smallest size.
+    const ENTRIES: u64 = 40;
+
+    fn log_id(index: u64) -> LogId {
+        LogId::new(
+            LeaderId {
+                term: 1,
+                node_id: 1,
+            },
+            index,
+        )
+    }
+
+    /// A store on the simulated disk holding entries `0..ENTRIES`, flushed and applied (so
+    /// reads of them go to the entry log, not the view's tail).
+    async fn store_on_disk() -> (GroupLogs, LogStore) {
+        let options = LogOptions {
+            full_segment_size_bytes: MIN_SEGMENT_SIZE_BYTES,
+            ..LogOptions::default()
+        };
+        let logs =
+            GroupLogs::open(Arc::new(SimIo::new(3)), Path::new("/p"), options, None).expect("open");
+        let mut store = logs.store().expect("store");
+        store
+            .save_vote(&Vote::new_committed(1, 1))
+            .await
+            .expect("vote");
+        let entries = (0..ENTRIES).map(|index| Entry {
+            log_id: log_id(index),
+            payload: Payload::Normal(
+                PartitionRecord::new(1, index, vec![7; 32 << 10]).expect("record"),
+            ),
+        });
+        let (tx, rx) = TypeConfig::oneshot();
+        store
+            .append(entries, IOFlushed::signal(tx))
+            .await
+            .expect("append");
+        assert!(matches!(rx.await, Ok(Ok(()))), "the entries are flushed");
+        store.reader().release_applied(ENTRIES);
+        assert!(
+            store.shared.view().tail.is_empty(),
+            "every entry left the view"
+        );
+        (logs, store)
+    }
+
+    /// A read planned from the log's start, and a purge (a snapshot's, or the partition's
+    /// space reclaim) that removes segments before the read reaches them: the read ends early,
+    /// as a removed prefix does in a segment log (`OutOfRange`), and the fence stays untripped:
+    /// no storage failed, and a committed reader (the owner's rebuild, a delivery) asks again
+    /// from the new start. Before, the fence tripped ("read entries: offset 0 is not in the log
+    /// (it holds offsets 21..40)") and the partition's `Raft` was shut down and rebuilt.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_purge_during_a_read_is_no_storage_failure() {
+        let (_logs, mut store) = store_on_disk().await;
+        let reader = store.reader();
+        let plan = store.shared.read_plan(0, ENTRIES);
+        assert_eq!(plan.disk, Some((0, ENTRIES)));
+        store.purge(log_id(20)).await.expect("purge");
+        let start = store.shared.entries.start_offset();
+        assert!(
+            start > 0,
+            "the purge removed segments (the log starts at {start})"
+        );
+
+        let (entries, failure) = reader.read_planned(plan);
+        assert!(
+            !store.fence().is_tripped(),
+            "a read of entries purged meanwhile tripped the fence: {:?}",
+            store.fence().reason()
+        );
+        assert!(entries.is_empty(), "read {} purged entries", entries.len());
+        match failure {
+            Some(RaftError::Log {
+                source: LogError::OutOfRange { offset: 0, .. },
+                ..
+            }) => {}
+            other => panic!("the read ends as out of range at offset 0, not {other:?}"),
+        }
+        let (entries, failure) = reader.read_entries(start, ENTRIES);
+        assert!(
+            failure.is_none(),
+            "a read from the new start fails: {failure:?}"
+        );
+        assert_eq!(entries.len() as u64, ENTRIES - start);
+
+        // A committed reader that starts (or stands) below the purge point is told so in the
+        // same terms, not that the replica is broken (before: `Unsupported`, "committed entry
+        // 0 is no longer in this replica's log").
+        let (_committed_tx, committed) = tokio::sync::watch::channel(ENTRIES);
+        let mut committed_reader =
+            crate::replica::CommittedReader::new(reader.clone(), 0, committed);
+        match committed_reader.next() {
+            Some(Err(RaftError::Log {
+                source:
+                    LogError::OutOfRange {
+                        offset: 0,
+                        start: floor,
+                        ..
+                    },
+                ..
+            })) if floor == start => {}
+            other => panic!("a committed read below the purge point: {other:?}"),
+        }
+        assert!(!store.fence().is_tripped());
     }
 }

@@ -12,7 +12,7 @@
 
 use std::collections::VecDeque;
 
-use keratin_log::ReadRecord;
+use keratin_log::{LogError, ReadRecord};
 use tokio::sync::watch;
 
 use crate::entry_format::{RECORD_TYPE_BLANK, RECORD_TYPE_MEMBERSHIP};
@@ -72,16 +72,25 @@ impl CommittedReader {
         if let Some(error) = failure {
             return Err(error);
         }
-        let Some(first) = entries.first() else {
+        if entries.first().map(|first| first.log_id.index) != Some(self.next) {
+            // A purge removed them (the read is planned from the purge point on): as a
+            // segment log reports a removed prefix, so the reader's owner reads on from the
+            // new start.
+            let floor = self.view.floor();
+            if self.next < floor {
+                return Err(RaftError::Log {
+                    what: "read committed entries",
+                    source: LogError::OutOfRange {
+                        offset: self.next,
+                        start: floor,
+                        end: committed,
+                    },
+                });
+            }
             return Err(RaftError::Unsupported(format!(
-                "committed entries {}..{hi} are no longer in this replica's log",
+                "committed entries {}..{hi} are missing from this replica's log (it starts at \
+                 {floor})",
                 self.next
-            )));
-        };
-        if first.log_id.index != self.next {
-            return Err(RaftError::Unsupported(format!(
-                "committed entry {} is no longer in this replica's log (it starts at {})",
-                self.next, first.log_id.index
             )));
         }
         self.next += entries.len() as u64;
