@@ -60,7 +60,7 @@ pub async fn run(args: AttentionArgs) -> Result<ExitCode, Failure> {
     if args.common.json {
         print_json(&serde_json::json!({ "items": shown }));
     } else {
-        print!("{}", attention_text(&shown, items.len(), now_ms()));
+        out!("{}", attention_text(&shown, items.len(), now_ms()));
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -43,7 +43,7 @@ pub async fn run(args: AuditArgs) -> Result<ExitCode, Failure> {
     if args.common.json {
         print_json(&document);
     } else {
-        print!("{}", audit_text(entries, document["dropped"].as_u64()));
+        out!("{}", audit_text(entries, document["dropped"].as_u64()));
     }
     Ok(ExitCode::SUCCESS)
 }

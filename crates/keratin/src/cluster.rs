@@ -125,7 +125,7 @@ pub async fn run(args: ClusterArgs) -> Result<ExitCode, Failure> {
             if args.common.json {
                 print_json(&document);
             } else {
-                print!("{}", cluster_text(&document));
+                out!("{}", cluster_text(&document));
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -145,7 +145,7 @@ async fn rebalance(args: StatusArgs) -> Result<ExitCode, Failure> {
     if args.common.json {
         print_json(&answer);
     } else {
-        print!("{}", rebalance_text(&answer));
+        out!("{}", rebalance_text(&answer));
     }
     Ok(if unreachable == 0 {
         ExitCode::SUCCESS
@@ -328,17 +328,17 @@ fn report(
                 list(&planned["to"]),
             ]);
         }
-        println!("{headline}");
-        print!("{}", table.render());
+        outln!("{headline}");
+        out!("{}", table.render());
         match &remaining {
-            Some(left) if left.is_empty() => println!("{done}"),
-            Some(left) => println!(
+            Some(left) if left.is_empty() => outln!("{done}"),
+            Some(left) => outln!(
                 "still moving after {} s: {} (the moves continue)",
                 wait.unwrap_or(0),
                 left.join(", ")
             ),
             None => {
-                println!("the moves run in the background: `keratin cluster status` shows them")
+                outln!("the moves run in the background: `keratin cluster status` shows them")
             }
         }
     }

@@ -1,5 +1,5 @@
 //! `keratin consume`: receives up to `--count` messages (or until the queue stays idle for
-//! `--idle-exit-ms`), acknowledges or rejects each, optionally checks each body's CRC32C (see
+//! `--idle-timeout`), acknowledges or rejects each, optionally checks each body's CRC32C (see
 //! `body.rs`), and prints one summary.
 //!
 //! Owns the stop rule (count reached, idle, or the stream ended) and the counting. Batching
@@ -11,22 +11,27 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use indicatif::ProgressBar;
 use keratin_client::{Consumer, Delivery, PREFETCH_MAX};
 use serde_json::{json, Value};
 
 use crate::body::{self, Checked};
 use crate::connect::{connect, CommonArgs};
 use crate::output::{elapsed_ms, print_json, progress, rate_per_s, write_seqs, Failure};
+use crate::units::parse_duration_ms;
 
 /// Default of `--prefetch`: enough deliveries on the way to hide a round trip at tens of
 /// thousands of messages per second, at most ~1 MiB of 1 KiB bodies held here.
 const PREFETCH_DEFAULT: u32 = 1000;
-/// The idle wait of `--idle-exit-ms` is counted in slices this long (see `recv_unless_idle`):
+/// The idle wait of `--idle-timeout` is counted in slices this long (see `recv_unless_idle`):
 /// short enough that a stopped and resumed process loses at most this much of its idle wait.
 const IDLE_SLICE: Duration = Duration::from_millis(100);
-/// Default of `--idle-exit-ms` when `--count` is not given: long enough to ride out a broker's
+/// Default of `--idle-timeout` when `--count` is not given: long enough to ride out a broker's
 /// group commit and a slow publisher, short enough for a script.
 const IDLE_EXIT_MS_DEFAULT: u64 = 2000;
+/// A consume that waits for `--count` messages without an idle timeout says, once, after this
+/// long without a message, what it waits for and how to stop it.
+const WAITING_HINT_AFTER: Duration = Duration::from_secs(5);
 
 /// Flags of `keratin consume`.
 #[derive(Debug, Args)]
@@ -35,7 +40,7 @@ pub struct ConsumeArgs {
     pub common: CommonArgs,
     /// The queue to consume.
     queue: String,
-    /// Stop after this many messages. Without it, stop when idle (see --idle-exit-ms).
+    /// Stop after this many messages. Without it, stop when idle (see --idle-timeout).
     #[arg(long, value_name = "N")]
     count: Option<u64>,
     /// Most unacknowledged deliveries the broker sends ahead.
@@ -53,10 +58,17 @@ pub struct ConsumeArgs {
     /// Reject each message with requeue (it returns to ready and is redelivered).
     #[arg(long)]
     requeue: bool,
-    /// Stop once no message arrived for this long (running time: a stopped and resumed process
-    /// does not count the stop). Default 2000 without --count; with
-    /// --count, no idle exit unless given.
-    #[arg(long = "idle-exit-ms", value_name = "MS")]
+    /// Stop once no message arrived for this long (ms, s, m, h: for example 5s; running time:
+    /// a stopped and resumed process does not count the stop). Default 2s without --count;
+    /// with --count, no idle exit unless given.
+    #[arg(long = "idle-timeout", value_name = "DUR", value_parser = parse_duration_ms)]
+    idle_timeout_ms: Option<u64>,
+    /// --idle-timeout in milliseconds (the older spelling).
+    #[arg(
+        long = "idle-exit-ms",
+        value_name = "MS",
+        conflicts_with = "idle_timeout_ms"
+    )]
     idle_exit_ms: Option<u64>,
     /// Check each body's CRC32C (bodies written by `keratin publish`); count the bad ones.
     #[arg(long)]
@@ -80,6 +92,8 @@ struct Tally {
     seen: HashSet<u64>,
     seqs: Vec<u64>,
     ended: Option<&'static str>,
+    /// The waiting hint was printed (once per run).
+    hinted: bool,
     /// From subscribing to the last delivery: the rate leaves out the idle wait at the end.
     active: Duration,
 }
@@ -87,7 +101,8 @@ struct Tally {
 /// Runs `keratin consume`.
 pub async fn run(args: ConsumeArgs) -> Result<ExitCode, Failure> {
     let idle = args
-        .idle_exit_ms
+        .idle_timeout_ms
+        .or(args.idle_exit_ms)
         .or(if args.count.is_none() {
             Some(IDLE_EXIT_MS_DEFAULT)
         } else {
@@ -103,7 +118,12 @@ pub async fn run(args: ConsumeArgs) -> Result<ExitCode, Failure> {
     let started = Instant::now();
     let mut tally = Tally::default();
     while args.count.is_none_or(|count| tally.received < count) {
-        let Some(delivery) = next_delivery(&mut consumer, idle, &mut tally).await else {
+        let waiting = Waiting {
+            queue: &args.queue,
+            count: args.count,
+            bar: &bar,
+        };
+        let Some(delivery) = next_delivery(&mut consumer, idle, &mut tally, waiting).await else {
             break;
         };
         settle(&args, &delivery, &mut tally);
@@ -132,10 +152,18 @@ pub async fn run(args: ConsumeArgs) -> Result<ExitCode, Failure> {
     })
 }
 
+/// What a consume without an idle timeout says when it waits long (see [`WAITING_HINT_AFTER`]).
+struct Waiting<'a> {
+    queue: &'a str,
+    count: Option<u64>,
+    bar: &'a ProgressBar,
+}
+
 async fn next_delivery(
     consumer: &mut Consumer,
     idle: Option<Duration>,
     tally: &mut Tally,
+    waiting: Waiting<'_>,
 ) -> Option<Delivery> {
     let received = match idle {
         Some(idle) => match recv_unless_idle(consumer, idle).await {
@@ -145,7 +173,28 @@ async fn next_delivery(
                 return None;
             }
         },
-        None => consumer.recv().await,
+        None => match tokio::time::timeout(WAITING_HINT_AFTER, consumer.recv()).await {
+            Ok(received) => received,
+            Err(_) => {
+                if !tally.hinted {
+                    tally.hinted = true;
+                    let count = waiting
+                        .count
+                        .map_or_else(String::new, |count| format!(" of {count}"));
+                    waiting.bar.suspend(|| {
+                        eprintln!(
+                            "keratin: waiting for messages on {}: {} received{count}, none for \
+                             {}s; Ctrl-C stops (unsettled deliveries go back to the queue), \
+                             --idle-timeout 5s stops after 5 s without one",
+                            waiting.queue,
+                            tally.received,
+                            WAITING_HINT_AFTER.as_secs()
+                        )
+                    });
+                }
+                consumer.recv().await
+            }
+        },
     };
     if received.is_none() {
         tally.ended = Some("stream ended (consumer cancelled or connection lost)");
@@ -242,7 +291,7 @@ fn report(args: &ConsumeArgs, tally: &Tally, elapsed: Duration) {
         print_json(&summary_json(args, tally, elapsed));
         return;
     }
-    println!(
+    outln!(
         "received {} from {} in {} ms ({} msg/s): {} acked, {} rejected ({} requeued), \
          {} redelivered, {} duplicates{}",
         tally.received,
@@ -261,6 +310,6 @@ fn report(args: &ConsumeArgs, tally: &Tally, elapsed: Duration) {
         }
     );
     if let Some(ended) = tally.ended {
-        println!("stopped: {ended}");
+        outln!("stopped: {ended}");
     }
 }

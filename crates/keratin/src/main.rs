@@ -28,6 +28,8 @@
 //! carries the broker's text when the broker sent one, goes to stderr, and with `--json` an
 //! `{"error": ..., "code": ...}` object goes to stdout); 2 for bad usage (clap).
 
+#[macro_use]
+mod output;
 mod admin;
 mod attention;
 mod audit;
@@ -35,7 +37,6 @@ mod body;
 mod cluster;
 mod connect;
 mod consume;
-mod output;
 mod publish;
 mod queue;
 mod serve;
@@ -184,7 +185,7 @@ fn main() -> ExitCode {
 fn serve_main(args: serve::ServeArgs) -> Result<ExitCode, Failure> {
     let loaded = match serve::prepare(args).map_err(Failure::from)? {
         serve::Prepared::Print(text) => {
-            print!("{text}");
+            out!("{text}");
             return Ok(ExitCode::SUCCESS);
         }
         serve::Prepared::Serve(loaded) => loaded,

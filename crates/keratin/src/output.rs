@@ -52,7 +52,59 @@ impl From<String> for Failure {
 
 /// Prints one JSON object on one line of stdout.
 pub fn print_json(value: &Value) {
-    println!("{value}");
+    write_stdout(format_args!("{value}\n"));
+}
+
+/// Exit status of a CLI whose reader closed stdout: what a shell reports for a process ended by
+/// SIGPIPE (128 + 13), as `cat` or `git log` piped into `head` end.
+pub const CLOSED_PIPE_EXIT: i32 = 141;
+
+/// Writes `text` to stdout. A closed pipe (`keratin stream read ... | head -3`) ends the process
+/// quietly with [`CLOSED_PIPE_EXIT`], as Unix tools do: whoever read stdout has what it wanted,
+/// and what was not printed was not acknowledged either (a consumer's deliveries go back to
+/// ready). Any other failure to write (a full disk under a redirect) ends it with a message.
+pub fn write_stdout(text: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    end_unless_written(stdout.write_fmt(text).and_then(|()| stdout.flush()));
+}
+
+/// Writes `bytes` to stdout as they are, as [`write_stdout`] does text.
+pub fn write_stdout_bytes(bytes: &[u8]) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    end_unless_written(stdout.write_all(bytes).and_then(|()| stdout.flush()));
+}
+
+/// Ends the process after a failed write to stdout (see [`write_stdout`]).
+fn end_unless_written(written: std::io::Result<()>) {
+    match written {
+        Ok(()) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => {
+            std::process::exit(CLOSED_PIPE_EXIT)
+        }
+        Err(error) => {
+            eprintln!("keratin: cannot write to stdout: {error}");
+            std::process::exit(1)
+        }
+    }
+}
+
+/// `print!` through [`write_stdout`] (no panic on a closed pipe).
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::output::write_stdout(format_args!($($arg)*))
+    };
+}
+
+/// `println!` through [`write_stdout`] (no panic on a closed pipe).
+macro_rules! outln {
+    () => {
+        $crate::output::write_stdout(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::output::write_stdout(format_args!("{}\n", format_args!($($arg)*)))
+    };
 }
 
 /// The key a failed publish is counted under in `errors`: `"<code>"` or `"<code>:<reason>"`

@@ -276,7 +276,7 @@ fn report(args: &PublishArgs, tally: &Tally, elapsed: Duration) {
     } else {
         "confirmed"
     };
-    println!(
+    outln!(
         "published {} of {} to {} ({mode}): {} {accepted}, {} failed in {} ms ({} msg/s)",
         tally.sent,
         args.count,
@@ -287,6 +287,6 @@ fn report(args: &PublishArgs, tally: &Tally, elapsed: Duration) {
         rate_per_s(tally.confirmed, elapsed)
     );
     if tally.failed > 0 {
-        println!("errors: {}", tally.errors.summary());
+        outln!("errors: {}", tally.errors.summary());
     }
 }

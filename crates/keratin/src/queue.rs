@@ -245,7 +245,7 @@ fn done(json: bool, object: Value, text: String) {
     if json {
         print_json(&object);
     } else {
-        println!("{text}");
+        outln!("{text}");
     }
 }
 
@@ -292,7 +292,7 @@ async fn run_list(client: &Client, json: bool) -> Result<(), Failure> {
         return Ok(());
     }
     if queues.is_empty() {
-        println!("no queues");
+        outln!("no queues");
         return Ok(());
     }
     let mut table = Table::new(&["QUEUE", "PARTITIONS", "READY", "INFLIGHT", "BYTES"]);
@@ -305,7 +305,7 @@ async fn run_list(client: &Client, json: bool) -> Result<(), Failure> {
             format_bytes(queue.bytes),
         ]);
     }
-    print!("{}", table.render());
+    out!("{}", table.render());
     Ok(())
 }
 
@@ -329,7 +329,7 @@ async fn run_info(client: &Client, name: &str, json: bool) -> Result<(), Failure
     if json {
         print_json(&info_json(&info, replication.as_deref()));
     } else {
-        print!("{}", info_text(&info, replication.as_deref()));
+        out!("{}", info_text(&info, replication.as_deref()));
     }
     Ok(())
 }

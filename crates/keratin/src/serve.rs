@@ -97,7 +97,7 @@ pub async fn run(loaded: LoadedConfig) -> Result<ExitCode, String> {
         .await
         .map_err(|e| e.to_string())?;
     // Scripts and tests read this line to learn the ports (useful with port 0).
-    println!(
+    outln!(
         "keratin listening protocol={} http={}",
         node.protocol_addr(),
         node.http_addr()

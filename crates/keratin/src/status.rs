@@ -34,7 +34,7 @@ pub async fn run(args: StatusArgs) -> Result<ExitCode, Failure> {
     if args.common.json {
         print_json(&document);
     } else {
-        print!("{}", status_text(&document));
+        out!("{}", status_text(&document));
     }
     Ok(ExitCode::SUCCESS)
 }

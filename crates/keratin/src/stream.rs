@@ -131,6 +131,11 @@ struct ReadArgs {
     #[arg(long, value_name = "N", default_value_t = STREAM_CREDIT_DEFAULT,
           value_parser = clap::value_parser!(u32).range(1..=i64::from(STREAM_CREDIT_MAX)))]
     credit: u32,
+    /// Print each message's body as its bytes, one per line, and nothing else (no partition,
+    /// offset, time or key; control characters not escaped): for piping bodies into another
+    /// program. Without it, bodies are shown as text with control characters escaped.
+    #[arg(long, conflicts_with = "json")]
+    raw: bool,
 }
 
 /// `first`, `last`, `next`, an offset, an RFC 3339 time or `@` and ms since the epoch.
@@ -206,7 +211,7 @@ fn done(json: bool, object: Value, text: String) {
     if json {
         print_json(&object);
     } else {
-        println!("{text}");
+        outln!("{text}");
     }
 }
 
@@ -278,7 +283,7 @@ async fn run_list(client: &Client, json: bool) -> Result<ExitCode, Failure> {
         return Ok(ExitCode::SUCCESS);
     }
     if streams.is_empty() {
-        println!("no streams");
+        outln!("no streams");
         return Ok(ExitCode::SUCCESS);
     }
     let mut table = Table::new(&["STREAM", "PARTITIONS", "MESSAGES", "BYTES"]);
@@ -290,7 +295,7 @@ async fn run_list(client: &Client, json: bool) -> Result<ExitCode, Failure> {
             format_bytes(stream.bytes),
         ]);
     }
-    print!("{}", table.render());
+    out!("{}", table.render());
     Ok(ExitCode::SUCCESS)
 }
 
@@ -302,7 +307,7 @@ async fn run_info(client: &Client, name: &str, json: bool) -> Result<ExitCode, F
     if json {
         print_json(&info_json(&info));
     } else {
-        print!("{}", info_text(&info));
+        out!("{}", info_text(&info));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -505,7 +510,7 @@ async fn run_read(client: &Client, args: ReadArgs, json: bool) -> Result<ExitCod
         };
         match next {
             Next::Message(delivery) => {
-                print_delivery(&args.name, &delivery, json);
+                print_delivery(&args.name, &delivery, json, args.raw);
                 read += 1;
             }
             Next::Idle => break ReadEnd::Idle,
@@ -624,7 +629,7 @@ fn report(
     eprintln!("{line}");
 }
 
-fn print_delivery(stream: &str, delivery: &StreamDelivery, json: bool) {
+fn print_delivery(stream: &str, delivery: &StreamDelivery, json: bool, raw: bool) {
     if let Some(from) = delivery.moved_from {
         eprintln!(
             "keratin: stream {stream} partition {}: offset {from} was removed by retention; \
@@ -634,8 +639,13 @@ fn print_delivery(stream: &str, delivery: &StreamDelivery, json: bool) {
     }
     if json {
         print_json(&delivery_json(delivery));
+    } else if raw {
+        let mut line = Vec::with_capacity(delivery.body.len() + 1);
+        line.extend_from_slice(&delivery.body);
+        line.push(b'\n');
+        crate::output::write_stdout_bytes(&line);
     } else {
-        println!("{}", delivery_text(delivery));
+        outln!("{}", delivery_text(delivery));
     }
 }
 
@@ -678,7 +688,7 @@ fn delivery_json(delivery: &StreamDelivery) -> Value {
 /// body shows its size, its `keratin publish` sequence number or its first bytes in hex.
 fn delivery_text(delivery: &StreamDelivery) -> String {
     let body = match std::str::from_utf8(&delivery.body) {
-        Ok(text) => text.to_owned(),
+        Ok(text) => escape_controls(text),
         Err(_) => match publish_seq(&delivery.body) {
             Some(seq) => format!("<{} bytes, seq {seq}>", delivery.body.len()),
             None => {
@@ -698,8 +708,32 @@ fn delivery_text(delivery: &StreamDelivery) -> String {
         delivery.partition,
         delivery.offset,
         format_time_ms(delivery.timestamp_ms),
-        delivery.routing_key.as_deref().unwrap_or("-"),
+        delivery
+            .routing_key
+            .as_deref()
+            .map_or_else(|| "-".to_owned(), escape_controls),
     )
+}
+
+/// `text` with its control characters escaped (`\n`, `\t`, `\r`, others as `\x1b` or
+/// `\u{9b}`), so that a message cannot move the cursor, recolour or retitle the terminal it is
+/// printed on, and one message stays one line. Other characters, backslashes included, are
+/// left as they are.
+fn escape_controls(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\n' => escaped.push_str("\\n"),
+            '\t' => escaped.push_str("\\t"),
+            '\r' => escaped.push_str("\\r"),
+            c if c.is_control() && u32::from(c) < 0x80 => {
+                escaped.push_str(&format!("\\x{:02x}", u32::from(c)))
+            }
+            c if c.is_control() => escaped.push_str(&format!("\\u{{{:x}}}", u32::from(c))),
+            c => escaped.push(c),
+        }
+    }
+    escaped
 }
 
 #[cfg(test)]

@@ -129,7 +129,7 @@ pub async fn run(args: UserArgs) -> Result<ExitCode, Failure> {
         UserVerb::List => {
             let document = admin::request(&http, "GET", USERS_PATH, None)?;
             if !json {
-                print!("{}", users_text(&document));
+                out!("{}", users_text(&document));
                 return Ok(ExitCode::SUCCESS);
             }
             document
@@ -146,9 +146,9 @@ pub async fn run(args: UserArgs) -> Result<ExitCode, Failure> {
                 document["password"] = json!(password);
             }
             if !json {
-                println!("user {name} added{}", if admin { " (admin)" } else { "" });
+                outln!("user {name} added{}", if admin { " (admin)" } else { "" });
                 if generated {
-                    println!("password: {password}  (shown once)");
+                    outln!("password: {password}  (shown once)");
                 }
                 return Ok(ExitCode::SUCCESS);
             }
@@ -163,9 +163,9 @@ pub async fn run(args: UserArgs) -> Result<ExitCode, Failure> {
                 document["password"] = json!(password);
             }
             if !json {
-                println!("password of {name} changed");
+                outln!("password of {name} changed");
                 if generated {
-                    println!("password: {password}  (shown once)");
+                    outln!("password: {password}  (shown once)");
                 }
                 return Ok(ExitCode::SUCCESS);
             }
@@ -222,7 +222,7 @@ pub async fn run(args: UserArgs) -> Result<ExitCode, Failure> {
         UserVerb::Delete { name } => {
             admin::request(&http, "DELETE", &user_path(&name), None)?;
             if !json {
-                println!("user {name} deleted");
+                outln!("user {name} deleted");
                 return Ok(ExitCode::SUCCESS);
             }
             json!({ "deleted": name })
@@ -235,7 +235,7 @@ pub async fn run(args: UserArgs) -> Result<ExitCode, Failure> {
             let path = format!("{}/tokens", user_path(&name));
             let document = admin::request(&http, "POST", &path, Some(&body))?;
             if !json {
-                println!(
+                outln!(
                     "token {token} of {name}: {}  (shown once)",
                     document["token"].as_str().unwrap_or_default()
                 );
@@ -250,7 +250,7 @@ pub async fn run(args: UserArgs) -> Result<ExitCode, Failure> {
             let path = format!("{}/tokens/{}", user_path(&name), path_segment(&token));
             admin::request(&http, "DELETE", &path, None)?;
             if !json {
-                println!("token {token} of {name} deleted");
+                outln!("token {token} of {name} deleted");
                 return Ok(ExitCode::SUCCESS);
             }
             json!({ "deleted": token, "user": name })
@@ -259,7 +259,7 @@ pub async fn run(args: UserArgs) -> Result<ExitCode, Failure> {
             let document = admin::request(&http, "GET", "/api/v1/whoami", None)?;
             if !json {
                 match document["user"].as_str() {
-                    Some(user) => println!(
+                    Some(user) => outln!(
                         "{user}{}",
                         if document["admin"] == json!(true) {
                             " (admin)"
@@ -267,7 +267,7 @@ pub async fn run(args: UserArgs) -> Result<ExitCode, Failure> {
                             ""
                         }
                     ),
-                    None => println!("anyone (the node runs with server.auth = none)"),
+                    None => outln!("anyone (the node runs with server.auth = none)"),
                 }
                 return Ok(ExitCode::SUCCESS);
             }
@@ -277,7 +277,7 @@ pub async fn run(args: UserArgs) -> Result<ExitCode, Failure> {
     if json {
         print_json(&document);
     } else {
-        print!("{}", users_text(&json!({ "users": [document] })));
+        out!("{}", users_text(&json!({ "users": [document] })));
     }
     Ok(ExitCode::SUCCESS)
 }

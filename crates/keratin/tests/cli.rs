@@ -862,3 +862,86 @@ fn serve_off_loopback_needs_insecure() {
         "{stdout}"
     );
 }
+
+/// `consume --count N` on a queue holding fewer: without an idle timeout it says, after a few
+/// seconds without a message, what it waits for and how to stop; with `--idle-timeout` it
+/// stops after that quiet spell, exits 1 (fewer than asked) and says it ended idle. Before, it
+/// waited without a word, and the idle exit was spelt only in milliseconds (`--idle-exit-ms`),
+/// unlike `stream read --idle-timeout 2s`.
+#[test]
+fn consume_short_of_its_count_says_what_it_waits_for_and_stops_when_idle() {
+    let server = Server::start();
+    server.json(&["queue", "declare", "few"]);
+    let published = server.json(&["publish", "few", "--count", "2"]);
+    assert_eq!(published["confirmed"], 2);
+
+    let started = Instant::now();
+    let output = server.run(&[
+        "consume",
+        "few",
+        "--count",
+        "5",
+        "--idle-timeout",
+        "1s",
+        "--json",
+    ]);
+    let took = started.elapsed();
+    assert!(
+        !output.status.success(),
+        "2 of 5 is no success: {}",
+        describe(&output)
+    );
+    let summary = parse(&output);
+    assert_eq!(summary["received"], 2, "{summary}");
+    assert_eq!(summary["ended"], "idle", "{summary}");
+    assert!(
+        took < Duration::from_secs(5),
+        "an idle timeout of 1 s took {took:?}"
+    );
+
+    let mut child = Command::new(BIN)
+        .args([
+            "consume",
+            "few",
+            "--count",
+            "5",
+            "--server",
+            &server.protocol,
+        ])
+        .env("KERATIN_DATA_DIR", server.dir.path().join("data"))
+        .env_remove("KERATIN_SERVER")
+        .env_remove("KERATIN_USER")
+        .env_remove("KERATIN_PASSWORD")
+        .env_remove("KERATIN_TOKEN")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the keratin CLI starts");
+    let stderr = child.stderr.take().expect("stderr");
+    let (lines_tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut seen = Vec::new();
+    let hint = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match lines.recv_timeout(left) {
+            Ok(line) if line.contains("waiting for messages") => break Some(line),
+            Ok(line) => seen.push(line),
+            Err(_) => break None,
+        }
+    };
+    kill(child.id(), libc::SIGKILL);
+    let _ = child.wait();
+    let hint = hint.unwrap_or_else(|| panic!("no word while waiting; stderr: {seen:?}"));
+    assert!(
+        hint.contains("few") && hint.contains("0 received of 5") && hint.contains("--idle-timeout"),
+        "{hint}"
+    );
+}

@@ -6,8 +6,9 @@
 //! key's messages land in two partitions, if a committed cursor does not resume after what it
 //! read, or if a verb's JSON loses a documented field.
 //!
-//! Ignored until the server serves protocol version 7's stream frames (the client and CLI
-//! are ready; the server side is built separately).
+//!
+//! And what a terminal meets: bodies and keys with escape sequences are printed escaped
+//! (`--raw` prints the bytes), and a read whose pipe closes early ends quietly.
 
 mod support;
 
@@ -274,4 +275,93 @@ fn declare_publish_read_info_delete() {
         Some(Value::from(404)),
         "{stderr}"
     );
+}
+
+/// What a terminal meets. A message whose body and key carry escape sequences (colour, a
+/// bell, a newline) is printed with them escaped, one message to one line, and `--raw` prints
+/// the body's bytes as they are and nothing else. A read piped into a reader that stops early
+/// (`keratin stream read ... | head -3`) ends quietly with 141, as Unix tools do. Before: the
+/// escape bytes reached the terminal, and the closed pipe ended the CLI with a panic and a
+/// backtrace ("failed printing to stdout: Broken pipe").
+#[test]
+fn a_read_escapes_what_would_drive_a_terminal_and_ends_quietly_on_a_closed_pipe() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+
+    let tmp = tempfile::tempdir().expect("tmp");
+    let server = start(&tmp.path().join("data"));
+    ok(&server, &["stream", "declare", "term"]);
+    let body = "\u{1b}[31mred\u{1b}[0m\nsecond\tline\u{7}";
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let client = keratin_client::Client::connect(
+            server.protocol,
+            keratin_client::ClientOptions::default(),
+        )
+        .await
+        .expect("connect");
+        client
+            .publish(
+                "term",
+                keratin_client::OutgoingMessage::new(body.as_bytes().to_vec())
+                    .with_routing_key("k\u{1b}]0;title\u{7}"),
+            )
+            .await
+            .expect("publish");
+        client.close().await;
+    });
+
+    let read = |extra: &[&str]| {
+        let output = Command::new(env!("CARGO_BIN_EXE_keratin"))
+            .args(["stream", "read", "term", "--from", "first", "--count", "1"])
+            .args(extra)
+            .args(["--server", &server.protocol.to_string()])
+            .env_remove("KERATIN_SERVER")
+            .output()
+            .expect("run the CLI");
+        assert!(output.status.success(), "{output:?}");
+        output.stdout
+    };
+    let text = String::from_utf8(read(&[])).expect("utf-8");
+    assert!(
+        !text.bytes().any(|b| b < 0x20 && b != b'\n') && text.lines().count() == 1,
+        "control characters reached the terminal: {text:?}"
+    );
+    assert!(
+        text.contains(r"key=k\x1b]0;title\x07")
+            && text.contains(r"body=\x1b[31mred\x1b[0m\nsecond\tline\x07"),
+        "the message, escaped: {text:?}"
+    );
+    assert_eq!(read(&["--raw"]), format!("{body}\n").into_bytes(), "--raw");
+
+    // Far more output than a pipe holds (64 KiB): the CLI is still writing when the pipe closes.
+    ok(
+        &server,
+        &["publish", "term", "--count", "2000", "--size", "512"],
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_keratin"))
+        .args([
+            "stream", "read", "term", "--from", "first", "--count", "2001", "--json",
+        ])
+        .args(["--server", &server.protocol.to_string()])
+        .env_remove("KERATIN_SERVER")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run the CLI");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    for _ in 0..3 {
+        lines.next().expect("a line").expect("read a line");
+    }
+    drop(lines);
+    let output = child.wait_with_output().expect("wait");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !stderr.contains("panicked") && !stderr.contains("Broken pipe"),
+        "the closed pipe: {stderr}"
+    );
+    assert_eq!(output.status.code(), Some(141), "{stderr}");
 }
