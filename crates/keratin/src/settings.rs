@@ -14,6 +14,7 @@ use serde_json::{Map, Value};
 use crate::admin;
 use crate::connect::CommonArgs;
 use crate::output::{print_json, Failure, Table};
+use crate::units::{parse_duration_ms, parse_size};
 
 const SETTINGS_PATH: &str = "/api/v1/settings";
 
@@ -44,7 +45,9 @@ enum SettingsVerb {
     /// limits.disk.soft_fraction=0.2 limits.sample_interval_ms=500. Stored in the metadata
     /// (the cluster's in a cluster: every node takes them), so they survive restarts.
     Set {
-        /// KEY=VALUE pairs; VALUE is a number (or `null` to remove the value).
+        /// KEY=VALUE pairs; VALUE is a number (or `null` to remove the value). A key ending in
+        /// `_bytes` also takes a size (512MiB, 10GiB), one ending in `_ms` a duration (500ms,
+        /// 2s, 5m), as the flags do.
         #[arg(required = true, value_name = "KEY=VALUE")]
         pairs: Vec<String>,
         /// In a cluster: change only this node's own values, which win over the cluster's.
@@ -96,7 +99,7 @@ pub async fn run(args: SettingsArgs) -> Result<ExitCode, Failure> {
     if args.common.json {
         print_json(&document);
     } else {
-        print!("{}", settings_text(&document, &shown));
+        out!("{}", settings_text(&document, &shown));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -139,8 +142,18 @@ fn parse_pairs(pairs: &[String]) -> Result<Map<String, Value>, Failure> {
             return Err(Failure::new(format!("{pair:?} has no key before '='")));
         }
         let value = value.trim();
-        let parsed =
-            serde_json::from_str(value).unwrap_or_else(|_| Value::String(value.to_owned()));
+        let parsed = match serde_json::from_str(value) {
+            Ok(parsed) => parsed,
+            // A size or a duration spelt as the flags spell them (`--max-bytes 512MiB`): the
+            // key's unit says which (names end in their unit).
+            Err(_) if key.ends_with("_bytes") => {
+                Value::from(parse_size(value).map_err(|e| Failure::new(format!("{key}: {e}")))?)
+            }
+            Err(_) if key.ends_with("_ms") => Value::from(
+                parse_duration_ms(value).map_err(|e| Failure::new(format!("{key}: {e}")))?,
+            ),
+            Err(_) => Value::String(value.to_owned()),
+        };
         if changes.insert(key.to_owned(), parsed).is_some() {
             return Err(Failure::new(format!("{key} is given twice")));
         }
@@ -204,13 +217,24 @@ mod tests {
             "limits.disk.soft_fraction=0.2".to_owned(),
             "limits.sample_interval_ms = 500".to_owned(),
             "storage.spare_budget_bytes=null".to_owned(),
-            "limits.max_delay_ms=abc".to_owned(),
+            "limits.max_delay_ms=2s".to_owned(),
+            "storage.max_bytes=10GiB".to_owned(),
+            "limits.disk.level=abc".to_owned(),
         ];
         let changes = parse_pairs(&pairs).expect("parsed");
         assert_eq!(changes["limits.disk.soft_fraction"], json!(0.2));
         assert_eq!(changes["limits.sample_interval_ms"], json!(500));
         assert_eq!(changes["storage.spare_budget_bytes"], Value::Null);
-        assert_eq!(changes["limits.max_delay_ms"], json!("abc"));
+        assert_eq!(changes["limits.max_delay_ms"], json!(2000));
+        assert_eq!(changes["storage.max_bytes"], json!(10u64 << 30));
+        assert_eq!(changes["limits.disk.level"], json!("abc"));
+        let refused = parse_pairs(&["storage.max_bytes=10 gigs".to_owned()]).expect_err("refused");
+        assert!(
+            refused.message.contains("storage.max_bytes") && refused.message.contains("512MiB"),
+            "{}",
+            refused.message
+        );
+        assert!(parse_pairs(&["limits.max_delay_ms=soon".to_owned()]).is_err());
         assert!(parse_pairs(&["nokey".to_owned()]).is_err());
         assert!(parse_pairs(&["=1".to_owned()]).is_err());
         assert!(parse_pairs(&["a=1".to_owned(), "a=2".to_owned()]).is_err());
