@@ -17,7 +17,9 @@ use serde_json::{json, Value};
 
 use crate::body::{self, Checked};
 use crate::connect::{connect, CommonArgs};
-use crate::output::{elapsed_ms, print_json, progress, rate_per_s, write_seqs, Failure};
+use crate::output::{
+    count_of, elapsed_ms, print_json, progress, rate_per_s, rate_text, write_seqs, Failure,
+};
 use crate::units::parse_duration_ms;
 
 /// Default of `--prefetch`: enough deliveries on the way to hide a round trip at tens of
@@ -292,12 +294,12 @@ fn report(args: &ConsumeArgs, tally: &Tally, elapsed: Duration) {
         return;
     }
     outln!(
-        "received {} from {} in {} ms ({} msg/s): {} acked, {} rejected ({} requeued), \
+        "received {} from {} in {} ms{}: {} acked, {} rejected ({} requeued), \
          {} redelivered, {} duplicates{}",
-        tally.received,
+        count_of(tally.received, "message"),
         args.queue,
         elapsed_ms(elapsed),
-        rate_per_s(tally.received, tally.active),
+        rate_text(tally.received, tally.active),
         tally.acked,
         tally.rejected,
         tally.requeued,

@@ -176,6 +176,25 @@ pub fn rate_per_s(count: u64, elapsed: Duration) -> f64 {
     (rate * 10.0).round() / 10.0
 }
 
+/// `1 message`, `2 messages`, `0 messages`.
+pub fn count_of(count: u64, noun: &str) -> String {
+    if count == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{count} {noun}s")
+    }
+}
+
+/// ` (N msg/s)` for text output, or nothing when no message was counted (a rate of a run that
+/// moved nothing says nothing).
+pub fn rate_text(count: u64, elapsed: Duration) -> String {
+    if count == 0 {
+        String::new()
+    } else {
+        format!(" ({} msg/s)", rate_per_s(count, elapsed))
+    }
+}
+
 /// Milliseconds of `elapsed`, saturating.
 pub fn elapsed_ms(elapsed: Duration) -> u64 {
     u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX)

@@ -20,7 +20,8 @@ use serde_json::{json, Value};
 use crate::body;
 use crate::connect::{connect, CommonArgs};
 use crate::output::{
-    elapsed_ms, error_key, print_json, progress, rate_per_s, write_seqs, ErrorCounts, Failure,
+    count_of, elapsed_ms, error_key, print_json, progress, rate_per_s, rate_text, write_seqs,
+    ErrorCounts, Failure,
 };
 
 /// Default of `--in-flight`: 1,000 confirmed publishes waiting at once keep a broker's group
@@ -258,6 +259,34 @@ fn summary_json(args: &PublishArgs, tally: &Tally, elapsed: Duration) -> Value {
     summary
 }
 
+/// The text summary: `published 10 messages to q (confirmed): all 10 confirmed in 12 ms (833
+/// msg/s)`, or, short of that, what was sent, what came back and what failed.
+fn summary_text(
+    queue: &str,
+    mode: &str,
+    accepted: &str,
+    (sent, asked): (u64, u64),
+    (confirmed, failed): (u64, u64),
+    elapsed: Duration,
+) -> String {
+    let took = format!(
+        "in {} ms{}",
+        elapsed_ms(elapsed),
+        rate_text(confirmed, elapsed)
+    );
+    if sent == asked && confirmed == sent && failed == 0 {
+        let all = if sent == 1 { "" } else { "all " };
+        return format!(
+            "published {} to {queue} ({mode}): {all}{confirmed} {accepted} {took}",
+            count_of(sent, "message")
+        );
+    }
+    format!(
+        "published {sent} of {} to {queue} ({mode}): {confirmed} {accepted}, {failed} failed {took}",
+        count_of(asked, "message")
+    )
+}
+
 fn report(args: &PublishArgs, tally: &Tally, elapsed: Duration) {
     if let Some(first_error) = &tally.first_error {
         eprintln!("keratin: first failed publish: {first_error}");
@@ -277,16 +306,39 @@ fn report(args: &PublishArgs, tally: &Tally, elapsed: Duration) {
         "confirmed"
     };
     outln!(
-        "published {} of {} to {} ({mode}): {} {accepted}, {} failed in {} ms ({} msg/s)",
-        tally.sent,
-        args.count,
-        args.queue,
-        tally.confirmed,
-        tally.failed,
-        elapsed_ms(elapsed),
-        rate_per_s(tally.confirmed, elapsed)
+        "{}",
+        summary_text(
+            &args.queue,
+            mode,
+            accepted,
+            (tally.sent, args.count),
+            (tally.confirmed, tally.failed),
+            elapsed
+        )
     );
     if tally.failed > 0 {
         outln!("errors: {}", tally.errors.summary());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_summary_reads_as_english() {
+        let ms = Duration::from_millis(10);
+        assert_eq!(
+            summary_text("q", "confirmed", "confirmed", (10, 10), (10, 0), ms),
+            "published 10 messages to q (confirmed): all 10 confirmed in 10 ms (1000 msg/s)"
+        );
+        assert_eq!(
+            summary_text("q", "confirmed", "confirmed", (1, 1), (1, 0), ms),
+            "published 1 message to q (confirmed): 1 confirmed in 10 ms (100 msg/s)"
+        );
+        assert_eq!(
+            summary_text("q", "confirmed", "confirmed", (10, 10), (0, 10), ms),
+            "published 10 of 10 messages to q (confirmed): 0 confirmed, 10 failed in 10 ms"
+        );
     }
 }

@@ -611,7 +611,12 @@ fn report(
         return;
     }
     // On stderr, so that stdout holds only the messages (as a Kafka console consumer).
-    let mut line = format!("read {read} messages from {} ({})", args.name, end.name());
+    let mut line = format!(
+        "read {} from {} ({})",
+        crate::output::count_of(read, "message"),
+        args.name,
+        end.name()
+    );
     if let (Some(entries), Some(cursor)) = (committed, &args.cursor) {
         let positions: Vec<String> = entries
             .iter()
