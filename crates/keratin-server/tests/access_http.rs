@@ -337,3 +337,59 @@ async fn routes_need_a_login_and_the_permission_they_name() {
     node.shutdown().await.expect("shutdown");
     result.expect("checks");
 }
+
+/// `GET path` with extra header lines; the response's status line and headers, lower-cased.
+fn head_of(addr: SocketAddr, path: &str, headers: &str) -> String {
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: x\r\n{headers}Connection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read");
+    response
+        .split_once("\r\n\r\n")
+        .map_or(response.as_str(), |(head, _)| head)
+        .to_ascii_lowercase()
+}
+
+/// What a scraper or `curl` meets: a 401 names both schemes the port takes (Basic and
+/// Bearer), except to a page's script, where a Basic challenge would open the browser's login
+/// box over the dashboard's; `/metrics` is sent under the OpenMetrics content type its text is
+/// in (it ends with `# EOF`). Before: only `Bearer` was named, and the OpenMetrics text went
+/// out as Prometheus' `text/plain; version=0.0.4`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_401_names_basic_and_bearer_and_metrics_say_they_are_openmetrics() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let node = Node::start(&config(dir.path())).await.expect("start");
+    let http = node.http_addr();
+    let admin = basic("admin", &admin_password(dir.path()));
+    let result = tokio::task::spawn_blocking(move || {
+        let refused = head_of(http, "/metrics", "");
+        assert!(refused.starts_with("http/1.1 401"), "{refused}");
+        assert!(
+            refused.contains("www-authenticate: basic realm=\"keratin\"")
+                && refused.contains("www-authenticate: bearer realm=\"keratin\""),
+            "{refused}"
+        );
+        let from_script = head_of(http, "/api/v1/status", "Sec-Fetch-Dest: empty\r\n");
+        assert!(
+            from_script.starts_with("http/1.1 401")
+                && from_script.contains("www-authenticate: bearer")
+                && !from_script.contains("basic"),
+            "{from_script}"
+        );
+        let scraped = head_of(http, "/metrics", &format!("Authorization: {admin}\r\n"));
+        assert!(
+            scraped.starts_with("http/1.1 200")
+                && scraped.contains("content-type: application/openmetrics-text; version=1.0.0"),
+            "{scraped}"
+        );
+    })
+    .await;
+    node.shutdown().await.expect("shutdown");
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic.into_panic());
+    }
+}

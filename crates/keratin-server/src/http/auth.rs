@@ -36,10 +36,36 @@ pub(crate) fn body_response(body: &ErrorBody) -> Response {
     }
     let mut response = (status, Json(document)).into_response();
     if status == StatusCode::UNAUTHORIZED {
-        // Not `Basic`: a browser would open its own login box over the dashboard's form.
         response.headers_mut().insert(
             header::WWW_AUTHENTICATE,
-            header::HeaderValue::from_static("Bearer realm=\"keratin\""),
+            header::HeaderValue::from_static(BEARER_CHALLENGE),
+        );
+    }
+    response
+}
+
+/// The challenge of every 401: a token (`Authorization: Bearer TOKEN`).
+const BEARER_CHALLENGE: &str = "Bearer realm=\"keratin\"";
+/// The challenge of a 401 to a client that is not a page's script: a password works too
+/// (`curl -u`, Prometheus' `basic_auth`, a browser's own login box).
+const BASIC_CHALLENGE: &str = "Basic realm=\"keratin\", charset=\"UTF-8\"";
+
+/// `response` (a 401 of the login check) naming Basic as well as Bearer, unless `request` is a
+/// page's script (`Sec-Fetch-Dest: empty`, as browsers mark `fetch`): a Basic challenge there
+/// would open the browser's own login box over the dashboard's form.
+fn challenge(request: &Request, mut response: Response) -> Response {
+    let from_script = request
+        .headers()
+        .get("sec-fetch-dest")
+        .is_some_and(|dest| dest.as_bytes().eq_ignore_ascii_case(b"empty"));
+    if response.status() == StatusCode::UNAUTHORIZED && !from_script {
+        response.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            header::HeaderValue::from_static(BASIC_CHALLENGE),
+        );
+        response.headers_mut().append(
+            header::WWW_AUTHENTICATE,
+            header::HeaderValue::from_static(BEARER_CHALLENGE),
         );
     }
     response
@@ -67,12 +93,17 @@ pub(crate) async fn authenticate(
     let from = peer.map_or(IpAddr::V4(Ipv4Addr::LOCALHOST), |peer| peer.ip());
     let login = match presented(&request) {
         Ok(login) => login,
-        Err(error) => return refused_login(&admin, peer, None, &error),
+        Err(error) => return challenge(&request, refused_login(&admin, peer, None, &error)),
     };
     let grant = match admin.access.login(&login, from).await {
         Ok(identity) => admin.access.grant(identity),
-        Err(error) if matches!(login, Login::Nothing) => return body_response(&error),
-        Err(error) => return refused_login(&admin, peer, login_user(&login), &error),
+        Err(error) if matches!(login, Login::Nothing) => {
+            return challenge(&request, body_response(&error))
+        }
+        Err(error) => {
+            let refused = refused_login(&admin, peer, login_user(&login), &error);
+            return challenge(&request, refused);
+        }
     };
     if let Err(error) = route_check(request.method(), request.uri().path(), &grant) {
         return body_response(&error);

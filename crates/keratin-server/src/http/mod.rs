@@ -280,7 +280,8 @@ async fn metrics(State(admin): State<Admin>) -> Response {
     (
         [(
             axum::http::header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
+            // The text is OpenMetrics (it ends with `# EOF`), which Prometheus reads.
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
         text,
     )
