@@ -102,6 +102,15 @@ async fn subscribe(client: &Client) -> StreamConsumer {
 
 /// Reads `count` messages: their numbers in the order read.
 async fn read(consumer: &mut StreamConsumer, count: u64) -> Vec<u64> {
+    read_placed(consumer, count)
+        .await
+        .into_iter()
+        .map(|(_, _, n)| n)
+        .collect()
+}
+
+/// Reads `count` messages: (partition, offset, number) in the order read.
+async fn read_placed(consumer: &mut StreamConsumer, count: u64) -> Vec<(u32, u64, u64)> {
     let mut numbers = Vec::new();
     while (numbers.len() as u64) < count {
         let delivery = tokio::time::timeout(RECOVERY_MAX, consumer.recv())
@@ -113,7 +122,7 @@ async fn read(consumer: &mut StreamConsumer, count: u64) -> Vec<u64> {
             .parse()
             .expect("a number");
         assert_eq!(delivery.routing_key, Some(format!("k{}", n % KEYS)));
-        numbers.push(n);
+        numbers.push((delivery.partition, delivery.offset, n));
     }
     numbers
 }
@@ -225,7 +234,27 @@ fn a_replicated_stream_keeps_its_messages_and_cursor_across_a_leader_kill() {
         // Connected to a node that does not lead the cursor log: sent on to the one that does.
         let reader_client = connect(&cluster, reader_node).await;
         let mut reader = subscribe(&reader_client).await;
-        let numbers = read(&mut reader, READ_BEFORE).await;
+        let placed = read_placed(&mut reader, READ_BEFORE).await;
+        // `stream info`'s start is where `--from first` begins: the first message's offset,
+        // not the offsets of the replicated log's own entries before it (before: 0, with the
+        // first message at 2 or 3).
+        let mut first_read: BTreeMap<u32, u64> = BTreeMap::new();
+        for (partition, offset, _) in &placed {
+            first_read.entry(*partition).or_insert(*offset);
+        }
+        for (partition, offset) in &first_read {
+            let leader = leaders[*partition as usize];
+            let document = cluster
+                .stream_document(leader, STREAM)
+                .expect("stream document");
+            assert_eq!(
+                document["partitions"][*partition as usize]["start"].as_u64(),
+                Some(*offset),
+                "partition {partition}'s start as its leader (node {leader}) shows it, against \
+                 the first offset read from it: {document}"
+            );
+        }
+        let numbers: Vec<u64> = placed.into_iter().map(|(_, _, n)| n).collect();
         in_order_per_key(&numbers);
         reader.commit().await.expect("commit");
         reader.cancel().await.expect("cancel");

@@ -101,7 +101,9 @@ pub struct StreamRead {
 /// A partition's figures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct StreamPartitionFigures {
-    /// First offset held.
+    /// Where a read from the first message begins: the offset of the oldest message held, or
+    /// the end when it holds none. Records before it that are no messages (a replicated log's
+    /// own entries, a checkpoint) are not counted as held.
     pub start: u64,
     /// One past the last committed offset.
     pub end: u64,
@@ -361,8 +363,10 @@ impl StreamPartition {
     /// The partition's figures (as of its last change).
     pub fn figures(&self) -> StreamPartitionFigures {
         let mut figures = *self.figures.lock().unwrap_or_else(|p| p.into_inner());
-        figures.start = self.log.start_offset();
+        // The oldest message as the owner last published it (u64::MAX: none), within what the
+        // log holds and has committed now.
         figures.end = self.log.committed_offset();
+        figures.start = figures.start.max(self.log.start_offset()).min(figures.end);
         figures.disk_bytes = self.log.disk_bytes();
         figures
     }
@@ -457,10 +461,25 @@ async fn close_when_unshared(log: Arc<dyn PartitionLog>, delete: bool) -> Broker
 struct Held {
     messages_below: u64,
     bytes_below: u64,
-    oldest_timestamp_ms: Option<u64>,
+    oldest: Option<Oldest>,
+}
+
+/// The oldest message a partition holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Oldest {
+    offset: u64,
+    timestamp_ms: u64,
 }
 
 impl Held {
+    /// A message was applied at `offset`: the oldest held, if none was.
+    fn saw_message(&mut self, offset: u64, timestamp_ms: u64) {
+        self.oldest.get_or_insert(Oldest {
+            offset,
+            timestamp_ms,
+        });
+    }
+
     /// Reads from the start to the first checkpoint (a quarter segment at most; blocking).
     fn read(log: &dyn PartitionLog) -> BrokerResult<Held> {
         let start = log.start_offset();
@@ -474,7 +493,7 @@ impl Held {
             }
             match record.record_type {
                 STREAM_MESSAGE => {
-                    held.oldest_timestamp_ms.get_or_insert(record.timestamp_ms);
+                    held.saw_message(record.offset, record.timestamp_ms);
                     messages += 1;
                     bytes += record.payload.len() as u64;
                 }
@@ -486,10 +505,10 @@ impl Held {
                         held.bytes_below = checkpoint.bytes.saturating_sub(bytes);
                     }
                     // The oldest message, if none came before the checkpoint, follows it.
-                    if held.oldest_timestamp_ms.is_some() {
+                    if held.oldest.is_some() {
                         break;
                     }
-                    held.oldest_timestamp_ms = first_message_time(log, record.offset + 1, end)?;
+                    held.oldest = first_message(log, record.offset + 1, end)?;
                     break;
                 }
                 _ => {}
@@ -499,15 +518,18 @@ impl Held {
     }
 }
 
-/// The time of the first message in `from..end` (blocking).
-fn first_message_time(log: &dyn PartitionLog, from: u64, end: u64) -> BrokerResult<Option<u64>> {
+/// The first message in `from..end` (blocking).
+fn first_message(log: &dyn PartitionLog, from: u64, end: u64) -> BrokerResult<Option<Oldest>> {
     for record in log.reader(from) {
         let record = record?;
         if record.offset >= end {
             break;
         }
         if record.record_type == STREAM_MESSAGE {
-            return Ok(Some(record.timestamp_ms));
+            return Ok(Some(Oldest {
+                offset: record.offset,
+                timestamp_ms: record.timestamp_ms,
+            }));
         }
     }
     Ok(None)
@@ -779,7 +801,8 @@ impl Owner {
                 .messages()
                 .saturating_sub(self.held.messages_below);
             figures.bytes = self.state.bytes().saturating_sub(self.held.bytes_below);
-            figures.oldest_timestamp_ms = self.held.oldest_timestamp_ms;
+            figures.oldest_timestamp_ms = self.held.oldest.map(|oldest| oldest.timestamp_ms);
+            figures.start = self.held.oldest.map_or(u64::MAX, |oldest| oldest.offset);
             let role = self.driver.role();
             figures.stopped = self.driver.stopped().is_some();
             figures.leading = role.leading;
@@ -1063,8 +1086,8 @@ impl Owner {
             if record.record_type() != STREAM_CHECKPOINT {
                 offsets.push(offset);
             }
-            if record.record_type() == STREAM_MESSAGE && self.held.oldest_timestamp_ms.is_none() {
-                self.held.oldest_timestamp_ms = Some(done.timestamp_ms);
+            if record.record_type() == STREAM_MESSAGE {
+                self.held.saw_message(offset, done.timestamp_ms);
             }
         }
         let mut offsets = offsets.into_iter();

@@ -162,10 +162,8 @@ impl Owner {
                 self.stop(error);
                 return;
             }
-            if foreign.record.record_type() == STREAM_MESSAGE
-                && self.held.oldest_timestamp_ms.is_none()
-            {
-                self.held.oldest_timestamp_ms = Some(foreign.timestamp_ms);
+            if foreign.record.record_type() == STREAM_MESSAGE {
+                self.held.saw_message(foreign.offset, foreign.timestamp_ms);
             }
         }
         self.apply_ready();
