@@ -156,14 +156,16 @@ function filesystemCard(fs, index) {
   const top = Array.isArray(fs.top_queues) ? fs.top_queues : null;
   let topList;
   if (top === null) topList = el("p", { class: "empty" }, "Not reported by this broker.");
-  else if (top.length === 0) topList = el("p", { class: "empty" }, "No queue data on this file system.");
+  else if (top.length === 0) topList = el("p", { class: "empty" }, "No queue or stream stores data on this file system.");
   else
     topList = el(
       "ol",
       { class: "top-queues" },
-      ...top.map((q) => el("li", {}, el("span", { class: "name" }, q.name ?? "?"), el("span", {}, bytes(q.disk_bytes)))),
+      ...top.map((q) =>
+        el("li", {}, el("span", { class: "name" }, q.kind === "stream" ? `${q.name ?? "?"} (stream)` : (q.name ?? "?")), el("span", {}, bytes(q.disk_bytes))),
+      ),
     );
-  const left = el("div", {}, figures, el("div", { class: "subhead" }, "Largest queues here"), topList);
+  const left = el("div", {}, figures, el("div", { class: "subhead" }, "Largest queues and streams here"), topList);
   const right = el("div", {}, plot(fs));
   return el("article", { class: "card", "data-path": fs.path ?? "" }, banner, el("div", { class: "fs-body" }, left, right));
 }

@@ -576,31 +576,42 @@ impl NodeLimits {
         });
     }
 
-    /// The queues using the most space on a file system, for messages and the dashboard.
-    pub fn top_queues(&self, device: u64, count: usize) -> Vec<(String, u64)> {
+    /// The queues and streams using the most space on a file system, for messages and the
+    /// dashboard: (name, is a stream, bytes on disk), largest first.
+    pub fn top_queues(&self, device: u64, count: usize) -> Vec<(String, bool, u64)> {
         let Some(broker) = self.broker.get() else {
             return Vec::new();
         };
-        let mut usage: Vec<(String, u64)> = broker
-            .list()
-            .iter()
-            .map(|q| {
-                let bytes = q
-                    .partitions
-                    .iter()
-                    .filter(|p| {
-                        self.filesystems
-                            .iter()
-                            .any(|f| f.device == device && p.dir.starts_with(&f.path))
-                            || self.filesystems.len() == 1
-                    })
-                    .map(|p| p.disk_bytes)
-                    .sum();
-                (q.name.clone(), bytes)
-            })
-            .filter(|(_, bytes)| *bytes > 0)
+        let here = |dir: &std::path::Path| {
+            self.filesystems
+                .iter()
+                .any(|f| f.device == device && dir.starts_with(&f.path))
+                || self.filesystems.len() == 1
+        };
+        let queues = broker.list().into_iter().map(|q| {
+            let bytes = q
+                .partitions
+                .iter()
+                .filter(|p| here(&p.dir))
+                .map(|p| p.disk_bytes)
+                .sum();
+            (q.name, false, bytes)
+        });
+        let streams = broker.list_streams().into_iter().map(|s| {
+            let bytes = s
+                .partitions
+                .iter()
+                .zip(&s.partition_dirs)
+                .filter(|(_, dir)| here(dir))
+                .map(|(p, _)| p.disk_bytes)
+                .sum();
+            (s.name, true, bytes)
+        });
+        let mut usage: Vec<(String, bool, u64)> = queues
+            .chain(streams)
+            .filter(|(_, _, bytes)| *bytes > 0)
             .collect();
-        usage.sort_by_key(|(_, bytes)| std::cmp::Reverse(*bytes));
+        usage.sort_by_key(|(_, _, bytes)| std::cmp::Reverse(*bytes));
         usage.truncate(count);
         usage
     }
@@ -612,9 +623,12 @@ impl NodeLimits {
         }
         let list: Vec<String> = top
             .iter()
-            .map(|(name, bytes)| format!("{name} {} MiB", mib(*bytes)))
+            .map(|(name, stream, bytes)| {
+                let kind = if *stream { " (stream)" } else { "" };
+                format!("{name}{kind} {} MiB", mib(*bytes))
+            })
             .collect();
-        format!("; largest queues: {}", list.join(", "))
+        format!("; largest: {}", list.join(", "))
     }
 
     /// Sample on a timer and after segment rolls until `stop` turns true.
@@ -755,12 +769,16 @@ impl NodeLimits {
         Value::Array(points)
     }
 
-    /// `[{name, disk_bytes}, ...]`: the three queues using the most space on a file system.
+    /// `[{name, kind, disk_bytes}, ...]`: the three queues or streams (`kind` `queue` or
+    /// `stream`) using the most space on a file system.
     fn top_queues_json(&self, device: u64) -> Value {
         let top: Vec<Value> = self
             .top_queues(device, 3)
             .into_iter()
-            .map(|(name, disk_bytes)| json!({ "name": name, "disk_bytes": disk_bytes }))
+            .map(|(name, stream, disk_bytes)| {
+                let kind = if stream { "stream" } else { "queue" };
+                json!({ "name": name, "kind": kind, "disk_bytes": disk_bytes })
+            })
             .collect();
         Value::Array(top)
     }

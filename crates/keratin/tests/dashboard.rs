@@ -191,6 +191,25 @@ fn the_dashboard_and_its_files_are_served() {
         assert!(free <= filesystem["total_bytes"].as_u64().expect("total"));
     }
     assert_eq!(filesystem["top_queues"], serde_json::json!([]));
+
+    // A stream's data counts as a queue's: the largest here is the stream (before: streams
+    // were left out, and the page said "No queue data on this file system").
+    let cli = |args: &[&str]| {
+        let output = Command::new(env!("CARGO_BIN_EXE_keratin"))
+            .args(args)
+            .args(["--server", &server.protocol.to_string()])
+            .env("KERATIN_DATA_DIR", &data)
+            .env_remove("KERATIN_SERVER")
+            .stdin(Stdio::null())
+            .output()
+            .expect("run the CLI");
+        assert!(output.status.success(), "keratin {args:?}: {output:?}");
+    };
+    cli(&["stream", "declare", "events"]);
+    cli(&["publish", "events", "--count", "100"]);
+    let top = status(server.http)["filesystems"][0]["top_queues"].clone();
+    assert_eq!(top[0]["name"], "events", "{top}");
+    assert_eq!(top[0]["kind"], "stream", "{top}");
 }
 
 /// The directory for artifacts: `$CARGO_TARGET_DIR/test-artifacts`, or the workspace's

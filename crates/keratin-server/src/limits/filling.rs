@@ -35,8 +35,8 @@ impl NodeLimits {
             Some(p) if !raised && p.to_hard_ms < FILLING_WITHIN_MS => {
                 let message = format!(
                     "{subject} is filling at {:.1} MB/s: the hard level (publishes refused) in \
-                     about {}, reserve in {}{}; consume or purge the largest queues, or free \
-                     space on the file system",
+                     about {}, reserve in {}{}; consume or purge the largest queues (or shorten \
+                     the largest streams' retention), or free space on the file system",
                     p.fill_bytes_per_s / 1e6,
                     duration_text(p.to_hard_ms),
                     duration_text(p.to_reserve_ms),

@@ -92,7 +92,14 @@ impl NodeLimits {
             .map(|fs| {
                 self.top_queues(fs.device, LARGEST_QUEUES_REPORTED)
                     .into_iter()
-                    .map(|(queue, bytes)| QueueUsage { queue, bytes })
+                    .map(|(name, stream, bytes)| QueueUsage {
+                        queue: if stream {
+                            format!("{name} (stream)")
+                        } else {
+                            name
+                        },
+                        bytes,
+                    })
                     .collect()
             })
             .collect();
