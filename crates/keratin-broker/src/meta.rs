@@ -20,6 +20,21 @@ use crate::stream::StreamSettings;
 /// Record type of a JSON metadata record, format 1.
 const META_JSON_V1: u8 = 1;
 
+/// Room the metadata log's tail segment keeps for deletion records: a record that frees no
+/// space and would leave less first rolls to a new segment, and is refused (429, reason disk)
+/// when the file system has no room for one. A deletion record (about 100 bytes of JSON) takes
+/// what is kept, so deleting a queue or a stream never needs space it cannot have: 8 KiB hold
+/// dozens of deletions, and a new segment (its first preallocation step, 32 KiB at least) holds
+/// this room and any other record several times over.
+const DELETION_ROOM_BYTES: u64 = 8 << 10;
+
+/// A record's header in a segment (`docs/storage-format.md`), rounded up.
+const RECORD_FRAMING_BYTES: u64 = 64;
+
+/// When a metadata change refused at a full disk may be tried again: about the limits
+/// sampler's period, after which a freed disk shows.
+const FULL_RETRY_AFTER_MS: u32 = 1_000;
+
 /// A declared queue as the metadata log knows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct QueueDecl {
@@ -267,6 +282,12 @@ pub(crate) struct MetaLog {
     gate: Arc<dyn PublishGate>,
     /// Held while healing: two writers that find the log stopped heal it once.
     healing: Mutex<()>,
+    /// Bytes of records that free no space, appended and not yet durable: the tail's room as
+    /// the log reports it (as of its last durable batch) leaves them out, so concurrent
+    /// records cannot together take the room kept for deletions ([`DELETION_ROOM_BYTES`]).
+    pending_bytes: Mutex<u64>,
+    /// The size of its segments.
+    segment_size_bytes: u64,
     /// Stop and heal figures, read without any lock (metrics, attention items).
     pub(crate) figures: Arc<MetaFigures>,
 }
@@ -285,7 +306,7 @@ impl MetaLog {
             size_class: SizeClass::Small,
             ..LogOptions::default()
         };
-        let log = Log::open(io.clone(), dir, options, Some(pool))?;
+        let log = Log::open(io.clone(), dir, options.clone(), Some(pool))?;
         // The parent's: a log creates its own directory at its first append.
         let device = io
             .device_id(dir.parent().unwrap_or(dir))
@@ -295,6 +316,8 @@ impl MetaLog {
             device,
             gate,
             healing: Mutex::new(()),
+            pending_bytes: Mutex::new(0),
+            segment_size_bytes: options.segment_size_bytes(),
             figures: Arc::new(MetaFigures {
                 dir: dir.to_path_buf(),
                 ..MetaFigures::default()
@@ -339,27 +362,86 @@ impl MetaLog {
             record,
             MetaRecord::QueueDeleted { .. } | MetaRecord::StreamDeleted { .. }
         );
+        // A record that frees no space keeps the deletions' room: counted as pending until it
+        // is durable (or failed).
+        let pending = if frees_space {
+            0
+        } else {
+            payload.len() as u64 + RECORD_FRAMING_BYTES
+        };
         let meta = self.clone();
         let ticket = tokio::task::spawn_blocking(move || {
             meta.heal_for(frees_space)?;
-            let ticket = meta.log.append(&[Record {
+            if pending > 0 {
+                meta.keep_deletion_room(pending)?;
+            }
+            let appended = meta.log.append(&[Record {
                 record_type: META_JSON_V1,
                 flags: 0,
                 timestamp_ms,
                 payload: &payload,
-            }])?;
-            Ok::<_, BrokerError>(ticket)
+            }]);
+            if appended.is_err() {
+                meta.release_pending(pending);
+            }
+            Ok::<_, BrokerError>(appended?)
         })
         .await
         .map_err(|e| BrokerError::Closed(format!("metadata write: {e}")))?;
+        let counted = ticket.is_ok();
         let result = match ticket {
             Ok(ticket) => ticket.await.map(|_| ()).map_err(BrokerError::from),
             Err(e) => Err(e),
         };
+        if counted {
+            self.release_pending(pending);
+        }
         if result.is_err() && self.log.stopped().is_some() {
             self.figures.stopped(true);
         }
         result
+    }
+
+    /// A pending record of `record_bytes` is durable or failed (see `pending_bytes`).
+    fn release_pending(&self, record_bytes: u64) {
+        let mut pending = self.pending_bytes.lock().unwrap_or_else(|e| e.into_inner());
+        *pending = pending.saturating_sub(record_bytes);
+    }
+
+    /// Before a record of `record_bytes` that frees no space: count it as pending if the tail
+    /// keeps [`DELETION_ROOM_BYTES`] after it and the records pending before it; else roll to
+    /// a new segment first, or refuse the record (429, reason disk) when the file system
+    /// lacks room for that segment. Blocking (a roll waits for the appends before it and for
+    /// its segment).
+    fn keep_deletion_room(&self, record_bytes: u64) -> BrokerResult<()> {
+        let needed = record_bytes + DELETION_ROOM_BYTES;
+        {
+            let mut pending = self.pending_bytes.lock().unwrap_or_else(|e| e.into_inner());
+            if self.log.tail_room_bytes() >= *pending + needed {
+                *pending += record_bytes;
+                return Ok(());
+            }
+        }
+        // A new segment starts with one preallocation step: 64 KiB, or a small segment whole.
+        let segment_bytes = (64u64 << 10).min(self.segment_size_bytes);
+        if let Some(free) = self.gate.free_bytes(self.device) {
+            if free < segment_bytes + needed {
+                return Err(BrokerError::Limited {
+                    reason: "disk".into(),
+                    retry_after_ms: FULL_RETRY_AFTER_MS,
+                    message: format!(
+                        "the disk holding the node metadata ({}) is full ({free} bytes free): \
+                         declaring and changing settings wait until it has room, while \
+                         deleting queues and streams still works; delete or purge queues or \
+                         free space, then retry",
+                        self.figures.dir.display()
+                    ),
+                });
+            }
+        }
+        self.log.roll()?.wait()?;
+        *self.pending_bytes.lock().unwrap_or_else(|e| e.into_inner()) += record_bytes;
+        Ok(())
     }
 
     /// Heal a stopped log if the gate says its file system is back above reserve (called

@@ -81,6 +81,17 @@ pub enum SettingsError {
     /// The metadata log could not store the change; nothing was applied.
     #[error("the change could not be stored in the node metadata, so nothing was changed: {0}")]
     Store(String),
+    /// A resource limit refused the change (the disk holding the metadata is full); nothing
+    /// was applied, and a retry after the hint may succeed.
+    #[error("nothing was changed: {message}")]
+    Limited {
+        /// `disk` or `memory`.
+        reason: String,
+        /// When a retry may succeed.
+        retry_after_ms: u32,
+        /// What happened and what to do.
+        message: String,
+    },
     /// The cluster's metadata group did not take a cluster-wide change.
     #[error(
         "the cluster's metadata group did not take the change, so nothing was changed: {0}; \
@@ -99,6 +110,30 @@ pub enum SettingsError {
 }
 
 impl SettingsError {
+    /// A failure to store a change: a limit's refusal as [`SettingsError::Limited`].
+    fn stored(error: keratin_broker::BrokerError) -> SettingsError {
+        match error {
+            keratin_broker::BrokerError::Limited {
+                reason,
+                retry_after_ms,
+                message,
+            } => SettingsError::Limited {
+                reason,
+                retry_after_ms,
+                message,
+            },
+            other => SettingsError::Store(other.to_string()),
+        }
+    }
+
+    /// The retry hint of a refusal by a limit.
+    pub fn retry_after_ms(&self) -> Option<u32> {
+        match self {
+            SettingsError::Limited { retry_after_ms, .. } => Some(*retry_after_ms),
+            _ => None,
+        }
+    }
+
     /// The HTTP status this error is answered with.
     pub fn http_status(&self) -> u16 {
         match self {
@@ -108,6 +143,7 @@ impl SettingsError {
             | SettingsError::Invalid { .. }
             | SettingsError::NotACluster => 400,
             SettingsError::Store(_) | SettingsError::Cluster(_) => 503,
+            SettingsError::Limited { .. } => 429,
             SettingsError::Apply(_) => 500,
         }
     }
@@ -432,7 +468,7 @@ impl NodeSettings {
         broker
             .set_node_settings(next.clone())
             .await
-            .map_err(|e| SettingsError::Store(e.to_string()))?;
+            .map_err(SettingsError::stored)?;
         layers.node = next;
         let document = self.render(&layers);
         drop(layers);

@@ -130,3 +130,114 @@ async fn purge_and_delete_work_at_reserve_after_an_outside_fill() {
     std::fs::remove_file(&filler).expect("remove filler");
     assert!(server.terminate(Duration::from_secs(20)));
 }
+
+/// `PUT /api/v1/settings` with `body`: the status code and the response body.
+fn put_settings(http: SocketAddr, body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream =
+        std::net::TcpStream::connect_timeout(&http, Duration::from_secs(5)).expect("connect http");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    write!(
+        stream,
+        "PUT /api/v1/settings HTTP/1.1\r\nHost: {http}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read");
+    let code = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (code, body)
+}
+
+/// Another program fills the file system to 100 %, then settings changes go on until the node
+/// refuses one: every refusal is a 429 naming the disk (never a 500), and deleting a queue
+/// still works afterwards, because the metadata log keeps room for deletion records. Before,
+/// the settings changes filled the metadata log's segment, the next one failed to allocate a
+/// segment and stopped the log, and the delete answered 500 ("log .../meta stopped after a
+/// failed preallocate segment: No space").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metadata_changes_at_a_full_disk_are_refused_as_limited_and_delete_still_works() {
+    if !privileged("metadata_changes_at_a_full_disk_are_refused_as_limited_and_delete_still_works")
+    {
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tmp");
+    let data = tmp.path().join("data");
+    let _fs = Tmpfs::mount(&data, 64);
+    let config = small_fs_config(tmp.path(), &[&data], 0.02, 0.01, 0.005);
+    let mut server = Server::start(&[
+        "serve",
+        "--config",
+        config.to_str().expect("utf8"),
+        "--listen",
+        "127.0.0.1:0",
+        "--http",
+        "127.0.0.1:0",
+    ]);
+    let client = connect(server.protocol).await;
+    client
+        .declare("kept", QueueSettings::default())
+        .await
+        .expect("declare");
+    for seq in 0..50u64 {
+        client
+            .publish("kept", OutgoingMessage::new(body(seq, BODY_BYTES)))
+            .await
+            .expect("publish before the fill");
+    }
+    let filler = data.join("filler.bin");
+    let dd = std::process::Command::new("dd")
+        .args(["if=/dev/zero", "bs=1M", "count=100"])
+        .arg(format!("of={}", filler.display()))
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("dd");
+    assert!(!dd.success(), "dd stops at a full file system");
+
+    // Each change is a record of the metadata log; 3,000 of them are far more than its first
+    // segment's room.
+    let mut refused = None;
+    for n in 0..3_000u32 {
+        let interval = 100 + n % 2;
+        let (code, answer) = put_settings(
+            server.http,
+            &format!("{{\"limits.sample_interval_ms\": {interval}}}"),
+        );
+        match code {
+            200 => {}
+            429 => {
+                refused = Some((n, answer));
+                break;
+            }
+            other => panic!("settings change {n} at a full disk answered {other}: {answer}"),
+        }
+    }
+    let (n, answer) = refused.expect("a settings change refused at a full disk");
+    eprintln!("settings change {n} refused: {answer}");
+    assert!(
+        answer.contains("disk"),
+        "the refusal names the disk: {answer}"
+    );
+    let declared = client.declare("new", QueueSettings::default()).await;
+    if let Err(error) = &declared {
+        assert_eq!(error.code(), Some(429), "a declare at a full disk: {error}");
+    }
+    client
+        .delete("kept")
+        .await
+        .expect("delete after the metadata log's room ran out for settings");
+    assert!(server.alive(), "the broker stays up");
+    std::fs::remove_file(&filler).expect("remove filler");
+    assert!(server.terminate(Duration::from_secs(20)));
+}

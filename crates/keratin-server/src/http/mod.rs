@@ -232,9 +232,19 @@ async fn node_settings_update(admin: &Admin, query: SettingsScope, body: &Value)
         Ok(document) => Json(document).into_response(),
         Err(error) => {
             let code = error.http_status();
+            let mut body = json!({ "code": code, "message": error.to_string() });
+            if let crate::settings::SettingsError::Limited {
+                reason,
+                retry_after_ms,
+                ..
+            } = &error
+            {
+                body["reason"] = json!(reason);
+                body["retry_after_ms"] = json!(retry_after_ms);
+            }
             (
                 StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-                Json(json!({ "code": code, "message": error.to_string() })),
+                Json(body),
             )
                 .into_response()
         }

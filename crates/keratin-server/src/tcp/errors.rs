@@ -2,6 +2,7 @@
 //! (`keratin_proto::codes`), and the message says what happened and what to do.
 
 use keratin_broker::BrokerError;
+use keratin_log::LogError;
 use keratin_proto::codes::{
     ERR_BAD_REQUEST, ERR_CONFLICT, ERR_GATEWAY_TIMEOUT, ERR_INTERNAL, ERR_NOT_FOUND, ERR_TOO_LARGE,
     ERR_UNAVAILABLE,
@@ -10,6 +11,9 @@ use keratin_proto::codes::{
 /// The retry hint of a 421 that names no leader: about one Raft election timeout, after which
 /// a leader is usually known (the client backs off on its own too, growing from its start).
 pub const NOT_LEADER_RETRY_AFTER_MS: u32 = 100;
+/// The retry hint of a request refused because a log stopped at a full disk: about the limits
+/// sampler's period, after which freed space shows.
+pub const FULL_DISK_RETRY_AFTER_MS: u32 = 1_000;
 use keratin_proto::{ErrorBody, LimitReason};
 
 /// The wire error for a broker error.
@@ -32,6 +36,20 @@ pub fn error_body(error: &BrokerError) -> ErrorBody {
             Some(_) => body,
             None => body.with_retry_after_ms(NOT_LEADER_RETRY_AFTER_MS),
         };
+    }
+    if let BrokerError::Log(LogError::Stopped { source, .. }) = error {
+        if source.is_no_space() {
+            // A log that stopped for want of space is a full disk, not a fault of the node:
+            // refused as a publish is at the hard level, with the time the sampler needs to
+            // see space come back.
+            return ErrorBody::limited(
+                LimitReason::Disk,
+                FULL_DISK_RETRY_AFTER_MS,
+                format!(
+                    "{error}; the disk is full: delete or purge queues or free space, then retry"
+                ),
+            );
+        }
     }
     if let BrokerError::MetadataUnavailable { retry_after_ms, .. } = error {
         return ErrorBody::new(ERR_UNAVAILABLE, error.to_string())
@@ -77,6 +95,25 @@ mod tests {
         assert_eq!(body.leader_addr(), Some("10.0.0.3:5680"));
         assert_eq!(body.retry_after_ms(), None);
         assert!(body.message().contains("orders"), "{}", body.message());
+    }
+
+    #[test]
+    fn a_log_stopped_at_a_full_disk_is_limited_not_internal() {
+        let full = BrokerError::Log(LogError::Stopped {
+            dir: "/data/meta".into(),
+            op: "preallocate",
+            source: keratin_log::IoError::from(std::io::Error::from_raw_os_error(28)),
+        });
+        let body = error_body(&full);
+        assert_eq!(body.code(), keratin_proto::codes::ERR_LIMITED);
+        assert_eq!(body.retry_after_ms(), Some(FULL_DISK_RETRY_AFTER_MS));
+        assert!(body.message().contains("free space"), "{}", body.message());
+        let failed = BrokerError::Log(LogError::Stopped {
+            dir: "/data/meta".into(),
+            op: "write",
+            source: keratin_log::IoError::from(std::io::Error::from_raw_os_error(5)),
+        });
+        assert_eq!(error_body(&failed).code(), ERR_INTERNAL);
     }
 
     #[test]
