@@ -719,6 +719,16 @@ impl Writer {
         if victims.is_empty() {
             return Ok(());
         }
+        // Out of the readers' map first: once the pool has a file, another log may write over
+        // it at once, and a reader still inside it must find it removed (`LogReader::explain`
+        // reads a corruption below the start as `OutOfRange`), not corrupt. A failure below
+        // stops the log; the heal finds the files as the disk holds them.
+        {
+            let mut state = shared.lock();
+            for victim in victims {
+                state.segments.remove(&victim.base);
+            }
+        }
         for victim in victims {
             shared
                 .pool
@@ -732,10 +742,6 @@ impl Writer {
         }
         timed_sync(shared, || shared.io.sync_dir(&shared.dir))
             .map_err(stop(shared, "sync directory"))?;
-        let mut state = shared.lock();
-        for victim in victims {
-            state.segments.remove(&victim.base);
-        }
         Ok(())
     }
 }
