@@ -692,21 +692,23 @@ fn delivery_json(delivery: &StreamDelivery) -> Value {
 /// `partition=0 offset=12 timestamp=2026-12-04T14:00:00.123Z key=k1 body=hello`; a binary
 /// body shows its size, its `keratin publish` sequence number or its first bytes in hex.
 fn delivery_text(delivery: &StreamDelivery) -> String {
-    let body = match std::str::from_utf8(&delivery.body) {
-        Ok(text) => escape_controls(text),
-        Err(_) => match publish_seq(&delivery.body) {
-            Some(seq) => format!("<{} bytes, seq {seq}>", delivery.body.len()),
-            None => {
-                let shown = &delivery.body[..delivery.body.len().min(BODY_HEX_SHOWN_BYTES)];
-                let hex: String = shown.iter().map(|b| format!("{b:02x}")).collect();
-                let more = if shown.len() < delivery.body.len() {
-                    "..."
-                } else {
-                    ""
-                };
-                format!("<{} bytes: {hex}{more}>", delivery.body.len())
-            }
-        },
+    // A body `keratin publish` wrote (sequence number and checksum) can be valid UTF-8 too.
+    let body = match (
+        publish_seq(&delivery.body),
+        std::str::from_utf8(&delivery.body),
+    ) {
+        (Some(seq), _) => format!("<{} bytes, seq {seq}>", delivery.body.len()),
+        (None, Ok(text)) => escape_controls(text),
+        (None, Err(_)) => {
+            let shown = &delivery.body[..delivery.body.len().min(BODY_HEX_SHOWN_BYTES)];
+            let hex: String = shown.iter().map(|b| format!("{b:02x}")).collect();
+            let more = if shown.len() < delivery.body.len() {
+                "..."
+            } else {
+                ""
+            };
+            format!("<{} bytes: {hex}{more}>", delivery.body.len())
+        }
     };
     format!(
         "partition={} offset={} timestamp={} key={} body={body}",
