@@ -1,0 +1,1242 @@
+//! `keratin-bench nemesis`: 3 or 5 real `keratin serve` processes on 127.0.0.1, a workload of
+//! producers and consumers through different nodes, the seeded fault schedule of
+//! `nemesis_schedule` played on the processes, then healing, draining and the checks of
+//! `nemesis_check`; a table per fault kind, and a non-zero exit with the replay command on any
+//! violation (docs/reliability.md).
+//!
+//! - `Nodes`: the processes, each with its data directory under one run directory, fixed
+//!   addresses over restarts; killed (by the PIDs it started) and the directory removed (unless
+//!   `--keep`) when dropped, on every way out, a panic included.
+//! - The workload: queue [`QUEUE`] of 3 partitions × 3 replicas with dead-letter queue [`DLQ`]
+//!   and `max_deliveries` [`MAX_DELIVERIES`]; an idempotent producer starting on node 1, a
+//!   non-idempotent one on node 2, an acking consumer on node 3, and one that requeues some
+//!   messages on the last node; every one of them moves to the next node when its own fails.
+//!   Poison messages (`nemesis_check::poison`) are rejected with requeue by every consumer
+//!   until they are dead-lettered.
+//! - Between faults the runner waits until every partition of both queues has one leader and
+//!   a publish sent after the fault is confirmed ([`RECOVERY_MAX`] each); longer is a stall.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use keratin_client::{Client, ClientOptions, OutgoingMessage, QueueSettings};
+
+use crate::contender::BenchResult;
+use crate::nemesis_check::{
+    check, decode_body, encode_body, poison, Findings, MsgKey, Producer, Published, QueueKind,
+    Seen, Settle,
+};
+use crate::nemesis_schedule::{schedule, Damage, FaultKind, Rng, Step};
+
+const QUEUE: &str = "nemesis";
+const DLQ: &str = "nemesis-dlq";
+const PARTITIONS: u32 = 3;
+const REPLICAS: u32 = 3;
+/// A message delivered this many times and rejected again goes to [`DLQ`].
+const MAX_DELIVERIES: u32 = 3;
+/// The idempotent producer's id, and the after-healing probe's.
+const PRODUCER_ID: u64 = 0x6e65_6d65_7369_7331;
+const PROBE_ID: u64 = 0x6e65_6d65_7369_7332;
+/// Messages per publish batch, and the pause between batches: about 2 × 200 messages/s, modest
+/// on a shared 2-core machine.
+const BATCH: u64 = 10;
+const BATCH_PAUSE: Duration = Duration::from_millis(50);
+/// Unsettled deliveries per consumer and node.
+const PREFETCH: u32 = 16;
+/// A node prints its addresses within this of its start, or the start failed.
+const START_MAX: Duration = Duration::from_secs(30);
+/// After a fault is healed: the leaders, then a confirm of a publish sent after the fault,
+/// within this each; longer is a stall.
+const RECOVERY_MAX: Duration = Duration::from_secs(30);
+/// Setting up (declares, first leaders) within this.
+const SETUP_MAX: Duration = Duration::from_secs(60);
+/// Draining: a pass over a queue ends after this long without a delivery; the whole drain of
+/// both queues within [`DRAIN_MAX`].
+const DRAIN_IDLE: Duration = Duration::from_secs(3);
+const DRAIN_MAX: Duration = Duration::from_secs(180);
+/// Steps the schedule is generated for; a run ends at its time first (a step takes seconds).
+const STEPS_MAX: usize = 10_000;
+/// Ports nodes listen on: below Linux's ephemeral range, so that no client's outgoing
+/// connection holds a node's port when the node restarts and binds it again.
+const NODE_PORTS: std::ops::Range<u16> = 20_000..32_000;
+/// Client timeouts: a connect, a request and a publish give up after these.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+const PUBLISH_TIMEOUT: Duration = Duration::from_secs(5);
+/// Disk thresholds for nodes on the host's disk (tiny fractions): a run is about faults, not
+/// about how full the machine's disk happens to be.
+const HOST_DISK_LIMITS: &[(&str, &str)] = &[
+    ("KERATIN_LIMITS__DISK__SOFT_FRACTION", "0.002"),
+    ("KERATIN_LIMITS__DISK__HARD_FRACTION", "0.001"),
+    ("KERATIN_LIMITS__DISK__RESERVE_FRACTION", "0.0005"),
+    ("KERATIN_LIMITS__DISK__SOFT_FLOOR_BYTES", "268435456"),
+    ("KERATIN_LIMITS__DISK__HARD_FLOOR_BYTES", "134217728"),
+    ("KERATIN_LIMITS__DISK__RESERVE_FLOOR_BYTES", "67108864"),
+];
+
+/// What `keratin-bench nemesis` was asked to do.
+#[derive(Debug, Clone)]
+pub struct NemesisConfig {
+    pub nodes: usize,
+    pub seed: u64,
+    pub seconds: u64,
+    pub faults: Vec<FaultKind>,
+    /// The `keratin` binary.
+    pub keratin: PathBuf,
+    /// Keep the run directory here (data directories and node logs) instead of a temporary
+    /// one removed at the end.
+    pub keep: Option<PathBuf>,
+}
+
+impl NemesisConfig {
+    /// The command that plays this run again.
+    pub fn replay_command(&self) -> String {
+        format!(
+            "keratin-bench nemesis --nodes {} --seed {} --seconds {} --faults {} --keratin {}",
+            self.nodes,
+            self.seed,
+            self.seconds,
+            self.faults
+                .iter()
+                .map(|f| f.name())
+                .collect::<Vec<_>>()
+                .join(","),
+            self.keratin.display()
+        )
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The processes.
+
+/// One node: fixed addresses and data directory, its process while it runs.
+struct Node {
+    id: u64,
+    protocol: SocketAddr,
+    http: SocketAddr,
+    cluster: SocketAddr,
+    dir: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+/// Every node of the run; kills what still runs and removes the run directory when dropped.
+struct Nodes {
+    root: PathBuf,
+    keep: bool,
+    keratin: PathBuf,
+    nodes: Vec<Node>,
+}
+
+/// A free port on 127.0.0.1 in [`NODE_PORTS`], starting at a place picked by `rng`.
+fn free_addr(rng: &mut Rng, taken: &[SocketAddr]) -> BenchResult<SocketAddr> {
+    let span = u64::from(NODE_PORTS.end - NODE_PORTS.start);
+    for _ in 0..span {
+        let port = NODE_PORTS.start + u16::try_from(rng.below(span)).unwrap_or(0);
+        if taken.iter().any(|a| a.port() == port) {
+            continue;
+        }
+        if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)) {
+            return Ok(listener.local_addr()?);
+        }
+    }
+    Err(format!("no free port on 127.0.0.1 in {NODE_PORTS:?}").into())
+}
+
+impl Nodes {
+    fn new(config: &NemesisConfig) -> BenchResult<Nodes> {
+        let (root, keep) = match &config.keep {
+            Some(dir) => (dir.clone(), true),
+            None => (
+                std::env::temp_dir().join(format!(
+                    "keratin-nemesis-{}-{}",
+                    std::process::id(),
+                    config.seed
+                )),
+                false,
+            ),
+        };
+        std::fs::create_dir_all(&root)
+            .map_err(|e| format!("create the run directory {}: {e}", root.display()))?;
+        // Ports from the process id, not the seed: two runs of one seed side by side differ.
+        let mut rng = Rng::new(u64::from(std::process::id()));
+        let mut taken = Vec::new();
+        let mut nodes = Vec::new();
+        for id in 1..=config.nodes as u64 {
+            let mut addr = || -> BenchResult<SocketAddr> {
+                let a = free_addr(&mut rng, &taken)?;
+                taken.push(a);
+                Ok(a)
+            };
+            let (protocol, http, cluster) = (addr()?, addr()?, addr()?);
+            nodes.push(Node {
+                id,
+                protocol,
+                http,
+                cluster,
+                dir: root.join(format!("node-{id}")),
+                log: root.join(format!("node-{id}.log")),
+                child: None,
+            });
+        }
+        Ok(Nodes {
+            root,
+            keep,
+            keratin: config.keratin.clone(),
+            nodes,
+        })
+    }
+
+    fn addrs(&self) -> Vec<SocketAddr> {
+        self.nodes.iter().map(|n| n.protocol).collect()
+    }
+
+    /// Starts node `index` (0-based) and waits for its address line.
+    fn start(&mut self, index: usize) -> BenchResult<()> {
+        let peers: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("{}={}", n.id, n.cluster))
+            .collect();
+        let node = &mut self.nodes[index];
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&node.log)
+            .map_err(|e| format!("open {}: {e}", node.log.display()))?;
+        let mut command = Command::new(&self.keratin);
+        command
+            .arg("serve")
+            .arg("--data-dir")
+            .arg(&node.dir)
+            .args(["--listen", &node.protocol.to_string()])
+            .args(["--http", &node.http.to_string()])
+            .args(["--node-id", &node.id.to_string()]);
+        for peer in &peers {
+            command.args(["--peer", peer]);
+        }
+        command
+            .env("KERATIN_SERVER__AUTH", "none")
+            .env("KERATIN_CLUSTER__LEADER_BALANCE", "true")
+            .env(
+                "KERATIN_LOG",
+                std::env::var("KERATIN_NEMESIS_NODE_LOG")
+                    .unwrap_or_else(|_| "info,openraft=error".into()),
+            )
+            .envs(HOST_DISK_LIMITS.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log);
+        let mut child = command
+            .spawn()
+            .map_err(|e| format!("start {}: {e}", self.keratin.display()))?;
+        let stdout = child.stdout.take();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let Some(stdout) = stdout else { return };
+            let mut lines = BufReader::new(stdout).lines();
+            if let Some(Ok(line)) = lines.next() {
+                let _ = tx.send(line);
+            }
+            // Keep draining so the node never blocks on a full pipe.
+            for _ in lines {}
+        });
+        let id = node.id;
+        node.child = Some(child);
+        match rx.recv_timeout(START_MAX) {
+            Ok(line) if line.contains("protocol=") => Ok(()),
+            outcome => {
+                let status = node
+                    .child
+                    .as_mut()
+                    .and_then(|c| c.try_wait().ok().flatten());
+                self.kill(index);
+                Err(format!(
+                    "node {id} did not start (printed {:?}, exit status {status:?}); its log: {}",
+                    outcome.ok(),
+                    self.nodes[index].log.display()
+                )
+                .into())
+            }
+        }
+    }
+
+    /// `kill -9` node `index` (by the PID it was started with) and reap it.
+    fn kill(&mut self, index: usize) {
+        if let Some(mut child) = self.nodes[index].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Sends `signal` (`-STOP`, `-CONT`) to node `index`'s process.
+    fn signal(&self, index: usize, signal: &str) -> BenchResult<()> {
+        let pid = self.nodes[index]
+            .child
+            .as_ref()
+            .ok_or_else(|| format!("node {} is not running", index + 1))?
+            .id();
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()?;
+        if !status.success() {
+            return Err(format!("kill {signal} {pid}: {status}").into());
+        }
+        Ok(())
+    }
+
+    /// Lines with "panicked at" in the nodes' logs (a panic on a node's thread need not end
+    /// it), at most 10.
+    fn panics(&self) -> Vec<String> {
+        let mut found = Vec::new();
+        for node in &self.nodes {
+            let Ok(file) = std::fs::File::open(&node.log) else {
+                continue;
+            };
+            for line in BufReader::new(file).lines().map_while(Result::ok) {
+                if line.contains("panicked at") && found.len() < 10 {
+                    found.push(format!("node {}: {line}", node.id));
+                }
+            }
+        }
+        found
+    }
+}
+
+impl Drop for Nodes {
+    fn drop(&mut self) {
+        for index in 0..self.nodes.len() {
+            // SIGKILL ends a stopped process as well.
+            self.kill(index);
+        }
+        if !self.keep {
+            let _ = std::fs::remove_dir_all(&self.root);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Damage to a segment file.
+
+/// Every `*.seg` file under `dir`, sorted.
+fn segment_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            segment_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "seg") {
+            out.push(path);
+        }
+    }
+    out.sort();
+}
+
+/// Damages one segment file of `dir` as `damage` says, at a place `pick` chooses within its
+/// written part (up to its last non-zero byte); what it did.
+fn corrupt_segment(dir: &Path, damage: Damage, pick: u64) -> BenchResult<String> {
+    let mut files = Vec::new();
+    segment_files(dir, &mut files);
+    // Only files with something written past their 64-byte header.
+    let mut written = Vec::new();
+    for file in files {
+        let mut bytes = Vec::new();
+        std::fs::File::open(&file)?.read_to_end(&mut bytes)?;
+        let end = bytes.iter().rposition(|b| *b != 0).map_or(0, |p| p + 1);
+        if end > 64 {
+            written.push((file, end));
+        }
+    }
+    if written.is_empty() {
+        return Ok(format!("no written segment file under {}", dir.display()));
+    }
+    let (file, end) = &written[(pick % written.len() as u64) as usize];
+    let end = *end as u64;
+    let at = 64 + (pick >> 8) % (end - 64);
+    let mut handle = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(file)?;
+    let what = match damage {
+        Damage::BitFlip => {
+            let mut byte = [0u8; 1];
+            handle.seek(SeekFrom::Start(at))?;
+            handle.read_exact(&mut byte)?;
+            byte[0] ^= 1 << (pick % 8);
+            handle.seek(SeekFrom::Start(at))?;
+            handle.write_all(&byte)?;
+            format!("flipped bit {} of byte {at}", pick % 8)
+        }
+        Damage::Truncate => {
+            handle.set_len(at)?;
+            format!("truncated to {at} bytes (written part {end})")
+        }
+        Damage::ZeroTail => {
+            let from = end.saturating_sub(4096).max(64);
+            handle.seek(SeekFrom::Start(from))?;
+            handle.write_all(&vec![0u8; (end - from) as usize])?;
+            format!("zeroed bytes {from}..{end}")
+        }
+    };
+    handle.sync_all()?;
+    Ok(format!("{}: {what}", file.display()))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The workload.
+
+/// What the producers and consumers saw, shared.
+#[derive(Default)]
+struct Ledger {
+    published: BTreeMap<MsgKey, PubState>,
+    /// Each confirm: when its attempt was sent, when it came back.
+    confirms: Vec<(Instant, Instant)>,
+    seen: Vec<Seen>,
+}
+
+struct PubState {
+    first_sent: Instant,
+    confirmed: bool,
+    attempts: u32,
+}
+
+struct Shared {
+    addrs: Vec<SocketAddr>,
+    ledger: Mutex<Ledger>,
+    stop_producers: AtomicBool,
+    stop_consumers: AtomicBool,
+    sessions: AtomicU64,
+}
+
+impl Shared {
+    fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
+        // A panicking task leaves the ledger as it was: keep using it.
+        self.ledger.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn options(name: &str, producer_id: Option<u64>, idempotent: bool) -> ClientOptions {
+    ClientOptions {
+        name: name.into(),
+        connect_timeout: CONNECT_TIMEOUT,
+        request_timeout: PUBLISH_TIMEOUT,
+        publish_timeout: PUBLISH_TIMEOUT,
+        idempotent,
+        producer_id,
+        ..ClientOptions::default()
+    }
+}
+
+/// A client of the first node from `start` on (round the list) that answers.
+async fn connect_from(
+    addrs: &[SocketAddr],
+    start: usize,
+    options: &ClientOptions,
+) -> Option<Client> {
+    for k in 0..addrs.len() {
+        let addr = addrs[(start + k) % addrs.len()];
+        if let Ok(client) = Client::connect(addr, options.clone()).await {
+            return Some(client);
+        }
+    }
+    None
+}
+
+/// Publishes batches until stopped, starting on node `first`; on a failure it moves to the
+/// next node and sends the failed messages again (same sequences: the idempotent producer's
+/// retries are stored once; the plain producer's may be stored twice).
+async fn producer(shared: Arc<Shared>, producer: Producer, first: usize) {
+    let idempotent = producer.idempotent();
+    let options = options(
+        &format!("nemesis {producer:?}"),
+        idempotent.then_some(PRODUCER_ID),
+        idempotent,
+    );
+    let mut turn = first;
+    let mut client: Option<Client> = None;
+    let mut next = 1u64;
+    let mut pending: Vec<u64> = Vec::new();
+    while !shared.stop_producers.load(Ordering::Relaxed) {
+        let Some(c) = client.clone() else {
+            client = connect_from(&shared.addrs, turn, &options).await;
+            if client.is_none() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            continue;
+        };
+        if pending.is_empty() {
+            pending = (next..next + BATCH).collect();
+            next += BATCH;
+        }
+        let sent = Instant::now();
+        {
+            let mut ledger = shared.ledger();
+            for seq in &pending {
+                let state = ledger
+                    .published
+                    .entry((producer, *seq))
+                    .or_insert(PubState {
+                        first_sent: sent,
+                        confirmed: false,
+                        attempts: 0,
+                    });
+                state.attempts += 1;
+            }
+        }
+        let messages: Vec<OutgoingMessage> = pending
+            .iter()
+            .map(|seq| {
+                let message = OutgoingMessage::new(encode_body((producer, *seq)));
+                if idempotent {
+                    message.with_sequence(*seq)
+                } else {
+                    message
+                }
+            })
+            .collect();
+        let results = c.publish_batch(QUEUE, messages).await;
+        let mut failed = Vec::new();
+        {
+            let mut ledger = shared.ledger();
+            for (seq, result) in pending.iter().zip(results) {
+                match result {
+                    Ok(_) => {
+                        if let Some(state) = ledger.published.get_mut(&(producer, *seq)) {
+                            state.confirmed = true;
+                        }
+                        ledger.confirms.push((sent, Instant::now()));
+                    }
+                    Err(_) => failed.push(*seq),
+                }
+            }
+        }
+        pending = failed;
+        if !pending.is_empty() {
+            client = None;
+            turn += 1;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        } else {
+            tokio::time::sleep(BATCH_PAUSE).await;
+        }
+    }
+}
+
+/// How a consumer settles a delivery that is not poison (poison is always requeued).
+#[derive(Clone, Copy)]
+enum Policy {
+    AckAll,
+    /// Requeue one in 7 first deliveries, ack the rest.
+    RequeueSome,
+}
+
+/// Consumes `queue` until `stop`, starting on node `first`, resubscribing through the next
+/// node when the subscription ends; when `idle_end` is given, also ends after that long
+/// without a delivery. How many deliveries it saw.
+async fn consume(
+    shared: &Shared,
+    queue: QueueKind,
+    first: usize,
+    policy: Policy,
+    stop: &AtomicBool,
+    idle_end: Option<Duration>,
+) -> u64 {
+    let name = match queue {
+        QueueKind::Main => QUEUE,
+        QueueKind::DeadLetter => DLQ,
+    };
+    let options = options("nemesis consumer", None, true);
+    let mut turn = first;
+    let mut count = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let Some(client) = connect_from(&shared.addrs, turn, &options).await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let Ok(mut consumer) = client.subscribe(name, PREFETCH).await else {
+            turn += 1;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let session = shared.sessions.fetch_add(1, Ordering::Relaxed);
+        let mut last = Instant::now();
+        loop {
+            let delivery =
+                match tokio::time::timeout(Duration::from_millis(500), consumer.recv()).await {
+                    Ok(Some(delivery)) => delivery,
+                    Ok(None) => break,
+                    Err(_) => {
+                        let idle = idle_end.is_some_and(|idle| last.elapsed() >= idle);
+                        if stop.load(Ordering::Relaxed) || idle {
+                            let _ = tokio::time::timeout(PUBLISH_TIMEOUT, consumer.cancel()).await;
+                            client.close().await;
+                            return count;
+                        }
+                        continue;
+                    }
+                };
+            last = Instant::now();
+            count += 1;
+            let key = decode_body(&delivery.body);
+            let requeue = key.is_some_and(|(_, seq)| {
+                queue == QueueKind::Main
+                    && (poison(seq)
+                        || matches!(policy, Policy::RequeueSome)
+                            && !delivery.redelivered
+                            && seq % 7 == 3)
+            });
+            let settle = match if requeue {
+                delivery.reject(true).map(|()| Settle::Requeue)
+            } else {
+                delivery.ack().map(|()| Settle::Ack)
+            } {
+                Ok(settle) => settle,
+                Err(_) => Settle::None,
+            };
+            shared.ledger().seen.push(Seen {
+                queue,
+                session,
+                key,
+                partition: delivery.partition,
+                offset: delivery.offset,
+                redelivered: delivery.redelivered,
+                settle,
+            });
+        }
+        turn += 1;
+    }
+    count
+}
+
+// ---------------------------------------------------------------------------------------------
+// Leaders and recovery.
+
+/// The leader of each partition of `queue` when every running node that answers agrees: each
+/// partition has exactly one node saying it leads it, among the running nodes, and no running
+/// node names another leader; `None` otherwise or when a running node does not answer.
+async fn leaders(addrs: &[SocketAddr], running: &[bool], queue: &str) -> Option<Vec<u64>> {
+    let options = ClientOptions {
+        connect_timeout: Duration::from_secs(1),
+        request_timeout: Duration::from_secs(1),
+        ..ClientOptions::default()
+    };
+    let mut views = Vec::new();
+    for (index, addr) in addrs.iter().enumerate() {
+        if !running[index] {
+            continue;
+        }
+        let client = Client::connect(*addr, options.clone()).await.ok()?;
+        let info = client.info(queue).await;
+        client.close().await;
+        views.push((index as u64 + 1, info.ok()?.partitions));
+    }
+    let count = views.first()?.1.len();
+    if count == 0 || views.iter().any(|(_, ps)| ps.len() != count) {
+        return None;
+    }
+    (0..count)
+        .map(|p| {
+            let leading: Vec<u64> = views
+                .iter()
+                .filter(|(_, ps)| ps[p].leading)
+                .map(|(id, _)| *id)
+                .collect();
+            let [leader] = leading[..] else { return None };
+            views
+                .iter()
+                .all(|(_, ps)| ps[p].leader.is_none_or(|l| l == leader))
+                .then_some(leader)
+        })
+        .collect()
+}
+
+/// Waits up to `within` for agreed leaders of both queues; how long it took, or `None`.
+async fn wait_leaders(
+    addrs: &[SocketAddr],
+    running: &[bool],
+    within: Duration,
+) -> Option<Duration> {
+    let began = Instant::now();
+    while began.elapsed() < within {
+        if leaders(addrs, running, QUEUE).await.is_some()
+            && leaders(addrs, running, DLQ).await.is_some()
+        {
+            return Some(began.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    None
+}
+
+/// Waits up to `within` from now for a confirm of a publish sent after `since`; the time from
+/// `since` to it, or `None`.
+async fn wait_confirm_after(shared: &Shared, since: Instant, within: Duration) -> Option<Duration> {
+    let deadline = Instant::now() + within;
+    loop {
+        let first = shared
+            .ledger()
+            .confirms
+            .iter()
+            .filter(|(sent, _)| *sent >= since)
+            .map(|(_, at)| *at)
+            .min();
+        if let Some(at) = first {
+            return Some(at.saturating_duration_since(since));
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The run.
+
+/// One fault as played: when it began, its kind, how the cluster came back.
+struct Played {
+    began: Instant,
+    kind: FaultKind,
+    /// Fault start to the first confirm of a publish sent after it.
+    recovered: Option<Duration>,
+    stalled: bool,
+}
+
+/// Runs `blocking` on the runtime's thread without stalling the other tasks.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
+/// Plays one step on `nodes`; notes of what happened (restart failures are stalls).
+async fn play(nodes: &Mutex<Nodes>, step: &Step, notes: &mut Vec<String>) -> BenchResult<bool> {
+    let lock = || nodes.lock().unwrap_or_else(|e| e.into_inner());
+    let mut stalled = false;
+    match step.kind {
+        FaultKind::Pause => {
+            let victim = step.victims[0];
+            blocking(|| lock().signal(victim, "-STOP"))?;
+            tokio::time::sleep(step.down).await;
+            blocking(|| lock().signal(victim, "-CONT"))?;
+        }
+        kind => {
+            blocking(|| {
+                let mut nodes = lock();
+                for v in &step.victims {
+                    nodes.kill(*v);
+                }
+            });
+            if kind == FaultKind::Wipe {
+                let dir = lock().nodes[step.victims[0]].dir.clone();
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+            if kind == FaultKind::Corrupt {
+                for v in &step.victims {
+                    let dir = lock().nodes[*v].dir.clone();
+                    let what = corrupt_segment(&dir, step.damage, step.pick)?;
+                    notes.push(format!("node {}: {what}", v + 1));
+                }
+            }
+            tokio::time::sleep(step.down).await;
+            for v in &step.victims {
+                if let Err(error) = blocking(|| lock().start(*v)) {
+                    // A node that refuses to start after a fault is a finding; an operator
+                    // would replace its disk: wipe it and start it empty to go on.
+                    stalled = true;
+                    notes.push(format!(
+                        "node {} did not restart after {}: {error}; wiped and restarted",
+                        v + 1,
+                        kind.name()
+                    ));
+                    let dir = lock().nodes[*v].dir.clone();
+                    let _ = std::fs::remove_dir_all(&dir);
+                    blocking(|| lock().start(*v))?;
+                }
+            }
+        }
+    }
+    Ok(stalled)
+}
+
+/// The table: one row per fault kind (and "none" for messages published before the first
+/// fault, "heal" for the after-healing checks).
+#[derive(Default, Clone)]
+struct Row {
+    runs: u64,
+    confirmed: u64,
+    lost: u64,
+    duplicates: u64,
+    unknown_outcome_duplicates: u64,
+    unflagged: u64,
+    order: u64,
+    dead_letter_missing: u64,
+    phantoms: u64,
+    stalls: u64,
+    recover_ms: Vec<u64>,
+}
+
+fn render(rows: &BTreeMap<String, Row>) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<14} {:>4} {:>9} {:>5} {:>5} {:>7} {:>9} {:>6} {:>8} {:>8} {:>6} {:>10} {:>10}",
+        "fault",
+        "runs",
+        "confirmed",
+        "lost",
+        "dups",
+        "unk-dup",
+        "unflagged",
+        "order",
+        "dlq-miss",
+        "phantoms",
+        "stalls",
+        "recov-med",
+        "recov-max"
+    );
+    for (name, row) in rows {
+        let mut times = row.recover_ms.clone();
+        times.sort_unstable();
+        let median = times
+            .get(times.len() / 2)
+            .map_or("-".into(), |t| format!("{t} ms"));
+        let max = times.last().map_or("-".into(), |t| format!("{t} ms"));
+        let _ = writeln!(
+            out,
+            "{:<14} {:>4} {:>9} {:>5} {:>5} {:>7} {:>9} {:>6} {:>8} {:>8} {:>6} {:>10} {:>10}",
+            name,
+            row.runs,
+            row.confirmed,
+            row.lost,
+            row.duplicates,
+            row.unknown_outcome_duplicates,
+            row.unflagged,
+            row.order,
+            row.dead_letter_missing,
+            row.phantoms,
+            row.stalls,
+            median,
+            max
+        );
+    }
+    out
+}
+
+/// The fault kind whose window holds `at` (the last fault begun at or before it), or "none".
+fn window_of(played: &[Played], at: Instant) -> String {
+    played
+        .iter()
+        .rev()
+        .find(|p| p.began <= at)
+        .map_or("none".into(), |p| p.kind.name().into())
+}
+
+pub fn run(config: &NemesisConfig) -> BenchResult<()> {
+    if !(config.nodes == 3 || config.nodes == 5) {
+        return Err("--nodes must be 3 or 5".into());
+    }
+    if config.faults.is_empty() {
+        return Err("--faults names no fault".into());
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let result = runtime.block_on(run_async(config));
+    runtime.shutdown_timeout(Duration::from_secs(5));
+    result
+}
+
+async fn run_async(config: &NemesisConfig) -> BenchResult<()> {
+    let nodes = Arc::new(Mutex::new(Nodes::new(config)?));
+    let lock = || nodes.lock().unwrap_or_else(|e| e.into_inner());
+    let root = lock().root.clone();
+    println!(
+        "nemesis: {} nodes, seed {}, {} s, faults {}; run directory {}",
+        config.nodes,
+        config.seed,
+        config.seconds,
+        config
+            .faults
+            .iter()
+            .map(|f| f.name())
+            .collect::<Vec<_>>()
+            .join(","),
+        root.display()
+    );
+    for index in 0..config.nodes {
+        blocking(|| lock().start(index))?;
+    }
+    let addrs = lock().addrs();
+    let all_running = vec![true; config.nodes];
+
+    // Declare the dead-letter queue, then the queue, through any node (the cluster may still
+    // be electing its metadata leader).
+    let began = Instant::now();
+    loop {
+        let declared = async {
+            let client = connect_from(&addrs, 0, &options("nemesis setup", None, true))
+                .await
+                .ok_or("no node accepted a connection")?;
+            let dlq = QueueSettings {
+                partitions: 1,
+                replicas: Some(REPLICAS),
+                ..QueueSettings::default()
+            };
+            let queue = QueueSettings {
+                partitions: PARTITIONS,
+                replicas: Some(REPLICAS),
+                dead_letter: Some(DLQ.into()),
+                max_deliveries: Some(MAX_DELIVERIES),
+                ..QueueSettings::default()
+            };
+            let result = match client.declare(DLQ, dlq).await {
+                Ok(()) => client.declare(QUEUE, queue).await,
+                Err(e) => Err(e),
+            };
+            client.close().await;
+            result.map_err(|e| e.to_string())
+        }
+        .await;
+        match declared {
+            Ok(()) => break,
+            Err(error) if began.elapsed() > SETUP_MAX => {
+                return Err(format!("declaring the queues: {error}").into())
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(300)).await,
+        }
+    }
+    if wait_leaders(&addrs, &all_running, SETUP_MAX)
+        .await
+        .is_none()
+    {
+        return Err("the queues have no agreed leaders after setting up".into());
+    }
+
+    let shared = Arc::new(Shared {
+        addrs: addrs.clone(),
+        ledger: Mutex::new(Ledger::default()),
+        stop_producers: AtomicBool::new(false),
+        stop_consumers: AtomicBool::new(false),
+        sessions: AtomicU64::new(0),
+    });
+    let last = config.nodes - 1;
+    let mut tasks = vec![
+        tokio::spawn(producer(shared.clone(), Producer::Idempotent, 0)),
+        tokio::spawn(producer(shared.clone(), Producer::Plain, 1)),
+    ];
+    for (first, policy) in [(2, Policy::AckAll), (last, Policy::RequeueSome)] {
+        let shared = shared.clone();
+        tasks.push(tokio::spawn(async move {
+            consume(
+                &shared,
+                QueueKind::Main,
+                first,
+                policy,
+                &shared.stop_consumers,
+                None,
+            )
+            .await;
+        }));
+    }
+    if wait_confirm_after(&shared, Instant::now(), SETUP_MAX)
+        .await
+        .is_none()
+    {
+        return Err("no publish was confirmed after setting up".into());
+    }
+    // Some load before the first fault.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let steps = schedule(config.seed, config.nodes, &config.faults, STEPS_MAX);
+    let deadline = began + Duration::from_secs(config.seconds);
+    let mut played: Vec<Played> = Vec::new();
+    let mut notes: Vec<String> = Vec::new();
+    for (number, step) in steps.iter().enumerate() {
+        if Instant::now() >= deadline {
+            break;
+        }
+        let fault_began = Instant::now();
+        let victims: Vec<usize> = step.victims.iter().map(|v| v + 1).collect();
+        let mut step_notes = Vec::new();
+        let mut stalled = play(&nodes, step, &mut step_notes).await?;
+        let leaders_in = wait_leaders(&addrs, &all_running, RECOVERY_MAX).await;
+        let recovered = wait_confirm_after(&shared, fault_began, RECOVERY_MAX).await;
+        stalled |= leaders_in.is_none() || recovered.is_none();
+        println!(
+            "step {number}: {} nodes {victims:?} for {} ms: leaders {}, first confirm {} after \
+             the fault{}",
+            step.kind.name(),
+            step.down.as_millis(),
+            leaders_in.map_or("NOT back".into(), |d| format!(
+                "back in {} ms",
+                d.as_millis()
+            )),
+            recovered.map_or("NONE".into(), |d| format!("{} ms", d.as_millis())),
+            if stalled { " STALL" } else { "" }
+        );
+        for note in &step_notes {
+            println!("  {note}");
+        }
+        notes.extend(
+            step_notes
+                .into_iter()
+                .map(|n| format!("step {number} ({}): {n}", step.kind.name())),
+        );
+        played.push(Played {
+            began: fault_began,
+            kind: step.kind,
+            recovered,
+            stalled,
+        });
+        tokio::time::sleep(step.gap).await;
+    }
+
+    // Heal: every node runs (they do after each step); every partition of both queues has one
+    // leader and accepts a publish within the bound.
+    let mut heal = Row {
+        runs: 1,
+        ..Row::default()
+    };
+    shared.stop_producers.store(true, Ordering::Relaxed);
+    if wait_leaders(&addrs, &all_running, RECOVERY_MAX)
+        .await
+        .is_none()
+    {
+        heal.stalls += 1;
+        notes.push("after healing: the queues had no agreed leaders".into());
+    }
+    let probe_began = Instant::now();
+    let probes = probe(&shared, &mut notes).await;
+    heal.stalls += probes;
+    heal.recover_ms
+        .push(probe_began.elapsed().as_millis() as u64);
+
+    // Drain: the workload's consumers stop; then passes over every node until a whole round
+    // sees nothing, the main queue first (poison goes on to the dead-letter queue), then the
+    // dead-letter queue.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    shared.stop_consumers.store(true, Ordering::Relaxed);
+    for task in tasks {
+        let _ = tokio::time::timeout(Duration::from_secs(15), task).await;
+    }
+    let drain_deadline = Instant::now() + DRAIN_MAX;
+    let never = AtomicBool::new(false);
+    for queue in [QueueKind::Main, QueueKind::DeadLetter] {
+        loop {
+            let mut round = 0;
+            for first in 0..config.nodes {
+                round += consume(
+                    &shared,
+                    queue,
+                    first,
+                    Policy::AckAll,
+                    &never,
+                    Some(DRAIN_IDLE),
+                )
+                .await;
+            }
+            if round == 0 || Instant::now() >= drain_deadline {
+                break;
+            }
+        }
+    }
+
+    // Check.
+    let (published, seen, by_window) = {
+        let ledger = shared.ledger();
+        let published: Vec<Published> = ledger
+            .published
+            .iter()
+            .map(|(key, state)| Published {
+                key: *key,
+                confirmed: state.confirmed,
+                attempts: state.attempts,
+            })
+            .collect();
+        let by_window: HashMap<MsgKey, String> = ledger
+            .published
+            .iter()
+            .map(|(key, state)| {
+                let window = if key.0 == Producer::Probe {
+                    "heal".into()
+                } else {
+                    window_of(&played, state.first_sent)
+                };
+                (*key, window)
+            })
+            .collect();
+        (published, ledger.seen.clone(), by_window)
+    };
+    let findings = check(&published, &seen);
+    let rows = table(&played, &published, &findings, &by_window, heal);
+    println!();
+    print!("{}", render(&rows));
+    println!(
+        "published {}, deliveries seen {}, unknown-outcome duplicates (allowed) {}",
+        published.len(),
+        seen.len(),
+        findings.unknown_outcome_duplicates.len()
+    );
+    let panics = lock().panics();
+    for panic in &panics {
+        println!("PANIC in a node's log: {panic}");
+    }
+    let stalls: u64 = rows.values().map(|r| r.stalls).sum();
+    let violations = findings.violations() as u64 + stalls + panics.len() as u64;
+    if violations > 0 {
+        print_findings(&findings);
+        for note in &notes {
+            println!("note: {note}");
+        }
+        let kept = if config.keep.is_some() {
+            format!(
+                "; data directories and node logs kept in {}",
+                root.display()
+            )
+        } else {
+            "; add --keep DIR to keep the data directories and node logs".into()
+        };
+        return Err(format!(
+            "{violations} violations (seed {}); replay: {}{kept}",
+            config.seed,
+            config.replay_command()
+        )
+        .into());
+    }
+    println!("no violations (seed {})", config.seed);
+    Ok(())
+}
+
+/// After healing, one publish to each partition of the queue (the probe producer's sequences
+/// 1, 65 and 129 fall in three consecutive blocks, so on three partitions) and one to the
+/// dead-letter queue, each confirmed within [`RECOVERY_MAX`]; how many were not.
+async fn probe(shared: &Shared, notes: &mut Vec<String>) -> u64 {
+    let options = options("nemesis probe", Some(PROBE_ID), true);
+    let mut failed = 0;
+    for (queue, seq) in [(QUEUE, 1), (QUEUE, 65), (QUEUE, 129), (DLQ, 1_000)] {
+        let began = Instant::now();
+        let sent = Instant::now();
+        shared.ledger().published.insert(
+            (Producer::Probe, seq),
+            PubState {
+                first_sent: sent,
+                confirmed: false,
+                attempts: 0,
+            },
+        );
+        let mut confirmed = false;
+        let mut turn = 0;
+        while !confirmed && began.elapsed() < RECOVERY_MAX {
+            if let Some(state) = shared.ledger().published.get_mut(&(Producer::Probe, seq)) {
+                state.attempts += 1;
+            }
+            if let Some(client) = connect_from(&shared.addrs, turn, &options).await {
+                let message =
+                    OutgoingMessage::new(encode_body((Producer::Probe, seq))).with_sequence(seq);
+                confirmed = client.publish(queue, message).await.is_ok();
+                client.close().await;
+            }
+            turn += 1;
+        }
+        if let Some(state) = shared.ledger().published.get_mut(&(Producer::Probe, seq)) {
+            state.confirmed = confirmed;
+        }
+        if !confirmed {
+            failed += 1;
+            notes.push(format!(
+                "after healing: probe publish {seq} to {queue} not confirmed within {RECOVERY_MAX:?}"
+            ));
+        }
+    }
+    failed
+}
+
+fn table(
+    played: &[Played],
+    published: &[Published],
+    findings: &Findings,
+    by_window: &HashMap<MsgKey, String>,
+    heal: Row,
+) -> BTreeMap<String, Row> {
+    let mut rows: BTreeMap<String, Row> = BTreeMap::new();
+    for p in played {
+        let row = rows.entry(p.kind.name().into()).or_default();
+        row.runs += 1;
+        row.stalls += u64::from(p.stalled);
+        if let Some(d) = p.recovered {
+            row.recover_ms.push(d.as_millis() as u64);
+        }
+    }
+    let window = |key: &MsgKey| by_window.get(key).cloned().unwrap_or_else(|| "none".into());
+    for p in published.iter().filter(|p| p.confirmed) {
+        rows.entry(window(&p.key)).or_default().confirmed += 1;
+    }
+    let mut add = |keys: &mut dyn Iterator<Item = MsgKey>, field: fn(&mut Row) -> &mut u64| {
+        for key in keys {
+            *field(rows.entry(window(&key)).or_default()) += 1;
+        }
+    };
+    add(&mut findings.lost.iter().copied(), |r| &mut r.lost);
+    add(&mut findings.duplicates.iter().copied(), |r| {
+        &mut r.duplicates
+    });
+    add(
+        &mut findings.unknown_outcome_duplicates.iter().copied(),
+        |r| &mut r.unknown_outcome_duplicates,
+    );
+    add(&mut findings.unflagged_redeliveries.iter().copied(), |r| {
+        &mut r.unflagged
+    });
+    add(
+        &mut findings.order_violations.iter().map(|(k, _)| *k),
+        |r| &mut r.order,
+    );
+    add(&mut findings.dead_letter_missing.iter().copied(), |r| {
+        &mut r.dead_letter_missing
+    });
+    add(&mut findings.phantoms.iter().flatten().copied(), |r| {
+        &mut r.phantoms
+    });
+    let bad_bodies = findings.phantoms.iter().filter(|k| k.is_none()).count() as u64;
+    let mut heal = heal;
+    heal.phantoms += bad_bodies;
+    rows.insert("heal".into(), heal);
+    rows
+}
+
+fn print_findings(findings: &Findings) {
+    let show = |name: &str, keys: &[MsgKey]| {
+        if !keys.is_empty() {
+            println!(
+                "VIOLATION {name}: {} (first: {:?})",
+                keys.len(),
+                &keys[..keys.len().min(10)]
+            );
+        }
+    };
+    show("lost", &findings.lost);
+    show("duplicates", &findings.duplicates);
+    show("unflagged redeliveries", &findings.unflagged_redeliveries);
+    show("dead letter missing", &findings.dead_letter_missing);
+    if !findings.phantoms.is_empty() {
+        println!(
+            "VIOLATION phantoms: {} (first: {:?})",
+            findings.phantoms.len(),
+            &findings.phantoms[..findings.phantoms.len().min(10)]
+        );
+    }
+    if !findings.order_violations.is_empty() {
+        println!(
+            "VIOLATION order: {} (first: {:?})",
+            findings.order_violations.len(),
+            &findings.order_violations[..findings.order_violations.len().min(10)]
+        );
+    }
+}
