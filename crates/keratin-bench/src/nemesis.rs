@@ -14,7 +14,8 @@
 //!   Poison messages (`nemesis_check::poison`) are rejected with requeue by every consumer
 //!   until they are dead-lettered.
 //! - Between faults the runner waits until every partition of both queues has one leader and
-//!   a publish sent after the fault is confirmed ([`RECOVERY_MAX`] each); longer is a stall.
+//!   every partition of the queue confirmed a publish sent after the fault ([`RECOVERY_MAX`]
+//!   each); longer is a stall.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -52,8 +53,8 @@ const BATCH_PAUSE: Duration = Duration::from_millis(50);
 const PREFETCH: u32 = 16;
 /// A node prints its addresses within this of its start, or the start failed.
 const START_MAX: Duration = Duration::from_secs(30);
-/// After a fault is healed: the leaders, then a confirm of a publish sent after the fault,
-/// within this each; longer is a stall.
+/// After a fault is healed: the leaders, then every partition's confirm of a publish sent
+/// after the fault, within this each; longer is a stall.
 const RECOVERY_MAX: Duration = Duration::from_secs(30);
 /// Setting up (declares, first leaders) within this.
 const SETUP_MAX: Duration = Duration::from_secs(60);
@@ -400,8 +401,9 @@ fn corrupt_segment(dir: &Path, damage: Damage, pick: u64) -> BenchResult<String>
 #[derive(Default)]
 struct Ledger {
     published: BTreeMap<MsgKey, PubState>,
-    /// Each confirm: when its attempt was sent, when it came back.
-    confirms: Vec<(Instant, Instant)>,
+    /// Each confirm: when its attempt was sent, when it came back, and the partition for the
+    /// idempotent producer's (known from its id and sequence, [`idempotent_partition`]).
+    confirms: Vec<(Instant, Instant, Option<u32>)>,
     seen: Vec<Seen>,
 }
 
@@ -515,7 +517,8 @@ async fn producer(shared: Arc<Shared>, producer: Producer, first: usize) {
                         if let Some(state) = ledger.published.get_mut(&(producer, *seq)) {
                             state.confirmed = true;
                         }
-                        ledger.confirms.push((sent, Instant::now()));
+                        let partition = idempotent.then(|| idempotent_partition(*seq));
+                        ledger.confirms.push((sent, Instant::now(), partition));
                     }
                     Err(_) => failed.push(*seq),
                 }
@@ -678,20 +681,35 @@ async fn wait_leaders(
     None
 }
 
-/// Waits up to `within` from now for a confirm of a publish sent after `since`; the time from
-/// `since` to it, or `None`.
+/// The partition of the idempotent producer's message `seq`: it has no routing key, so the
+/// client and the broker route it by `(producer id + sequence / block) mod partitions`.
+fn idempotent_partition(seq: u64) -> u32 {
+    let block = PRODUCER_ID.wrapping_add(seq / keratin_client::PRODUCER_SEQUENCE_BLOCK);
+    (block % u64::from(PARTITIONS)) as u32
+}
+
+/// Waits up to `within` from now until every partition of the queue confirmed a publish of the
+/// idempotent producer sent after `since` (it writes 64 messages to one partition, then 64 to
+/// the next, so a partition that takes no publish stops it); the time from `since` to the
+/// last partition's first such confirm, or `None`.
 async fn wait_confirm_after(shared: &Shared, since: Instant, within: Duration) -> Option<Duration> {
     let deadline = Instant::now() + within;
     loop {
-        let first = shared
-            .ledger()
-            .confirms
-            .iter()
-            .filter(|(sent, _)| *sent >= since)
-            .map(|(_, at)| *at)
-            .min();
-        if let Some(at) = first {
-            return Some(at.saturating_duration_since(since));
+        let firsts: Option<Vec<Instant>> = {
+            let ledger = shared.ledger();
+            (0..PARTITIONS)
+                .map(|p| {
+                    ledger
+                        .confirms
+                        .iter()
+                        .filter(|(sent, _, partition)| *sent >= since && *partition == Some(p))
+                        .map(|(_, at, _)| *at)
+                        .min()
+                })
+                .collect()
+        };
+        if let Some(last) = firsts.and_then(|f| f.into_iter().max()) {
+            return Some(last.saturating_duration_since(since));
         }
         if Instant::now() >= deadline {
             return None;
@@ -707,7 +725,7 @@ async fn wait_confirm_after(shared: &Shared, since: Instant, within: Duration) -
 struct Played {
     began: Instant,
     kind: FaultKind,
-    /// Fault start to the first confirm of a publish sent after it.
+    /// Fault start until every partition confirmed a publish sent after it.
     recovered: Option<Duration>,
     stalled: bool,
 }
@@ -973,8 +991,8 @@ async fn run_async(config: &NemesisConfig) -> BenchResult<()> {
         let recovered = wait_confirm_after(&shared, fault_began, RECOVERY_MAX).await;
         stalled |= leaders_in.is_none() || recovered.is_none();
         println!(
-            "step {number}: {} nodes {victims:?} for {} ms: leaders {}, first confirm {} after \
-             the fault{}",
+            "step {number}: {} nodes {victims:?} for {} ms: leaders {}, every partition \
+             confirming {} after the fault{}",
             step.kind.name(),
             step.down.as_millis(),
             leaders_in.map_or("NOT back".into(), |d| format!(
