@@ -869,7 +869,17 @@ pub fn run(config: &NemesisConfig) -> BenchResult<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let result = runtime.block_on(run_async(config));
+    // SIGINT or SIGTERM end the run as an error would: the nodes are killed and the run
+    // directory removed (unless --keep) by `Nodes`' drop, not left running.
+    let result = runtime.block_on(async {
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            result = run_async(config) => result,
+            _ = tokio::signal::ctrl_c() => Err("interrupted (SIGINT); nodes killed".into()),
+            _ = terminate.recv() => Err("terminated (SIGTERM); nodes killed".into()),
+        }
+    });
     runtime.shutdown_timeout(Duration::from_secs(5));
     result
 }
