@@ -167,7 +167,8 @@ struct NemesisArgs {
     /// The schedule's seed: the same seed plays the same faults on the same victims.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// How long the fault schedule runs (healing, draining and checking come after).
+    /// Seconds from the start of the nodes after which no new fault begins (the step under
+    /// way, healing, draining and checking come after).
     #[arg(long, default_value_t = 60)]
     seconds: u64,
     /// Fault kinds, comma-separated: kill, kill-majority, kill-all, pause, wipe, corrupt.

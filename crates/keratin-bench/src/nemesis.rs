@@ -103,11 +103,7 @@ impl NemesisConfig {
             self.nodes,
             self.seed,
             self.seconds,
-            self.faults
-                .iter()
-                .map(|f| f.name())
-                .collect::<Vec<_>>()
-                .join(","),
+            fault_names(&self.faults),
             self.keratin.display()
         )
     }
@@ -885,7 +881,7 @@ pub fn run(config: &NemesisConfig) -> BenchResult<()> {
 }
 
 async fn run_async(config: &NemesisConfig) -> BenchResult<()> {
-    let nodes = Arc::new(Mutex::new(Nodes::new(config)?));
+    let nodes = Mutex::new(Nodes::new(config)?);
     let lock = || nodes.lock().unwrap_or_else(|e| e.into_inner());
     let root = lock().root.clone();
     println!(
@@ -893,26 +889,54 @@ async fn run_async(config: &NemesisConfig) -> BenchResult<()> {
         config.nodes,
         config.seed,
         config.seconds,
-        config
-            .faults
-            .iter()
-            .map(|f| f.name())
-            .collect::<Vec<_>>()
-            .join(","),
+        fault_names(&config.faults),
         root.display()
     );
+    let began = Instant::now();
     for index in 0..config.nodes {
         blocking(|| lock().start(index))?;
     }
     let addrs = lock().addrs();
-    let all_running = vec![true; config.nodes];
+    declare_queues(&addrs).await?;
+    let shared = Arc::new(Shared {
+        addrs,
+        ledger: Mutex::new(Ledger::default()),
+        stop_producers: AtomicBool::new(false),
+        stop_consumers: AtomicBool::new(false),
+        sessions: AtomicU64::new(0),
+    });
+    let tasks = start_workload(&shared, config.nodes);
+    if wait_confirm_after(&shared, Instant::now(), SETUP_MAX)
+        .await
+        .is_none()
+    {
+        return Err("no publish was confirmed after setting up".into());
+    }
+    // Some load before the first fault.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut notes: Vec<String> = Vec::new();
+    let deadline = began + Duration::from_secs(config.seconds);
+    let played = play_schedule(config, &nodes, &shared, deadline, &mut notes).await?;
+    let heal = heal_and_drain(config.nodes, &shared, tasks, &mut notes).await;
+    let panics = lock().panics();
+    report(config, &root, &shared, &played, heal, &panics, &notes)
+}
 
-    // Declare the dead-letter queue, then the queue, through any node (the cluster may still
-    // be electing its metadata leader).
+fn fault_names(faults: &[FaultKind]) -> String {
+    faults
+        .iter()
+        .map(|f| f.name())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Declares the dead-letter queue, then the queue, through any node (the cluster may still be
+/// electing its metadata leader), and waits for their leaders; within [`SETUP_MAX`].
+async fn declare_queues(addrs: &[SocketAddr]) -> BenchResult<()> {
     let began = Instant::now();
     loop {
         let declared = async {
-            let client = connect_from(&addrs, 0, &options("nemesis setup", None, true))
+            let client = connect_from(addrs, 0, &options("nemesis setup", None, true))
                 .await
                 .ok_or("no node accepted a connection")?;
             let dlq = QueueSettings {
@@ -943,26 +967,21 @@ async fn run_async(config: &NemesisConfig) -> BenchResult<()> {
             Err(_) => tokio::time::sleep(Duration::from_millis(300)).await,
         }
     }
-    if wait_leaders(&addrs, &all_running, SETUP_MAX)
-        .await
-        .is_none()
-    {
+    let all_running = vec![true; addrs.len()];
+    if wait_leaders(addrs, &all_running, SETUP_MAX).await.is_none() {
         return Err("the queues have no agreed leaders after setting up".into());
     }
+    Ok(())
+}
 
-    let shared = Arc::new(Shared {
-        addrs: addrs.clone(),
-        ledger: Mutex::new(Ledger::default()),
-        stop_producers: AtomicBool::new(false),
-        stop_consumers: AtomicBool::new(false),
-        sessions: AtomicU64::new(0),
-    });
-    let last = config.nodes - 1;
+/// The producers (idempotent from node 1, plain from node 2) and the consumers (acking from
+/// node 3, requeueing some from the last node).
+fn start_workload(shared: &Arc<Shared>, nodes: usize) -> Vec<tokio::task::JoinHandle<()>> {
     let mut tasks = vec![
         tokio::spawn(producer(shared.clone(), Producer::Idempotent, 0)),
         tokio::spawn(producer(shared.clone(), Producer::Plain, 1)),
     ];
-    for (first, policy) in [(2, Policy::AckAll), (last, Policy::RequeueSome)] {
+    for (first, policy) in [(2, Policy::AckAll), (nodes - 1, Policy::RequeueSome)] {
         let shared = shared.clone();
         tasks.push(tokio::spawn(async move {
             consume(
@@ -976,19 +995,21 @@ async fn run_async(config: &NemesisConfig) -> BenchResult<()> {
             .await;
         }));
     }
-    if wait_confirm_after(&shared, Instant::now(), SETUP_MAX)
-        .await
-        .is_none()
-    {
-        return Err("no publish was confirmed after setting up".into());
-    }
-    // Some load before the first fault.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    tasks
+}
 
+/// Plays the seed's schedule until `deadline`, each step from a recovered cluster; a line per
+/// step, notes of what went wrong.
+async fn play_schedule(
+    config: &NemesisConfig,
+    nodes: &Mutex<Nodes>,
+    shared: &Shared,
+    deadline: Instant,
+    notes: &mut Vec<String>,
+) -> BenchResult<Vec<Played>> {
+    let all_running = vec![true; config.nodes];
     let steps = schedule(config.seed, config.nodes, &config.faults, STEPS_MAX);
-    let deadline = began + Duration::from_secs(config.seconds);
     let mut played: Vec<Played> = Vec::new();
-    let mut notes: Vec<String> = Vec::new();
     for (number, step) in steps.iter().enumerate() {
         if Instant::now() >= deadline {
             break;
@@ -996,9 +1017,9 @@ async fn run_async(config: &NemesisConfig) -> BenchResult<()> {
         let fault_began = Instant::now();
         let victims: Vec<usize> = step.victims.iter().map(|v| v + 1).collect();
         let mut step_notes = Vec::new();
-        let mut stalled = play(&nodes, step, &mut step_notes).await?;
-        let leaders_in = wait_leaders(&addrs, &all_running, RECOVERY_MAX).await;
-        let recovered = wait_confirm_after(&shared, fault_began, RECOVERY_MAX).await;
+        let mut stalled = play(nodes, step, &mut step_notes).await?;
+        let leaders_in = wait_leaders(&shared.addrs, &all_running, RECOVERY_MAX).await;
+        let recovered = wait_confirm_after(shared, fault_began, RECOVERY_MAX).await;
         stalled |= leaders_in.is_none() || recovered.is_none();
         println!(
             "step {number}: {} nodes {victims:?} for {} ms: leaders {}, every partition \
@@ -1028,15 +1049,26 @@ async fn run_async(config: &NemesisConfig) -> BenchResult<()> {
         });
         tokio::time::sleep(step.gap).await;
     }
+    Ok(played)
+}
 
-    // Heal: every node runs (they do after each step); every partition of both queues has one
-    // leader and accepts a publish within the bound.
+/// Heals and drains: every node runs (they do after each step); every partition of both
+/// queues has one leader and accepts a publish within the bound (the "heal" row); then the
+/// workload stops and passes over every node drain the queue (poison goes on to the
+/// dead-letter queue) and then the dead-letter queue, until a whole round sees nothing.
+async fn heal_and_drain(
+    node_count: usize,
+    shared: &Shared,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    notes: &mut Vec<String>,
+) -> Row {
     let mut heal = Row {
         runs: 1,
         ..Row::default()
     };
     shared.stop_producers.store(true, Ordering::Relaxed);
-    if wait_leaders(&addrs, &all_running, RECOVERY_MAX)
+    let all_running = vec![true; node_count];
+    if wait_leaders(&shared.addrs, &all_running, RECOVERY_MAX)
         .await
         .is_none()
     {
@@ -1044,14 +1076,11 @@ async fn run_async(config: &NemesisConfig) -> BenchResult<()> {
         notes.push("after healing: the queues had no agreed leaders".into());
     }
     let probe_began = Instant::now();
-    let probes = probe(&shared, &mut notes).await;
-    heal.stalls += probes;
+    heal.stalls += probe(shared, notes).await;
     heal.recover_ms
         .push(probe_began.elapsed().as_millis() as u64);
 
-    // Drain: the workload's consumers stop; then passes over every node until a whole round
-    // sees nothing, the main queue first (poison goes on to the dead-letter queue), then the
-    // dead-letter queue.
+    // The workload's consumers take what is ready a little longer, then stop.
     tokio::time::sleep(Duration::from_secs(2)).await;
     shared.stop_consumers.store(true, Ordering::Relaxed);
     for task in tasks {
@@ -1062,9 +1091,9 @@ async fn run_async(config: &NemesisConfig) -> BenchResult<()> {
     for queue in [QueueKind::Main, QueueKind::DeadLetter] {
         loop {
             let mut round = 0;
-            for first in 0..config.nodes {
+            for first in 0..node_count {
                 round += consume(
-                    &shared,
+                    shared,
                     queue,
                     first,
                     Policy::AckAll,
@@ -1078,8 +1107,19 @@ async fn run_async(config: &NemesisConfig) -> BenchResult<()> {
             }
         }
     }
+    heal
+}
 
-    // Check.
+/// Checks the ledger, prints the table, and fails with the replay command on any violation.
+fn report(
+    config: &NemesisConfig,
+    root: &Path,
+    shared: &Shared,
+    played: &[Played],
+    heal: Row,
+    panics: &[String],
+    notes: &[String],
+) -> BenchResult<()> {
     let (published, seen, by_window) = {
         let ledger = shared.ledger();
         let published: Vec<Published> = ledger
@@ -1098,7 +1138,7 @@ async fn run_async(config: &NemesisConfig) -> BenchResult<()> {
                 let window = if key.0 == Producer::Probe {
                     "heal".into()
                 } else {
-                    window_of(&played, state.first_sent)
+                    window_of(played, state.first_sent)
                 };
                 (*key, window)
             })
@@ -1106,7 +1146,7 @@ async fn run_async(config: &NemesisConfig) -> BenchResult<()> {
         (published, ledger.seen.clone(), by_window)
     };
     let findings = check(&published, &seen);
-    let rows = table(&played, &published, &findings, &by_window, heal);
+    let rows = table(played, &published, &findings, &by_window, heal);
     println!();
     print!("{}", render(&rows));
     println!(
@@ -1115,34 +1155,33 @@ async fn run_async(config: &NemesisConfig) -> BenchResult<()> {
         seen.len(),
         findings.unknown_outcome_duplicates.len()
     );
-    let panics = lock().panics();
-    for panic in &panics {
+    for panic in panics {
         println!("PANIC in a node's log: {panic}");
     }
     let stalls: u64 = rows.values().map(|r| r.stalls).sum();
     let violations = findings.violations() as u64 + stalls + panics.len() as u64;
-    if violations > 0 {
-        print_findings(&findings);
-        for note in &notes {
-            println!("note: {note}");
-        }
-        let kept = if config.keep.is_some() {
-            format!(
-                "; data directories and node logs kept in {}",
-                root.display()
-            )
-        } else {
-            "; add --keep DIR to keep the data directories and node logs".into()
-        };
-        return Err(format!(
-            "{violations} violations (seed {}); replay: {}{kept}",
-            config.seed,
-            config.replay_command()
-        )
-        .into());
+    if violations == 0 {
+        println!("no violations (seed {})", config.seed);
+        return Ok(());
     }
-    println!("no violations (seed {})", config.seed);
-    Ok(())
+    print_findings(&findings);
+    for note in notes {
+        println!("note: {note}");
+    }
+    let kept = if config.keep.is_some() {
+        format!(
+            "; data directories and node logs kept in {}",
+            root.display()
+        )
+    } else {
+        "; add --keep DIR to keep the data directories and node logs".into()
+    };
+    Err(format!(
+        "{violations} violations (seed {}); replay: {}{kept}",
+        config.seed,
+        config.replay_command()
+    )
+    .into())
 }
 
 /// After healing, one publish to each partition of the queue (the probe producer's sequences
