@@ -1313,3 +1313,84 @@ fn print_findings(findings: &Findings) {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A scratch directory with one segment file: a 64-byte header, 1,000 written bytes, then
+    /// preallocated zeros; and a file that is not a segment.
+    fn scratch(name: &str) -> (PathBuf, PathBuf, Vec<u8>) {
+        let dir = std::env::temp_dir().join(format!(
+            "keratin-nemesis-test-{}-{name}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("queues/0/0/entries")).unwrap();
+        let mut bytes = vec![0xa5_u8; 64 + 1_000];
+        bytes.extend(vec![0u8; 4_096]);
+        let file = dir.join("queues/0/0/entries/00000000000000000000.seg");
+        std::fs::write(&file, &bytes).unwrap();
+        std::fs::write(dir.join("anchor"), [1u8; 100]).unwrap();
+        (dir, file, bytes)
+    }
+
+    #[test]
+    fn a_bit_flip_changes_one_bit_of_the_written_part() {
+        let (dir, file, before) = scratch("flip");
+        let what = corrupt_segment(&dir, Damage::BitFlip, 0x1234_5678).unwrap();
+        let after = std::fs::read(&file).unwrap();
+        let changed: Vec<usize> = (0..before.len())
+            .filter(|i| before[*i] != after[*i])
+            .collect();
+        assert_eq!(changed.len(), 1, "{what}");
+        assert!((64..1_064).contains(&changed[0]), "{what}");
+        assert_eq!((before[changed[0]] ^ after[changed[0]]).count_ones(), 1);
+        assert_eq!(std::fs::read(dir.join("anchor")).unwrap(), vec![1u8; 100]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn truncation_and_zeroing_hit_the_written_part() {
+        let (dir, file, _) = scratch("cut");
+        corrupt_segment(&dir, Damage::Truncate, 0x9999).unwrap();
+        let len = std::fs::metadata(&file).unwrap().len();
+        assert!((64..1_064).contains(&len), "truncated to {len}");
+        std::fs::remove_dir_all(&dir).unwrap();
+
+        let (dir, file, _) = scratch("zero");
+        corrupt_segment(&dir, Damage::ZeroTail, 7).unwrap();
+        let after = std::fs::read(&file).unwrap();
+        // The whole written part is under 4 KiB: zeroed from the header on.
+        assert!(after[..64].iter().all(|b| *b == 0xa5));
+        assert!(after[64..].iter().all(|b| *b == 0));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_directory_without_written_segments_is_left_alone() {
+        let dir =
+            std::env::temp_dir().join(format!("keratin-nemesis-test-{}-empty", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let what = corrupt_segment(&dir, Damage::BitFlip, 1).unwrap();
+        assert!(what.starts_with("no written segment file"), "{what}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_replay_command_names_every_choice() {
+        let config = NemesisConfig {
+            nodes: 5,
+            seed: 42,
+            seconds: 90,
+            faults: vec![FaultKind::Kill, FaultKind::Corrupt],
+            keratin: PathBuf::from("/bin/keratin"),
+            keep: None,
+        };
+        assert_eq!(
+            config.replay_command(),
+            "keratin-bench nemesis --nodes 5 --seed 42 --seconds 90 --faults kill,corrupt \
+             --keratin /bin/keratin"
+        );
+    }
+}
