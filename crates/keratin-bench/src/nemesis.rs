@@ -249,10 +249,19 @@ impl Nodes {
         match rx.recv_timeout(START_MAX) {
             Ok(line) if line.contains("protocol=") => Ok(()),
             outcome => {
-                let status = node
-                    .child
-                    .as_mut()
-                    .and_then(|c| c.try_wait().ok().flatten());
+                // A node that exits closes its output before it can be reaped: give it a
+                // moment so that its exit status is known.
+                let mut status = None;
+                for _ in 0..20 {
+                    status = node
+                        .child
+                        .as_mut()
+                        .and_then(|c| c.try_wait().ok().flatten());
+                    if status.is_some() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
                 self.kill(index);
                 Err(format!(
                     "node {id} did not start (printed {:?}, exit status {status:?}); its log: {}",
