@@ -424,6 +424,8 @@ struct Shared {
     stop_producers: AtomicBool,
     stop_consumers: AtomicBool,
     sessions: AtomicU64,
+    /// When the run began (times in the report count from here).
+    began: Instant,
 }
 
 impl Shared {
@@ -619,6 +621,8 @@ async fn consume(
                 offset: delivery.offset,
                 redelivered: delivery.redelivered,
                 settle,
+                at_ms: shared.began.elapsed().as_millis() as u64,
+                delivery_count: delivery.delivery_count,
             });
         }
         turn += 1;
@@ -913,6 +917,7 @@ async fn run_async(config: &NemesisConfig) -> BenchResult<()> {
         stop_producers: AtomicBool::new(false),
         stop_consumers: AtomicBool::new(false),
         sessions: AtomicU64::new(0),
+        began,
     });
     let tasks = start_workload(&shared, config.nodes);
     if wait_confirm_after(&shared, Instant::now(), SETUP_MAX)
@@ -1174,6 +1179,7 @@ fn report(
         return Ok(());
     }
     print_findings(&findings);
+    print_history(&findings, &seen, played, shared.began);
     for note in notes {
         println!("note: {note}");
     }
@@ -1320,6 +1326,49 @@ fn print_findings(findings: &Findings) {
             findings.order_violations.len(),
             &findings.order_violations[..findings.order_violations.len().min(10)]
         );
+    }
+}
+
+/// Every delivery of the first few messages each rule flagged, with the faults' start times:
+/// what a replay needs to find the window.
+fn print_history(findings: &Findings, seen: &[Seen], played: &[Played], began: Instant) {
+    let mut keys: Vec<MsgKey> = Vec::new();
+    for list in [
+        &findings.duplicates,
+        &findings.unflagged_redeliveries,
+        &findings.dead_letter_missing,
+    ] {
+        keys.extend(list.iter().take(3));
+    }
+    keys.extend(findings.order_violations.iter().take(3).map(|(k, _)| *k));
+    for key in keys {
+        println!("deliveries of {key:?} (queue, session, partition, offset, redelivered, delivery count, settled, at ms):");
+        for s in seen.iter().filter(|s| s.key == Some(key)) {
+            println!(
+                "  {:?} session {} partition {} offset {} redelivered {} count {} {:?} at {} ms",
+                s.queue,
+                s.session,
+                s.partition,
+                s.offset,
+                s.redelivered,
+                s.delivery_count,
+                s.settle,
+                s.at_ms
+            );
+        }
+    }
+    if !played.is_empty() {
+        let starts: Vec<String> = played
+            .iter()
+            .map(|p| {
+                format!(
+                    "{} at {} ms",
+                    p.kind.name(),
+                    p.began.saturating_duration_since(began).as_millis()
+                )
+            })
+            .collect();
+        println!("faults: {}", starts.join(", "));
     }
 }
 

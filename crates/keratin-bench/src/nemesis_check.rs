@@ -158,6 +158,10 @@ pub struct Seen {
     pub offset: u64,
     pub redelivered: bool,
     pub settle: Settle,
+    /// Milliseconds since the run began, and the delivery count the broker gave: for the
+    /// report of a violation, not used by the rules.
+    pub at_ms: u64,
+    pub delivery_count: u32,
 }
 
 /// Violations and counts found by [`check`]; a message appears in at most one list per rule.
@@ -315,6 +319,8 @@ mod tests {
             offset,
             redelivered: false,
             settle: Settle::Ack,
+            at_ms: 0,
+            delivery_count: 1,
         }
     }
 
