@@ -633,10 +633,10 @@ async fn consume(
 // ---------------------------------------------------------------------------------------------
 // Leaders and recovery.
 
-/// The leader of each partition of `queue` when every running node that answers agrees: each
-/// partition has exactly one node saying it leads it, among the running nodes, and no running
-/// node names another leader; `None` otherwise or when a running node does not answer.
-async fn leaders(addrs: &[SocketAddr], running: &[bool], queue: &str) -> Option<Vec<u64>> {
+/// The leader of each partition of `queue` when every running node answers and agrees: each
+/// partition has exactly one running node saying it leads it, and no running node names
+/// another leader; otherwise what disagreed (for the report of a stall).
+async fn leaders(addrs: &[SocketAddr], running: &[bool], queue: &str) -> Result<Vec<u64>, String> {
     let options = ClientOptions {
         connect_timeout: Duration::from_secs(1),
         request_timeout: Duration::from_secs(1),
@@ -647,14 +647,20 @@ async fn leaders(addrs: &[SocketAddr], running: &[bool], queue: &str) -> Option<
         if !running[index] {
             continue;
         }
-        let client = Client::connect(*addr, options.clone()).await.ok()?;
+        let id = index as u64 + 1;
+        let client = Client::connect(*addr, options.clone())
+            .await
+            .map_err(|e| format!("{queue}: node {id} does not answer: {e}"))?;
         let info = client.info(queue).await;
         client.close().await;
-        views.push((index as u64 + 1, info.ok()?.partitions));
+        let info = info.map_err(|e| format!("{queue}: node {id} answers no info: {e}"))?;
+        views.push((id, info.partitions));
     }
-    let count = views.first()?.1.len();
+    let count = views.first().map_or(0, |(_, ps)| ps.len());
     if count == 0 || views.iter().any(|(_, ps)| ps.len() != count) {
-        return None;
+        return Err(format!(
+            "{queue}: the nodes list different partition counts"
+        ));
     }
     (0..count)
         .map(|p| {
@@ -663,31 +669,45 @@ async fn leaders(addrs: &[SocketAddr], running: &[bool], queue: &str) -> Option<
                 .filter(|(_, ps)| ps[p].leading)
                 .map(|(id, _)| *id)
                 .collect();
-            let [leader] = leading[..] else { return None };
-            views
-                .iter()
-                .all(|(_, ps)| ps[p].leader.is_none_or(|l| l == leader))
-                .then_some(leader)
+            let named: Vec<(u64, Option<u64>)> =
+                views.iter().map(|(id, ps)| (*id, ps[p].leader)).collect();
+            let disagree = || {
+                format!(
+                    "{queue} partition {p}: nodes saying they lead it {leading:?}; leader \
+                     each node names (node, leader) {named:?}"
+                )
+            };
+            let [leader] = leading[..] else {
+                return Err(disagree());
+            };
+            if named.iter().all(|(_, l)| l.is_none_or(|l| l == leader)) {
+                Ok(leader)
+            } else {
+                Err(disagree())
+            }
         })
         .collect()
 }
 
-/// Waits up to `within` for agreed leaders of both queues; how long it took, or `None`.
+/// Waits up to `within` for agreed leaders of both queues; how long it took, or the last
+/// disagreement seen.
 async fn wait_leaders(
     addrs: &[SocketAddr],
     running: &[bool],
     within: Duration,
-) -> Option<Duration> {
+) -> Result<Duration, String> {
     let began = Instant::now();
-    while began.elapsed() < within {
-        if leaders(addrs, running, QUEUE).await.is_some()
-            && leaders(addrs, running, DLQ).await.is_some()
-        {
-            return Some(began.elapsed());
+    loop {
+        let agreed = match leaders(addrs, running, QUEUE).await {
+            Ok(_) => leaders(addrs, running, DLQ).await.map(|_| ()),
+            Err(e) => Err(e),
+        };
+        match agreed {
+            Ok(()) => return Ok(began.elapsed()),
+            Err(last) if began.elapsed() >= within => return Err(last),
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    None
 }
 
 /// The partition of the idempotent producer's message `seq`: it has no routing key, so the
@@ -982,8 +1002,8 @@ async fn declare_queues(addrs: &[SocketAddr]) -> BenchResult<()> {
         }
     }
     let all_running = vec![true; addrs.len()];
-    if wait_leaders(addrs, &all_running, SETUP_MAX).await.is_none() {
-        return Err("the queues have no agreed leaders after setting up".into());
+    if let Err(last) = wait_leaders(addrs, &all_running, SETUP_MAX).await {
+        return Err(format!("the queues have no agreed leaders after setting up: {last}").into());
     }
     Ok(())
 }
@@ -1033,6 +1053,10 @@ async fn play_schedule(
         let mut step_notes = Vec::new();
         let mut stalled = play(nodes, step, &mut step_notes).await?;
         let leaders_in = wait_leaders(&shared.addrs, &all_running, RECOVERY_MAX).await;
+        if let Err(last) = &leaders_in {
+            step_notes.push(format!("no agreed leaders within {RECOVERY_MAX:?}: {last}"));
+        }
+        let leaders_in = leaders_in.ok();
         let recovered = wait_confirm_after(shared, fault_began, RECOVERY_MAX).await;
         stalled |= leaders_in.is_none() || recovered.is_none();
         println!(
@@ -1082,12 +1106,9 @@ async fn heal_and_drain(
     };
     shared.stop_producers.store(true, Ordering::Relaxed);
     let all_running = vec![true; node_count];
-    if wait_leaders(&shared.addrs, &all_running, RECOVERY_MAX)
-        .await
-        .is_none()
-    {
+    if let Err(last) = wait_leaders(&shared.addrs, &all_running, RECOVERY_MAX).await {
         heal.stalls += 1;
-        notes.push("after healing: the queues had no agreed leaders".into());
+        notes.push(format!("after healing: no agreed leaders: {last}"));
     }
     let probe_began = Instant::now();
     heal.stalls += probe(shared, notes).await;
