@@ -410,6 +410,9 @@ struct Ledger {
     /// idempotent producer's (known from its id and sequence, [`idempotent_partition`]).
     confirms: Vec<(Instant, Instant, Option<u32>)>,
     seen: Vec<Seen>,
+    /// Each producer's last failed publish (when, which, through which node, why): for the
+    /// report of a stall.
+    last_errors: BTreeMap<Producer, String>,
 }
 
 struct PubState {
@@ -527,7 +530,20 @@ async fn producer(shared: Arc<Shared>, producer: Producer, first: usize) {
                         let partition = idempotent.then(|| idempotent_partition(*seq));
                         ledger.confirms.push((sent, Instant::now(), partition));
                     }
-                    Err(_) => failed.push(*seq),
+                    Err(error) => {
+                        if failed.is_empty() {
+                            ledger.last_errors.insert(
+                                producer,
+                                format!(
+                                    "at {} ms, sequence {seq}, via node {}: {}",
+                                    shared.began.elapsed().as_millis(),
+                                    c.node_id(),
+                                    error.error
+                                ),
+                            );
+                        }
+                        failed.push(*seq);
+                    }
                 }
             }
         }
@@ -1058,6 +1074,28 @@ async fn play_schedule(
         }
         let leaders_in = leaders_in.ok();
         let recovered = wait_confirm_after(shared, fault_began, RECOVERY_MAX).await;
+        if recovered.is_none() {
+            let ledger = shared.ledger();
+            let firsts: Vec<String> = (0..PARTITIONS)
+                .map(|p| {
+                    let first = ledger
+                        .confirms
+                        .iter()
+                        .filter(|(sent, _, partition)| {
+                            *sent >= fault_began && *partition == Some(p)
+                        })
+                        .map(|(_, at, _)| at.saturating_duration_since(fault_began).as_millis())
+                        .min();
+                    format!("partition {p}: {first:?} ms")
+                })
+                .collect();
+            step_notes.push(format!(
+                "not every partition confirmed within {RECOVERY_MAX:?} (first confirms after \
+                 the fault: {}); the producers' last errors: {:?}",
+                firsts.join(", "),
+                ledger.last_errors
+            ));
+        }
         stalled |= leaders_in.is_none() || recovered.is_none();
         println!(
             "step {number}: {} nodes {victims:?} for {} ms: leaders {}, every partition \
