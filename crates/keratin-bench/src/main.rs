@@ -32,6 +32,10 @@
 //!   JetStream stream (limits retention) and the raw disk: confirmed publish, fan-out read by 1
 //!   and 3 readers, sequential read vs raw (cold and warm), memory with 10 readers; driven by
 //!   `bench/compare.sh` with `MODE=stream`.
+//! - `nemesis`, `nemesis_schedule`, `nemesis_check`: the `nemesis` command (issue 38): 3 or 5
+//!   real `keratin serve` processes, a workload through different nodes, a seeded schedule of
+//!   kills, pauses, wipes and segment corruption, then healing, draining and the checks of
+//!   Keratin's delivery promises (docs/reliability.md).
 //! - `report`: the table, its JSON form, medians and percentiles.
 
 mod auth_bench;
@@ -48,6 +52,9 @@ mod keratin_cluster_peer;
 mod limits_bench;
 mod limits_cluster;
 mod log_bench;
+mod nemesis;
+mod nemesis_check;
+mod nemesis_schedule;
 mod net_bench;
 mod overflow_bench;
 mod page_cache;
@@ -121,6 +128,11 @@ enum Command {
     /// Keratin's memory with 10 readers on a large stream; driven by bench/compare.sh
     /// (MODE=stream), which starts nats-server.
     Stream(Box<StreamArgs>),
+    /// Fault injection on real processes: 3 or 5 `keratin serve` nodes, producers and consumers
+    /// through different nodes, a seeded schedule of faults, then healing, draining and checks
+    /// (nothing confirmed lost, no duplicates, no unflagged redelivery, order, dead letters,
+    /// no stall). Exits non-zero with the replay command on any violation.
+    Nemesis(NemesisArgs),
     /// The Keratin node of `compare`, as a child process.
     #[command(hide = true)]
     CompareNode {
@@ -145,6 +157,64 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Debug, clap::Args)]
+struct NemesisArgs {
+    /// Nodes: 3 or 5.
+    #[arg(long, default_value_t = 3)]
+    nodes: usize,
+    /// The schedule's seed: the same seed plays the same faults on the same victims.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Seconds from the start of the nodes after which no new fault begins (the step under
+    /// way, healing, draining and checking come after).
+    #[arg(long, default_value_t = 60)]
+    seconds: u64,
+    /// Fault kinds, comma-separated: kill, kill-majority, kill-all, pause, wipe, corrupt.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "kill,kill-majority,kill-all,pause,wipe,corrupt"
+    )]
+    faults: Vec<String>,
+    /// The `keratin` binary (default: `keratin` next to this program).
+    #[arg(long)]
+    keratin: Option<PathBuf>,
+    /// Keep the data directories and node logs in this directory (default: a temporary one,
+    /// removed at the end).
+    #[arg(long)]
+    keep: Option<PathBuf>,
+}
+
+fn nemesis_config(args: &NemesisArgs) -> BenchResult<nemesis::NemesisConfig> {
+    let faults = args
+        .faults
+        .iter()
+        .map(|f| nemesis_schedule::FaultKind::parse(f))
+        .collect::<Result<Vec<_>, _>>()?;
+    let keratin = match &args.keratin {
+        Some(path) => path.clone(),
+        None => std::env::current_exe()?
+            .parent()
+            .map(|dir| dir.join("keratin"))
+            .ok_or("cannot tell this program's directory; give --keratin")?,
+    };
+    if !keratin.is_file() {
+        return Err(format!(
+            "no keratin binary at {} (build it with `cargo build -p keratin`, or give --keratin)",
+            keratin.display()
+        )
+        .into());
+    }
+    Ok(nemesis::NemesisConfig {
+        nodes: args.nodes,
+        seed: args.seed,
+        seconds: args.seconds,
+        faults,
+        keratin,
+        keep: args.keep.clone(),
+    })
 }
 
 #[derive(Debug, clap::Args)]
@@ -682,6 +752,7 @@ fn main() -> ExitCode {
         Command::Stream(args) => stream_config(&args).and_then(|c| stream_bench::run(&c)),
         Command::CompareNode { dir, config } => compare::node_main(&dir, config.as_deref()),
         Command::Smoke { json } => run_smoke(json),
+        Command::Nemesis(args) => nemesis_config(&args).and_then(|c| nemesis::run(&c)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
