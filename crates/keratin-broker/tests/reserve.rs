@@ -54,6 +54,18 @@ async fn open_on(sim: &SimIo, gate: Arc<ReserveGate>) -> Broker {
     Broker::open(config).await.expect("open")
 }
 
+/// Declare queue `q` while the disk still has room: the gate reports free space for the
+/// declare (a metadata record that frees no space is refused when the disk has no room for its
+/// log to grow), then none again, as the outside fill leaves it.
+async fn declare_before_the_fill(broker: &Broker, gate: &ReserveGate) {
+    let free = gate.free.swap(1 << 30, Ordering::Relaxed);
+    broker
+        .declare("q", QueueSettings::default())
+        .await
+        .expect("declare");
+    gate.free.store(free, Ordering::Relaxed);
+}
+
 /// Publish 2000-byte messages until the disk limit stops the log at a roll (the gate is at
 /// reserve with no free bytes all along: an outside fill). Returns the confirmed sequence
 /// numbers.
@@ -82,10 +94,7 @@ async fn a_partition_stopped_at_reserve_can_be_purged_and_frees_its_space() {
     let sim = SimIo::new(seed(21));
     let gate = Arc::new(ReserveGate::default());
     let broker = open_on(&sim, gate.clone()).await;
-    broker
-        .declare("q", QueueSettings::default())
-        .await
-        .expect("declare");
+    declare_before_the_fill(&broker, &gate).await;
     let confirmed = fill_until_stopped(&sim, &broker, &gate).await;
     let disk_before = broker.info("q").expect("info").disk_bytes();
     let purged = broker
@@ -138,10 +147,7 @@ async fn acks_on_a_partition_stopped_at_reserve_are_durable_when_the_reserve_hol
     let sim = SimIo::new(seed(22));
     let gate = Arc::new(ReserveGate::default());
     let broker = open_on(&sim, gate.clone()).await;
-    broker
-        .declare("q", QueueSettings::default())
-        .await
-        .expect("declare");
+    declare_before_the_fill(&broker, &gate).await;
     let confirmed = fill_until_stopped(&sim, &broker, &gate).await;
     // Still at reserve, but the reserve holds a few segments (its usual state: the reserve is
     // the space kept for acks, purges and reclaim).
@@ -190,10 +196,7 @@ async fn a_partition_stopped_at_reserve_can_be_deleted() {
     let sim = SimIo::new(seed(23));
     let gate = Arc::new(ReserveGate::default());
     let broker = open_on(&sim, gate.clone()).await;
-    broker
-        .declare("q", QueueSettings::default())
-        .await
-        .expect("declare");
+    declare_before_the_fill(&broker, &gate).await;
     fill_until_stopped(&sim, &broker, &gate).await;
     let used_before = sim.used_bytes();
     broker.delete("q").await.expect("delete at reserve");
@@ -217,10 +220,7 @@ async fn a_partition_stopped_at_reserve_with_a_delivery_out_can_be_purged() {
     let sim = SimIo::new(seed(24));
     let gate = Arc::new(ReserveGate::default());
     let broker = open_on(&sim, gate.clone()).await;
-    broker
-        .declare("q", QueueSettings::default())
-        .await
-        .expect("declare");
+    declare_before_the_fill(&broker, &gate).await;
     let confirmed = fill_until_stopped(&sim, &broker, &gate).await;
     let mut consumer = broker.subscribe("q", 1).expect("subscribe");
     let out = recv(&mut consumer).await;
