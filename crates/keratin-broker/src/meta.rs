@@ -286,6 +286,8 @@ pub(crate) struct MetaLog {
     /// the log reports it (as of its last durable batch) leaves them out, so concurrent
     /// records cannot together take the room kept for deletions ([`DELETION_ROOM_BYTES`]).
     pending_bytes: Mutex<u64>,
+    /// Held by the writer that rolls to a new segment to keep the deletions' room.
+    rolling: Mutex<()>,
     /// The size of its segments.
     segment_size_bytes: u64,
     /// Stop and heal figures, read without any lock (metrics, attention items).
@@ -317,6 +319,7 @@ impl MetaLog {
             gate,
             healing: Mutex::new(()),
             pending_bytes: Mutex::new(0),
+            rolling: Mutex::new(()),
             segment_size_bytes: options.segment_size_bytes(),
             figures: Arc::new(MetaFigures {
                 dir: dir.to_path_buf(),
@@ -415,6 +418,28 @@ impl MetaLog {
     /// its segment).
     fn keep_deletion_room(&self, record_bytes: u64) -> BrokerResult<()> {
         let needed = record_bytes + DELETION_ROOM_BYTES;
+        // A new segment starts with one preallocation step: 64 KiB, or a small segment whole.
+        let first_step = (64u64 << 10).min(self.segment_size_bytes);
+        {
+            let mut pending = self.pending_bytes.lock().unwrap_or_else(|e| e.into_inner());
+            // A log without a segment (none written yet, or all handed back) makes one at its
+            // next append: the room is that segment's first step, if the disk has it.
+            let fresh = self.log.disk_bytes() == 0;
+            let room = if fresh {
+                first_step
+            } else {
+                self.log.tail_room_bytes()
+            };
+            if fresh {
+                self.refuse_without(first_step + *pending + needed)?;
+            }
+            if room >= *pending + needed {
+                *pending += record_bytes;
+                return Ok(());
+            }
+        }
+        // One writer rolls at a time; the next finds the new segment's room.
+        let _rolling = self.rolling.lock().unwrap_or_else(|e| e.into_inner());
         {
             let mut pending = self.pending_bytes.lock().unwrap_or_else(|e| e.into_inner());
             if self.log.tail_room_bytes() >= *pending + needed {
@@ -422,26 +447,29 @@ impl MetaLog {
                 return Ok(());
             }
         }
-        // A new segment starts with one preallocation step: 64 KiB, or a small segment whole.
-        let segment_bytes = (64u64 << 10).min(self.segment_size_bytes);
-        if let Some(free) = self.gate.free_bytes(self.device) {
-            if free < segment_bytes + needed {
-                return Err(BrokerError::Limited {
-                    reason: "disk".into(),
-                    retry_after_ms: FULL_RETRY_AFTER_MS,
-                    message: format!(
-                        "the disk holding the node metadata ({}) is full ({free} bytes free): \
-                         declaring and changing settings wait until it has room, while \
-                         deleting queues and streams still works; delete or purge queues or \
-                         free space, then retry",
-                        self.figures.dir.display()
-                    ),
-                });
-            }
-        }
+        self.refuse_without(first_step + needed)?;
         self.log.roll()?.wait()?;
         *self.pending_bytes.lock().unwrap_or_else(|e| e.into_inner()) += record_bytes;
         Ok(())
+    }
+
+    /// `Limited` (reason disk) unless the disk holding the log has `bytes` free, as the gate
+    /// last sampled it (unknown: no refusal).
+    fn refuse_without(&self, bytes: u64) -> BrokerResult<()> {
+        match self.gate.free_bytes(self.device) {
+            Some(free) if free < bytes => Err(BrokerError::Limited {
+                reason: "disk".into(),
+                retry_after_ms: FULL_RETRY_AFTER_MS,
+                message: format!(
+                    "the disk holding the node metadata ({}) is full ({free} bytes free): \
+                     declaring and changing settings wait until it has room, while deleting \
+                     queues and streams still works; delete or purge queues or free space, \
+                     then retry",
+                    self.figures.dir.display()
+                ),
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// Heal a stopped log if the gate says its file system is back above reserve (called
