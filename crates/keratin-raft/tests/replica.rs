@@ -24,6 +24,9 @@ use tokio::net::TcpListener;
 
 const GROUP: GroupId = GroupId(7);
 const WAIT: Duration = Duration::from_secs(10);
+/// Longer than a leader's lease (`ELECTION_TIMEOUT_MAX_MS`).
+const LEASE_RUN_OUT: Duration =
+    Duration::from_millis(keratin_raft::replica::ELECTION_TIMEOUT_MAX_MS + 500);
 
 async fn start(id: u64, dir: &Path, listener: TcpListener, net: &Loopback) -> Node {
     let groups = Arc::new(Groups::new());
@@ -199,6 +202,58 @@ async fn replicas_commit_read_and_survive_the_loss_of_the_leader() {
     let restarted = start(first_leader, net.dirs[&first_leader].path(), listener, &net).await;
     check_reads(first_leader, &restarted, &expected).await;
     nodes.insert(first_leader, restarted);
+    for (id, node) in nodes {
+        stop(id, node).await;
+    }
+}
+
+/// A replica started after its group formed holds nothing: it answers only requests addressed
+/// to its own copy, and the leader records that copy (a membership change) to address it. With
+/// the third voter down, the leader's lease and every commit need the late replica, so the
+/// leader must be able to reach it before the change is committed: it addresses the copy its
+/// storage probe found. Before, the late replica refused every request "holds no membership
+/// yet", the leader's lease ran out, and nothing committed while the other node was down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_started_late_makes_a_majority_while_another_is_down() {
+    let mut net = common::tcp::three_nodes().await;
+    let voters: BTreeMap<u64, String> = net
+        .addrs
+        .iter()
+        .map(|(id, addr)| (*id, addr.to_string()))
+        .collect();
+    let mut listeners = std::mem::take(&mut net.listeners);
+    let late_listener = listeners.remove(&3).expect("node 3's listener");
+    let mut nodes = BTreeMap::new();
+    for (id, listener) in listeners {
+        nodes.insert(id, start(id, net.dirs[&id].path(), listener, &net).await);
+    }
+    let forming = nodes.values().map(|node| node.replica.form(&voters));
+    for formed in futures_util::future::join_all(forming).await {
+        formed.expect("form the group with nodes 1 and 2 up");
+    }
+    let mut expected = BTreeMap::new();
+    for (offsets, records) in propose(&nodes, 0, 4, 25).await {
+        expected.extend(offsets.zip(records));
+    }
+
+    let leader = leader_of(&nodes, WAIT).await;
+    let down = if leader == 1 { 2 } else { 1 };
+    let stopped = nodes.remove(&down).expect("the follower");
+    stop(down, stopped).await;
+    // The leader's lease (a quorum's acknowledgements within the longest election timeout)
+    // runs out before node 3 starts: it is regained only through node 3.
+    tokio::time::sleep(LEASE_RUN_OUT).await;
+    let late = start(3, net.dirs[&3].path(), late_listener, &net).await;
+    let formation = late.replica.form(&voters).await.expect("node 3 joins");
+    assert!(
+        matches!(formation, keratin_raft::replica::Formation::Joined { .. }),
+        "node 3 started after the group formed: {formation:?}"
+    );
+    nodes.insert(3, late);
+    for (offsets, records) in propose(&nodes, 1_000, 4, 25).await {
+        expected.extend(offsets.zip(records));
+    }
+    check_reads(3, &nodes[&3], &expected).await;
     for (id, node) in nodes {
         stop(id, node).await;
     }

@@ -35,9 +35,10 @@
 //! below this node's log start, as unreachable: the stream's session ends, the core resets the
 //! follower's progress on the error and sends from the follower's real position.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::marker::PhantomData;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use bytes::Bytes;
 use keratin_net::{GroupId, NetError, Transport};
@@ -64,6 +65,10 @@ use crate::types::{LeaderId, NodeAddr, StorageId, TypeConfig, Vote};
 pub struct Addressing {
     own: StorageId,
     metrics: OnceLock<WatchReceiverOf<TypeConfig, RaftMetrics<TypeConfig>>>,
+    /// The copies this replica's storage probes found on members its membership does not
+    /// record yet, each holding at least what this replica knew it acknowledged (one entry per
+    /// member of the group: bounded by the membership).
+    probed: Mutex<BTreeMap<u64, StorageId>>,
 }
 
 impl std::fmt::Debug for Addressing {
@@ -71,6 +76,7 @@ impl std::fmt::Debug for Addressing {
         f.debug_struct("Addressing")
             .field("own", &self.own)
             .field("following", &self.metrics.get().is_some())
+            .field("probed", &*lock(&self.probed))
             .finish()
     }
 }
@@ -81,7 +87,18 @@ impl Addressing {
         Addressing {
             own,
             metrics: OnceLock::new(),
+            probed: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// Address member `target`'s copy `storage` while the membership records none for it: the
+    /// leader's storage probe found it holding at least what the leader knew it acknowledged
+    /// (`replica::copies`, "Recording"). A replica that holds no membership yet (it joined the
+    /// group after it formed) answers only requests addressed to its copy, and the leader may
+    /// need its acknowledgements to commit the entry that records it: with another voter
+    /// down, its lease and every commit do.
+    pub(crate) fn probed(&self, target: u64, storage: StorageId) {
+        lock(&self.probed).insert(target, storage);
     }
 
     /// Read the memberships from `metrics` (the group's `Raft::metrics`) from now on.
@@ -90,16 +107,19 @@ impl Addressing {
     }
 
     /// The copy to address on `target`: as the latest membership records it, else as `node`
-    /// (openraft's when the client was made) does.
+    /// (openraft's when the client was made) does, else the copy a storage probe found.
     fn target_storage(&self, target: u64, node: &NodeAddr) -> Option<StorageId> {
-        let Some(metrics) = self.metrics.get() else {
-            return node.storage;
-        };
-        let metrics = metrics.borrow_watched();
-        match metrics.membership_config.membership().get_node(&target) {
-            Some(recorded) => recorded.storage,
+        let recorded = match self.metrics.get() {
             None => node.storage,
-        }
+            Some(metrics) => {
+                let metrics = metrics.borrow_watched();
+                match metrics.membership_config.membership().get_node(&target) {
+                    Some(recorded) => recorded.storage,
+                    None => node.storage,
+                }
+            }
+        };
+        recorded.or_else(|| lock(&self.probed).get(&target).copied())
     }
 
     /// Why this replica must not campaign, if its latest membership records another copy for
@@ -401,4 +421,10 @@ impl<D: SnapshotWire + Sync> RaftNetworkV2<TypeConfig> for GroupNetwork<D> {
         let vote = decoded(rpc::decode_snapshot_reply(&reply))?;
         Ok(SnapshotResponse::new(vote))
     }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }

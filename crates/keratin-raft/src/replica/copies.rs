@@ -18,7 +18,10 @@
 //!   member that joined the formation from an empty log, a group written before identities
 //!   existed) is probed, and its copy recorded (openraft's `SetNodes`, one entry) when its log
 //!   reaches at least as far as the leader knows it to: a copy that went back (wiped before it
-//!   was recorded) is left to the replacement below.
+//!   was recorded) is left to the replacement below. The leader addresses such a copy from the
+//!   probe on, before the change commits: a replica that joined after the group formed answers
+//!   only requests addressed to its copy, and with another voter down the leader's lease and
+//!   the change itself need its acknowledgements.
 //! - **Replacing** ([`replace_copies`], called by the cluster's reconciler on the leader): a
 //!   member that has not acknowledged the leader for [`COPY_ACK_AGE_MAX`] is probed; if it
 //!   holds another copy than the recorded one, it is removed (a voter by joint consensus,
@@ -29,6 +32,7 @@
 //!   commit, and the group waits for its old copies.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -41,6 +45,7 @@ use super::membership::{ensure_leader, members, write_error, GroupMembers, Membe
 use super::ReplicaRaft;
 use crate::error::RaftError;
 use crate::network::probe::{probe_storage, ProbeError};
+use crate::network::Addressing;
 use crate::network::CopyStatus;
 use crate::types::{NodeAddr, StorageId, TypeConfig};
 
@@ -53,6 +58,10 @@ const RECORD_EVERY: Duration = Duration::from_secs(1);
 /// ...and at most this often, when its metrics change (a new leader records within a fifth of
 /// a second; a busy leader's metrics change at every commit, so they are not followed closer).
 const RECORD_PAUSE: Duration = Duration::from_millis(200);
+
+/// How long the leader waits for the change recording members' copies to commit: two
+/// election timeouts; longer means a majority is not there, and the change stays proposed.
+const RECORD_WAIT: Duration = Duration::from_secs(2);
 
 /// A member that acknowledged the leader within this is the recorded copy (a replaced copy
 /// refuses everything addressed to the old one); one silent for longer is probed. Ten
@@ -143,6 +152,7 @@ pub(crate) async fn record_while_running(
     transport: Transport,
     group: GroupId,
     own: StorageId,
+    addressing: Arc<Addressing>,
 ) {
     let mut watched = raft.metrics();
     loop {
@@ -156,7 +166,7 @@ pub(crate) async fn record_while_running(
             unrecorded(&metrics)
         };
         if let Some(wanted) = wanted {
-            match record(&raft, &transport, group, own, wanted).await {
+            match record(&raft, &transport, &addressing, group, own, wanted).await {
                 Ok(recorded) if !recorded.is_empty() => {
                     tracing::info!(group = group.0, nodes = ?recorded, "members' storage copies recorded")
                 }
@@ -188,10 +198,15 @@ fn unrecorded(metrics: &RaftMetrics<TypeConfig>) -> Option<BTreeSet<u64>> {
 }
 
 /// Probe `wanted` and record the copies that hold what the leader knows them to hold; the
-/// nodes recorded.
+/// nodes recorded. Each such copy is addressed from the probe on, before the change commits
+/// (or while another change is under way): the change may need its acknowledgement (a
+/// replica that joined after the group formed answers nothing else, and with another voter
+/// down it is the leader's majority). The change is waited for [`RECORD_WAIT`] at most: one
+/// that a majority cannot commit yet stays proposed, and the next round probes again.
 async fn record(
     raft: &ReplicaRaft,
     transport: &Transport,
+    addressing: &Addressing,
     group: GroupId,
     own: StorageId,
     wanted: BTreeSet<u64>,
@@ -205,10 +220,6 @@ async fn record(
             matched_of(&metrics),
         )
     };
-    let (latest, committed) = members(raft, group.0).await?;
-    if latest != committed || latest.joint {
-        return Ok(Vec::new());
-    }
     let mut set = BTreeMap::new();
     for id in wanted {
         let Some(recorded) = membership.membership().get_node(&id) else {
@@ -219,6 +230,7 @@ async fn record(
         } else {
             match probe_storage(transport, id, group).await {
                 Ok(status) if !went_back(&status, matched.get(&id).copied().flatten()) => {
+                    addressing.probed(id, status.storage);
                     status.storage
                 }
                 Ok(status) => {
@@ -233,10 +245,21 @@ async fn record(
     if set.is_empty() {
         return Ok(Vec::new());
     }
+    let (latest, committed) = members(raft, group.0).await?;
+    if latest != committed || latest.joint {
+        return Ok(Vec::new());
+    }
     let nodes: Vec<u64> = set.keys().copied().collect();
-    raft.change_membership(ChangeMembers::SetNodes(set), true)
-        .await
-        .map_err(|e| write_error(group.0, node, e))?;
+    let change = raft.change_membership(ChangeMembers::SetNodes(set), true);
+    match tokio::time::timeout(RECORD_WAIT, change).await {
+        Ok(changed) => changed.map_err(|e| write_error(group.0, node, e))?,
+        Err(_) => {
+            return Err(MembershipError::Uncommitted {
+                group: group.0,
+                waited_ms: u64::try_from(RECORD_WAIT.as_millis()).unwrap_or(u64::MAX),
+            })
+        }
+    };
     Ok(nodes)
 }
 

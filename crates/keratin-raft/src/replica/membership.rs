@@ -157,6 +157,15 @@ pub enum MembershipError {
         /// What happened.
         reason: String,
     },
+    /// The change was proposed and did not commit within the wait: a majority of the voters
+    /// has not acknowledged it. It stays proposed and commits once they do.
+    #[error("group {group}: the membership change was proposed and not committed within {waited_ms} ms (is a majority of the voters down?); it commits once a majority acknowledges it")]
+    Uncommitted {
+        /// The group.
+        group: u64,
+        /// How long it was waited for.
+        waited_ms: u64,
+    },
     /// The replica still votes in the membership it knows to be committed, so it must not be
     /// removed (its vote may be needed for a majority).
     #[error("group {group}: node {node} is still a voter in the committed membership (voters {voters:?}); change the voters on the leader first")]

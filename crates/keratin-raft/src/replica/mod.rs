@@ -165,6 +165,7 @@ impl Replica {
             transport.clone(),
             group,
             storage,
+            addressing,
         ));
         groups.insert(
             group,
