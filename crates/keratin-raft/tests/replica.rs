@@ -258,3 +258,92 @@ async fn a_replica_started_late_makes_a_majority_while_another_is_down() {
         stop(id, node).await;
     }
 }
+
+/// Every file under `dir`, at any depth.
+fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("read directory") {
+        let path = entry.expect("entry").path();
+        if path.is_dir() {
+            files.extend(files_under(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}
+
+/// Zero `path` from the first occurrence of `marker` to its end; whether it was found.
+fn zero_from(path: &Path, marker: &[u8]) -> bool {
+    let mut bytes = std::fs::read(path).expect("read segment");
+    let Some(at) = bytes.windows(marker.len()).position(|w| w == marker) else {
+        return false;
+    };
+    bytes[at..].fill(0);
+    std::fs::write(path, bytes).expect("write segment");
+    true
+}
+
+/// A follower's log loses its durable tail while it is down (its `entries` segment zeroed from
+/// a record on: the bytes rotted, or the disk lost what it reported flushed): it restarts with
+/// less than it acknowledged. The leader must catch it up again and go on committing. Before,
+/// the leader's openraft core panicked ("follower log reversion is not allowed"), the group
+/// died on the leader's node while it still reported leading, and nothing committed there
+/// (found by the nemesis, `docs/reliability.md`, finding 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_follower_that_lost_its_log_tail_is_caught_up_and_the_leader_lives_on() {
+    let mut net = common::tcp::three_nodes().await;
+    let voters: BTreeMap<u64, String> = net
+        .addrs
+        .iter()
+        .map(|(id, addr)| (*id, addr.to_string()))
+        .collect();
+    let mut nodes = BTreeMap::new();
+    for (id, listener) in std::mem::take(&mut net.listeners) {
+        nodes.insert(id, start(id, net.dirs[&id].path(), listener, &net).await);
+    }
+    let forming = nodes.values().map(|node| node.replica.form(&voters));
+    for formed in futures_util::future::join_all(forming).await {
+        formed.expect("form the group");
+    }
+    let mut expected = BTreeMap::new();
+    for (offsets, records) in propose(&nodes, 0, 8, 25).await {
+        expected.extend(offsets.zip(records));
+    }
+    let leader = leader_of(&nodes, WAIT).await;
+    let follower = *nodes.keys().find(|id| **id != leader).expect("a follower");
+    check_reads(follower, &nodes[&follower], &expected).await;
+    let stopped = nodes.remove(&follower).expect("the follower");
+    stop(follower, stopped).await;
+
+    let entries = net.dirs[&follower].path().join("entries");
+    let zeroed = files_under(&entries)
+        .iter()
+        .any(|path| zero_from(path, b"record 150"));
+    assert!(zeroed, "record 150 not found in {}", entries.display());
+
+    let listener = net.rebind(follower).await;
+    let restarted = start(follower, net.dirs[&follower].path(), listener, &net).await;
+    nodes.insert(follower, restarted);
+    for (offsets, records) in propose(&nodes, 1_000, 8, 25).await {
+        expected.extend(offsets.zip(records));
+    }
+    // Every replica holds every record, the zeroed one's included: with the other follower
+    // stopped now, the leader commits only with the one that lost its tail.
+    check_reads(follower, &nodes[&follower], &expected).await;
+    let other = *nodes
+        .keys()
+        .find(|id| **id != leader && **id != follower)
+        .expect("the other follower");
+    let stopped = nodes.remove(&other).expect("the other follower");
+    stop(other, stopped).await;
+    for (offsets, records) in propose(&nodes, 2_000, 4, 25).await {
+        expected.extend(offsets.zip(records));
+    }
+    for (id, node) in &nodes {
+        check_reads(*id, node, &expected).await;
+    }
+    for (id, node) in nodes {
+        stop(id, node).await;
+    }
+}

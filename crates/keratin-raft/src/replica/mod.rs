@@ -72,11 +72,16 @@ pub fn replica_config(cluster_name: &str) -> Result<Arc<Config>, RaftError> {
         election_timeout_max: ELECTION_TIMEOUT_MAX_MS,
         snapshot_policy: SnapshotPolicy::Never,
         max_in_snapshot_log_to_keep: 0,
-        // A follower's log never goes back under the leader: a replica whose data directory
-        // was wiped is another copy of the storage (`StorageId`), which answers nothing
-        // addressed to the copy the leader replicated to, until the leader replaces it
-        // (`membership.rs`): removed, added back as a learner from an empty log, promoted.
-        allow_log_reversion: Some(false),
+        // A replica whose data directory was wiped is another copy of the storage
+        // (`StorageId`), which answers nothing addressed to the copy the leader replicated to,
+        // until the leader replaces it (`membership.rs`): removed, added back as a learner
+        // from an empty log, promoted. A follower whose own copy lost its tail (bytes that rot,
+        // a disk that lost what it reported flushed: recovery keeps the records before the
+        // damage) answers with a shorter log than the leader knew it to hold. Without this,
+        // openraft's core panics on the leader ("follower log reversion is not allowed"): the
+        // group dies on the healthy node while it still reports leading. With it, the leader
+        // resets that follower's progress and sends it what it lost, as to a new follower.
+        allow_log_reversion: Some(true),
         // A replica that led before a restart starts as a follower: restored at once, it took
         // proposals (a consumer's acks) that the election after it answered as "not the
         // leader", so acked messages came back (`tests/partition_snapshots.rs`).
