@@ -1099,6 +1099,8 @@ impl Owner {
             })
             .collect();
         if let Some(reply) = done.reply.take() {
+            // A publisher that reads the stream's figures once answered counts its messages.
+            self.publish_figures();
             let _ = reply.send(Ok(outcome));
         }
         true
