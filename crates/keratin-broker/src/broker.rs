@@ -566,6 +566,7 @@ impl Broker {
         .await?;
         let delivery_budget = ByteBudget::new(config.delivery_bytes_max);
         let decls: Vec<QueueDecl> = catalog.queues.values().cloned().collect();
+        let declared_ever = catalog.declared_ever.clone();
         let stream_decls: Vec<StreamDecl> = catalog.streams.values().cloned().collect();
         let inner = Arc::new(BrokerInner {
             config,
@@ -591,8 +592,8 @@ impl Broker {
             stream_decls.iter().map(|d| d.id).collect();
         let orphans = inner.clone();
         blocking(move || {
-            orphans.remove_orphans(&ids)?;
-            orphans.remove_stream_orphans(&stream_ids)
+            orphans.remove_orphans(&ids, &declared_ever)?;
+            orphans.remove_stream_orphans(&stream_ids, &declared_ever)
         })
         .await?;
         inner.open_queues(decls).await?;
@@ -1960,8 +1961,14 @@ impl BrokerInner {
     }
 
     /// Queue directories whose queue the metadata no longer names (a delete that did not
-    /// finish) go back to the pool.
-    fn remove_orphans(&self, declared: &std::collections::BTreeSet<u64>) -> BrokerResult<()> {
+    /// finish) go back to the pool. A directory whose id no declaration record names (the
+    /// metadata log lost records: a declaration is durable before its directory is made) is
+    /// refused with [`BrokerError::MetadataLost`], never removed.
+    fn remove_orphans(
+        &self,
+        declared: &std::collections::BTreeSet<u64>,
+        declared_ever: &std::collections::BTreeSet<u64>,
+    ) -> BrokerResult<()> {
         let io = self.config.io.as_ref();
         for storage in &self.config.dirs {
             let queues = storage.join("queues");
@@ -1978,11 +1985,24 @@ impl BrokerInner {
                 if declared.contains(&id) {
                     continue;
                 }
+                if !declared_ever.contains(&id) {
+                    return Err(self.metadata_lost("queue", id, &queues.join(&name)));
+                }
                 tracing::info!(queue_id = id, "removing the files of a deleted queue");
                 self.remove_queue_dirs(id)?;
             }
         }
         Ok(())
+    }
+
+    /// The refusal of a data directory no declaration names (see [`Self::remove_orphans`]).
+    pub(super) fn metadata_lost(&self, kind: &'static str, id: u64, dir: &Path) -> BrokerError {
+        BrokerError::MetadataLost {
+            kind,
+            id,
+            dir: dir.display().to_string(),
+            meta: self.meta_figures.dir.display().to_string(),
+        }
     }
 
     fn remove_queue_dirs(&self, id: u64) -> BrokerResult<()> {

@@ -117,6 +117,19 @@ pub enum BrokerError {
     /// The storage engine failed outside a partition's write path (opening, metadata).
     #[error("storage: {0}")]
     Log(#[from] LogError),
+    /// A directory of queue or stream data belongs to no declaration the node's metadata log
+    /// holds: the log lost records. Nothing is deleted, and the node does not start.
+    #[error("{dir} holds the data of {kind} id {id}, which no record of the node's metadata log ({meta}) declares: the metadata log has lost records (damaged, or replaced by an older copy). Nothing was deleted. Restore the metadata log from a backup; on a cluster node you can instead move the node's data directory away and start the node empty, to rebuild its copies from the other nodes; to give up that {kind}'s data, remove its directory")]
+    MetadataLost {
+        /// `"queue"` or `"stream"`.
+        kind: &'static str,
+        /// The id the directory is named by.
+        id: u64,
+        /// The directory.
+        dir: String,
+        /// The metadata log's directory.
+        meta: String,
+    },
     /// A record in a log does not decode: the log was written by something else or is damaged.
     #[error("undecodable {what} record at offset {offset}: {reason}")]
     Corrupt {

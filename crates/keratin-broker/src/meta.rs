@@ -3,7 +3,7 @@
 //! replayed at start. JSON because these records
 //! are rare, small and read by people debugging a node; the hot path never touches them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -166,6 +166,10 @@ pub(crate) struct Catalog {
     pub(crate) streams: BTreeMap<u64, StreamDecl>,
     stream_by_name: BTreeMap<String, u64>,
     pub(crate) next_id: u64,
+    /// Every queue and stream id a declaration record of the log names, deleted ones
+    /// included (one per declaration: the log keeps every record). A data directory whose id
+    /// is not among them means the log lost records: such a directory is never removed.
+    pub(crate) declared_ever: BTreeSet<u64>,
     pub(crate) node_settings: BTreeMap<String, serde_json::Value>,
     /// The node's users (a single node's; a cluster keeps its users in its metadata group).
     pub(crate) users: Arc<UserTable>,
@@ -176,6 +180,7 @@ impl Catalog {
         match record {
             MetaRecord::QueueDeclared(decl) => {
                 self.next_id = self.next_id.max(decl.id + 1);
+                self.declared_ever.insert(decl.id);
                 // A name declared again under a new id (a declare whose write failed after it
                 // was durable, then declared again) keeps the newest declaration.
                 if let Some(old) = self.by_name.insert(decl.name.clone(), decl.id) {
@@ -208,6 +213,7 @@ impl Catalog {
             }
             MetaRecord::StreamDeclared(decl) => {
                 self.next_id = self.next_id.max(decl.id + 1);
+                self.declared_ever.insert(decl.id);
                 if let Some(old) = self.stream_by_name.insert(decl.name.clone(), decl.id) {
                     self.streams.remove(&old);
                 }

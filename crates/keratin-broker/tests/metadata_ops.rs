@@ -366,3 +366,62 @@ fn a_crash_at_every_step_of_declare_and_delete_recovers_a_prefix() {
         });
     }
 }
+
+/// Every file under `dir`, at any depth.
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("read directory") {
+        let path = entry.expect("entry").path();
+        if path.is_dir() {
+            files.extend(files_under(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}
+
+/// The node's metadata log loses its records (the nemesis zeroed it past its segments'
+/// headers: recovery takes zeroes for a torn tail and keeps nothing): the queues' directories
+/// are then named by no declaration. The node must not take them for a deleted queue's
+/// leftovers: it refuses to start, saying what happened and what to do, and deletes nothing.
+/// Before, it removed every queue's files and started empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_metadata_log_that_lost_its_records_deletes_no_queue_data() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let data = dir.path().join("data");
+    let broker = Broker::open(config(data.clone())).await.expect("open");
+    broker
+        .declare("kept", partitions(1))
+        .await
+        .expect("declare");
+    publish_seq(&broker, "kept", 0..10, 64).await;
+    broker.shutdown().await.expect("shutdown");
+    let before = queue_dirs(&data);
+    assert!(!before.is_empty(), "the queue's directory");
+
+    for file in files_under(&data.join("meta")) {
+        let mut bytes = std::fs::read(&file).expect("read");
+        if bytes.len() > 64 {
+            bytes[64..].fill(0);
+            std::fs::write(&file, bytes).expect("zero");
+        }
+    }
+    let refused = match Broker::open(config(data.clone())).await {
+        Ok(_) => panic!(
+            "opened with the metadata log's records gone; queue directories left: {:?} of {before:?}",
+            queue_dirs(&data)
+        ),
+        Err(error) => error,
+    };
+    let text = refused.to_string();
+    assert!(
+        matches!(refused, BrokerError::MetadataLost { kind: "queue", .. }),
+        "{text}"
+    );
+    assert!(
+        text.contains("Nothing was deleted") && text.contains("meta"),
+        "{text}"
+    );
+    assert_eq!(queue_dirs(&data), before, "no queue directory removed");
+}

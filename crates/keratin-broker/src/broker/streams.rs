@@ -666,6 +666,7 @@ impl BrokerInner {
     pub(super) fn remove_stream_orphans(
         &self,
         declared: &std::collections::BTreeSet<u64>,
+        declared_ever: &std::collections::BTreeSet<u64>,
     ) -> BrokerResult<()> {
         let io = self.config.io.as_ref();
         for storage in &self.config.dirs {
@@ -680,6 +681,9 @@ impl BrokerInner {
                 let Ok(id) = name.parse::<u64>() else {
                     continue;
                 };
+                if !declared.contains(&id) && !declared_ever.contains(&id) {
+                    return Err(self.metadata_lost("stream", id, &streams.join(&name)));
+                }
                 if !declared.contains(&id) {
                     tracing::info!(stream_id = id, "removing the files of a deleted stream");
                     self.remove_stream_dirs(id)?;
