@@ -128,10 +128,7 @@ impl ReplicatedLogs {
                 Ok((*id, node.addr))
             })
             .collect::<BrokerResult<_>>()?;
-        Ok(Opening::Form {
-            voters,
-            preferred: place.replicas.first().copied(),
-        })
+        Ok(Opening::Form(voters))
     }
 
     /// Start the replica of `group` on `logs`; a [`Opening::Form`] one forms its group in the
@@ -167,8 +164,8 @@ impl ReplicatedLogs {
             &self.groups,
         )
         .await?;
-        if let Opening::Form { voters, preferred } = opening {
-            replica.form_in_background(&voters, preferred);
+        if let Opening::Form(voters) = opening {
+            replica.form_in_background(&voters);
         }
         Ok(replica)
     }
@@ -367,13 +364,7 @@ fn open_group_logs(place: &PartitionPlace) -> Result<GroupLogs, RaftError> {
 enum Opening {
     /// This node is one of the voters the group is formed with (by node id, their cluster
     /// addresses): it initializes the group with them unless the group exists already.
-    Form {
-        /// The voters.
-        voters: BTreeMap<u64, String>,
-        /// The group's preferred leader (the first of its replica list): the first election's
-        /// winner hands the new group to it.
-        preferred: Option<u64>,
-    },
+    Form(BTreeMap<u64, String>),
     /// This node joins a group formed without it: it waits for the leader to add it.
     Join,
 }
