@@ -64,6 +64,19 @@ pub enum RaftError {
 }
 
 impl RaftError {
+    /// Whether this is a log's report that data it reported durable does not read back (a
+    /// flipped bit, a zeroed range with records after it): the copy is damaged, not the
+    /// device failing.
+    pub fn is_damage(&self) -> bool {
+        matches!(
+            self,
+            RaftError::Log {
+                source: LogError::Corrupt { .. },
+                ..
+            }
+        )
+    }
+
     pub(crate) fn log(what: &'static str, source: LogError) -> RaftError {
         RaftError::Log { what, source }
     }

@@ -169,17 +169,67 @@ async fn acked_messages_free_the_disk_on_every_replica() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_follower_behind_the_freed_log_catches_up_from_a_snapshot() {
-    follower_returns(false).await;
+    follower_returns(Returns::Whole).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_wiped_follower_rebuilds_from_a_snapshot() {
-    follower_returns(true).await;
+    follower_returns(Returns::Wiped).await;
 }
 
-/// A follower stops; the others ack and free their logs; it returns (with its data directory
-/// emptied when `wipe`) and catches up from the leader's snapshot.
-async fn follower_returns(wipe: bool) {
+/// A follower's copy is damaged while it is down (one flipped bit in a record with records
+/// after it, which its log had reported durable): the node starts all the same, moves the
+/// damaged copy aside, and the empty copy in its place is replaced and rebuilt like a wiped
+/// one. Before, the node's start failed ("corrupt log data ... restore this log from a replica
+/// or backup"), and every other partition on the node stayed down with it (the nemesis,
+/// `docs/reliability.md` finding 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_follower_whose_copy_is_damaged_starts_and_rebuilds_from_a_snapshot() {
+    follower_returns(Returns::Damaged).await;
+}
+
+/// How the follower of [`follower_returns`] comes back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Returns {
+    /// As it stopped.
+    Whole,
+    /// Its data directory emptied (a replaced disk).
+    Wiped,
+    /// One bit of a durable record of its partition flipped.
+    Damaged,
+}
+
+/// Every file under `dir`, at any depth.
+fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("read directory") {
+        let path = entry.expect("entry").path();
+        if path.is_dir() {
+            files.extend(files_under(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}
+
+/// Flip one bit of the first occurrence of `marker` in a file under `dir`; whether it was
+/// found.
+fn flip_a_bit(dir: &std::path::Path, marker: &[u8]) -> bool {
+    for file in files_under(dir) {
+        let mut bytes = std::fs::read(&file).expect("read");
+        if let Some(at) = bytes.windows(marker.len()).position(|w| w == marker) {
+            bytes[at + marker.len() / 2] ^= 0x04;
+            std::fs::write(&file, bytes).expect("write");
+            return true;
+        }
+    }
+    false
+}
+
+/// A follower stops; the others ack and free their logs; it returns (as `returns` says) and
+/// catches up from the leader's snapshot.
+async fn follower_returns(returns: Returns) {
     let mut net = common::tcp::three_nodes().await;
     let mut nodes = start_all(&mut net).await;
     let first = leader(&nodes).await;
@@ -217,7 +267,14 @@ async fn follower_returns(wipe: bool) {
     )
     .await;
 
-    if wipe {
+    if returns == Returns::Damaged {
+        let dir = net.dirs[&lagging].path();
+        assert!(
+            flip_a_bit(dir, body("early", 5).as_bytes()),
+            "the follower holds the early messages"
+        );
+    }
+    if returns == Returns::Wiped {
         let dir = net.dirs[&lagging].path();
         for entry in std::fs::read_dir(dir).expect("list the follower's directory") {
             let path = entry.expect("entry").path();
@@ -240,7 +297,14 @@ async fn follower_returns(wipe: bool) {
         .await
         .expect("declare again");
     nodes.insert(lagging, node);
-    if wipe {
+    if returns == Returns::Damaged {
+        let damaged = net.dirs[&lagging].path().join("damaged");
+        let moved = std::fs::read_dir(&damaged)
+            .map(|entries| entries.count())
+            .unwrap_or(0);
+        assert_eq!(moved, 1, "the damaged copy moved to {}", damaged.display());
+    }
+    if returns != Returns::Whole {
         replace_wiped(&nodes[&first], lagging).await;
     }
     let info = wait_info(

@@ -344,6 +344,50 @@ impl ReplicatedLogs {
     }
 }
 
+/// Where damaged copies go, under the storage directory (`<storage>/damaged`).
+pub const DAMAGED_DIR_NAME: &str = "damaged";
+
+/// Move the damaged copy in `place.dir` (`<storage>/queues|streams/<id>/<index>`) to
+/// `<storage>/damaged/<queues|streams>-<id>-<index>-<unix ms>`, out of the way of the node's
+/// queue and stream directories; where it went. Nothing is deleted: an operator may still read
+/// it (blocking).
+fn set_aside(place: &PartitionPlace) -> Result<std::path::PathBuf, String> {
+    let index_dir = &place.dir;
+    let id_dir = index_dir.parent().ok_or("no queue directory")?;
+    let kind_dir = id_dir.parent().ok_or("no queues directory")?;
+    let kind = kind_dir
+        .file_name()
+        .and_then(|name| name.to_str())
+        .filter(|name| *name == "queues" || *name == "streams")
+        .ok_or_else(|| {
+            format!(
+                "{} is not a queue's or stream's directory",
+                index_dir.display()
+            )
+        })?;
+    let storage = kind_dir.parent().ok_or("no storage directory")?;
+    let name = |path: &std::path::Path| {
+        path.file_name()
+            .map(|name| name.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    };
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis());
+    let damaged = storage.join(DAMAGED_DIR_NAME);
+    let aside = damaged.join(format!(
+        "{kind}-{}-{}-{now_ms}",
+        name(id_dir),
+        name(index_dir)
+    ));
+    let io = place.io.as_ref();
+    io.create_dir_all(&damaged).map_err(|e| e.to_string())?;
+    io.rename(index_dir, &aside).map_err(|e| e.to_string())?;
+    io.sync_dir(id_dir).map_err(|e| e.to_string())?;
+    io.sync_dir(&damaged).map_err(|e| e.to_string())?;
+    Ok(aside)
+}
+
 /// A replica's logs in `place.dir`, on the node's pool (blocking).
 fn open_group_logs(place: &PartitionPlace) -> Result<GroupLogs, RaftError> {
     let options = LogOptions {
@@ -388,7 +432,33 @@ impl PartitionLogs for ReplicatedLogs {
             )))
         })?;
         // The node's pool: replicas allocate their segments like every other log of the node.
-        let logs = open_group_logs(place).map_err(invalid)?;
+        let logs = match open_group_logs(place) {
+            Ok(logs) => logs,
+            Err(error) if error.is_damage() && place.replicas.len() > 1 => {
+                let aside = set_aside(place).map_err(|e| {
+                    BrokerError::Log(LogError::Invalid(format!(
+                        "{error}; moving the damaged copy aside failed: {e}"
+                    )))
+                })?;
+                tracing::error!(
+                    queue = %place.queue,
+                    partition = place.index,
+                    %error,
+                    moved_to = %aside.display(),
+                    "this node's copy of the partition is damaged: it was moved aside, and an \
+                     empty copy takes its place, rebuilt from the other replicas (remove the \
+                     moved copy once the partition is whole again)"
+                );
+                place.io.create_dir_all(&place.dir).map_err(|e| {
+                    BrokerError::Log(LogError::Invalid(format!(
+                        "create {}: {e}",
+                        place.dir.display()
+                    )))
+                })?;
+                open_group_logs(place).map_err(invalid)?
+            }
+            Err(error) => return Err(invalid(error)),
+        };
         let replica = handle
             .block_on(self.start_group(group, logs, opening))
             .map_err(invalid)?;
