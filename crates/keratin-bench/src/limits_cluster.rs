@@ -96,10 +96,13 @@ async fn queue_led_off_node_3(nodes: &[Node]) -> BenchResult<(String, usize)> {
         ..QueueSettings::default()
     };
     let deadline = Instant::now() + WAIT;
+    let mut refused = None;
     loop {
         for n in 0..CANDIDATES {
             let name = format!("probe{n}");
-            let _ = nodes[0].broker().declare(&name, settings.clone()).await;
+            if let Err(error) = nodes[0].broker().declare(&name, settings.clone()).await {
+                refused = Some(error.to_string());
+            }
             // Led by its preferred leader, node 1 or 2 (balancing would move it there).
             for (index, node) in nodes.iter().enumerate().take(2) {
                 let leads = node.broker().info(&name).is_ok_and(|info| {
@@ -113,7 +116,13 @@ async fn queue_led_off_node_3(nodes: &[Node]) -> BenchResult<(String, usize)> {
             }
         }
         if Instant::now() > deadline {
-            return Err("no queue led by node 1 or 2".into());
+            return Err(match refused {
+                // The bench's nodes 1 and 2 use the file system under test with default
+                // limits: a disk already past soft refuses a queue of 3 replicas.
+                Some(error) => format!("no queue led by node 1 or 2; the last declare: {error}"),
+                None => format!("no queue led by node 1 or 2 within {WAIT:?}"),
+            }
+            .into());
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
