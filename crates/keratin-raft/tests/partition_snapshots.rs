@@ -199,24 +199,10 @@ enum Returns {
     Damaged,
 }
 
-/// Every file under `dir`, at any depth.
-fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir).expect("read directory") {
-        let path = entry.expect("entry").path();
-        if path.is_dir() {
-            files.extend(files_under(&path));
-        } else {
-            files.push(path);
-        }
-    }
-    files
-}
-
 /// Flip one bit of the first occurrence of `marker` in a file under `dir`; whether it was
 /// found.
 fn flip_a_bit(dir: &std::path::Path, marker: &[u8]) -> bool {
-    for file in files_under(dir) {
+    for file in common::files_under(dir) {
         let mut bytes = std::fs::read(&file).expect("read");
         if let Some(at) = bytes.windows(marker.len()).position(|w| w == marker) {
             bytes[at + marker.len() / 2] ^= 0x04;

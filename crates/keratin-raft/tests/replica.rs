@@ -57,6 +57,22 @@ async fn stop(id: u64, node: Node) {
     common::tcp::close_logs(&format!("node {id}"), logs).await;
 }
 
+/// Every node of `net` by id, with its cluster address: the voters of the group's formation.
+fn voters_of(net: &Loopback) -> BTreeMap<u64, String> {
+    net.addrs
+        .iter()
+        .map(|(id, addr)| (*id, addr.to_string()))
+        .collect()
+}
+
+/// Every replica of `nodes` forms the group with `voters`, at once.
+async fn form_all(nodes: &BTreeMap<u64, Node>, voters: &BTreeMap<u64, String>) {
+    let forming = nodes.values().map(|node| node.replica.form(voters));
+    for formed in futures_util::future::join_all(forming).await {
+        formed.expect("form the group");
+    }
+}
+
 fn batch(first: u64, count: u64) -> Vec<PartitionRecord> {
     (first..first + count)
         .map(|n| {
@@ -150,14 +166,8 @@ async fn replicas_commit_read_and_survive_the_loss_of_the_leader() {
     for (id, listener) in std::mem::take(&mut net.listeners) {
         nodes.insert(id, start(id, net.dirs[&id].path(), listener, &net).await);
     }
-    let voters: BTreeMap<u64, String> = addrs
-        .iter()
-        .map(|(id, addr)| (*id, addr.to_string()))
-        .collect();
-    let forming = nodes.values().map(|node| node.replica.form(&voters));
-    for formed in futures_util::future::join_all(forming).await {
-        formed.expect("form the group");
-    }
+    let voters = voters_of(&net);
+    form_all(&nodes, &voters).await;
 
     let mut expected = BTreeMap::new();
     for (offsets, records) in propose(&nodes, 0, 40, 25).await {
@@ -216,21 +226,14 @@ async fn replicas_commit_read_and_survive_the_loss_of_the_leader() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_replica_started_late_makes_a_majority_while_another_is_down() {
     let mut net = common::tcp::three_nodes().await;
-    let voters: BTreeMap<u64, String> = net
-        .addrs
-        .iter()
-        .map(|(id, addr)| (*id, addr.to_string()))
-        .collect();
+    let voters = voters_of(&net);
     let mut listeners = std::mem::take(&mut net.listeners);
     let late_listener = listeners.remove(&3).expect("node 3's listener");
     let mut nodes = BTreeMap::new();
     for (id, listener) in listeners {
         nodes.insert(id, start(id, net.dirs[&id].path(), listener, &net).await);
     }
-    let forming = nodes.values().map(|node| node.replica.form(&voters));
-    for formed in futures_util::future::join_all(forming).await {
-        formed.expect("form the group with nodes 1 and 2 up");
-    }
+    form_all(&nodes, &voters).await;
     let mut expected = BTreeMap::new();
     for (offsets, records) in propose(&nodes, 0, 4, 25).await {
         expected.extend(offsets.zip(records));
@@ -259,20 +262,6 @@ async fn a_replica_started_late_makes_a_majority_while_another_is_down() {
     }
 }
 
-/// Every file under `dir`, at any depth.
-fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir).expect("read directory") {
-        let path = entry.expect("entry").path();
-        if path.is_dir() {
-            files.extend(files_under(&path));
-        } else {
-            files.push(path);
-        }
-    }
-    files
-}
-
 /// Zero `path` from the first occurrence of `marker` to its end; whether it was found.
 fn zero_from(path: &Path, marker: &[u8]) -> bool {
     let mut bytes = std::fs::read(path).expect("read segment");
@@ -293,19 +282,12 @@ fn zero_from(path: &Path, marker: &[u8]) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_follower_that_lost_its_log_tail_is_caught_up_and_the_leader_lives_on() {
     let mut net = common::tcp::three_nodes().await;
-    let voters: BTreeMap<u64, String> = net
-        .addrs
-        .iter()
-        .map(|(id, addr)| (*id, addr.to_string()))
-        .collect();
+    let voters = voters_of(&net);
     let mut nodes = BTreeMap::new();
     for (id, listener) in std::mem::take(&mut net.listeners) {
         nodes.insert(id, start(id, net.dirs[&id].path(), listener, &net).await);
     }
-    let forming = nodes.values().map(|node| node.replica.form(&voters));
-    for formed in futures_util::future::join_all(forming).await {
-        formed.expect("form the group");
-    }
+    form_all(&nodes, &voters).await;
     let mut expected = BTreeMap::new();
     for (offsets, records) in propose(&nodes, 0, 8, 25).await {
         expected.extend(offsets.zip(records));
@@ -317,7 +299,7 @@ async fn a_follower_that_lost_its_log_tail_is_caught_up_and_the_leader_lives_on(
     stop(follower, stopped).await;
 
     let entries = net.dirs[&follower].path().join("entries");
-    let zeroed = files_under(&entries)
+    let zeroed = common::files_under(&entries)
         .iter()
         .any(|path| zero_from(path, b"record 150"));
     assert!(zeroed, "record 150 not found in {}", entries.display());

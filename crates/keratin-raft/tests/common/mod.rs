@@ -334,3 +334,17 @@ pub async fn check_has(id: u64, node: &Node, acked: &BTreeMap<u64, Vec<u8>>) {
         }
     }
 }
+
+/// Every file under `dir`, at any depth (a test that damages a copy looks for its bytes).
+pub fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("read directory") {
+        let path = entry.expect("entry").path();
+        if path.is_dir() {
+            files.extend(files_under(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}
