@@ -2,9 +2,10 @@
 //! in the catalog, and placement rotates the first node over the cluster, so leaders spread
 //! (a stream's groups rotate its one replica set: `groups.rs`; they are balanced as queue
 //! partitions are).
-//! Every replica of a new group forms it at once, so its first election goes to whichever
-//! campaigns first, and the hand-over below moves it; later elections do not keep the
-//! preferred order either: after a failover the new leader stays where the election put it, and a node
+//! A new group is handed to its preferred leader right after its first election, by the
+//! replica that won it (`keratin-raft`, `replica/copies.rs`, whatever the setting below); later
+//! elections do not keep the preferred order: after a failover the new leader stays where the
+//! election put it, and a node
 //! back from a restart leads nothing. As Kafka's preferred leader election does
 //! (`auto.leader.rebalance.enable`), the leader of a group hands it back to the preferred
 //! leader once that one is caught up (`ReplicatedLogs::transfer_leader`: a voter at most a few

@@ -105,7 +105,7 @@ impl MetaGroup {
             .await
             .map_err(|e| format!("starting the metadata group: {e}"))?;
         if let Some(voters) = voters {
-            replica.form_in_background(&voters);
+            replica.form_in_background(&voters, None);
         }
         Ok(MetaGroup {
             node_id,

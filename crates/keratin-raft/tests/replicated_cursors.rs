@@ -77,22 +77,28 @@ async fn stop(node: Node) {
     node.transport.shutdown();
 }
 
-/// The one node that leads, once the others agree.
+/// The one node that leads, once the others agree and the group's first leader handed it to
+/// the preferred leader, node 1 (the first of the replica list), when node 1 is asked
+/// (`common::brokers::settled`).
 async fn leader(nodes: &BTreeMap<u64, Node>) -> u64 {
     let deadline = tokio::time::Instant::now() + WAIT;
+    let preferred = nodes.contains_key(&1).then_some(1);
+    let mut since = None;
     loop {
         let leading: Vec<u64> = nodes
             .iter()
             .filter(|(_, node)| node.cursors.figures().role.leading)
             .map(|(id, _)| *id)
             .collect();
-        if let [id] = leading[..] {
-            let agreed = nodes.iter().all(|(other, node)| {
-                *other == id || node.cursors.figures().role.leader == Some(id)
-            });
-            if agreed {
-                return id;
-            }
+        let agreed = match leading[..] {
+            [id] => nodes
+                .iter()
+                .all(|(other, node)| *other == id || node.cursors.figures().role.leader == Some(id))
+                .then_some(id),
+            _ => None,
+        };
+        if let Some(id) = common::brokers::settled(agreed, preferred, &mut since) {
+            return id;
         }
         assert!(
             tokio::time::Instant::now() < deadline,

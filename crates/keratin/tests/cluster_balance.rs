@@ -13,6 +13,10 @@
 //!    they stay for [`OFF_HOLD`]; `keratin cluster rebalance` then hands every partition not
 //!    led by its preferred leader over, reports each move (queue, partition, from, to), and
 //!    the leaders are the preferred ones again.
+//! 4. Still off: a queue of six partitions declared now is led by its preferred leaders within
+//!    [`SPREAD_WITHIN`] and stays so for [`STABLE_FOR`]: the preferred replica campaigns as
+//!    soon as it formed the group. Before, the first election went to whichever replica's
+//!    timer fired first (2 of 6 on their preferred leaders in the run that found it).
 //!
 //! Fails (before the fix): step 1 found every partition led by the node whose replicas opened
 //! first, for longer than [`SPREAD_WITHIN`]; step 3's setting and verb did not exist. Before
@@ -32,6 +36,10 @@ use support::cluster::Cluster;
 /// The two queues, three partitions each.
 const QUEUES: [&str; 2] = ["spread-a", "spread-b"];
 const PARTITIONS: usize = 3;
+/// Declared with balancing off: its first elections alone must put its leaders on the
+/// preferred nodes (six partitions: a chance spread passes one time in 729).
+const LATE_QUEUE: &str = "spread-late";
+const LATE_PARTITIONS: usize = 6;
 /// The stream, three partitions on the three nodes.
 const STREAM: &str = "spread-s";
 
@@ -322,4 +330,66 @@ fn leaders_spread_at_declare_come_back_after_a_restart_and_rebalance_on_request(
         .unwrap_or_else(|e| panic!("{e}: {again}"));
     assert_eq!(again["moved"], serde_json::json!([]), "{again}");
     assert_eq!(again["kept"], serde_json::json!([]), "{again}");
+
+    // 4. Still off: a queue declared now is led by its preferred leaders from its first
+    // elections (the preferred replica campaigns as soon as it formed the group), and stays so.
+    let out = cluster.cli_until_ok(
+        1,
+        &[
+            "queue",
+            "declare",
+            LATE_QUEUE,
+            "--partitions",
+            &LATE_PARTITIONS.to_string(),
+            "--replicas",
+            "3",
+        ],
+        WAIT_MAX,
+    );
+    assert!(out.contains("declared queue"), "{out}");
+    let start = Instant::now();
+    loop {
+        let now = preferred_and_leaders(&cluster, LATE_QUEUE);
+        if now
+            .as_ref()
+            .is_some_and(|now| now.iter().all(|(leader, preferred)| leader == preferred))
+        {
+            break;
+        }
+        assert!(
+            start.elapsed() < SPREAD_WITHIN,
+            "with balancing off, {LATE_QUEUE}'s first elections did not go to the preferred \
+             leaders within {SPREAD_WITHIN:?}; (leader, preferred) by partition: {now:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!(
+        "{LATE_QUEUE} led by its preferred leaders {:?} after its declare, balancing off",
+        start.elapsed()
+    );
+    let watched = Instant::now();
+    while watched.elapsed() < STABLE_FOR {
+        if let Some(now) = preferred_and_leaders(&cluster, LATE_QUEUE) {
+            assert!(
+                now.iter().all(|(leader, preferred)| leader == preferred),
+                "{LATE_QUEUE}'s leaders moved off the preferred ones: {now:?}"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// `(leader, preferred leader)` of each partition of `queue`, once every running node agrees
+/// on the leaders.
+fn preferred_and_leaders(cluster: &Cluster, queue: &str) -> Option<Vec<(u64, u64)>> {
+    let leaders = cluster.leaders(queue)?;
+    let partitions = cluster.partitions_seen_by(1, queue)?;
+    if leaders.len() != LATE_PARTITIONS || partitions.len() != LATE_PARTITIONS {
+        return None;
+    }
+    leaders
+        .iter()
+        .zip(&partitions)
+        .map(|(leader, partition)| Some((*leader, partition["preferred_leader"].as_u64()?)))
+        .collect()
 }

@@ -128,7 +128,10 @@ impl ReplicatedLogs {
                 Ok((*id, node.addr))
             })
             .collect::<BrokerResult<_>>()?;
-        Ok(Opening::Form(voters))
+        Ok(Opening::Form {
+            voters,
+            preferred: place.replicas.first().copied(),
+        })
     }
 
     /// Start the replica of `group` on `logs`; a [`Opening::Form`] one forms its group in the
@@ -164,8 +167,8 @@ impl ReplicatedLogs {
             &self.groups,
         )
         .await?;
-        if let Opening::Form(voters) = opening {
-            replica.form_in_background(&voters);
+        if let Opening::Form { voters, preferred } = opening {
+            replica.form_in_background(&voters, preferred);
         }
         Ok(replica)
     }
@@ -408,7 +411,13 @@ fn open_group_logs(place: &PartitionPlace) -> Result<GroupLogs, RaftError> {
 enum Opening {
     /// This node is one of the voters the group is formed with (by node id, their cluster
     /// addresses): it initializes the group with them unless the group exists already.
-    Form(BTreeMap<u64, String>),
+    Form {
+        /// The voters.
+        voters: BTreeMap<u64, String>,
+        /// The group's preferred leader (the first of its replica list): the first election's
+        /// winner hands the new group to it.
+        preferred: Option<u64>,
+    },
     /// This node joins a group formed without it: it waits for the leader to add it.
     Join,
 }

@@ -11,8 +11,10 @@
 //!   as the old copy). Once a majority of the formation, this replica included, is known to
 //!   hold nothing past the formation's entry (an empty log, the formation's membership alone,
 //!   or the group not opened yet), it initializes: every forming replica writes the same
-//!   membership at index 0 (openraft allows it). Otherwise it asks again after
-//!   [`FORMATION_RETRY`]: while most of the formation is down, the group waits.
+//!   membership at index 0 (openraft allows it) and campaigns; the replica that wins hands
+//!   the group to its preferred leader (the first of its replica list) as soon as that one
+//!   acknowledged it. Otherwise it asks again after [`FORMATION_RETRY`]: while most of the
+//!   formation is down, the group waits.
 //! - **Recording** ([`record_while_running`], a task of every replica, acting while it leads):
 //!   a member whose copy the membership does not record yet (a group formed a moment ago, a
 //!   member that joined the formation from an empty log, a group written before identities
@@ -52,6 +54,13 @@ use crate::types::{NodeAddr, StorageId, TypeConfig};
 /// A forming replica that could not decide asks the formation again after this.
 pub const FORMATION_RETRY: Duration = Duration::from_millis(500);
 
+/// A forming replica watches for the first leader's hand-over to the preferred leader this long
+/// at most (the group's first election, the preferred leader's first acknowledgement)...
+const FIRST_LEADER_FOR: Duration = Duration::from_secs(3);
+
+/// ...looking again after this.
+const FIRST_LEADER_POLL: Duration = Duration::from_millis(50);
+
 /// A replica looks for unrecorded copies at least this often (a down member is asked again)...
 const RECORD_EVERY: Duration = Duration::from_secs(1);
 
@@ -83,12 +92,14 @@ pub enum Formation {
 }
 
 /// Form the group with `voters` (this node among them) where it exists nowhere yet, or join
-/// it (module docs, "Forming"). Returns once decided; `Err` once the replica stopped.
+/// it (module docs, "Forming"); when this node is `first_leader` and initialized the group,
+/// it campaigns at once. Returns once decided; `Err` once the replica stopped.
 pub(crate) async fn form(
     raft: ReplicaRaft,
     transport: Transport,
     group: GroupId,
     voters: BTreeMap<u64, NodeAddr>,
+    first_leader: Option<u64>,
 ) -> Result<Formation, RaftError> {
     let node = raft.metrics().borrow_watched().id;
     let stopped = |e: &dyn std::fmt::Display| RaftError::Invalid(format!("group {}: {e}", group.0));
@@ -122,7 +133,12 @@ pub(crate) async fn form(
         }
         if nothing_past_formation * 2 > voters.len() {
             return match raft.initialize(voters.clone()).await {
-                Ok(()) => Ok(Formation::Formed),
+                Ok(()) => {
+                    if let Some(preferred) = first_leader {
+                        hand_to_first_leader(&raft, group, preferred).await;
+                    }
+                    Ok(Formation::Formed)
+                }
                 // Another member's entries reached it meanwhile: formed.
                 Err(OpenRaftError::APIError(InitializeError::NotAllowed(_))) => Ok(Formation::Held),
                 Err(error) => Err(RaftError::Invalid(format!(
@@ -137,6 +153,43 @@ pub(crate) async fn form(
             tracing::info!(group = group.0, voters = ?voters.keys().collect::<Vec<_>>(), "forming the group waits until a majority of its voters answers");
         }
         tokio::time::sleep(FORMATION_RETRY).await;
+    }
+}
+
+/// Every forming replica campaigns as it initializes (openraft's `initialize` elects at once),
+/// so the first election goes to whichever asks first. The replica that wins hands the group to
+/// its preferred leader `preferred` as soon as that one has acknowledged it (a leadership
+/// transfer: one more election, a millisecond or two on a LAN), so a new group starts on its
+/// preferred leader whether leader balancing is on or not. Each forming replica watches for
+/// [`FIRST_LEADER_FOR`] at most, looking again every [`FIRST_LEADER_POLL`]; a hand-over that
+/// does not happen (the preferred leader down or slow) is left to leader balancing.
+async fn hand_to_first_leader(raft: &ReplicaRaft, group: GroupId, preferred: u64) {
+    let deadline = tokio::time::Instant::now() + FIRST_LEADER_FOR;
+    loop {
+        let (leader, leads) = {
+            let metrics = raft.metrics().borrow_watched().clone();
+            (
+                metrics.current_leader,
+                metrics.state.is_leader() && metrics.current_leader == Some(metrics.id),
+            )
+        };
+        if leader == Some(preferred) {
+            return;
+        }
+        if leads {
+            match super::membership::transfer_leader(raft, group.0, preferred).await {
+                Ok(true) => return,
+                Ok(false) => {}
+                Err(error) => {
+                    tracing::debug!(group = group.0, preferred, %error, "handing a new group to its preferred leader");
+                    return;
+                }
+            }
+        }
+        if tokio::time::Instant::now() + FIRST_LEADER_POLL > deadline {
+            return;
+        }
+        tokio::time::sleep(FIRST_LEADER_POLL).await;
     }
 }
 

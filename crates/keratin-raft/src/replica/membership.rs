@@ -223,18 +223,23 @@ impl Replica {
             self.transport.clone(),
             self.group,
             formation_members(voters),
+            None,
         )
         .await
     }
 
     /// [`Replica::form`] on a task of its own (it ends when decided or when the replica
-    /// stops); a failure is logged.
-    pub fn form_in_background(&self, voters: &BTreeMap<u64, String>) {
+    /// stops); a failure is logged. With `first_leader`, the replica that wins the group's
+    /// first election hands it to that node as soon as it acknowledged (`copies.rs`,
+    /// "Forming"): a new partition starts on its preferred leader without waiting for leader
+    /// balancing, which may be off.
+    pub fn form_in_background(&self, voters: &BTreeMap<u64, String>, first_leader: Option<u64>) {
         let forming = copies::form(
             self.raft.clone(),
             self.transport.clone(),
             self.group,
             formation_members(voters),
+            first_leader,
         );
         let group = self.group.0;
         tokio::spawn(async move {

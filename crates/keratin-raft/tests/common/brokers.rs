@@ -220,9 +220,16 @@ pub async fn publish_all(
     ids
 }
 
+/// A new group's first leader hands it to the preferred leader within this long (the
+/// replica's hand-over watches 3 s at most); a leader agreed on for longer is kept.
+const FIRST_HAND_OVER: Duration = Duration::from_secs(3);
+
 /// The node whose broker leads partition 0 of `queue` with every node that has the queue
-/// agreeing on it; waits up to `wait` for one. (Every replica initializes the group at once,
-/// so a first leader may be replaced within the first election rounds.)
+/// agreeing on it; waits up to `wait` for one. Every replica initializes a new group at once,
+/// so the first leader may be any of them, and it hands the group to the preferred leader
+/// right after: while the preferred leader is among the nodes asked, an agreed leader other
+/// than it is returned only once it has held for [`FIRST_HAND_OVER`] (a group whose
+/// preferred leader lost an election since keeps the one elected).
 pub async fn agreed_leader(
     nodes: &std::collections::BTreeMap<u64, BrokerNode>,
     queue: &str,
@@ -240,6 +247,7 @@ pub async fn agreed_leader_among(
     wait: Duration,
 ) -> u64 {
     let deadline = tokio::time::Instant::now() + wait;
+    let mut agreed_since: Option<(u64, tokio::time::Instant)> = None;
     loop {
         let infos: std::collections::BTreeMap<u64, _> = nodes
             .iter()
@@ -254,10 +262,16 @@ pub async fn agreed_leader_among(
             .filter(|(_, p)| p.leading)
             .map(|(id, _)| *id)
             .collect();
-        if let [id] = leading[..] {
-            if infos.values().all(|p| p.leader == Some(id)) {
-                return id;
-            }
+        let agreed = match leading[..] {
+            [id] if infos.values().all(|p| p.leader == Some(id)) => Some(id),
+            _ => None,
+        };
+        let preferred = infos
+            .values()
+            .find_map(|p| p.preferred_leader)
+            .filter(|p| ids.contains(p));
+        if let Some(id) = settled(agreed, preferred, &mut agreed_since) {
+            return id;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
@@ -265,6 +279,29 @@ pub async fn agreed_leader_among(
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// The leader to use once `agreed` (the leader every node asked agrees on, if any) is
+/// `preferred` (the group's preferred leader, when it is among the nodes asked) or has held for
+/// [`FIRST_HAND_OVER`]; `since` keeps the agreed leader and when it was first seen, between
+/// calls.
+pub fn settled(
+    agreed: Option<u64>,
+    preferred: Option<u64>,
+    since: &mut Option<(u64, tokio::time::Instant)>,
+) -> Option<u64> {
+    let now = tokio::time::Instant::now();
+    let Some(id) = agreed else {
+        *since = None;
+        return None;
+    };
+    let first_seen = match *since {
+        Some((held, first_seen)) if held == id => first_seen,
+        _ => now,
+    };
+    *since = Some((id, first_seen));
+    let keep = preferred.is_none_or(|p| p == id) || now - first_seen >= FIRST_HAND_OVER;
+    keep.then_some(id)
 }
 
 /// Declare `queue` (id `queue_id`, one partition on nodes 1, 2 and 3, replicas 3) on every
