@@ -269,8 +269,56 @@ function renderMemory(status) {
 
 // --- cluster ---------------------------------------------------------------------------------
 
-// On a cluster node the status carries every node's last report (its label): one banner per
-// node and file system, with the largest queues there, and one for its memory.
+// The worst level a node's last report names (its file systems and memory), or null unheard.
+function worstLevel(levels) {
+  if (!levels) return null;
+  const all = (Array.isArray(levels.filesystems) ? levels.filesystems : []).map((fs) => levelOf(fs.level));
+  if (levels.memory) all.push(levelOf(levels.memory.level));
+  return all.reduce((worst, level) => (LEVELS.indexOf(level) > LEVELS.indexOf(worst) ? level : worst), "normal");
+}
+
+function heardText(node) {
+  return isNumber(node.levels_age_ms) ? `${(node.levels_age_ms / 1000).toFixed(1)} s ago` : "not heard yet";
+}
+
+// One row per node: reachable or not from here, the partitions it leads against those it is
+// the preferred leader of, its worst level, where its clients and its dashboard are.
+function renderClusterNodes(cluster, nodes) {
+  const summary = document.getElementById("cluster-summary");
+  const parts = [];
+  if (cluster.name) parts.push(`Cluster ${cluster.name}, seen from node ${cluster.node_id ?? "?"}`);
+  if (isNumber(cluster.partitions)) parts.push(`${count(cluster.partitions)} partitions`);
+  if (isNumber(cluster.leaderless) && cluster.leaderless > 0) parts.push(`${count(cluster.leaderless)} with no known leader`);
+  summary.textContent = parts.join(" · ");
+  const rows = nodes.map((node) => {
+    const state = node.removed ? "removed" : node.reachable === false ? "unreachable" : "reachable";
+    const names = [`node ${node.id ?? "?"}`];
+    if (node.this_node) names.push("(this node)");
+    if (node.meta_leader) names.push("· metadata leader");
+    const worst = worstLevel(node.levels);
+    const admin = node.admin_addr && !node.this_node ? el("a", { href: `http://${node.admin_addr}/` }, node.admin_addr) : node.this_node ? "this page" : "–";
+    return el(
+      "tr",
+      { "data-node": String(node.id ?? "?"), "data-state": state },
+      el("td", { class: "name" }, names.join(" ")),
+      el("td", { class: `state state-${state}` }, state),
+      el("td", { class: "num", "data-leads": String(node.leads ?? 0) }, isNumber(node.leads) ? count(node.leads) : "–"),
+      el("td", { class: "num" }, isNumber(node.preferred) ? count(node.preferred) : "–"),
+      // An unreachable or removed node's level is its last report's: shown, but greyed.
+      worst
+        ? el("td", { "data-level": worst }, state === "reachable" ? el("span", { class: `badge level-${worst}` }, worst) : el("span", { class: "badge quiet" }, `${worst} when last heard`))
+        : el("td", {}, "–"),
+      el("td", { class: "name" }, node.client_addr ?? "–"),
+      el("td", {}, admin),
+      el("td", {}, node.this_node ? "now" : heardText(node)),
+    );
+  });
+  replace(document.querySelector("#cluster-nodes tbody"), ...rows);
+}
+
+// On a cluster node the status carries every node: an overview row each (above), then one
+// banner per node and file system as its label last reported them, with the largest queues
+// there, and one for its memory.
 function renderCluster(status) {
   const section = document.getElementById("cluster-section");
   const nodes = Array.isArray(status.cluster?.nodes) ? status.cluster.nodes : null;
@@ -279,6 +327,7 @@ function renderCluster(status) {
     return;
   }
   section.hidden = false;
+  renderClusterNodes(status.cluster, nodes);
   const cards = [];
   for (const node of nodes) {
     const heard = isNumber(node.levels_age_ms) ? `heard ${(node.levels_age_ms / 1000).toFixed(1)} s ago` : "not heard yet";

@@ -3,7 +3,8 @@
 //! plots (`history`, `top_queues`). With root and Debian's `chromium`: a broker whose 64 MiB
 //! tmpfs is past the soft level is loaded in headless Chromium, the rendered page shows the
 //! filesystem banner at that level, and a screenshot is kept as a test artifact
-//! (`$CARGO_TARGET_DIR/test-artifacts/dashboard.png`, or `target/` without the variable).
+//! (`$CARGO_TARGET_DIR/test-artifacts/dashboard.png`, or `target/` without the variable). A
+//! three-node cluster's overview, in the status document and on the page, with a node killed.
 
 mod support;
 
@@ -527,4 +528,162 @@ fn chromium_shows_the_soft_banner_of_a_filling_tmpfs() {
     );
     assert!(png.len() > 10_000, "a rendered page, not a blank one");
     eprintln!("dashboard screenshot: {}", screenshot.display());
+}
+
+/// Node `id`'s overview of the cluster (`cluster` of `GET /api/v1/status`): its nodes by id.
+fn overview_nodes(
+    cluster: &support::cluster::Cluster,
+    id: u64,
+) -> std::collections::BTreeMap<u64, serde_json::Value> {
+    let doc = status(cluster.nodes[&id].http);
+    doc["cluster"]["nodes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no cluster.nodes in node {id}'s status: {doc}"))
+        .iter()
+        .map(|n| (n["id"].as_u64().expect("a node id"), n.clone()))
+        .collect()
+}
+
+/// The dashboard of a cluster node shows every node: three nodes, a queue of 3 partitions led
+/// by 3 different nodes; node 1's status names each node reachable, leading one partition and
+/// preferred for one. Node 3 killed: node 1 shows it unreachable, leading nothing, and the 3
+/// partitions led by nodes 1 and 2. With root and Chromium, the rendered page has a row per
+/// node with those states and counts (screenshot `dashboard-cluster.png` beside the other).
+/// Fails if a node is missing, a count is wrong, or a dead node shows as reachable.
+#[test]
+fn the_dashboard_of_a_cluster_node_shows_every_node_and_what_it_leads() {
+    use support::cluster::{spread, Cluster};
+
+    let mut cluster = Cluster::start();
+    cluster.cli_until_ok(
+        1,
+        &[
+            "queue",
+            "declare",
+            "z",
+            "--replicas",
+            "3",
+            "--partitions",
+            "3",
+        ],
+        Duration::from_secs(30),
+    );
+    cluster.wait_leaders("z", "leaders spread", Duration::from_secs(30), spread);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let nodes = overview_nodes(&cluster, 1);
+        let settled = nodes.len() == 3
+            && nodes.values().all(|n| {
+                n["reachable"] == true
+                    && n["removed"] == false
+                    && n["leads"] == 1
+                    && n["preferred"] == 1
+                    && n["client_addr"].is_string()
+                    && n["admin_addr"].is_string()
+            });
+        if settled {
+            assert_eq!(nodes[&1]["this_node"], true);
+            assert_eq!(nodes[&2]["this_node"], false);
+            assert_eq!(nodes[&2]["admin_addr"], cluster.nodes[&2].http.to_string());
+            assert_eq!(
+                nodes.values().filter(|n| n["meta_leader"] == true).count(),
+                1,
+                "one metadata leader: {nodes:?}"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node 1's overview never showed 3 reachable nodes leading one partition each: {nodes:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    cluster.kill9(3);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let doc = status(cluster.nodes[&1].http);
+        let nodes = overview_nodes(&cluster, 1);
+        let settled = nodes[&3]["reachable"] == false
+            && nodes[&3]["leads"] == 0
+            && nodes[&1]["leads"].as_u64().unwrap_or(0) + nodes[&2]["leads"].as_u64().unwrap_or(0)
+                == 3
+            && doc["cluster"]["leaderless"] == 0;
+        if settled {
+            assert_eq!(
+                nodes[&3]["preferred"], 1,
+                "node 3 is still preferred for one"
+            );
+            assert_eq!(doc["cluster"]["partitions"], 3, "{doc}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node 1 never showed node 3 unreachable with its partition led elsewhere: {doc}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    let test = "the_dashboard_of_a_cluster_node_shows_every_node_and_what_it_leads (its page)";
+    if !privileged(test) {
+        return;
+    }
+    let Some(chromium) = find_chromium() else {
+        if std::env::var("KERATIN_REQUIRE_PRIVILEGED_TESTS").as_deref() == Ok("1") {
+            panic!(
+                "chromium is not installed and KERATIN_REQUIRE_PRIVILEGED_TESTS=1 forbids \
+                 skipping; install it with `apt-get install -y chromium`"
+            );
+        }
+        eprintln!(
+            "!!! SKIPPING {test}: no `chromium` on PATH; install it with `apt-get install -y \
+             chromium`"
+        );
+        return;
+    };
+    let url = format!("http://{}/", cluster.nodes[&1].http);
+    let dom = run_chromium(&chromium, &url, &["--dump-dom".to_string()]);
+    assert_eq!(
+        attribute_of(&dom, "cluster-section", "hidden"),
+        None,
+        "the cluster section shows: {dom}"
+    );
+    let row = |id: u64| -> &str {
+        let start = dom
+            .find(&format!("<tr data-node=\"{id}\""))
+            .unwrap_or_else(|| panic!("no row for node {id}: {dom}"));
+        let end = start + dom[start..].find("</tr>").expect("the row ends");
+        &dom[start..end]
+    };
+    assert!(row(1).contains("data-state=\"reachable\""), "{}", row(1));
+    assert!(row(1).contains("(this node)"), "{}", row(1));
+    assert!(row(2).contains("data-state=\"reachable\""), "{}", row(2));
+    assert!(row(3).contains("data-state=\"unreachable\""), "{}", row(3));
+    assert!(row(3).contains("data-leads=\"0\""), "{}", row(3));
+    let leads = |id: u64| -> u64 {
+        let row = row(id);
+        let at = row.find("data-leads=\"").expect("a leads cell") + "data-leads=\"".len();
+        row[at..at + row[at..].find('"').expect("quoted")]
+            .parse()
+            .expect("a count")
+    };
+    assert_eq!(leads(1) + leads(2), 3, "{}\n{}", row(1), row(2));
+
+    let dir = artifacts_dir();
+    std::fs::create_dir_all(&dir).expect("artifacts dir");
+    let screenshot = dir.join("dashboard-cluster.png");
+    let _ = std::fs::remove_file(&screenshot);
+    run_chromium(
+        &chromium,
+        &url,
+        &[
+            format!("--screenshot={}", screenshot.display()),
+            "--window-size=1280,1400".to_string(),
+        ],
+    );
+    assert!(
+        screenshot.is_file(),
+        "no screenshot at {}",
+        screenshot.display()
+    );
 }

@@ -10,8 +10,8 @@ pub(crate) mod streams;
 mod tls_listener;
 mod users;
 
+use std::collections::BTreeMap;
 use std::future::Future;
-
 use std::sync::Arc;
 
 use axum::extract::{FromRef, Path, Query, State};
@@ -267,8 +267,11 @@ async fn status(State(admin): State<Admin>) -> Json<Value> {
         "partitions": pair(bounds.partitions),
         "consumers": pair(bounds.consumers),
     });
-    // In a cluster: every node's file systems and memory as their labels last reported.
-    if let Some(levels) = admin.limits.cluster_levels() {
+    // In a cluster: every node as this one sees it (reachable, the partitions it leads, its
+    // file systems and memory as its label last reported them).
+    if let Some(cluster) = &admin.cluster {
+        document["cluster"] = cluster_overview(&admin, cluster).await;
+    } else if let Some(levels) = admin.limits.cluster_levels() {
         let nodes: Vec<Value> = levels
             .all()
             .into_iter()
@@ -283,6 +286,69 @@ async fn status(State(admin): State<Admin>) -> Json<Value> {
         document["cluster"] = json!({ "nodes": nodes });
     }
     Json(document)
+}
+
+/// The cluster part of `GET /api/v1/status` (`docs/protocol.md`, "Status"): each node with its
+/// addresses, whether it is reachable from here, removed or the metadata leader, its resource
+/// report, and `leads` / `preferred`: how many of the partitions this node knows of (queue and
+/// stream partitions) it leads, as this node last heard, and how many it is the preferred
+/// leader of (queue partitions; a stream's are not placed by preference yet). `partitions` is
+/// the number of partitions counted and `leaderless` those with no leader known here.
+async fn cluster_overview(admin: &Admin, cluster: &keratin_cluster::ClusterNode) -> Value {
+    let status = cluster.status().await;
+    let here = status.node_id;
+    let mut leads: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut preferred: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut partitions = 0u64;
+    let mut leaderless = 0u64;
+    let mut count = |leading: bool, leader: Option<u64>| {
+        partitions += 1;
+        match if leading { Some(here) } else { leader } {
+            Some(id) => *leads.entry(id).or_default() += 1,
+            None => leaderless += 1,
+        }
+    };
+    for queue in admin.broker.list() {
+        for p in &queue.partitions {
+            count(p.leading, p.leader);
+            if let Some(id) = p.preferred_leader {
+                *preferred.entry(id).or_default() += 1;
+            }
+        }
+    }
+    for stream in admin.broker.list_streams() {
+        for p in &stream.partitions {
+            count(p.leading, p.leader);
+        }
+    }
+    let nodes: Vec<Value> = status
+        .nodes
+        .iter()
+        .map(|node| {
+            json!({
+                "id": node.id,
+                "this_node": node.id == here,
+                "cluster_addr": node.cluster_addr,
+                "client_addr": node.info.as_ref().map(|info| &info.client),
+                "admin_addr": node.info.as_ref().map(|info| &info.admin),
+                "reachable": node.reachable,
+                "removed": node.removed,
+                "meta_leader": node.meta_leader,
+                "leads": leads.get(&node.id).copied().unwrap_or(0),
+                "preferred": preferred.get(&node.id).copied().unwrap_or(0),
+                "levels": node.levels,
+                "levels_age_ms": node.levels_age_ms,
+            })
+        })
+        .collect();
+    json!({
+        "name": status.name,
+        "node_id": here,
+        "meta_leader": status.meta_leader,
+        "partitions": partitions,
+        "leaderless": leaderless,
+        "nodes": nodes,
+    })
 }
 
 async fn metrics(State(admin): State<Admin>) -> Response {
