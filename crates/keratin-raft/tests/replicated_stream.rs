@@ -9,6 +9,10 @@
 //! append) and stores new ones after it, and the remaining follower reads them all. It fails
 //! if a stored message is lost, moved or stored twice, if a checkpoint does not match on a
 //! follower (it stops), or if no leader emerges within the bounds.
+//!
+//! A follower started again reports the partition's start and message count as the leader
+//! does before it applies anything new, on a whole stream and on one whose retention removed
+//! its first segments.
 
 mod common;
 
@@ -39,20 +43,27 @@ struct Node {
     partition: StreamPartition,
 }
 
-fn config() -> StreamPartitionConfig {
+fn config(settings: StreamSettings) -> StreamPartitionConfig {
     StreamPartitionConfig {
         stream: "events".into(),
         index: 0,
         dir: "stream-0".into(),
         device: 1,
         segment_bytes: MIN_SEGMENT_SIZE_BYTES,
-        settings: StreamSettings::default(),
+        settings,
         retention_as_written: false,
     }
 }
 
 async fn start(net: &mut common::tcp::Loopback, id: u64) -> Node {
-    let listener = net.listeners.remove(&id).expect("a listener");
+    start_with(net, id, StreamSettings::default()).await
+}
+
+async fn start_with(net: &mut common::tcp::Loopback, id: u64, settings: StreamSettings) -> Node {
+    let listener = match net.listeners.remove(&id) {
+        Some(listener) => listener,
+        None => net.rebind(id).await,
+    };
     let cluster = net.cluster(id);
     let (transport, groups) = transport(listener, cluster.clone());
     let logs = Arc::new(replicated_logs(
@@ -73,7 +84,7 @@ async fn start(net: &mut common::tcp::Loopback, id: u64) -> Node {
         .await
         .expect("open task")
         .expect("the partition log opens");
-    let partition = StreamPartition::open(log, Arc::new(OpenGate), config())
+    let partition = StreamPartition::open(log, Arc::new(OpenGate), config(settings))
         .await
         .expect("the stream partition opens");
     Node {
@@ -91,22 +102,28 @@ async fn stop(node: Node) {
     node.transport.shutdown();
 }
 
-/// The one node that leads, once the others agree.
+/// The one node that leads, once the others agree and the group's first leader handed it to
+/// the preferred leader, node 1 (the first of the replica list), when node 1 is asked
+/// (`common::brokers::settled`).
 async fn leader(nodes: &BTreeMap<u64, Node>) -> u64 {
     let deadline = tokio::time::Instant::now() + WAIT;
+    let preferred = nodes.contains_key(&1).then_some(1);
+    let mut since = None;
     loop {
         let leading: Vec<u64> = nodes
             .iter()
             .filter(|(_, node)| node.partition.figures().leading)
             .map(|(id, _)| *id)
             .collect();
-        if let [id] = leading[..] {
-            let agreed = nodes
+        let agreed = match leading[..] {
+            [id] => nodes
                 .iter()
-                .all(|(other, node)| *other == id || node.partition.figures().leader == Some(id));
-            if agreed {
-                return id;
-            }
+                .all(|(other, node)| *other == id || node.partition.figures().leader == Some(id))
+                .then_some(id),
+            _ => None,
+        };
+        if let Some(id) = common::brokers::settled(agreed, preferred, &mut since) {
+            return id;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
@@ -237,6 +254,139 @@ async fn a_replicated_stream_partition_serves_from_its_leader_and_survives_its_l
         );
         assert!(!node.partition.figures().stopped, "node {id}");
     }
+    for node in nodes.into_values() {
+        stop(node).await;
+    }
+}
+
+/// A follower started again reports the partition's start (the offset of its first message)
+/// and its message count as the leader does, before it applies anything new: the log holds
+/// entries of its own (a membership, the leader's first entry) below the first message, so
+/// neither 0 nor the log's start is the answer. Fails if a node's figures differ from the
+/// leader's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restarted_follower_reports_the_start_and_count_the_leader_does() {
+    const COUNT: u64 = 20;
+    let mut net = common::tcp::three_nodes().await;
+    let mut nodes = BTreeMap::new();
+    for id in 1..=3 {
+        nodes.insert(id, start(&mut net, id).await);
+    }
+    let leader_id = leader(&nodes).await;
+    let offsets = append(&nodes[&leader_id].partition, 1, COUNT).await;
+    let first = offsets[0];
+    let end = offsets.last().expect("offsets") + 1;
+    assert!(first > 0, "the log holds entries below the first message");
+    for (id, node) in &nodes {
+        read_all(node, end).await;
+        let figures = node.partition.figures();
+        assert_eq!(
+            (figures.start, figures.messages),
+            (first, COUNT),
+            "node {id}"
+        );
+    }
+
+    let follower = *nodes
+        .keys()
+        .find(|id| **id != leader_id)
+        .expect("a follower");
+    stop(nodes.remove(&follower).expect("the follower")).await;
+    let again = start(&mut net, follower).await;
+    let mut watch = again.partition.watch_end();
+    tokio::time::timeout(WAIT, watch.wait_for(|at| *at >= end))
+        .await
+        .unwrap_or_else(|_| panic!("the restarted follower is at {end} in {WAIT:?}"))
+        .expect("the partition runs");
+    let figures = again.partition.figures();
+    assert_eq!(
+        (figures.start, figures.messages, figures.end),
+        (first, COUNT, end),
+        "the restarted follower"
+    );
+    nodes.insert(follower, again);
+    for node in nodes.into_values() {
+        stop(node).await;
+    }
+}
+
+/// As above on a stream whose retention removed its first segments (most 256 KiB): a
+/// follower started again counts the messages held, not every message ever applied, and starts
+/// where the leader does. Fails if its start or count differs from the leader's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restarted_follower_of_a_trimmed_stream_reports_the_start_and_count_the_leader_does() {
+    const COUNT: u64 = 300;
+    let settings = StreamSettings {
+        max_bytes: Some(MIN_SEGMENT_SIZE_BYTES),
+        ..StreamSettings::default()
+    };
+    let mut net = common::tcp::three_nodes().await;
+    let mut nodes = BTreeMap::new();
+    for id in 1..=3 {
+        nodes.insert(id, start_with(&mut net, id, settings).await);
+    }
+    let leader_id = leader(&nodes).await;
+    let offsets = append(&nodes[&leader_id].partition, 1, COUNT).await;
+    let end = offsets.last().expect("offsets") + 1;
+    // Every replica trims its own copy (the broker's timer asks each): once all applied
+    // everything, each runs a pass; then they agree.
+    for node in nodes.values() {
+        read_all(node, end).await;
+        node.partition
+            .retention(2_000)
+            .await
+            .expect("a retention pass")
+            .expect("it removes segments");
+    }
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let held = loop {
+        let figures: Vec<(u64, u64)> = nodes
+            .values()
+            .map(|node| {
+                let f = node.partition.figures();
+                (f.start, f.messages)
+            })
+            .collect();
+        let leaders = nodes[&leader_id].partition.figures();
+        if leaders.end >= end
+            && leaders.start > offsets[0]
+            && figures
+                .iter()
+                .all(|f| *f == (leaders.start, leaders.messages))
+        {
+            break (leaders.start, leaders.messages);
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the replicas never trimmed alike: {figures:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(held.1 < COUNT, "retention removed messages: {held:?}");
+    assert_eq!(
+        offsets.iter().filter(|o| **o >= held.0).count() as u64,
+        held.1,
+        "the count is what lies from the start"
+    );
+
+    let follower = *nodes
+        .keys()
+        .find(|id| **id != leader_id)
+        .expect("a follower");
+    stop(nodes.remove(&follower).expect("the follower")).await;
+    let again = start_with(&mut net, follower, settings).await;
+    let mut watch = again.partition.watch_end();
+    tokio::time::timeout(WAIT, watch.wait_for(|at| *at >= end))
+        .await
+        .unwrap_or_else(|_| panic!("the restarted follower is at {end} in {WAIT:?}"))
+        .expect("the partition runs");
+    let figures = again.partition.figures();
+    assert_eq!(
+        (figures.start, figures.messages),
+        held,
+        "the restarted follower"
+    );
+    nodes.insert(follower, again);
     for node in nodes.into_values() {
         stop(node).await;
     }
