@@ -68,6 +68,46 @@ impl std::fmt::Debug for MetaGroup {
     }
 }
 
+/// The metadata group's logs in `dir` (blocking). A copy whose logs report damage as they
+/// open (data reported durable does not read back) is moved to
+/// `<storage>/damaged/cluster-meta-<unix ms>` when the group has `copies_elsewhere`, and an
+/// empty copy takes its place: a new storage identity, which the group's leader replaces and
+/// rebuilds from the others as it does a wiped node's (`keratin_raft::replica`, "copies.rs").
+/// Without other copies the damage stops the start, naming the directory.
+fn open_meta_logs(
+    io: Arc<dyn Io>,
+    dir: &Path,
+    options: LogOptions,
+    pool: SegmentPool,
+    copies_elsewhere: bool,
+) -> Result<GroupLogs, String> {
+    let opened = GroupLogs::open(io.clone(), dir, options.clone(), Some(pool.clone()));
+    let error = match opened {
+        Ok(logs) => return Ok(logs),
+        Err(error) if error.is_damage() && copies_elsewhere => error,
+        Err(error) => return Err(format!("opening the metadata group's logs: {error}")),
+    };
+    let storage = dir.parent().ok_or("the metadata directory has no parent")?;
+    let aside =
+        keratin_raft::partition_log::set_aside_damaged(io.as_ref(), dir, storage, "cluster-meta")
+            .map_err(|e| {
+            format!(
+            "opening the metadata group's logs: {error}; moving the damaged copy aside failed: {e}"
+        )
+        })?;
+    tracing::error!(
+        %error,
+        moved_to = %aside.display(),
+        "this node's copy of the cluster metadata is damaged: it was moved aside, and an empty \
+         copy takes its place, rebuilt from the other nodes (remove the moved copy once the \
+         node is back in the cluster)"
+    );
+    io.create_dir_all(dir)
+        .map_err(|e| format!("create {}: {e}", dir.display()))?;
+    GroupLogs::open(io, dir, options, Some(pool))
+        .map_err(|e| format!("opening the metadata group's new copy: {e}"))
+}
+
 impl MetaGroup {
     /// Open (or create) the group's logs under `dir`, start this node's replica and form the
     /// group with `voters` (node id to cluster address) in the background if it exists nowhere
@@ -94,11 +134,15 @@ impl MetaGroup {
             ..LogOptions::default()
         };
         let dir = dir.to_path_buf();
-        let logs =
-            tokio::task::spawn_blocking(move || GroupLogs::open(io, &dir, options, Some(pool)))
-                .await
-                .map_err(|e| format!("opening the metadata group's logs: {e}"))?
-                .map_err(|e| format!("opening the metadata group's logs: {e}"))?;
+        // Other copies exist when this node forms the group with others, or joins it.
+        let copies_elsewhere = voters
+            .as_ref()
+            .is_none_or(|voters| voters.keys().any(|id| *id != node_id));
+        let logs = tokio::task::spawn_blocking(move || {
+            open_meta_logs(io, &dir, options, pool, copies_elsewhere)
+        })
+        .await
+        .map_err(|e| format!("opening the metadata group's logs: {e}"))??;
         let config =
             keratin_raft::replica::replica_config(cluster_name).map_err(|e| e.to_string())?;
         let replica = Replica::start(node_id, META_GROUP, logs, config, transport.clone(), groups)

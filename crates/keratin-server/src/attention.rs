@@ -66,6 +66,11 @@ pub enum AttentionKind {
     /// had not read (subject: `stream/cursor`). Cleared once the cursor is committed at or past
     /// the start, or goes. Raised by the sampler (`limits/cursors.rs`).
     CursorBehindRetention,
+    /// Copies (of partitions, of the cluster metadata) found damaged at start were moved
+    /// aside under a storage directory's `damaged/` and rebuilt from their other replicas
+    /// (subject: that `damaged/` directory). Cleared once the operator emptied it. Raised by
+    /// the sampler (`limits/damaged.rs`).
+    DamagedCopies,
 }
 
 impl AttentionKind {
@@ -83,6 +88,7 @@ impl AttentionKind {
             AttentionKind::NodeLimited => "node_limited",
             AttentionKind::DiskFilling => "disk_filling",
             AttentionKind::CursorBehindRetention => "cursor_behind_retention",
+            AttentionKind::DamagedCopies => "damaged_copies",
         }
     }
 }

@@ -28,6 +28,7 @@ use tokio::sync::{watch, Notify};
 use crate::attention::{Attention, AttentionKind, Raise, Severity};
 
 mod cursors;
+mod damaged;
 mod filling;
 mod replicas;
 
@@ -98,6 +99,10 @@ pub struct NodeLimits {
     full_queues: Mutex<BTreeSet<String>>,
     /// Stream cursors (`stream/cursor`) behind their partitions' start, as last raised.
     cursors_behind: Mutex<BTreeSet<String>>,
+    /// The storage directories, as configured (each may hold a `damaged/` directory).
+    storage_dirs: Vec<PathBuf>,
+    /// Each `damaged/` directory's entries at the last sample, those with any (`damaged.rs`).
+    damaged: Mutex<BTreeMap<PathBuf, Vec<String>>>,
     /// Recent free space per file system, for the dashboard's plot.
     history: FreeSpaceHistory,
     /// Each partition log's stop figures at the last sample, by directory.
@@ -190,6 +195,8 @@ impl NodeLimits {
             attention,
             full_queues: Mutex::new(BTreeSet::new()),
             cursors_behind: Mutex::new(BTreeSet::new()),
+            storage_dirs: dirs.to_vec(),
+            damaged: Mutex::new(BTreeMap::new()),
             history: FreeSpaceHistory::new(),
             stopped_logs: Mutex::new(BTreeMap::new()),
             dead_letter_failures: Mutex::new(BTreeMap::new()),
@@ -265,6 +272,7 @@ impl NodeLimits {
         self.attention.retry_save();
         self.check_full_queues();
         self.check_cursors_behind();
+        self.check_damaged_copies();
         self.check_stopped_logs();
         self.check_dead_letter_failures(now_ms());
         let max_bytes = self.max_bytes.load(Ordering::Relaxed);

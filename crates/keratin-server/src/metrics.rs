@@ -25,6 +25,11 @@ struct FsLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PathLabels {
+    path: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct NodeResourceLabels {
     node: String,
     resource: String,
@@ -149,6 +154,18 @@ pub fn render(broker: &Broker, limits: &NodeLimits, access: &crate::access::Acce
         set(&spare.get_or_create(&labels), fs.spare_bytes);
     }
     register_time_to_full(&mut registry, limits, &snapshot);
+    let damaged = gauge_family::<PathLabels>(
+        &mut registry,
+        "damaged_copies",
+        "Copies (of partitions, of the cluster metadata) found damaged at start and moved aside into this damaged/ directory \
+         (rebuilt from their other replicas; the operator removes them)",
+    );
+    for (dir, copies) in limits.damaged_copies() {
+        let labels = PathLabels {
+            path: dir.display().to_string(),
+        };
+        set(&damaged.get_or_create(&labels), copies as u64);
+    }
     gauge(
         &mut registry,
         "memory_resident_bytes",

@@ -188,3 +188,50 @@ async fn a_stopped_log_raises_attention_and_its_heal_clears_it() {
     node.shutdown().await.expect("shutdown");
     result.expect("checks");
 }
+
+/// A partition copy found damaged at start is moved under `<storage>/damaged/` (`keratin-raft`,
+/// tested there): the node raises `damaged_copies` naming the copy and what to do, and counts
+/// it in `keratin_damaged_copies{path}`; once the operator removed it, the item clears and the
+/// series goes. A node started with a copy already set aside (a restart after the move) raises
+/// it too. Fails if the item or the series is missing, or stays after the removal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_copy_set_aside_raises_attention_until_it_is_removed() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let config = common::node_config(dir.path());
+    let damaged = config.storage.dirs[0].join("damaged");
+    let copy = damaged.join("queues-7-0-1700000000000");
+    std::fs::create_dir_all(&copy).expect("a damaged copy");
+    std::fs::write(copy.join("00000000000000000000.log"), b"bytes").expect("its file");
+    let node = Node::start(&config).await.expect("start");
+    let http = node.http_addr();
+    let subject = damaged.display().to_string();
+    let active = {
+        let subject = subject.clone();
+        move || {
+            let (_, doc) = common::http(http, "GET", "/api/v1/attention");
+            doc["items"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .find(|i| i["kind"] == "damaged_copies" && i["subject"] == subject.as_str())
+                .filter(|i| i["active"] == true)
+        }
+    };
+    let item = common::until("damaged_copies is raised", &active).await;
+    assert_eq!(item["severity"], "warning", "{item}");
+    let message = item["message"].as_str().expect("a message");
+    assert!(
+        message.contains("queues-7-0-1700000000000") && message.contains("remove them"),
+        "{message}"
+    );
+    let series = format!("keratin_damaged_copies{{path=\"{subject}\"}} 1");
+    let (_, metrics) = get(http, "/metrics");
+    assert!(metrics.contains(&series), "{series} in {metrics}");
+
+    std::fs::remove_dir_all(&copy).expect("the operator removes the copy");
+    common::until("damaged_copies clears", || active().is_none().then_some(())).await;
+    let (_, metrics) = get(http, "/metrics");
+    assert!(!metrics.contains("keratin_damaged_copies{"), "{metrics}");
+    node.shutdown().await.expect("shutdown");
+}

@@ -54,7 +54,7 @@ mod replication;
 mod submit;
 
 use forward::forward;
-pub use provider::{ReplicatedLogs, ReplicatedLogsSetup};
+pub use provider::{set_aside_damaged, ReplicatedLogs, ReplicatedLogsSetup, DAMAGED_DIR_NAME};
 use reader::ReplicatedReader;
 use replication::LeaderlessClock;
 use submit::{submit, Answers, Submission};

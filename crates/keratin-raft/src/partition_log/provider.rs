@@ -351,9 +351,8 @@ impl ReplicatedLogs {
 pub const DAMAGED_DIR_NAME: &str = "damaged";
 
 /// Move the damaged copy in `place.dir` (`<storage>/queues|streams/<id>/<index>`) to
-/// `<storage>/damaged/<queues|streams>-<id>-<index>-<unix ms>`, out of the way of the node's
-/// queue and stream directories; where it went. Nothing is deleted: an operator may still read
-/// it (blocking).
+/// `<storage>/damaged/<queues|streams>-<id>-<index>-<unix ms>` ([`set_aside_damaged`]); where
+/// it went (blocking).
 fn set_aside(place: &PartitionPlace) -> Result<std::path::PathBuf, String> {
     let index_dir = &place.dir;
     let id_dir = index_dir.parent().ok_or("no queue directory")?;
@@ -374,19 +373,36 @@ fn set_aside(place: &PartitionPlace) -> Result<std::path::PathBuf, String> {
             .map(|name| name.to_string_lossy().into_owned())
             .unwrap_or_default()
     };
+    set_aside_damaged(
+        place.io.as_ref(),
+        index_dir,
+        storage,
+        &format!("{kind}-{}-{}", name(id_dir), name(index_dir)),
+    )
+}
+
+/// Move the damaged copy in `dir` to `<storage>/damaged/<label>-<unix ms>`, out of the way of
+/// the node's data, and sync both parents; where it went. Nothing is deleted: an operator may
+/// still read it, and removes it (the node shows it until then). The caller opens an empty copy
+/// in `dir`, which the group replaces and rebuilds from its other replicas like a wiped one
+/// (blocking).
+pub fn set_aside_damaged(
+    io: &dyn keratin_log::Io,
+    dir: &std::path::Path,
+    storage: &std::path::Path,
+    label: &str,
+) -> Result<std::path::PathBuf, String> {
+    let parent = dir
+        .parent()
+        .ok_or("the damaged copy has no parent directory")?;
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |since| since.as_millis());
     let damaged = storage.join(DAMAGED_DIR_NAME);
-    let aside = damaged.join(format!(
-        "{kind}-{}-{}-{now_ms}",
-        name(id_dir),
-        name(index_dir)
-    ));
-    let io = place.io.as_ref();
+    let aside = damaged.join(format!("{label}-{now_ms}"));
     io.create_dir_all(&damaged).map_err(|e| e.to_string())?;
-    io.rename(index_dir, &aside).map_err(|e| e.to_string())?;
-    io.sync_dir(id_dir).map_err(|e| e.to_string())?;
+    io.rename(dir, &aside).map_err(|e| e.to_string())?;
+    io.sync_dir(parent).map_err(|e| e.to_string())?;
     io.sync_dir(&damaged).map_err(|e| e.to_string())?;
     Ok(aside)
 }
@@ -429,8 +445,7 @@ impl PartitionLogs for ReplicatedLogs {
             .map_err(|e| BrokerError::Invalid(e.to_string()))?;
         let opening = self.opening(place)?;
         // Every replica of the formation forms the group at once (`copies.rs`, "Forming");
-        // the first to campaign leads, and the cluster's leader balancing hands the group to
-        // its preferred leader once that one is caught up.
+        // the first to campaign leads and hands the group to its preferred leader.
         let handle = tokio::runtime::Handle::try_current().map_err(|e| {
             BrokerError::Invalid(format!("replicated logs open inside a tokio runtime: {e}"))
         })?;
