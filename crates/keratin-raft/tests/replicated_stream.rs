@@ -259,6 +259,26 @@ async fn a_replicated_stream_partition_serves_from_its_leader_and_survives_its_l
     }
 }
 
+/// Stop a follower of `leader` (taken out of `nodes`), start it again with `settings`, and
+/// wait until it applied up to `end`; its id and the node.
+async fn restart_a_follower(
+    net: &mut common::tcp::Loopback,
+    nodes: &mut BTreeMap<u64, Node>,
+    leader: u64,
+    settings: StreamSettings,
+    end: u64,
+) -> (u64, Node) {
+    let follower = *nodes.keys().find(|id| **id != leader).expect("a follower");
+    stop(nodes.remove(&follower).expect("the follower")).await;
+    let again = start_with(net, follower, settings).await;
+    let mut watch = again.partition.watch_end();
+    tokio::time::timeout(WAIT, watch.wait_for(|at| *at >= end))
+        .await
+        .unwrap_or_else(|_| panic!("the restarted follower is at {end} in {WAIT:?}"))
+        .expect("the partition runs");
+    (follower, again)
+}
+
 /// A follower started again reports the partition's start (the offset of its first message)
 /// and its message count as the leader does, before it applies anything new: the log holds
 /// entries of its own (a membership, the leader's first entry) below the first message, so
@@ -287,17 +307,14 @@ async fn a_restarted_follower_reports_the_start_and_count_the_leader_does() {
         );
     }
 
-    let follower = *nodes
-        .keys()
-        .find(|id| **id != leader_id)
-        .expect("a follower");
-    stop(nodes.remove(&follower).expect("the follower")).await;
-    let again = start(&mut net, follower).await;
-    let mut watch = again.partition.watch_end();
-    tokio::time::timeout(WAIT, watch.wait_for(|at| *at >= end))
-        .await
-        .unwrap_or_else(|_| panic!("the restarted follower is at {end} in {WAIT:?}"))
-        .expect("the partition runs");
+    let (follower, again) = restart_a_follower(
+        &mut net,
+        &mut nodes,
+        leader_id,
+        StreamSettings::default(),
+        end,
+    )
+    .await;
     let figures = again.partition.figures();
     assert_eq!(
         (figures.start, figures.messages, figures.end),
@@ -369,17 +386,8 @@ async fn a_restarted_follower_of_a_trimmed_stream_reports_the_start_and_count_th
         "the count is what lies from the start"
     );
 
-    let follower = *nodes
-        .keys()
-        .find(|id| **id != leader_id)
-        .expect("a follower");
-    stop(nodes.remove(&follower).expect("the follower")).await;
-    let again = start_with(&mut net, follower, settings).await;
-    let mut watch = again.partition.watch_end();
-    tokio::time::timeout(WAIT, watch.wait_for(|at| *at >= end))
-        .await
-        .unwrap_or_else(|_| panic!("the restarted follower is at {end} in {WAIT:?}"))
-        .expect("the partition runs");
+    let (follower, again) =
+        restart_a_follower(&mut net, &mut nodes, leader_id, settings, end).await;
     let figures = again.partition.figures();
     assert_eq!(
         (figures.start, figures.messages),

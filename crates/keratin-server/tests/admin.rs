@@ -205,19 +205,7 @@ async fn a_damaged_copy_set_aside_raises_attention_until_it_is_removed() {
     let node = Node::start(&config).await.expect("start");
     let http = node.http_addr();
     let subject = damaged.display().to_string();
-    let active = {
-        let subject = subject.clone();
-        move || {
-            let (_, doc) = common::http(http, "GET", "/api/v1/attention");
-            doc["items"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-                .into_iter()
-                .find(|i| i["kind"] == "damaged_copies" && i["subject"] == subject.as_str())
-                .filter(|i| i["active"] == true)
-        }
-    };
+    let active = || common::active_item(http, "damaged_copies", &subject);
     let item = common::until("damaged_copies is raised", &active).await;
     assert_eq!(item["severity"], "warning", "{item}");
     let message = item["message"].as_str().expect("a message");

@@ -411,15 +411,7 @@ async fn metrics_and_the_cursor_behind_retention_item() {
     ] {
         assert!(start.contains(series), "{series} in {start}");
     }
-    let active = |kind: &str| {
-        let (_, doc) = common::http(http, "GET", "/api/v1/attention");
-        doc["items"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default()
-            .into_iter()
-            .find(|i| i["kind"] == kind && i["subject"] == "s/slow" && i["active"] == true)
-    };
+    let active = |kind: &str| common::active_item(http, kind, "s/slow");
     let item = common::until("cursor_behind_retention is raised", || {
         active("cursor_behind_retention")
     })

@@ -230,6 +230,29 @@ fn find_chromium() -> Option<PathBuf> {
         .find(|candidate| candidate.is_file())
 }
 
+/// Debian's Chromium for the browser part of `test`, or `None` after saying loudly why that
+/// part is skipped (not root, or no `chromium`); with `KERATIN_REQUIRE_PRIVILEGED_TESTS=1` a
+/// missing `chromium` fails the test instead.
+fn chromium_for(test: &str) -> Option<PathBuf> {
+    if !privileged(test) {
+        return None;
+    }
+    let chromium = find_chromium();
+    if chromium.is_none() {
+        if std::env::var("KERATIN_REQUIRE_PRIVILEGED_TESTS").as_deref() == Ok("1") {
+            panic!(
+                "chromium is not installed and KERATIN_REQUIRE_PRIVILEGED_TESTS=1 forbids \
+                 skipping; install it with `apt-get install -y chromium`"
+            );
+        }
+        eprintln!(
+            "!!! SKIPPING {test}: no `chromium` on PATH; install it with `apt-get install -y \
+             chromium`"
+        );
+    }
+    chromium
+}
+
 /// Run headless Chromium on `url` with `args`, in its own process group with a throw-away
 /// profile; kill the group if it outlives [`CHROMIUM_TIMEOUT`]. Returns its stdout.
 fn run_chromium(chromium: &Path, url: &str, args: &[String]) -> String {
@@ -294,20 +317,8 @@ fn run_chromium(chromium: &Path, url: &str, args: &[String]) -> String {
 /// figures, and the API it polls answered 401.
 #[test]
 fn chromium_shows_the_login_form_of_a_broker_with_logins() {
-    if !privileged("chromium_shows_the_login_form_of_a_broker_with_logins") {
-        return;
-    }
-    let Some(chromium) = find_chromium() else {
-        if std::env::var("KERATIN_REQUIRE_PRIVILEGED_TESTS").as_deref() == Ok("1") {
-            panic!(
-                "chromium is not installed and KERATIN_REQUIRE_PRIVILEGED_TESTS=1 forbids \
-                 skipping; install it with `apt-get install -y chromium`"
-            );
-        }
-        eprintln!(
-            "!!! SKIPPING chromium_shows_the_login_form_of_a_broker_with_logins: no `chromium` \
-             on PATH; install it with `apt-get install -y chromium`"
-        );
+    let Some(chromium) = chromium_for("chromium_shows_the_login_form_of_a_broker_with_logins")
+    else {
         return;
     };
     let tmp = tempfile::tempdir().expect("tmp");
@@ -374,20 +385,7 @@ fn level_rank(level: &str) -> u8 {
 
 #[test]
 fn chromium_shows_the_soft_banner_of_a_filling_tmpfs() {
-    if !privileged("chromium_shows_the_soft_banner_of_a_filling_tmpfs") {
-        return;
-    }
-    let Some(chromium) = find_chromium() else {
-        if std::env::var("KERATIN_REQUIRE_PRIVILEGED_TESTS").as_deref() == Ok("1") {
-            panic!(
-                "chromium is not installed and KERATIN_REQUIRE_PRIVILEGED_TESTS=1 forbids \
-                 skipping; install it with `apt-get install -y chromium`"
-            );
-        }
-        eprintln!(
-            "!!! SKIPPING chromium_shows_the_soft_banner_of_a_filling_tmpfs: no `chromium` on \
-             PATH; install it with `apt-get install -y chromium`"
-        );
+    let Some(chromium) = chromium_for("chromium_shows_the_soft_banner_of_a_filling_tmpfs") else {
         return;
     };
     let tmp = tempfile::tempdir().expect("tmp");
@@ -625,20 +623,7 @@ fn the_dashboard_of_a_cluster_node_shows_every_node_and_what_it_leads() {
     }
 
     let test = "the_dashboard_of_a_cluster_node_shows_every_node_and_what_it_leads (its page)";
-    if !privileged(test) {
-        return;
-    }
-    let Some(chromium) = find_chromium() else {
-        if std::env::var("KERATIN_REQUIRE_PRIVILEGED_TESTS").as_deref() == Ok("1") {
-            panic!(
-                "chromium is not installed and KERATIN_REQUIRE_PRIVILEGED_TESTS=1 forbids \
-                 skipping; install it with `apt-get install -y chromium`"
-            );
-        }
-        eprintln!(
-            "!!! SKIPPING {test}: no `chromium` on PATH; install it with `apt-get install -y \
-             chromium`"
-        );
+    let Some(chromium) = chromium_for(test) else {
         return;
     };
     let url = format!("http://{}/", cluster.nodes[&1].http);

@@ -169,6 +169,18 @@ pub fn http_body(addr: SocketAddr, method: &str, path: &str, body: Option<&Value
     (status, serde_json::from_str(&answer).unwrap_or(Value::Null))
 }
 
+/// The active attention item of `kind` about `subject` at the node whose admin port is `addr`
+/// (`GET /api/v1/attention`), if there is one.
+pub fn active_item(addr: SocketAddr, kind: &str, subject: &str) -> Option<Value> {
+    let (_, doc) = http(addr, "GET", "/api/v1/attention");
+    doc["items"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .find(|i| i["kind"] == kind && i["subject"] == subject && i["active"] == true)
+}
+
 pub fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, Value) {
     http_body(addr, method, path, None)
 }
