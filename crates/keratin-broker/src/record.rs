@@ -25,8 +25,12 @@ pub const NOOP: u8 = 7;
 /// log only at such a record, `docs/partition-records.md`, "`PRODUCERS`").
 pub const PRODUCERS: u8 = 8;
 
-/// Version byte at the start of a `PRODUCERS` payload.
+/// Version byte at the start of a `PRODUCERS` payload without duplicate offsets (written
+/// whenever it has none, so that a node that knows only this format reads it).
 const PRODUCERS_FORMAT: u8 = 1;
+/// Version byte at the start of a `PRODUCERS` payload that lists the duplicate `ENQUEUE`
+/// records since the previous one.
+const PRODUCERS_FORMAT_DUPLICATES: u8 = 2;
 
 /// Version byte at the start of a message payload.
 const MESSAGE_FORMAT: u8 = 1;
@@ -233,7 +237,22 @@ pub enum PartitionRecord {
     /// An offset the replicated log took for its own entry: nothing to apply.
     Noop,
     /// The idempotent producers' windows from here on, replacing what the state had.
-    Producers(Vec<crate::partition::producers::WindowSnapshot>),
+    Producers(Producers),
+}
+
+/// A `PRODUCERS` record: the windows as of its offset, and where the duplicates since the
+/// previous such record lie. A state rebuilt from a log that starts between the two records
+/// (a single node's log starts at a segment's base, at or below the record it was cut at)
+/// meets those duplicates before any window and takes them for new messages; the list tells it
+/// they were never live.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Producers {
+    /// The windows, replacing the state's.
+    pub windows: Vec<crate::partition::producers::WindowSnapshot>,
+    /// Offsets of the duplicate `ENQUEUE` records applied since the previous `PRODUCERS`
+    /// record (at or above the log's start then), as half-open ranges: ascending, disjoint,
+    /// not touching, below this record's offset.
+    pub duplicates: Vec<(u64, u64)>,
 }
 
 impl PartitionRecord {
@@ -282,9 +301,21 @@ impl PartitionRecord {
             }
             PartitionRecord::Settings(json) => out.extend_from_slice(json),
             PartitionRecord::Noop => {}
-            PartitionRecord::Producers(windows) => {
-                out.push(PRODUCERS_FORMAT);
-                crate::partition::producers::encode_windows(windows, &mut out);
+            PartitionRecord::Producers(producers) => {
+                let duplicates = &producers.duplicates;
+                out.push(if duplicates.is_empty() {
+                    PRODUCERS_FORMAT
+                } else {
+                    PRODUCERS_FORMAT_DUPLICATES
+                });
+                crate::partition::producers::encode_windows(&producers.windows, &mut out);
+                if !duplicates.is_empty() {
+                    out.extend_from_slice(&(duplicates.len() as u32).to_le_bytes());
+                    for (start, end) in duplicates {
+                        out.extend_from_slice(&start.to_le_bytes());
+                        out.extend_from_slice(&end.to_le_bytes());
+                    }
+                }
             }
             PartitionRecord::Relocate(relocate) => {
                 out.extend_from_slice(&relocate.message.to_le_bytes());
@@ -354,10 +385,41 @@ impl PartitionRecord {
             NOOP => PartitionRecord::Noop,
             PRODUCERS => {
                 let format = r.u8()?;
-                if format != PRODUCERS_FORMAT {
-                    return Err(r.error(format!("format {format}, expected {PRODUCERS_FORMAT}")));
+                if format != PRODUCERS_FORMAT && format != PRODUCERS_FORMAT_DUPLICATES {
+                    return Err(r.error(format!(
+                        "format {format}, expected {PRODUCERS_FORMAT} or \
+                         {PRODUCERS_FORMAT_DUPLICATES}"
+                    )));
                 }
-                PartitionRecord::Producers(crate::partition::producers::decode_windows(&mut r)?)
+                let windows = crate::partition::producers::decode_windows(&mut r)?;
+                let mut duplicates = Vec::new();
+                if format == PRODUCERS_FORMAT_DUPLICATES {
+                    let n = r.count(16)?;
+                    if n == 0 {
+                        return Err(r.error("format 2 with no duplicate range".into()));
+                    }
+                    let mut below = 0u64;
+                    for _ in 0..n {
+                        let (start, end) = (r.u64()?, r.u64()?);
+                        // Ascending, disjoint, not touching, and below the record itself.
+                        if start >= end || (!duplicates.is_empty() && start <= below) {
+                            return Err(r.error(format!(
+                                "duplicate range {start}..{end} out of order or empty"
+                            )));
+                        }
+                        if end > offset {
+                            return Err(r.error(format!(
+                                "duplicate range {start}..{end} past the record's own offset"
+                            )));
+                        }
+                        below = end;
+                        duplicates.push((start, end));
+                    }
+                }
+                PartitionRecord::Producers(Producers {
+                    windows,
+                    duplicates,
+                })
             }
             other => return Err(r.error(format!("unknown record type {other}"))),
         };
@@ -541,17 +603,29 @@ mod tests {
                 delivery_count: 1,
                 payload: b"xyz".to_vec(),
             }),
-            PartitionRecord::Producers(Vec::new()),
-            PartitionRecord::Producers(vec![crate::partition::producers::WindowSnapshot {
-                producer: 7,
-                floor: 2,
-                last_offset: 40,
-                stored: vec![(2, 5), (9, 10)],
-            }]),
+            PartitionRecord::Producers(Producers::default()),
+            PartitionRecord::Producers(Producers {
+                windows: vec![crate::partition::producers::WindowSnapshot {
+                    producer: 7,
+                    floor: 2,
+                    last_offset: 40,
+                    stored: vec![(2, 5), (9, 10)],
+                }],
+                duplicates: Vec::new(),
+            }),
+            PartitionRecord::Producers(Producers {
+                windows: vec![crate::partition::producers::WindowSnapshot {
+                    producer: 7,
+                    floor: 2,
+                    last_offset: 40,
+                    stored: vec![(2, 5), (9, 10)],
+                }],
+                duplicates: vec![(41, 43), (45, 46)],
+            }),
         ];
         for record in records {
             let bytes = record.encode();
-            let back = PartitionRecord::decode(record.record_type(), &bytes, 1).expect("decode");
+            let back = PartitionRecord::decode(record.record_type(), &bytes, 50).expect("decode");
             assert_eq!(back, record);
         }
     }
@@ -560,12 +634,15 @@ mod tests {
     /// corrupt (a damaged record must not become a wrong verdict).
     #[test]
     fn damaged_producers_records_are_corrupt() {
-        let good = PartitionRecord::Producers(vec![crate::partition::producers::WindowSnapshot {
-            producer: 7,
-            floor: 0,
-            last_offset: 3,
-            stored: vec![(1, 2)],
-        }])
+        let good = PartitionRecord::Producers(Producers {
+            windows: vec![crate::partition::producers::WindowSnapshot {
+                producer: 7,
+                floor: 0,
+                last_offset: 3,
+                stored: vec![(1, 2)],
+            }],
+            duplicates: vec![(2, 3)],
+        })
         .encode();
         for len in 0..good.len() {
             assert!(PartitionRecord::decode(PRODUCERS, &good[..len], 3).is_err());
@@ -573,15 +650,34 @@ mod tests {
         let mut long = good.clone();
         long.push(0);
         assert!(PartitionRecord::decode(PRODUCERS, &long, 3).is_err());
-        let below_floor =
-            PartitionRecord::Producers(vec![crate::partition::producers::WindowSnapshot {
+        let below_floor = PartitionRecord::Producers(Producers {
+            windows: vec![crate::partition::producers::WindowSnapshot {
                 producer: 7,
                 floor: 5,
                 last_offset: 3,
                 stored: vec![(1, 2)],
-            }])
-            .encode();
+            }],
+            duplicates: Vec::new(),
+        })
+        .encode();
         assert!(PartitionRecord::decode(PRODUCERS, &below_floor, 3).is_err());
+        // Duplicate ranges out of order, touching, empty, or at the record's own offset.
+        for duplicates in [
+            vec![(1, 2), (0, 1)],
+            vec![(0, 1), (1, 2)],
+            vec![(1, 1)],
+            vec![(2, 4)],
+        ] {
+            let bad = PartitionRecord::Producers(Producers {
+                windows: Vec::new(),
+                duplicates: duplicates.clone(),
+            })
+            .encode();
+            assert!(
+                PartitionRecord::decode(PRODUCERS, &bad, 3).is_err(),
+                "{duplicates:?}"
+            );
+        }
     }
 
     proptest! {

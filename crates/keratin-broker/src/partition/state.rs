@@ -10,9 +10,9 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use crate::error::{BrokerError, BrokerResult};
-use crate::partition::producers::{ProducerWindows, WindowSnapshot};
+use crate::partition::producers::ProducerWindows;
 use crate::range_set::RangeSet;
-use crate::record::{PartitionRecord, Purge, Relocate};
+use crate::record::{PartitionRecord, Producers, Purge, Relocate};
 
 /// The durable state of a partition.
 ///
@@ -48,7 +48,17 @@ pub struct PartitionState {
     /// Offsets of the `PRODUCERS` records at or above `start`, oldest first (about one per
     /// segment: at most [`WINDOW_CHECKPOINTS_MAX`]).
     checkpoints: VecDeque<u64>,
+    /// Offsets of the duplicate `ENQUEUE` records applied since the last `PRODUCERS` record
+    /// (at or above `start`); the next one lists them. Bounded by the duplicates written in
+    /// one segment, and the leader writes a `PRODUCERS` record early once they pass
+    /// [`DUPLICATE_RANGES_CHECKPOINT`] ranges (`owner/checkpoint.rs`).
+    duplicates: RangeSet,
 }
+
+/// Ranges of duplicate offsets after which the leader writes a `PRODUCERS` record without
+/// waiting for a segment roll, so that one record lists at most about this many (16 bytes
+/// each).
+pub const DUPLICATE_RANGES_CHECKPOINT: usize = 1_024;
 
 /// Most `PRODUCERS` offsets a state keeps. The leader writes one per segment roll, so this
 /// covers 4,096 segments between the log's start and its head (256 GiB of 64 MiB segments);
@@ -105,6 +115,7 @@ impl PartitionState {
             recount_due: false,
             producers: ProducerWindows::new(),
             checkpoints: VecDeque::new(),
+            duplicates: RangeSet::new(),
         }
     }
 
@@ -203,6 +214,7 @@ impl PartitionState {
         }
         debug_assert!(start <= self.pinned_offset(), "removed a live payload");
         self.dead.forget_below(start);
+        self.duplicates.forget_below(start);
         self.start = start;
         self.head = self.head.max(start);
         while self.checkpoints.front().is_some_and(|c| *c < start) {
@@ -249,9 +261,18 @@ impl PartitionState {
         self.checkpoints.back().copied()
     }
 
-    /// The windows as a `PRODUCERS` record holds them.
-    pub fn producers_snapshot(&self) -> Vec<WindowSnapshot> {
-        self.producers.snapshot()
+    /// The `PRODUCERS` record to write at the head: the windows, and the duplicates applied
+    /// since the last one.
+    pub fn producers_record(&self) -> Producers {
+        Producers {
+            windows: self.producers.snapshot(),
+            duplicates: self.duplicates.iter().collect(),
+        }
+    }
+
+    /// Ranges of duplicate offsets the next `PRODUCERS` record will list.
+    pub fn duplicate_ranges(&self) -> usize {
+        self.duplicates.range_count()
     }
 
     /// True when `live_bytes` must be recounted from the log's records (see
@@ -288,15 +309,15 @@ impl PartitionState {
         }
         // Checked before anything changes (a record decoded from the log was checked already).
         let windows = match record {
-            PartitionRecord::Producers(windows) => {
-                Some(ProducerWindows::from_snapshot(windows).map_err(|reason| {
+            PartitionRecord::Producers(producers) => Some(
+                ProducerWindows::from_snapshot(&producers.windows).map_err(|reason| {
                     BrokerError::Corrupt {
                         what: "producers record",
                         offset,
                         reason,
                     }
-                })?)
-            }
+                })?,
+            ),
             _ => None,
         };
         self.head = offset + 1;
@@ -313,6 +334,7 @@ impl PartitionState {
                     Applied::Enqueued { message: offset }
                 } else {
                     self.dead.insert(offset);
+                    self.duplicates.insert(offset);
                     Applied::Duplicate { offset }
                 }
             }
@@ -356,7 +378,7 @@ impl PartitionState {
                 self.dead.insert(offset);
                 Applied::Nothing
             }
-            PartitionRecord::Producers(_) => {
+            PartitionRecord::Producers(producers) => {
                 // Replaced whatever this state had, on every replica alike: the leader wrote
                 // them with nothing of its own before them unapplied, so they are the windows
                 // every copy that applied the whole log has here; a copy rebuilt from here on
@@ -367,10 +389,45 @@ impl PartitionState {
                     self.checkpoints.pop_front();
                 }
                 self.checkpoints.push_back(offset);
-                Applied::Checkpointed
+                let dropped = self.drop_listed_duplicates(&producers.duplicates);
+                self.duplicates = RangeSet::new();
+                if dropped.is_empty() {
+                    Applied::Checkpointed
+                } else {
+                    Applied::Purged(dropped)
+                }
             }
         };
         Ok(applied)
+    }
+
+    /// The duplicates a `PRODUCERS` record lists that this state holds live: a state rebuilt
+    /// from a log starting after their first copies met them before any window. They were
+    /// never live on the copy that wrote the record: they go, and the live bytes are recounted
+    /// from the log (the records' sizes are not kept). A copy that applied the whole log holds
+    /// none of them live: nothing changes. Returns the ranges that went.
+    fn drop_listed_duplicates(&mut self, listed: &[(u64, u64)]) -> Vec<(u64, u64)> {
+        let mut dropped = Vec::new();
+        for &(start, end) in listed {
+            let lower = start.max(self.start);
+            let upper = end.min(self.head);
+            if lower >= upper {
+                continue;
+            }
+            for (gap_start, gap_end) in self.dead.gaps(lower, upper) {
+                // A duplicate was never delivered, so never relocated or counted; clear both
+                // all the same so that no entry outlives its message.
+                for id in gap_start..gap_end {
+                    self.relocated.remove(&id);
+                    self.counts.remove(&id);
+                }
+                let count = self.dead.insert_range(gap_start, gap_end);
+                self.live_count = self.live_count.saturating_sub(count);
+                self.recount_due = true;
+                dropped.push((gap_start, gap_end));
+            }
+        }
+        dropped
     }
 
     fn remove_live(&mut self, id: u64, size_bytes: u64) -> bool {
@@ -610,7 +667,7 @@ mod tests {
         s.apply(2, &marked).expect("apply");
         s.apply(3, &settle(2, 4)).expect("apply");
         assert_eq!(s.window_cut(4), None, "a window and no record to cut at");
-        let checkpoint = PartitionRecord::Producers(s.producers_snapshot());
+        let checkpoint = PartitionRecord::Producers(s.producers_record());
         assert_eq!(
             s.apply(4, &checkpoint).expect("apply"),
             Applied::Checkpointed
@@ -630,6 +687,66 @@ mod tests {
         );
     }
 
+    /// A single node's log cut at a `PRODUCERS` record starts at the base of the segment that
+    /// holds it: a retry between that base and the record, whose first copy went with the
+    /// removed segments, meets no window in a state rebuilt from there. The record lists it,
+    /// and the rebuilt state drops it: equal to the live one, where it was never live.
+    #[test]
+    fn duplicates_before_a_producers_record_stay_dead_in_a_state_rebuilt_below_it() {
+        use crate::record::ProducerSeq;
+        let marked = |sequence| PartitionRecord::Enqueue {
+            size_bytes: 4,
+            producer: Some(ProducerSeq {
+                producer: 9,
+                sequence,
+            }),
+        };
+        let mut s = PartitionState::new(0);
+        s.apply(0, &marked(1)).expect("apply");
+        s.apply(1, &marked(2)).expect("apply");
+        s.apply(2, &settle(0, 4)).expect("apply");
+        s.apply(3, &settle(1, 4)).expect("apply");
+        // A segment starts at 4: the retries of both, then the record.
+        let base = 4;
+        for (offset, sequence) in [(4, 1), (5, 2)] {
+            assert_eq!(
+                s.apply(offset, &marked(sequence)).expect("apply"),
+                Applied::Duplicate { offset }
+            );
+        }
+        let checkpoint = PartitionRecord::Producers(s.producers_record());
+        assert_eq!(
+            s.producers_record().duplicates,
+            vec![(4, 6)],
+            "the record lists the retries"
+        );
+        assert_eq!(
+            s.apply(6, &checkpoint).expect("apply"),
+            Applied::Checkpointed
+        );
+        assert_eq!(s.duplicate_ranges(), 0, "the next record starts a new list");
+        s.apply(7, &marked(3)).expect("apply");
+        assert_eq!(s.window_cut(s.pinned_offset()), Some(6));
+        // The log removes whole segments: it starts at the base, below the cut.
+        s.forget_below(base);
+        let mut rebuilt = PartitionState::new(base);
+        for (offset, record) in [
+            (4, marked(1)),
+            (5, marked(2)),
+            (6, checkpoint.clone()),
+            (7, marked(3)),
+        ] {
+            rebuilt.apply(offset, &record).expect("apply");
+        }
+        assert!(
+            rebuilt.recount_due(),
+            "the dropped retries' bytes are unknown"
+        );
+        rebuilt.recount(1, 4);
+        assert_eq!(rebuilt, s);
+        assert_eq!((rebuilt.live_count(), rebuilt.live_bytes()), (1, 4));
+    }
+
     /// An idle hand-back whose log keeps a `PRODUCERS` record at its start (a replicated log's
     /// start is the cut reclaim placed on such a record) keeps the windows that record holds,
     /// as a state rebuilt from the start has them.
@@ -646,7 +763,7 @@ mod tests {
         };
         s.apply(0, &marked).expect("apply");
         s.apply(1, &settle(0, 4)).expect("apply");
-        let checkpoint = PartitionRecord::Producers(s.producers_snapshot());
+        let checkpoint = PartitionRecord::Producers(s.producers_record());
         s.apply(2, &checkpoint).expect("apply");
         // Nothing live: the log starts at the record (the cut), and the hand-back removes
         // nothing more.

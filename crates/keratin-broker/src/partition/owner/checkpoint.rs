@@ -27,7 +27,8 @@ pub(super) enum Checkpoint {
 
 impl Owner {
     /// As leader, append a `PRODUCERS` record when a producer has a window and none lies in
-    /// the log's tail segment, once the log has rolled (a log of one segment is never cut).
+    /// the log's tail segment, once the log has rolled (a log of one segment is never cut), or
+    /// when the duplicates it would list pass `DUPLICATE_RANGES_CHECKPOINT` ranges.
     /// Its windows are filled in when it is handed to the log ([`Owner::fill_checkpoint`]).
     pub(super) fn maybe_checkpoint(&mut self) {
         if !self.driver.role().leading
@@ -37,30 +38,36 @@ impl Owner {
         {
             return;
         }
+        // Many duplicates since the last record: one now, so that no record lists more than
+        // about `DUPLICATE_RANGES_CHECKPOINT` ranges of them.
+        let many_duplicates =
+            self.state.duplicate_ranges() >= crate::partition::state::DUPLICATE_RANGES_CHECKPOINT;
         // A roll grows the log's disk use: look at the segments only then (and at the first
         // round with a producer).
-        if self.disk_bytes == self.checkpoint_disk_bytes {
+        if self.disk_bytes == self.checkpoint_disk_bytes && !many_duplicates {
             return;
         }
         self.checkpoint_disk_bytes = self.disk_bytes;
-        let Some(log) = &self.log else {
-            return;
-        };
-        let bases = log.space().segment_bases;
-        // A log of one segment has nothing for reclaim to cut below a record.
-        let Some(&tail_base) = bases.last().filter(|_| bases.len() >= 2) else {
-            return;
-        };
-        if self
-            .state
-            .last_checkpoint()
-            .is_some_and(|at| at >= tail_base)
-        {
-            return;
+        if !many_duplicates {
+            let Some(log) = &self.log else {
+                return;
+            };
+            let bases = log.space().segment_bases;
+            // A log of one segment has nothing for reclaim to cut below a record.
+            let Some(&tail_base) = bases.last().filter(|_| bases.len() >= 2) else {
+                return;
+            };
+            if self
+                .state
+                .last_checkpoint()
+                .is_some_and(|at| at >= tail_base)
+            {
+                return;
+            }
         }
         let sequence = self.driver.next_sequence();
         self.checkpoint_sequence = Some(sequence);
-        let record = PartitionRecord::Producers(Vec::new());
+        let record = PartitionRecord::Producers(crate::record::Producers::default());
         self.append(vec![record], vec![Vec::new()], Done::Internal);
         if self.driver.next_sequence() == sequence {
             // Refused at once (nothing was queued).
@@ -85,7 +92,7 @@ impl Owner {
         {
             return Checkpoint::Wait;
         }
-        let record = PartitionRecord::Producers(self.state.producers_snapshot());
+        let record = PartitionRecord::Producers(self.state.producers_record());
         batch.payloads = vec![record.encode()];
         if let Some(pending) = self.driver.get_mut(batch.sequence) {
             pending.item.records = vec![record];
