@@ -858,6 +858,17 @@ impl Owner {
             if !self.caught_up() {
                 return; // the follow that catches up pumps again
             }
+            if head.messages.iter().any(|m| {
+                m.producer.is_some_and(|mark| {
+                    self.inflight_marks
+                        .contains(&(mark.producer, mark.sequence))
+                })
+            }) {
+                // A retry of a message in flight: its verdict waits for the first attempt's
+                // outcome (stored: a duplicate; refused or lost: new), which pumps again.
+                // Answered "duplicate" now, it would be confirmed before anything is durable.
+                return;
+            }
             let interval = self.config.segment_bytes / CHECKPOINT_INTERVAL_DIVISOR;
             let checkpoint_due = self.state.checkpoint_due(interval);
             if checkpoint_due && !self.driver.is_idle() {
@@ -910,7 +921,12 @@ impl Owner {
         for message in append.messages {
             if let Some(mark) = message.producer {
                 let key = (mark.producer, mark.sequence);
-                let verdict = if self.inflight_marks.contains(&key) || marks.contains(&key) {
+                debug_assert!(
+                    !self.inflight_marks.contains(&key),
+                    "a retry of a message in flight waits in `pump`"
+                );
+                // Twice in one append: the second copy is answered with the first's proposal.
+                let verdict = if marks.contains(&key) {
                     Verdict::Duplicate
                 } else {
                     self.state.verdict(mark.producer, mark.sequence)

@@ -434,6 +434,36 @@ mod tests {
         assert_eq!(retried, vec![Appended::Stored(0)]);
     }
 
+    /// A producer's retry of a message still in flight is answered once the first attempt's
+    /// outcome is known, never before: answered "duplicate" at once, it was confirmed while the
+    /// first attempt could still fail, and when that one was refused the confirmed message was
+    /// stored nowhere. After the refusal the retry is stored.
+    #[tokio::test]
+    async fn a_retry_of_a_message_in_flight_waits_for_the_first_attempts_outcome() {
+        let log = Arc::new(MemLog::default());
+        let partition = open(&log).await;
+        log.hold_proposals();
+        let first = partition.dispatch(vec![message(0, Some((7, 1)))], 200);
+        until("the first attempt is in the log", || log.held_count() == 1).await;
+        let mut retry = partition.dispatch(vec![message(0, Some((7, 1)))], 300);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            matches!(
+                retry.try_recv(),
+                Err(tokio::sync::oneshot::error::TryRecvError::Empty)
+            ),
+            "the retry was answered while the first attempt was in flight"
+        );
+        log.settle_held(Some(following(2).not_leader("s", 0)));
+        assert!(matches!(
+            first.await.expect("answered"),
+            Err(BrokerError::NotLeader { .. })
+        ));
+        let retried = retry.await.expect("answered").expect("appended");
+        assert_eq!(retried, vec![Appended::Stored(0)], "the retry is stored");
+        assert_eq!(read_all(&partition).await, vec![(0, b"m0".to_vec())]);
+    }
+
     #[tokio::test]
     async fn appends_in_flight_when_leadership_is_lost_are_answered_after_a_grace() {
         let log = Arc::new(MemLog::default());
