@@ -105,6 +105,9 @@ pub(crate) struct Writer {
     created: Vec<Segment>,
     dirty: Vec<Arc<dyn IoFile>>,
     dir_dirty: bool,
+    /// Room an append encoded since the last flush asked to leave past the records
+    /// (`Log::append_async_leaving`): the next flush allocates it in the active segment.
+    leave: u64,
     /// The answer to `close`, sent once every earlier answer has been delivered.
     close_reply: Option<(Reply<()>, LogResult<()>)>,
 }
@@ -218,6 +221,7 @@ impl Writer {
             created: Vec::new(),
             dirty: Vec::new(),
             dir_dirty: false,
+            leave: 0,
             close_reply: None,
         }
     }
@@ -252,13 +256,21 @@ impl Writer {
                 Item::Append {
                     first_offset,
                     count,
+                    leave,
                     reply,
                 } => {
                     let metas = &work.metas[meta_at..meta_at + count];
                     meta_at += count;
                     group.push((reply, first_offset..first_offset + count as u64));
-                    self.encode(shared, first_offset, metas, &work.payloads, &mut payload_at)
-                        .map(|()| Flow::Continue)
+                    self.encode(
+                        shared,
+                        first_offset,
+                        metas,
+                        &work.payloads,
+                        &mut payload_at,
+                        leave,
+                    )
+                    .map(|()| Flow::Continue)
                 }
                 op => match self.commit_group(shared, &mut group, true) {
                     Ok(()) => self.run_op(shared, op),
@@ -296,7 +308,9 @@ impl Writer {
         Ok(Flow::Continue)
     }
 
-    /// Encode one append's records into the buffer, rolling to a new segment when full.
+    /// Encode one append's records into the buffer, rolling to a new segment when full. With
+    /// `leave`, the batch starts a new segment unless it and the room fit in the current one
+    /// (or that one holds no record yet), and the next flush allocates the room behind it.
     fn encode(
         &mut self,
         shared: &Shared,
@@ -304,12 +318,25 @@ impl Writer {
         metas: &[RecordMeta],
         payloads: &[u8],
         payload_at: &mut usize,
+        leave: u64,
     ) -> StepResult<()> {
         assert_eq!(
             first_offset,
             self.next_offset(),
             "appends reach the writer in offset order"
         );
+        if leave > 0 {
+            let batch: u64 = metas
+                .iter()
+                .map(|m| RECORD_HEADER_SIZE as u64 + u64::from(m.length))
+                .sum();
+            let roll_first = self.active.as_ref().is_some_and(|a| {
+                a.position > SEGMENT_HEADER_SIZE as u64 && a.position + batch + leave > a.size_bytes
+            });
+            if roll_first {
+                self.roll(shared, self.next_offset())?;
+            }
+        }
         for meta in metas {
             let size = RECORD_HEADER_SIZE as u64 + u64::from(meta.length);
             let fits = self
@@ -342,6 +369,7 @@ impl Writer {
             active.position += size;
             active.next_offset += 1;
         }
+        self.leave = self.leave.max(leave);
         Ok(())
     }
 
@@ -351,9 +379,11 @@ impl Writer {
             debug_assert!(self.buf.is_empty());
             return Ok(());
         };
+        let leave = std::mem::take(&mut self.leave);
         if !self.buf.is_empty() {
-            // Room for the idle seal too, so that it never needs an allocation of its own.
-            let needed = active.position + RECORD_HEADER_SIZE as u64;
+            // Room for the idle seal too, so that it never needs an allocation of its own, and
+            // the room an append asked to leave behind it.
+            let needed = active.position + (RECORD_HEADER_SIZE as u64).max(leave);
             allocate_for(shared, active, needed)?;
             active
                 .file

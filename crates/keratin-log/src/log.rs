@@ -171,6 +171,9 @@ pub(crate) enum Item {
     Append {
         first_offset: u64,
         count: usize,
+        /// Bytes to keep allocated and unwritten in the segment after the batch
+        /// ([`Log::append_async_leaving`]); 0 for a plain append.
+        leave: u64,
         reply: Reply<Range<u64>>,
     },
     Truncate {
@@ -363,6 +366,7 @@ impl State {
         &mut self,
         records: &[Record<'_>],
         batch_bytes: usize,
+        leave: u64,
         reply: Reply<Range<u64>>,
     ) -> bool {
         let first_offset = self.next_offset;
@@ -381,6 +385,7 @@ impl State {
         pending.items.push(Item::Append {
             first_offset,
             count: records.len(),
+            leave,
             reply,
         });
         self.claim()
@@ -486,7 +491,7 @@ impl Log {
                 .wait(state)
                 .unwrap_or_else(|e| e.into_inner());
         }
-        let claimed = state.enqueue_append(records, batch_bytes, reply);
+        let claimed = state.enqueue_append(records, batch_bytes, 0, reply);
         drop(state);
         self.shared.schedule(claimed);
         Ok(ticket)
@@ -497,11 +502,28 @@ impl Log {
     /// durability). Cancellation-safe: a future dropped before it completes has assigned no
     /// offset and queued nothing; once it completes, the batch is queued.
     pub async fn append_async(&self, records: &[Record<'_>]) -> LogResult<Ticket<Range<u64>>> {
+        self.append_async_leaving(records, 0).await
+    }
+
+    /// [`Log::append_async`] that leaves room behind the batch: once it is durable, at least
+    /// `leave` bytes (at most half a segment) past its last record are allocated in the same
+    /// segment and still unwritten, so that appends after it that need no more than that room
+    /// are written without allocating (on a file system that filled up meanwhile). The batch
+    /// starts a new segment when the room does not fit behind it in the current one, unless the
+    /// current one is still empty. A failure to allocate the room stops the log like any failed
+    /// preallocation: the batch is not durable.
+    pub async fn append_async_leaving(
+        &self,
+        records: &[Record<'_>],
+        leave: u64,
+    ) -> LogResult<Ticket<Range<u64>>> {
         let batch_bytes = self.check_batch(records)?;
+        let leave = leave.min(self.shared.options.segment_size_bytes() / 2);
         AppendWhenRoom {
             shared: &self.shared,
             records,
             batch_bytes,
+            leave,
             waker_id: None,
         }
         .await
@@ -908,6 +930,22 @@ impl Log {
             io.remove_dir(&spares)
                 .map_err(|e| LogError::io("remove spares directory", &spares, e))?;
         }
+        // Files a failed round left behind, never published: a segment created by a roll whose
+        // batch then failed (its allocation hit a full disk), a segment or an anchor still under
+        // its scratch name. Anything else is not the log's: the removal below fails on it.
+        for name in io
+            .read_dir(&shared.dir)
+            .map_err(|e| LogError::io("list", &shared.dir, e))?
+        {
+            let ours = crate::segment::parse_segment_file_name(&name).is_some()
+                || crate::segment::is_scratch_file_name(&name)
+                || name == crate::segment::ANCHOR_SCRATCH_FILE_NAME;
+            if ours {
+                let path = shared.dir.join(&name);
+                io.remove_file(&path)
+                    .map_err(|e| LogError::io("remove leftover segment", &path, e))?;
+            }
+        }
         io.remove_dir(&shared.dir)
             .map_err(|e| LogError::io("remove log directory", &shared.dir, e))?;
         if let Some(parent) = shared.dir.parent().filter(|p| !p.as_os_str().is_empty()) {
@@ -930,6 +968,7 @@ struct AppendWhenRoom<'a, 'r> {
     shared: &'a Arc<Shared>,
     records: &'a [Record<'r>],
     batch_bytes: usize,
+    leave: u64,
     waker_id: Option<u64>,
 }
 
@@ -954,7 +993,7 @@ impl Future for AppendWhenRoom<'_, '_> {
             state.room_wakers.remove(id);
         }
         let (reply, ticket) = Ticket::new(shared.dir.clone());
-        let claimed = state.enqueue_append(this.records, this.batch_bytes, reply);
+        let claimed = state.enqueue_append(this.records, this.batch_bytes, this.leave, reply);
         drop(state);
         shared.schedule(claimed);
         Poll::Ready(Ok(ticket))

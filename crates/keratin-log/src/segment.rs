@@ -76,6 +76,12 @@ pub(crate) fn scratch_file_name(base: u64) -> String {
     format!("{base:020}.seg.tmp")
 }
 
+/// Whether `name` is a segment's scratch name ([`scratch_file_name`]).
+pub(crate) fn is_scratch_file_name(name: &str) -> bool {
+    name.strip_suffix(".tmp")
+        .is_some_and(|segment| parse_segment_file_name(segment).is_some())
+}
+
 /// A sparse index entry: the record at `base + offset_delta` starts at byte `position`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct IndexEntry {

@@ -337,6 +337,57 @@ fn failed_fsync_stops_the_log_and_heal_brings_back_every_durable_record() {
     }
 }
 
+/// Appends that leave room behind them keep it allocated for the appends after them: on a file
+/// system that fills up, the append that cannot have its room fails (the log stops), and after
+/// the heal, which needs no space, small appends (a queue's acks) are written into the room
+/// without allocating. Without the room, the tail segment's allocation ends wherever the last
+/// preallocation step did, and the small appends fail with the disk full.
+#[test]
+fn appends_leaving_room_keep_it_allocated_for_the_others() {
+    const LEAVE: u64 = 16 << 10;
+    let sim = SimIo::new(common::seed(43));
+    let io: Arc<dyn Io> = Arc::new(sim.clone());
+    let dir = PathBuf::from("/sim/leaving");
+    let log = open_at(&io, &dir).expect("open");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    let leaving = |offset: u64| {
+        let body = payload(offset, 0, 2000);
+        runtime.block_on(async {
+            log.append_async_leaving(&[record(&body)], LEAVE)
+                .await?
+                .wait()
+        })
+    };
+    // A few segments' worth, then a disk that fills part way through one.
+    let mut next = 0;
+    while log.stats().segments.len() < 3 {
+        leaving(next).expect("append");
+        assert!(log.tail_room_bytes() >= LEAVE, "the room is allocated");
+        next += 1;
+    }
+    sim.set_space_limit(Some(sim.used_bytes() + (40 << 10)));
+    let error = loop {
+        match leaving(next) {
+            Ok(_) => next += 1,
+            Err(error) => break error,
+        }
+        assert!(next < 10_000, "the disk never filled");
+    };
+    assert!(error.is_stopped(), "{error:?}");
+    log.heal().expect("a heal needs no space");
+    assert!(
+        log.tail_room_bytes() >= LEAVE,
+        "the room behind the last durable append: {}",
+        log.tail_room_bytes()
+    );
+    // Seven small appends of 2,000 bytes (under 16 KiB with their headers) fit the room.
+    append_each(&log, next..next + 7, 1, 2000);
+    assert_eq!(log.next_offset(), next + 7);
+    sim.set_space_limit(None);
+}
+
 #[test]
 fn enospc_on_a_roll_stops_the_log_until_space_returns() {
     let sim = SimIo::new(common::seed(41));
