@@ -13,6 +13,8 @@ use super::log::{
     BoxReader, LogEvent, LogEvents, LogSpace, PartitionLog, Proposal, Proposing, Removing,
 };
 use crate::error::{BrokerError, BrokerResult};
+use crate::partition::prepare::CONTROL_RECORD_BYTES_MAX;
+use crate::record::{ENQUEUE, RELOCATE};
 
 /// A partition log on this node's disk only.
 pub struct LocalLog {
@@ -61,7 +63,19 @@ impl PartitionLog for LocalLog {
                     payload,
                 })
                 .collect();
-            let ticket = self.log.append_async(&records).await?;
+            // Messages (and relocated copies) leave room for the largest control record
+            // behind them: the acks, returns and purges that free the disk are written even
+            // when the file system filled after the messages (`docs/reliability.md`).
+            let leave = if proposal
+                .types
+                .iter()
+                .any(|t| *t == ENQUEUE || *t == RELOCATE)
+            {
+                CONTROL_RECORD_BYTES_MAX
+            } else {
+                0
+            };
+            let ticket = self.log.append_async_leaving(&records, leave).await?;
             let events = self.events().clone();
             let sequence = proposal.sequence;
             tokio::spawn(async move {

@@ -52,7 +52,7 @@ use crate::partition::dead_letter::{DeadLetterSink, DeathReason, Dying, HeldCoun
 use crate::partition::delivery_state::{DeliveryState, Inflight, Prefetched};
 use crate::partition::driver::{sleep_until, LogDriver, Pending, HEAL_RETRY};
 use crate::partition::log::{BoxReader, LogEvent, LogEvents, PartitionLog, Proposal, Role};
-use crate::partition::prepare::{self, LimitVerdict, CONTROL_ENTRIES_MAX};
+use crate::partition::prepare::{self, LimitVerdict};
 use crate::partition::state::{Applied, PartitionState};
 use crate::queue::{
     DeadLetterFailure, Overflow, PartitionFigures, PartitionHandle, PartitionLimits, QueueSettings,

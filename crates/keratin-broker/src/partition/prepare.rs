@@ -20,6 +20,12 @@ use crate::record::{Message, PartitionRecord, Purge, Returned, Settled};
 /// write.
 pub(crate) const CONTROL_ENTRIES_MAX: usize = 4096;
 
+/// The largest control record: `CONTROL_ENTRIES_MAX` entries of at most 16 bytes, plus its
+/// record header and framing, rounded up to a 4 KiB page (64 KiB + 4 KiB). A single node's
+/// log keeps this much allocated behind every message it writes (`local_log.rs`), so that
+/// the settle records after it are written even on a full disk.
+pub(crate) const CONTROL_RECORD_BYTES_MAX: u64 = CONTROL_ENTRIES_MAX as u64 * 16 + 4096;
+
 /// The retry hint of `queue_full`: a consumer frees room at its own pace, so a second is a
 /// reasonable first wait; clients back off further on repeated refusals.
 pub(crate) const QUEUE_FULL_RETRY_AFTER_MS: u32 = 1000;

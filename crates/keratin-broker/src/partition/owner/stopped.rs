@@ -15,9 +15,7 @@
 
 use super::*;
 
-/// The largest control record: `CONTROL_ENTRIES_MAX` entries of at most 16 bytes, plus its
-/// record header and framing, rounded up to a 4 KiB page (64 KiB + 4 KiB).
-pub(super) const CONTROL_RECORD_BYTES_MAX: u64 = CONTROL_ENTRIES_MAX as u64 * 16 + 4096;
+use crate::partition::prepare::CONTROL_RECORD_BYTES_MAX;
 
 impl Owner {
     /// Whether a stopped log may be healed now: the gate says its file system is back above
