@@ -83,7 +83,9 @@ async fn fill_until_stopped(sim: &SimIo, broker: &Broker, gate: &ReserveGate) ->
             Err(_) => break,
         }
     }
-    assert!(broker.info("q").expect("info").partitions[0].stopped);
+    // Stopped at least once: it may have healed since (its tail keeps room for a settle
+    // record, so a heal is allowed at reserve).
+    assert!(broker.info("q").expect("info").partitions[0].stops >= 1);
     assert!(confirmed.len() > 200, "{} confirmed", confirmed.len());
     assert!(gate.at_reserve.load(Ordering::Relaxed));
     confirmed
