@@ -70,9 +70,9 @@ pub(crate) struct DeliveryState {
     pub(crate) prefetched: VecDeque<Prefetched>,
     /// After a failed read, no delivery read starts before this.
     pub(crate) read_retry_at: Option<Instant>,
-    /// The first offset of this node's leadership: a message below it may have been
-    /// delivered by an earlier leader, and is delivered with `redelivered` set. 0 on a single
-    /// node.
+    /// The first offset of this owner's delivery: a message below it may have been delivered
+    /// by an earlier leader, or by this node before a restart (the log's head when the owner
+    /// started), and is delivered with `redelivered` set.
     pub(crate) taken_over_at: u64,
     /// Messages waiting for their dead-letter copies to be confirmed (each also in `limbo`).
     pub(crate) dead_letters: HeldDeadLetters,
@@ -212,6 +212,7 @@ impl DeliveryState {
             "log reset with deliveries outstanding"
         );
         self.cursor = 0;
+        self.taken_over_at = 0;
         self.redeliver.clear();
         self.counts_pending.clear();
     }

@@ -309,6 +309,10 @@ pub(crate) fn spawn(
     // A partition whose owner is replaced keeps its figures (counters carry on).
     let figures = figures.unwrap_or_default();
     let index = ctx.index;
+    // Every message already in the log may have been delivered (by this node before a
+    // restart, or by the owner this one replaces): its next delivery is flagged `redelivered`,
+    // as a new leader flags what lies below its first offset.
+    let taken_over_at = state.head();
     let mut owner = Owner {
         ctx,
         log: Some(log),
@@ -316,7 +320,10 @@ pub(crate) fn spawn(
         commands: commands.clone(),
         figures: figures.clone(),
         driver: LogDriver::new(0),
-        delivery: DeliveryState::default(),
+        delivery: DeliveryState {
+            taken_over_at,
+            ..DeliveryState::default()
+        },
         reclaim_busy: false,
         reclaim_due: true,
         delayed: VecDeque::new(),

@@ -88,9 +88,12 @@ impl Owner {
     }
 
     /// This node leads from `role.from` on: deliver every live message again, from the oldest.
+    /// Below `role.from` an earlier leader may have delivered them; below the head this owner
+    /// started at (kept in `taken_over_at`), this node may have, before a restart or through
+    /// the owner this one replaced, while leading the same term.
     fn take_over(&mut self) {
         self.reset_delivery();
-        self.delivery.taken_over_at = self.driver.role().from;
+        self.delivery.taken_over_at = self.driver.role().from.max(self.delivery.taken_over_at);
     }
 
     /// Forget inflight, returns, the cursor and read-ahead; consumers stay.
