@@ -155,42 +155,7 @@ async fn acks_on_a_partition_stopped_at_reserve_are_durable_when_the_reserve_hol
     // the space kept for acks, purges and reclaim).
     sim.set_space_limit(Some(sim.used_bytes() + 4 * SEGMENT));
     gate.free.store(4 * SEGMENT, Ordering::Relaxed);
-    let acked = confirmed.len() / 2;
-    let mut consumer = broker.subscribe("q", 100).expect("subscribe");
-    let mut seen = 0;
-    // A settle that fails on a stopped log returns the message; it comes again and is acked
-    // again, until the acks are durable.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while broker.info("q").expect("info").ready() + broker.info("q").expect("info").inflight()
-        > (confirmed.len() - acked) as u64
-        || seen < acked
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "acks at reserve never became durable: {:?}",
-            broker.info("q").expect("info")
-        );
-        let d = match tokio::time::timeout(Duration::from_millis(200), consumer.recv()).await {
-            Ok(Some(d)) => d,
-            _ => continue,
-        };
-        let seq = seq_of(&d.message.body);
-        if seq < acked as u64 {
-            seen = seen.max(seq as usize + 1);
-            consumer.ack(&[d.tag]);
-        } else {
-            consumer.reject(&[d.tag], true);
-        }
-    }
-    drop(consumer);
-    broker.shutdown().await.expect("shutdown");
-    let broker = open_on(&sim, gate).await;
-    assert_eq!(
-        broker.info("q").expect("info").ready(),
-        (confirmed.len() - acked) as u64,
-        "the acks survive a restart"
-    );
-    broker.shutdown().await.expect("shutdown");
+    ack_the_first_half_and_restart(&sim, broker, gate, &confirmed, "at reserve").await;
 }
 
 /// Acks are durable on a disk full to its last byte: every message written keeps room for the
@@ -208,40 +173,7 @@ async fn acks_on_a_disk_full_to_its_last_byte_are_durable() {
     // Not one byte more: the outside fill took everything.
     sim.set_space_limit(Some(sim.used_bytes()));
     gate.free.store(0, Ordering::Relaxed);
-    let acked = confirmed.len() / 2;
-    let mut consumer = broker.subscribe("q", 100).expect("subscribe");
-    let mut seen = 0;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while broker.info("q").expect("info").ready() + broker.info("q").expect("info").inflight()
-        > (confirmed.len() - acked) as u64
-        || seen < acked
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "acks on a full disk never became durable: {:?}",
-            broker.info("q").expect("info")
-        );
-        let d = match tokio::time::timeout(Duration::from_millis(200), consumer.recv()).await {
-            Ok(Some(d)) => d,
-            _ => continue,
-        };
-        let seq = seq_of(&d.message.body);
-        if seq < acked as u64 {
-            seen = seen.max(seq as usize + 1);
-            consumer.ack(&[d.tag]);
-        } else {
-            consumer.reject(&[d.tag], true);
-        }
-    }
-    drop(consumer);
-    broker.shutdown().await.expect("shutdown");
-    let broker = open_on(&sim, gate).await;
-    assert_eq!(
-        broker.info("q").expect("info").ready(),
-        (confirmed.len() - acked) as u64,
-        "the acks survive a restart"
-    );
-    broker.shutdown().await.expect("shutdown");
+    ack_the_first_half_and_restart(&sim, broker, gate, &confirmed, "on a full disk").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -302,6 +234,52 @@ async fn a_partition_stopped_at_reserve_with_a_delivery_out_can_be_purged() {
         broker.info("q").expect("info").ready(),
         0,
         "after a restart"
+    );
+    broker.shutdown().await.expect("shutdown");
+}
+
+/// Acks the first half of `confirmed` (rejecting the rest with requeue) until the acks are
+/// durable, within 10 s, then restarts the broker and checks that they survived. A settle that
+/// fails on a stopped log returns the message; it comes again and is acked again.
+async fn ack_the_first_half_and_restart(
+    sim: &SimIo,
+    broker: Broker,
+    gate: Arc<ReserveGate>,
+    confirmed: &[u64],
+    when: &str,
+) {
+    let acked = confirmed.len() / 2;
+    let mut consumer = broker.subscribe("q", 100).expect("subscribe");
+    let mut seen = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while broker.info("q").expect("info").ready() + broker.info("q").expect("info").inflight()
+        > (confirmed.len() - acked) as u64
+        || seen < acked
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "acks {when} never became durable: {:?}",
+            broker.info("q").expect("info")
+        );
+        let d = match tokio::time::timeout(Duration::from_millis(200), consumer.recv()).await {
+            Ok(Some(d)) => d,
+            _ => continue,
+        };
+        let seq = seq_of(&d.message.body);
+        if seq < acked as u64 {
+            seen = seen.max(seq as usize + 1);
+            consumer.ack(&[d.tag]);
+        } else {
+            consumer.reject(&[d.tag], true);
+        }
+    }
+    drop(consumer);
+    broker.shutdown().await.expect("shutdown");
+    let broker = open_on(sim, gate).await;
+    assert_eq!(
+        broker.info("q").expect("info").ready(),
+        (confirmed.len() - acked) as u64,
+        "the acks survive a restart"
     );
     broker.shutdown().await.expect("shutdown");
 }
