@@ -48,22 +48,8 @@ impl Owner {
             return;
         }
         self.checkpoint_disk_bytes = self.disk_bytes;
-        if !many_duplicates {
-            let Some(log) = &self.log else {
-                return;
-            };
-            let bases = log.space().segment_bases;
-            // A log of one segment has nothing for reclaim to cut below a record.
-            let Some(&tail_base) = bases.last().filter(|_| bases.len() >= 2) else {
-                return;
-            };
-            if self
-                .state
-                .last_checkpoint()
-                .is_some_and(|at| at >= tail_base)
-            {
-                return;
-            }
+        if !many_duplicates && !self.tail_segment_lacks_a_record() {
+            return;
         }
         let sequence = self.driver.next_sequence();
         self.checkpoint_sequence = Some(sequence);
@@ -73,6 +59,19 @@ impl Owner {
             // Refused at once (nothing was queued).
             self.checkpoint_sequence = None;
         }
+    }
+
+    /// Whether the log has rolled and its tail segment holds no `PRODUCERS` record yet (a log
+    /// of one segment has nothing for reclaim to cut below a record).
+    fn tail_segment_lacks_a_record(&self) -> bool {
+        let Some(log) = &self.log else {
+            return false;
+        };
+        let bases = log.space().segment_bases;
+        let Some(&tail_base) = bases.last().filter(|_| bases.len() >= 2) else {
+            return false;
+        };
+        self.state.last_checkpoint().is_none_or(|at| at < tail_base)
     }
 
     /// Fill in the `PRODUCERS` record `batch` with the windows now, if the state is where the
