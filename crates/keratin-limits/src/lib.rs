@@ -8,6 +8,8 @@
 //! - [`disk`]: `statvfs` sampling, the storage budget, disk thresholds, `DiskLevels`.
 //! - [`memory`]: resident memory from `statm`, memory thresholds, `MemoryLevels`.
 //! - [`memory_limit`]: the memory limit from cgroups v1/v2, configuration or physical memory.
+//! - [`claims`]: `MemoryClaims`, memory a connection, frame or consumer claims before it takes
+//!   it, granted only if it would not take memory past hard.
 //! - [`admission`]: `Admission::decide` (admit, slow, reject with a retry hint) and
 //!   `OperationClass` (what each level allows).
 //! - [`monitor`]: `Monitor`, the per-node state: levels per device and memory, level changes.
@@ -17,6 +19,7 @@
 #![deny(missing_docs)]
 
 pub mod admission;
+pub mod claims;
 pub mod disk;
 pub mod error;
 pub mod level;
@@ -27,6 +30,7 @@ pub mod report;
 pub mod settings;
 
 pub use admission::{Admission, Decision, LevelInput, OperationClass, Reason};
+pub use claims::{ClaimRefused, MemoryClaim, MemoryClaims};
 pub use disk::{sample_filesystem, DeviceId, DiskLevels, DiskSample, FilesystemSample};
 pub use error::LimitsError;
 pub use level::{Level, Thresholds};

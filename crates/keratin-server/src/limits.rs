@@ -15,8 +15,8 @@ use keratin_broker::{Broker, GateDecision, PublishGate};
 use keratin_cluster::ClusterLevels;
 use keratin_limits::{
     discover_limit, read_resident_bytes, sample_filesystem, Decision, DeviceId, DiskSample, Level,
-    LevelChange, LimitSource, LimitsSettings, MemoryLimit, MemorySample, Monitor, Reason,
-    SystemRoots,
+    LevelChange, LimitSource, LimitsSettings, MemoryClaims, MemoryLimit, MemorySample, Monitor,
+    Reason, SystemRoots,
 };
 use keratin_log::SegmentPool;
 
@@ -118,6 +118,9 @@ pub struct NodeLimits {
     /// Each file system's largest queues for the node's report, and when they were counted
     /// (`replicas.rs`: counted at most every few seconds, as listing every queue costs).
     largest_queues: Mutex<Option<(std::time::Instant, Vec<Vec<keratin_limits::QueueUsage>>)>>,
+    /// Memory claimed by connections, large frames and consumers before they take it, decided
+    /// against each memory sample.
+    claims: Arc<MemoryClaims>,
 }
 
 /// A queue's dead-letter failures as the sampler last saw them.
@@ -204,6 +207,7 @@ impl NodeLimits {
             sampled: watch::Sender::new(0),
             filling: Mutex::new(BTreeSet::new()),
             largest_queues: Mutex::new(None),
+            claims: MemoryClaims::new(),
         })
     }
 
@@ -211,6 +215,12 @@ impl NodeLimits {
     pub fn attach(&self, broker: &Broker) {
         let _ = self.pool.set(broker.pool().clone());
         let _ = self.broker.set(broker.clone());
+    }
+
+    /// The node's memory claims (connections, large frames and consumers take memory through
+    /// them).
+    pub fn memory_claims(&self) -> &Arc<MemoryClaims> {
+        &self.claims
     }
 
     /// The memory limit the levels are computed from.
@@ -317,6 +327,7 @@ impl NodeLimits {
                 if let Some(change) = change {
                     self.report(&change, None);
                 }
+                self.observe_claims(resident_bytes);
                 // Every sample, not only under pressure: after a burst the allocator would keep
                 // the freed buffers resident until the next one (issue 9's memory case: 19.1 MB
                 // before, 17.4 MB after, holding a million queued messages after a 200 k msg/s
@@ -325,6 +336,26 @@ impl NodeLimits {
             }
             Err(error) => tracing::warn!(%error, "cannot read resident memory"),
         }
+    }
+
+    /// Give the memory claims the sample just taken: resident bytes, where hard begins, the
+    /// level, and the retry hint of memory at hard.
+    fn observe_claims(&self, resident_bytes: u64) {
+        let monitor = lock(&self.monitor);
+        let Some(input) = monitor.memory_input() else {
+            return;
+        };
+        let limit_bytes = self.memory_limit.limit_bytes;
+        let ceiling_bytes = limit_bytes.saturating_sub(input.thresholds.hard_bytes);
+        let retry_after_ms = monitor
+            .admission()
+            .retry_after_ms(Reason::Memory, Level::Hard);
+        self.claims.observe(
+            resident_bytes,
+            ceiling_bytes,
+            input.level >= Level::Hard,
+            retry_after_ms,
+        );
     }
 
     /// Raise an attention item when a queue reaches its limit (and note when it has room again).

@@ -184,6 +184,22 @@ pub fn render(broker: &Broker, limits: &NodeLimits, access: &crate::access::Acce
         "Memory level: 0 normal, 1 soft, 2 hard",
         snapshot.memory_level as u64,
     );
+    let claims = limits.memory_claims();
+    gauge(
+        &mut registry,
+        "memory_claimed_bytes",
+        "Memory claimed by open connections, large frames being read and consumers' prefetch \
+         bookkeeping (admitted only below the hard level)",
+        claims.claimed_bytes(),
+    );
+    let claims_refused = Counter::<u64>::default();
+    claims_refused.inc_by(claims.refused());
+    registry.register(
+        "memory_claims_refused",
+        "Connections, subscribes and large frames refused or held back because their memory would \
+         pass the hard level (a large frame held back counts once, whether it then goes on or not)",
+        claims_refused,
+    );
     let deliveries = broker.delivery_budget();
     gauge(
         &mut registry,

@@ -220,9 +220,16 @@ impl Node {
         // Each unanswered publish byte is held about twice (the decoded message, the encoded
         // record) until its sync: an eighth of the limit keeps that under a quarter of it.
         let memory_eighth = (limits.memory_limit_bytes() / 8) as usize;
+        let publish_bytes_inflight_max =
+            crate::tcp::PUBLISH_BYTES_INFLIGHT_DEFAULT.min(memory_eighth.max(8 << 20));
+        // Claims fit beside what the fixed budgets may take, each of their bytes held twice.
+        limits.memory_claims().set_budgets(
+            (publish_bytes_inflight_max as u64)
+                .saturating_add(budgets.node_bytes)
+                .saturating_mul(2),
+        );
         let options = TcpOptions {
-            publish_bytes_inflight_max: crate::tcp::PUBLISH_BYTES_INFLIGHT_DEFAULT
-                .min(memory_eighth.max(8 << 20)),
+            publish_bytes_inflight_max,
             outbound_bytes_max: usize::try_from(budgets.connection_bytes).unwrap_or(usize::MAX),
             connections_max: usize::try_from(config.server.connections_max.max(1))
                 .unwrap_or(usize::MAX),
@@ -236,6 +243,7 @@ impl Node {
             access: Some(access.clone()),
             insecure: config.server.insecure,
             audit: Some(audit.clone()),
+            memory_claims: limits.memory_claims().clone(),
             ..TcpOptions::default()
         };
         let node_id = options.node_id.clone();

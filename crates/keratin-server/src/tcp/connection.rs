@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::BytesMut;
-use futures_util::{SinkExt, StreamExt};
+use futures_util::SinkExt;
 use keratin_broker::{
     Broker, BrokerError, ByteBudget, DeliveryPermit, DeliveryTag, Settler, SubscribeOptions,
 };
@@ -31,9 +31,10 @@ use keratin_proto::{
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinHandle;
-use tokio_util::codec::{FramedRead, FramedWrite};
+use tokio_util::codec::FramedWrite;
 
 use super::errors::error_body;
+use super::incoming::{FrameReader, Incoming};
 use super::stream::ProtocolStream;
 use super::TcpOptions;
 use crate::access::{Grant, Login};
@@ -41,6 +42,7 @@ use crate::audit::{AuditEntry, Via};
 use crate::convert;
 use crate::quota::Admission;
 use keratin_auth::Permission;
+use keratin_limits::MemoryClaim;
 use keratin_proto::codes::ERR_UNAUTHENTICATED;
 use keratin_proto::LimitReason;
 
@@ -59,6 +61,8 @@ struct ConsumerEntry {
     settler: Settler,
     forwarder: JoinHandle<()>,
     prefetch: u32,
+    /// The memory of its unacknowledged deliveries' bookkeeping, claimed for its whole prefetch.
+    _memory: MemoryClaim,
 }
 
 /// Most consumers on one connection. Each costs a forwarder task, a link in every partition of
@@ -67,12 +71,16 @@ struct ConsumerEntry {
 /// MiB even on 64-partition queues.
 pub(crate) const CONSUMERS_PER_CONNECTION_MAX: usize = 1024;
 
-/// Most unacknowledged deliveries on one connection, summed over its consumers' prefetch. Each
-/// unacknowledged delivery costs about 100 bytes of bookkeeping (an entry in the connection's
-/// delivery map and one in its partition's inflight map), so 262,144 bound a connection's
-/// unacked bookkeeping at about 25 MiB whatever its consumers ask for (one consumer may still
-/// use the largest prefetch, 65,535).
+/// Most unacknowledged deliveries on one connection, summed over its consumers' prefetch. At
+/// [`UNACKED_BOOKKEEPING_BYTES`] each, 262,144 bound a connection's unacked bookkeeping at about
+/// 25 MiB whatever its consumers ask for (one consumer may still use the largest prefetch,
+/// 65,535).
 pub(crate) const PREFETCH_PER_CONNECTION_MAX: u64 = 1 << 18;
+
+/// The bookkeeping of one unacknowledged delivery: an entry in the connection's delivery map and
+/// one in its partition's inflight map, about 100 bytes. A consumer claims this much memory per
+/// unit of prefetch when it subscribes.
+pub(crate) const UNACKED_BOOKKEEPING_BYTES: u64 = 100;
 
 /// What the reader loop keeps.
 struct Conn {
@@ -115,8 +123,12 @@ pub(super) async fn run<S: ProtocolStream>(
     let codec =
         FrameCodec::with_frame_size_bytes_max(options.frame_size_bytes_max).with_version(version);
     let (read_half, write_half) = stream.split_owned();
-    let mut frames = FramedRead::new(read_half, codec.clone());
-    frames.read_buffer_mut().extend_from_slice(&leftover);
+    let mut frames = FrameReader::new(
+        read_half,
+        codec.clone(),
+        leftover,
+        options.memory_claims.clone(),
+    );
     let sink = FramedWrite::new(write_half, codec);
     let (out, out_rx) = mpsc::channel(options.outbound_frames_max);
     let writer = tokio::spawn(write_frames(sink, out_rx, options.heartbeat_interval));
@@ -152,16 +164,24 @@ pub(super) async fn run<S: ProtocolStream>(
                 .await;
                 break;
             }
-            Ok(None) => break,
-            Ok(Some(Err(error))) => {
+            Ok(Incoming::Closed) => break,
+            Ok(Incoming::Bad(error)) => {
                 tracing::debug!(%peer, %error, "bad frame; closing");
                 conn.fatal(error.to_error_body()).await;
                 break;
             }
-            Ok(Some(Ok(frame))) => frame,
+            Ok(Incoming::NoMemory {
+                size_bytes,
+                refused,
+            }) => {
+                tracing::warn!(%peer, size_bytes, %refused, "no memory for a large frame; closing");
+                conn.fatal(frame_refusal(size_bytes, &refused)).await;
+                break;
+            }
+            Ok(Incoming::Frame(frame, claim)) => (frame, claim),
         };
-        shrink_retained(frames.read_buffer_mut());
-        if !conn.dispatch(frame).await {
+        let (frame, claim) = frame;
+        if !conn.dispatch(frame, claim).await {
             break;
         }
     }
@@ -407,12 +427,41 @@ const BUFFER_RETAINED_BYTES: usize = 64 << 10;
 
 /// Give back a buffer's capacity beyond [`BUFFER_RETAINED_BYTES`], keeping its bytes (the start
 /// of the next frame, when reading).
-fn shrink_retained(buf: &mut BytesMut) {
+pub(super) fn shrink_retained(buf: &mut BytesMut) {
     if buf.capacity() > BUFFER_RETAINED_BYTES && buf.len() <= BUFFER_RETAINED_BYTES / 2 {
         let mut small = BytesMut::with_capacity(BUFFER_RETAINED_BYTES / 2);
         small.extend_from_slice(buf);
         *buf = small;
     }
+}
+
+/// The answer to a subscribe whose prefetch's bookkeeping found no memory: 429 `memory`.
+fn consumer_refusal(prefetch: u32, refused: &keratin_limits::ClaimRefused) -> ErrorBody {
+    let retry_after_ms = u32::try_from(refused.retry_after_ms).unwrap_or(u32::MAX);
+    ErrorBody::limited(
+        LimitReason::Memory,
+        retry_after_ms,
+        format!(
+            "a consumer with prefetch {prefetch} was refused: {refused}; retry after \
+             {retry_after_ms} ms, or subscribe with a smaller prefetch"
+        ),
+    )
+}
+
+/// The answer to a large frame that found no memory: 429 `memory`, and the connection closes
+/// (the frame's body is still in the socket, unread).
+fn frame_refusal(size_bytes: usize, refused: &keratin_limits::ClaimRefused) -> ErrorBody {
+    let retry_after_ms = u32::try_from(refused.retry_after_ms).unwrap_or(u32::MAX);
+    ErrorBody::limited(
+        LimitReason::Memory,
+        retry_after_ms,
+        format!(
+            "a frame of {size_bytes} bytes waited {} s for memory and was not read: {refused}; \
+             the connection is closed; reconnect and retry after {retry_after_ms} ms, or send \
+             smaller batches",
+            super::incoming::FRAME_CLAIM_WAIT.as_secs()
+        ),
+    )
 }
 
 fn is_fatal(frame: &Frame) -> bool {
@@ -455,8 +504,9 @@ impl Conn {
         }
     }
 
-    /// Handle one frame; false when the connection must end.
-    async fn dispatch(&mut self, frame: Frame) -> bool {
+    /// Handle one frame, holding the memory `claim` of a large one until its bytes are let go
+    /// (a publish's when it is answered); false when the connection must end.
+    async fn dispatch(&mut self, frame: Frame, claim: Option<MemoryClaim>) -> bool {
         let is_request = !matches!(
             frame,
             Frame::Publish(_)
@@ -529,7 +579,7 @@ impl Conn {
                 self.audited("queue.settings", &s.queue, &result);
                 self.reply(s.request_id, result).await;
             }
-            Frame::Publish(p) => self.publish(p).await,
+            Frame::Publish(p) => self.publish(p, claim.map(Arc::new)).await,
             Frame::Subscribe(s) => self.subscribe(s).await,
             Frame::Cancel(c) => self.cancel(c).await,
             Frame::Ack(Ack { delivery_ids }) => self.settle(delivery_ids, None).await,
@@ -669,7 +719,7 @@ impl Conn {
     /// Hand the batch to the broker now (so that publishes keep their order per partition) and
     /// answer it from a task once the outcomes are known. A joinable frame for a queue with
     /// limits is handed over message by message: each is admitted on its own.
-    async fn publish(&self, p: Publish) {
+    async fn publish(&self, p: Publish, claim: Option<Arc<MemoryClaim>>) {
         if let Err(refused) = self.grant.check(&p.queue, Permission::Publish) {
             self.refuse_publish(&p, refused).await;
             return;
@@ -686,18 +736,21 @@ impl Conn {
         }
         if p.joinable && p.messages.len() > 1 && !self.broker.publishes_may_join(&p.queue) {
             for message in p.messages {
-                self.publish_batch(Publish {
-                    queue: p.queue.clone(),
-                    mode: p.mode,
-                    messages: vec![message],
-                    joinable: false,
-                    producer_id: p.producer_id,
-                })
+                self.publish_batch(
+                    Publish {
+                        queue: p.queue.clone(),
+                        mode: p.mode,
+                        messages: vec![message],
+                        joinable: false,
+                        producer_id: p.producer_id,
+                    },
+                    claim.clone(),
+                )
                 .await;
             }
             return;
         }
-        self.publish_batch(p).await;
+        self.publish_batch(p, claim).await;
     }
 
     /// Answer every message of `p` with `error`.
@@ -740,8 +793,9 @@ impl Conn {
         }
     }
 
-    /// Hand one all-or-nothing batch to the broker and answer it from a task.
-    async fn publish_batch(&self, p: Publish) {
+    /// Hand one all-or-nothing batch to the broker and answer it from a task, which holds the
+    /// frame's memory `claim` until the answer.
+    async fn publish_batch(&self, p: Publish, claim: Option<Arc<MemoryClaim>>) {
         let Ok(permit) = self.publish_permits.clone().acquire_owned().await else {
             return;
         };
@@ -774,6 +828,7 @@ impl Conn {
             }
             drop(permit);
             drop(bytes_permit);
+            drop(claim);
         });
     }
 
@@ -786,6 +841,18 @@ impl Conn {
             self.reply(s.request_id, Err(error)).await;
             return;
         }
+        let memory = match self
+            .options
+            .memory_claims
+            .claim(u64::from(s.prefetch) * UNACKED_BOOKKEEPING_BYTES)
+        {
+            Ok(claim) => claim,
+            Err(refused) => {
+                self.reply(s.request_id, Err(consumer_refusal(s.prefetch, &refused)))
+                    .await;
+                return;
+            }
+        };
         if self.consumers.contains_key(&s.consumer_tag)
             || self.readers.contains_key(&s.consumer_tag)
         {
@@ -868,6 +935,7 @@ impl Conn {
                 settler,
                 forwarder,
                 prefetch: s.prefetch,
+                _memory: memory,
             },
         );
     }

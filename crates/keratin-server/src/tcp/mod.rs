@@ -2,6 +2,7 @@
 
 mod connection;
 pub mod errors;
+mod incoming;
 mod stream;
 
 use std::future::Future;
@@ -31,6 +32,11 @@ pub const OUTBOUND_BYTES_DEFAULT: usize = 16 << 20;
 /// `PREFETCH_PER_CONNECTION_MAX` unacknowledged deliveries, about 25 MiB) and a file descriptor;
 /// 1,024 is the usual descriptor limit of a process.
 pub const CONNECTIONS_MAX_DEFAULT: usize = 1024;
+
+/// Memory a connection claims for as long as it is open: its task, its read and write buffers
+/// between frames (64 KiB each at most, `BUFFER_RETAINED_BYTES`), its outbound channel and
+/// maps. A connection that would take memory past hard is refused with 429 `memory`.
+pub const CONNECTION_CLAIM_BYTES: u64 = 256 << 10;
 
 /// Refusals of connections past `connections_max` being answered at once: each waits for the
 /// client's hello (at most `handshake_timeout`) to answer it 429 `connections`. Past this,
@@ -107,6 +113,10 @@ pub struct TcpOptions {
     /// The audit trail the connections record manage verbs and refused logins in; `None`:
     /// not recorded.
     pub audit: Option<crate::audit::AuditLog>,
+    /// The node's memory claims: each connection claims [`CONNECTION_CLAIM_BYTES`], each frame
+    /// over 64 KiB its size while it is read, each consumer its prefetch's bookkeeping. The
+    /// default grants everything (no memory sample feeds it).
+    pub memory_claims: Arc<keratin_limits::MemoryClaims>,
 }
 
 impl Default for TcpOptions {
@@ -130,6 +140,7 @@ impl Default for TcpOptions {
             access: None,
             insecure: false,
             audit: None,
+            memory_claims: keratin_limits::MemoryClaims::new(),
         }
     }
 }
@@ -163,10 +174,19 @@ pub async fn serve(
                     }
                 };
                 let _ = stream.set_nodelay(true);
-                if connections.len() >= options.connections_max {
+                let admitted = if connections.len() >= options.connections_max {
                     tracing::warn!(%peer, connections_max = options.connections_max, "too many connections; refusing the new one");
+                    Err(connections_refusal(options.connections_max))
+                } else {
+                    options.memory_claims.claim(CONNECTION_CLAIM_BYTES).map_err(|refused| {
+                        tracing::warn!(%peer, %refused, "no memory for a new connection; refusing it");
+                        memory_refusal(&refused)
+                    })
+                };
+                let memory = match admitted {
+                    Ok(claim) => claim,
+                    Err(error) => {
                     if refusals.len() < REFUSALS_MAX {
-                        let error = connections_refusal(options.connections_max);
                         let options = options.clone();
                         refusals.spawn(async move {
                             match options.tls.clone() {
@@ -180,12 +200,14 @@ pub async fn serve(
                         });
                     }
                     continue;
-                }
+                    }
+                };
                 let broker = broker.clone();
                 let options = options.clone();
                 let stop = stop_rx.clone();
                 let publish_bytes = publish_bytes.clone();
                 connections.spawn(async move {
+                    let _memory = memory;
                     match options.tls.clone() {
                         None => connection::run(stream, peer, broker, options, publish_bytes, stop).await,
                         Some(tls) => {
@@ -236,6 +258,20 @@ async fn tls_accept(
             None
         }
     }
+}
+
+/// The answer to a connection that would take memory past hard: 429 `memory`, not applied,
+/// retry.
+fn memory_refusal(refused: &keratin_limits::ClaimRefused) -> keratin_proto::ErrorBody {
+    let retry_after_ms = u32::try_from(refused.retry_after_ms).unwrap_or(u32::MAX);
+    keratin_proto::ErrorBody::limited(
+        keratin_proto::LimitReason::Memory,
+        retry_after_ms,
+        format!(
+            "the node has no memory for another connection: {refused}; close idle \
+             connections or consumers with large prefetch; retry after {retry_after_ms} ms"
+        ),
+    )
 }
 
 /// The answer to a connection past `connections_max`: 429 `connections`, not applied, retry.
