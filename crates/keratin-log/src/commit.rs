@@ -35,6 +35,7 @@ use crate::segment::{
     ANCHOR_FILE_NAME, ANCHOR_SCRATCH_FILE_NAME,
 };
 use crate::ticket::Reply;
+use crate::workers::WorkerSet;
 
 /// The segment appends go to.
 #[derive(Debug)]
@@ -121,14 +122,46 @@ type AnswerBatch = Vec<(Reply<Range<u64>>, Range<u64>)>;
 pub(crate) struct Engine {
     writer: Writer,
     work: Pending,
+    /// The file system's commit workers, which count the buffers idle logs keep.
+    workers: Arc<WorkerSet>,
+    /// The buffer capacity counted for this log while it is idle; 0 while a round runs.
+    retained: usize,
 }
 
 impl Engine {
-    pub(crate) fn new(writer: Writer) -> Box<Engine> {
+    pub(crate) fn new(writer: Writer, workers: Arc<WorkerSet>) -> Box<Engine> {
         Box::new(Engine {
             writer,
             work: Pending::default(),
+            workers,
+            retained: 0,
         })
+    }
+
+    /// A round starts: its buffers are in use, no longer counted as kept.
+    fn start_round(&mut self) {
+        self.workers.unretain(std::mem::take(&mut self.retained));
+    }
+
+    /// The log goes idle with `pending` empty: keep the buffers if the file system's bound on
+    /// kept buffers has room for them ([`crate::workers::RETAINED_BUFFERS_BYTES_MAX`]), else
+    /// free them.
+    fn go_idle(&mut self, pending: &mut Pending) {
+        let bytes =
+            self.work.capacity_bytes() + pending.capacity_bytes() + self.writer.buf.capacity();
+        if bytes == 0 || self.workers.retain(bytes) {
+            self.retained = bytes;
+            return;
+        }
+        self.work = Pending::default();
+        *pending = Pending::default();
+        self.writer.buf = Vec::new();
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.workers.unretain(self.retained);
     }
 }
 
@@ -1013,6 +1046,7 @@ pub(crate) fn run_round(shared: &Arc<Shared>) {
             return;
         }
         std::mem::swap(&mut state.pending, &mut engine.work);
+        engine.start_round();
         (engine, state.room_wakers.take())
     };
     shared.wake_room_waiters(wakers);
@@ -1030,6 +1064,9 @@ pub(crate) fn run_round(shared: &Arc<Shared>) {
             let deferred = !answers.is_empty();
             if deferred {
                 state.answering += 1;
+            }
+            if !more {
+                engine.go_idle(&mut state.pending);
             }
             state.engine = Some(engine);
             if more {

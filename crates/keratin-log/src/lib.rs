@@ -50,3 +50,4 @@ pub use pool::{
 pub use reader::LogReader;
 pub use sync_stats::{SyncHistogramSnapshot, SYNC_BUCKET_COUNT, SYNC_BUCKET_FIRST_MICROS};
 pub use ticket::Ticket;
+pub use workers::RETAINED_BUFFERS_BYTES_MAX;

@@ -210,6 +210,13 @@ pub(crate) struct Pending {
 }
 
 impl Pending {
+    /// The capacity its buffers hold.
+    pub(crate) fn capacity_bytes(&self) -> usize {
+        self.items.capacity() * std::mem::size_of::<Item>()
+            + self.metas.capacity() * std::mem::size_of::<RecordMeta>()
+            + self.payloads.capacity()
+    }
+
     pub(crate) fn clear(&mut self) {
         self.items.clear();
         self.metas.clear();
@@ -463,7 +470,7 @@ impl Log {
             heal_lock: Mutex::new(()),
         });
         let writer = Writer::start(&shared, recovered)?;
-        shared.lock().engine = Some(Engine::new(writer));
+        shared.lock().engine = Some(Engine::new(writer, shared.workers.clone()));
         Ok(Log { shared })
     }
 
@@ -829,7 +836,7 @@ impl Log {
             let mut state = shared.lock();
             debug_assert!(!state.scheduled && state.pending.items.is_empty());
             state.next_offset = writer.next_offset();
-            state.engine = Some(Engine::new(writer));
+            state.engine = Some(Engine::new(writer, shared.workers.clone()));
             state.stopped = None;
         }
         shared.pool.note_log_healed();

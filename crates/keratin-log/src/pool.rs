@@ -787,6 +787,13 @@ impl SegmentPool {
         self.inner.commit.threads()
     }
 
+    /// Buffer capacity this pool's idle logs keep between their rounds: at most 64 MiB per file
+    /// system whatever the number of logs (a log past that frees its buffers when it goes
+    /// idle).
+    pub fn retained_buffer_bytes(&self) -> usize {
+        self.inner.commit.retained_bytes()
+    }
+
     /// The commit workers of the file system holding `log_dir` (or, while it does not exist
     /// yet, its nearest existing ancestor), with one worker started at least.
     pub(crate) fn commit_set(&self, log_dir: &Path) -> LogResult<Arc<WorkerSet>> {

@@ -41,7 +41,17 @@ pub(crate) struct WorkerSet {
     queue: Mutex<Queue>,
     ready: Condvar,
     running: Arc<AtomicUsize>,
+    /// Buffer capacity the idle logs of this file system keep between rounds; at most
+    /// [`RETAINED_BUFFERS_BYTES_MAX`].
+    retained_bytes: AtomicUsize,
 }
+
+/// Buffer capacity all the idle logs of one file system keep between their rounds, together.
+/// A log keeps its buffers (up to 1 MiB each, three per log) to spare the next round its
+/// allocations; past this bound a log that goes idle frees them instead. So 4,096 partitions
+/// that each saw a burst hold 64 MiB between rounds, not 12 GiB: the buffers of rounds in
+/// progress hold the appends waiting for them, which the node's publish budget bounds.
+pub const RETAINED_BUFFERS_BYTES_MAX: usize = 64 << 20;
 
 #[derive(Debug, Default)]
 struct Queue {
@@ -77,6 +87,7 @@ impl CommitWorkers {
                     queue: Mutex::new(Queue::default()),
                     ready: Condvar::new(),
                     running: self.threads.clone(),
+                    retained_bytes: AtomicUsize::new(0),
                 })
             })
             .clone();
@@ -91,6 +102,14 @@ impl CommitWorkers {
     /// Worker threads running, over every file system.
     pub(crate) fn threads(&self) -> usize {
         self.threads.load(Ordering::SeqCst)
+    }
+
+    /// Buffer capacity the idle logs keep between rounds, over every file system.
+    pub(crate) fn retained_bytes(&self) -> usize {
+        lock(&self.sets)
+            .values()
+            .map(|set| set.retained_bytes())
+            .sum()
     }
 }
 
@@ -121,6 +140,28 @@ impl Drop for CommitWorkers {
 }
 
 impl WorkerSet {
+    /// Count `bytes` of an idle log's buffers against [`RETAINED_BUFFERS_BYTES_MAX`]; false,
+    /// counting nothing, when they do not fit (the log frees them).
+    pub(crate) fn retain(&self, bytes: usize) -> bool {
+        self.retained_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                held.checked_add(bytes)
+                    .filter(|&total| total <= RETAINED_BUFFERS_BYTES_MAX)
+            })
+            .is_ok()
+    }
+
+    /// Stop counting `bytes` that [`WorkerSet::retain`] counted (the log works again, or is
+    /// gone).
+    pub(crate) fn unretain(&self, bytes: usize) {
+        self.retained_bytes.fetch_sub(bytes, Ordering::AcqRel);
+    }
+
+    /// Buffer capacity the idle logs of this file system keep.
+    pub(crate) fn retained_bytes(&self) -> usize {
+        self.retained_bytes.load(Ordering::Acquire)
+    }
+
     /// Put a log that has work on the ready queue (the caller marked it scheduled) and wake a
     /// worker, starting one more if none is idle, `may_start` and the set is not full. A worker
     /// that puts back a log it just served and goes straight back to the queue passes false: it

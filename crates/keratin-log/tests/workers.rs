@@ -20,6 +20,7 @@ use common::{payload, record, small_options};
 use keratin_log::io::IoResult;
 use keratin_log::{
     FsStats, Io, IoFile, Log, LogError, LogOptions, OpenMode, PoolOptions, SegmentPool, SimIo,
+    RETAINED_BUFFERS_BYTES_MAX,
 };
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -337,6 +338,62 @@ fn a_thousand_logs_share_the_workers_of_their_file_system() {
     assert!(
         after <= before,
         "{after} threads after the pool was dropped, {before} before"
+    );
+}
+
+#[test]
+fn idle_logs_keep_at_most_the_bound_of_buffers_together() {
+    let _serial = serial();
+    let io: Arc<dyn Io> = Arc::new(SimIo::new(common::seed(17)));
+    io.create_dir_all(Path::new(ROOT)).expect("storage dir");
+    let options = LogOptions {
+        full_segment_size_bytes: 4 << 20,
+        ..LogOptions::default()
+    };
+    let pool = SegmentPool::new(
+        io.clone(),
+        PoolOptions {
+            full_segment_size_bytes: options.full_segment_size_bytes,
+            commit_workers_per_filesystem: 2,
+            ..PoolOptions::default()
+        },
+    );
+    pool.add_storage_dir(Path::new(ROOT)).expect("pool dir");
+    // 100 logs each see one burst of 1 MiB: kept, their buffers would hold about 200 MiB.
+    let logs: Vec<Log> = (0..100)
+        .map(|i| {
+            let dir = Path::new(ROOT).join(format!("log-{i}"));
+            Log::open(io.clone(), &dir, options.clone(), Some(pool.clone())).expect("open")
+        })
+        .collect();
+    let burst: Vec<Vec<u8>> = (0..2).map(|i| payload(i, 0, 512 << 10)).collect();
+    let records: Vec<_> = burst.iter().map(|p| record(p)).collect();
+    let tickets: Vec<_> = logs
+        .iter()
+        .map(|log| log.append(&records))
+        .collect::<Result<_, _>>()
+        .expect("append");
+    for ticket in tickets {
+        assert_eq!(ticket.wait().expect("durable"), 0..2);
+    }
+    let kept = pool.retained_buffer_bytes();
+    assert!(
+        kept <= RETAINED_BUFFERS_BYTES_MAX,
+        "idle logs keep {kept} bytes of buffers, past the bound of {RETAINED_BUFFERS_BYTES_MAX}"
+    );
+    assert!(kept > 0, "logs within the bound keep their buffers");
+    // Logs that freed their buffers append as before.
+    for log in &logs {
+        assert_eq!(log.append_sync(&records).expect("append again"), 2..4);
+    }
+    assert!(pool.retained_buffer_bytes() <= RETAINED_BUFFERS_BYTES_MAX);
+    for log in logs {
+        log.close().expect("close");
+    }
+    assert_eq!(
+        pool.retained_buffer_bytes(),
+        0,
+        "closed logs keep nothing counted"
     );
 }
 
