@@ -52,6 +52,13 @@ pub const MAX_PREFETCH: u32 = 65_535;
 /// to keep every consumer busy; a server lowers it to fit its memory limit.
 pub const DELIVERY_BYTES_DEFAULT: u64 = 64 << 20;
 
+/// Node-wide bound on payload bytes read for relocation (space reclaim copying old live messages
+/// to the head) and not yet written back: four of a partition's 4 MiB rounds. Without it, every
+/// partition reclaiming at once would hold a round each, 4,096 partitions 16 GiB. A partition
+/// that finds it taken waits for another's round to finish (reclaim only frees space; it can
+/// wait). Separate from the delivery budget, which stalled consumers can hold.
+pub const RELOCATION_BYTES_MAX: u64 = 16 << 20;
+
 /// Default bound on the partitions of all queues of a node (`server.partitions_max`): 10,000
 /// single-partition queues fit with room for some partitioned ones. An idle partition costs an
 /// owner task, its log's in-memory index and, once it holds messages, an open segment file
@@ -424,6 +431,8 @@ pub(crate) struct BrokerInner {
     /// Consumers alive over all queues, against `consumers_max`.
     consumers: Arc<AtomicU64>,
     delivery_budget: Arc<ByteBudget>,
+    /// Payload bytes read for relocation and not yet written back ([`RELOCATION_BYTES_MAX`]).
+    relocation_budget: Arc<ByteBudget>,
     /// Messages held for dead-lettering over all partitions (`partition/dead_letter.rs`,
     /// `HELD_MAX`).
     dead_letters_held: HeldCount,
@@ -585,6 +594,7 @@ impl Broker {
             next_consumer: AtomicU64::new(1),
             consumers: Arc::new(AtomicU64::new(0)),
             delivery_budget,
+            relocation_budget: ByteBudget::new(RELOCATION_BYTES_MAX),
             dead_letters_held: HeldCount::default(),
         });
         let ids: std::collections::BTreeSet<u64> = decls.iter().map(|d| d.id).collect();
@@ -1349,6 +1359,12 @@ impl Broker {
         self.inner.delivery_budget()
     }
 
+    /// The node-wide budget of payload bytes read for relocation and not yet written back
+    /// ([`RELOCATION_BYTES_MAX`]).
+    pub fn relocation_budget(&self) -> Arc<ByteBudget> {
+        self.inner.relocation_budget()
+    }
+
     /// Subscribe to a queue with a count prefetch, an optional byte prefetch and an optional
     /// connection budget (see [`SubscribeOptions`]).
     pub fn subscribe_with(&self, name: &str, options: SubscribeOptions) -> BrokerResult<Consumer> {
@@ -1479,6 +1495,10 @@ const SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 impl BrokerInner {
     pub(crate) fn delivery_budget(&self) -> Arc<ByteBudget> {
         self.delivery_budget.clone()
+    }
+
+    pub(crate) fn relocation_budget(&self) -> Arc<ByteBudget> {
+        self.relocation_budget.clone()
     }
 
     fn queues_read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Arc<Queue>>> {

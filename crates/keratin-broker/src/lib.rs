@@ -57,7 +57,8 @@ pub use broker::{
     system_clock, Broker, BrokerConfig, Clock, MetadataLogInfo, NodeBounds, PartitionInfo,
     PendingPublish, QueueInfo, ReadFrom, Receipt, WeakBroker, CONSUMERS_MAX_DEFAULT, CURSOR_EXPIRY,
     DELIVERY_BYTES_DEFAULT, IDLE_RELEASE_AFTER_DEFAULT, MAX_PREFETCH, PARTITIONS_MAX_DEFAULT,
-    PUBLISH_TIMEOUT_DEFAULT, PURGE_LEADER_WAIT, QUEUES_MAX_DEFAULT, RETENTION_INTERVAL,
+    PUBLISH_TIMEOUT_DEFAULT, PURGE_LEADER_WAIT, QUEUES_MAX_DEFAULT, RELOCATION_BYTES_MAX,
+    RETENTION_INTERVAL,
 };
 pub use byte_budget::{ByteBudget, BytePermit};
 pub use consumer::{

@@ -19,7 +19,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::*;
-use keratin_broker::{Broker, BrokerConfig, Message, PartitionInfo, QueueSettings};
+use keratin_broker::{
+    Broker, BrokerConfig, Message, PartitionInfo, QueueSettings, RELOCATION_BYTES_MAX,
+};
 
 const MESSAGES: u64 = 200_000;
 const BODY_BYTES: usize = 100;
@@ -142,6 +144,65 @@ async fn a_few_unacked_messages_do_not_pin_the_log_nor_change_order() {
     // And the same after a restart: nothing comes back.
     let broker = open(&tmp).await;
     assert_eq!(broker.info("q").expect("info").ready(), 0);
+    broker.shutdown().await.expect("shutdown");
+}
+
+/// Relocation reads take from the node's relocation budget: while something else holds all of
+/// it, a partition pinned by a few held messages frees nothing; once it is given back,
+/// relocation runs and the partition reaches the bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relocation_waits_while_the_nodes_relocation_budget_is_taken() {
+    const COUNT: u64 = 20_000;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let broker = open(&tmp).await;
+    broker
+        .declare("q", QueueSettings::default())
+        .await
+        .expect("declare");
+    let taken = broker
+        .relocation_budget()
+        .try_take(RELOCATION_BYTES_MAX)
+        .expect("the whole relocation budget");
+    publish_many(&broker, "q", COUNT).await;
+    let mut consumer = broker.subscribe("q", 1_000).expect("subscribe");
+    for expected in 0..COUNT {
+        let d = recv(&mut consumer).await;
+        assert_eq!(seq_of(&d.message.body), expected);
+        if expected % KEEP_EVERY != 0 {
+            consumer.ack(&[d.tag]);
+        }
+    }
+    let held = COUNT / KEEP_EVERY;
+    assert!(
+        wait_until(Duration::from_secs(60), || {
+            broker.info("q").expect("info").partitions[0].inflight == held
+        })
+        .await,
+        "acks were not applied"
+    );
+    // Reclaim gets every chance for two seconds, and relocation cannot run.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let pinned = broker.info("q").expect("info").partitions[0].clone();
+    assert!(
+        !within_bound(&pinned),
+        "with the relocation budget taken the log stays pinned: {} disk bytes for {} live",
+        pinned.disk_bytes,
+        pinned.bytes
+    );
+    drop(taken);
+    wait_for_bound(&broker, "q", "relocation budget given back").await;
+    assert!(
+        wait_until(Duration::from_secs(10), || broker
+            .relocation_budget()
+            .used_bytes()
+            == 0)
+        .await,
+        "every relocation round gave its bytes back"
+    );
+    for (live, rebuilt) in broker.check_states("q").await.expect("states") {
+        assert_eq!(live, rebuilt, "relocations rebuild to the live state");
+    }
+    drop(consumer);
     broker.shutdown().await.expect("shutdown");
 }
 

@@ -222,11 +222,13 @@ impl Node {
         let memory_eighth = (limits.memory_limit_bytes() / 8) as usize;
         let publish_bytes_inflight_max =
             crate::tcp::PUBLISH_BYTES_INFLIGHT_DEFAULT.min(memory_eighth.max(8 << 20));
-        // Claims fit beside what the fixed budgets may take, each of their bytes held twice.
+        // Claims fit beside what the fixed budgets may take: publish and delivery bytes are
+        // each held about twice, relocation reads once.
         limits.memory_claims().set_budgets(
             (publish_bytes_inflight_max as u64)
                 .saturating_add(budgets.node_bytes)
-                .saturating_mul(2),
+                .saturating_mul(2)
+                .saturating_add(keratin_broker::RELOCATION_BYTES_MAX),
         );
         let options = TcpOptions {
             publish_bytes_inflight_max,

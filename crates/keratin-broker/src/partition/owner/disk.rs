@@ -30,6 +30,9 @@ pub(crate) struct RelocationRead {
     epoch: u64,
     payloads: Vec<(u64, u64, Vec<u8>)>,
     failed: bool,
+    /// The round's share of the node's relocation budget, given back once the copies are
+    /// handed to the log (or dropped).
+    _permit: crate::byte_budget::BytePermit,
 }
 
 /// What a job holding the log returns.
@@ -153,7 +156,19 @@ impl Owner {
     }
 
     /// Read payloads for relocation on the blocking pool; `relocation_read` writes the copies.
+    /// The round's bytes come from the node's relocation budget first; when other partitions'
+    /// rounds hold it, reclaim waits for their release's kick and looks again.
     pub(super) fn start_relocation_read(&mut self, wanted: Vec<(u64, u64)>) {
+        if wanted.is_empty() {
+            return;
+        }
+        let Some(budget) = self.ctx.broker.upgrade().map(|b| b.relocation_budget()) else {
+            return;
+        };
+        let Some(permit) = budget.take_or_wait(RELOCATE_BATCH_BYTES as u64, &self.commands) else {
+            self.reclaim_due = true;
+            return;
+        };
         let Some(runs) = self.plan_runs(&wanted) else {
             return;
         };
@@ -171,6 +186,7 @@ impl Owner {
                 epoch,
                 payloads: read.payloads,
                 failed: read.error.is_some(),
+                _permit: permit,
             }));
         });
     }
