@@ -7,6 +7,8 @@
 //! - Many consumers at the largest prefetch, never reading: once their bookkeeping would pass
 //!   hard, a subscribe and a new connection are refused with 429 `memory` and a retry hint, the
 //!   node keeps serving the connections it has, and cancelling gives the memory back.
+//! - Many partitions that each saw a burst: their logs' buffers do not stay behind, so memory
+//!   falls back below hard and publishes go through again.
 
 mod support;
 
@@ -300,7 +302,7 @@ async fn consumers_at_the_largest_prefetch_are_refused_with_memory_before_the_li
             .expect("publish");
     }
     // Connections of four consumers each, none ever reading, until a subscribe is refused:
-    // 512 MiB holds about 70 such consumers' bookkeeping.
+    // 512 MiB leaves room for about 27 such consumers beside the node's budgets.
     let mut connections = Vec::new();
     let mut consumers = Vec::new();
     let refused = 'open: loop {
@@ -371,5 +373,97 @@ async fn consumers_at_the_largest_prefetch_are_refused_with_memory_before_the_li
     drop(again);
     drop(consumers);
     drop(connections);
+    assert!(server.terminate(Duration::from_secs(20)), "clean shutdown");
+}
+
+/// Queues of the partitions test: each gets one burst of [`BURST_BYTES`].
+const BURST_QUEUES: usize = 300;
+const BURST_BYTES: usize = 1 << 20;
+
+/// Many partitions that each saw one burst: their logs keep round buffers between rounds only
+/// within the file system's bound, so once the bursts are over memory falls back below hard and
+/// publishes go through again. Kept whole (about 2 MiB per log after a 1 MiB burst), 300
+/// partitions would hold about 600 MiB in this 512 MiB cgroup: the node would stay at hard,
+/// refusing publishes, or be killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_partitions_after_a_burst_each_leave_memory_below_hard() {
+    let _serial = SERIAL.lock().await;
+    if !memory_cgroups("many_partitions_after_a_burst_each_leave_memory_below_hard") {
+        return;
+    }
+    let cgroup = MemoryCgroup::create(LIMIT_BYTES);
+    let tmp = tempfile::Builder::new()
+        .prefix("keratin-claims")
+        .tempdir_in("/var/tmp")
+        .expect("tmp");
+    let mut server = Server::start_in_cgroup(&cgroup, &write_config(tmp.path()));
+    let client = Client::connect(server.protocol, ClientOptions::default())
+        .await
+        .expect("connect");
+    for i in 0..BURST_QUEUES {
+        client
+            .declare(&format!("burst-{i}"), QueueSettings::default())
+            .await
+            .expect("declare");
+    }
+    let mut peak = 0;
+    let mut confirmed = 0;
+    let mut refused = 0;
+    for lane in (0..BURST_QUEUES).collect::<Vec<_>>().chunks(4) {
+        let batches = lane.iter().map(|&i| {
+            let client = client.clone();
+            async move {
+                let messages = (0..2)
+                    .map(|half| OutgoingMessage::new(body(half, BURST_BYTES / 2)))
+                    .collect();
+                client.publish_batch(&format!("burst-{i}"), messages).await
+            }
+        });
+        for results in futures_util::future::join_all(batches).await {
+            for result in results {
+                match result {
+                    Ok(_) => confirmed += 1,
+                    // Refused for memory: the publish, or its frame and connection.
+                    Err(failed) => {
+                        assert!(
+                            failed.reason() == Some("memory")
+                                || failed.error.to_string().contains("(memory)"),
+                            "{}",
+                            failed.error
+                        );
+                        refused += 1;
+                    }
+                }
+            }
+        }
+        peak = peak.max(server.rss_bytes());
+        assert!(server.alive(), "the broker was killed during the bursts");
+    }
+    // After the bursts, publishes go through again within 20 s.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while client
+        .publish("burst-0", OutgoingMessage::new(body(7, 64)))
+        .await
+        .is_err()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "publishes stayed refused after the bursts: RSS {} MiB; {}",
+            server.rss_bytes() >> 20,
+            status(server.http)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let after = server.rss_bytes();
+    eprintln!(
+        "{BURST_QUEUES} partitions, one 1 MiB burst each: {confirmed} messages confirmed, \
+         {refused} refused with memory; peak RSS {} MiB, {} MiB after; OOM kills {}",
+        peak >> 20,
+        after >> 20,
+        cgroup.oom_kills()
+    );
+    assert!(server.alive(), "the broker was killed");
+    assert_eq!(cgroup.oom_kills(), 0, "the kernel killed something");
+    assert!(confirmed > 0, "bursts were confirmed");
     assert!(server.terminate(Duration::from_secs(20)), "clean shutdown");
 }
