@@ -113,3 +113,59 @@ async fn deliveries_stream_in_and_acks_and_rejects_go_out() {
     client.close().await;
     server.await.unwrap();
 }
+
+/// Acks queued before `cancel` reach the broker before the `Cancel`: a broker that cancels a
+/// consumer returns its unacknowledged deliveries to ready, so an ack sent after the Cancel
+/// comes too late, and the acked message is delivered again. Twenty rounds of 200 acks
+/// followed at once by a cancel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_queued_before_a_cancel_go_out_before_it() {
+    const ROUNDS: usize = 20;
+    const DELIVERIES: u64 = 200;
+    let (addr, server) = fake::start(|mut conn| async move {
+        for round in 0..ROUNDS {
+            let Some(Frame::Subscribe(subscribe)) = conn.recv().await else {
+                panic!("expected Subscribe");
+            };
+            let tag = subscribe.consumer_tag.clone();
+            conn.send(Frame::SubscribeOk(SubscribeOk {
+                request_id: subscribe.request_id,
+                consumer_tag: tag.clone(),
+            }))
+            .await;
+            let first = round as u64 * DELIVERIES + 1;
+            for delivery_id in first..first + DELIVERIES {
+                conn.send(deliver(&tag, delivery_id)).await;
+            }
+            let mut acked = 0;
+            let cancel = loop {
+                match conn.recv().await {
+                    Some(Frame::Ack(ack)) => acked += ack.delivery_ids.len() as u64,
+                    Some(Frame::Cancel(cancel)) => break cancel,
+                    other => panic!("expected Ack or Cancel, got {other:?}"),
+                }
+            };
+            assert_eq!(
+                acked, DELIVERIES,
+                "round {round}: the Cancel came after {acked} of {DELIVERIES} acks"
+            );
+            conn.ok(cancel.request_id).await;
+        }
+        assert!(matches!(conn.recv().await, Some(Frame::Close(_))));
+    })
+    .await;
+    let client = fake::connect(addr, fake::options()).await;
+    for _ in 0..ROUNDS {
+        let mut consumer = client.subscribe("orders", 1000).await.unwrap();
+        let mut deliveries = Vec::new();
+        for _ in 0..DELIVERIES {
+            deliveries.push(consumer.next().await.expect("a delivery"));
+        }
+        for delivery in &deliveries {
+            delivery.ack().unwrap();
+        }
+        consumer.cancel().await.unwrap();
+    }
+    client.close().await;
+    server.await.unwrap();
+}
