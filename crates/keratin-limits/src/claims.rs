@@ -6,32 +6,34 @@
 //! that a sample sees too late: a new connection, a 16 MiB frame that arrives slowly, a
 //! consumer's bookkeeping for its whole prefetch. A thousand of them between two samples pass
 //! the limit before the level says hard. So each claims its bytes first, and a claim is granted
-//! only when it would not take memory past the hard threshold:
+//! only when it would not take memory past the limit:
 //!
 //! ```text
-//! granted  ⇔  level < hard  ∧  resident + budgets + claimed + bytes ≤ limit − hard_headroom
+//! granted  ⇔  resident + budgets + claimed + bytes ≤ limit
 //! ```
 //!
 //! where `resident` is the last sample, `budgets` the memory the node's fixed budgets may take
-//! at any moment (unanswered publishes, deliveries not yet sent: they wait for their budget
-//! rather than claim), `claimed` the bytes of every claim still held, and `hard_headroom` the
-//! headroom at which memory enters hard ([`crate::MemorySettings::thresholds`]). A claim is
-//! held until its memory is given back ([`MemoryClaim`] releases it when dropped).
+//! at any moment (unanswered publishes, deliveries not yet sent, relocation reads: they wait for
+//! their budget rather than claim), and `claimed` the bytes of every claim still held. A claim
+//! is held until its memory is given back ([`MemoryClaim`] releases it when dropped).
 //!
-//! The rule counts bytes in use twice (in `resident`, and in `claimed` or `budgets`): under
-//! load it refuses early, by at most the claimed and budgeted bytes, and it never lets a claim
-//! through because a sample had not seen the ones before it. Before the first sample nothing
-//! is known and every claim is granted.
+//! The ceiling is the limit, not the hard level: at hard, the memory level already refuses
+//! publishes one by one with a retry hint, and what claims memory there (a consumer's
+//! connection and prefetch, an ack frame) is what drains the node. The rule counts bytes in
+//! use twice (in `resident`, and in `claimed` or `budgets`): under load it refuses early, by at
+//! most the claimed and budgeted bytes, and it never lets a claim through because a sample had
+//! not seen the ones before it. Before the first sample nothing is known and every claim is
+//! granted.
 //!
 //! A refused claim carries the retry hint of memory at hard, as a refused publish does.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Whether a claim of `bytes` fits: `held` is what memory holds or may hold without a claim
-/// (`resident + budgets`), `claimed` what other claims hold, and `ceiling` the resident memory
-/// at which memory enters hard (`limit − hard_headroom`). Sums that overflow do not fit.
+/// (`resident + budgets`), `claimed` what other claims hold, and `ceiling` the memory limit.
+/// Sums that overflow do not fit.
 pub fn claim_fits(held_bytes: u64, claimed_bytes: u64, bytes: u64, ceiling_bytes: u64) -> bool {
     held_bytes
         .checked_add(claimed_bytes)
@@ -49,11 +51,8 @@ pub struct MemoryClaims {
     resident_bytes: AtomicU64,
     /// Memory the node's fixed budgets may take at any moment.
     budgets_bytes: AtomicU64,
-    /// `limit − hard_headroom` at the last sample; `u64::MAX` before the first.
+    /// The memory limit at the last sample; `u64::MAX` before the first.
     ceiling_bytes: AtomicU64,
-    /// Whether the memory level was hard at the last sample (with hysteresis: it may stay hard
-    /// a little below the ceiling).
-    at_hard: AtomicBool,
     /// The retry hint for a refused claim.
     retry_after_ms: AtomicU64,
     /// Claims refused since the node started (metrics).
@@ -67,7 +66,6 @@ impl Default for MemoryClaims {
             resident_bytes: AtomicU64::new(0),
             budgets_bytes: AtomicU64::new(0),
             ceiling_bytes: AtomicU64::new(u64::MAX),
-            at_hard: AtomicBool::new(false),
             retry_after_ms: AtomicU64::new(crate::admission::RETRY_AFTER_MS_MIN),
             refused: AtomicU64::new(0),
         }
@@ -85,7 +83,7 @@ pub struct ClaimRefused {
     pub budgets_bytes: u64,
     /// Bytes held by other claims.
     pub claimed_bytes: u64,
-    /// Resident memory at which memory enters hard.
+    /// The memory limit.
     pub ceiling_bytes: u64,
     /// When a retry may succeed.
     pub retry_after_ms: u64,
@@ -96,14 +94,14 @@ impl fmt::Display for ClaimRefused {
         let mib = |bytes: u64| bytes as f64 / f64::from(1 << 20);
         write!(
             f,
-            "{:.1} MiB more would take memory past its hard level ({:.1} MiB resident, {:.1} MiB \
-             kept for unanswered publishes and unsent deliveries, {:.1} MiB claimed by \
-             connections, large frames and consumers; hard at {:.1} MiB)",
+            "{:.1} MiB more could take memory past its limit of {:.1} MiB ({:.1} MiB resident, \
+             {:.1} MiB kept for unanswered publishes, unsent deliveries and reclaim, {:.1} MiB \
+             claimed by connections, large frames and consumers)",
             mib(self.bytes),
+            mib(self.ceiling_bytes),
             mib(self.resident_bytes),
             mib(self.budgets_bytes),
             mib(self.claimed_bytes),
-            mib(self.ceiling_bytes),
         )
     }
 }
@@ -142,18 +140,11 @@ impl MemoryClaims {
         self.budgets_bytes.store(budgets_bytes, Ordering::Release);
     }
 
-    /// Takes a memory sample: `resident_bytes`, the `ceiling_bytes` at which memory enters
-    /// hard, whether the level `at_hard` is hard, and the `retry_after_ms` of a refusal.
-    pub fn observe(
-        &self,
-        resident_bytes: u64,
-        ceiling_bytes: u64,
-        at_hard: bool,
-        retry_after_ms: u64,
-    ) {
+    /// Takes a memory sample: `resident_bytes`, the `limit_bytes`, and the `retry_after_ms` of
+    /// a refusal.
+    pub fn observe(&self, resident_bytes: u64, limit_bytes: u64, retry_after_ms: u64) {
         self.resident_bytes.store(resident_bytes, Ordering::Release);
-        self.ceiling_bytes.store(ceiling_bytes, Ordering::Release);
-        self.at_hard.store(at_hard, Ordering::Release);
+        self.ceiling_bytes.store(limit_bytes, Ordering::Release);
         self.retry_after_ms.store(retry_after_ms, Ordering::Release);
     }
 
@@ -174,10 +165,9 @@ impl MemoryClaims {
         let budgets_bytes = self.budgets_bytes.load(Ordering::Acquire);
         let held_bytes = resident_bytes.saturating_add(budgets_bytes);
         let ceiling_bytes = self.ceiling_bytes.load(Ordering::Acquire);
-        let at_hard = self.at_hard.load(Ordering::Acquire);
         let mut claimed_bytes = self.claimed_bytes.load(Ordering::Acquire);
         loop {
-            if at_hard || !claim_fits(held_bytes, claimed_bytes, bytes, ceiling_bytes) {
+            if !claim_fits(held_bytes, claimed_bytes, bytes, ceiling_bytes) {
                 return Err(ClaimRefused {
                     bytes,
                     resident_bytes,
@@ -241,7 +231,7 @@ mod tests {
     fn held_claims_count_against_the_next_and_dropping_one_gives_its_bytes_back() {
         let claims = MemoryClaims::new();
         claims.set_budgets(100);
-        claims.observe(400, 1000, false, 200);
+        claims.observe(400, 1000, 200);
         let first = claims.claim(300).expect("400 + 100 + 300 ≤ 1000");
         let refused = claims.claim(201).expect_err("400 + 100 + 300 + 201 > 1000");
         assert_eq!(
@@ -266,18 +256,9 @@ mod tests {
     }
 
     #[test]
-    fn at_hard_every_claim_is_refused_even_below_the_ceiling() {
-        let claims = MemoryClaims::new();
-        claims.observe(900, 1000, true, 200);
-        assert!(claims.claim(1).is_err());
-        claims.observe(900, 1000, false, 200);
-        assert!(claims.claim(1).is_ok());
-    }
-
-    #[test]
     fn racing_claims_never_pass_the_ceiling_together() {
         let claims = MemoryClaims::new();
-        claims.observe(0, 1000, false, 100);
+        claims.observe(0, 1000, 100);
         let granted: Vec<_> = std::thread::scope(|scope| {
             let handles: Vec<_> = (0..8)
                 .map(|_| {
@@ -311,9 +292,9 @@ mod tests {
         .to_string();
         assert_eq!(
             text,
-            "16.0 MiB more would take memory past its hard level (300.0 MiB resident, 100.0 MiB \
-             kept for unanswered publishes and unsent deliveries, 48.0 MiB claimed by \
-             connections, large frames and consumers; hard at 460.0 MiB)"
+            "16.0 MiB more could take memory past its limit of 460.0 MiB (300.0 MiB resident, \
+             100.0 MiB kept for unanswered publishes, unsent deliveries and reclaim, 48.0 MiB \
+             claimed by connections, large frames and consumers)"
         );
     }
 }

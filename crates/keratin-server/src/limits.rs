@@ -338,22 +338,15 @@ impl NodeLimits {
         }
     }
 
-    /// Give the memory claims the sample just taken: resident bytes, where hard begins, the
-    /// level, and the retry hint of memory at hard.
+    /// Give the memory claims the sample just taken: resident bytes, the limit, and the retry
+    /// hint of memory at hard.
     fn observe_claims(&self, resident_bytes: u64) {
-        let monitor = lock(&self.monitor);
-        let Some(input) = monitor.memory_input() else {
-            return;
-        };
-        let limit_bytes = self.memory_limit.limit_bytes;
-        let ceiling_bytes = limit_bytes.saturating_sub(input.thresholds.hard_bytes);
-        let retry_after_ms = monitor
+        let retry_after_ms = lock(&self.monitor)
             .admission()
             .retry_after_ms(Reason::Memory, Level::Hard);
         self.claims.observe(
             resident_bytes,
-            ceiling_bytes,
-            input.level >= Level::Hard,
+            self.memory_limit.limit_bytes,
             retry_after_ms,
         );
     }

@@ -222,7 +222,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_large_frame_refused_memory_reads_no_body_and_gives_up_after_the_wait() {
         let claims = MemoryClaims::new();
-        claims.observe(900, 1000, true, 2000);
+        claims.observe(990, 1000, 2000);
         let (mut client, server) = tokio::io::duplex(1 << 20);
         let mut reader = FrameReader::new(
             server,
@@ -258,7 +258,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_waiting_frame_goes_on_once_memory_frees() {
         let claims = MemoryClaims::new();
-        claims.observe(900, 1000, true, 2000);
+        claims.observe(990, 1000, 2000);
         let (mut client, server) = tokio::io::duplex(1 << 20);
         let mut reader = FrameReader::new(
             server,
@@ -274,7 +274,7 @@ mod tests {
             let claims = claims.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_secs(1)).await;
-                claims.observe(100, u64::MAX, false, 2000);
+                claims.observe(100, u64::MAX, 2000);
             })
         };
         assert!(matches!(reader.next().await, Incoming::Frame(_, Some(_))));
@@ -284,7 +284,7 @@ mod tests {
     #[tokio::test]
     async fn small_frames_take_no_claim_and_a_clean_close_between_frames_is_closed() {
         let claims = MemoryClaims::new();
-        claims.observe(900, 1000, true, 2000);
+        claims.observe(990, 1000, 2000);
         let (mut client, server) = tokio::io::duplex(1 << 16);
         let mut reader = FrameReader::new(
             server,

@@ -35,7 +35,7 @@ pub const CONNECTIONS_MAX_DEFAULT: usize = 1024;
 
 /// Memory a connection claims for as long as it is open: its task, its read and write buffers
 /// between frames (64 KiB each at most, `BUFFER_RETAINED_BYTES`), its outbound channel and
-/// maps. A connection that would take memory past hard is refused with 429 `memory`.
+/// maps. A connection that could take memory past the limit is refused with 429 `memory`.
 pub const CONNECTION_CLAIM_BYTES: u64 = 256 << 10;
 
 /// Refusals of connections past `connections_max` being answered at once: each waits for the
@@ -260,7 +260,7 @@ async fn tls_accept(
     }
 }
 
-/// The answer to a connection that would take memory past hard: 429 `memory`, not applied,
+/// The answer to a connection that could take memory past the limit: 429 `memory`, not applied,
 /// retry.
 fn memory_refusal(refused: &keratin_limits::ClaimRefused) -> keratin_proto::ErrorBody {
     let retry_after_ms = u32::try_from(refused.retry_after_ms).unwrap_or(u32::MAX);
