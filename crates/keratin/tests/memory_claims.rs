@@ -51,6 +51,18 @@ fn write_config(dir: &std::path::Path) -> std::path::PathBuf {
     path
 }
 
+/// A node in a fresh cgroup of [`LIMIT_BYTES`], its data in a temporary directory (kept alive
+/// by the caller).
+fn start_in_cgroup() -> (MemoryCgroup, tempfile::TempDir, Server) {
+    let cgroup = MemoryCgroup::create(LIMIT_BYTES);
+    let tmp = tempfile::Builder::new()
+        .prefix("keratin-claims")
+        .tempdir_in("/var/tmp")
+        .expect("tmp");
+    let server = Server::start_in_cgroup(&cgroup, &write_config(tmp.path()));
+    (cgroup, tmp, server)
+}
+
 /// A raw connection after the handshake; `None` if the broker refused it (its error).
 async fn raw_connect(addr: std::net::SocketAddr) -> Result<TcpStream, String> {
     let mut stream = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
@@ -145,12 +157,7 @@ async fn slow_large_frames_wait_for_memory_and_never_oom_the_broker() {
     if !memory_cgroups("slow_large_frames_wait_for_memory_and_never_oom_the_broker") {
         return;
     }
-    let cgroup = MemoryCgroup::create(LIMIT_BYTES);
-    let tmp = tempfile::Builder::new()
-        .prefix("keratin-claims")
-        .tempdir_in("/var/tmp")
-        .expect("tmp");
-    let mut server = Server::start_in_cgroup(&cgroup, &write_config(tmp.path()));
+    let (cgroup, _tmp, mut server) = start_in_cgroup();
     let client = Client::connect(server.protocol, ClientOptions::default())
         .await
         .expect("connect");
@@ -282,12 +289,7 @@ async fn consumers_at_the_largest_prefetch_are_refused_with_memory_before_the_li
     {
         return;
     }
-    let cgroup = MemoryCgroup::create(LIMIT_BYTES);
-    let tmp = tempfile::Builder::new()
-        .prefix("keratin-claims")
-        .tempdir_in("/var/tmp")
-        .expect("tmp");
-    let mut server = Server::start_in_cgroup(&cgroup, &write_config(tmp.path()));
+    let (cgroup, _tmp, mut server) = start_in_cgroup();
     let admin = Client::connect(server.protocol, ClientOptions::default())
         .await
         .expect("connect");
@@ -391,12 +393,7 @@ async fn many_partitions_after_a_burst_each_leave_memory_below_hard() {
     if !memory_cgroups("many_partitions_after_a_burst_each_leave_memory_below_hard") {
         return;
     }
-    let cgroup = MemoryCgroup::create(LIMIT_BYTES);
-    let tmp = tempfile::Builder::new()
-        .prefix("keratin-claims")
-        .tempdir_in("/var/tmp")
-        .expect("tmp");
-    let mut server = Server::start_in_cgroup(&cgroup, &write_config(tmp.path()));
+    let (cgroup, _tmp, mut server) = start_in_cgroup();
     let client = Client::connect(server.protocol, ClientOptions::default())
         .await
         .expect("connect");
